@@ -1,0 +1,34 @@
+/*
+ * Runtime admin listener (default 127.0.0.1:9901), served by libevent's
+ * evhttp on the main thread's event_base:
+ *   GET /live         200 while the process runs
+ *   GET /ready        200 when a generation is active and listeners are up, else 503
+ *   GET /metrics      Prometheus text (metrics.h)
+ *   GET /config_dump  the active snapshot as JSON (+ source/version/state)
+ * Not for the public: it binds loopback by default.
+ */
+#ifndef SL_ADMIN_H
+#define SL_ADMIN_H
+
+#include <jansson.h>
+
+struct event_base;
+
+typedef struct {
+    int (*is_ready)(void *ctx);
+    /* New reference to a JSON object describing the active config; NULL = none. */
+    json_t *(*config_dump)(void *ctx);
+    void *ctx;
+} sl_admin_hooks_t;
+
+typedef struct sl_admin sl_admin_t;
+
+/* addr: "127.0.0.1:9901", "[::1]:9901" or "off". Returns NULL with err set
+ * (e.g. "admin 127.0.0.1:9901: address in use"). */
+sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_admin_hooks_t *hooks,
+                           char *err, size_t errlen);
+/* Port actually bound (for ":0"). */
+int sl_admin_port(const sl_admin_t *admin);
+void sl_admin_free(sl_admin_t *admin);
+
+#endif

@@ -1,0 +1,59 @@
+/*
+ * Health of upstream endpoints, shared by every worker and carried across
+ * config generations: the state is keyed by (cluster, address, port) and
+ * refcounted, so a config swap that keeps an endpoint keeps its health,
+ * outlier ejection and counters (DESIGN.md: state survives a swap).
+ *
+ * Writers: the health checker (main thread) and workers (passive outlier
+ * detection); all fields are atomics, no locks on the request path. The
+ * registry itself (acquire/release) is mutex-protected and only used while
+ * building or freeing a generation.
+ */
+#ifndef SL_ENDPOINT_H
+#define SL_ENDPOINT_H
+
+#include <netinet/in.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+typedef struct sl_endpoint_state {
+    char *cluster;
+    char *address;
+    uint16_t port;
+    struct sockaddr_storage addr; /* resolved once at acquire */
+    socklen_t addr_len;
+    atomic_int hc_healthy;             /* active checks' verdict; 1 when not checked */
+    atomic_uint_fast64_t ejected_until_ms; /* passive ejection, monotonic ms; 0 = not */
+    atomic_uint consecutive_failures;
+    atomic_uint ejections;             /* times ejected, for back-off */
+    atomic_uint refs;                  /* private */
+    struct sl_endpoint_state *next;    /* private: registry chain */
+} sl_endpoint_state_t;
+
+/* Returns the shared state of that endpoint, creating it (healthy, not
+ * ejected) if new. `address` is an IPv4/IPv6 literal or a host name resolved
+ * now (blocking getaddrinfo, main thread only). NULL with err set when the
+ * name does not resolve. */
+sl_endpoint_state_t *sl_endpoint_acquire(const char *cluster, const char *address, uint16_t port,
+                                         char *err, size_t errlen);
+void sl_endpoint_release(sl_endpoint_state_t *ep);
+
+/* Monotonic clock in ms (CLOCK_MONOTONIC). */
+uint64_t sl_endpoint_now_ms(void);
+
+/* 1 when the endpoint may receive requests now. */
+static inline int sl_endpoint_usable(sl_endpoint_state_t *ep, uint64_t now_ms)
+{
+    return atomic_load_explicit(&ep->hc_healthy, memory_order_relaxed) &&
+           atomic_load_explicit(&ep->ejected_until_ms, memory_order_relaxed) <= now_ms;
+}
+
+/* Passive outlier detection: workers report each upstream outcome. After
+ * `consecutive_failures` failures in a row (0 = off) the endpoint is ejected
+ * for base_ejection_ms * number of ejections so far (capped at 300 s).
+ * Returns 1 when this report ejected it. */
+int sl_endpoint_report(sl_endpoint_state_t *ep, int success, uint32_t consecutive_failures,
+                       uint32_t base_ejection_ms, uint64_t now_ms);
+
+#endif

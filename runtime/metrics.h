@@ -1,0 +1,97 @@
+/*
+ * Counters for the admin /metrics page (Prometheus text format).
+ *
+ * Each worker writes only its own slot (single writer, relaxed atomics, no
+ * locked instructions on the request path); the admin thread sums the slots
+ * when scraped. Per-route and per-cluster stats objects are keyed by name and
+ * refcounted, so they survive config swaps: a route that stays keeps
+ * counting (DESIGN.md: state keyed by stable identity).
+ */
+#ifndef SL_METRICS_H
+#define SL_METRICS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define SL_MAX_WORKERS 64
+/* Upper bounds of the latency histogram buckets, in microseconds; +Inf last. */
+#define SL_METRICS_LATENCY_BUCKETS 14
+extern const uint64_t sl_metrics_latency_bounds_us[SL_METRICS_LATENCY_BUCKETS - 1];
+
+enum sl_upstream_error {
+    SL_UPSTREAM_ERR_CONNECT = 0, /* refused, unreachable, connect timeout */
+    SL_UPSTREAM_ERR_TIMEOUT,     /* response timeout */
+    SL_UPSTREAM_ERR_RESET,       /* closed or reset mid-exchange */
+    SL_UPSTREAM_ERR_BAD_RESPONSE,
+    SL_UPSTREAM_ERR_NO_HEALTHY,  /* no usable endpoint */
+    SL_UPSTREAM_ERR_POOL_FULL,
+    SL_UPSTREAM_ERR__COUNT
+};
+
+typedef struct {
+    _Atomic uint64_t responses_by_class[6]; /* [1..5] = 1xx..5xx */
+    _Atomic uint64_t latency_buckets[SL_METRICS_LATENCY_BUCKETS];
+    _Atomic uint64_t latency_sum_us;
+} __attribute__((aligned(64))) sl_route_stats_slot_t;
+
+typedef struct sl_route_stats {
+    char *api;
+    char *operation;
+    unsigned refs; /* private, under the registry mutex */
+    struct sl_route_stats *next; /* private */
+    sl_route_stats_slot_t slots[SL_MAX_WORKERS];
+} sl_route_stats_t;
+
+typedef struct {
+    _Atomic uint64_t requests;
+    _Atomic uint64_t retries;
+    _Atomic uint64_t errors[SL_UPSTREAM_ERR__COUNT];
+} __attribute__((aligned(64))) sl_cluster_stats_slot_t;
+
+typedef struct sl_cluster_stats {
+    char *cluster;
+    unsigned refs;
+    struct sl_cluster_stats *next;
+    sl_cluster_stats_slot_t slots[SL_MAX_WORKERS];
+} sl_cluster_stats_t;
+
+/* Process-wide, per-worker counters. */
+typedef struct {
+    _Atomic uint64_t connections_accepted;
+    _Atomic int64_t connections_active;
+    _Atomic uint64_t requests_total;
+    _Atomic uint64_t unrouted_by_status[6]; /* 404/405/400/... answered before routing */
+} __attribute__((aligned(64))) sl_worker_stats_t;
+
+int sl_metrics_init(unsigned nworkers);
+
+/* Registry, any thread (mutex): get-or-create by name, refcounted. */
+sl_route_stats_t *sl_metrics_route_acquire(const char *api, const char *operation);
+void sl_metrics_route_release(sl_route_stats_t *s);
+sl_cluster_stats_t *sl_metrics_cluster_acquire(const char *cluster);
+void sl_metrics_cluster_release(sl_cluster_stats_t *s);
+
+sl_worker_stats_t *sl_metrics_worker(unsigned worker);
+
+/* Single-writer increment: a relaxed load and store, not a locked add. */
+#define SL_STAT_ADD(field, n)                                                               \
+    atomic_store_explicit(&(field), atomic_load_explicit(&(field), memory_order_relaxed) + (n), \
+                          memory_order_relaxed)
+
+/* Records one response of a route (worker's own slot). */
+void sl_metrics_observe(sl_route_stats_t *s, unsigned worker, int status, uint64_t latency_us);
+
+/* Gauges the runtime sets and /metrics prints. */
+typedef struct {
+    _Atomic uint64_t generation_version;
+    _Atomic uint64_t generation_swaps;
+    _Atomic uint64_t config_errors;
+    _Atomic int64_t generations_alive; /* published but not yet freed */
+} sl_metrics_gauges_t;
+extern sl_metrics_gauges_t sl_metrics_gauges;
+
+struct evbuffer;
+/* Appends every metric in Prometheus text exposition format 0.0.4. */
+void sl_metrics_render(struct evbuffer *out);
+
+#endif

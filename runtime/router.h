@@ -1,0 +1,61 @@
+/*
+ * Request routing: (host, path, method, headers, query) -> one compiled route
+ * of the active generation. Built once per generation by the main thread,
+ * immutable afterwards, read lock-free by every worker.
+ *
+ * Cost does not grow with the number of routes: hosts are looked up in hash
+ * maps, paths walk a segment trie (literal children hashed, one parameter
+ * child per node); only routes of kind REGEX are tried one by one, and only
+ * those of the host bucket at hand.
+ *
+ * Precedence (documented in docs/configuration.md):
+ *   host: exact > longest "*.suffix" wildcard > "*"; if no route of a more
+ *         specific host bucket matches the path, the next bucket is tried;
+ *   path: exact > template (at each segment, a literal beats a parameter,
+ *         left to right) > prefix (longest first) > regex (declaration order);
+ *   same path: routes with more header/query matches first, then
+ *         declaration order.
+ * A path that matches with the wrong method everywhere gives 405 with the
+ * union of the allowed methods.
+ */
+#ifndef SL_ROUTER_H
+#define SL_ROUTER_H
+
+#include "http1.h"
+#include "sl_types.h"
+#include "sluice/v1/snapshot.pb-c.h"
+
+typedef struct sl_router sl_router_t;
+
+typedef struct {
+    sl_str_t host;   /* Host without port; matched case-insensitively */
+    sl_str_t path;   /* raw path, no query; percent-encoding is not decoded */
+    sl_str_t query;  /* raw query string without '?' */
+    unsigned method_bit; /* enum sl_http_method */
+    sl_str_t method;     /* for SL_METHOD_OTHER */
+    const sl_http1_header_t *headers;
+    size_t num_headers;
+} sl_router_request_t;
+
+typedef struct {
+    /* on SL_OK */
+    uint32_t table_index;  /* index in snapshot->route_tables */
+    uint32_t route_index;  /* index in route_tables[t]->routes */
+    size_t base_path_len;  /* bytes of the request path covered by the base path
+                              ("/petstore/v1"); 0 for base path "/" */
+    /* on 405 */
+    unsigned allow_methods; /* bits of enum sl_http_method */
+} sl_router_result_t;
+
+/* Builds the router of a snapshot. Returns NULL with a message in err (for
+ * instance a regex PCRE2 refuses, naming the table and the route). The router
+ * keeps pointers into `snap`, which must outlive it. */
+sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t errlen);
+void sl_router_free(sl_router_t *router);
+
+/* Returns SL_OK and fills res, or 404 or 405 (res->allow_methods set).
+ * Thread-safe for concurrent readers (uses per-thread PCRE2 match data). */
+int sl_router_match(const sl_router_t *router, const sl_router_request_t *req,
+                    sl_router_result_t *res);
+
+#endif
