@@ -45,7 +45,7 @@ RUNTIME_BIN := $(BUILD)/bin/sluice-runtime
 UNIT_SRC    := $(wildcard tests/unit/*/test_*.c)
 UNIT_BIN    := $(UNIT_SRC:%.c=$(BUILD)/%)
 
-.PHONY: all deps run test unit integration bench fuzz clean format
+.PHONY: all deps run test unit integration bench fuzz clean format perf-tools
 .SECONDARY:
 
 all: $(RUNTIME_BIN) $(UNIT_BIN)
@@ -83,6 +83,14 @@ $(BUILD)/tests/unit/%: tests/unit/%.c $(LIBRUNTIME) $(LIBCOMMON) | $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -MMD -MP -o $@ $< $(LIBRUNTIME) $(LIBCOMMON) \
 	    $(LDFLAGS) $(LDLIBS) -lcmocka
+
+# Small measuring programs of perf/ (perf/*.c), built by `make perf-tools`.
+PERF_SRC := $(wildcard perf/*.c)
+PERF_BIN := $(PERF_SRC:perf/%.c=$(BUILD)/perf/%)
+$(BUILD)/perf/%: perf/%.c $(LIBRUNTIME) $(LIBCOMMON) | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(LIBRUNTIME) $(LIBCOMMON) $(LDFLAGS) $(LDLIBS)
+perf-tools: $(PERF_BIN)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 

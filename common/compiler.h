@@ -23,12 +23,13 @@
 Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const char *fleet,
                                           uint64_t version, sl_errors_t *errs);
 
+/* Frees a snapshot from sl_compile_snapshot or sl_snapshot_unpack (both
+ * return protobuf-c unpacked form, so one free serves both). */
 void sl_snapshot_free(Sluice__V1__Snapshot *snap);
 
-/* Serialises / parses a snapshot (protobuf wire format); unpacked snapshots
- * are freed with sl_snapshot_free_unpacked. */
+/* Serialises / parses a snapshot (protobuf wire format). pack returns malloc'd
+ * bytes; unpack returns NULL on malformed input. */
 uint8_t *sl_snapshot_pack(const Sluice__V1__Snapshot *snap, size_t *len);
 Sluice__V1__Snapshot *sl_snapshot_unpack(const uint8_t *data, size_t len);
-void sl_snapshot_free_unpacked(Sluice__V1__Snapshot *snap);
 
 #endif
