@@ -1,0 +1,344 @@
+/*
+ * Runtime admin listener: /live, /ready, /metrics, /config_dump over
+ * libevent's evhttp on the main thread's event_base.
+ *
+ * Responsible for: parsing the --admin address, binding it with an error that
+ * names the address and the fix, answering the four endpoints (GET and HEAD
+ * only), JSON errors for everything else, and bounding what a client may send
+ * (header bytes, body bytes, idle time).
+ *
+ * Not responsible for: deciding readiness or producing the config document
+ * (the runtime's hooks do), nor the metrics themselves (metrics.c). It is not
+ * hardened for the public internet: it binds loopback by default and has no
+ * authentication, like Envoy's admin port.
+ */
+#include "admin.h"
+
+#include "metrics.h"
+#include "sl_types.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+/* Admin requests are tiny GETs; anything bigger is a mistake or an attack. */
+#define ADMIN_MAX_HEADER_BYTES (16 * 1024)
+#define ADMIN_MAX_BODY_BYTES (4 * 1024)
+#define ADMIN_TIMEOUT_S 30
+
+struct sl_admin {
+    struct evhttp *http; /* NULL when the admin listener is "off" */
+    struct evhttp_bound_socket *bound;
+    sl_admin_hooks_t hooks;
+    int port;
+};
+
+/* Sends {"error":{"status":..,"code":..,"message":..}}. The message is always
+ * a constant of ours: request data is never reflected into a response. */
+static void reply_error(struct evhttp_request *req, int status, const char *reason, const char *code,
+                        const char *message)
+{
+    struct evbuffer *body = evbuffer_new();
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    evhttp_add_header(h, "Cache-Control", "no-store");
+    if (body)
+        evbuffer_add_printf(body, "{\"error\":{\"status\":%d,\"code\":\"%s\",\"message\":\"%s\"}}\n",
+                            status, code, message);
+    evhttp_send_reply(req, status, reason, body);
+    if (body)
+        evbuffer_free(body);
+}
+
+static void reply_text(struct evhttp_request *req, int status, const char *reason,
+                       const char *content_type, struct evbuffer *body)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", content_type);
+    evhttp_add_header(h, "Cache-Control", "no-store");
+    evhttp_send_reply(req, status, reason, body);
+}
+
+static void handle_live(sl_admin_t *admin, struct evhttp_request *req)
+{
+    (void)admin;
+    struct evbuffer *body = evbuffer_new();
+    if (!body) {
+        evhttp_send_error(req, 500, "Internal Server Error");
+        return;
+    }
+    evbuffer_add(body, "ok\n", 3);
+    reply_text(req, 200, "OK", "text/plain; charset=utf-8", body);
+    evbuffer_free(body);
+}
+
+static void handle_ready(sl_admin_t *admin, struct evhttp_request *req)
+{
+    int ready = admin->hooks.is_ready && admin->hooks.is_ready(admin->hooks.ctx);
+    struct evbuffer *body = evbuffer_new();
+    if (!body) {
+        evhttp_send_error(req, 500, "Internal Server Error");
+        return;
+    }
+    if (ready) {
+        evbuffer_add(body, "ready\n", 6);
+        reply_text(req, 200, "OK", "text/plain; charset=utf-8", body);
+    } else {
+        evbuffer_add(body, "not ready\n", 10);
+        reply_text(req, 503, "Service Unavailable", "text/plain; charset=utf-8", body);
+    }
+    evbuffer_free(body);
+}
+
+static void handle_metrics(sl_admin_t *admin, struct evhttp_request *req)
+{
+    (void)admin;
+    struct evbuffer *body = evbuffer_new();
+    if (!body) {
+        evhttp_send_error(req, 500, "Internal Server Error");
+        return;
+    }
+    sl_metrics_render(body);
+    reply_text(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body);
+    evbuffer_free(body);
+}
+
+static int dump_to_evbuffer(const char *buf, size_t size, void *data)
+{
+    return evbuffer_add(data, buf, size);
+}
+
+static void handle_config_dump(sl_admin_t *admin, struct evhttp_request *req)
+{
+    json_t *doc = admin->hooks.config_dump ? admin->hooks.config_dump(admin->hooks.ctx) : NULL;
+    if (!doc) {
+        reply_error(req, 503, "Service Unavailable", "no_config",
+                    "no active configuration generation");
+        return;
+    }
+    struct evbuffer *body = evbuffer_new();
+    if (!body || json_dump_callback(doc, dump_to_evbuffer, body, JSON_INDENT(2)) != 0 ||
+        evbuffer_add(body, "\n", 1) != 0) {
+        json_decref(doc);
+        if (body)
+            evbuffer_free(body);
+        reply_error(req, 500, "Internal Server Error", "internal_error",
+                    "could not serialize the configuration");
+        return;
+    }
+    json_decref(doc);
+    reply_text(req, 200, "OK", "application/json", body);
+    evbuffer_free(body);
+}
+
+static const struct {
+    const char *path;
+    void (*handler)(sl_admin_t *, struct evhttp_request *);
+} admin_routes[] = {
+    {"/live", handle_live},
+    {"/ready", handle_ready},
+    {"/metrics", handle_metrics},
+    {"/config_dump", handle_config_dump},
+};
+
+static void admin_request(struct evhttp_request *req, void *arg)
+{
+    sl_admin_t *admin = arg;
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+
+    for (size_t i = 0; path && i < SL_ARRAY_LEN(admin_routes); i++) {
+        if (strcmp(path, admin_routes[i].path) != 0)
+            continue;
+        enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+        if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD) {
+            evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
+            reply_error(req, 405, "Method Not Allowed", "method_not_allowed",
+                        "admin endpoints answer GET and HEAD only");
+            return;
+        }
+        admin_routes[i].handler(admin, req);
+        return;
+    }
+    reply_error(req, 404, "Not Found", "not_found",
+                "no such admin endpoint; try /live, /ready, /metrics or /config_dump");
+}
+
+/* Splits "host:port" or "[v6]:port" into a host evhttp can bind and a port.
+ * Returns 0, or -1 with err set. */
+static int parse_address(const char *addr, char *host, size_t hostlen, unsigned short *port,
+                         char *err, size_t errlen)
+{
+    const char *port_str;
+    size_t hlen;
+    if (addr[0] == '[') {
+        const char *close = strchr(addr, ']');
+        if (!close || close[1] != ':') {
+            snprintf(err, errlen, "admin %s: expected [ipv6]:port, e.g. [::1]:9901", addr);
+            return -1;
+        }
+        hlen = (size_t)(close - addr - 1);
+        if (hlen >= hostlen)
+            goto bad_host;
+        memcpy(host, addr + 1, hlen);
+        host[hlen] = '\0';
+        struct in6_addr a6;
+        if (inet_pton(AF_INET6, host, &a6) != 1)
+            goto bad_host;
+        port_str = close + 2;
+    } else {
+        const char *colon = strrchr(addr, ':');
+        if (!colon) {
+            snprintf(err, errlen, "admin %s: expected host:port, e.g. 127.0.0.1:9901, or \"off\"",
+                     addr);
+            return -1;
+        }
+        if (memchr(addr, ':', (size_t)(colon - addr))) {
+            snprintf(err, errlen, "admin %s: IPv6 addresses need brackets, e.g. [::1]:9901", addr);
+            return -1;
+        }
+        hlen = (size_t)(colon - addr);
+        if (hlen == 0 || hlen >= hostlen)
+            goto bad_host;
+        memcpy(host, addr, hlen);
+        host[hlen] = '\0';
+        for (const char *p = host; *p; p++) {
+            /* An address or a DNS name ("localhost"); nothing else reaches
+             * getaddrinfo. */
+            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                  *p == '.' || *p == '-'))
+                goto bad_host;
+        }
+        port_str = colon + 1;
+    }
+    unsigned long v = 0;
+    if (*port_str == '\0' || strlen(port_str) > 5)
+        goto bad_port;
+    for (const char *p = port_str; *p; p++) {
+        if (*p < '0' || *p > '9')
+            goto bad_port;
+        v = v * 10 + (unsigned long)(*p - '0');
+    }
+    if (v > 65535)
+        goto bad_port;
+    *port = (unsigned short)v;
+    return 0;
+
+bad_host:
+    snprintf(err, errlen, "admin %s: invalid host; use an IP address such as 127.0.0.1 or [::1]",
+             addr);
+    return -1;
+bad_port:
+    snprintf(err, errlen, "admin %s: invalid port; use a number from 0 to 65535", addr);
+    return -1;
+}
+
+static int bound_port(struct evhttp_bound_socket *bound)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    evutil_socket_t fd = evhttp_bound_socket_get_fd(bound);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+        return -1;
+    if (ss.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return -1;
+}
+
+/* On success the caller owns the returned object (sl_admin_free); `hooks` is
+ * copied. On failure nothing is left allocated or bound. "off" returns an
+ * object that serves nothing (sl_admin_port() == -1), so NULL always means
+ * an error. */
+sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_admin_hooks_t *hooks,
+                           char *err, size_t errlen)
+{
+    char host[256];
+    unsigned short port = 0;
+
+    if (err && errlen)
+        err[0] = '\0';
+    if (!err || errlen == 0) {
+        static char scratch[256];
+        err = scratch;
+        errlen = sizeof(scratch);
+    }
+    if (!base || !addr) {
+        snprintf(err, errlen, "admin: no event base or address given");
+        return NULL;
+    }
+    sl_admin_t *admin = calloc(1, sizeof(*admin));
+    if (!admin) {
+        snprintf(err, errlen, "admin %s: out of memory", addr);
+        return NULL;
+    }
+    admin->port = -1;
+    if (hooks)
+        admin->hooks = *hooks;
+    if (strcmp(addr, "off") == 0)
+        return admin;
+
+    if (parse_address(addr, host, sizeof(host), &port, err, errlen) != 0)
+        goto fail_admin;
+    admin->http = evhttp_new(base);
+    if (!admin->http) {
+        snprintf(err, errlen, "admin %s: out of memory", addr);
+        goto fail_admin;
+    }
+    /* Let every method reach admin_request so a POST gets our JSON 405
+     * rather than evhttp's HTML one. */
+    evhttp_set_allowed_methods(admin->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST |
+                                                EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                                EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
+                                                EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+    evhttp_set_max_headers_size(admin->http, ADMIN_MAX_HEADER_BYTES);
+    evhttp_set_max_body_size(admin->http, ADMIN_MAX_BODY_BYTES);
+    evhttp_set_timeout(admin->http, ADMIN_TIMEOUT_S);
+    evhttp_set_gencb(admin->http, admin_request, admin);
+
+    errno = 0;
+    admin->bound = evhttp_bind_socket_with_handle(admin->http, host, port);
+    if (!admin->bound) {
+        int e = errno;
+        if (e == EADDRINUSE)
+            snprintf(err, errlen,
+                     "admin %s: %s (is another runtime running? use --admin to choose another "
+                     "address, or --admin off)",
+                     addr, strerror(e));
+        else if (e != 0)
+            snprintf(err, errlen, "admin %s: %s (check the --admin address)", addr, strerror(e));
+        else
+            snprintf(err, errlen, "admin %s: cannot resolve or bind (check the --admin address)",
+                     addr);
+        goto fail_http;
+    }
+    admin->port = bound_port(admin->bound);
+    return admin;
+
+fail_http:
+    evhttp_free(admin->http);
+fail_admin:
+    free(admin);
+    return NULL;
+}
+
+int sl_admin_port(const sl_admin_t *admin) { return admin ? admin->port : -1; }
+
+/* Closes the listener and every admin connection still open. */
+void sl_admin_free(sl_admin_t *admin)
+{
+    if (!admin)
+        return;
+    if (admin->http)
+        evhttp_free(admin->http);
+    free(admin);
+}

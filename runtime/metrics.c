@@ -1,0 +1,536 @@
+/*
+ * Metrics registry and the Prometheus text renderer behind admin /metrics.
+ *
+ * Responsible for: the per-route and per-cluster stats objects (get-or-create
+ * by name, refcounted, kept in a hash table under one mutex), the per-worker
+ * process counters, and rendering everything in text format 0.0.4.
+ *
+ * Not responsible for: deciding when to count (the workers call
+ * sl_metrics_observe / SL_STAT_ADD), keeping a stats object alive while a
+ * worker can still reach it (the generation that holds the reference releases
+ * it only after its RCU grace period), or serving HTTP (admin.c).
+ *
+ * Threading: workers only ever write their own slot with relaxed loads and
+ * stores (SL_STAT_ADD), so the request path has no locked instruction. The
+ * registry mutex is taken by the main thread when a generation is compiled or
+ * freed and when /metrics is rendered, never by a worker per request. A
+ * scrape sums the slots with relaxed loads: each counter is monotonic on its
+ * own, the sum across counters is not a snapshot, which Prometheus accepts.
+ */
+#include "metrics.h"
+
+#include "accesslog.h"
+#include "sl_types.h"
+
+#include <event2/buffer.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const uint64_t sl_metrics_latency_bounds_us[SL_METRICS_LATENCY_BUCKETS - 1] = {
+    500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000, 5000000,
+};
+
+sl_metrics_gauges_t sl_metrics_gauges;
+
+/* Indexed by worker; each element is cache-line aligned by its type, so two
+ * workers never share a line. */
+static sl_worker_stats_t worker_stats[SL_MAX_WORKERS];
+
+/* How many slots a scrape sums. Until sl_metrics_init is called every slot is
+ * summed, so counting before init is never lost. */
+static unsigned metrics_nworkers = SL_MAX_WORKERS;
+
+/* Hash tables of the registry: chains through the objects' `next`. The bucket
+ * arrays grow (x2) when the load passes 1, so a 10,000-route config costs
+ * O(routes) per compile, not O(routes^2). */
+typedef struct {
+    void **buckets;
+    size_t nbuckets; /* power of two, or 0 before the first insert */
+    size_t count;
+} registry_table_t;
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static registry_table_t route_table;
+static registry_table_t cluster_table;
+
+#define REGISTRY_INITIAL_BUCKETS 64
+
+int sl_metrics_init(unsigned nworkers)
+{
+    if (nworkers == 0 || nworkers > SL_MAX_WORKERS)
+        return -1;
+    metrics_nworkers = nworkers;
+    return 0;
+}
+
+sl_worker_stats_t *sl_metrics_worker(unsigned worker)
+{
+    if (worker >= SL_MAX_WORKERS)
+        return NULL;
+    return &worker_stats[worker];
+}
+
+/* FNV-1a over the strings, each followed by a 0xff byte (never part of
+ * valid UTF-8) so ("ab","c") and ("a","bc") hash apart. */
+static uint64_t fnv1a_add(uint64_t h, const char *s)
+{
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+        h = (h ^ *c) * 1099511628211ULL;
+    return (h ^ 0xff) * 1099511628211ULL;
+}
+
+static uint64_t hash_names(const char *a, const char *b)
+{
+    return fnv1a_add(fnv1a_add(14695981039346656037ULL, a), b);
+}
+
+/* Makes room for one more object. Returns -1 only on the very first
+ * allocation failing; a failed growth keeps the old (longer-chained) table. */
+static int table_reserve(registry_table_t *t, void *(*next_of)(void *), void (*set_next)(void *, void *),
+                         uint64_t (*hash_of)(void *))
+{
+    if (t->nbuckets != 0 && t->count < t->nbuckets)
+        return 0;
+    size_t n = t->nbuckets ? t->nbuckets * 2 : REGISTRY_INITIAL_BUCKETS;
+    void **nb = calloc(n, sizeof(*nb));
+    if (!nb)
+        return t->nbuckets ? 0 : -1;
+    for (size_t i = 0; i < t->nbuckets; i++) {
+        void *o = t->buckets[i];
+        while (o) {
+            void *next = next_of(o);
+            size_t idx = (size_t)(hash_of(o) & (n - 1));
+            set_next(o, nb[idx]);
+            nb[idx] = o;
+            o = next;
+        }
+    }
+    free(t->buckets);
+    t->buckets = nb;
+    t->nbuckets = n;
+    return 0;
+}
+
+static void *route_next(void *o) { return ((sl_route_stats_t *)o)->next; }
+static void route_set_next(void *o, void *n) { ((sl_route_stats_t *)o)->next = n; }
+static uint64_t route_hash(void *o)
+{
+    sl_route_stats_t *s = o;
+    return hash_names(s->api, s->operation);
+}
+static void *cluster_next(void *o) { return ((sl_cluster_stats_t *)o)->next; }
+static void cluster_set_next(void *o, void *n) { ((sl_cluster_stats_t *)o)->next = n; }
+static uint64_t cluster_hash(void *o)
+{
+    sl_cluster_stats_t *s = o;
+    return hash_names(s->cluster, "");
+}
+
+/* The objects are ~12 KiB (64 cache-line-aligned slots); aligned_alloc needs
+ * a size that is a multiple of the alignment. */
+static void *alloc_aligned_zeroed(size_t size)
+{
+    size_t rounded = (size + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, rounded);
+    if (p)
+        memset(p, 0, rounded);
+    return p;
+}
+
+/* Returns a new reference (refs + 1), or NULL on a NULL name or out of
+ * memory; the caller owns the reference and gives it back with
+ * sl_metrics_route_release. */
+sl_route_stats_t *sl_metrics_route_acquire(const char *api, const char *operation)
+{
+    if (!api || !operation)
+        return NULL;
+    uint64_t h = hash_names(api, operation);
+    sl_route_stats_t *s = NULL;
+
+    pthread_mutex_lock(&registry_lock);
+    if (route_table.nbuckets) {
+        for (s = route_table.buckets[h & (route_table.nbuckets - 1)]; s; s = s->next) {
+            if (strcmp(s->api, api) == 0 && strcmp(s->operation, operation) == 0) {
+                s->refs++;
+                goto done;
+            }
+        }
+    }
+    if (table_reserve(&route_table, route_next, route_set_next, route_hash) != 0)
+        goto done;
+    s = alloc_aligned_zeroed(sizeof(*s));
+    if (!s)
+        goto done;
+    s->api = strdup(api);
+    s->operation = strdup(operation);
+    if (!s->api || !s->operation)
+        goto fail_names;
+    s->refs = 1;
+    size_t idx = (size_t)(h & (route_table.nbuckets - 1));
+    s->next = route_table.buckets[idx];
+    route_table.buckets[idx] = s;
+    route_table.count++;
+    goto done;
+
+fail_names:
+    free(s->api);
+    free(s->operation);
+    free(s);
+    s = NULL;
+done:
+    pthread_mutex_unlock(&registry_lock);
+    return s;
+}
+
+/* Drops one reference; the last one unlinks and frees the object, so its
+ * counters restart from zero if the route comes back later (Prometheus
+ * handles a counter reset). */
+void sl_metrics_route_release(sl_route_stats_t *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&registry_lock);
+    if (--s->refs > 0) {
+        pthread_mutex_unlock(&registry_lock);
+        return;
+    }
+    size_t idx = (size_t)(hash_names(s->api, s->operation) & (route_table.nbuckets - 1));
+    for (sl_route_stats_t **pp = (sl_route_stats_t **)&route_table.buckets[idx]; *pp;
+         pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            route_table.count--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    free(s->api);
+    free(s->operation);
+    free(s);
+}
+
+sl_cluster_stats_t *sl_metrics_cluster_acquire(const char *cluster)
+{
+    if (!cluster)
+        return NULL;
+    uint64_t h = hash_names(cluster, "");
+    sl_cluster_stats_t *s = NULL;
+
+    pthread_mutex_lock(&registry_lock);
+    if (cluster_table.nbuckets) {
+        for (s = cluster_table.buckets[h & (cluster_table.nbuckets - 1)]; s; s = s->next) {
+            if (strcmp(s->cluster, cluster) == 0) {
+                s->refs++;
+                goto done;
+            }
+        }
+    }
+    if (table_reserve(&cluster_table, cluster_next, cluster_set_next, cluster_hash) != 0)
+        goto done;
+    s = alloc_aligned_zeroed(sizeof(*s));
+    if (!s)
+        goto done;
+    s->cluster = strdup(cluster);
+    if (!s->cluster) {
+        free(s);
+        s = NULL;
+        goto done;
+    }
+    s->refs = 1;
+    size_t idx = (size_t)(h & (cluster_table.nbuckets - 1));
+    s->next = cluster_table.buckets[idx];
+    cluster_table.buckets[idx] = s;
+    cluster_table.count++;
+done:
+    pthread_mutex_unlock(&registry_lock);
+    return s;
+}
+
+void sl_metrics_cluster_release(sl_cluster_stats_t *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&registry_lock);
+    if (--s->refs > 0) {
+        pthread_mutex_unlock(&registry_lock);
+        return;
+    }
+    size_t idx = (size_t)(hash_names(s->cluster, "") & (cluster_table.nbuckets - 1));
+    for (sl_cluster_stats_t **pp = (sl_cluster_stats_t **)&cluster_table.buckets[idx]; *pp;
+         pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            cluster_table.count--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    free(s->cluster);
+    free(s);
+}
+
+/* Status class index: 1..5 for 1xx..5xx; 0 for anything outside 100..599,
+ * which a correct peer never sends but a worker may still record. */
+static unsigned status_class(int status)
+{
+    return (status >= 100 && status <= 599) ? (unsigned)(status / 100) : 0;
+}
+
+void sl_metrics_observe(sl_route_stats_t *s, unsigned worker, int status, uint64_t latency_us)
+{
+    if (sl_unlikely(!s || worker >= SL_MAX_WORKERS))
+        return;
+    sl_route_stats_slot_t *slot = &s->slots[worker];
+    unsigned b = 0;
+    while (b < SL_METRICS_LATENCY_BUCKETS - 1 && latency_us > sl_metrics_latency_bounds_us[b])
+        b++;
+    SL_STAT_ADD(slot->responses_by_class[status_class(status)], 1);
+    SL_STAT_ADD(slot->latency_buckets[b], 1);
+    SL_STAT_ADD(slot->latency_sum_us, latency_us);
+}
+
+/* ---- rendering --------------------------------------------------------- */
+
+#define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+
+/* Label value escaping of the text format: backslash, double quote and line
+ * feed; every other byte goes through as is (the format is UTF-8 and names
+ * come from validated config). */
+static void add_label_value(struct evbuffer *out, const char *v)
+{
+    const char *run = v;
+    for (const char *p = v; *p; p++) {
+        const char *esc = NULL;
+        if (*p == '\\')
+            esc = "\\\\";
+        else if (*p == '"')
+            esc = "\\\"";
+        else if (*p == '\n')
+            esc = "\\n";
+        if (esc) {
+            evbuffer_add(out, run, (size_t)(p - run));
+            evbuffer_add(out, esc, 2);
+            run = p + 1;
+        }
+    }
+    evbuffer_add(out, run, strlen(run));
+}
+
+static void add_header(struct evbuffer *out, const char *name, const char *type, const char *help)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void add_route_labels(struct evbuffer *out, const sl_route_stats_t *s)
+{
+    evbuffer_add(out, "api=\"", 5);
+    add_label_value(out, s->api);
+    evbuffer_add(out, "\",operation=\"", 13);
+    add_label_value(out, s->operation);
+    evbuffer_add(out, "\"", 1);
+}
+
+static const char *const class_names[6] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
+static const char *const upstream_error_names[SL_UPSTREAM_ERR__COUNT] = {
+    [SL_UPSTREAM_ERR_CONNECT] = "connect",           [SL_UPSTREAM_ERR_TIMEOUT] = "timeout",
+    [SL_UPSTREAM_ERR_RESET] = "reset",               [SL_UPSTREAM_ERR_BAD_RESPONSE] = "bad_response",
+    [SL_UPSTREAM_ERR_NO_HEALTHY] = "no_healthy",     [SL_UPSTREAM_ERR_POOL_FULL] = "pool_full",
+};
+
+typedef struct {
+    uint64_t by_class[6];
+    uint64_t buckets[SL_METRICS_LATENCY_BUCKETS];
+    uint64_t sum_us;
+    uint64_t count;
+} route_totals_t;
+
+static void sum_route(const sl_route_stats_t *s, unsigned nworkers, route_totals_t *t)
+{
+    memset(t, 0, sizeof(*t));
+    for (unsigned w = 0; w < nworkers; w++) {
+        const sl_route_stats_slot_t *slot = &s->slots[w];
+        for (unsigned c = 0; c < 6; c++)
+            t->by_class[c] += LOAD(slot->responses_by_class[c]);
+        for (unsigned b = 0; b < SL_METRICS_LATENCY_BUCKETS; b++)
+            t->buckets[b] += LOAD(slot->latency_buckets[b]);
+        t->sum_us += LOAD(slot->latency_sum_us);
+    }
+    for (unsigned b = 0; b < SL_METRICS_LATENCY_BUCKETS; b++)
+        t->count += t->buckets[b];
+}
+
+/* Bucket bounds printed as seconds: 500 us -> "0.0005", 2.5 s -> "2.5". */
+static void format_le(char *buf, size_t len, uint64_t bound_us)
+{
+    uint64_t whole = bound_us / 1000000, frac = bound_us % 1000000;
+    if (frac == 0) {
+        snprintf(buf, len, "%" PRIu64, whole);
+        return;
+    }
+    char digits[8];
+    snprintf(digits, sizeof(digits), "%06" PRIu64, frac);
+    size_t n = strlen(digits);
+    while (n > 0 && digits[n - 1] == '0')
+        digits[--n] = '\0';
+    snprintf(buf, len, "%" PRIu64 ".%s", whole, digits);
+}
+
+/* Route series appear once the route has answered a request: a config with
+ * 10,000 mostly idle routes would otherwise put ~200,000 zero lines on every
+ * scrape. */
+static void render_routes(struct evbuffer *out, unsigned nworkers)
+{
+    add_header(out, "sluice_requests_total", "counter",
+               "Responses to routed requests, by Api, operation and status class.");
+    for (size_t i = 0; i < route_table.nbuckets; i++) {
+        for (const sl_route_stats_t *s = route_table.buckets[i]; s; s = s->next) {
+            route_totals_t t;
+            sum_route(s, nworkers, &t);
+            if (t.count == 0)
+                continue;
+            for (unsigned c = 0; c < 6; c++) {
+                if (c == 0 && t.by_class[0] == 0)
+                    continue;
+                evbuffer_add(out, "sluice_requests_total{", 22);
+                add_route_labels(out, s);
+                evbuffer_add_printf(out, ",code_class=\"%s\"} %" PRIu64 "\n", class_names[c],
+                                    t.by_class[c]);
+            }
+        }
+    }
+
+    add_header(out, "sluice_request_duration_seconds", "histogram",
+               "Time from the first byte of a routed request to the last byte of its response.");
+    for (size_t i = 0; i < route_table.nbuckets; i++) {
+        for (const sl_route_stats_t *s = route_table.buckets[i]; s; s = s->next) {
+            route_totals_t t;
+            sum_route(s, nworkers, &t);
+            if (t.count == 0)
+                continue;
+            uint64_t cumulative = 0;
+            for (unsigned b = 0; b < SL_METRICS_LATENCY_BUCKETS; b++) {
+                char le[32];
+                cumulative += t.buckets[b];
+                if (b < SL_METRICS_LATENCY_BUCKETS - 1)
+                    format_le(le, sizeof(le), sl_metrics_latency_bounds_us[b]);
+                else
+                    strcpy(le, "+Inf");
+                evbuffer_add(out, "sluice_request_duration_seconds_bucket{", 39);
+                add_route_labels(out, s);
+                evbuffer_add_printf(out, ",le=\"%s\"} %" PRIu64 "\n", le, cumulative);
+            }
+            evbuffer_add(out, "sluice_request_duration_seconds_sum{", 36);
+            add_route_labels(out, s);
+            evbuffer_add_printf(out, "} %" PRIu64 ".%06" PRIu64 "\n", t.sum_us / 1000000,
+                                t.sum_us % 1000000);
+            evbuffer_add(out, "sluice_request_duration_seconds_count{", 38);
+            add_route_labels(out, s);
+            evbuffer_add_printf(out, "} %" PRIu64 "\n", t.count);
+        }
+    }
+}
+
+static void render_clusters(struct evbuffer *out, unsigned nworkers)
+{
+    static const struct {
+        const char *name, *help;
+    } families[3] = {
+        {"sluice_upstream_requests_total", "Requests sent to an upstream cluster, retries included."},
+        {"sluice_upstream_retries_total", "Retries sent to an upstream cluster."},
+        {"sluice_upstream_errors_total", "Failed upstream attempts, by cluster and kind."},
+    };
+    for (unsigned f = 0; f < 3; f++) {
+        add_header(out, families[f].name, "counter", families[f].help);
+        for (size_t i = 0; i < cluster_table.nbuckets; i++) {
+            for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next) {
+                uint64_t v[SL_UPSTREAM_ERR__COUNT] = {0};
+                for (unsigned w = 0; w < nworkers; w++) {
+                    const sl_cluster_stats_slot_t *slot = &s->slots[w];
+                    if (f == 0)
+                        v[0] += LOAD(slot->requests);
+                    else if (f == 1)
+                        v[0] += LOAD(slot->retries);
+                    else
+                        for (unsigned k = 0; k < SL_UPSTREAM_ERR__COUNT; k++)
+                            v[k] += LOAD(slot->errors[k]);
+                }
+                unsigned nseries = (f == 2) ? SL_UPSTREAM_ERR__COUNT : 1;
+                for (unsigned k = 0; k < nseries; k++) {
+                    evbuffer_add_printf(out, "%s{cluster=\"", families[f].name);
+                    add_label_value(out, s->cluster);
+                    if (f == 2)
+                        evbuffer_add_printf(out, "\",kind=\"%s", upstream_error_names[k]);
+                    evbuffer_add_printf(out, "\"} %" PRIu64 "\n", v[k]);
+                }
+            }
+        }
+    }
+}
+
+static void render_process(struct evbuffer *out, unsigned nworkers)
+{
+    uint64_t accepted = 0, requests = 0, unrouted[6] = {0};
+    int64_t active = 0;
+    for (unsigned w = 0; w < nworkers; w++) {
+        const sl_worker_stats_t *ws = &worker_stats[w];
+        accepted += LOAD(ws->connections_accepted);
+        active += LOAD(ws->connections_active);
+        requests += LOAD(ws->requests_total);
+        for (unsigned c = 0; c < 6; c++)
+            unrouted[c] += LOAD(ws->unrouted_by_status[c]);
+    }
+    /* A connection accepted on one worker is always closed on the same one,
+     * but a scrape racing the two stores may see a transient negative sum. */
+    if (active < 0)
+        active = 0;
+
+    add_header(out, "sluice_downstream_requests_total", "counter",
+               "Requests received from clients, routed or not.");
+    evbuffer_add_printf(out, "sluice_downstream_requests_total %" PRIu64 "\n", requests);
+    add_header(out, "sluice_unrouted_responses_total", "counter",
+               "Responses the gateway answered before a route was chosen (400, 404, 405, 413, ...), "
+               "by status class.");
+    for (unsigned c = 1; c < 6; c++)
+        evbuffer_add_printf(out, "sluice_unrouted_responses_total{code_class=\"%s\"} %" PRIu64 "\n",
+                            class_names[c], unrouted[c]);
+    if (unrouted[0])
+        evbuffer_add_printf(out, "sluice_unrouted_responses_total{code_class=\"other\"} %" PRIu64 "\n",
+                            unrouted[0]);
+    add_header(out, "sluice_connections_active", "gauge", "Open downstream connections.");
+    evbuffer_add_printf(out, "sluice_connections_active %" PRId64 "\n", active);
+    add_header(out, "sluice_connections_accepted_total", "counter", "Accepted downstream connections.");
+    evbuffer_add_printf(out, "sluice_connections_accepted_total %" PRIu64 "\n", accepted);
+
+    int64_t alive = atomic_load_explicit(&sl_metrics_gauges.generations_alive, memory_order_relaxed);
+    add_header(out, "sluice_generation_version", "gauge",
+               "Snapshot version of the active config generation (0 = none yet).");
+    evbuffer_add_printf(out, "sluice_generation_version %" PRIu64 "\n",
+                        atomic_load_explicit(&sl_metrics_gauges.generation_version, memory_order_relaxed));
+    add_header(out, "sluice_generation_swaps_total", "counter", "Config generations published.");
+    evbuffer_add_printf(out, "sluice_generation_swaps_total %" PRIu64 "\n",
+                        atomic_load_explicit(&sl_metrics_gauges.generation_swaps, memory_order_relaxed));
+    add_header(out, "sluice_config_errors_total", "counter",
+               "Configs rejected (invalid file on reload, snapshot that failed to compile).");
+    evbuffer_add_printf(out, "sluice_config_errors_total %" PRIu64 "\n",
+                        atomic_load_explicit(&sl_metrics_gauges.config_errors, memory_order_relaxed));
+    add_header(out, "sluice_generations_alive", "gauge",
+               "Config generations published and not yet freed (the active one plus those still "
+               "held by in-flight requests).");
+    evbuffer_add_printf(out, "sluice_generations_alive %" PRId64 "\n", alive < 0 ? 0 : alive);
+    add_header(out, "sluice_accesslog_dropped_total", "counter",
+               "Access log lines dropped because a worker's log ring was full.");
+    evbuffer_add_printf(out, "sluice_accesslog_dropped_total %" PRIu64 "\n", sl_accesslog_dropped());
+}
+
+void sl_metrics_render(struct evbuffer *out)
+{
+    unsigned nworkers = metrics_nworkers;
+    pthread_mutex_lock(&registry_lock);
+    render_routes(out, nworkers);
+    render_clusters(out, nworkers);
+    pthread_mutex_unlock(&registry_lock);
+    render_process(out, nworkers);
+}
