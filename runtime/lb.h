@@ -39,6 +39,11 @@ int sl_lb_p2c_pick(sl_lb_rng_t *rng, const uint32_t *weights, const uint32_t *ac
  * one endpoint only moves that endpoint's keys. */
 typedef struct sl_lb_ring sl_lb_ring_t;
 sl_lb_ring_t *sl_lb_ring_build(const uint32_t *weights, size_t n);
+/* Same, with the points of endpoint i placed by ids[i], its stable identity
+ * (e.g. "10.0.0.1:8080"), instead of by its index: then adding or removing an
+ * endpoint in the config also moves only that endpoint's keys. ids may be
+ * NULL (= sl_lb_ring_build). At most 65,536 endpoints (else NULL). */
+sl_lb_ring_t *sl_lb_ring_build_keyed(const uint32_t *weights, const char *const *ids, size_t n);
 void sl_lb_ring_free(sl_lb_ring_t *ring);
 int sl_lb_ring_pick(const sl_lb_ring_t *ring, uint64_t hash, const uint8_t *usable);
 
