@@ -1,0 +1,1394 @@
+/*
+ * Router: compiles the route tables of a snapshot into an immutable matcher,
+ * then answers (host, path, method, headers, query) -> one route, 404 or 405.
+ *
+ * Responsible for: host buckets (exact, "*.suffix", "*"), one segment trie per
+ * bucket over the full path (base path + route path), prefix and regex
+ * routes, method / header / query matches, and the precedence that router.h
+ * states and docs/routing.md explains with examples.
+ *
+ * Not responsible for: validating resources (common/validate.c; the router
+ * only refuses what it cannot compile, with a message naming table and
+ * route), path normalisation or percent-decoding (the HTTP layer; the router
+ * matches the raw bytes it is given), stripping the base path (the proxy uses
+ * base_path_len), writing the 404/405 responses (the proxy).
+ *
+ * Threading: sl_router_build runs on one thread; afterwards nothing in the
+ * router is written, so any number of workers may call sl_router_match at the
+ * same time without locks. The only mutable state is each thread's PCRE2
+ * match data, which is thread-local and created on the first regex match of
+ * that thread (freed at thread exit by a pthread key destructor).
+ *
+ * Cost of a lookup: one hash probe per host candidate, one hash probe per
+ * path segment walked in the trie (plus backtracking into parameter children,
+ * bounded by the size of the trie, never by the number of routes), then the
+ * prefix entries of the nodes on the literal walk, then the regex routes of
+ * the bucket one by one. Only regex routes cost linear time, by design.
+ */
+#include "router.h"
+#include "pathtpl.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+/* Bounds, documented in docs/routing.md. The depth bound keeps the trie
+ * search recursion and the prefix walk on a fixed-size stack. */
+#define SL_ROUTER_MAX_DEPTH 128     /* segments of base path + route path */
+#define SL_ROUTER_MAX_HOST_LEN 253  /* a DNS name; longer hosts only reach "*" */
+#define SL_ROUTER_REGEX_MATCH_LIMIT 100000 /* PCRE2 match limit per regex test */
+
+#define NONE UINT32_MAX
+
+/* Host map keys: exact hosts and wildcard suffixes live in one map. */
+#define HOST_EXACT 0u
+#define HOST_WILDCARD 1u
+
+/* ------------------------------------------------------------------------ */
+/* Compiled form                                                            */
+
+typedef struct {
+    const char *name; /* header names are lower-cased copies; query names raw */
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+    pcre2_code *re; /* REGEX only */
+    int kind;       /* Sluice__V1__HeaderMatch__Kind */
+    bool invert;
+} cmatch_t;
+
+typedef struct {
+    const Sluice__V1__Route *pb; /* for methods outside the nine well-known */
+    const char *base;            /* base path, "" for "/" */
+    size_t base_len;
+    pcre2_code *path_re; /* REGEX routes */
+    uint32_t table_index;
+    uint32_t route_index;
+    uint32_t decl; /* global declaration order: tables, then routes */
+    uint32_t match_begin; /* in router->matches: headers first, then query */
+    uint32_t n_headers;
+    uint32_t n_query;
+    unsigned method_bits;
+    bool any_method;
+    bool other_methods; /* pb->methods holds a method outside the nine */
+} croute_t;
+
+/* Routes hanging at a trie node, in precedence order: exact, template, prefix. */
+typedef struct {
+    const char *partial; /* prefix routes: text the next segment must start with */
+    uint32_t partial_len;
+    uint32_t route; /* index in router->routes */
+    bool or_end;    /* prefix "/" under a base path: also matches the base itself */
+} entry_t;
+
+typedef struct {
+    uint32_t param_child;
+    uint32_t n_literal; /* literal children (in router->children) */
+    uint32_t entry_begin;
+    uint32_t n_exact;
+    uint32_t n_template;
+    uint32_t n_prefix;
+} node_t;
+
+typedef struct {
+    uint32_t root;
+    uint32_t regex_begin; /* in router->regex_routes */
+    uint32_t n_regex;
+    uint32_t last_table; /* build only: de-duplicates hosts of one table */
+} bucket_t;
+
+/* Open-addressing hash map, (parent, bytes) -> value. Used for trie children
+ * (parent = node) and hosts (parent = HOST_EXACT / HOST_WILDCARD). */
+typedef struct {
+    uint64_t hash;
+    const char *key;
+    uint32_t key_len;
+    uint32_t parent;
+    uint32_t value; /* NONE = empty slot */
+} slot_t;
+
+typedef struct {
+    slot_t *slots;
+    size_t mask;
+    size_t count;
+} map_t;
+
+struct sl_router {
+    uint64_t seed;
+    croute_t *routes;
+    uint32_t n_routes;
+    cmatch_t *matches;
+    uint32_t n_matches;
+    node_t *nodes;
+    uint32_t n_nodes;
+    entry_t *entries;
+    uint32_t *regex_routes;
+    bucket_t *buckets;
+    uint32_t n_buckets;
+    uint32_t star_bucket;
+    uint32_t *wildcard_lens; /* distinct suffix lengths, longest first */
+    uint32_t n_wildcard_lens;
+    map_t children;
+    map_t hosts;
+    char *strings; /* lower-cased host keys and header names */
+    pcre2_match_context *mctx;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+
+static const char *str_or_empty(const char *s)
+{
+    return s ? s : "";
+}
+
+static unsigned char lower(unsigned char c)
+{
+    return (c >= 'A' && c <= 'Z') ? (unsigned char)(c + ('a' - 'A')) : c;
+}
+
+static bool eq_nocase(const char *a, const char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (lower((unsigned char)a[i]) != lower((unsigned char)b[i]))
+            return false;
+    return true;
+}
+
+static void errf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* "route table petstore route getPet" (or "#3" when a name is empty), the
+ * prefix of every build error about a route. */
+static void route_label(char *buf, size_t len, const Sluice__V1__RouteTable *t, size_t ti,
+                        const Sluice__V1__Route *r, size_t ri)
+{
+    const char *tn = t ? str_or_empty(t->name) : "";
+    const char *rn = r ? str_or_empty(r->name) : "";
+    char tbuf[24], rbuf[24];
+    snprintf(tbuf, sizeof tbuf, "#%zu", ti);
+    snprintf(rbuf, sizeof rbuf, "#%zu", ri);
+    snprintf(buf, len, "route table %s route %s", *tn ? tn : tbuf, *rn ? rn : rbuf);
+}
+
+static void table_label(char *buf, size_t len, const Sluice__V1__RouteTable *t, size_t ti)
+{
+    const char *tn = t ? str_or_empty(t->name) : "";
+    if (*tn)
+        snprintf(buf, len, "route table %s", tn);
+    else
+        snprintf(buf, len, "route table #%zu", ti);
+}
+
+/* Returns `arr` grown to hold at least `need` elements of `elem` bytes (the
+ * same pointer when it already does), or NULL on overflow or allocation
+ * failure, leaving `arr` and *cap untouched. */
+static void *grow(void *arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return arr;
+    size_t ncap = *cap ? *cap : 16;
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2)
+            return NULL;
+        ncap *= 2;
+    }
+    if (ncap > SIZE_MAX / elem)
+        return NULL;
+    void *p = realloc(arr, ncap * elem);
+    if (!p)
+        return NULL;
+    *cap = ncap;
+    return p;
+}
+
+/* grow() for a typed pointer lvalue; evaluates to 0 or -1. */
+#define GROW(ptr, cap, need)                                                                     \
+    __extension__({                                                                              \
+        void *grown_ = grow((ptr), &(cap), (need), sizeof *(ptr));                               \
+        int rc_ = grown_ ? 0 : -1;                                                               \
+        if (grown_)                                                                              \
+            (ptr) = grown_;                                                                      \
+        rc_;                                                                                     \
+    })
+
+/* ------------------------------------------------------------------------ */
+/* Hashing                                                                  */
+
+/* Seeded 64-bit hash (multiply-xorshift over 8-byte words, murmur3 finaliser).
+ * The seed is random per router so that request bytes cannot be chosen to
+ * collide on a known table layout. */
+static uint64_t mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return h;
+}
+
+static uint64_t hash_key(uint64_t seed, uint32_t parent, const char *s, size_t n)
+{
+    uint64_t h = seed ^ ((uint64_t)parent * 0x9e3779b97f4a7c15ull) ^ (n * 0xbf58476d1ce4e5b9ull);
+    const unsigned char *p = (const unsigned char *)s;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ mix64(w)) * 0x94d049bb133111ebull;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t w = 0;
+        memcpy(&w, p, n);
+        h = (h ^ mix64(w ^ 0x5bd1e995u)) * 0x94d049bb133111ebull;
+    }
+    return mix64(h);
+}
+
+static uint32_t map_find(const map_t *m, uint64_t h, uint32_t parent, const char *key, size_t n)
+{
+    if (!m->slots)
+        return NONE;
+    for (size_t i = (size_t)h & m->mask;; i = (i + 1) & m->mask) {
+        const slot_t *s = &m->slots[i];
+        if (s->value == NONE)
+            return NONE;
+        if (s->hash == h && s->parent == parent && s->key_len == n &&
+            memcmp(s->key, key, n) == 0)
+            return s->value;
+    }
+}
+
+static int map_grow(map_t *m)
+{
+    size_t ncap = m->slots ? (m->mask + 1) * 2 : 64;
+    if (ncap > SIZE_MAX / sizeof(slot_t))
+        return -1;
+    slot_t *ns = malloc(ncap * sizeof *ns);
+    if (!ns)
+        return -1;
+    for (size_t i = 0; i < ncap; i++)
+        ns[i].value = NONE;
+    if (m->slots) {
+        for (size_t i = 0; i <= m->mask; i++) {
+            if (m->slots[i].value == NONE)
+                continue;
+            size_t j = (size_t)m->slots[i].hash & (ncap - 1);
+            while (ns[j].value != NONE)
+                j = (j + 1) & (ncap - 1);
+            ns[j] = m->slots[i];
+        }
+        free(m->slots);
+    }
+    m->slots = ns;
+    m->mask = ncap - 1;
+    return 0;
+}
+
+/* Inserts a key known to be absent. Keeps the load at most 1/2, so probes
+ * stay short and map_find always meets an empty slot. */
+static int map_insert(map_t *m, uint64_t h, uint32_t parent, const char *key, size_t n,
+                      uint32_t value)
+{
+    if (n > UINT32_MAX)
+        return -1;
+    if (!m->slots || (m->count + 1) * 2 > m->mask + 1) {
+        if (map_grow(m) < 0)
+            return -1;
+    }
+    size_t i = (size_t)h & m->mask;
+    while (m->slots[i].value != NONE)
+        i = (i + 1) & m->mask;
+    m->slots[i] = (slot_t){h, key, (uint32_t)n, parent, value};
+    m->count++;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Methods                                                                  */
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} known_methods[] = {
+    {"GET", SL_METHOD_GET},         {"HEAD", SL_METHOD_HEAD},
+    {"POST", SL_METHOD_POST},       {"PUT", SL_METHOD_PUT},
+    {"DELETE", SL_METHOD_DELETE},   {"PATCH", SL_METHOD_PATCH},
+    {"OPTIONS", SL_METHOD_OPTIONS}, {"TRACE", SL_METHOD_TRACE},
+    {"CONNECT", SL_METHOD_CONNECT},
+};
+
+/* Methods are case-sensitive (RFC 9110 9.1): "get" is another method. */
+static unsigned method_bit(const char *s)
+{
+    for (size_t i = 0; i < SL_ARRAY_LEN(known_methods); i++)
+        if (strcmp(s, known_methods[i].name) == 0)
+            return known_methods[i].bit;
+    return SL_METHOD_OTHER;
+}
+
+static bool is_token(const char *s)
+{
+    if (!*s)
+        return false;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              (c && strchr("!#$%&'*+-.^_`|~", c))))
+            return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Regex                                                                    */
+
+/* Compiles a regex that must match the whole subject: PCRE2_ANCHORED and
+ * PCRE2_ENDANCHORED at compile time, which JIT honours (wrapping the pattern
+ * in "^(?:...)$" would break on patterns such as "a\Q"). Byte mode, no UTF:
+ * paths and header values are raw bytes and may be invalid UTF-8. */
+static pcre2_code *regex_compile(const char *pattern, const char *label, const char *what,
+                                 char *err, size_t errlen)
+{
+    int code;
+    PCRE2_SIZE offset;
+    PCRE2_UCHAR msg[256];
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_ANCHORED | PCRE2_ENDANCHORED, &code, &offset, NULL);
+    if (!re) {
+        pcre2_get_error_message(code, msg, sizeof msg);
+        errf(err, errlen, "%s: %sregex \"%s\": %s at offset %zu", label, what, pattern,
+             (const char *)msg, (size_t)offset);
+        return NULL;
+    }
+    code = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+    if (code != 0) {
+        pcre2_get_error_message(code, msg, sizeof msg);
+        errf(err, errlen, "%s: %sregex \"%s\": JIT compilation failed: %s", label, what,
+             pattern, (const char *)msg);
+        pcre2_code_free(re);
+        return NULL;
+    }
+    return re;
+}
+
+static __thread pcre2_match_data *tls_match_data;
+static pthread_key_t match_data_key;
+static pthread_once_t match_data_once = PTHREAD_ONCE_INIT;
+static bool match_data_key_ok;
+
+static void match_data_destroy(void *p)
+{
+    pcre2_match_data_free(p);
+}
+
+static void match_data_key_init(void)
+{
+    match_data_key_ok = pthread_key_create(&match_data_key, match_data_destroy) == 0;
+}
+
+/* One pair of offsets is enough for every pattern: the router only asks
+ * whether a regex matches, never for captures (a too-small ovector makes
+ * pcre2_jit_match return 0, which still means "matched"). */
+static pcre2_match_data *thread_match_data(void)
+{
+    if (sl_likely(tls_match_data != NULL))
+        return tls_match_data;
+    pthread_once(&match_data_once, match_data_key_init);
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md)
+        return NULL;
+    if (match_data_key_ok)
+        pthread_setspecific(match_data_key, md);
+    tls_match_data = md;
+    return md;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Build                                                                    */
+
+typedef struct {
+    uint32_t node;
+    uint32_t kind; /* 0 exact, 1 template, 2 prefix: the order at a node */
+    uint32_t nmatches;
+    uint32_t decl;
+    entry_t e;
+} bentry_t;
+
+typedef struct {
+    uint32_t bucket;
+    uint32_t group; /* decl of the first route with the same base and pattern */
+    uint32_t nmatches;
+    uint32_t decl;
+    uint32_t route;
+    const char *base;
+    const char *pattern;
+} bregex_t;
+
+typedef struct {
+    sl_router_t *r;
+    const Sluice__V1__Snapshot *snap;
+    char *err;
+    size_t errlen;
+    size_t nodes_cap;
+    bentry_t *bentries;
+    size_t n_bentries, bentries_cap;
+    bregex_t *bregex;
+    size_t n_bregex, bregex_cap;
+    size_t buckets_cap;
+    uint32_t *pairs; /* (bucket, table) flattened */
+    size_t n_pairs, pairs_cap;
+    char *strings_end;
+} build_t;
+
+static int new_node(build_t *b, uint32_t *out)
+{
+    sl_router_t *r = b->r;
+    if (r->n_nodes >= NONE - 1 ||
+        GROW(r->nodes, b->nodes_cap, (size_t)r->n_nodes + 1) < 0)
+        return -1;
+    r->nodes[r->n_nodes] = (node_t){.param_child = NONE};
+    *out = r->n_nodes++;
+    return 0;
+}
+
+static int literal_child(build_t *b, uint32_t parent, const char *seg, size_t len, uint32_t *out)
+{
+    sl_router_t *r = b->r;
+    uint64_t h = hash_key(r->seed, parent, seg, len);
+    uint32_t c = map_find(&r->children, h, parent, seg, len);
+    if (c == NONE) {
+        if (new_node(b, &c) < 0 || map_insert(&r->children, h, parent, seg, len, c) < 0)
+            return -1;
+        r->nodes[parent].n_literal++;
+    }
+    *out = c;
+    return 0;
+}
+
+static int param_child(build_t *b, uint32_t parent, uint32_t *out)
+{
+    sl_router_t *r = b->r;
+    if (r->nodes[parent].param_child == NONE) {
+        uint32_t c;
+        if (new_node(b, &c) < 0)
+            return -1;
+        r->nodes[parent].param_child = c;
+    }
+    *out = r->nodes[parent].param_child;
+    return 0;
+}
+
+/* Walks (creating) the segments of path[0..len), which is empty or starts
+ * with '/'. In template mode a whole "{name}" segment is a parameter.
+ * Returns 0, -1 on allocation failure, -2 when the depth bound is exceeded. */
+static int insert_segments(build_t *b, uint32_t *node, unsigned *depth, const char *path,
+                           size_t len, bool template_mode)
+{
+    size_t off = 0;
+    while (off < len) {
+        const char *seg = path + off + 1;
+        const char *slash = memchr(seg, '/', len - off - 1);
+        size_t seg_len = slash ? (size_t)(slash - seg) : len - off - 1;
+        if (++*depth > SL_ROUTER_MAX_DEPTH)
+            return -2;
+        int rc;
+        if (template_mode && seg_len >= 2 && seg[0] == '{' && seg[seg_len - 1] == '}')
+            rc = param_child(b, *node, node);
+        else
+            rc = literal_child(b, *node, seg, seg_len, node);
+        if (rc < 0)
+            return -1;
+        off += 1 + seg_len;
+    }
+    return 0;
+}
+
+static int add_entry(build_t *b, uint32_t node, uint32_t kind, uint32_t route,
+                     const char *partial, size_t partial_len, bool or_end)
+{
+    const croute_t *rt = &b->r->routes[route];
+    if (GROW(b->bentries, b->bentries_cap, b->n_bentries + 1) < 0)
+        return -1;
+    b->bentries[b->n_bentries++] = (bentry_t){
+        .node = node,
+        .kind = kind,
+        .nmatches = rt->n_headers + rt->n_query,
+        .decl = rt->decl,
+        .e = {partial, (uint32_t)partial_len, route, or_end},
+    };
+    return 0;
+}
+
+/* Puts one route into one bucket's trie (or its regex list). */
+static int insert_route(build_t *b, uint32_t bucket, uint32_t route)
+{
+    sl_router_t *r = b->r;
+    const croute_t *rt = &r->routes[route];
+    const char *path = str_or_empty(rt->pb->path);
+    size_t len = strlen(path);
+    uint32_t node = r->buckets[bucket].root;
+    unsigned depth = 0;
+    bool root_route = len == 1 && rt->base_len > 0; /* "/" under "/petstore/v1" */
+    int rc;
+
+    if (rt->pb->path_kind == SLUICE__V1__ROUTE__PATH_KIND__REGEX) {
+        if (GROW(b->bregex, b->bregex_cap, b->n_bregex + 1) < 0)
+            return -1;
+        b->bregex[b->n_bregex++] = (bregex_t){
+            .bucket = bucket,
+            .nmatches = rt->n_headers + rt->n_query,
+            .decl = rt->decl,
+            .route = route,
+            .base = rt->base,
+            .pattern = path,
+        };
+        return 0;
+    }
+
+    rc = insert_segments(b, &node, &depth, rt->base, rt->base_len, false);
+    if (rc < 0)
+        return rc;
+
+    if (rt->pb->path_kind == SLUICE__V1__ROUTE__PATH_KIND__PREFIX) {
+        if (root_route)
+            return add_entry(b, node, 2, route, "", 0, true);
+        /* A prefix is plain text: complete segments go into the trie, the
+         * text after the last '/' is compared with the start of the next
+         * request segment. */
+        const char *last = strrchr(path, '/');
+        rc = insert_segments(b, &node, &depth, path, (size_t)(last - path), false);
+        if (rc < 0)
+            return rc;
+        return add_entry(b, node, 2, route, last + 1, strlen(last + 1), false);
+    }
+
+    uint32_t kind = rt->pb->path_kind == SLUICE__V1__ROUTE__PATH_KIND__EXACT ? 0 : 1;
+    if (root_route) {
+        /* The Api's root answers both "/petstore/v1" and "/petstore/v1/". */
+        uint32_t slash_node;
+        if (add_entry(b, node, kind, route, NULL, 0, false) < 0)
+            return -1;
+        if (++depth > SL_ROUTER_MAX_DEPTH)
+            return -2;
+        if (literal_child(b, node, "", 0, &slash_node) < 0)
+            return -1;
+        return add_entry(b, slash_node, kind, route, NULL, 0, false);
+    }
+    rc = insert_segments(b, &node, &depth, path, len, kind == 1);
+    if (rc < 0)
+        return rc;
+    return add_entry(b, node, kind, route, NULL, 0, false);
+}
+
+static int cmp_bentry(const void *pa, const void *pb)
+{
+    const bentry_t *a = pa, *b = pb;
+    if (a->node != b->node)
+        return a->node < b->node ? -1 : 1;
+    if (a->kind != b->kind)
+        return a->kind < b->kind ? -1 : 1;
+    /* Prefix routes: longest first. */
+    if (a->e.partial_len != b->e.partial_len)
+        return a->e.partial_len > b->e.partial_len ? -1 : 1;
+    if (a->nmatches != b->nmatches)
+        return a->nmatches > b->nmatches ? -1 : 1;
+    return a->decl < b->decl ? -1 : a->decl > b->decl;
+}
+
+static int cmp_bregex_group(const void *pa, const void *pb)
+{
+    const bregex_t *a = pa, *b = pb;
+    int c;
+    if (a->bucket != b->bucket)
+        return a->bucket < b->bucket ? -1 : 1;
+    if ((c = strcmp(a->base, b->base)) != 0)
+        return c;
+    if ((c = strcmp(a->pattern, b->pattern)) != 0)
+        return c;
+    return a->decl < b->decl ? -1 : a->decl > b->decl;
+}
+
+static int cmp_bregex_order(const void *pa, const void *pb)
+{
+    const bregex_t *a = pa, *b = pb;
+    if (a->bucket != b->bucket)
+        return a->bucket < b->bucket ? -1 : 1;
+    if (a->group != b->group)
+        return a->group < b->group ? -1 : 1;
+    if (a->nmatches != b->nmatches)
+        return a->nmatches > b->nmatches ? -1 : 1;
+    return a->decl < b->decl ? -1 : a->decl > b->decl;
+}
+
+static int cmp_u32_desc(const void *pa, const void *pb)
+{
+    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+    return a > b ? -1 : a < b;
+}
+
+/* Compiles one header or query match. Header names are compared
+ * case-insensitively, so they are stored lower-cased. */
+static int compile_match(build_t *b, const Sluice__V1__HeaderMatch *hm, bool is_query,
+                         const char *label, cmatch_t *out)
+{
+    const char *what = is_query ? "query parameter" : "header";
+    if (!hm) {
+        errf(b->err, b->errlen, "%s: empty %s match", label, what);
+        return -1;
+    }
+    const char *name = str_or_empty(hm->name);
+    const char *value = str_or_empty(hm->value);
+    size_t name_len = strlen(name);
+    if (name_len == 0) {
+        errf(b->err, b->errlen, "%s: %s match without a name", label, what);
+        return -1;
+    }
+    *out = (cmatch_t){
+        .name = name,
+        .name_len = name_len,
+        .value = value,
+        .value_len = strlen(value),
+        .kind = (int)hm->kind,
+        .invert = hm->invert != 0,
+    };
+    if (!is_query) {
+        char *lc = b->strings_end;
+        for (size_t i = 0; i < name_len; i++)
+            lc[i] = (char)lower((unsigned char)name[i]);
+        lc[name_len] = '\0';
+        b->strings_end += name_len + 1;
+        out->name = lc;
+    }
+    switch (hm->kind) {
+    case SLUICE__V1__HEADER_MATCH__KIND__EXACT:
+    case SLUICE__V1__HEADER_MATCH__KIND__PREFIX:
+    case SLUICE__V1__HEADER_MATCH__KIND__PRESENT:
+        return 0;
+    case SLUICE__V1__HEADER_MATCH__KIND__REGEX: {
+        char what_buf[300];
+        snprintf(what_buf, sizeof what_buf, "%s \"%s\" ", what, name);
+        out->re = regex_compile(value, label, what_buf, b->err, b->errlen);
+        return out->re ? 0 : -1;
+    }
+    default:
+        errf(b->err, b->errlen, "%s: %s \"%s\": unknown match kind %d", label, what, name,
+             (int)hm->kind);
+        return -1;
+    }
+}
+
+/* Checks and compiles one route into r->routes[idx]. */
+static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
+                         const char *base, size_t base_len, size_t ri, uint32_t idx)
+{
+    sl_router_t *r = b->r;
+    const Sluice__V1__Route *pb = t->routes[ri];
+    char label[512];
+    char msg[256];
+    route_label(label, sizeof label, t, ti, pb, ri);
+    if (!pb) {
+        errf(b->err, b->errlen, "%s: empty route", label);
+        return -1;
+    }
+    croute_t *rt = &r->routes[idx];
+    *rt = (croute_t){
+        .pb = pb,
+        .base = base,
+        .base_len = base_len,
+        .table_index = (uint32_t)ti,
+        .route_index = (uint32_t)ri,
+        .decl = idx,
+        .match_begin = r->n_matches,
+        .any_method = pb->n_methods == 0,
+    };
+    for (size_t m = 0; m < pb->n_methods; m++) {
+        const char *name = str_or_empty(pb->methods[m]);
+        if (!is_token(name)) {
+            errf(b->err, b->errlen, "%s: method \"%s\" is not a valid HTTP method name", label,
+                 name);
+            return -1;
+        }
+        unsigned bit = method_bit(name);
+        rt->method_bits |= bit;
+        if (bit == SL_METHOD_OTHER)
+            rt->other_methods = true;
+    }
+
+    const char *path = str_or_empty(pb->path);
+    switch (pb->path_kind) {
+    case SLUICE__V1__ROUTE__PATH_KIND__EXACT:
+    case SLUICE__V1__ROUTE__PATH_KIND__PREFIX:
+        if (path[0] != '/') {
+            errf(b->err, b->errlen, "%s: path \"%s\" must start with '/'", label, path);
+            return -1;
+        }
+        break;
+    case SLUICE__V1__ROUTE__PATH_KIND__TEMPLATE:
+        if (sl_pathtpl_check(path, msg, sizeof msg) < 0) {
+            errf(b->err, b->errlen, "%s: path template \"%s\": %s", label, path, msg);
+            return -1;
+        }
+        break;
+    case SLUICE__V1__ROUTE__PATH_KIND__REGEX:
+        rt->path_re = regex_compile(path, label, "", b->err, b->errlen);
+        if (!rt->path_re)
+            return -1;
+        break;
+    default:
+        errf(b->err, b->errlen, "%s: unknown path kind %d", label, (int)pb->path_kind);
+        return -1;
+    }
+
+    for (size_t h = 0; h < pb->n_headers; h++) {
+        if (compile_match(b, pb->headers[h], false, label, &r->matches[r->n_matches]) < 0)
+            return -1;
+        r->n_matches++;
+        rt->n_headers++;
+    }
+    for (size_t q = 0; q < pb->n_query; q++) {
+        if (compile_match(b, pb->query[q], true, label, &r->matches[r->n_matches]) < 0)
+            return -1;
+        r->n_matches++;
+        rt->n_query++;
+    }
+    return 0;
+}
+
+/* Normalises one configured host into the string arena and returns its
+ * bucket, creating it. "*" -> the star bucket; "*.example.com" -> wildcard
+ * key ".example.com"; anything else -> exact key, lower-cased, one trailing
+ * dot removed (an FQDN "example.com." names the same host). */
+static int host_bucket(build_t *b, const Sluice__V1__RouteTable *t, size_t ti, const char *host,
+                       uint32_t *out)
+{
+    sl_router_t *r = b->r;
+    char label[300];
+    size_t len = strlen(host);
+    uint32_t kind = HOST_EXACT;
+    const char *key = host;
+
+    table_label(label, sizeof label, t, ti);
+    if (len == 1 && host[0] == '*') {
+        if (r->star_bucket != NONE) {
+            *out = r->star_bucket;
+            return 0;
+        }
+        kind = NONE;
+    } else {
+        if (len > 0 && host[len - 1] == '.')
+            len--;
+        if (len >= 2 && host[0] == '*' && host[1] == '.') {
+            kind = HOST_WILDCARD;
+            key = host + 1; /* keep the dot: ".example.com" */
+            len--;
+        }
+        if (len == 0 || (kind == HOST_WILDCARD && len == 1)) {
+            errf(b->err, b->errlen, "%s: host \"%s\": empty host name", label, host);
+            return -1;
+        }
+        if (len > SL_ROUTER_MAX_HOST_LEN) {
+            errf(b->err, b->errlen, "%s: host \"%.64s...\": longer than %d bytes", label, host,
+                 SL_ROUTER_MAX_HOST_LEN);
+            return -1;
+        }
+        for (size_t i = 0; i < len; i++) {
+            unsigned char c = (unsigned char)key[i];
+            if (c == '*') {
+                errf(b->err, b->errlen,
+                     "%s: host \"%s\": '*' is only allowed as \"*\" or a leading \"*.\"", label,
+                     host);
+                return -1;
+            }
+            if (c <= 0x20 || c == 0x7f || c == '/') {
+                errf(b->err, b->errlen, "%s: host \"%s\": invalid character 0x%02x", label, host,
+                     c);
+                return -1;
+            }
+        }
+        char *lc = b->strings_end;
+        for (size_t i = 0; i < len; i++)
+            lc[i] = (char)lower((unsigned char)key[i]);
+        lc[len] = '\0';
+        uint64_t h = hash_key(r->seed, kind, lc, len);
+        uint32_t found = map_find(&r->hosts, h, kind, lc, len);
+        if (found != NONE) {
+            *out = found;
+            return 0;
+        }
+        b->strings_end += len + 1;
+        key = lc;
+    }
+
+    if (r->n_buckets >= NONE - 1 ||
+        GROW(r->buckets, b->buckets_cap, (size_t)r->n_buckets + 1) < 0)
+        goto fail_oom;
+    uint32_t bi = r->n_buckets;
+    bucket_t *bk = &r->buckets[bi];
+    *bk = (bucket_t){.last_table = NONE};
+    if (new_node(b, &r->buckets[bi].root) < 0)
+        goto fail_oom;
+    r->n_buckets++;
+    if (kind == NONE) {
+        r->star_bucket = bi;
+    } else {
+        if (map_insert(&r->hosts, hash_key(r->seed, kind, key, len), kind, key, len, bi) < 0)
+            goto fail_oom;
+        if (kind == HOST_WILDCARD) {
+            bool seen = false;
+            for (uint32_t i = 0; i < r->n_wildcard_lens; i++)
+                seen |= r->wildcard_lens[i] == len;
+            if (!seen)
+                r->wildcard_lens[r->n_wildcard_lens++] = (uint32_t)len;
+        }
+    }
+    *out = bi;
+    return 0;
+
+fail_oom:
+    errf(b->err, b->errlen, "%s: out of memory", label);
+    return -1;
+}
+
+static int check_base_path(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
+                           const char *base)
+{
+    char label[300];
+    table_label(label, sizeof label, t, ti);
+    size_t len = strlen(base);
+    if (len == 0 || (len == 1 && base[0] == '/'))
+        return 0;
+    if (base[0] != '/') {
+        errf(b->err, b->errlen, "%s: base path \"%s\" must start with '/'", label, base);
+        return -1;
+    }
+    if (base[len - 1] == '/') {
+        errf(b->err, b->errlen, "%s: base path \"%s\" must not end with '/'", label, base);
+        return -1;
+    }
+    if (strstr(base, "//")) {
+        errf(b->err, b->errlen, "%s: base path \"%s\" has an empty segment '//'", label, base);
+        return -1;
+    }
+    if (strpbrk(base, "?#")) {
+        errf(b->err, b->errlen, "%s: base path \"%s\" must not contain '?' or '#'", label, base);
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * Ownership: the returned router is the caller's (sl_router_free); it points
+ * into `snap` (paths, names, values), which must outlive it. On failure
+ * everything built so far is freed here and NULL is returned with err set.
+ */
+sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t errlen)
+{
+    build_t b = {.snap = snap, .err = err, .errlen = errlen};
+    sl_router_t *r;
+    size_t n_routes = 0, n_matches = 0, strings_len = 1, n_hosts = 0;
+
+    errf(err, errlen, "%s", "");
+    r = calloc(1, sizeof *r);
+    if (!r)
+        goto fail_oom;
+    b.r = r;
+    r->star_bucket = NONE;
+    if (getrandom(&r->seed, sizeof r->seed, GRND_NONBLOCK) != (ssize_t)sizeof r->seed)
+        r->seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)r;
+    r->mctx = pcre2_match_context_create(NULL);
+    if (!r->mctx)
+        goto fail_oom;
+    pcre2_set_match_limit(r->mctx, SL_ROUTER_REGEX_MATCH_LIMIT);
+
+    size_t n_tables = snap ? snap->n_route_tables : 0;
+    if (n_tables >= NONE) {
+        errf(err, errlen, "snapshot: too many route tables (%zu)", n_tables);
+        goto fail;
+    }
+    /* First pass: sizes, so that routes, matches and strings are single
+     * allocations and pointers into them stay valid while building. */
+    for (size_t ti = 0; ti < n_tables; ti++) {
+        const Sluice__V1__RouteTable *t = snap->route_tables[ti];
+        char label[300];
+        if (!t) {
+            errf(err, errlen, "route table #%zu: empty", ti);
+            goto fail;
+        }
+        if (t->n_routes > 0 && !t->routes) {
+            table_label(label, sizeof label, t, ti);
+            errf(err, errlen, "%s: routes missing", label);
+            goto fail;
+        }
+        n_routes += t->n_routes;
+        n_hosts += t->n_hosts ? t->n_hosts : 1;
+        for (size_t h = 0; h < t->n_hosts; h++)
+            strings_len += strlen(str_or_empty(t->hosts[h])) + 1;
+        for (size_t ri = 0; ri < t->n_routes; ri++) {
+            const Sluice__V1__Route *rt = t->routes[ri];
+            if (!rt)
+                continue; /* reported by compile_route */
+            n_matches += rt->n_headers + rt->n_query;
+            for (size_t h = 0; h < rt->n_headers; h++)
+                if (rt->headers[h])
+                    strings_len += strlen(str_or_empty(rt->headers[h]->name)) + 1;
+        }
+    }
+    if (n_routes >= NONE || n_matches >= NONE || n_hosts >= NONE) {
+        errf(err, errlen, "snapshot: too many routes (%zu)", n_routes);
+        goto fail;
+    }
+    r->routes = calloc(n_routes ? n_routes : 1, sizeof *r->routes);
+    r->matches = calloc(n_matches ? n_matches : 1, sizeof *r->matches);
+    r->strings = malloc(strings_len);
+    r->wildcard_lens = calloc(n_hosts ? n_hosts : 1, sizeof *r->wildcard_lens);
+    if (!r->routes || !r->matches || !r->strings || !r->wildcard_lens)
+        goto fail_oom;
+    b.strings_end = r->strings;
+
+    /* Second pass: compile every route, in declaration order. */
+    for (size_t ti = 0; ti < n_tables; ti++) {
+        const Sluice__V1__RouteTable *t = snap->route_tables[ti];
+        const char *base = str_or_empty(t->base_path);
+        if (check_base_path(&b, t, ti, base) < 0)
+            goto fail;
+        size_t base_len = strlen(base);
+        if (base_len == 1) { /* "/" contributes nothing to the full path */
+            base = "";
+            base_len = 0;
+        }
+        for (size_t ri = 0; ri < t->n_routes; ri++) {
+            if (compile_route(&b, t, ti, base, base_len, ri, r->n_routes) < 0)
+                goto fail;
+            r->n_routes++;
+        }
+    }
+
+    /* Hosts -> buckets, remembering which tables each bucket serves. */
+    uint32_t decl_base = 0;
+    for (size_t ti = 0; ti < n_tables; ti++) {
+        const Sluice__V1__RouteTable *t = snap->route_tables[ti];
+        size_t nh = t->n_hosts ? t->n_hosts : 1;
+        for (size_t h = 0; h < nh; h++) {
+            const char *host = t->n_hosts ? str_or_empty(t->hosts[h]) : "*";
+            uint32_t bi;
+            if (host_bucket(&b, t, ti, host, &bi) < 0)
+                goto fail;
+            if (r->buckets[bi].last_table == ti)
+                continue; /* same table named twice for one bucket */
+            r->buckets[bi].last_table = (uint32_t)ti;
+            if (GROW(b.pairs, b.pairs_cap, b.n_pairs + 3) < 0)
+                goto fail_oom;
+            b.pairs[b.n_pairs++] = bi;
+            b.pairs[b.n_pairs++] = (uint32_t)ti;
+            b.pairs[b.n_pairs++] = decl_base;
+        }
+        decl_base += (uint32_t)t->n_routes;
+    }
+    qsort(r->wildcard_lens, r->n_wildcard_lens, sizeof *r->wildcard_lens, cmp_u32_desc);
+
+    /* Every route of a table goes into the trie of each of its buckets. */
+    for (size_t p = 0; p < b.n_pairs; p += 3) {
+        uint32_t bi = b.pairs[p];
+        const Sluice__V1__RouteTable *t = snap->route_tables[b.pairs[p + 1]];
+        for (size_t ri = 0; ri < t->n_routes; ri++) {
+            uint32_t route = b.pairs[p + 2] + (uint32_t)ri;
+            int rc = insert_route(&b, bi, route);
+            if (rc == -2) {
+                char label[512];
+                route_label(label, sizeof label, t, b.pairs[p + 1], t->routes[ri], ri);
+                errf(err, errlen, "%s: path has more than %d segments (base path included)",
+                     label, SL_ROUTER_MAX_DEPTH);
+                goto fail;
+            }
+            if (rc < 0)
+                goto fail_oom;
+        }
+    }
+
+    /* Freeze the node entries: sorted by node, then kind, then precedence. */
+    qsort(b.bentries, b.n_bentries, sizeof *b.bentries, cmp_bentry);
+    r->entries = malloc((b.n_bentries ? b.n_bentries : 1) * sizeof *r->entries);
+    if (!r->entries)
+        goto fail_oom;
+    for (size_t i = 0; i < b.n_bentries; i++) {
+        const bentry_t *be = &b.bentries[i];
+        node_t *n = &r->nodes[be->node];
+        if (n->n_exact + n->n_template + n->n_prefix == 0)
+            n->entry_begin = (uint32_t)i;
+        if (be->kind == 0)
+            n->n_exact++;
+        else if (be->kind == 1)
+            n->n_template++;
+        else
+            n->n_prefix++;
+        r->entries[i] = be->e;
+    }
+
+    /* Regex routes per bucket: declaration order, except that routes with
+     * the same base path and pattern are grouped at the first one's place
+     * and ordered by number of header/query matches (router.h "same path"). */
+    qsort(b.bregex, b.n_bregex, sizeof *b.bregex, cmp_bregex_group);
+    for (size_t i = 0; i < b.n_bregex; i++) {
+        bregex_t *x = &b.bregex[i];
+        bool same = i > 0 && x->bucket == x[-1].bucket && strcmp(x->base, x[-1].base) == 0 &&
+                    strcmp(x->pattern, x[-1].pattern) == 0;
+        x->group = same ? x[-1].group : x->decl;
+    }
+    qsort(b.bregex, b.n_bregex, sizeof *b.bregex, cmp_bregex_order);
+    r->regex_routes = malloc((b.n_bregex ? b.n_bregex : 1) * sizeof *r->regex_routes);
+    if (!r->regex_routes)
+        goto fail_oom;
+    for (size_t i = 0; i < b.n_bregex; i++) {
+        bucket_t *bk = &r->buckets[b.bregex[i].bucket];
+        if (bk->n_regex == 0)
+            bk->regex_begin = (uint32_t)i;
+        bk->n_regex++;
+        r->regex_routes[i] = b.bregex[i].route;
+    }
+
+    free(b.bentries);
+    free(b.bregex);
+    free(b.pairs);
+    return r;
+
+fail_oom:
+    errf(err, errlen, "router: out of memory");
+fail:
+    free(b.bentries);
+    free(b.bregex);
+    free(b.pairs);
+    sl_router_free(r);
+    return NULL;
+}
+
+void sl_router_free(sl_router_t *r)
+{
+    if (!r)
+        return;
+    for (uint32_t i = 0; i < r->n_routes; i++)
+        pcre2_code_free(r->routes[i].path_re);
+    for (uint32_t i = 0; i < r->n_matches; i++)
+        pcre2_code_free(r->matches[i].re);
+    pcre2_match_context_free(r->mctx);
+    free(r->routes);
+    free(r->matches);
+    free(r->nodes);
+    free(r->entries);
+    free(r->regex_routes);
+    free(r->buckets);
+    free(r->wildcard_lens);
+    free(r->children.slots);
+    free(r->hosts.slots);
+    free(r->strings);
+    free(r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Match                                                                    */
+
+typedef struct {
+    const sl_router_t *r;
+    const sl_router_request_t *req;
+    sl_router_result_t *res;
+    unsigned allow;
+    bool method_mismatch;
+    bool error; /* no PCRE2 match data for this thread: out of memory */
+} mctx_t;
+
+/* Whole-subject regex test. A match error (match limit reached, JIT stack
+ * exhausted) counts as "no match": a pathological pattern costs a bounded
+ * amount of time and never routes a request it was not proven to match. */
+static bool regex_match(mctx_t *c, const pcre2_code *re, const char *s, size_t n)
+{
+    pcre2_match_data *md = thread_match_data();
+    if (sl_unlikely(!md)) {
+        c->error = true;
+        return false;
+    }
+    int rc = pcre2_jit_match(re, (PCRE2_SPTR)(s ? s : ""), n, 0, 0, md, c->r->mctx);
+    return rc >= 0;
+}
+
+static bool value_matches(mctx_t *c, const cmatch_t *m, const char *v, size_t n)
+{
+    switch (m->kind) {
+    case SLUICE__V1__HEADER_MATCH__KIND__EXACT:
+        return n == m->value_len && memcmp(v, m->value, n) == 0;
+    case SLUICE__V1__HEADER_MATCH__KIND__PREFIX:
+        return n >= m->value_len && memcmp(v, m->value, m->value_len) == 0;
+    case SLUICE__V1__HEADER_MATCH__KIND__REGEX:
+        return regex_match(c, m->re, v, n);
+    default: /* PRESENT */
+        return true;
+    }
+}
+
+/* A header match holds when some header of that name (case-insensitive)
+ * has a matching value; `invert` negates the result, so an inverted match
+ * holds when the header is absent. */
+static bool header_match(mctx_t *c, const cmatch_t *m)
+{
+    const sl_router_request_t *req = c->req;
+    bool found = false;
+    for (size_t i = 0; i < req->num_headers && !found; i++) {
+        const sl_http1_header_t *h = &req->headers[i];
+        if (h->name.len == m->name_len && eq_nocase(h->name.ptr, m->name, m->name_len))
+            found = value_matches(c, m, h->value.ptr, h->value.len);
+    }
+    return found != m->invert;
+}
+
+/* Query parameters: '&'-separated, name before the first '=', value after
+ * it ("" when there is no '='); names and values compared raw. */
+static bool query_match(mctx_t *c, const cmatch_t *m)
+{
+    const char *q = c->req->query.ptr;
+    size_t len = q ? c->req->query.len : 0;
+    bool found = false;
+    size_t off = 0;
+    while (off < len && !found) {
+        const char *p = q + off;
+        const char *amp = memchr(p, '&', len - off);
+        size_t plen = amp ? (size_t)(amp - p) : len - off;
+        off += plen + 1;
+        const char *eq = memchr(p, '=', plen);
+        size_t nlen = eq ? (size_t)(eq - p) : plen;
+        if (nlen != m->name_len || memcmp(p, m->name, nlen) != 0)
+            continue;
+        const char *v = eq ? eq + 1 : p + plen;
+        size_t vlen = eq ? plen - nlen - 1 : 0;
+        found = value_matches(c, m, v, vlen);
+    }
+    return found != m->invert;
+}
+
+static bool method_matches(const croute_t *rt, const sl_router_request_t *req)
+{
+    if (rt->any_method)
+        return true;
+    if (req->method_bit != SL_METHOD_OTHER)
+        return (rt->method_bits & req->method_bit) != 0;
+    if (!rt->other_methods || !req->method.ptr)
+        return false;
+    for (size_t i = 0; i < rt->pb->n_methods; i++) {
+        const char *m = str_or_empty(rt->pb->methods[i]);
+        if (strlen(m) == req->method.len && memcmp(m, req->method.ptr, req->method.len) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* The path of this route matched. Returns true when the search must stop:
+ * the route matched (res filled) or an error occurred. A route that would
+ * match with another method adds its methods to the 405 Allow set. */
+static bool try_route(mctx_t *c, uint32_t idx)
+{
+    const croute_t *rt = &c->r->routes[idx];
+    const cmatch_t *m = &c->r->matches[rt->match_begin];
+    bool method_ok = method_matches(rt, c->req);
+
+    for (uint32_t i = 0; i < rt->n_headers; i++)
+        if (!header_match(c, &m[i]))
+            return c->error;
+    for (uint32_t i = 0; i < rt->n_query; i++)
+        if (!query_match(c, &m[rt->n_headers + i]))
+            return c->error;
+    if (c->error)
+        return true;
+    if (!method_ok) {
+        c->allow |= rt->method_bits;
+        c->method_mismatch = true;
+        return false;
+    }
+    c->res->table_index = rt->table_index;
+    c->res->route_index = rt->route_index;
+    c->res->base_path_len = rt->base_len;
+    c->res->allow_methods = 0;
+    return true;
+}
+
+/* Exact and template routes: depth-first, literal child before parameter
+ * child, so at every segment a literal beats a parameter, left to right,
+ * and the all-literal node (where exact routes live) is reached first.
+ * `rest` is empty or starts with '/'. Recursion depth is bounded by the
+ * trie depth (SL_ROUTER_MAX_DEPTH). */
+static bool trie_search(mctx_t *c, uint32_t node_idx, const char *rest, size_t rest_len)
+{
+    const sl_router_t *r = c->r;
+    const node_t *n = &r->nodes[node_idx];
+
+    if (rest_len == 0) {
+        const entry_t *e = &r->entries[n->entry_begin];
+        for (uint32_t i = 0; i < n->n_exact + n->n_template; i++)
+            if (try_route(c, e[i].route))
+                return true;
+        return false;
+    }
+    const char *seg = rest + 1;
+    const char *slash = memchr(seg, '/', rest_len - 1);
+    size_t seg_len = slash ? (size_t)(slash - seg) : rest_len - 1;
+    const char *next = seg + seg_len;
+    size_t next_len = rest_len - 1 - seg_len;
+
+    if (n->n_literal) {
+        uint64_t h = hash_key(r->seed, node_idx, seg, seg_len);
+        uint32_t child = map_find(&r->children, h, node_idx, seg, seg_len);
+        if (child != NONE && trie_search(c, child, next, next_len))
+            return true;
+    }
+    if (n->param_child != NONE && seg_len > 0)
+        return trie_search(c, n->param_child, next, next_len);
+    return false;
+}
+
+/* Prefix routes: walk literal children as deep as the path goes, then try
+ * the nodes deepest first; a deeper node's prefixes are longer, and within a
+ * node entries are sorted longest first, so the longest prefix wins. */
+static bool prefix_search(mctx_t *c, uint32_t root, const char *path, size_t len)
+{
+    const sl_router_t *r = c->r;
+    uint32_t stack_node[SL_ROUTER_MAX_DEPTH + 1];
+    size_t stack_off[SL_ROUTER_MAX_DEPTH + 1];
+    int depth = 0;
+    uint32_t node = root;
+    size_t off = 0;
+
+    stack_node[0] = root;
+    stack_off[0] = 0;
+    while (off < len && depth < SL_ROUTER_MAX_DEPTH && r->nodes[node].n_literal) {
+        const char *seg = path + off + 1;
+        const char *slash = memchr(seg, '/', len - off - 1);
+        size_t seg_len = slash ? (size_t)(slash - seg) : len - off - 1;
+        uint64_t h = hash_key(r->seed, node, seg, seg_len);
+        node = map_find(&r->children, h, node, seg, seg_len);
+        if (node == NONE)
+            break;
+        off += 1 + seg_len;
+        depth++;
+        stack_node[depth] = node;
+        stack_off[depth] = off;
+    }
+    for (int d = depth; d >= 0; d--) {
+        const node_t *n = &r->nodes[stack_node[d]];
+        if (!n->n_prefix)
+            continue;
+        const char *rest = path + stack_off[d];
+        size_t rest_len = len - stack_off[d];
+        const entry_t *e = &r->entries[n->entry_begin + n->n_exact + n->n_template];
+        for (uint32_t i = 0; i < n->n_prefix; i++) {
+            if (rest_len == 0) {
+                if (!e[i].or_end)
+                    continue;
+            } else if (e[i].partial_len > rest_len - 1 ||
+                       memcmp(rest + 1, e[i].partial, e[i].partial_len) != 0) {
+                continue;
+            }
+            if (try_route(c, e[i].route))
+                return true;
+        }
+    }
+    return false;
+}
+
+/* Regex routes, one by one, against the path after their base path ("/"
+ * when the path is the base path itself). */
+static bool regex_search(mctx_t *c, const bucket_t *bk, const char *path, size_t len)
+{
+    const sl_router_t *r = c->r;
+    for (uint32_t i = 0; i < bk->n_regex; i++) {
+        uint32_t idx = r->regex_routes[bk->regex_begin + i];
+        const croute_t *rt = &r->routes[idx];
+        if (len < rt->base_len || memcmp(path, rt->base, rt->base_len) != 0)
+            continue;
+        if (len > rt->base_len && path[rt->base_len] != '/')
+            continue; /* "/petstore/v1x" is not under "/petstore/v1" */
+        const char *sub = len > rt->base_len ? path + rt->base_len : "/";
+        size_t sub_len = len > rt->base_len ? len - rt->base_len : 1;
+        if (!regex_match(c, rt->path_re, sub, sub_len)) {
+            if (c->error)
+                return true;
+            continue;
+        }
+        if (try_route(c, idx))
+            return true;
+    }
+    return false;
+}
+
+static bool bucket_search(mctx_t *c, uint32_t bi)
+{
+    const bucket_t *bk = &c->r->buckets[bi];
+    const char *path = c->req->path.ptr;
+    size_t len = c->req->path.len;
+    return trie_search(c, bk->root, path, len) || prefix_search(c, bk->root, path, len) ||
+           regex_search(c, bk, path, len);
+}
+
+int sl_router_match(const sl_router_t *r, const sl_router_request_t *req,
+                    sl_router_result_t *res)
+{
+    mctx_t c = {.r = r, .req = req, .res = res};
+    char host[SL_ROUTER_MAX_HOST_LEN + 1];
+    size_t host_len = req->host.ptr ? req->host.len : 0;
+    uint32_t bi;
+
+    res->allow_methods = 0;
+    if (!r || !req)
+        return 404;
+    if (!req->path.ptr || req->path.len == 0 || req->path.ptr[0] != '/')
+        return 404; /* "*" (OPTIONS *) and empty targets route nowhere */
+
+    if (host_len > 0 && req->host.ptr[host_len - 1] == '.')
+        host_len--;
+    if (host_len <= SL_ROUTER_MAX_HOST_LEN) {
+        for (size_t i = 0; i < host_len; i++)
+            host[i] = (char)lower((unsigned char)req->host.ptr[i]);
+
+        bi = map_find(&r->hosts, hash_key(r->seed, HOST_EXACT, host, host_len), HOST_EXACT,
+                      host, host_len);
+        if (bi != NONE && bucket_search(&c, bi))
+            goto done;
+        /* Longest wildcard first: only suffix lengths that some "*.suffix"
+         * has are tried, each one hash probe. */
+        for (uint32_t i = 0; i < r->n_wildcard_lens; i++) {
+            size_t l = r->wildcard_lens[i];
+            if (host_len <= l || host[host_len - l] != '.')
+                continue;
+            const char *suffix = host + host_len - l;
+            bi = map_find(&r->hosts, hash_key(r->seed, HOST_WILDCARD, suffix, l),
+                          HOST_WILDCARD, suffix, l);
+            if (bi != NONE && bucket_search(&c, bi))
+                goto done;
+        }
+    }
+    if (r->star_bucket != NONE && bucket_search(&c, r->star_bucket))
+        goto done;
+    if (c.method_mismatch) {
+        res->allow_methods = c.allow;
+        return 405;
+    }
+    return 404;
+
+done:
+    return c.error ? SL_ERROR : SL_OK;
+}
