@@ -1,0 +1,333 @@
+/*
+ * Building, publishing and freeing config generations (see generation.h for
+ * the life cycle). Runs on the main thread, except the final free, which
+ * runs on liburcu's call_rcu thread.
+ */
+#include "generation.h"
+
+#include "compiler.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+sl_generation_t *sl_generation_published;
+
+static void merge_timeouts(sl_gen_timeouts_t *t, const Sluice__V1__Timeouts *pb)
+{
+    if (!pb)
+        return;
+    if (pb->request_ms)
+        t->request_ms = pb->request_ms;
+    if (pb->upstream_connect_ms)
+        t->connect_ms = pb->upstream_connect_ms;
+    if (pb->upstream_response_ms)
+        t->response_ms = pb->upstream_response_ms;
+}
+
+static void compile_retry(sl_gen_retry_t *r, const Sluice__V1__RetryPolicy *pb)
+{
+    memset(r, 0, sizeof(*r));
+    r->attempts = pb->attempts;
+    r->on_connect_failure = pb->on_connect_failure;
+    r->on_reset = pb->on_reset;
+    r->non_idempotent = pb->non_idempotent;
+    for (size_t i = 0; i < pb->n_on_status; i++) {
+        uint32_t s = pb->on_status[i];
+        if (s >= 500 && s < 564)
+            r->status_mask[(s - 500) / 32] |= 1u << ((s - 500) % 32);
+    }
+    r->budget_percent = pb->budget_percent ? pb->budget_percent : 20;
+    r->min_retry_concurrency = pb->min_retry_concurrency ? pb->min_retry_concurrency : 3;
+    r->per_try_timeout_ms = pb->per_try_timeout_ms;
+}
+
+static sl_gen_cluster_t *find_cluster(sl_generation_t *gen, const char *name)
+{
+    for (size_t i = 0; i < gen->num_clusters; i++)
+        if (strcmp(gen->clusters[i].pb->name, name) == 0)
+            return &gen->clusters[i];
+    return NULL;
+}
+
+static void free_generation(sl_generation_t *gen)
+{
+    if (gen->routes) {
+        for (size_t t = 0; t < gen->snap->n_route_tables; t++) {
+            sl_gen_route_t *routes = gen->routes[t];
+            if (!routes)
+                continue;
+            for (size_t r = 0; r < gen->snap->route_tables[t]->n_routes; r++) {
+                free(routes[r].backends);
+                free(routes[r].backend_weights);
+                if (routes[r].stats)
+                    sl_metrics_route_release(routes[r].stats);
+            }
+            free(routes);
+        }
+        free(gen->routes);
+    }
+    for (size_t i = 0; i < gen->num_clusters; i++) {
+        sl_gen_cluster_t *c = &gen->clusters[i];
+        for (size_t e = 0; e < c->num_endpoints; e++)
+            if (c->endpoints[e])
+                sl_endpoint_release(c->endpoints[e]);
+        free(c->endpoints);
+        free(c->weights);
+        free(c->swrr_current);
+        if (c->ring)
+            sl_lb_ring_free(c->ring);
+        if (c->stats)
+            sl_metrics_cluster_release(c->stats);
+    }
+    free(gen->clusters);
+    if (gen->router)
+        sl_router_free(gen->router);
+    if (gen->snap)
+        sl_snapshot_free(gen->snap);
+    free(gen->source);
+    free(gen);
+}
+
+static int build_clusters(sl_generation_t *gen, char *err, size_t errlen)
+{
+    const Sluice__V1__Snapshot *snap = gen->snap;
+    gen->num_clusters = snap->n_clusters;
+    gen->clusters = calloc(snap->n_clusters ? snap->n_clusters : 1, sizeof(*gen->clusters));
+    if (!gen->clusters)
+        goto nomem;
+    for (size_t i = 0; i < snap->n_clusters; i++) {
+        const Sluice__V1__Cluster *pb = snap->clusters[i];
+        sl_gen_cluster_t *c = &gen->clusters[i];
+        c->pb = pb;
+        c->index = (uint32_t)i;
+        c->num_endpoints = pb->n_endpoints;
+        size_t n = pb->n_endpoints ? pb->n_endpoints : 1;
+        c->endpoints = calloc(n, sizeof(*c->endpoints));
+        c->weights = calloc(n, sizeof(*c->weights));
+        c->swrr_current = calloc(n * gen->nworkers, sizeof(*c->swrr_current));
+        c->stats = sl_metrics_cluster_acquire(pb->name);
+        if (!c->endpoints || !c->weights || !c->swrr_current || !c->stats)
+            goto nomem;
+        for (size_t e = 0; e < pb->n_endpoints; e++) {
+            const Sluice__V1__Endpoint *ep = pb->endpoints[e];
+            char eperr[256];
+            c->endpoints[e] =
+                sl_endpoint_acquire(pb->name, ep->address, (uint16_t)ep->port, eperr, sizeof(eperr));
+            if (!c->endpoints[e]) {
+                snprintf(err, errlen, "backend %s endpoint %s:%u: %s", pb->name, ep->address,
+                         ep->port, eperr);
+                return -1;
+            }
+            c->weights[e] = ep->weight ? ep->weight : 1;
+        }
+        if (pb->lb_policy == SLUICE__V1__CLUSTER__LB_POLICY__CONSISTENT_HASH && pb->n_endpoints) {
+            c->ring = sl_lb_ring_build(c->weights, pb->n_endpoints);
+            if (!c->ring)
+                goto nomem;
+        }
+        if (pb->outlier) {
+            c->outlier_failures = pb->outlier->consecutive_failures;
+            c->outlier_base_ejection_ms =
+                pb->outlier->base_ejection_ms ? pb->outlier->base_ejection_ms : 30000;
+            c->max_ejection_percent = pb->outlier->max_ejection_percent;
+        } else {
+            c->outlier_failures = 5;
+            c->outlier_base_ejection_ms = 30000;
+            c->max_ejection_percent = 50;
+        }
+        if (pb->pool) {
+            c->pool_max_connections = pb->pool->max_connections;
+            c->pool_max_idle = pb->pool->max_idle;
+            c->pool_idle_timeout_ms = pb->pool->idle_timeout_ms;
+        }
+        if (!c->pool_max_idle)
+            c->pool_max_idle = 64;
+        if (!c->pool_idle_timeout_ms)
+            c->pool_idle_timeout_ms = 60000;
+        c->connect_timeout_ms = pb->connect_timeout_ms;
+        c->host_rewrite.ptr = pb->host_rewrite;
+        c->host_rewrite.len = pb->host_rewrite ? strlen(pb->host_rewrite) : 0;
+    }
+    return 0;
+nomem:
+    snprintf(err, errlen, "out of memory building clusters");
+    return -1;
+}
+
+static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeouts, char *err,
+                        size_t errlen)
+{
+    const Sluice__V1__Snapshot *snap = gen->snap;
+    gen->routes = calloc(snap->n_route_tables ? snap->n_route_tables : 1, sizeof(*gen->routes));
+    if (!gen->routes)
+        goto nomem;
+    for (size_t t = 0; t < snap->n_route_tables; t++) {
+        const Sluice__V1__RouteTable *table = snap->route_tables[t];
+        sl_gen_route_t *routes = calloc(table->n_routes ? table->n_routes : 1, sizeof(*routes));
+        if (!routes)
+            goto nomem;
+        gen->routes[t] = routes;
+        sl_gen_timeouts_t table_timeouts = *gw_timeouts;
+        merge_timeouts(&table_timeouts, table->timeouts);
+        for (size_t r = 0; r < table->n_routes; r++) {
+            const Sluice__V1__Route *pb = table->routes[r];
+            sl_gen_route_t *route = &routes[r];
+            route->table = table;
+            route->pb = pb;
+            route->api.ptr = table->name;
+            route->api.len = strlen(table->name);
+            route->operation.ptr = pb->name;
+            route->operation.len = strlen(pb->name);
+            route->strip_base_path = table->strip_base_path;
+            route->timeouts = table_timeouts;
+            merge_timeouts(&route->timeouts, pb->timeouts);
+            const Sluice__V1__RetryPolicy *retry = pb->retry ? pb->retry : table->retry;
+            if (retry)
+                compile_retry(&route->retry, retry);
+            else {
+                /* No policy compiled at all: one retry on connection-level
+                 * failures, the safe default of every proxy. */
+                static const uint32_t statuses[] = {502, 503, 504};
+                Sluice__V1__RetryPolicy def = SLUICE__V1__RETRY_POLICY__INIT;
+                def.attempts = 1;
+                def.on_connect_failure = 1;
+                def.on_reset = 1;
+                def.n_on_status = 3;
+                def.on_status = (uint32_t *)statuses;
+                compile_retry(&route->retry, &def);
+            }
+            route->max_request_body_bytes = pb->max_request_body_bytes
+                                                ? pb->max_request_body_bytes
+                                                : table->max_request_body_bytes
+                                                      ? table->max_request_body_bytes
+                                                      : gen->max_request_body_bytes;
+            Sluice__V1__BackendRef **refs = pb->n_backends ? pb->backends : table->backends;
+            size_t nrefs = pb->n_backends ? pb->n_backends : table->n_backends;
+            route->num_backends = nrefs;
+            route->backends = calloc(nrefs ? nrefs : 1, sizeof(*route->backends));
+            route->backend_weights = calloc(nrefs ? nrefs : 1, sizeof(*route->backend_weights));
+            if (!route->backends || !route->backend_weights)
+                goto nomem;
+            for (size_t b = 0; b < nrefs; b++) {
+                route->backends[b] = find_cluster(gen, refs[b]->cluster);
+                if (!route->backends[b]) {
+                    snprintf(err, errlen, "api %s operation %s: backend %s is not in the snapshot",
+                             table->name, pb->name, refs[b]->cluster);
+                    return -1;
+                }
+                route->backend_weights[b] = refs[b]->weight ? refs[b]->weight : 1;
+                route->backend_weight_total += route->backend_weights[b];
+            }
+            route->stats = sl_metrics_route_acquire(table->name, pb->name);
+            if (!route->stats)
+                goto nomem;
+        }
+    }
+    return 0;
+nomem:
+    snprintf(err, errlen, "out of memory building routes");
+    return -1;
+}
+
+sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *source,
+                                     unsigned nworkers, char *err, size_t errlen)
+{
+    sl_generation_t *gen = calloc(1, sizeof(*gen));
+    if (!gen) {
+        sl_snapshot_free(snap);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    gen->snap = snap;
+    atomic_init(&gen->refs, 1); /* the "published" reference */
+    gen->version = snap->version;
+    gen->nworkers = nworkers;
+    gen->source = strdup(source ? source : "");
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    gen->built_unix_ms = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+
+    /* Gateway-level settings with the defaults of docs/configuration.md; the
+     * compiler fills them, these only guard a snapshot from an older
+     * controller that left them unset. */
+    const Sluice__V1__GatewaySettings *gs = snap->settings;
+    const Sluice__V1__Limits *lim = gs ? gs->limits : NULL;
+    const Sluice__V1__Timeouts *to = gs ? gs->timeouts : NULL;
+    gen->limits.max_request_line_bytes =
+        lim && lim->max_request_line_bytes ? lim->max_request_line_bytes : 8192;
+    gen->limits.max_header_bytes = lim && lim->max_header_bytes ? lim->max_header_bytes : 32768;
+    gen->limits.max_header_count = lim && lim->max_header_count ? lim->max_header_count : 100;
+    gen->max_request_body_bytes = lim ? lim->max_request_body_bytes : 0;
+    gen->max_connections = lim ? lim->max_connections : 0;
+    gen->request_header_timeout_ms =
+        to && to->request_header_ms ? to->request_header_ms : 10000;
+    gen->idle_timeout_ms = to && to->idle_ms ? to->idle_ms : 60000;
+    gen->add_via = gs ? gs->add_via : 0;
+    sl_gen_timeouts_t gw_timeouts = {
+        .request_ms = to ? to->request_ms : 0,
+        .connect_ms = to && to->upstream_connect_ms ? to->upstream_connect_ms : 5000,
+        .response_ms = to && to->upstream_response_ms ? to->upstream_response_ms : 30000,
+    };
+
+    if (build_clusters(gen, err, errlen) != 0)
+        goto fail;
+    for (size_t i = 0; i < gen->num_clusters; i++)
+        if (!gen->clusters[i].connect_timeout_ms)
+            gen->clusters[i].connect_timeout_ms = gw_timeouts.connect_ms;
+    if (build_routes(gen, &gw_timeouts, err, errlen) != 0)
+        goto fail;
+    gen->router = sl_router_build(snap, err, errlen);
+    if (!gen->router)
+        goto fail;
+    return gen;
+fail:
+    free_generation(gen);
+    return NULL;
+}
+
+void sl_generation_discard(sl_generation_t *gen)
+{
+    free_generation(gen);
+}
+
+static void free_rcu(struct rcu_head *head)
+{
+    sl_generation_t *gen = caa_container_of(head, sl_generation_t, rcu);
+    atomic_fetch_sub_explicit(&sl_metrics_gauges.generations_alive, 1, memory_order_relaxed);
+    free_generation(gen);
+}
+
+/* Runs after a grace period: no worker can still be between
+ * rcu_dereference and sl_generation_ref of this generation. */
+static void drop_published_ref(struct rcu_head *head)
+{
+    sl_generation_t *gen = caa_container_of(head, sl_generation_t, rcu);
+    if (atomic_fetch_sub_explicit(&gen->refs, 1, memory_order_acq_rel) == 1)
+        free_rcu(head);
+}
+
+void sl_generation_unref(sl_generation_t *gen)
+{
+    if (atomic_fetch_sub_explicit(&gen->refs, 1, memory_order_acq_rel) == 1) {
+        /* Last request of a retired generation: the rcu_head is free again
+         * (drop_published_ref already ran), reuse it to free off-thread.
+         * call_rcu wants an online caller; ours are offline QSBR threads. */
+        rcu_thread_online();
+        call_rcu(&gen->rcu, free_rcu);
+        rcu_thread_offline();
+    }
+}
+
+sl_generation_t *sl_generation_publish(sl_generation_t *gen)
+{
+    sl_generation_t *old = rcu_xchg_pointer(&sl_generation_published, gen);
+    atomic_fetch_add_explicit(&sl_metrics_gauges.generations_alive, 1, memory_order_relaxed);
+    atomic_store(&sl_metrics_gauges.generation_version, gen->version);
+    atomic_fetch_add(&sl_metrics_gauges.generation_swaps, 1);
+    if (old)
+        call_rcu(&old->rcu, drop_published_ref);
+    return old;
+}

@@ -1,0 +1,1726 @@
+/*
+ * HTTP/1.1 reverse proxy, one downstream connection at a time (proxy.h).
+ *
+ * Buffers (bounded, from the worker's block cache):
+ *   in    client bytes: the request head, chunked body bytes, pipelined
+ *         requests that wait their turn;
+ *   uout  the rewritten request for the upstream: head + body bytes. It is
+ *         kept until the response head arrives while it fits, so a request
+ *         can be replayed on another endpoint (retries); a body larger than
+ *         the buffer streams and is then not retried;
+ *   uin   the upstream response head;
+ *   out   the rewritten response head and response body bytes to the client.
+ *         Body bytes are read from the upstream straight into it; when it is
+ *         full, reading from the upstream stops (backpressure) until the
+ *         client drains it.
+ *
+ * Every request holds a reference on the generation it was routed with, so a
+ * config swap never changes the rules of a request in flight, and a retired
+ * generation lives until its last request ends.
+ */
+#include "proxy.h"
+
+#include "accesslog.h"
+#include "generation.h"
+#include "http1.h"
+#include "log.h"
+#include "metrics.h"
+#include "upstream.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/event.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_HEADERS_CAP 1000
+#define MAX_RESPONSE_HEAD (64 * 1024)
+#define READ_LOW_WATER 4096
+
+enum conn_state {
+    CS_HEAD = 0, /* waiting for / reading a request head */
+    CS_PROXY,    /* a request is in progress */
+    CS_RESPOND,  /* writing a response the gateway generated itself */
+};
+
+enum up_phase {
+    UP_NONE = 0,
+    UP_CONNECTING,
+    UP_WAIT_HEAD, /* sending the request and/or waiting for the response head */
+    UP_BODY,      /* streaming the response body */
+};
+
+typedef struct sl_conn {
+    sl_worker_t *w;
+    sl_listener_sock_t *ls;
+    int fd;
+    struct event *rev, *wev, *timer;
+    struct sl_conn *prev, *next;
+    enum conn_state state;
+    sl_buf_t in, out;
+    char client_ip[INET6_ADDRSTRLEN];
+    uint8_t first_request;
+    uint8_t closing;       /* close once `out` is flushed */
+    uint8_t rev_on, wev_on;
+    unsigned requests;
+
+    /* current request */
+    sl_generation_t *gen;
+    sl_gen_route_t *route;
+    sl_gen_cluster_t *cluster;
+    int ep_index;
+    sl_pool_t *pool;
+    sl_upconn_t *up;
+    enum up_phase phase;
+    sl_buf_t uout, uin;
+    size_t uout_sent;
+    uint8_t replayable;
+    uint8_t counted_request; /* pool->active_requests counts this request */
+    uint8_t counted_retry;   /* pool->retries_active counts this request */
+    unsigned attempts;
+    uint64_t hash;
+    uint64_t start_mono_us;
+    uint64_t start_unix_us;
+    uint64_t deadline_ms;  /* whole request, 0 = none */
+
+    unsigned method_bit;
+    int minor_version;
+    uint8_t keep_alive;
+    uint8_t expect_continue;
+    enum sl_http1_body req_body;
+    uint64_t req_remaining;
+    sl_http1_chunked_t req_chunk;
+    uint64_t req_body_bytes;
+    uint8_t req_body_done;
+
+    enum sl_http1_body resp_body;
+    uint64_t resp_remaining;
+    sl_http1_chunked_t resp_chunk;
+    uint8_t resp_head_sent;
+    uint8_t resp_done;
+    uint8_t up_reusable;
+    uint8_t up_paused;
+    int status;
+    uint64_t bytes_sent;
+    const char *error_code;
+
+    /* strings kept for the access log and errors (copied out of `in`) */
+    char meta[1024];
+    size_t meta_len;
+    sl_str_t m_method, m_target, m_host, m_ua, m_referer, m_reqid;
+    char upstream_addr[64];
+
+    sl_http1_header_t headers[]; /* parse space, sized by the generation's limit */
+} sl_conn_t;
+
+static void client_read_cb(evutil_socket_t fd, short what, void *arg);
+static void client_write_cb(evutil_socket_t fd, short what, void *arg);
+static void timer_cb(evutil_socket_t fd, short what, void *arg);
+static void up_read_cb(evutil_socket_t fd, short what, void *arg);
+static void up_write_cb(evutil_socket_t fd, short what, void *arg);
+static void process_input(sl_conn_t *c);
+static void conn_close(sl_conn_t *c);
+static void start_upstream(sl_conn_t *c);
+static void upstream_failed(sl_conn_t *c, enum sl_upstream_error kind, int during_send);
+static void client_flush(sl_conn_t *c);
+static void pump_request_body(sl_conn_t *c);
+
+static size_t headers_cap_for(const sl_generation_t *gen)
+{
+    size_t n = gen ? gen->limits.max_header_count : 100;
+    return n > MAX_HEADERS_CAP ? MAX_HEADERS_CAP : n;
+}
+
+static uint64_t now_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static uint64_t now_unix_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* ---- event helpers -------------------------------------------------------- */
+
+static void client_rev(sl_conn_t *c, int on)
+{
+    if (on && !c->rev_on)
+        event_add(c->rev, NULL);
+    else if (!on && c->rev_on)
+        event_del(c->rev);
+    c->rev_on = (uint8_t)on;
+}
+
+static void client_wev(sl_conn_t *c, int on)
+{
+    if (on && !c->wev_on)
+        event_add(c->wev, NULL);
+    else if (!on && c->wev_on)
+        event_del(c->wev);
+    c->wev_on = (uint8_t)on;
+}
+
+static void arm_timer(sl_conn_t *c, uint32_t ms)
+{
+    if (c->deadline_ms) {
+        uint64_t now = sl_endpoint_now_ms();
+        uint64_t left = c->deadline_ms > now ? c->deadline_ms - now : 0;
+        if (ms == 0 || left < ms)
+            ms = (uint32_t)left;
+    }
+    if (ms == 0) {
+        evtimer_del(c->timer);
+        return;
+    }
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(c->timer, &tv);
+}
+
+/* ---- per-request strings -------------------------------------------------- */
+
+static sl_str_t meta_put(sl_conn_t *c, const char *p, size_t n)
+{
+    size_t room = sizeof(c->meta) - c->meta_len;
+    if (n > room)
+        n = room;
+    sl_str_t s = {c->meta + c->meta_len, n};
+    memcpy(c->meta + c->meta_len, p, n);
+    c->meta_len += n;
+    return s;
+}
+
+static void make_request_id(sl_conn_t *c, char out[37])
+{
+    static const char hex[] = "0123456789abcdef";
+    uint64_t a = sl_lb_rng_next(&c->w->rng), b = sl_lb_rng_next(&c->w->rng);
+    unsigned char bytes[16];
+    memcpy(bytes, &a, 8);
+    memcpy(bytes + 8, &b, 8);
+    bytes[6] = (unsigned char)((bytes[6] & 0x0f) | 0x40); /* UUID version 4 */
+    bytes[8] = (unsigned char)((bytes[8] & 0x3f) | 0x80);
+    size_t o = 0;
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            out[o++] = '-';
+        out[o++] = hex[bytes[i] >> 4];
+        out[o++] = hex[bytes[i] & 15];
+    }
+    out[o] = '\0';
+}
+
+static int valid_request_id(sl_str_t v)
+{
+    if (v.len == 0 || v.len > 128)
+        return 0;
+    for (size_t i = 0; i < v.len; i++) {
+        unsigned char ch = (unsigned char)v.ptr[i];
+        if (ch <= 0x20 || ch >= 0x7f || ch == '"' || ch == '\\')
+            return 0;
+    }
+    return 1;
+}
+
+/* ---- request bookkeeping -------------------------------------------------- */
+
+static void release_gen(sl_conn_t *c)
+{
+    if (c->gen) {
+        sl_generation_unref(c->gen);
+        c->gen = NULL;
+    }
+}
+
+static void leave_pool(sl_conn_t *c)
+{
+    if (c->counted_request && c->pool && c->pool->active_requests)
+        c->pool->active_requests--;
+    c->counted_request = 0;
+    if (c->counted_retry && c->pool && c->pool->retries_active)
+        c->pool->retries_active--;
+    c->counted_retry = 0;
+}
+
+static void put_upconn(sl_conn_t *c, int reusable)
+{
+    leave_pool(c);
+    sl_upconn_t *up = c->up;
+    if (!up)
+        return;
+    c->up = NULL;
+    if (reusable && c->cluster)
+        sl_upstream_release(c->w, up, c->cluster->pool_max_idle, c->cluster->pool_idle_timeout_ms);
+    else
+        sl_upstream_close(c->w, up);
+}
+
+static void log_and_count(sl_conn_t *c)
+{
+    uint64_t dur = now_mono_us() - c->start_mono_us;
+    int status = c->status ? c->status : 499;
+    SL_STAT_ADD(sl_metrics_worker(c->w->id)->requests_total, 1);
+    if (c->route)
+        sl_metrics_observe(c->route->stats, c->w->id, status, dur);
+    else {
+        int cls = status / 100;
+        if (cls >= 1 && cls <= 5)
+            SL_STAT_ADD(sl_metrics_worker(c->w->id)->unrouted_by_status[cls], 1);
+    }
+    if (!sl_accesslog_enabled())
+        return;
+    sl_accesslog_entry_t e = {
+        .start_unix_us = c->start_unix_us,
+        .duration_us = dur,
+        .client_addr = {c->client_ip, strlen(c->client_ip)},
+        .method = c->m_method,
+        .path = c->m_target,
+        .minor_version = c->minor_version,
+        .status = status,
+        .bytes_received = c->req_body_bytes,
+        .bytes_sent = c->bytes_sent,
+        .request_id = c->m_reqid,
+        .user_agent = c->m_ua,
+        .referer = c->m_referer,
+        .host = c->m_host,
+        .upstream_addr = {c->upstream_addr, strlen(c->upstream_addr)},
+        .error_code = {c->error_code ? c->error_code : "",
+                       c->error_code ? strlen(c->error_code) : 0},
+    };
+    if (c->route) {
+        e.api = c->route->api;
+        e.operation = c->route->operation;
+    }
+    sl_accesslog_write(c->w->id, &e);
+}
+
+static void reset_request(sl_conn_t *c)
+{
+    leave_pool(c);
+    release_gen(c);
+    c->route = NULL;
+    c->cluster = NULL;
+    c->pool = NULL;
+    c->ep_index = -1;
+    c->phase = UP_NONE;
+    sl_worker_buf_put(c->w, &c->uout);
+    sl_worker_buf_put(c->w, &c->uin);
+    c->uout_sent = 0;
+    c->replayable = 1;
+    c->counted_retry = 0;
+    c->attempts = 0;
+    c->hash = 0;
+    c->deadline_ms = 0;
+    c->req_body = SL_HTTP1_BODY_NONE;
+    c->req_remaining = 0;
+    c->req_body_bytes = 0;
+    c->req_body_done = 0;
+    c->resp_body = SL_HTTP1_BODY_NONE;
+    c->resp_remaining = 0;
+    c->resp_head_sent = 0;
+    c->resp_done = 0;
+    c->up_reusable = 0;
+    c->up_paused = 0;
+    c->status = 0;
+    c->bytes_sent = 0;
+    c->error_code = NULL;
+    c->meta_len = 0;
+    c->m_method = c->m_target = c->m_host = c->m_ua = c->m_referer = c->m_reqid =
+        (sl_str_t){"", 0};
+    c->upstream_addr[0] = '\0';
+    c->expect_continue = 0;
+}
+
+/* The response is complete and flushed: log it, recycle, go on. */
+static void request_done(sl_conn_t *c)
+{
+    if (c->up)
+        put_upconn(c, c->up_reusable && c->req_body_done && c->resp_done);
+    log_and_count(c);
+    int keep = c->keep_alive && !c->closing && !c->w->draining && c->req_body_done;
+    reset_request(c);
+    if (!keep) {
+        conn_close(c);
+        return;
+    }
+    c->state = CS_HEAD;
+    c->requests++;
+    c->first_request = 0;
+    if (sl_buf_len(&c->out) == 0)
+        sl_worker_buf_put(c->w, &c->out);
+    if (sl_buf_len(&c->in) > 0) {
+        /* A pipelined request is already here. */
+        process_input(c);
+        return;
+    }
+    sl_worker_buf_put(c->w, &c->in);
+    client_rev(c, 1);
+    uint32_t idle = 60000;
+    rcu_thread_online();
+    sl_generation_t *g = sl_generation_current();
+    if (g)
+        idle = g->idle_timeout_ms;
+    rcu_thread_offline();
+    arm_timer(c, idle);
+}
+
+/* ---- errors the gateway answers itself ------------------------------------ */
+
+static size_t json_escape(char *dst, size_t cap, const char *src, size_t len)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 7 < cap; i++) {
+        unsigned char ch = (unsigned char)src[i];
+        if (ch == '"' || ch == '\\') {
+            dst[o++] = '\\';
+            dst[o++] = (char)ch;
+        } else if (ch < 0x20 || ch >= 0x7f) {
+            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", ch);
+        } else {
+            dst[o++] = (char)ch;
+        }
+    }
+    dst[o] = '\0';
+    return o;
+}
+
+static void append_allow(sl_buf_t *b, unsigned allow)
+{
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } methods[] = {{SL_METHOD_GET, "GET"},         {SL_METHOD_HEAD, "HEAD"},
+                   {SL_METHOD_POST, "POST"},       {SL_METHOD_PUT, "PUT"},
+                   {SL_METHOD_DELETE, "DELETE"},   {SL_METHOD_PATCH, "PATCH"},
+                   {SL_METHOD_OPTIONS, "OPTIONS"}, {SL_METHOD_TRACE, "TRACE"},
+                   {SL_METHOD_CONNECT, "CONNECT"}};
+    sl_buf_append(b, "Allow: ", 7);
+    int first = 1;
+    for (size_t i = 0; i < SL_ARRAY_LEN(methods); i++) {
+        if (!(allow & methods[i].bit))
+            continue;
+        if (!first)
+            sl_buf_append(b, ", ", 2);
+        sl_buf_append(b, methods[i].name, strlen(methods[i].name));
+        first = 0;
+    }
+    sl_buf_append(b, "\r\n", 2);
+}
+
+/*
+ * Answers the request with a JSON error. `close_after` closes the connection
+ * once written (bad framing, unread body). If part of a response was already
+ * sent, the only honest signal left is closing the connection.
+ */
+static void send_error(sl_conn_t *c, int status, const char *code, const char *message,
+                       int close_after, unsigned allow)
+{
+    c->error_code = code;
+    if (c->up)
+        put_upconn(c, 0);
+    if (c->resp_head_sent) {
+        c->status = c->status ? c->status : status;
+        log_and_count(c);
+        reset_request(c);
+        conn_close(c);
+        return;
+    }
+    if (!c->req_body_done)
+        close_after = 1; /* the rest of the body is still on the wire */
+    c->status = status;
+    c->state = CS_RESPOND;
+    c->phase = UP_NONE;
+    if (close_after)
+        c->closing = 1;
+    if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
+        conn_close(c);
+        return;
+    }
+    c->out.start = c->out.end = 0;
+    if (!c->m_reqid.len) {
+        char id[37];
+        make_request_id(c, id);
+        c->m_reqid = meta_put(c, id, 36);
+    }
+    char esc[600], body[900];
+    json_escape(esc, sizeof(esc), message, strlen(message));
+    int blen = snprintf(body, sizeof(body),
+                        "{\"error\":{\"status\":%d,\"code\":\"%s\",\"message\":\"%s\","
+                        "\"request_id\":\"%.*s\"}}\n",
+                        status, code, esc, (int)c->m_reqid.len, c->m_reqid.ptr);
+    if (blen < 0 || (size_t)blen >= sizeof(body))
+        blen = (int)strlen(body);
+    char head[512];
+    int hlen = snprintf(head, sizeof(head),
+                        "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                        "Content-Length: %d\r\nX-Request-Id: %.*s\r\n%s",
+                        status, sl_http1_reason(status), blen, (int)c->m_reqid.len, c->m_reqid.ptr,
+                        c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
+    sl_buf_append(&c->out, head, (size_t)hlen);
+    if (allow)
+        append_allow(&c->out, allow);
+    sl_buf_append(&c->out, "\r\n", 2);
+    if (c->method_bit != SL_METHOD_HEAD)
+        sl_buf_append(&c->out, body, (size_t)blen);
+    c->resp_head_sent = 1;
+    c->resp_done = 1;
+    evtimer_del(c->timer);
+    client_rev(c, 0);
+    client_flush(c);
+}
+
+/* ---- connection life ------------------------------------------------------ */
+
+static void conn_close(sl_conn_t *c)
+{
+    sl_worker_t *w = c->w;
+    if (c->up)
+        put_upconn(c, 0);
+    release_gen(c);
+    event_free(c->rev);
+    event_free(c->wev);
+    event_free(c->timer);
+    close(c->fd);
+    sl_worker_buf_put(w, &c->in);
+    sl_worker_buf_put(w, &c->out);
+    sl_worker_buf_put(w, &c->uout);
+    sl_worker_buf_put(w, &c->uin);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        w->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    if (c->ls && c->ls->active)
+        c->ls->active--;
+    SL_STAT_ADD(sl_metrics_worker(w->id)->connections_active, -1);
+    free(c);
+    sl_worker_conn_closed(w);
+}
+
+void sl_proxy_refuse(int fd)
+{
+    static const char resp[] =
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        "Content-Length: 112\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
+        "{\"error\":{\"status\":503,\"code\":\"connection_limit\",\"message\":"
+        "\"too many connections on this listener\"}}\n";
+    ssize_t n = write(fd, resp, sizeof(resp) - 1);
+    (void)n;
+    close(fd);
+}
+
+void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr)
+{
+    sl_worker_t *w = ls->worker;
+    size_t cap = MAX_HEADERS_CAP;
+    sl_conn_t *c = calloc(1, sizeof(*c) + cap * sizeof(sl_http1_header_t));
+    if (!c) {
+        close(fd);
+        return;
+    }
+    c->w = w;
+    c->ls = ls;
+    c->fd = fd;
+    c->ep_index = -1;
+    c->first_request = 1;
+    c->replayable = 1;
+    c->rev = event_new(w->base, fd, EV_READ | EV_PERSIST, client_read_cb, c);
+    c->wev = event_new(w->base, fd, EV_WRITE | EV_PERSIST, client_write_cb, c);
+    c->timer = evtimer_new(w->base, timer_cb, c);
+    if (!c->rev || !c->wev || !c->timer) {
+        if (c->rev)
+            event_free(c->rev);
+        if (c->wev)
+            event_free(c->wev);
+        if (c->timer)
+            event_free(c->timer);
+        close(fd);
+        free(c);
+        return;
+    }
+    if (addr->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)addr)->sin_addr, c->client_ip,
+                  sizeof(c->client_ip));
+    else if (addr->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)addr)->sin6_addr, c->client_ip,
+                  sizeof(c->client_ip));
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    c->next = w->conns;
+    if (w->conns)
+        w->conns->prev = c;
+    w->conns = c;
+    w->num_conns++;
+    ls->active++;
+    SL_STAT_ADD(sl_metrics_worker(w->id)->connections_accepted, 1);
+    SL_STAT_ADD(sl_metrics_worker(w->id)->connections_active, 1);
+    reset_request(c);
+    c->state = CS_HEAD;
+    client_rev(c, 1);
+    uint32_t header_ms = 10000;
+    rcu_thread_online();
+    sl_generation_t *g = sl_generation_current();
+    if (g)
+        header_ms = g->request_header_timeout_ms;
+    rcu_thread_offline();
+    arm_timer(c, header_ms);
+}
+
+void sl_proxy_drain(sl_worker_t *w)
+{
+    sl_conn_t *c = w->conns;
+    while (c) {
+        sl_conn_t *next = c->next;
+        if (c->state == CS_HEAD && sl_buf_len(&c->in) == 0 && !c->gen)
+            conn_close(c);
+        else
+            c->closing = 1;
+        c = next;
+    }
+}
+
+void sl_proxy_close_all(sl_worker_t *w)
+{
+    while (w->conns)
+        conn_close(w->conns);
+}
+
+/* ---- client side I/O ------------------------------------------------------ */
+
+/* Writes `out`; when it empties, moves the exchange on. */
+static void client_flush(sl_conn_t *c)
+{
+    while (sl_buf_len(&c->out) > 0) {
+        ssize_t n = write(c->fd, sl_buf_head(&c->out), sl_buf_len(&c->out));
+        if (n > 0) {
+            sl_buf_consume(&c->out, (size_t)n);
+            c->bytes_sent += (uint64_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            client_wev(c, 1);
+            /* A client that stops reading gets the idle timeout, not forever. */
+            if (c->resp_done || c->phase == UP_BODY) {
+                uint32_t ms = c->gen ? c->gen->idle_timeout_ms : 60000;
+                arm_timer(c, ms);
+            }
+            return;
+        }
+        /* The client went away. */
+        c->error_code = c->error_code ? c->error_code : "client_closed";
+        if (!c->status)
+            c->status = 499;
+        if (c->up)
+            put_upconn(c, 0);
+        log_and_count(c);
+        reset_request(c);
+        conn_close(c);
+        return;
+    }
+    client_wev(c, 0);
+    if (c->state == CS_RESPOND || (c->state == CS_PROXY && c->resp_done)) {
+        if (c->state == CS_PROXY && !c->req_body_done) {
+            /* Upstream answered before the whole body arrived: the unread
+             * rest of the body makes the connection unusable. */
+            c->keep_alive = 0;
+        }
+        request_done(c);
+        return;
+    }
+    if (c->state == CS_PROXY && c->phase == UP_BODY && c->up_paused && c->up) {
+        c->up_paused = 0;
+        event_add(c->up->rev, NULL);
+        arm_timer(c, c->route->timeouts.response_ms);
+    }
+}
+
+static void client_write_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    client_flush(arg);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sl_conn_t *c = arg;
+    uint64_t now = sl_endpoint_now_ms();
+    int request_expired = c->deadline_ms && now >= c->deadline_ms;
+    switch (c->state) {
+    case CS_HEAD:
+        if (sl_buf_len(&c->in) == 0 && !c->first_request) {
+            conn_close(c); /* idle keep-alive connection */
+            return;
+        }
+        c->keep_alive = 0;
+        c->req_body_done = 1;
+        send_error(c, 408, "request_header_timeout",
+                   "the request head did not arrive in time", 1, 0);
+        return;
+    case CS_RESPOND:
+        conn_close(c); /* client does not read its error response */
+        return;
+    case CS_PROXY:
+        break;
+    }
+    if (request_expired) {
+        send_error(c, 504, "request_timeout", "the request did not complete in time", 1, 0);
+        return;
+    }
+    switch (c->phase) {
+    case UP_CONNECTING:
+        upstream_failed(c, SL_UPSTREAM_ERR_CONNECT, 0);
+        return;
+    case UP_WAIT_HEAD:
+        upstream_failed(c, SL_UPSTREAM_ERR_TIMEOUT, 0);
+        return;
+    case UP_BODY:
+    default:
+        if (c->wev_on) {
+            /* Client stopped reading the response. */
+            c->error_code = "client_write_timeout";
+        } else {
+            c->error_code = "upstream_read_timeout";
+            SL_STAT_ADD(c->cluster->stats->slots[c->w->id].errors[SL_UPSTREAM_ERR_TIMEOUT], 1);
+        }
+        if (c->up)
+            put_upconn(c, 0);
+        log_and_count(c);
+        reset_request(c);
+        conn_close(c);
+        return;
+    }
+}
+
+static int ensure_in(sl_conn_t *c)
+{
+    if (!c->in.data)
+        return sl_worker_buf_get(c->w, &c->in);
+    return 0;
+}
+
+static void client_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sl_conn_t *c = arg;
+    if (c->state == CS_PROXY) {
+        pump_request_body(c);
+        return;
+    }
+    if (c->state != CS_HEAD)
+        return;
+    if (ensure_in(c) != 0) {
+        conn_close(c);
+        return;
+    }
+    if (sl_buf_space(&c->in) == 0)
+        sl_buf_compact(&c->in);
+    if (sl_buf_space(&c->in) == 0) {
+        /* Head bigger than the buffer: grow up to the header limit. */
+        size_t limit = 32768;
+        rcu_thread_online();
+        sl_generation_t *g = sl_generation_current();
+        if (g)
+            limit = g->limits.max_header_bytes;
+        rcu_thread_offline();
+        if (c->in.cap < limit + 1) {
+            if (sl_buf_reserve(&c->in, limit + 1) != 0) {
+                conn_close(c);
+                return;
+            }
+        }
+    }
+    ssize_t n = read(c->fd, sl_buf_tail(&c->in), sl_buf_space(&c->in));
+    if (n > 0) {
+        c->in.end += (size_t)n;
+        if (sl_buf_len(&c->in) == (size_t)n && !c->first_request) {
+            /* First byte of a keep-alive request: the header timeout starts. */
+            uint32_t header_ms = 10000;
+            rcu_thread_online();
+            sl_generation_t *g = sl_generation_current();
+            if (g)
+                header_ms = g->request_header_timeout_ms;
+            rcu_thread_offline();
+            arm_timer(c, header_ms);
+        }
+        process_input(c);
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    conn_close(c); /* EOF or error between requests */
+}
+
+/* ---- request head --------------------------------------------------------- */
+
+static int token_in_list(sl_str_t list, const char *tok, size_t toklen)
+{
+    const char *p = list.ptr, *end = list.ptr + list.len;
+    while (p < end) {
+        while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
+            p++;
+        const char *s = p;
+        while (p < end && *p != ',')
+            p++;
+        const char *e = p;
+        while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+            e--;
+        if ((size_t)(e - s) == toklen && strncasecmp(s, tok, toklen) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static int name_is(const sl_http1_header_t *h, const char *lit, size_t len)
+{
+    return h->name.len == len && strncasecmp(h->name.ptr, lit, len) == 0;
+}
+
+static int is_hop_by_hop(const sl_http1_header_t *h, sl_str_t connection)
+{
+    switch (h->name.len) {
+    case 2:
+        return name_is(h, "te", 2);
+    case 7:
+        return name_is(h, "trailer", 7) || name_is(h, "upgrade", 7);
+    case 10:
+        return name_is(h, "connection", 10) || name_is(h, "keep-alive", 10);
+    case 16:
+        return name_is(h, "proxy-connection", 16);
+    case 17:
+        return name_is(h, "transfer-encoding", 17);
+    case 19:
+        return name_is(h, "proxy-authorization", 19);
+    default:
+        break;
+    }
+    return connection.len && token_in_list(connection, h->name.ptr, h->name.len);
+}
+
+static void hash_key(sl_conn_t *c, const sl_http1_request_t *req)
+{
+    const Sluice__V1__Cluster *pb = c->cluster->pb;
+    if (pb->lb_policy != SLUICE__V1__CLUSTER__LB_POLICY__CONSISTENT_HASH)
+        return;
+    switch (pb->hash_on) {
+    case SLUICE__V1__CLUSTER__HASH_ON__HASH_HEADER: {
+        const sl_http1_header_t *h =
+            sl_http1_find_header(req->headers, req->num_headers, pb->hash_key, strlen(pb->hash_key));
+        if (h)
+            c->hash = sl_lb_hash(h->value.ptr, h->value.len);
+        else
+            c->hash = sl_lb_rng_next(&c->w->rng);
+        return;
+    }
+    case SLUICE__V1__CLUSTER__HASH_ON__HASH_COOKIE: {
+        const sl_http1_header_t *h = sl_http1_find_header(req->headers, req->num_headers, "cookie", 6);
+        size_t klen = strlen(pb->hash_key);
+        c->hash = sl_lb_rng_next(&c->w->rng);
+        if (!h)
+            return;
+        const char *p = h->value.ptr, *end = p + h->value.len;
+        while (p < end) {
+            while (p < end && (*p == ' ' || *p == ';'))
+                p++;
+            const char *eq = memchr(p, '=', (size_t)(end - p));
+            if (!eq)
+                return;
+            const char *vend = memchr(eq, ';', (size_t)(end - eq));
+            if (!vend)
+                vend = end;
+            if ((size_t)(eq - p) == klen && memcmp(p, pb->hash_key, klen) == 0) {
+                c->hash = sl_lb_hash(eq + 1, (size_t)(vend - eq - 1));
+                return;
+            }
+            p = vend;
+        }
+        return;
+    }
+    case SLUICE__V1__CLUSTER__HASH_ON__HASH_CLIENT_IP:
+    default:
+        c->hash = sl_lb_hash(c->client_ip, strlen(c->client_ip));
+        return;
+    }
+}
+
+static int pick_cluster(sl_conn_t *c)
+{
+    sl_gen_route_t *r = c->route;
+    if (r->num_backends == 0)
+        return -1;
+    size_t idx = 0;
+    if (r->num_backends > 1) {
+        uint64_t x = sl_lb_rng_next(&c->w->rng) % r->backend_weight_total;
+        for (idx = 0; idx < r->num_backends; idx++) {
+            if (x < r->backend_weights[idx])
+                break;
+            x -= r->backend_weights[idx];
+        }
+        if (idx >= r->num_backends)
+            idx = r->num_backends - 1;
+    }
+    c->cluster = r->backends[idx];
+    return 0;
+}
+
+/* Serialises the upstream request head into uout. */
+static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
+                               const sl_router_result_t *rr)
+{
+    sl_buf_t *b = &c->uout;
+    const sl_http1_header_t *conn_h = sl_http1_find_header(req->headers, req->num_headers,
+                                                           "connection", 10);
+    sl_str_t connection = conn_h ? conn_h->value : (sl_str_t){NULL, 0};
+
+    sl_buf_append(b, req->method.ptr, req->method.len);
+    sl_buf_append(b, " ", 1);
+    const char *path = req->path.ptr;
+    size_t path_len = req->path.len;
+    if (c->route->strip_base_path && rr->base_path_len) {
+        path += rr->base_path_len;
+        path_len -= rr->base_path_len;
+    }
+    if (path_len == 0 || path[0] != '/')
+        sl_buf_append(b, "/", 1);
+    sl_buf_append(b, path, path_len);
+    if (req->query.len) {
+        sl_buf_append(b, "?", 1);
+        sl_buf_append(b, req->query.ptr, req->query.len);
+    }
+    /* HTTP/1.0 clients are forwarded as 1.0 so the upstream never answers
+     * chunked, which such a client could not read. */
+    if (c->minor_version == 0)
+        sl_buf_append(b, " HTTP/1.0\r\n", 11);
+    else
+        sl_buf_append(b, " HTTP/1.1\r\n", 11);
+
+    const sl_http1_header_t *xff = NULL, *xrid = NULL, *host = NULL;
+    for (size_t i = 0; i < req->num_headers; i++) {
+        const sl_http1_header_t *h = &req->headers[i];
+        if (is_hop_by_hop(h, connection))
+            continue;
+        if (name_is(h, "host", 4)) {
+            host = h;
+            continue;
+        }
+        if (name_is(h, "x-forwarded-for", 15)) {
+            xff = h;
+            continue;
+        }
+        if (name_is(h, "x-request-id", 12)) {
+            xrid = h;
+            continue;
+        }
+        if (name_is(h, "x-forwarded-proto", 17) || name_is(h, "x-forwarded-host", 16) ||
+            name_is(h, "expect", 6) || name_is(h, "content-length", 14))
+            continue;
+        sl_buf_append(b, h->name.ptr, h->name.len);
+        sl_buf_append(b, ": ", 2);
+        sl_buf_append(b, h->value.ptr, h->value.len);
+        sl_buf_append(b, "\r\n", 2);
+    }
+    sl_buf_append(b, "Host: ", 6);
+    if (c->cluster->host_rewrite.len)
+        sl_buf_append(b, c->cluster->host_rewrite.ptr, c->cluster->host_rewrite.len);
+    else if (host)
+        sl_buf_append(b, host->value.ptr, host->value.len);
+    else
+        sl_buf_append(b, "localhost", 9);
+    sl_buf_append(b, "\r\nX-Forwarded-For: ", 19);
+    if (xff && xff->value.len) {
+        sl_buf_append(b, xff->value.ptr, xff->value.len);
+        sl_buf_append(b, ", ", 2);
+    }
+    sl_buf_append(b, c->client_ip, strlen(c->client_ip));
+    sl_buf_append(b, "\r\nX-Forwarded-Proto: http\r\n", 27);
+    if (host) {
+        sl_buf_append(b, "X-Forwarded-Host: ", 18);
+        sl_buf_append(b, host->value.ptr, host->value.len);
+        sl_buf_append(b, "\r\n", 2);
+    }
+    if (xrid && valid_request_id(xrid->value)) {
+        c->m_reqid = meta_put(c, xrid->value.ptr, xrid->value.len);
+    } else {
+        char id[37];
+        make_request_id(c, id);
+        c->m_reqid = meta_put(c, id, 36);
+    }
+    sl_buf_append(b, "X-Request-Id: ", 14);
+    sl_buf_append(b, c->m_reqid.ptr, c->m_reqid.len);
+    sl_buf_append(b, "\r\n", 2);
+    if (c->gen->add_via)
+        sl_buf_append(b, c->minor_version ? "Via: 1.1 sluice\r\n" : "Via: 1.0 sluice\r\n", 17);
+    if (req->body == SL_HTTP1_BODY_LENGTH) {
+        char cl[48];
+        int n = snprintf(cl, sizeof(cl), "Content-Length: %llu\r\n",
+                         (unsigned long long)req->content_length);
+        sl_buf_append(b, cl, (size_t)n);
+    } else if (req->body == SL_HTTP1_BODY_CHUNKED) {
+        sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
+    }
+    if (c->minor_version == 0)
+        sl_buf_append(b, "Connection: keep-alive\r\n\r\n", 26);
+    else
+        sl_buf_append(b, "\r\n", 2);
+    return 0;
+}
+
+static void save_meta(sl_conn_t *c, const sl_http1_request_t *req)
+{
+    c->m_method = meta_put(c, req->method.ptr, req->method.len);
+    c->m_target = meta_put(c, req->target.ptr, req->target.len > 512 ? 512 : req->target.len);
+    c->m_host = meta_put(c, req->host.ptr, req->host.len > 128 ? 128 : req->host.len);
+    if (sl_accesslog_enabled()) {
+        const sl_http1_header_t *h =
+            sl_http1_find_header(req->headers, req->num_headers, "user-agent", 10);
+        if (h)
+            c->m_ua = meta_put(c, h->value.ptr, h->value.len > 160 ? 160 : h->value.len);
+        h = sl_http1_find_header(req->headers, req->num_headers, "referer", 7);
+        if (h)
+            c->m_referer = meta_put(c, h->value.ptr, h->value.len > 160 ? 160 : h->value.len);
+    }
+}
+
+/* Parses and dispatches the request at the front of `in`. */
+static void process_input(sl_conn_t *c)
+{
+    if (!c->gen) {
+        rcu_thread_online();
+        sl_generation_t *g = sl_generation_current();
+        if (g)
+            sl_generation_ref(g);
+        rcu_thread_offline();
+        c->gen = g;
+        c->start_mono_us = now_mono_us();
+        c->start_unix_us = now_unix_us();
+    }
+    sl_generation_t *gen = c->gen;
+    sl_http1_limits_t limits = gen ? gen->limits
+                                   : (sl_http1_limits_t){8192, 32768, 100};
+    sl_http1_request_t req;
+    memset(&req, 0, sizeof(req));
+    req.headers = c->headers;
+    req.num_headers = headers_cap_for(gen);
+    if (limits.max_header_count > req.num_headers)
+        limits.max_header_count = (uint32_t)req.num_headers;
+    ssize_t r = sl_http1_parse_request(sl_buf_head(&c->in), sl_buf_len(&c->in), &limits, &req);
+    if (r == SL_AGAIN) {
+        client_rev(c, 1);
+        return;
+    }
+    client_rev(c, 0);
+    c->state = CS_PROXY;
+    c->req_body_done = 1; /* until we know there is a body */
+    if (r < 0) {
+        c->minor_version = 1;
+        c->keep_alive = 0;
+        const char *code = req.error_status == 414   ? "uri_too_long"
+                           : req.error_status == 431 ? "header_too_large"
+                           : req.error_status == 501 ? "not_implemented"
+                           : req.error_status == 505 ? "version_not_supported"
+                                                     : "bad_request";
+        sl_buf_consume(&c->in, sl_buf_len(&c->in));
+        send_error(c, req.error_status ? req.error_status : 400, code,
+                   req.error ? req.error : "malformed request", 1, 0);
+        return;
+    }
+    c->method_bit = req.method_bit;
+    c->minor_version = req.minor_version;
+    c->keep_alive = (req.flags & SL_HTTP1_F_KEEP_ALIVE) != 0;
+    save_meta(c, &req);
+    c->req_body = req.body;
+    if (req.body == SL_HTTP1_BODY_LENGTH) {
+        c->req_remaining = req.content_length;
+        c->req_body_done = req.content_length == 0;
+    } else if (req.body == SL_HTTP1_BODY_CHUNKED) {
+        sl_http1_chunked_init(&c->req_chunk);
+        c->req_body_done = 0;
+    }
+    if (!gen) {
+        sl_buf_consume(&c->in, req.head_len);
+        send_error(c, 503, "not_ready", "the gateway has no configuration yet", 0, 0);
+        return;
+    }
+
+    sl_router_request_t rq = {
+        .host = req.host,
+        .path = req.path,
+        .query = req.query,
+        .method_bit = req.method_bit,
+        .method = req.method,
+        .headers = req.headers,
+        .num_headers = req.num_headers,
+    };
+    sl_router_result_t rr;
+    int m = sl_router_match(gen->router, &rq, &rr);
+    if (m != SL_OK) {
+        sl_buf_consume(&c->in, req.head_len);
+        char msg[300];
+        if (m == 405) {
+            snprintf(msg, sizeof(msg), "method %.*s is not allowed on %.*s",
+                     (int)(req.method.len > 20 ? 20 : req.method.len), req.method.ptr,
+                     (int)(req.path.len > 200 ? 200 : req.path.len), req.path.ptr);
+            send_error(c, 405, "method_not_allowed", msg, 0, rr.allow_methods);
+        } else {
+            snprintf(msg, sizeof(msg), "no route for %.*s %.*s",
+                     (int)(req.method.len > 20 ? 20 : req.method.len), req.method.ptr,
+                     (int)(req.path.len > 200 ? 200 : req.path.len), req.path.ptr);
+            send_error(c, 404, "no_route", msg, 0, 0);
+        }
+        return;
+    }
+    c->route = &gen->routes[rr.table_index][rr.route_index];
+    if (c->route->max_request_body_bytes && req.body == SL_HTTP1_BODY_LENGTH &&
+        req.content_length > c->route->max_request_body_bytes) {
+        sl_buf_consume(&c->in, req.head_len);
+        send_error(c, 413, "payload_too_large", "the request body exceeds the limit of this API",
+                   1, 0);
+        return;
+    }
+    if (pick_cluster(c) != 0) {
+        sl_buf_consume(&c->in, req.head_len);
+        send_error(c, 503, "no_backend", "the route has no backend", 0, 0);
+        return;
+    }
+    hash_key(c, &req);
+    if (c->route->timeouts.request_ms)
+        c->deadline_ms = sl_endpoint_now_ms() + c->route->timeouts.request_ms;
+    c->expect_continue = (req.flags & SL_HTTP1_F_EXPECT_CONTINUE) && !c->req_body_done;
+
+    if (sl_worker_buf_get(c->w, &c->uout) != 0) {
+        send_error(c, 503, "overloaded", "out of memory", 1, 0);
+        return;
+    }
+    build_upstream_head(c, &req, &rr);
+    sl_buf_consume(&c->in, req.head_len);
+    evtimer_del(c->timer);
+    /* Body bytes that came with the head. */
+    pump_request_body(c);
+    if (c->state != CS_PROXY)
+        return;
+    start_upstream(c);
+}
+
+/* ---- request body ---------------------------------------------------------- */
+
+static int body_over_limit(sl_conn_t *c)
+{
+    return c->route->max_request_body_bytes && c->req_body_bytes > c->route->max_request_body_bytes;
+}
+
+/*
+ * Moves request body bytes from `in` (and the socket) to uout, as far as
+ * uout has room. Keeps uout for replay while it fits.
+ */
+static void pump_request_body(sl_conn_t *c)
+{
+    if (c->req_body_done) {
+        client_rev(c, 0);
+        return;
+    }
+    for (;;) {
+        /* Room in uout: drop what was sent if the buffer is full. */
+        if (sl_buf_space(&c->uout) < 1024) {
+            if (c->uout_sent > 0 && c->phase != UP_CONNECTING) {
+                size_t sent = c->uout_sent;
+                c->uout.start += sent;
+                c->uout_sent = 0;
+                sl_buf_compact(&c->uout);
+                c->replayable = 0;
+            }
+            if (sl_buf_space(&c->uout) < 1024) {
+                client_rev(c, 0); /* backpressure: wait for the upstream */
+                return;
+            }
+        }
+        if (sl_buf_len(&c->in) == 0) {
+            if (c->req_body == SL_HTTP1_BODY_LENGTH && c->in.data == NULL) {
+                /* Fixed length: read straight into uout, never past the body. */
+                size_t want = sl_buf_space(&c->uout);
+                if (want > c->req_remaining)
+                    want = (size_t)c->req_remaining;
+                ssize_t n = read(c->fd, sl_buf_tail(&c->uout), want);
+                if (n > 0) {
+                    c->uout.end += (size_t)n;
+                    c->req_remaining -= (uint64_t)n;
+                    c->req_body_bytes += (uint64_t)n;
+                    if (c->req_remaining == 0) {
+                        c->req_body_done = 1;
+                        break;
+                    }
+                    continue;
+                }
+                if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+                    break;
+                goto client_gone;
+            }
+            if (ensure_in(c) != 0)
+                goto client_gone;
+            sl_buf_compact(&c->in);
+            ssize_t n = read(c->fd, sl_buf_tail(&c->in), sl_buf_space(&c->in));
+            if (n > 0)
+                c->in.end += (size_t)n;
+            else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+                break;
+            else
+                goto client_gone;
+        }
+        size_t avail = sl_buf_len(&c->in);
+        size_t room = sl_buf_space(&c->uout);
+        size_t take = avail < room ? avail : room;
+        if (c->req_body == SL_HTTP1_BODY_LENGTH) {
+            if (take > c->req_remaining)
+                take = (size_t)c->req_remaining;
+            memcpy(sl_buf_tail(&c->uout), sl_buf_head(&c->in), take);
+            c->uout.end += take;
+            sl_buf_consume(&c->in, take);
+            c->req_remaining -= take;
+            c->req_body_bytes += take;
+            if (c->req_remaining == 0) {
+                c->req_body_done = 1;
+                break;
+            }
+        } else {
+            int done = 0;
+            ssize_t used = sl_http1_chunked_scan(&c->req_chunk, sl_buf_head(&c->in), take, &done);
+            if (used < 0) {
+                c->keep_alive = 0;
+                send_error(c, 400, "bad_request",
+                           c->req_chunk.error ? c->req_chunk.error : "invalid chunked body", 1,
+                           0);
+                return;
+            }
+            memcpy(sl_buf_tail(&c->uout), sl_buf_head(&c->in), (size_t)used);
+            c->uout.end += (size_t)used;
+            sl_buf_consume(&c->in, (size_t)used);
+            c->req_body_bytes = c->req_chunk.data_bytes;
+            if (done) {
+                c->req_body_done = 1;
+                break;
+            }
+        }
+        if (body_over_limit(c)) {
+            send_error(c, 413, "payload_too_large",
+                       "the request body exceeds the limit of this API", 1, 0);
+            return;
+        }
+        if (sl_buf_len(&c->in) == 0 && c->in.data && c->req_body == SL_HTTP1_BODY_LENGTH) {
+            /* Leftover head bytes are consumed: read the rest straight into uout. */
+            sl_worker_buf_put(c->w, &c->in);
+        }
+    }
+    if (body_over_limit(c)) {
+        send_error(c, 413, "payload_too_large", "the request body exceeds the limit of this API",
+                   1, 0);
+        return;
+    }
+    client_rev(c, !c->req_body_done);
+    if (c->up && c->phase == UP_WAIT_HEAD && c->uout_sent < c->uout.end - c->uout.start)
+        event_add(c->up->wev, NULL);
+    return;
+client_gone:
+    c->error_code = "client_closed";
+    c->status = 499;
+    if (c->up)
+        put_upconn(c, 0);
+    log_and_count(c);
+    reset_request(c);
+    conn_close(c);
+}
+
+/* ---- upstream ------------------------------------------------------------- */
+
+static int retry_allowed(sl_conn_t *c, enum sl_upstream_error kind, int status)
+{
+    const sl_gen_retry_t *rp = &c->route->retry;
+    if (c->attempts > rp->attempts || !c->replayable || c->resp_head_sent)
+        return 0;
+    if (c->deadline_ms && sl_endpoint_now_ms() >= c->deadline_ms)
+        return 0;
+    int idempotent = c->method_bit & (SL_METHOD_GET | SL_METHOD_HEAD | SL_METHOD_OPTIONS |
+                                      SL_METHOD_PUT | SL_METHOD_DELETE | SL_METHOD_TRACE);
+    if (!idempotent && !rp->non_idempotent) {
+        /* A non-idempotent request may only be retried when it provably never
+         * reached the upstream: the connection could not be made. */
+        if (kind != SL_UPSTREAM_ERR_CONNECT)
+            return 0;
+    }
+    if (status) {
+        if (status < 500 || status >= 564 ||
+            !(rp->status_mask[(status - 500) / 32] & (1u << ((status - 500) % 32))))
+            return 0;
+    } else if (kind == SL_UPSTREAM_ERR_CONNECT) {
+        if (!rp->on_connect_failure)
+            return 0;
+    } else if (kind == SL_UPSTREAM_ERR_RESET) {
+        if (!rp->on_reset)
+            return 0;
+    } else {
+        return 0;
+    }
+    /* Retry budget: retries in flight on this worker and endpoint stay under
+     * budget_percent of active requests (never below the minimum), so a
+     * failing backend does not get its load multiplied. */
+    if (c->pool) {
+        uint32_t allowed = c->pool->active_requests * c->route->retry.budget_percent / 100;
+        if (allowed < rp->min_retry_concurrency)
+            allowed = rp->min_retry_concurrency;
+        if (c->pool->retries_active >= allowed)
+            return 0;
+    }
+    return 1;
+}
+
+static void note_outcome(sl_conn_t *c, int success)
+{
+    if (c->ep_index < 0 || !c->cluster)
+        return;
+    sl_gen_cluster_t *cl = c->cluster;
+    if (!cl->outlier_failures)
+        return;
+    sl_endpoint_state_t *ep = cl->endpoints[c->ep_index];
+    if (sl_endpoint_report(ep, success, cl->outlier_failures, cl->outlier_base_ejection_ms,
+                           sl_endpoint_now_ms()))
+        sl_log_notice("backend %s endpoint %s:%u: ejected after %u consecutive failures",
+                      cl->pb->name, ep->address, ep->port, cl->outlier_failures);
+}
+
+static void upstream_failed(sl_conn_t *c, enum sl_upstream_error kind, int status)
+{
+    sl_gen_cluster_t *cl = c->cluster;
+    SL_STAT_ADD(cl->stats->slots[c->w->id].errors[kind], 1);
+    note_outcome(c, 0);
+    int prev = c->ep_index;
+    if (c->up)
+        put_upconn(c, 0);
+    if (retry_allowed(c, kind, status)) {
+        SL_STAT_ADD(cl->stats->slots[c->w->id].retries, 1);
+        c->uout_sent = 0;
+        start_upstream(c);
+        if (c->pool && c->state == CS_PROXY) {
+            c->pool->retries_active++;
+            c->counted_retry = 1;
+        }
+        (void)prev;
+        return;
+    }
+    switch (kind) {
+    case SL_UPSTREAM_ERR_CONNECT:
+        send_error(c, 502, "upstream_connect_failed", "could not connect to the backend", 0, 0);
+        return;
+    case SL_UPSTREAM_ERR_TIMEOUT:
+        send_error(c, 504, "upstream_timeout", "the backend did not answer in time", 0, 0);
+        return;
+    case SL_UPSTREAM_ERR_RESET:
+        send_error(c, 502, "upstream_reset", "the backend closed the connection", 0, 0);
+        return;
+    default:
+        send_error(c, 502, "bad_upstream_response", "the backend sent an invalid response", 0, 0);
+        return;
+    }
+}
+
+static void attach_upconn(sl_conn_t *c, sl_upconn_t *up)
+{
+    c->up = up;
+    up->owner = c;
+    up->requests++;
+    event_assign(up->rev, c->w->base, up->fd, EV_READ | EV_PERSIST, up_read_cb, c);
+    event_assign(up->wev, c->w->base, up->fd, EV_WRITE | EV_PERSIST, up_write_cb, c);
+}
+
+static void up_send(sl_conn_t *c);
+
+static void start_upstream(sl_conn_t *c)
+{
+    int why = SL_UPSTREAM_ERR_NO_HEALTHY;
+    int exclude = c->attempts ? c->ep_index : -1;
+    int idx = sl_upstream_pick(c->w, c->cluster, c->hash, exclude, &why);
+    if (idx < 0 && exclude >= 0)
+        idx = sl_upstream_pick(c->w, c->cluster, c->hash, -1, &why);
+    c->attempts++;
+    if (idx < 0) {
+        SL_STAT_ADD(c->cluster->stats->slots[c->w->id].errors[why], 1);
+        if (why == SL_UPSTREAM_ERR_POOL_FULL)
+            send_error(c, 503, "upstream_pool_full",
+                       "the connection pool to the backend is exhausted", 0, 0);
+        else
+            send_error(c, 503, "no_healthy_upstream", "no healthy endpoint for the backend", 0, 0);
+        return;
+    }
+    c->ep_index = idx;
+    sl_endpoint_state_t *ep = c->cluster->endpoints[idx];
+    leave_pool(c);
+    c->pool = sl_upstream_pool(c->w, ep);
+    if (!c->pool) {
+        send_error(c, 503, "overloaded", "out of memory", 1, 0);
+        return;
+    }
+    snprintf(c->upstream_addr, sizeof(c->upstream_addr), "%s:%u", ep->address, ep->port);
+    SL_STAT_ADD(c->cluster->stats->slots[c->w->id].requests, 1);
+    c->pool->active_requests++;
+    c->counted_request = 1;
+    if (c->expect_continue) {
+        /* We are ready for the body now; the upstream never sees Expect. */
+        if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
+            send_error(c, 503, "overloaded", "out of memory", 1, 0);
+            return;
+        }
+        sl_buf_append(&c->out, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        c->expect_continue = 0;
+        ssize_t n = write(c->fd, sl_buf_head(&c->out), sl_buf_len(&c->out));
+        if (n > 0)
+            sl_buf_consume(&c->out, (size_t)n);
+        if (sl_buf_len(&c->out))
+            client_wev(c, 1);
+        client_rev(c, 1);
+    }
+    sl_upconn_t *up = sl_upstream_take_idle(c->pool);
+    if (up) {
+        attach_upconn(c, up);
+        c->phase = UP_WAIT_HEAD;
+        event_add(up->rev, NULL);
+        up_send(c);
+        return;
+    }
+    up = sl_upstream_connect(c->w, c->pool);
+    if (!up) {
+        upstream_failed(c, SL_UPSTREAM_ERR_CONNECT, 0);
+        return;
+    }
+    attach_upconn(c, up);
+    c->phase = UP_CONNECTING;
+    event_add(up->wev, NULL);
+    arm_timer(c, c->cluster->connect_timeout_ms);
+}
+
+static void up_send(sl_conn_t *c)
+{
+    sl_upconn_t *up = c->up;
+    for (;;) {
+        size_t pending = sl_buf_len(&c->uout) - c->uout_sent;
+        if (pending == 0)
+            break;
+        ssize_t n = write(up->fd, sl_buf_head(&c->uout) + c->uout_sent, pending);
+        if (n > 0) {
+            c->uout_sent += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            event_add(up->wev, NULL);
+            return;
+        }
+        upstream_failed(c, SL_UPSTREAM_ERR_RESET, 0);
+        return;
+    }
+    event_del(up->wev);
+    if (!c->req_body_done) {
+        /* Room freed in uout: let more of the body in. */
+        pump_request_body(c);
+        if (c->state == CS_PROXY && c->up && sl_buf_len(&c->uout) > c->uout_sent)
+            event_add(c->up->wev, NULL);
+        return;
+    }
+    if (c->phase == UP_WAIT_HEAD)
+        arm_timer(c, c->route->timeouts.response_ms);
+}
+
+static void up_write_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    sl_conn_t *c = arg;
+    if (c->phase == UP_CONNECTING) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+            upstream_failed(c, SL_UPSTREAM_ERR_CONNECT, 0);
+            return;
+        }
+        c->up->connected = 1;
+        c->phase = UP_WAIT_HEAD;
+        event_add(c->up->rev, NULL);
+        arm_timer(c, c->route->timeouts.response_ms);
+    }
+    up_send(c);
+}
+
+static int response_is_keepalive(const sl_http1_response_t *resp)
+{
+    return (resp->flags & SL_HTTP1_F_KEEP_ALIVE) != 0 && resp->body != SL_HTTP1_BODY_CLOSE;
+}
+
+/* Builds the client response head from the upstream's into `out`. */
+static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
+{
+    sl_buf_t *b = &c->out;
+    const sl_http1_header_t *conn_h =
+        sl_http1_find_header(resp->headers, resp->num_headers, "connection", 10);
+    sl_str_t connection = conn_h ? conn_h->value : (sl_str_t){NULL, 0};
+    char line[64];
+    int n = snprintf(line, sizeof(line), "HTTP/1.%d %d ", c->minor_version ? 1 : 0, resp->status);
+    sl_buf_append(b, line, (size_t)n);
+    sl_buf_append(b, resp->reason.ptr, resp->reason.len);
+    sl_buf_append(b, "\r\n", 2);
+    int has_reqid = 0;
+    for (size_t i = 0; i < resp->num_headers; i++) {
+        const sl_http1_header_t *h = &resp->headers[i];
+        if (is_hop_by_hop(h, connection))
+            continue;
+        if (name_is(h, "x-request-id", 12))
+            has_reqid = 1;
+        sl_buf_append(b, h->name.ptr, h->name.len);
+        sl_buf_append(b, ": ", 2);
+        sl_buf_append(b, h->value.ptr, h->value.len);
+        sl_buf_append(b, "\r\n", 2);
+    }
+    if (!has_reqid && c->m_reqid.len) {
+        sl_buf_append(b, "X-Request-Id: ", 14);
+        sl_buf_append(b, c->m_reqid.ptr, c->m_reqid.len);
+        sl_buf_append(b, "\r\n", 2);
+    }
+    if (c->gen->add_via)
+        sl_buf_append(b, "Via: 1.1 sluice\r\n", 17);
+    if (c->resp_body == SL_HTTP1_BODY_CHUNKED)
+        sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
+    int close_client = !c->keep_alive || c->closing || c->w->draining ||
+                       c->resp_body == SL_HTTP1_BODY_CLOSE || !c->req_body_done;
+    if (close_client) {
+        c->keep_alive = 0;
+        sl_buf_append(b, "Connection: close\r\n", 19);
+    } else if (c->minor_version == 0) {
+        sl_buf_append(b, "Connection: keep-alive\r\n", 24);
+    }
+    sl_buf_append(b, "\r\n", 2);
+}
+
+/* Accounts n new body bytes at `p` (already in out); returns how many belong
+ * to the body, or -1 on bad framing. */
+static ssize_t account_response_body(sl_conn_t *c, const char *p, size_t n)
+{
+    switch (c->resp_body) {
+    case SL_HTTP1_BODY_LENGTH:
+        if (n > c->resp_remaining)
+            n = (size_t)c->resp_remaining;
+        c->resp_remaining -= n;
+        if (c->resp_remaining == 0)
+            c->resp_done = 1;
+        return (ssize_t)n;
+    case SL_HTTP1_BODY_CHUNKED: {
+        int done = 0;
+        ssize_t used = sl_http1_chunked_scan(&c->resp_chunk, p, n, &done);
+        if (used < 0)
+            return -1;
+        if (done)
+            c->resp_done = 1;
+        return used;
+    }
+    case SL_HTTP1_BODY_CLOSE:
+        return (ssize_t)n;
+    default:
+        c->resp_done = 1;
+        return 0;
+    }
+}
+
+static void abort_response(sl_conn_t *c, const char *code, enum sl_upstream_error kind)
+{
+    c->error_code = code;
+    SL_STAT_ADD(c->cluster->stats->slots[c->w->id].errors[kind], 1);
+    note_outcome(c, 0);
+    if (c->up)
+        put_upconn(c, 0);
+    log_and_count(c);
+    reset_request(c);
+    conn_close(c);
+}
+
+static void read_response_head(sl_conn_t *c)
+{
+    sl_upconn_t *up = c->up;
+    if (!c->uin.data && sl_worker_buf_get(c->w, &c->uin) != 0) {
+        send_error(c, 503, "overloaded", "out of memory", 1, 0);
+        return;
+    }
+    for (;;) {
+        if (sl_buf_space(&c->uin) == 0) {
+            sl_buf_compact(&c->uin);
+            if (sl_buf_space(&c->uin) == 0) {
+                if (c->uin.cap >= MAX_RESPONSE_HEAD ||
+                    sl_buf_reserve(&c->uin, MAX_RESPONSE_HEAD) != 0) {
+                    upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
+                    return;
+                }
+            }
+        }
+        ssize_t n = read(up->fd, sl_buf_tail(&c->uin), sl_buf_space(&c->uin));
+        if (n > 0) {
+            c->uin.end += (size_t)n;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else {
+            /* Closed or reset before a complete head. */
+            upstream_failed(c, SL_UPSTREAM_ERR_RESET, 0);
+            return;
+        }
+    parse:;
+        sl_http1_header_t rh[128];
+        sl_http1_response_t resp;
+        memset(&resp, 0, sizeof(resp));
+        resp.headers = rh;
+        resp.num_headers = SL_ARRAY_LEN(rh);
+        ssize_t r = sl_http1_parse_response(sl_buf_head(&c->uin), sl_buf_len(&c->uin),
+                                            c->method_bit, MAX_RESPONSE_HEAD, &resp);
+        if (r == SL_AGAIN)
+            continue;
+        if (r < 0) {
+            upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
+            return;
+        }
+        if (resp.status >= 100 && resp.status < 200) {
+            if (resp.status == 101) {
+                upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
+                return;
+            }
+            sl_buf_consume(&c->uin, (size_t)r); /* interim response: skip */
+            if (sl_buf_len(&c->uin))
+                goto parse;
+            continue;
+        }
+        if (resp.status >= 500 && retry_allowed(c, SL_UPSTREAM_ERR__COUNT, resp.status)) {
+            sl_buf_consume(&c->uin, sl_buf_len(&c->uin));
+            note_outcome(c, 0);
+            put_upconn(c, 0);
+            SL_STAT_ADD(c->cluster->stats->slots[c->w->id].retries, 1);
+            c->uout_sent = 0;
+            start_upstream(c);
+            if (c->pool && c->state == CS_PROXY) {
+                c->pool->retries_active++;
+                c->counted_retry = 1;
+            }
+            return;
+        }
+        note_outcome(c, resp.status < 500);
+        c->status = resp.status;
+        c->resp_body = resp.body;
+        c->resp_remaining = resp.content_length;
+        c->up_reusable = response_is_keepalive(&resp);
+        if (resp.body == SL_HTTP1_BODY_CHUNKED)
+            sl_http1_chunked_init(&c->resp_chunk);
+        if (resp.body == SL_HTTP1_BODY_NONE ||
+            (resp.body == SL_HTTP1_BODY_LENGTH && resp.content_length == 0))
+            c->resp_done = 1;
+        if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
+            abort_response(c, "out_of_memory", SL_UPSTREAM_ERR_RESET);
+            return;
+        }
+        build_client_head(c, &resp);
+        sl_buf_consume(&c->uin, (size_t)r);
+        c->resp_head_sent = 1;
+        c->phase = UP_BODY;
+        /* Body bytes that came with the head. */
+        size_t extra = sl_buf_len(&c->uin);
+        if (extra && !c->resp_done) {
+            ssize_t used = account_response_body(c, sl_buf_head(&c->uin), extra);
+            if (used < 0) {
+                abort_response(c, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
+                return;
+            }
+            sl_buf_append(&c->out, sl_buf_head(&c->uin), (size_t)used);
+            if ((size_t)used < extra)
+                c->up_reusable = 0; /* bytes past the response: never reuse */
+        } else if (extra) {
+            c->up_reusable = 0;
+        }
+        sl_worker_buf_put(c->w, &c->uin);
+        if (c->resp_done) {
+            event_del(up->rev);
+            evtimer_del(c->timer);
+        } else {
+            arm_timer(c, c->route->timeouts.response_ms);
+        }
+        client_flush(c);
+        return;
+    }
+}
+
+static void read_response_body(sl_conn_t *c)
+{
+    sl_upconn_t *up = c->up;
+    while (!c->resp_done) {
+        if (sl_buf_space(&c->out) < READ_LOW_WATER) {
+            sl_buf_compact(&c->out);
+            if (sl_buf_space(&c->out) < READ_LOW_WATER) {
+                /* Client is slower than the upstream: stop reading. */
+                c->up_paused = 1;
+                event_del(up->rev);
+                break;
+            }
+        }
+        size_t want = sl_buf_space(&c->out);
+        if (c->resp_body == SL_HTTP1_BODY_LENGTH && want > c->resp_remaining)
+            want = (size_t)c->resp_remaining;
+        ssize_t n = read(up->fd, sl_buf_tail(&c->out), want);
+        if (n > 0) {
+            ssize_t used = account_response_body(c, sl_buf_tail(&c->out), (size_t)n);
+            if (used < 0) {
+                abort_response(c, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
+                return;
+            }
+            c->out.end += (size_t)used;
+            if (used < n)
+                c->up_reusable = 0;
+            /* Write as we go: keeps latency low and the buffer small. */
+            if (sl_buf_len(&c->out) >= SL_WORKER_BLOCK_SIZE / 2 || c->resp_done)
+                break;
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (c->resp_body == SL_HTTP1_BODY_CLOSE && n == 0) {
+            c->resp_done = 1;
+            c->up_reusable = 0;
+            break;
+        }
+        /* Upstream died mid-body: the client sees a truncated response. */
+        client_flush(c);
+        abort_response(c, "upstream_reset_mid_body", SL_UPSTREAM_ERR_RESET);
+        return;
+    }
+    if (c->resp_done) {
+        event_del(up->rev);
+        evtimer_del(c->timer);
+    } else if (!c->up_paused) {
+        arm_timer(c, c->route->timeouts.response_ms);
+    }
+    client_flush(c);
+}
+
+static void up_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sl_conn_t *c = arg;
+    if (c->phase == UP_WAIT_HEAD)
+        read_response_head(c);
+    else if (c->phase == UP_BODY)
+        read_response_body(c);
+}

@@ -1,0 +1,69 @@
+/*
+ * Upstream side of the proxy, per worker: endpoint selection (load
+ * balancing over usable endpoints, with the panic rule for outlier
+ * ejection) and keep-alive connection pools.
+ *
+ * Pools are keyed by the shared endpoint state (endpoint.h), not by the
+ * generation, so a config swap that keeps an endpoint keeps its warm
+ * connections. A pool holds a reference on the endpoint state so the key
+ * stays valid and unique while the pool exists.
+ */
+#ifndef SL_UPSTREAM_H
+#define SL_UPSTREAM_H
+
+#include "endpoint.h"
+#include "generation.h"
+#include "worker.h"
+
+struct event;
+struct sl_conn;
+
+typedef struct sl_upconn {
+    int fd;
+    struct event *rev, *wev;
+    struct sl_pool *pool;
+    struct sl_conn *owner;     /* NULL while idle in the pool */
+    struct sl_upconn *idle_next, *idle_prev;
+    uint64_t idle_since_ms;
+    uint32_t idle_timeout_ms;
+    unsigned requests;         /* requests started on it; > 0 = reused */
+    uint8_t connected;
+} sl_upconn_t;
+
+typedef struct sl_pool {
+    sl_endpoint_state_t *ep;   /* reference held */
+    sl_upconn_t *idle;         /* most recently used first */
+    uint32_t num_idle;
+    uint32_t num_busy;         /* connections owned by a request or connecting */
+    uint32_t active_requests;  /* for least-request balancing */
+    uint32_t retries_active;
+} sl_pool_t;
+
+/* The pool of `ep` on worker w, created on first use. NULL on OOM. */
+sl_pool_t *sl_upstream_pool(sl_worker_t *w, sl_endpoint_state_t *ep);
+
+/*
+ * Picks an endpoint of cluster c for a request on worker w, skipping
+ * `exclude` (the endpoint that just failed, -1 for none). hash is used by
+ * consistent hashing. Returns the endpoint index, -1 when none is usable
+ * (*why set to SL_UPSTREAM_ERR_NO_HEALTHY or SL_UPSTREAM_ERR_POOL_FULL).
+ */
+int sl_upstream_pick(sl_worker_t *w, sl_gen_cluster_t *c, uint64_t hash, int exclude, int *why);
+
+/* An idle connection of the pool, or NULL. The connection is taken out of
+ * the idle list and counted busy. */
+sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool);
+/* A new non-blocking connection being established (counted busy), or NULL
+ * with errno set. */
+sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool);
+/* Returns a healthy keep-alive connection to its pool (or closes it when the
+ * pool is full). */
+void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle, uint32_t idle_timeout_ms);
+/* Closes a connection for good. */
+void sl_upstream_close(sl_worker_t *w, sl_upconn_t *uc);
+/* Periodic sweep: idle timeouts and empty pools of endpoints no longer used. */
+void sl_upstream_sweep(sl_worker_t *w, uint64_t now_ms);
+/* Closes everything (worker exit). */
+void sl_upstream_shutdown(sl_worker_t *w);
+
+#endif

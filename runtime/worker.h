@@ -1,0 +1,110 @@
+/*
+ * Worker threads: each owns one libevent event_base, its SO_REUSEPORT
+ * listener sockets, its downstream connections and its upstream connection
+ * pools. Nothing on the request path is shared between workers except the
+ * RCU-published generation and atomics (endpoint health, counters).
+ *
+ * The main thread talks to a worker only through its command queue (a
+ * mutex-protected list plus an eventfd that wakes the worker's loop): add or
+ * remove a listener socket, drain and stop. The mutex is taken once per
+ * command, never per request.
+ *
+ * RCU: workers are registered QSBR readers that stay offline except around
+ * the few places that dereference the published generation (proxy.c), so an
+ * idle worker never delays a grace period.
+ */
+#ifndef SL_WORKER_H
+#define SL_WORKER_H
+
+#include "buf.h"
+#include "lb.h"
+
+#include <pthread.h>
+#include <stdint.h>
+
+struct event_base;
+struct event;
+struct sl_conn;
+struct sl_pool;
+
+typedef struct sl_listener_sock {
+    struct sl_worker *worker;
+    char *key;                 /* "0.0.0.0:8080", the listener's identity */
+    char *name;
+    int fd;
+    struct event *ev;
+    uint32_t max_connections;  /* this worker's share, 0 = unlimited */
+    uint32_t active;
+    struct sl_listener_sock *next;
+} sl_listener_sock_t;
+
+enum sl_worker_cmd_kind {
+    SL_WCMD_LISTEN = 0, /* fd, key, name, max_connections */
+    SL_WCMD_UNLISTEN,   /* key: stop accepting, existing connections go on */
+    SL_WCMD_LIMITS,     /* key, max_connections */
+    SL_WCMD_DRAIN,      /* drain_ms: close listeners and idle conns, exit when empty */
+};
+
+typedef struct sl_worker_cmd {
+    enum sl_worker_cmd_kind kind;
+    int fd;
+    char *key;
+    char *name;
+    uint32_t max_connections;
+    uint32_t drain_ms;
+    struct sl_worker_cmd *next;
+} sl_worker_cmd_t;
+
+/* Cached 32 KiB blocks for connection buffers, so keep-alive connections do
+ * not hold buffers while idle and busy ones do not call malloc per request. */
+#define SL_WORKER_BLOCK_SIZE (32 * 1024)
+#define SL_WORKER_BLOCK_CACHE 256
+
+typedef struct sl_worker {
+    unsigned id;
+    pthread_t thread;
+    struct event_base *base;
+    sl_lb_rng_t rng;
+
+    pthread_mutex_t cmd_lock;
+    sl_worker_cmd_t *cmd_head, *cmd_tail;
+    int cmd_fd;                /* eventfd */
+    struct event *cmd_ev;
+
+    sl_listener_sock_t *listeners;
+    struct sl_conn *conns;     /* all downstream connections (doubly linked) */
+    size_t num_conns;
+
+    /* upstream pools keyed by endpoint state pointer (open addressing) */
+    struct sl_pool **pools;
+    size_t pools_cap, pools_used;
+    struct event *sweep_ev;    /* closes idle upstream connections past their timeout */
+
+    char *blocks[SL_WORKER_BLOCK_CACHE];
+    unsigned num_blocks;
+
+    int draining;
+    struct event *drain_ev;
+    uint64_t request_counter;
+} sl_worker_t;
+
+/* Creates nworkers workers (not started). */
+sl_worker_t *sl_workers_create(unsigned nworkers);
+int sl_workers_start(sl_worker_t *workers, unsigned nworkers);
+/* Queues a command; takes ownership of cmd. Any thread. */
+void sl_worker_send(sl_worker_t *w, sl_worker_cmd_t *cmd);
+void sl_workers_join(sl_worker_t *workers, unsigned nworkers);
+void sl_workers_destroy(sl_worker_t *workers, unsigned nworkers);
+
+/* Buffer blocks (worker thread only). */
+int sl_worker_buf_get(sl_worker_t *w, sl_buf_t *b);
+void sl_worker_buf_put(sl_worker_t *w, sl_buf_t *b);
+
+/* Called by proxy.c when a connection closes; stops the loop when draining
+ * and nothing is left. */
+void sl_worker_conn_closed(sl_worker_t *w);
+
+/* Worker thread only: the id of the worker running on this thread. */
+extern __thread sl_worker_t *sl_worker_self;
+
+#endif
