@@ -41,30 +41,36 @@ struct sl_admin {
     int port;
 };
 
+/* evhttp 2.1 writes the body of a HEAD response too; HEAD gets the headers
+ * of the GET (Content-Length included) and no body, as RFC 9110 asks. */
+static void send_reply(struct evhttp_request *req, int status, const char *reason,
+                       const char *content_type, struct evbuffer *body)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", content_type);
+    evhttp_add_header(h, "Cache-Control", "no-store");
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+        char len[32];
+        snprintf(len, sizeof(len), "%zu", body ? evbuffer_get_length(body) : (size_t)0);
+        evhttp_add_header(h, "Content-Length", len);
+        evhttp_send_reply(req, status, reason, NULL);
+        return;
+    }
+    evhttp_send_reply(req, status, reason, body);
+}
+
 /* Sends {"error":{"status":..,"code":..,"message":..}}. The message is always
  * a constant of ours: request data is never reflected into a response. */
 static void reply_error(struct evhttp_request *req, int status, const char *reason, const char *code,
                         const char *message)
 {
     struct evbuffer *body = evbuffer_new();
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Content-Type", "application/json");
-    evhttp_add_header(h, "Cache-Control", "no-store");
     if (body)
         evbuffer_add_printf(body, "{\"error\":{\"status\":%d,\"code\":\"%s\",\"message\":\"%s\"}}\n",
                             status, code, message);
-    evhttp_send_reply(req, status, reason, body);
+    send_reply(req, status, reason, "application/json", body);
     if (body)
         evbuffer_free(body);
-}
-
-static void reply_text(struct evhttp_request *req, int status, const char *reason,
-                       const char *content_type, struct evbuffer *body)
-{
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Content-Type", content_type);
-    evhttp_add_header(h, "Cache-Control", "no-store");
-    evhttp_send_reply(req, status, reason, body);
 }
 
 static void handle_live(sl_admin_t *admin, struct evhttp_request *req)
@@ -76,7 +82,7 @@ static void handle_live(sl_admin_t *admin, struct evhttp_request *req)
         return;
     }
     evbuffer_add(body, "ok\n", 3);
-    reply_text(req, 200, "OK", "text/plain; charset=utf-8", body);
+    send_reply(req, 200, "OK", "text/plain; charset=utf-8", body);
     evbuffer_free(body);
 }
 
@@ -90,10 +96,10 @@ static void handle_ready(sl_admin_t *admin, struct evhttp_request *req)
     }
     if (ready) {
         evbuffer_add(body, "ready\n", 6);
-        reply_text(req, 200, "OK", "text/plain; charset=utf-8", body);
+        send_reply(req, 200, "OK", "text/plain; charset=utf-8", body);
     } else {
         evbuffer_add(body, "not ready\n", 10);
-        reply_text(req, 503, "Service Unavailable", "text/plain; charset=utf-8", body);
+        send_reply(req, 503, "Service Unavailable", "text/plain; charset=utf-8", body);
     }
     evbuffer_free(body);
 }
@@ -107,7 +113,7 @@ static void handle_metrics(sl_admin_t *admin, struct evhttp_request *req)
         return;
     }
     sl_metrics_render(body);
-    reply_text(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body);
+    send_reply(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body);
     evbuffer_free(body);
 }
 
@@ -135,7 +141,7 @@ static void handle_config_dump(sl_admin_t *admin, struct evhttp_request *req)
         return;
     }
     json_decref(doc);
-    reply_text(req, 200, "OK", "application/json", body);
+    send_reply(req, 200, "OK", "application/json", body);
     evbuffer_free(body);
 }
 
