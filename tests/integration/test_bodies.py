@@ -1,0 +1,230 @@
+"""Request and response bodies: chunked both ways, HEAD/204 framing, and
+large streamed bodies passing through with bounded memory."""
+
+import os
+import threading
+import time
+import zlib
+
+from backend import PATTERN, pattern_bytes
+from helpers import ResponseReader, RssSampler, connect, request
+
+BIG_MB = int(os.environ.get("SLUICE_BIG_BODY_MB", "1024"))
+RSS_GROWTH_LIMIT_KB = 64 * 1024
+
+
+def pattern_crc(n):
+    crc = 0
+    full, rest = divmod(n, len(PATTERN))
+    for _ in range(full):
+        crc = zlib.crc32(PATTERN, crc)
+    return zlib.crc32(PATTERN[:rest], crc)
+
+
+def test_chunked_request_body(simple):
+    env = simple()
+    body = b"".join(bytes([i % 251]) * (i * 37 % 5000 + 1) for i in range(40))
+    chunks = []
+    pos = 0
+    for i, size in enumerate((1, 10, 4096, 3, 70000, 1)):
+        piece = body[pos:pos + size]
+        pos += size
+        ext = ";ext=%d" % i if i % 2 else ""
+        chunks.append(b"%x%s\r\n%s\r\n" % (len(piece), ext.encode(), piece))
+    rest = body[pos:]
+    if rest:
+        chunks.append(b"%X\r\n%s\r\n" % (len(rest), rest))
+    chunks.append(b"0\r\nX-Trailer: yes\r\n\r\n")
+    s = connect(env.port)
+    try:
+        s.sendall(b"POST /t/echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for c in chunks:  # separate writes: the proxy must reassemble framing
+            s.sendall(c)
+            time.sleep(0.005)
+        reader = ResponseReader(s)
+        r = reader.read_response()
+        assert r.status == 200, r
+        doc = r.json()
+        assert doc["body_length"] == len(body)
+        assert doc["body_crc32"] == zlib.crc32(body)
+        # The connection is reusable after a chunked body.
+        r = request(env.port, "GET", "/t/echo?after", sock=s, reader=reader)
+        assert r.status == 200 and r.json()["target"] == "/echo?after"
+    finally:
+        s.close()
+    assert not env.backend.protocol_errors, env.backend.protocol_errors
+
+
+def test_chunked_response_passthrough(simple):
+    env = simple()
+    s = connect(env.port)
+    try:
+        reader = ResponseReader(s)
+        r = request(env.port, "GET", "/t/bytes/200000?chunked=1", sock=s, reader=reader)
+        assert r.status == 200
+        assert "chunked" in (r.header("Transfer-Encoding") or "").lower()
+        assert r.header("Content-Length") is None
+        assert r.body == pattern_bytes(200000)
+        r = request(env.port, "GET", "/t/bytes/100000", sock=s, reader=reader)
+        assert r.status == 200
+        assert r.header("Content-Length") == "100000"
+        assert r.body == pattern_bytes(100000)
+        r = request(env.port, "GET", "/t/bytes/0?chunked=1", sock=s, reader=reader)
+        assert r.status == 200 and r.body == b""
+    finally:
+        s.close()
+
+
+def test_head_and_204_framing(simple):
+    env = simple()
+    s = connect(env.port)
+    try:
+        reader = ResponseReader(s)
+        r = request(env.port, "HEAD", "/t/bytes/5000", sock=s, reader=reader)
+        assert r.status == 200
+        assert r.header("Content-Length") == "5000"
+        r = request(env.port, "GET", "/t/status/204", sock=s, reader=reader)
+        assert r.status == 204
+        r = request(env.port, "GET", "/t/status/304", sock=s, reader=reader)
+        assert r.status == 304
+        # Nothing of a body may have leaked: the next answer parses cleanly.
+        r = request(env.port, "GET", "/t/echo?next", sock=s, reader=reader)
+        assert r.status == 200 and r.json()["target"] == "/echo?next"
+    finally:
+        s.close()
+
+
+def test_upstream_status_codes_pass_through(simple):
+    env = simple()
+    for code in (201, 301, 400, 404, 418, 500, 503):
+        r = request(env.port, "GET", "/t/status/%d" % code)
+        assert r.status == code, r
+        assert r.header("X-Backend") == "echo"
+
+
+def _baseline_rss(env):
+    # Warm the paths once (buffers, pools) so the baseline is honest.
+    r = request(env.port, "POST", "/t/echo", body=b"x" * 300000)
+    assert r.status == 200
+    r = request(env.port, "GET", "/t/bytes/300000")
+    assert r.status == 200
+    time.sleep(0.1)
+    return env.runtime.rss_kb()
+
+
+def test_large_upload_streams_with_bounded_rss(simple):
+    """A BIG_MB upload while the backend does not read for 1.5 s: a proxy
+    without back-pressure would buffer it all."""
+    env = simple(workers=1, gw_kw={"timeouts": {"request": 0, "upstreamResponse": "120s"}})
+    n = BIG_MB * 1024 * 1024
+    base = _baseline_rss(env)
+    s = connect(env.port, timeout=60)
+    try:
+        with RssSampler(env.runtime) as rss:
+            s.sendall(b"POST /t/echo?pause_ms=1500 HTTP/1.1\r\nHost: a\r\n"
+                      b"Content-Length: %d\r\n\r\n" % n)
+            view = memoryview(PATTERN)
+            left = n
+            while left:
+                take = min(left, len(PATTERN))
+                s.sendall(view[:take])
+                left -= take
+            r = ResponseReader(s).read_response()
+        assert r.status == 200, r
+        doc = r.json()
+        assert doc["body_length"] == n
+        assert doc["body_crc32"] == pattern_crc(n)
+    finally:
+        s.close()
+    growth = rss.max_kb - base
+    assert growth < RSS_GROWTH_LIMIT_KB, \
+        "runtime RSS grew %d kB during a %d MB upload (baseline %d kB)" % (growth, BIG_MB, base)
+
+
+def test_large_chunked_upload_streams_with_bounded_rss(simple):
+    env = simple(workers=1, gw_kw={"timeouts": {"request": 0, "upstreamResponse": "120s"}})
+    n = (BIG_MB // 4) * 1024 * 1024
+    base = _baseline_rss(env)
+    s = connect(env.port, timeout=60)
+    try:
+        with RssSampler(env.runtime) as rss:
+            s.sendall(b"POST /t/echo?pause_ms=1500 HTTP/1.1\r\nHost: a\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\n")
+            frame = b"%x\r\n" % len(PATTERN) + PATTERN + b"\r\n"
+            for _ in range(n // len(PATTERN)):
+                s.sendall(frame)
+            s.sendall(b"0\r\n\r\n")
+            r = ResponseReader(s).read_response()
+        assert r.status == 200, r
+        assert r.json()["body_length"] == n
+    finally:
+        s.close()
+    growth = rss.max_kb - base
+    assert growth < RSS_GROWTH_LIMIT_KB, \
+        "runtime RSS grew %d kB during a chunked upload of %d MB" % (growth, n >> 20)
+
+
+def _download(env, target, n):
+    base = _baseline_rss(env)
+    s = connect(env.port, timeout=60)
+    crc = [0, 0]
+
+    def sink(piece):
+        crc[0] = zlib.crc32(piece, crc[0])
+        crc[1] += len(piece)
+
+    try:
+        with RssSampler(env.runtime) as rss:
+            s.sendall(b"GET %s HTTP/1.1\r\nHost: a\r\n\r\n" % target.encode())
+            time.sleep(1.5)  # the backend writes as fast as it can meanwhile
+            r = ResponseReader(s).read_response(sink=sink)
+        assert r.status == 200, r
+    finally:
+        s.close()
+    assert crc[1] == n, "received %d of %d bytes" % (crc[1], n)
+    assert crc[0] == pattern_crc(n), "body corrupted in transit"
+    return rss.max_kb - base, base
+
+
+def test_large_download_streams_with_bounded_rss(simple):
+    env = simple(workers=1, gw_kw={"timeouts": {"request": 0, "upstreamResponse": "120s"}})
+    n = BIG_MB * 1024 * 1024
+    growth, base = _download(env, "/t/bytes/%d" % n, n)
+    assert growth < RSS_GROWTH_LIMIT_KB, \
+        "runtime RSS grew %d kB during a %d MB download (baseline %d kB)" % (growth, BIG_MB, base)
+
+
+def test_large_chunked_download_streams_with_bounded_rss(simple):
+    env = simple(workers=1, gw_kw={"timeouts": {"request": 0, "upstreamResponse": "120s"}})
+    n = (BIG_MB // 4) * 1024 * 1024
+    growth, _ = _download(env, "/t/bytes/%d?chunked=1" % n, n)
+    assert growth < RSS_GROWTH_LIMIT_KB, \
+        "runtime RSS grew %d kB during a chunked download of %d MB" % (growth, n >> 20)
+
+
+def test_concurrent_uploads_and_downloads(simple):
+    env = simple()
+    errors = []
+
+    def upload(i):
+        try:
+            body = pattern_bytes(3 * 1024 * 1024 + i)
+            r = request(env.port, "POST", "/t/echo?u=%d" % i, body=body, timeout=30)
+            assert r.status == 200 and r.json()["body_length"] == len(body), r
+        except Exception as e:  # noqa: BLE001 - collected for the assert below
+            errors.append(repr(e))
+
+    def download(i):
+        try:
+            n = 3 * 1024 * 1024 + i
+            r = request(env.port, "GET", "/t/bytes/%d?chunked=%d" % (n, i % 2), timeout=30)
+            assert r.status == 200 and r.body == pattern_bytes(n)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=f, args=(i,)) for i in range(6) for f in (upload, download)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
