@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define SL_API_VERSION "gateway.sluice.dev/v1alpha1"
 

@@ -1,0 +1,773 @@
+/*
+ * Compiler: a validated resource set -> the Snapshot of one fleet.
+ *
+ * Responsible for: choosing the fleet's Gateways and merging their
+ * listeners; applying every default so that the runtime never has to guess
+ * (precedence operation > Api > Gateway, documented in
+ * docs/configuration.md); resolving backendRefs to Clusters; refusing what
+ * this runtime cannot serve yet (https, h2c listeners). Also the snapshot's
+ * wire helpers (pack, unpack, free).
+ *
+ * Not responsible for checking single documents (validate.c already did, so
+ * this file reads fields without re-checking their types) nor for turning a
+ * snapshot into runtime tables (runtime/).
+ *
+ * Memory: the snapshot is built with malloc in the exact shape protobuf-c's
+ * unpacker produces, so protobuf_c_message_free_unpacked frees a half-built
+ * one on any failure. The result handed out is that build packed and
+ * unpacked again: the caller gets precisely what a remote runtime would
+ * receive, and one free function (sl_snapshot_free) serves every snapshot.
+ *
+ * One field is deliberately left 0 when not written: a route's and a table's
+ * timeouts.upstream_connect_ms. It is set only when an operation or Api says
+ * upstreamConnect; otherwise the Cluster's connect_timeout_ms (Backend's
+ * timeouts.connect, else the Gateway's upstreamConnect, else 5s) applies, so
+ * that a Backend's own connect timeout means something.
+ */
+#include "compiler.h"
+
+#include "validate.h"
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Defaults; docs/configuration.md lists the same values. */
+#define DEF_MAX_REQUEST_LINE_BYTES 8192
+#define DEF_MAX_HEADER_BYTES 32768
+#define DEF_MAX_HEADER_COUNT 100
+#define DEF_REQUEST_HEADER_MS 10000
+#define DEF_IDLE_MS 60000
+#define DEF_REQUEST_MS 0
+#define DEF_UPSTREAM_CONNECT_MS 5000
+#define DEF_UPSTREAM_RESPONSE_MS 30000
+#define DEF_RETRY_ATTEMPTS 1
+#define DEF_RETRY_BUDGET_PERCENT 20
+#define DEF_RETRY_MIN_CONCURRENCY 3
+#define DEF_HC_INTERVAL_MS 5000
+#define DEF_HC_TIMEOUT_MS 2000
+#define DEF_HC_HEALTHY 2
+#define DEF_HC_UNHEALTHY 3
+#define DEF_HC_STATUS_MIN 200
+#define DEF_HC_STATUS_MAX 399
+#define DEF_OUTLIER_FAILURES 5
+#define DEF_OUTLIER_EJECTION_MS 30000
+#define DEF_OUTLIER_MAX_PERCENT 50
+#define DEF_POOL_MAX_IDLE 64
+#define DEF_POOL_IDLE_TIMEOUT_MS 60000
+
+typedef struct {
+    const sl_resource_set_t *set;
+    sl_errors_t *errs;
+    bool failed;
+    bool oom;
+} cctx_t;
+
+/* --- reading validated documents ----------------------------------------- */
+
+static json_t *jget(json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static uint64_t jint(json_t *obj, const char *key, uint64_t def)
+{
+    json_t *v = jget(obj, key);
+    return json_is_integer(v) ? (uint64_t)json_integer_value(v) : def;
+}
+
+static bool jbool(json_t *obj, const char *key, bool def)
+{
+    json_t *v = jget(obj, key);
+    return json_is_boolean(v) ? json_is_true(v) : def;
+}
+
+static const char *jstr(json_t *obj, const char *key, const char *def)
+{
+    json_t *v = jget(obj, key);
+    return json_is_string(v) ? json_string_value(v) : def;
+}
+
+/* Durations were validated to fit uint32 milliseconds. */
+static uint32_t jdur(json_t *obj, const char *key, uint32_t def)
+{
+    uint64_t ms;
+    json_t *v = jget(obj, key);
+    if (!v || sl_parse_duration_ms(v, &ms) != 0)
+        return def;
+    return (uint32_t)ms;
+}
+
+/* --- building messages --------------------------------------------------- */
+
+static void *cnew(cctx_t *c, size_t size)
+{
+    void *p = calloc(1, size);
+    if (!p)
+        c->oom = true;
+    return p;
+}
+
+/* Strings are always malloc'd copies (never protobuf_c_empty_string unless
+ * allocation failed), so free_unpacked can free every one of them. */
+static char *cstr(cctx_t *c, const char *s)
+{
+    char *d = strdup(s ? s : "");
+    if (!d) {
+        c->oom = true;
+        return (char *)protobuf_c_empty_string;
+    }
+    return d;
+}
+
+static char *cprintf(cctx_t *c, const char *fmt, const char *a, const char *b)
+{
+    char *d = NULL;
+    if (asprintf(&d, fmt, a, b) < 0) {
+        c->oom = true;
+        return (char *)protobuf_c_empty_string;
+    }
+    return d;
+}
+
+static void cerr(cctx_t *c, const sl_resource_t *r, const char *field, const char *fmt,
+                 const char *a, const char *b)
+{
+    sl_errors_add(c->errs, r->source, r->doc, field, fmt, a, b);
+    c->failed = true;
+}
+
+/* Allocates an array of n message pointers (NULL when n == 0). */
+static void **carray(cctx_t *c, size_t n, size_t elem)
+{
+    if (n == 0)
+        return NULL;
+    void **a = calloc(n, elem);
+    if (!a)
+        c->oom = true;
+    return a;
+}
+
+/* --- the fleet's Gateways ----------------------------------------------- */
+
+typedef struct {
+    const sl_resource_t *r;
+} gw_ref_t;
+
+static int cmp_gateways(const void *a, const void *b)
+{
+    const sl_resource_t *x = ((const gw_ref_t *)a)->r, *y = ((const gw_ref_t *)b)->r;
+    int rc = strcmp(x->name, y->name);
+    return rc ? rc : strcmp(x->ns, y->ns);
+}
+
+static const char *listener_address(json_t *l)
+{
+    return jstr(l, "address", "0.0.0.0");
+}
+
+static void place(char *buf, size_t len, const sl_resource_t *r)
+{
+    if (r->source[0])
+        snprintf(buf, len, "%s doc %d", r->source, r->doc);
+    else
+        snprintf(buf, len, "doc %d", r->doc);
+}
+
+static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *gws, size_t ngw)
+{
+    size_t total = 0;
+    for (size_t g = 0; g < ngw; g++)
+        total += json_array_size(jget(jget(gws[g].r->obj, "spec"), "listeners"));
+    snap->listeners = (Sluice__V1__Listener **)carray(c, total, sizeof(*snap->listeners));
+    if (total && !snap->listeners)
+        return;
+    /* Where each compiled listener came from, for conflict messages. */
+    const sl_resource_t **owner = calloc(total ? total : 1, sizeof(*owner));
+    if (!owner) {
+        c->oom = true;
+        return;
+    }
+    for (size_t g = 0; g < ngw; g++) {
+        const sl_resource_t *r = gws[g].r;
+        json_t *ls = jget(jget(r->obj, "spec"), "listeners");
+        for (size_t i = 0; i < json_array_size(ls); i++) {
+            json_t *l = json_array_get(ls, i);
+            char field[64];
+            const char *proto = jstr(l, "protocol", "http");
+            const char *name = jstr(l, "name", "");
+            const char *addr = listener_address(l);
+            uint32_t port = (uint32_t)jint(l, "port", 0);
+            if (strcmp(proto, "http") != 0) {
+                snprintf(field, sizeof(field), "spec.listeners[%zu].protocol", i);
+                cerr(c, r, field, "protocol %s is not supported by this runtime yet%s", proto,
+                     " (use http)");
+                continue;
+            }
+            bool clash = false;
+            for (size_t k = 0; k < snap->n_listeners && !clash; k++) {
+                Sluice__V1__Listener *o = snap->listeners[k];
+                char where[600], msg[900];
+                place(where, sizeof(where), owner[k]);
+                if (strcmp(o->name, name) == 0) {
+                    snprintf(field, sizeof(field), "spec.listeners[%zu].name", i);
+                    snprintf(msg, sizeof(msg), "listener name '%s' is also used by Gateway %s/%s (%s)",
+                             name, owner[k]->ns, owner[k]->name, where);
+                    cerr(c, r, field, "%s%s", msg, "");
+                    clash = true;
+                } else if (sl_validate_spec_listeners_conflict(addr, (long)port, o->address,
+                                                               (long)o->port)) {
+                    snprintf(field, sizeof(field), "spec.listeners[%zu].port", i);
+                    snprintf(msg, sizeof(msg),
+                             "%s:%u conflicts with listener '%s' (%s:%u) of Gateway %s/%s (%s)",
+                             addr, port, o->name, o->address, o->port, owner[k]->ns,
+                             owner[k]->name, where);
+                    cerr(c, r, field, "%s%s", msg, "");
+                    clash = true;
+                }
+            }
+            if (clash)
+                continue;
+            Sluice__V1__Listener *out = cnew(c, sizeof(*out));
+            if (!out)
+                break;
+            sluice__v1__listener__init(out);
+            owner[snap->n_listeners] = r;
+            snap->listeners[snap->n_listeners++] = out;
+            out->name = cstr(c, name);
+            out->address = cstr(c, addr);
+            out->port = port;
+            out->protocol = SLUICE__V1__LISTENER__PROTOCOL__HTTP;
+        }
+    }
+    free(owner);
+}
+
+/* The Gateway-level values every table and route inherits. */
+typedef struct {
+    Sluice__V1__Limits limits;
+    Sluice__V1__Timeouts timeouts;
+    bool via;
+} gw_defaults_t;
+
+static void gateway_defaults(json_t *spec, gw_defaults_t *d)
+{
+    json_t *lim = jget(spec, "limits");
+    json_t *to = jget(spec, "timeouts");
+    sluice__v1__limits__init(&d->limits);
+    sluice__v1__timeouts__init(&d->timeouts);
+    d->limits.max_request_line_bytes =
+        (uint32_t)jint(lim, "maxRequestLineBytes", DEF_MAX_REQUEST_LINE_BYTES);
+    d->limits.max_header_bytes = (uint32_t)jint(lim, "maxHeaderBytes", DEF_MAX_HEADER_BYTES);
+    d->limits.max_header_count = (uint32_t)jint(lim, "maxHeaderCount", DEF_MAX_HEADER_COUNT);
+    d->limits.max_request_body_bytes = jint(lim, "maxRequestBodyBytes", 0);
+    d->limits.max_connections = (uint32_t)jint(lim, "maxConnections", 0);
+    d->timeouts.request_header_ms = jdur(to, "requestHeader", DEF_REQUEST_HEADER_MS);
+    d->timeouts.idle_ms = jdur(to, "idle", DEF_IDLE_MS);
+    d->timeouts.request_ms = jdur(to, "request", DEF_REQUEST_MS);
+    d->timeouts.upstream_connect_ms = jdur(to, "upstreamConnect", DEF_UPSTREAM_CONNECT_MS);
+    d->timeouts.upstream_response_ms = jdur(to, "upstreamResponse", DEF_UPSTREAM_RESPONSE_MS);
+    d->via = jbool(spec, "via", false);
+}
+
+static void compile_settings(cctx_t *c, Sluice__V1__Snapshot *snap, const gw_defaults_t *d)
+{
+    Sluice__V1__GatewaySettings *s = cnew(c, sizeof(*s));
+    if (!s)
+        return;
+    sluice__v1__gateway_settings__init(s);
+    snap->settings = s;
+    s->limits = cnew(c, sizeof(*s->limits));
+    s->timeouts = cnew(c, sizeof(*s->timeouts));
+    if (s->limits)
+        *s->limits = d->limits;
+    if (s->timeouts)
+        *s->timeouts = d->timeouts;
+    s->add_via = d->via;
+}
+
+/* --- Backends -> Clusters ------------------------------------------------ */
+
+static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resource_t *r,
+                            const gw_defaults_t *d)
+{
+    json_t *spec = jget(r->obj, "spec");
+    out->name = cprintf(c, "%s/%s", r->ns, r->name);
+
+    json_t *eps = jget(spec, "endpoints");
+    size_t n = json_array_size(eps);
+    out->endpoints = (Sluice__V1__Endpoint **)carray(c, n, sizeof(*out->endpoints));
+    for (size_t i = 0; out->endpoints && i < n; i++) {
+        json_t *e = json_array_get(eps, i);
+        Sluice__V1__Endpoint *ep = cnew(c, sizeof(*ep));
+        if (!ep)
+            break;
+        sluice__v1__endpoint__init(ep);
+        out->endpoints[out->n_endpoints++] = ep;
+        ep->address = cstr(c, jstr(e, "address", ""));
+        ep->port = (uint32_t)jint(e, "port", 0);
+        ep->weight = (uint32_t)jint(e, "weight", 1);
+    }
+
+    json_t *lb = jget(spec, "loadBalancing");
+    const char *policy = jstr(lb, "policy", "round-robin");
+    if (strcmp(policy, "least-request") == 0)
+        out->lb_policy = SLUICE__V1__CLUSTER__LB_POLICY__LEAST_REQUEST;
+    else if (strcmp(policy, "random") == 0)
+        out->lb_policy = SLUICE__V1__CLUSTER__LB_POLICY__RANDOM;
+    else if (strcmp(policy, "consistent-hash") == 0)
+        out->lb_policy = SLUICE__V1__CLUSTER__LB_POLICY__CONSISTENT_HASH;
+    else
+        out->lb_policy = SLUICE__V1__CLUSTER__LB_POLICY__ROUND_ROBIN;
+    json_t *hash = jget(lb, "hashOn");
+    if (jget(hash, "header")) {
+        out->hash_on = SLUICE__V1__CLUSTER__HASH_ON__HASH_HEADER;
+        out->hash_key = cstr(c, jstr(hash, "header", ""));
+    } else if (jget(hash, "cookie")) {
+        out->hash_on = SLUICE__V1__CLUSTER__HASH_ON__HASH_COOKIE;
+        out->hash_key = cstr(c, jstr(hash, "cookie", ""));
+    } else if (jget(hash, "clientIp")) {
+        out->hash_on = SLUICE__V1__CLUSTER__HASH_ON__HASH_CLIENT_IP;
+    }
+
+    json_t *hc = jget(spec, "healthCheck");
+    if (hc) {
+        Sluice__V1__HealthCheck *h = cnew(c, sizeof(*h));
+        if (h) {
+            sluice__v1__health_check__init(h);
+            out->health_check = h;
+            h->path = cstr(c, jstr(hc, "path", "/"));
+            h->interval_ms = jdur(hc, "interval", DEF_HC_INTERVAL_MS);
+            h->timeout_ms = jdur(hc, "timeout", DEF_HC_TIMEOUT_MS);
+            h->healthy_threshold = (uint32_t)jint(hc, "healthyThreshold", DEF_HC_HEALTHY);
+            h->unhealthy_threshold = (uint32_t)jint(hc, "unhealthyThreshold", DEF_HC_UNHEALTHY);
+            h->expected_status_min = DEF_HC_STATUS_MIN;
+            h->expected_status_max = DEF_HC_STATUS_MAX;
+            json_t *st = jget(hc, "expectedStatuses");
+            if (json_is_integer(st)) {
+                h->expected_status_min = h->expected_status_max =
+                    (uint32_t)json_integer_value(st);
+            } else if (json_is_string(st)) {
+                unsigned lo = 0, hi = 0;
+                int k = sscanf(json_string_value(st), "%u-%u", &lo, &hi);
+                h->expected_status_min = lo;
+                h->expected_status_max = k == 2 ? hi : lo;
+            }
+            h->host = cstr(c, jstr(hc, "host", ""));
+        }
+    }
+
+    json_t *od = jget(spec, "outlierDetection");
+    out->outlier = cnew(c, sizeof(*out->outlier));
+    if (out->outlier) {
+        sluice__v1__outlier_detection__init(out->outlier);
+        out->outlier->consecutive_failures =
+            (uint32_t)jint(od, "consecutiveFailures", DEF_OUTLIER_FAILURES);
+        out->outlier->base_ejection_ms = jdur(od, "baseEjectionTime", DEF_OUTLIER_EJECTION_MS);
+        out->outlier->max_ejection_percent =
+            (uint32_t)jint(od, "maxEjectionPercent", DEF_OUTLIER_MAX_PERCENT);
+    }
+
+    json_t *cp = jget(spec, "connectionPool");
+    out->pool = cnew(c, sizeof(*out->pool));
+    if (out->pool) {
+        sluice__v1__connection_pool__init(out->pool);
+        out->pool->max_connections = (uint32_t)jint(cp, "maxConnections", 0);
+        out->pool->max_idle = (uint32_t)jint(cp, "maxIdle", DEF_POOL_MAX_IDLE);
+        out->pool->idle_timeout_ms = jdur(cp, "idleTimeout", DEF_POOL_IDLE_TIMEOUT_MS);
+    }
+
+    out->connect_timeout_ms =
+        jdur(jget(spec, "timeouts"), "connect", d->timeouts.upstream_connect_ms);
+    out->host_rewrite = cstr(c, jstr(spec, "hostRewrite", ""));
+}
+
+/* --- Apis -> RouteTables ------------------------------------------------- */
+
+static const sl_resource_t *find_backend(const sl_resource_set_t *set, const char *ns,
+                                         const char *name)
+{
+    for (size_t i = 0; i < set->count; i++) {
+        const sl_resource_t *r = &set->items[i];
+        if (r->kind == SL_KIND_BACKEND && strcmp(r->ns, ns) == 0 && strcmp(r->name, name) == 0)
+            return r;
+    }
+    return NULL;
+}
+
+static void compile_backend_refs(cctx_t *c, const sl_resource_t *api, json_t *refs,
+                                 const char *field_prefix, Sluice__V1__BackendRef ***out,
+                                 size_t *nout)
+{
+    size_t n = json_array_size(refs);
+    *out = (Sluice__V1__BackendRef **)carray(c, n, sizeof(**out));
+    for (size_t i = 0; *out && i < n; i++) {
+        json_t *ref = json_array_get(refs, i);
+        const char *name = jstr(ref, "name", "");
+        if (!find_backend(c->set, api->ns, name)) {
+            char field[128], full[600];
+            snprintf(field, sizeof(field), "%sbackendRefs[%zu].name", field_prefix, i);
+            snprintf(full, sizeof(full), "%s/%s", api->ns, name);
+            cerr(c, api, field, "Backend \"%s\" not found%s", full, "");
+            continue;
+        }
+        Sluice__V1__BackendRef *b = cnew(c, sizeof(*b));
+        if (!b)
+            return;
+        sluice__v1__backend_ref__init(b);
+        (*out)[(*nout)++] = b;
+        b->cluster = cprintf(c, "%s/%s", api->ns, name);
+        b->weight = (uint32_t)jint(ref, "weight", 1);
+    }
+}
+
+/* A retry policy: `base` (the level above) overridden field by field by the
+ * `retries` object; `on`, when written, replaces the whole list. */
+static Sluice__V1__RetryPolicy *compile_retry(cctx_t *c, const Sluice__V1__RetryPolicy *base,
+                                              json_t *retries)
+{
+    Sluice__V1__RetryPolicy *p = cnew(c, sizeof(*p));
+    if (!p)
+        return NULL;
+    sluice__v1__retry_policy__init(p);
+    if (base) {
+        p->attempts = base->attempts;
+        p->on_connect_failure = base->on_connect_failure;
+        p->on_reset = base->on_reset;
+        p->non_idempotent = base->non_idempotent;
+        p->budget_percent = base->budget_percent;
+        p->min_retry_concurrency = base->min_retry_concurrency;
+        p->per_try_timeout_ms = base->per_try_timeout_ms;
+        if (base->n_on_status) {
+            p->on_status = malloc(base->n_on_status * sizeof(*p->on_status));
+            if (!p->on_status) {
+                c->oom = true;
+            } else {
+                memcpy(p->on_status, base->on_status, base->n_on_status * sizeof(*p->on_status));
+                p->n_on_status = base->n_on_status;
+            }
+        }
+    } else {
+        static const uint32_t def_status[] = {502, 503, 504};
+        p->attempts = DEF_RETRY_ATTEMPTS;
+        p->on_connect_failure = 1;
+        p->on_reset = 1;
+        p->budget_percent = DEF_RETRY_BUDGET_PERCENT;
+        p->min_retry_concurrency = DEF_RETRY_MIN_CONCURRENCY;
+        p->on_status = malloc(sizeof(def_status));
+        if (!p->on_status) {
+            c->oom = true;
+        } else {
+            memcpy(p->on_status, def_status, sizeof(def_status));
+            p->n_on_status = 3;
+        }
+    }
+    if (!retries)
+        return p;
+    p->attempts = (uint32_t)jint(retries, "attempts", p->attempts);
+    p->non_idempotent = jbool(retries, "nonIdempotent", p->non_idempotent);
+    p->budget_percent = (uint32_t)jint(retries, "budgetPercent", p->budget_percent);
+    p->min_retry_concurrency =
+        (uint32_t)jint(retries, "minRetryConcurrency", p->min_retry_concurrency);
+    p->per_try_timeout_ms = jdur(retries, "perTryTimeout", p->per_try_timeout_ms);
+    json_t *on = jget(retries, "on");
+    if (on) {
+        free(p->on_status);
+        p->on_status = NULL;
+        p->n_on_status = 0;
+        p->on_connect_failure = 0;
+        p->on_reset = 0;
+        size_t n = json_array_size(on);
+        if (n) {
+            p->on_status = malloc(n * sizeof(*p->on_status));
+            if (!p->on_status) {
+                c->oom = true;
+                return p;
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            json_t *v = json_array_get(on, i);
+            uint32_t code = 0;
+            if (json_is_integer(v))
+                code = (uint32_t)json_integer_value(v);
+            else if (strcmp(json_string_value(v), "connect-failure") == 0)
+                p->on_connect_failure = 1;
+            else if (strcmp(json_string_value(v), "reset") == 0)
+                p->on_reset = 1;
+            else
+                code = (uint32_t)atoi(json_string_value(v));
+            if (!code)
+                continue;
+            bool dup = false;
+            for (size_t k = 0; k < p->n_on_status; k++)
+                dup |= p->on_status[k] == code;
+            if (!dup)
+                p->on_status[p->n_on_status++] = code;
+        }
+    }
+    return p;
+}
+
+static Sluice__V1__HeaderMatch **compile_matches(cctx_t *c, json_t *list, size_t *nout)
+{
+    size_t n = json_array_size(list);
+    Sluice__V1__HeaderMatch **out = (Sluice__V1__HeaderMatch **)carray(c, n, sizeof(*out));
+    for (size_t i = 0; out && i < n; i++) {
+        json_t *m = json_array_get(list, i);
+        Sluice__V1__HeaderMatch *h = cnew(c, sizeof(*h));
+        if (!h)
+            break;
+        sluice__v1__header_match__init(h);
+        out[(*nout)++] = h;
+        h->name = cstr(c, jstr(m, "name", ""));
+        h->value = cstr(c, jstr(m, "value", ""));
+        const char *type = jstr(m, "type", "exact");
+        if (strcmp(type, "prefix") == 0)
+            h->kind = SLUICE__V1__HEADER_MATCH__KIND__PREFIX;
+        else if (strcmp(type, "regex") == 0)
+            h->kind = SLUICE__V1__HEADER_MATCH__KIND__REGEX;
+        else if (strcmp(type, "present") == 0)
+            h->kind = SLUICE__V1__HEADER_MATCH__KIND__PRESENT;
+        else
+            h->kind = SLUICE__V1__HEADER_MATCH__KIND__EXACT;
+        h->invert = jbool(m, "invert", false);
+    }
+    return out;
+}
+
+static char *upper_dup(cctx_t *c, const char *s)
+{
+    char *d = cstr(c, s);
+    if (d != protobuf_c_empty_string)
+        for (char *p = d; *p; p++)
+            if (*p >= 'a' && *p <= 'z')
+                *p = (char)(*p - 'a' + 'A');
+    return d;
+}
+
+static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t *api, json_t *op,
+                          size_t index, const Sluice__V1__RouteTable *table)
+{
+    const char *path = jstr(op, "path", "/");
+    json_t *method = jget(op, "method");
+    json_t *methods = jget(op, "methods");
+    size_t nm = methods ? json_array_size(methods) : method ? 1 : 0;
+    if (nm == 1 && strcmp(methods ? json_string_value(json_array_get(methods, 0))
+                                  : json_string_value(method),
+                          "*") == 0)
+        nm = 0; /* "*": any method, an empty list in the snapshot */
+    rt->methods = (char **)carray(c, nm, sizeof(*rt->methods));
+    for (size_t i = 0; rt->methods && i < nm; i++)
+        rt->methods[rt->n_methods++] = upper_dup(
+            c, methods ? json_string_value(json_array_get(methods, i)) : json_string_value(method));
+
+    if (jget(op, "name")) {
+        rt->name = cstr(c, jstr(op, "name", ""));
+    } else {
+        /* "<METHOD> <path>", methods joined by ',' and "*" for any. */
+        size_t len = strlen(path) + 2;
+        for (size_t i = 0; i < rt->n_methods; i++)
+            len += strlen(rt->methods[i]) + 1;
+        char *name = malloc(len + 2);
+        if (!name) {
+            c->oom = true;
+        } else {
+            name[0] = '\0';
+            for (size_t i = 0; i < rt->n_methods; i++) {
+                if (i)
+                    strcat(name, ",");
+                strcat(name, rt->methods[i]);
+            }
+            if (rt->n_methods == 0)
+                strcat(name, "*");
+            strcat(name, " ");
+            strcat(name, path);
+            rt->name = name;
+        }
+    }
+
+    json_t *pt = jget(op, "pathType");
+    const char *type = pt ? json_string_value(pt) : (strchr(path, '{') ? "template" : "exact");
+    if (strcmp(type, "template") == 0)
+        rt->path_kind = SLUICE__V1__ROUTE__PATH_KIND__TEMPLATE;
+    else if (strcmp(type, "prefix") == 0)
+        rt->path_kind = SLUICE__V1__ROUTE__PATH_KIND__PREFIX;
+    else if (strcmp(type, "regex") == 0)
+        rt->path_kind = SLUICE__V1__ROUTE__PATH_KIND__REGEX;
+    else
+        rt->path_kind = SLUICE__V1__ROUTE__PATH_KIND__EXACT;
+    rt->path = cstr(c, path);
+    rt->headers = compile_matches(c, jget(op, "headers"), &rt->n_headers);
+    rt->query = compile_matches(c, jget(op, "query"), &rt->n_query);
+
+    json_t *refs = jget(op, "backendRefs");
+    if (refs) {
+        char prefix[64];
+        snprintf(prefix, sizeof(prefix), "spec.operations[%zu].", index);
+        compile_backend_refs(c, api, refs, prefix, &rt->backends, &rt->n_backends);
+    }
+
+    json_t *to = jget(op, "timeouts");
+    rt->timeouts = cnew(c, sizeof(*rt->timeouts));
+    if (rt->timeouts && table->timeouts) {
+        *rt->timeouts = *table->timeouts;
+        rt->timeouts->request_ms = jdur(to, "request", table->timeouts->request_ms);
+        rt->timeouts->upstream_connect_ms =
+            jdur(to, "upstreamConnect", table->timeouts->upstream_connect_ms);
+        rt->timeouts->upstream_response_ms =
+            jdur(to, "upstreamResponse", table->timeouts->upstream_response_ms);
+    }
+    rt->retry = compile_retry(c, table->retry, jget(op, "retries"));
+    rt->max_request_body_bytes =
+        jint(op, "maxRequestBodyBytes", table->max_request_body_bytes);
+}
+
+static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resource_t *api,
+                          const gw_defaults_t *d)
+{
+    json_t *spec = jget(api->obj, "spec");
+    t->name = cprintf(c, "%s/%s", api->ns, api->name);
+
+    json_t *hosts = jget(spec, "hosts");
+    size_t nh = hosts ? json_array_size(hosts) : 1;
+    t->hosts = (char **)carray(c, nh, sizeof(*t->hosts));
+    for (size_t i = 0; t->hosts && i < nh; i++)
+        t->hosts[t->n_hosts++] = cstr(c, hosts ? json_string_value(json_array_get(hosts, i)) : "*");
+    t->base_path = cstr(c, jstr(spec, "basePath", "/"));
+    t->strip_base_path = jbool(spec, "stripBasePath", true);
+    t->version = cstr(c, jstr(spec, "version", ""));
+    if (jget(spec, "backendRefs"))
+        compile_backend_refs(c, api, jget(spec, "backendRefs"), "spec.", &t->backends,
+                             &t->n_backends);
+
+    json_t *to = jget(spec, "timeouts");
+    t->timeouts = cnew(c, sizeof(*t->timeouts));
+    if (t->timeouts) {
+        sluice__v1__timeouts__init(t->timeouts);
+        t->timeouts->request_header_ms = d->timeouts.request_header_ms;
+        t->timeouts->idle_ms = d->timeouts.idle_ms;
+        t->timeouts->request_ms = jdur(to, "request", d->timeouts.request_ms);
+        t->timeouts->upstream_connect_ms = jdur(to, "upstreamConnect", 0);
+        t->timeouts->upstream_response_ms =
+            jdur(to, "upstreamResponse", d->timeouts.upstream_response_ms);
+    }
+    t->retry = compile_retry(c, NULL, jget(spec, "retries"));
+    t->max_request_body_bytes =
+        jint(spec, "maxRequestBodyBytes", d->limits.max_request_body_bytes);
+
+    json_t *ops = jget(spec, "operations");
+    size_t n = json_array_size(ops);
+    t->routes = (Sluice__V1__Route **)carray(c, n, sizeof(*t->routes));
+    for (size_t i = 0; t->routes && i < n; i++) {
+        Sluice__V1__Route *rt = cnew(c, sizeof(*rt));
+        if (!rt)
+            break;
+        sluice__v1__route__init(rt);
+        t->routes[t->n_routes++] = rt;
+        compile_route(c, rt, api, json_array_get(ops, i), i, t);
+    }
+}
+
+/* --- entry points -------------------------------------------------------- */
+
+Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const char *fleet,
+                                          uint64_t version, sl_errors_t *errs)
+{
+    cctx_t c = {.set = set, .errs = errs};
+    if (!fleet || !fleet[0])
+        fleet = "default";
+
+    Sluice__V1__Snapshot *snap = calloc(1, sizeof(*snap));
+    gw_ref_t *gws = calloc(set->count ? set->count : 1, sizeof(*gws));
+    if (!snap || !gws) {
+        free(snap);
+        free(gws);
+        sl_errors_add(errs, "", 0, "", "out of memory while compiling the configuration");
+        return NULL;
+    }
+    sluice__v1__snapshot__init(snap);
+    snap->version = version;
+    snap->fleet = cstr(&c, fleet);
+
+    size_t ngw = 0, napi = 0, nbackend = 0;
+    for (size_t i = 0; i < set->count; i++) {
+        const sl_resource_t *r = &set->items[i];
+        if (r->kind == SL_KIND_GATEWAY &&
+            strcmp(jstr(jget(r->obj, "spec"), "fleet", "default"), fleet) == 0)
+            gws[ngw++].r = r;
+        napi += r->kind == SL_KIND_API;
+        nbackend += r->kind == SL_KIND_BACKEND;
+    }
+    /* Several Gateways of one fleet: listeners merged, settings from the
+     * first by name, so the result does not depend on file order. */
+    qsort(gws, ngw, sizeof(*gws), cmp_gateways);
+    gw_defaults_t d;
+    gateway_defaults(ngw ? jget(gws[0].r->obj, "spec") : NULL, &d);
+    compile_settings(&c, snap, &d);
+    compile_listeners(&c, snap, gws, ngw);
+    free(gws);
+
+    snap->clusters = (Sluice__V1__Cluster **)carray(&c, nbackend, sizeof(*snap->clusters));
+    snap->route_tables = (Sluice__V1__RouteTable **)carray(&c, napi, sizeof(*snap->route_tables));
+    for (size_t i = 0; i < set->count && !c.oom; i++) {
+        const sl_resource_t *r = &set->items[i];
+        if (r->kind == SL_KIND_BACKEND && snap->clusters) {
+            Sluice__V1__Cluster *cl = cnew(&c, sizeof(*cl));
+            if (!cl)
+                break;
+            sluice__v1__cluster__init(cl);
+            snap->clusters[snap->n_clusters++] = cl;
+            compile_cluster(&c, cl, r, &d);
+        } else if (r->kind == SL_KIND_API && snap->route_tables) {
+            Sluice__V1__RouteTable *t = cnew(&c, sizeof(*t));
+            if (!t)
+                break;
+            sluice__v1__route_table__init(t);
+            snap->route_tables[snap->n_route_tables++] = t;
+            compile_table(&c, t, r, &d);
+        }
+    }
+
+    if (c.oom)
+        sl_errors_add(errs, "", 0, "", "out of memory while compiling the configuration");
+    if (c.oom || c.failed) {
+        protobuf_c_message_free_unpacked(&snap->base, NULL);
+        return NULL;
+    }
+    size_t len = 0;
+    uint8_t *wire = sl_snapshot_pack(snap, &len);
+    protobuf_c_message_free_unpacked(&snap->base, NULL);
+    if (!wire) {
+        sl_errors_add(errs, "", 0, "", "out of memory while compiling the configuration");
+        return NULL;
+    }
+    Sluice__V1__Snapshot *out = sl_snapshot_unpack(wire, len);
+    free(wire);
+    if (!out)
+        sl_errors_add(errs, "", 0, "", "out of memory while compiling the configuration");
+    return out;
+}
+
+void sl_snapshot_free(Sluice__V1__Snapshot *snap)
+{
+    if (snap)
+        protobuf_c_message_free_unpacked(&snap->base, NULL);
+}
+
+uint8_t *sl_snapshot_pack(const Sluice__V1__Snapshot *snap, size_t *len)
+{
+    size_t n = sluice__v1__snapshot__get_packed_size(snap);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf)
+        return NULL;
+    *len = sluice__v1__snapshot__pack(snap, buf);
+    return buf;
+}
+
+Sluice__V1__Snapshot *sl_snapshot_unpack(const uint8_t *data, size_t len)
+{
+    return sluice__v1__snapshot__unpack(NULL, len, data);
+}

@@ -1,0 +1,961 @@
+/*
+ * The spec of each kind, as tables for the walker of validate.c, plus the
+ * rules that span several fields (method vs methods, duplicate operations,
+ * listener conflicts, consistent hashing needing a key, one certificate
+ * source). Bounds and defaults are documented in docs/configuration.md; keep
+ * the two in step.
+ *
+ * Not responsible for references between documents (compiler.c) nor for
+ * defaults (compiler.c applies them; this file only checks what is written).
+ */
+#include "validate.h"
+
+#include "pathtpl.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* --- ranges and small tables --------------------------------------------- */
+
+static const sl_vrange_t port_range = {1, 65535};
+static const sl_vrange_t weight_range = {1, 1000};
+static const sl_vrange_t bytes_range = {0, INT64_MAX};
+static const sl_vrange_t dur_positive = {1, UINT32_MAX};
+static const sl_vrange_t dur_any = {0, UINT32_MAX};
+static const sl_vrange_t request_line_range = {256, 65536};
+static const sl_vrange_t header_bytes_range = {1024, 1048576};
+static const sl_vrange_t header_count_range = {1, 1000};
+static const sl_vrange_t connections_range = {0, 10000000};
+static const sl_vrange_t attempts_range = {0, 10};
+static const sl_vrange_t percent_range = {0, 100};
+static const sl_vrange_t concurrency_range = {0, 100000};
+static const sl_vrange_t threshold_range = {1, 1000};
+static const sl_vrange_t failures_range = {0, 1000};
+static const sl_vrange_t idle_range = {0, 100000};
+
+static const char *const protocols[] = {"http", "https", "h2c", NULL};
+static const char *const path_types[] = {"template", "exact", "prefix", "regex", NULL};
+static const char *const match_types[] = {"exact", "prefix", "regex", "present", NULL};
+static const char *const lb_policies[] = {"round-robin", "least-request", "random",
+                                          "consistent-hash", NULL};
+static const char *const http_methods[] = {"GET",     "HEAD",    "POST",  "PUT",     "DELETE",
+                                           "PATCH",   "OPTIONS", "TRACE", "CONNECT", NULL};
+
+static const char *type_of(json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "object";
+    case JSON_ARRAY:
+        return "array";
+    case JSON_STRING:
+        return "string";
+    case JSON_INTEGER:
+        return "integer";
+    case JSON_REAL:
+        return "number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "boolean";
+    default:
+        return "null";
+    }
+}
+
+static bool want_string(sl_vctx_t *c, json_t *v)
+{
+    if (json_is_string(v))
+        return true;
+    sl_validate_error(c, "expected string, got %s", type_of(v));
+    return false;
+}
+
+/* Runs a check on obj[key] with the path extended, if the field is present. */
+static void at_key(sl_vctx_t *c, const char *key, void (*fn)(sl_vctx_t *, const char *),
+                   const char *msg)
+{
+    size_t saved = sl_validate_push_key(c, key);
+    fn(c, msg);
+    sl_validate_pop(c, saved);
+}
+
+static void report(sl_vctx_t *c, const char *msg)
+{
+    sl_validate_error(c, "%s", msg);
+}
+
+/* --- value checks --------------------------------------------------------- */
+
+static void check_regex_text(sl_vctx_t *c, const char *re)
+{
+    int code;
+    PCRE2_SIZE off;
+    pcre2_code *p = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &code, &off,
+                                  NULL);
+    if (p) {
+        pcre2_code_free(p);
+        return;
+    }
+    PCRE2_UCHAR msg[256];
+    if (pcre2_get_error_message(code, msg, sizeof(msg)) < 0)
+        snprintf((char *)msg, sizeof(msg), "error %d", code);
+    sl_validate_error(c, "invalid regular expression at offset %zu: %s", (size_t)off,
+                      (const char *)msg);
+}
+
+static void check_method(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *m = json_string_value(v);
+    if (strcmp(m, "*") == 0)
+        return;
+    for (size_t i = 0; http_methods[i]; i++)
+        if (strcasecmp(http_methods[i], m) == 0)
+            return;
+    sl_validate_error(c,
+                      "'%.64s' is not an HTTP method (GET, HEAD, POST, PUT, DELETE, PATCH, "
+                      "OPTIONS, TRACE, CONNECT, or \"*\" for any)",
+                      m);
+}
+
+static bool is_tchar(unsigned char ch)
+{
+    return isalnum(ch) || (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+static void check_header_name(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    size_t n = strlen(s);
+    if (n == 0 || n > 256) {
+        sl_validate_error(c, "header names are 1..256 characters");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!is_tchar((unsigned char)s[i])) {
+            sl_validate_error(c, "'%.256s' is not a valid header name", s);
+            return;
+        }
+    }
+}
+
+static void check_any_string(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (want_string(c, v) && json_string_length(v) > 4096)
+        sl_validate_error(c, "longer than 4096 characters");
+}
+
+static void check_api_host(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    if (strcmp(s, "*") == 0)
+        return;
+    const char *name = strncmp(s, "*.", 2) == 0 ? s + 2 : s;
+    for (const char *p = name; *p; p++) {
+        if (*p >= 'A' && *p <= 'Z') {
+            sl_validate_error(c, "'%.253s' must be lowercase", s);
+            return;
+        }
+    }
+    if (!sl_validate_is_hostname(name))
+        sl_validate_error(c,
+                          "'%.253s' is not a hostname, \"*.suffix\" or \"*\" (no port, no "
+                          "scheme, '*' only as the whole first label)",
+                          s);
+}
+
+static void check_base_path(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    size_t n = strlen(s);
+    char err[256];
+    if (n == 0 || s[0] != '/') {
+        sl_validate_error(c, "must start with '/'");
+    } else if (strchr(s, '{') || strchr(s, '}')) {
+        sl_validate_error(c, "templates are not allowed in basePath; put '{param}' in the "
+                             "operation paths");
+    } else if (n > 1 && s[n - 1] == '/') {
+        sl_validate_error(c, "must not end with '/' (use \"%.*s\")", (int)(n - 1 > 200 ? 200 : n - 1),
+                          s);
+    } else if (n > 1024) {
+        sl_validate_error(c, "longer than 1024 characters");
+    } else if (sl_pathtpl_check(s, err, sizeof(err)) != 0) {
+        sl_validate_error(c, "%s", err);
+    }
+}
+
+static void check_retry_on(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (json_is_integer(v)) {
+        json_int_t code = json_integer_value(v);
+        if (code < 500 || code > 599)
+            sl_validate_error(c, "%lld is not a 5xx status code", (long long)code);
+        return;
+    }
+    if (!json_is_string(v)) {
+        sl_validate_error(c, "expected string or integer, got %s", type_of(v));
+        return;
+    }
+    const char *s = json_string_value(v);
+    if (strcmp(s, "connect-failure") == 0 || strcmp(s, "reset") == 0)
+        return;
+    if (strlen(s) == 3 && s[0] == '5' && isdigit((unsigned char)s[1]) &&
+        isdigit((unsigned char)s[2]))
+        return;
+    static const char *const words[] = {"connect-failure", "reset"};
+    const char *sug = sl_validate_suggest(s, words, 2);
+    if (sug)
+        sl_validate_error(c,
+                          "'%.64s' is not connect-failure, reset or a 5xx status code (did you "
+                          "mean '%s'?)",
+                          s, sug);
+    else
+        sl_validate_error(c, "'%.64s' is not connect-failure, reset or a 5xx status code", s);
+}
+
+static void check_status_range(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    long lo, hi;
+    if (json_is_integer(v)) {
+        lo = hi = (long)json_integer_value(v);
+        if (json_integer_value(v) < 100 || json_integer_value(v) > 599) {
+            sl_validate_error(c, "%lld is not an HTTP status code (100..599)",
+                              (long long)json_integer_value(v));
+            return;
+        }
+        return;
+    }
+    if (!json_is_string(v)) {
+        sl_validate_error(c, "expected string \"200-399\" or a status code, got %s", type_of(v));
+        return;
+    }
+    const char *s = json_string_value(v);
+    char tail;
+    int n = sscanf(s, "%3ld-%3ld%c", &lo, &hi, &tail);
+    if (n == 1 && sscanf(s, "%3ld%c", &lo, &tail) == 1)
+        hi = lo;
+    else if (n != 2) {
+        sl_validate_error(c, "'%.64s' is not a status range like \"200-399\" or a code like \"200\"",
+                          s);
+        return;
+    }
+    if (lo < 100 || hi > 599 || lo > hi)
+        sl_validate_error(c, "'%.64s' must be within 100-599, low to high", s);
+}
+
+static void check_sha256(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    bool ok = strncmp(s, "sha256:", 7) == 0 && strlen(s) == 7 + 64;
+    for (size_t i = 7; ok && i < 7 + 64; i++)
+        ok = isxdigit((unsigned char)s[i]) != 0;
+    if (!ok)
+        sl_validate_error(c, "expected \"sha256:\" followed by 64 hex digits (store hashes, "
+                             "never the secret itself)");
+}
+
+#define SL_PEM_MAX (1024 * 1024)
+
+static void check_pem_cert(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    if (json_string_length(v) > SL_PEM_MAX)
+        sl_validate_error(c, "longer than %d bytes", SL_PEM_MAX);
+    else if (!strstr(s, "-----BEGIN CERTIFICATE-----") || !strstr(s, "-----END CERTIFICATE-----"))
+        sl_validate_error(c, "expected a PEM certificate (-----BEGIN CERTIFICATE----- ... "
+                             "-----END CERTIFICATE-----)");
+}
+
+static void check_pem_key(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    const char *b = strstr(s, "-----BEGIN ");
+    if (json_string_length(v) > SL_PEM_MAX)
+        sl_validate_error(c, "longer than %d bytes", SL_PEM_MAX);
+    else if (!b || !strstr(b, "PRIVATE KEY-----") || !strstr(b, "-----END "))
+        sl_validate_error(c, "expected a PEM private key (-----BEGIN PRIVATE KEY----- ...)");
+}
+
+static void check_host_header(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    size_t n = strlen(s);
+    bool ok = n > 0 && n <= 260;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = isalnum((unsigned char)s[i]) || strchr(".-:[]_", s[i]);
+    if (!ok)
+        sl_validate_error(c, "'%.64s' is not a valid Host value (host or host:port)", s);
+}
+
+static void check_abs_path(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    size_t n = strlen(s);
+    bool ok = n > 0 && s[0] == '/' && n <= 1024;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (unsigned char)s[i] > ' ' && (unsigned char)s[i] < 0x7f;
+    if (!ok)
+        sl_validate_error(c, "must be a path starting with '/', without spaces or control "
+                             "characters");
+}
+
+/* --- shared sub-objects --------------------------------------------------- */
+
+static const sl_vfield_t backend_ref_fields[] = {
+    {"name", sl_vcheck_dns_subdomain, NULL, SL_VFIELD_REQUIRED},
+    {"weight", sl_vcheck_int, &weight_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t backend_ref_schema = {backend_ref_fields, NULL};
+static const sl_varray_t backend_refs_array = {sl_vcheck_object, &backend_ref_schema, 1, 64};
+
+static void backend_refs_unique(sl_vctx_t *c, json_t *refs, const char *field)
+{
+    size_t saved = sl_validate_push_key(c, field);
+    for (size_t i = 0; i < json_array_size(refs); i++) {
+        const char *a = json_string_value(json_object_get(json_array_get(refs, i), "name"));
+        for (size_t j = 0; j < i; j++) {
+            const char *b = json_string_value(json_object_get(json_array_get(refs, j), "name"));
+            if (strcmp(a, b) == 0) {
+                size_t s2 = sl_validate_push_index(c, i);
+                sl_validate_error(c, "Backend '%s' is already referenced by %s[%zu]", a, field,
+                                  j);
+                sl_validate_pop(c, s2);
+                break;
+            }
+        }
+    }
+    sl_validate_pop(c, saved);
+}
+
+static const sl_vfield_t retry_fields[] = {
+    {"attempts", sl_vcheck_int, &attempts_range, 0},
+    {"on", sl_vcheck_array, &(const sl_varray_t){check_retry_on, NULL, 0, 64}, 0},
+    {"nonIdempotent", sl_vcheck_bool, NULL, 0},
+    {"budgetPercent", sl_vcheck_int, &percent_range, 0},
+    {"minRetryConcurrency", sl_vcheck_int, &concurrency_range, 0},
+    {"perTryTimeout", sl_vcheck_duration, &dur_positive, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t retry_schema = {retry_fields, NULL};
+
+static void match_extra(sl_vctx_t *c, json_t *obj)
+{
+    json_t *type = sl_validate_get(obj, "type");
+    const char *t = type ? json_string_value(type) : "exact";
+    json_t *value = sl_validate_get(obj, "value");
+    if (strcmp(t, "present") == 0) {
+        if (value)
+            at_key(c, "value", report, "must not be set with type present");
+        return;
+    }
+    if (!value) {
+        at_key(c, "value", report, "required field missing (unless type is present)");
+        return;
+    }
+    if (strcmp(t, "regex") == 0) {
+        size_t saved = sl_validate_push_key(c, "value");
+        check_regex_text(c, json_string_value(value));
+        sl_validate_pop(c, saved);
+    }
+}
+
+static const sl_vfield_t header_match_fields[] = {
+    {"name", check_header_name, NULL, SL_VFIELD_REQUIRED},
+    {"value", check_any_string, NULL, 0},
+    {"type", sl_vcheck_enum, match_types, 0},
+    {"invert", sl_vcheck_bool, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t header_match_schema = {header_match_fields, match_extra};
+
+static const sl_vfield_t query_match_fields[] = {
+    {"name", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {"value", check_any_string, NULL, 0},
+    {"type", sl_vcheck_enum, match_types, 0},
+    {"invert", sl_vcheck_bool, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t query_match_schema = {query_match_fields, match_extra};
+
+/* --- Api ------------------------------------------------------------------ */
+
+static const sl_vfield_t op_timeout_fields[] = {
+    {"request", sl_vcheck_duration, &dur_positive, 0},
+    {"upstreamConnect", sl_vcheck_duration, &dur_positive, 0},
+    {"upstreamResponse", sl_vcheck_duration, &dur_positive, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t op_timeout_schema = {op_timeout_fields, NULL};
+
+static const sl_vfield_t api_timeout_fields[] = {
+    {"request", sl_vcheck_duration, &dur_any, 0},
+    {"upstreamConnect", sl_vcheck_duration, &dur_positive, 0},
+    {"upstreamResponse", sl_vcheck_duration, &dur_positive, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t api_timeout_schema = {api_timeout_fields, NULL};
+
+static void operation_extra(sl_vctx_t *c, json_t *op)
+{
+    json_t *method = sl_validate_get(op, "method");
+    json_t *methods = sl_validate_get(op, "methods");
+    if (method && methods)
+        at_key(c, "methods", report, "set either method or methods, not both");
+    if (methods) {
+        size_t n = json_array_size(methods);
+        for (size_t i = 0; i < n; i++) {
+            const char *a = json_string_value(json_array_get(methods, i));
+            size_t saved = sl_validate_push_key(c, "methods");
+            size_t s2 = sl_validate_push_index(c, i);
+            if (strcmp(a, "*") == 0 && n > 1)
+                sl_validate_error(c, "\"*\" (any method) cannot be combined with other methods");
+            for (size_t j = 0; j < i; j++) {
+                if (strcasecmp(a, json_string_value(json_array_get(methods, j))) == 0) {
+                    sl_validate_error(c, "method %s is listed twice", a);
+                    break;
+                }
+            }
+            sl_validate_pop(c, s2);
+            sl_validate_pop(c, saved);
+        }
+    }
+
+    const char *path = json_string_value(json_object_get(op, "path"));
+    json_t *pt = sl_validate_get(op, "pathType");
+    const char *type = pt ? json_string_value(pt) : (strchr(path, '{') ? "template" : "exact");
+    size_t saved = sl_validate_push_key(c, "path");
+    char err[256];
+    if (strlen(path) > 2048) {
+        sl_validate_error(c, "longer than 2048 characters");
+    } else if (strcmp(type, "regex") == 0) {
+        check_regex_text(c, path);
+    } else if (strcmp(type, "template") == 0) {
+        if (sl_pathtpl_check(path, err, sizeof(err)) != 0)
+            sl_validate_error(c, "%s", err);
+    } else {
+        if (strchr(path, '{') || strchr(path, '}'))
+            sl_validate_error(c, "'{' and '}' are only allowed with pathType template");
+        else if (sl_pathtpl_check(path, err, sizeof(err)) != 0)
+            sl_validate_error(c, "%s", err);
+    }
+    sl_validate_pop(c, saved);
+    if (sl_validate_get(op, "backendRefs"))
+        backend_refs_unique(c, sl_validate_get(op, "backendRefs"), "backendRefs");
+}
+
+static const sl_vfield_t operation_fields[] = {
+    {"name", sl_vcheck_string, NULL, 0},
+    {"method", check_method, NULL, 0},
+    {"methods", sl_vcheck_array, &(const sl_varray_t){check_method, NULL, 1, 9}, 0},
+    {"path", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {"pathType", sl_vcheck_enum, path_types, 0},
+    {"headers", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &header_match_schema, 0, 32},
+     0},
+    {"query", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &query_match_schema, 0, 32},
+     0},
+    {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
+    {"timeouts", sl_vcheck_object, &op_timeout_schema, 0},
+    {"retries", sl_vcheck_object, &retry_schema, 0},
+    {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t operation_schema = {operation_fields, operation_extra};
+
+/* One key per (method, path kind, path, matches) of an operation; template
+ * parameter names are erased because /pets/{id} and /pets/{petId} match the
+ * same requests. */
+typedef struct {
+    char *key;
+    size_t op;
+} op_key_t;
+
+static int cmp_op_key(const void *a, const void *b)
+{
+    const op_key_t *x = a, *y = b;
+    int r = strcmp(x->key, y->key);
+    if (r)
+        return r;
+    return x->op < y->op ? -1 : x->op > y->op;
+}
+
+static char *op_key(json_t *op, const char *method)
+{
+    const char *path = json_string_value(json_object_get(op, "path"));
+    json_t *pt = sl_validate_get(op, "pathType");
+    const char *type = pt ? json_string_value(pt) : (strchr(path, '{') ? "template" : "exact");
+    size_t plen = strlen(path);
+    char *norm = malloc(plen + 1);
+    if (!norm)
+        return NULL;
+    size_t o = 0;
+    bool tpl = strcmp(type, "template") == 0;
+    for (size_t i = 0; i < plen; i++) {
+        norm[o++] = path[i];
+        if (tpl && path[i] == '{') {
+            while (i < plen && path[i] != '}')
+                i++;
+            norm[o++] = '}';
+        }
+    }
+    norm[o] = '\0';
+    char *h = json_dumps(sl_validate_get(op, "headers") ? sl_validate_get(op, "headers")
+                                                         : json_null(),
+                         JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    char *q = json_dumps(sl_validate_get(op, "query") ? sl_validate_get(op, "query") : json_null(),
+                         JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    char *key = NULL;
+    char mup[16];
+    size_t i = 0;
+    for (; method[i] && i < sizeof(mup) - 1; i++)
+        mup[i] = (char)toupper((unsigned char)method[i]);
+    mup[i] = '\0';
+    if (h && q && asprintf(&key, "%s\x1f%s\x1f%s\x1f%s\x1f%s", mup, type, norm, h, q) < 0)
+        key = NULL;
+    free(norm);
+    free(h);
+    free(q);
+    return key;
+}
+
+static void operations_unique(sl_vctx_t *c, json_t *ops)
+{
+    size_t nops = json_array_size(ops), nkeys = 0;
+    op_key_t *keys = calloc(nops * 9 + 1, sizeof(*keys));
+    if (!keys) {
+        sl_validate_error(c, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < nops; i++) {
+        json_t *op = json_array_get(ops, i);
+        json_t *methods = sl_validate_get(op, "methods");
+        json_t *method = sl_validate_get(op, "method");
+        size_t nm = methods ? json_array_size(methods) : 1;
+        for (size_t m = 0; m < nm; m++) {
+            const char *name = methods ? json_string_value(json_array_get(methods, m))
+                                       : method ? json_string_value(method) : "*";
+            char *k = op_key(op, name);
+            if (!k)
+                continue;
+            keys[nkeys].key = k;
+            keys[nkeys].op = i;
+            nkeys++;
+        }
+    }
+    qsort(keys, nkeys, sizeof(*keys), cmp_op_key);
+    size_t reported = (size_t)-1;
+    for (size_t i = 1; i < nkeys; i++) {
+        if (strcmp(keys[i].key, keys[i - 1].key) != 0 || keys[i].op == keys[i - 1].op ||
+            keys[i].op == reported)
+            continue;
+        reported = keys[i].op;
+        size_t saved = sl_validate_push_key(c, "operations");
+        size_t s2 = sl_validate_push_index(c, keys[i].op);
+        const char *method = keys[i].key;
+        const char *sep = strchr(method, '\x1f');
+        sl_validate_error(c,
+                          "same method (%.*s), path and matches as spec.operations[%zu]; the "
+                          "second could never be selected",
+                          (int)(sep - method), method, keys[i - 1].op);
+        sl_validate_pop(c, s2);
+        sl_validate_pop(c, saved);
+    }
+    for (size_t i = 0; i < nkeys; i++)
+        free(keys[i].key);
+    free(keys);
+}
+
+static void api_extra(sl_vctx_t *c, json_t *spec)
+{
+    json_t *refs = sl_validate_get(spec, "backendRefs");
+    json_t *ops = json_object_get(spec, "operations");
+    if (refs) {
+        backend_refs_unique(c, refs, "backendRefs");
+    } else {
+        for (size_t i = 0; i < json_array_size(ops); i++) {
+            if (!sl_validate_get(json_array_get(ops, i), "backendRefs")) {
+                size_t saved = sl_validate_push_key(c, "backendRefs");
+                sl_validate_error(c,
+                                  "required field missing (spec.operations[%zu] has no "
+                                  "backendRefs of its own)",
+                                  i);
+                sl_validate_pop(c, saved);
+                break;
+            }
+        }
+    }
+    json_t *hosts = sl_validate_get(spec, "hosts");
+    for (size_t i = 0; i < json_array_size(hosts); i++) {
+        for (size_t j = 0; j < i; j++) {
+            if (json_equal(json_array_get(hosts, i), json_array_get(hosts, j))) {
+                size_t saved = sl_validate_push_key(c, "hosts");
+                size_t s2 = sl_validate_push_index(c, i);
+                sl_validate_error(c, "'%s' is listed twice",
+                                  json_string_value(json_array_get(hosts, i)));
+                sl_validate_pop(c, s2);
+                sl_validate_pop(c, saved);
+                break;
+            }
+        }
+    }
+    operations_unique(c, ops);
+}
+
+static const sl_vfield_t api_fields[] = {
+    {"hosts", sl_vcheck_array, &(const sl_varray_t){check_api_host, NULL, 1, 256}, 0},
+    {"basePath", check_base_path, NULL, 0},
+    {"stripBasePath", sl_vcheck_bool, NULL, 0},
+    {"version", sl_vcheck_string, NULL, 0},
+    {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
+    {"operations", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &operation_schema, 1,
+                                                         10000},
+     SL_VFIELD_REQUIRED},
+    {"timeouts", sl_vcheck_object, &api_timeout_schema, 0},
+    {"retries", sl_vcheck_object, &retry_schema, 0},
+    {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+const sl_vschema_t sl_validate_spec_api = {api_fields, api_extra};
+
+/* --- Gateway -------------------------------------------------------------- */
+
+static const sl_vfield_t listener_fields[] = {
+    {"name", sl_vcheck_dns_label, NULL, SL_VFIELD_REQUIRED},
+    {"port", sl_vcheck_int, &port_range, SL_VFIELD_REQUIRED},
+    {"protocol", sl_vcheck_enum, protocols, 0},
+    {"address", sl_vcheck_ip, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t listener_schema = {listener_fields, NULL};
+
+static const sl_vfield_t limits_fields[] = {
+    {"maxRequestLineBytes", sl_vcheck_int, &request_line_range, 0},
+    {"maxHeaderBytes", sl_vcheck_int, &header_bytes_range, 0},
+    {"maxHeaderCount", sl_vcheck_int, &header_count_range, 0},
+    {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
+    {"maxConnections", sl_vcheck_int, &connections_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t limits_schema = {limits_fields, NULL};
+
+static const sl_vfield_t gateway_timeout_fields[] = {
+    {"requestHeader", sl_vcheck_duration, &dur_positive, 0},
+    {"idle", sl_vcheck_duration, &dur_positive, 0},
+    {"request", sl_vcheck_duration, &dur_any, 0},
+    {"upstreamConnect", sl_vcheck_duration, &dur_positive, 0},
+    {"upstreamResponse", sl_vcheck_duration, &dur_positive, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t gateway_timeout_schema = {gateway_timeout_fields, NULL};
+
+bool sl_validate_spec_listeners_conflict(const char *addr_a, long port_a, const char *addr_b,
+                                    long port_b)
+{
+    if (port_a != port_b)
+        return false;
+    unsigned char a[16], b[16];
+    int fa = inet_pton(AF_INET, addr_a, a) == 1 ? AF_INET : inet_pton(AF_INET6, addr_a, a) == 1 ? AF_INET6 : 0;
+    int fb = inet_pton(AF_INET, addr_b, b) == 1 ? AF_INET : inet_pton(AF_INET6, addr_b, b) == 1 ? AF_INET6 : 0;
+    if (!fa || !fb)
+        return strcmp(addr_a, addr_b) == 0;
+    static const unsigned char zero[16];
+    size_t la = fa == AF_INET ? 4 : 16, lb = fb == AF_INET ? 4 : 16;
+    bool wa = memcmp(a, zero, la) == 0, wb = memcmp(b, zero, lb) == 0;
+    /* A wildcard bind overlaps every address of its family, and "::" is
+     * dual-stack on Linux by default, so it overlaps IPv4 too. */
+    if (wa && (fa == fb || fa == AF_INET6))
+        return true;
+    if (wb && (fa == fb || fb == AF_INET6))
+        return true;
+    return fa == fb && memcmp(a, b, la) == 0;
+}
+
+static void gateway_extra(sl_vctx_t *c, json_t *spec)
+{
+    json_t *ls = json_object_get(spec, "listeners");
+    for (size_t i = 0; i < json_array_size(ls); i++) {
+        json_t *l = json_array_get(ls, i);
+        const char *name = json_string_value(json_object_get(l, "name"));
+        json_t *av = sl_validate_get(l, "address");
+        const char *addr = av ? json_string_value(av) : "0.0.0.0";
+        long port = (long)json_integer_value(json_object_get(l, "port"));
+        for (size_t j = 0; j < i; j++) {
+            json_t *o = json_array_get(ls, j);
+            json_t *ov = sl_validate_get(o, "address");
+            const char *oaddr = ov ? json_string_value(ov) : "0.0.0.0";
+            size_t saved = sl_validate_push_key(c, "listeners");
+            size_t s2 = sl_validate_push_index(c, i);
+            if (strcmp(name, json_string_value(json_object_get(o, "name"))) == 0) {
+                size_t s3 = sl_validate_push_key(c, "name");
+                sl_validate_error(c, "listener name '%s' is already used by listeners[%zu]", name,
+                                  j);
+                sl_validate_pop(c, s3);
+            } else if (sl_validate_spec_listeners_conflict(
+                           addr, port, oaddr, (long)json_integer_value(json_object_get(o, "port")))) {
+                size_t s3 = sl_validate_push_key(c, "port");
+                sl_validate_error(c, "%s:%ld overlaps listeners[%zu] (%s:%ld)", addr, port, j,
+                                  oaddr, port);
+                sl_validate_pop(c, s3);
+            }
+            sl_validate_pop(c, s2);
+            sl_validate_pop(c, saved);
+        }
+    }
+}
+
+static const sl_vfield_t gateway_fields[] = {
+    {"fleet", sl_vcheck_dns_subdomain, NULL, 0},
+    {"listeners", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &listener_schema, 1, 64},
+     SL_VFIELD_REQUIRED},
+    {"limits", sl_vcheck_object, &limits_schema, 0},
+    {"timeouts", sl_vcheck_object, &gateway_timeout_schema, 0},
+    {"via", sl_vcheck_bool, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+const sl_vschema_t sl_validate_spec_gateway = {gateway_fields, gateway_extra};
+
+/* --- Backend -------------------------------------------------------------- */
+
+static const sl_vfield_t endpoint_fields[] = {
+    {"address", sl_vcheck_host_or_ip, NULL, SL_VFIELD_REQUIRED},
+    {"port", sl_vcheck_int, &port_range, SL_VFIELD_REQUIRED},
+    {"weight", sl_vcheck_int, &weight_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t endpoint_schema = {endpoint_fields, NULL};
+
+static void check_client_ip(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!json_is_true(v))
+        sl_validate_error(c, "must be true (omit hashOn.clientIp to hash on something else)");
+}
+
+static void hash_on_extra(sl_vctx_t *c, json_t *obj)
+{
+    if (json_object_size(obj) != 1)
+        sl_validate_error(c, "set exactly one of header, cookie or clientIp");
+}
+
+static const sl_vfield_t hash_on_fields[] = {
+    {"header", check_header_name, NULL, 0},
+    {"cookie", sl_vcheck_string, NULL, 0},
+    {"clientIp", check_client_ip, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t hash_on_schema = {hash_on_fields, hash_on_extra};
+
+static void lb_extra(sl_vctx_t *c, json_t *lb)
+{
+    json_t *p = sl_validate_get(lb, "policy");
+    bool ch = p && strcmp(json_string_value(p), "consistent-hash") == 0;
+    bool has_hash = sl_validate_get(lb, "hashOn") != NULL;
+    if (ch && !has_hash)
+        at_key(c, "hashOn", report, "required field missing (policy consistent-hash needs a key)");
+    else if (!ch && has_hash)
+        at_key(c, "hashOn", report, "only used with policy consistent-hash");
+}
+
+static const sl_vfield_t lb_fields[] = {
+    {"policy", sl_vcheck_enum, lb_policies, 0},
+    {"hashOn", sl_vcheck_object, &hash_on_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t lb_schema = {lb_fields, lb_extra};
+
+static void health_extra(sl_vctx_t *c, json_t *hc)
+{
+    uint64_t interval = 5000, timeout = 2000;
+    if (sl_validate_get(hc, "interval"))
+        sl_parse_duration_ms(json_object_get(hc, "interval"), &interval);
+    if (sl_validate_get(hc, "timeout"))
+        sl_parse_duration_ms(json_object_get(hc, "timeout"), &timeout);
+    if (timeout > interval)
+        at_key(c, "timeout", report, "must not be longer than interval");
+}
+
+static const sl_vfield_t health_fields[] = {
+    {"path", check_abs_path, NULL, SL_VFIELD_REQUIRED},
+    {"interval", sl_vcheck_duration, &dur_positive, 0},
+    {"timeout", sl_vcheck_duration, &dur_positive, 0},
+    {"healthyThreshold", sl_vcheck_int, &threshold_range, 0},
+    {"unhealthyThreshold", sl_vcheck_int, &threshold_range, 0},
+    {"expectedStatuses", check_status_range, NULL, 0},
+    {"host", check_host_header, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t health_schema = {health_fields, health_extra};
+
+static const sl_vfield_t outlier_fields[] = {
+    {"consecutiveFailures", sl_vcheck_int, &failures_range, 0},
+    {"baseEjectionTime", sl_vcheck_duration, &dur_positive, 0},
+    {"maxEjectionPercent", sl_vcheck_int, &percent_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t outlier_schema = {outlier_fields, NULL};
+
+static const sl_vfield_t pool_fields[] = {
+    {"maxConnections", sl_vcheck_int, &connections_range, 0},
+    {"maxIdle", sl_vcheck_int, &idle_range, 0},
+    {"idleTimeout", sl_vcheck_duration, &dur_positive, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t pool_schema = {pool_fields, NULL};
+
+static const sl_vfield_t backend_timeout_fields[] = {
+    {"connect", sl_vcheck_duration, &dur_positive, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t backend_timeout_schema = {backend_timeout_fields, NULL};
+
+static void backend_extra(sl_vctx_t *c, json_t *spec)
+{
+    json_t *eps = json_object_get(spec, "endpoints");
+    for (size_t i = 0; i < json_array_size(eps); i++) {
+        json_t *e = json_array_get(eps, i);
+        for (size_t j = 0; j < i; j++) {
+            json_t *o = json_array_get(eps, j);
+            if (strcasecmp(json_string_value(json_object_get(e, "address")),
+                           json_string_value(json_object_get(o, "address"))) == 0 &&
+                json_integer_value(json_object_get(e, "port")) ==
+                    json_integer_value(json_object_get(o, "port"))) {
+                size_t saved = sl_validate_push_key(c, "endpoints");
+                size_t s2 = sl_validate_push_index(c, i);
+                sl_validate_error(c, "same address and port as endpoints[%zu] (raise its "
+                                     "weight instead)",
+                                  j);
+                sl_validate_pop(c, s2);
+                sl_validate_pop(c, saved);
+                break;
+            }
+        }
+    }
+}
+
+static const sl_vfield_t backend_fields[] = {
+    {"endpoints", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &endpoint_schema, 1, 1024},
+     SL_VFIELD_REQUIRED},
+    {"loadBalancing", sl_vcheck_object, &lb_schema, 0},
+    {"healthCheck", sl_vcheck_object, &health_schema, 0},
+    {"outlierDetection", sl_vcheck_object, &outlier_schema, 0},
+    {"connectionPool", sl_vcheck_object, &pool_schema, 0},
+    {"timeouts", sl_vcheck_object, &backend_timeout_schema, 0},
+    {"hostRewrite", check_host_header, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+const sl_vschema_t sl_validate_spec_backend = {backend_fields, backend_extra};
+
+/* --- Consumer ------------------------------------------------------------- */
+
+static const sl_vfield_t api_key_fields[] = {
+    {"name", sl_vcheck_string, NULL, 0},
+    {"keyHash", check_sha256, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t api_key_schema = {api_key_fields, NULL};
+
+static const sl_vfield_t basic_fields[] = {
+    {"username", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {"passwordHash", check_sha256, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t basic_schema = {basic_fields, NULL};
+
+static const sl_vfield_t jwt_fields[] = {
+    {"subject", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {"issuer", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t jwt_schema = {jwt_fields, NULL};
+
+static const sl_vfield_t credentials_fields[] = {
+    {"apiKeys", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &api_key_schema, 0, 1000}, 0},
+    {"basicAuth", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &basic_schema, 0, 1000}, 0},
+    {"jwt", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &jwt_schema, 0, 1000}, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t credentials_schema = {credentials_fields, NULL};
+
+static const sl_vfield_t consumer_fields[] = {
+    {"credentials", sl_vcheck_object, &credentials_schema, 0},
+    {"group", sl_vcheck_string, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+const sl_vschema_t sl_validate_spec_consumer = {consumer_fields, NULL};
+
+/* --- Certificate ---------------------------------------------------------- */
+
+static const sl_vfield_t cert_file_fields[] = {
+    {"certificate", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {"privateKey", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t cert_file_schema = {cert_file_fields, NULL};
+
+static const sl_vfield_t secret_ref_fields[] = {
+    {"name", sl_vcheck_dns_subdomain, NULL, SL_VFIELD_REQUIRED},
+    {"namespace", sl_vcheck_dns_label, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t secret_ref_schema = {secret_ref_fields, NULL};
+
+static void certificate_extra(sl_vctx_t *c, json_t *spec)
+{
+    bool inline_cert = sl_validate_get(spec, "certificate") != NULL;
+    bool inline_key = sl_validate_get(spec, "privateKey") != NULL;
+    int sources = (inline_cert || inline_key) + (sl_validate_get(spec, "file") != NULL) +
+                  (sl_validate_get(spec, "secretRef") != NULL);
+    if (sources != 1) {
+        sl_validate_error(c, "set exactly one source: certificate + privateKey, file, or "
+                             "secretRef");
+        return;
+    }
+    if (inline_cert && !inline_key)
+        at_key(c, "privateKey", report, "required field missing (with certificate)");
+    else if (inline_key && !inline_cert)
+        at_key(c, "certificate", report, "required field missing (with privateKey)");
+}
+
+static const sl_vfield_t certificate_fields[] = {
+    {"certificate", check_pem_cert, NULL, 0},
+    {"privateKey", check_pem_key, NULL, 0},
+    {"file", sl_vcheck_object, &cert_file_schema, 0},
+    {"secretRef", sl_vcheck_object, &secret_ref_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+const sl_vschema_t sl_validate_spec_certificate = {certificate_fields, certificate_extra};
