@@ -328,6 +328,11 @@ sl_generation_t *sl_generation_publish(sl_generation_t *gen)
     atomic_store(&sl_metrics_gauges.generation_version, gen->version);
     atomic_fetch_add(&sl_metrics_gauges.generation_swaps, 1);
     if (old)
-        call_rcu(&old->rcu, drop_published_ref);
+        sl_generation_retire(old);
     return old;
+}
+
+void sl_generation_retire(sl_generation_t *gen)
+{
+    call_rcu(&gen->rcu, drop_published_ref);
 }

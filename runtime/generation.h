@@ -117,6 +117,10 @@ void sl_generation_discard(sl_generation_t *gen);
  * be dereferenced after the call). */
 sl_generation_t *sl_generation_publish(sl_generation_t *gen);
 
+/* Drops the "published" reference of a generation that was unpublished
+ * (rcu_xchg_pointer) after a grace period. Caller online. */
+void sl_generation_retire(sl_generation_t *gen);
+
 /* The published generation; only inside an RCU read-side section. */
 extern sl_generation_t *sl_generation_published;
 static inline sl_generation_t *sl_generation_current(void)

@@ -20,6 +20,7 @@
 #include "lb.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 struct event_base;
@@ -103,6 +104,9 @@ void sl_worker_buf_put(sl_worker_t *w, sl_buf_t *b);
 /* Called by proxy.c when a connection closes; stops the loop when draining
  * and nothing is left. */
 void sl_worker_conn_closed(sl_worker_t *w);
+
+/* Number of worker threads whose loop has ended (drain finished). */
+extern atomic_uint sl_workers_exited;
 
 /* Worker thread only: the id of the worker running on this thread. */
 extern __thread sl_worker_t *sl_worker_self;

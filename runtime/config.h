@@ -1,0 +1,31 @@
+/*
+ * Applying configuration on the main thread: snapshot -> generation ->
+ * listener diff -> publish. Shared by the file source (SIGHUP reload) and,
+ * later, the controller stream. A snapshot that cannot be applied in full
+ * (bad regex, port taken) changes nothing: the old generation keeps serving.
+ */
+#ifndef SL_CONFIG_H
+#define SL_CONFIG_H
+
+#include "generation.h"
+#include "worker.h"
+
+typedef struct sl_config sl_config_t;
+
+sl_config_t *sl_config_new(sl_worker_t *workers, unsigned nworkers);
+
+/* Takes ownership of snap. Returns 0, or -1 with the reason in err. */
+int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *source, char *err,
+                    size_t errlen);
+
+/* 1 when a generation is published and its listeners are open. */
+int sl_config_ready(const sl_config_t *cfg);
+
+/* Version of the active generation, 0 before the first. */
+uint64_t sl_config_version(const sl_config_t *cfg);
+
+/* Closes every listener socket the main thread still holds a copy of and
+ * retires the active generation (shutdown). */
+void sl_config_free(sl_config_t *cfg);
+
+#endif

@@ -1,0 +1,434 @@
+/*
+ * sluice-runtime: command line, start-up, signals and the main thread's loop
+ * (admin listener, health checks, config reloads). The request path lives in
+ * the workers (worker.c, proxy.c).
+ */
+#include "accesslog.h"
+#include "admin.h"
+#include "compiler.h"
+#include "config.h"
+#include "generation.h"
+#include "health.h"
+#include "log.h"
+#include "metrics.h"
+#include "model.h"
+#include "pbjson.h"
+#include "worker.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SL_VERSION "0.1.0"
+
+typedef struct {
+    const char **config_paths;
+    size_t num_config_paths;
+    unsigned workers;
+    const char *admin;
+    const char *access_log;
+    enum sl_accesslog_format access_log_format;
+    const char *fleet;
+    uint64_t drain_ms;
+    int check_only;
+} options_t;
+
+typedef struct {
+    options_t opt;
+    struct event_base *base;
+    sl_worker_t *workers;
+    sl_config_t *config;
+    sl_health_t *health;
+    sl_admin_t *admin;
+    uint64_t next_version;
+    int draining;
+    struct event *drain_poll;
+    unsigned workers_done;
+} runtime_t;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: sluice-runtime --config FILE_OR_DIR [--config ...] [options]\n"
+            "  --config PATH          resource file or directory (*.yaml, *.yml, *.json)\n"
+            "  --workers N            worker threads (default: number of CPUs)\n"
+            "  --admin ADDR           admin listener, default 127.0.0.1:9901, or 'off'\n"
+            "  --access-log TARGET    file path, 'stdout' or 'off' (default off)\n"
+            "  --access-log-format F  json (default) or combined\n"
+            "  --fleet NAME           fleet whose Gateway to serve (default 'default')\n"
+            "  --drain-timeout DUR    graceful shutdown limit, e.g. 10s (default 10s)\n"
+            "  --log-level LEVEL      debug, info, notice, warn, error (default info)\n"
+            "  --check                validate and compile the config, then exit\n"
+            "  --version              print the version\n"
+            "signals: HUP reloads the config files, TERM/INT drain and exit, USR1 reopens the "
+            "access log\n");
+}
+
+static int parse_duration_arg(const char *s, uint64_t *ms)
+{
+    json_t *v = json_string(s);
+    int rc = v ? sl_parse_duration_ms(v, ms) : -1;
+    json_decref(v);
+    return rc;
+}
+
+static int parse_options(int argc, char **argv, options_t *o)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"workers", required_argument, NULL, 'w'},
+        {"admin", required_argument, NULL, 'a'},
+        {"access-log", required_argument, NULL, 'l'},
+        {"access-log-format", required_argument, NULL, 'F'},
+        {"fleet", required_argument, NULL, 'f'},
+        {"drain-timeout", required_argument, NULL, 'd'},
+        {"log-level", required_argument, NULL, 'L'},
+        {"check", no_argument, NULL, 't'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    o->config_paths = calloc((size_t)argc, sizeof(char *));
+    if (!o->config_paths)
+        return -1;
+    o->admin = "127.0.0.1:9901";
+    o->access_log = "off";
+    o->fleet = "default";
+    o->drain_ms = 10000;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    o->workers = ncpu > 0 ? (unsigned)ncpu : 1;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "c:w:th", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'c':
+            o->config_paths[o->num_config_paths++] = optarg;
+            break;
+        case 'w': {
+            char *end;
+            long n = strtol(optarg, &end, 10);
+            if (*end || n < 1 || n > SL_MAX_WORKERS) {
+                fprintf(stderr, "sluice-runtime: --workers %s: must be 1..%d\n", optarg,
+                        SL_MAX_WORKERS);
+                return -1;
+            }
+            o->workers = (unsigned)n;
+            break;
+        }
+        case 'a':
+            o->admin = optarg;
+            break;
+        case 'l':
+            o->access_log = optarg;
+            break;
+        case 'F':
+            if (strcmp(optarg, "json") == 0)
+                o->access_log_format = SL_ACCESSLOG_JSON;
+            else if (strcmp(optarg, "combined") == 0)
+                o->access_log_format = SL_ACCESSLOG_COMBINED;
+            else {
+                fprintf(stderr, "sluice-runtime: --access-log-format %s: use json or combined\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 'f':
+            o->fleet = optarg;
+            break;
+        case 'd':
+            if (parse_duration_arg(optarg, &o->drain_ms) != 0) {
+                fprintf(stderr, "sluice-runtime: --drain-timeout %s: use a duration like 10s\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 'L': {
+            enum sl_log_level lvl;
+            if (sl_log_level_from_string(optarg, &lvl) != 0) {
+                fprintf(stderr, "sluice-runtime: --log-level %s: use debug, info, notice, warn "
+                                "or error\n",
+                        optarg);
+                return -1;
+            }
+            sl_log_set_level(lvl);
+            break;
+        }
+        case 't':
+            o->check_only = 1;
+            break;
+        case 'V':
+            printf("sluice-runtime %s\n", SL_VERSION);
+            exit(0);
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "sluice-runtime: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (o->num_config_paths == 0) {
+        fprintf(stderr, "sluice-runtime: no --config given\n");
+        usage(stderr);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads, validates and compiles every --config path. Returns the snapshot,
+ * or NULL with every error logged (one line each, naming file, document and
+ * field). */
+static Sluice__V1__Snapshot *load_snapshot(runtime_t *rt, uint64_t version, char *source,
+                                           size_t source_len)
+{
+    sl_resource_set_t set;
+    sl_errors_t errs;
+    sl_resource_set_init(&set);
+    sl_errors_init(&errs);
+    Sluice__V1__Snapshot *snap = NULL;
+    int failed = 0;
+    source[0] = '\0';
+    for (size_t i = 0; i < rt->opt.num_config_paths; i++) {
+        if (sl_model_load_path(&set, rt->opt.config_paths[i], &errs) != 0)
+            failed = 1;
+        size_t used = strlen(source);
+        snprintf(source + used, source_len - used, "%s%s", i ? "," : "file:",
+                 rt->opt.config_paths[i]);
+    }
+    if (!failed)
+        snap = sl_compile_snapshot(&set, rt->opt.fleet, version, &errs);
+    for (size_t i = 0; i < errs.count; i++) {
+        char *line = sl_error_format(&errs.items[i]);
+        sl_log_error("config: %s", line ? line : errs.items[i].message);
+        free(line);
+    }
+    sl_errors_free(&errs);
+    sl_resource_set_free(&set);
+    return snap;
+}
+
+static int reload(runtime_t *rt, const char *why)
+{
+    char source[1024];
+    uint64_t version = rt->next_version;
+    Sluice__V1__Snapshot *snap = load_snapshot(rt, version, source, sizeof(source));
+    if (!snap) {
+        atomic_fetch_add(&sl_metrics_gauges.config_errors, 1);
+        sl_log_error("config %s: rejected, the active config (version %llu) keeps serving", why,
+                     (unsigned long long)sl_config_version(rt->config));
+        return -1;
+    }
+    char err[1024];
+    if (sl_config_apply(rt->config, snap, source, err, sizeof(err)) != 0) {
+        atomic_fetch_add(&sl_metrics_gauges.config_errors, 1);
+        sl_log_error("config %s: %s; the active config (version %llu) keeps serving", why, err,
+                     (unsigned long long)sl_config_version(rt->config));
+        return -1;
+    }
+    rt->next_version++;
+    rcu_thread_online();
+    sl_generation_t *gen = rcu_dereference(sl_generation_published);
+    if (rt->health && gen)
+        sl_health_update(rt->health, gen->snap);
+    size_t nroutes = 0;
+    for (size_t i = 0; gen && i < gen->snap->n_route_tables; i++)
+        nroutes += gen->snap->route_tables[i]->n_routes;
+    sl_log_notice("config %s: version %llu active (%zu apis, %zu routes, %zu backends)", why,
+                  (unsigned long long)version, gen ? gen->snap->n_route_tables : 0, nroutes,
+                  gen ? gen->snap->n_clusters : 0);
+    rcu_thread_offline();
+    return 0;
+}
+
+/* ---- admin hooks ---------------------------------------------------------- */
+
+static int admin_ready(void *ctx)
+{
+    runtime_t *rt = ctx;
+    return !rt->draining && sl_config_ready(rt->config);
+}
+
+static json_t *admin_config_dump(void *ctx)
+{
+    (void)ctx;
+    /* Main thread: the only writer of the published pointer, so reading it
+     * here needs no read-side section beyond being online. */
+    rcu_thread_online();
+    sl_generation_t *gen = rcu_dereference(sl_generation_published);
+    json_t *out = NULL;
+    if (gen) {
+        out = json_pack("{s:I, s:s, s:I, s:o}", "version", (json_int_t)gen->version, "source",
+                        gen->source, "built_unix_ms", (json_int_t)gen->built_unix_ms, "snapshot",
+                        sl_pbjson_from_message(&gen->snap->base));
+    }
+    rcu_thread_offline();
+    return out;
+}
+
+/* ---- signals -------------------------------------------------------------- */
+
+static void drain_poll_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    runtime_t *rt = arg;
+    if (atomic_load(&sl_workers_exited) == rt->opt.workers)
+        event_base_loopbreak(rt->base);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    runtime_t *rt = arg;
+    switch (sig) {
+    case SIGHUP:
+        if (!rt->draining)
+            reload(rt, "reload (SIGHUP)");
+        break;
+    case SIGUSR1:
+        sl_accesslog_reopen();
+        sl_log_notice("access log reopened (SIGUSR1)");
+        break;
+    case SIGTERM:
+    case SIGINT:
+        if (rt->draining) {
+            sl_log_notice("second %s: closing now", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+            event_base_loopbreak(rt->base);
+            break;
+        }
+        rt->draining = 1;
+        sl_log_notice("%s: draining (up to %llu ms), then exiting",
+                      sig == SIGTERM ? "SIGTERM" : "SIGINT", (unsigned long long)rt->opt.drain_ms);
+        for (unsigned i = 0; i < rt->opt.workers; i++) {
+            sl_worker_cmd_t *cmd = calloc(1, sizeof(*cmd));
+            if (!cmd)
+                continue;
+            cmd->kind = SL_WCMD_DRAIN;
+            cmd->drain_ms = (uint32_t)rt->opt.drain_ms;
+            sl_worker_send(&rt->workers[i], cmd);
+        }
+        /* The main loop keeps serving the admin listener (/ready is 503 now,
+         * so load balancers stop sending) until every worker has exited. */
+        {
+            struct timeval tv = {0, 20000};
+            event_add(rt->drain_poll, &tv);
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    runtime_t rt;
+    memset(&rt, 0, sizeof(rt));
+    if (parse_options(argc, argv, &rt.opt) != 0)
+        return 2;
+    signal(SIGPIPE, SIG_IGN);
+    rcu_register_thread();
+    rcu_thread_offline();
+    int exit_code = 1;
+
+    if (rt.opt.check_only) {
+        char source[1024];
+        Sluice__V1__Snapshot *snap = load_snapshot(&rt, 1, source, sizeof(source));
+        if (!snap)
+            goto out_rcu;
+        char err[512];
+        sl_generation_t *gen = sl_generation_build(snap, source, 1, err, sizeof(err));
+        if (!gen) {
+            sl_log_error("config: %s", err);
+            goto out_rcu;
+        }
+        sl_generation_discard(gen);
+        printf("sluice-runtime: configuration %s is valid\n", source);
+        exit_code = 0;
+        goto out_rcu;
+    }
+
+    if (sl_metrics_init(rt.opt.workers) != 0) {
+        sl_log_error("cannot initialise metrics");
+        goto out_rcu;
+    }
+    char err[1024];
+    if (sl_accesslog_open(rt.opt.access_log, rt.opt.access_log_format, rt.opt.workers, err,
+                          sizeof(err)) != 0) {
+        sl_log_error("access log: %s", err);
+        goto out_rcu;
+    }
+    rt.base = event_base_new();
+    rt.workers = sl_workers_create(rt.opt.workers);
+    if (!rt.base || !rt.workers) {
+        sl_log_error("cannot create event loops");
+        goto out_log;
+    }
+    rt.config = sl_config_new(rt.workers, rt.opt.workers);
+    rt.health = sl_health_new(rt.base);
+    if (!rt.config || !rt.health)
+        goto out_log;
+    rt.next_version = 1;
+    if (reload(&rt, "start-up") != 0)
+        goto out_workers;
+
+    sl_admin_hooks_t hooks = {.is_ready = admin_ready, .config_dump = admin_config_dump, .ctx = &rt};
+    if (strcmp(rt.opt.admin, "off") != 0) {
+        rt.admin = sl_admin_start(rt.base, rt.opt.admin, &hooks, err, sizeof(err));
+        if (!rt.admin) {
+            sl_log_error("%s", err);
+            goto out_workers;
+        }
+    }
+    if (sl_workers_start(rt.workers, rt.opt.workers) != 0)
+        goto out_workers;
+
+    int sigs[] = {SIGHUP, SIGTERM, SIGINT, SIGUSR1};
+    struct event *sev[4];
+    for (int i = 0; i < 4; i++) {
+        sev[i] = evsignal_new(rt.base, sigs[i], on_signal, &rt);
+        event_add(sev[i], NULL);
+    }
+    rt.drain_poll = event_new(rt.base, -1, EV_PERSIST, drain_poll_cb, &rt);
+    sl_log_notice("sluice-runtime %s started: %u workers, admin %s, config version %llu",
+                  SL_VERSION, rt.opt.workers, rt.opt.admin,
+                  (unsigned long long)sl_config_version(rt.config));
+
+    event_base_dispatch(rt.base);
+
+    /* Draining: workers exit when their connections are done. */
+    sl_workers_join(rt.workers, rt.opt.workers);
+    for (int i = 0; i < 4; i++)
+        event_free(sev[i]);
+    event_free(rt.drain_poll);
+    sl_log_notice("all workers stopped, exiting");
+    exit_code = 0;
+
+out_workers:
+    if (rt.admin)
+        sl_admin_free(rt.admin);
+    if (rt.health)
+        sl_health_free(rt.health);
+    sl_config_free(rt.config);
+    rcu_thread_online();
+    rcu_barrier(); /* every call_rcu callback (generation frees) has run */
+    rcu_thread_offline();
+    if (rt.workers)
+        sl_workers_destroy(rt.workers, rt.opt.workers);
+out_log:
+    sl_accesslog_close();
+    if (rt.base)
+        event_base_free(rt.base);
+out_rcu:
+    free(rt.opt.config_paths);
+    rcu_thread_online();
+    rcu_unregister_thread();
+    return exit_code;
+}
