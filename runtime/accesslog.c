@@ -31,6 +31,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -531,6 +532,19 @@ static void *writer_main(void *arg)
     }
 }
 
+/* Error text for the caller; err may be NULL. vsnprintf truncates quietly
+ * when a long path does not fit, which is what we want. */
+static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
 /* ---- control (main thread) --------------------------------------------- */
 
 static void free_state(void)
@@ -559,20 +573,20 @@ int sl_accesslog_open(const char *target, enum sl_accesslog_format fmt, unsigned
     if (!target || strcmp(target, "off") == 0)
         return 0;
     if (alog.rings) {
-        snprintf(err, errlen, "access log %s: already open", target);
+        set_err(err, errlen, "access log %s: already open", target);
         return -1;
     }
     if (nworkers == 0 || nworkers > SL_MAX_WORKERS) {
-        snprintf(err, errlen, "access log %s: %u workers, expected 1..%d", target, nworkers,
+        set_err(err, errlen, "access log %s: %u workers, expected 1..%d", target, nworkers,
                  SL_MAX_WORKERS);
         return -1;
     }
     if (fmt != SL_ACCESSLOG_JSON && fmt != SL_ACCESSLOG_COMBINED) {
-        snprintf(err, errlen, "access log %s: unknown format", target);
+        set_err(err, errlen, "access log %s: unknown format", target);
         return -1;
     }
     if (target[0] == '\0') {
-        snprintf(err, errlen, "access log: empty target; use a file path, \"stdout\" or \"off\"");
+        set_err(err, errlen, "access log: empty target; use a file path, \"stdout\" or \"off\"");
         return -1;
     }
 
@@ -589,7 +603,7 @@ int sl_accesslog_open(const char *target, enum sl_accesslog_format fmt, unsigned
     }
     alog.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (alog.wake_fd < 0) {
-        snprintf(err, errlen, "access log %s: eventfd: %s", target, strerror(errno));
+        set_err(err, errlen, "access log %s: eventfd: %s", target, strerror(errno));
         goto fail;
     }
     if (strcmp(target, "stdout") == 0) {
@@ -600,7 +614,7 @@ int sl_accesslog_open(const char *target, enum sl_accesslog_format fmt, unsigned
             goto fail_oom;
         alog.fd = open(target, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
         if (alog.fd < 0) {
-            snprintf(err, errlen, "access log %s: %s (check the path and its directory's permissions)",
+            set_err(err, errlen, "access log %s: %s (check the path and its directory's permissions)",
                      target, strerror(errno));
             goto fail;
         }
@@ -611,7 +625,7 @@ int sl_accesslog_open(const char *target, enum sl_accesslog_format fmt, unsigned
     alog.last_write_errno = 0;
     int rc = pthread_create(&alog.writer, NULL, writer_main, NULL);
     if (rc != 0) {
-        snprintf(err, errlen, "access log %s: cannot start the writer thread: %s", target,
+        set_err(err, errlen, "access log %s: cannot start the writer thread: %s", target,
                  strerror(rc));
         goto fail;
     }
@@ -619,7 +633,7 @@ int sl_accesslog_open(const char *target, enum sl_accesslog_format fmt, unsigned
     return 0;
 
 fail_oom:
-    snprintf(err, errlen, "access log %s: out of memory", target);
+    set_err(err, errlen, "access log %s: out of memory", target);
 fail:
     free_state();
     return -1;

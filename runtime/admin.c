@@ -24,6 +24,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +179,19 @@ static void admin_request(struct evhttp_request *req, void *arg)
                 "no such admin endpoint; try /live, /ready, /metrics or /config_dump");
 }
 
+/* Error text for the caller; err may be NULL. vsnprintf truncates quietly
+ * when a long path does not fit, which is what we want. */
+static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
 /* Splits "host:port" or "[v6]:port" into a host evhttp can bind and a port.
  * Returns 0, or -1 with err set. */
 static int parse_address(const char *addr, char *host, size_t hostlen, unsigned short *port,
@@ -188,7 +202,7 @@ static int parse_address(const char *addr, char *host, size_t hostlen, unsigned 
     if (addr[0] == '[') {
         const char *close = strchr(addr, ']');
         if (!close || close[1] != ':') {
-            snprintf(err, errlen, "admin %s: expected [ipv6]:port, e.g. [::1]:9901", addr);
+            set_err(err, errlen, "admin %s: expected [ipv6]:port, e.g. [::1]:9901", addr);
             return -1;
         }
         hlen = (size_t)(close - addr - 1);
@@ -203,12 +217,12 @@ static int parse_address(const char *addr, char *host, size_t hostlen, unsigned 
     } else {
         const char *colon = strrchr(addr, ':');
         if (!colon) {
-            snprintf(err, errlen, "admin %s: expected host:port, e.g. 127.0.0.1:9901, or \"off\"",
+            set_err(err, errlen, "admin %s: expected host:port, e.g. 127.0.0.1:9901, or \"off\"",
                      addr);
             return -1;
         }
         if (memchr(addr, ':', (size_t)(colon - addr))) {
-            snprintf(err, errlen, "admin %s: IPv6 addresses need brackets, e.g. [::1]:9901", addr);
+            set_err(err, errlen, "admin %s: IPv6 addresses need brackets, e.g. [::1]:9901", addr);
             return -1;
         }
         hlen = (size_t)(colon - addr);
@@ -239,11 +253,11 @@ static int parse_address(const char *addr, char *host, size_t hostlen, unsigned 
     return 0;
 
 bad_host:
-    snprintf(err, errlen, "admin %s: invalid host; use an IP address such as 127.0.0.1 or [::1]",
+    set_err(err, errlen, "admin %s: invalid host; use an IP address such as 127.0.0.1 or [::1]",
              addr);
     return -1;
 bad_port:
-    snprintf(err, errlen, "admin %s: invalid port; use a number from 0 to 65535", addr);
+    set_err(err, errlen, "admin %s: invalid port; use a number from 0 to 65535", addr);
     return -1;
 }
 
@@ -273,18 +287,13 @@ sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_a
 
     if (err && errlen)
         err[0] = '\0';
-    if (!err || errlen == 0) {
-        static char scratch[256];
-        err = scratch;
-        errlen = sizeof(scratch);
-    }
     if (!base || !addr) {
-        snprintf(err, errlen, "admin: no event base or address given");
+        set_err(err, errlen, "admin: no event base or address given");
         return NULL;
     }
     sl_admin_t *admin = calloc(1, sizeof(*admin));
     if (!admin) {
-        snprintf(err, errlen, "admin %s: out of memory", addr);
+        set_err(err, errlen, "admin %s: out of memory", addr);
         return NULL;
     }
     admin->port = -1;
@@ -297,7 +306,7 @@ sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_a
         goto fail_admin;
     admin->http = evhttp_new(base);
     if (!admin->http) {
-        snprintf(err, errlen, "admin %s: out of memory", addr);
+        set_err(err, errlen, "admin %s: out of memory", addr);
         goto fail_admin;
     }
     /* Let every method reach admin_request so a POST gets our JSON 405
@@ -316,14 +325,14 @@ sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_a
     if (!admin->bound) {
         int e = errno;
         if (e == EADDRINUSE)
-            snprintf(err, errlen,
+            set_err(err, errlen,
                      "admin %s: %s (is another runtime running? use --admin to choose another "
                      "address, or --admin off)",
                      addr, strerror(e));
         else if (e != 0)
-            snprintf(err, errlen, "admin %s: %s (check the --admin address)", addr, strerror(e));
+            set_err(err, errlen, "admin %s: %s (check the --admin address)", addr, strerror(e));
         else
-            snprintf(err, errlen, "admin %s: cannot resolve or bind (check the --admin address)",
+            set_err(err, errlen, "admin %s: cannot resolve or bind (check the --admin address)",
                      addr);
         goto fail_http;
     }
