@@ -257,7 +257,8 @@ static int field_present(const ProtobufCMessage *msg, const ProtobufCFieldDescri
 
 static json_t *message_to_json(const ProtobufCMessage *msg, unsigned depth)
 {
-    if (!msg || !msg->descriptor || msg->descriptor->magic != PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC ||
+    if (!msg || !msg->descriptor ||
+        msg->descriptor->magic != PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC ||
         depth > SL_PBJSON_MAX_DEPTH)
         return NULL;
     const ProtobufCMessageDescriptor *d = msg->descriptor;
@@ -299,4 +300,7 @@ fail:
 
 /* Returns a new reference, or NULL when msg is not a protobuf-c message, is
  * nested too deeply, or memory ran out. The message is only read. */
-json_t *sl_pbjson_from_message(const ProtobufCMessage *msg) { return message_to_json(msg, 0); }
+json_t *sl_pbjson_from_message(const ProtobufCMessage *msg)
+{
+    return message_to_json(msg, 0);
+}

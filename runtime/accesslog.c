@@ -180,12 +180,28 @@ static void put_json_str(out_t *o, sl_str_t s, size_t max_in)
             continue;
         }
         switch (c) {
-        case '"': PUT_LIT(o, "\\\""); i++; continue;
-        case '\\': PUT_LIT(o, "\\\\"); i++; continue;
-        case '\n': PUT_LIT(o, "\\n"); i++; continue;
-        case '\r': PUT_LIT(o, "\\r"); i++; continue;
-        case '\t': PUT_LIT(o, "\\t"); i++; continue;
-        default: break;
+        case '"':
+            PUT_LIT(o, "\\\"");
+            i++;
+            continue;
+        case '\\':
+            PUT_LIT(o, "\\\\");
+            i++;
+            continue;
+        case '\n':
+            PUT_LIT(o, "\\n");
+            i++;
+            continue;
+        case '\r':
+            PUT_LIT(o, "\\r");
+            i++;
+            continue;
+        case '\t':
+            PUT_LIT(o, "\\t");
+            i++;
+            continue;
+        default:
+            break;
         }
         size_t n = c >= 0x80 ? utf8_valid_len(p + i, len - i) : 0;
         if (n) {
@@ -359,7 +375,10 @@ static size_t format_combined(char *buf, size_t cap, const sl_accesslog_entry_t 
 
 /* ---- workers' side ----------------------------------------------------- */
 
-int sl_accesslog_enabled(void) { return atomic_load_explicit(&alog.enabled, memory_order_relaxed); }
+int sl_accesslog_enabled(void)
+{
+    return atomic_load_explicit(&alog.enabled, memory_order_relaxed);
+}
 
 static void wake_writer(void)
 {
@@ -534,7 +553,8 @@ static void *writer_main(void *arg)
 
 /* Error text for the caller; err may be NULL. vsnprintf truncates quietly
  * when a long path does not fit, which is what we want. */
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || errlen == 0)
@@ -578,7 +598,7 @@ int sl_accesslog_open(const char *target, enum sl_accesslog_format fmt, unsigned
     }
     if (nworkers == 0 || nworkers > SL_MAX_WORKERS) {
         set_err(err, errlen, "access log %s: %u workers, expected 1..%d", target, nworkers,
-                 SL_MAX_WORKERS);
+                SL_MAX_WORKERS);
         return -1;
     }
     if (fmt != SL_ACCESSLOG_JSON && fmt != SL_ACCESSLOG_COMBINED) {
@@ -614,8 +634,9 @@ int sl_accesslog_open(const char *target, enum sl_accesslog_format fmt, unsigned
             goto fail_oom;
         alog.fd = open(target, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
         if (alog.fd < 0) {
-            set_err(err, errlen, "access log %s: %s (check the path and its directory's permissions)",
-                     target, strerror(errno));
+            set_err(err, errlen,
+                    "access log %s: %s (check the path and its directory's permissions)", target,
+                    strerror(errno));
             goto fail;
         }
     }
@@ -626,7 +647,7 @@ int sl_accesslog_open(const char *target, enum sl_accesslog_format fmt, unsigned
     int rc = pthread_create(&alog.writer, NULL, writer_main, NULL);
     if (rc != 0) {
         set_err(err, errlen, "access log %s: cannot start the writer thread: %s", target,
-                 strerror(rc));
+                strerror(rc));
         goto fail;
     }
     atomic_store_explicit(&alog.enabled, 1, memory_order_release);

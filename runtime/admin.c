@@ -62,12 +62,13 @@ static void send_reply(struct evhttp_request *req, int status, const char *reaso
 
 /* Sends {"error":{"status":..,"code":..,"message":..}}. The message is always
  * a constant of ours: request data is never reflected into a response. */
-static void reply_error(struct evhttp_request *req, int status, const char *reason, const char *code,
-                        const char *message)
+static void reply_error(struct evhttp_request *req, int status, const char *reason,
+                        const char *code, const char *message)
 {
     struct evbuffer *body = evbuffer_new();
     if (body)
-        evbuffer_add_printf(body, "{\"error\":{\"status\":%d,\"code\":\"%s\",\"message\":\"%s\"}}\n",
+        evbuffer_add_printf(body,
+                            "{\"error\":{\"status\":%d,\"code\":\"%s\",\"message\":\"%s\"}}\n",
                             status, code, message);
     send_reply(req, status, reason, "application/json", body);
     if (body)
@@ -181,7 +182,8 @@ static void admin_request(struct evhttp_request *req, void *arg)
 
 /* Error text for the caller; err may be NULL. vsnprintf truncates quietly
  * when a long path does not fit, which is what we want. */
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || errlen == 0)
@@ -218,7 +220,7 @@ static int parse_address(const char *addr, char *host, size_t hostlen, unsigned 
         const char *colon = strrchr(addr, ':');
         if (!colon) {
             set_err(err, errlen, "admin %s: expected host:port, e.g. 127.0.0.1:9901, or \"off\"",
-                     addr);
+                    addr);
             return -1;
         }
         if (memchr(addr, ':', (size_t)(colon - addr))) {
@@ -233,8 +235,8 @@ static int parse_address(const char *addr, char *host, size_t hostlen, unsigned 
         for (const char *p = host; *p; p++) {
             /* An address or a DNS name ("localhost"); nothing else reaches
              * getaddrinfo. */
-            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-                  *p == '.' || *p == '-'))
+            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                  (*p >= '0' && *p <= '9') || *p == '.' || *p == '-'))
                 goto bad_host;
         }
         port_str = colon + 1;
@@ -254,7 +256,7 @@ static int parse_address(const char *addr, char *host, size_t hostlen, unsigned 
 
 bad_host:
     set_err(err, errlen, "admin %s: invalid host; use an IP address such as 127.0.0.1 or [::1]",
-             addr);
+            addr);
     return -1;
 bad_port:
     set_err(err, errlen, "admin %s: invalid port; use a number from 0 to 65535", addr);
@@ -326,14 +328,14 @@ sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_a
         int e = errno;
         if (e == EADDRINUSE)
             set_err(err, errlen,
-                     "admin %s: %s (is another runtime running? use --admin to choose another "
-                     "address, or --admin off)",
-                     addr, strerror(e));
+                    "admin %s: %s (is another runtime running? use --admin to choose another "
+                    "address, or --admin off)",
+                    addr, strerror(e));
         else if (e != 0)
             set_err(err, errlen, "admin %s: %s (check the --admin address)", addr, strerror(e));
         else
             set_err(err, errlen, "admin %s: cannot resolve or bind (check the --admin address)",
-                     addr);
+                    addr);
         goto fail_http;
     }
     admin->port = bound_port(admin->bound);
@@ -346,7 +348,10 @@ fail_admin:
     return NULL;
 }
 
-int sl_admin_port(const sl_admin_t *admin) { return admin ? admin->port : -1; }
+int sl_admin_port(const sl_admin_t *admin)
+{
+    return admin ? admin->port : -1;
+}
 
 /* Closes the listener and every admin connection still open. */
 void sl_admin_free(sl_admin_t *admin)

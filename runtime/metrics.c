@@ -89,8 +89,8 @@ static uint64_t hash_names(const char *a, const char *b)
 
 /* Makes room for one more object. Returns -1 only on the very first
  * allocation failing; a failed growth keeps the old (longer-chained) table. */
-static int table_reserve(registry_table_t *t, void *(*next_of)(void *), void (*set_next)(void *, void *),
-                         uint64_t (*hash_of)(void *))
+static int table_reserve(registry_table_t *t, void *(*next_of)(void *),
+                         void (*set_next)(void *, void *), uint64_t (*hash_of)(void *))
 {
     if (t->nbuckets != 0 && t->count < t->nbuckets)
         return 0;
@@ -114,15 +114,27 @@ static int table_reserve(registry_table_t *t, void *(*next_of)(void *), void (*s
     return 0;
 }
 
-static void *route_next(void *o) { return ((sl_route_stats_t *)o)->next; }
-static void route_set_next(void *o, void *n) { ((sl_route_stats_t *)o)->next = n; }
+static void *route_next(void *o)
+{
+    return ((sl_route_stats_t *)o)->next;
+}
+static void route_set_next(void *o, void *n)
+{
+    ((sl_route_stats_t *)o)->next = n;
+}
 static uint64_t route_hash(void *o)
 {
     sl_route_stats_t *s = o;
     return hash_names(s->api, s->operation);
 }
-static void *cluster_next(void *o) { return ((sl_cluster_stats_t *)o)->next; }
-static void cluster_set_next(void *o, void *n) { ((sl_cluster_stats_t *)o)->next = n; }
+static void *cluster_next(void *o)
+{
+    return ((sl_cluster_stats_t *)o)->next;
+}
+static void cluster_set_next(void *o, void *n)
+{
+    ((sl_cluster_stats_t *)o)->next = n;
+}
 static uint64_t cluster_hash(void *o)
 {
     sl_cluster_stats_t *s = o;
@@ -335,9 +347,9 @@ static void add_route_labels(struct evbuffer *out, const sl_route_stats_t *s)
 
 static const char *const class_names[6] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
 static const char *const upstream_error_names[SL_UPSTREAM_ERR__COUNT] = {
-    [SL_UPSTREAM_ERR_CONNECT] = "connect",           [SL_UPSTREAM_ERR_TIMEOUT] = "timeout",
-    [SL_UPSTREAM_ERR_RESET] = "reset",               [SL_UPSTREAM_ERR_BAD_RESPONSE] = "bad_response",
-    [SL_UPSTREAM_ERR_NO_HEALTHY] = "no_healthy",     [SL_UPSTREAM_ERR_POOL_FULL] = "pool_full",
+    [SL_UPSTREAM_ERR_CONNECT] = "connect",       [SL_UPSTREAM_ERR_TIMEOUT] = "timeout",
+    [SL_UPSTREAM_ERR_RESET] = "reset",           [SL_UPSTREAM_ERR_BAD_RESPONSE] = "bad_response",
+    [SL_UPSTREAM_ERR_NO_HEALTHY] = "no_healthy", [SL_UPSTREAM_ERR_POOL_FULL] = "pool_full",
 };
 
 typedef struct {
@@ -438,7 +450,8 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
     static const struct {
         const char *name, *help;
     } families[3] = {
-        {"sluice_upstream_requests_total", "Requests sent to an upstream cluster, retries included."},
+        {"sluice_upstream_requests_total",
+         "Requests sent to an upstream cluster, retries included."},
         {"sluice_upstream_retries_total", "Retries sent to an upstream cluster."},
         {"sluice_upstream_errors_total", "Failed upstream attempts, by cluster and kind."},
     };
@@ -490,39 +503,47 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
     add_header(out, "sluice_downstream_requests_total", "counter",
                "Requests received from clients, routed or not.");
     evbuffer_add_printf(out, "sluice_downstream_requests_total %" PRIu64 "\n", requests);
-    add_header(out, "sluice_unrouted_responses_total", "counter",
-               "Responses the gateway answered before a route was chosen (400, 404, 405, 413, ...), "
-               "by status class.");
+    add_header(
+        out, "sluice_unrouted_responses_total", "counter",
+        "Responses the gateway answered before a route was chosen (400, 404, 405, 413, ...), "
+        "by status class.");
     for (unsigned c = 1; c < 6; c++)
         evbuffer_add_printf(out, "sluice_unrouted_responses_total{code_class=\"%s\"} %" PRIu64 "\n",
                             class_names[c], unrouted[c]);
     if (unrouted[0])
-        evbuffer_add_printf(out, "sluice_unrouted_responses_total{code_class=\"other\"} %" PRIu64 "\n",
+        evbuffer_add_printf(out,
+                            "sluice_unrouted_responses_total{code_class=\"other\"} %" PRIu64 "\n",
                             unrouted[0]);
     add_header(out, "sluice_connections_active", "gauge", "Open downstream connections.");
     evbuffer_add_printf(out, "sluice_connections_active %" PRId64 "\n", active);
-    add_header(out, "sluice_connections_accepted_total", "counter", "Accepted downstream connections.");
+    add_header(out, "sluice_connections_accepted_total", "counter",
+               "Accepted downstream connections.");
     evbuffer_add_printf(out, "sluice_connections_accepted_total %" PRIu64 "\n", accepted);
 
-    int64_t alive = atomic_load_explicit(&sl_metrics_gauges.generations_alive, memory_order_relaxed);
+    int64_t alive =
+        atomic_load_explicit(&sl_metrics_gauges.generations_alive, memory_order_relaxed);
     add_header(out, "sluice_generation_version", "gauge",
                "Snapshot version of the active config generation (0 = none yet).");
-    evbuffer_add_printf(out, "sluice_generation_version %" PRIu64 "\n",
-                        atomic_load_explicit(&sl_metrics_gauges.generation_version, memory_order_relaxed));
+    evbuffer_add_printf(
+        out, "sluice_generation_version %" PRIu64 "\n",
+        atomic_load_explicit(&sl_metrics_gauges.generation_version, memory_order_relaxed));
     add_header(out, "sluice_generation_swaps_total", "counter", "Config generations published.");
-    evbuffer_add_printf(out, "sluice_generation_swaps_total %" PRIu64 "\n",
-                        atomic_load_explicit(&sl_metrics_gauges.generation_swaps, memory_order_relaxed));
+    evbuffer_add_printf(
+        out, "sluice_generation_swaps_total %" PRIu64 "\n",
+        atomic_load_explicit(&sl_metrics_gauges.generation_swaps, memory_order_relaxed));
     add_header(out, "sluice_config_errors_total", "counter",
                "Configs rejected (invalid file on reload, snapshot that failed to compile).");
-    evbuffer_add_printf(out, "sluice_config_errors_total %" PRIu64 "\n",
-                        atomic_load_explicit(&sl_metrics_gauges.config_errors, memory_order_relaxed));
+    evbuffer_add_printf(
+        out, "sluice_config_errors_total %" PRIu64 "\n",
+        atomic_load_explicit(&sl_metrics_gauges.config_errors, memory_order_relaxed));
     add_header(out, "sluice_generations_alive", "gauge",
                "Config generations published and not yet freed (the active one plus those still "
                "held by in-flight requests).");
     evbuffer_add_printf(out, "sluice_generations_alive %" PRId64 "\n", alive < 0 ? 0 : alive);
     add_header(out, "sluice_accesslog_dropped_total", "counter",
                "Access log lines dropped because a worker's log ring was full.");
-    evbuffer_add_printf(out, "sluice_accesslog_dropped_total %" PRIu64 "\n", sl_accesslog_dropped());
+    evbuffer_add_printf(out, "sluice_accesslog_dropped_total %" PRIu64 "\n",
+                        sl_accesslog_dropped());
 }
 
 void sl_metrics_render(struct evbuffer *out)

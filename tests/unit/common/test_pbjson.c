@@ -110,11 +110,15 @@ static void test_snapshot_to_json(void **state)
         "     \"healthy_threshold\":0,\"unhealthy_threshold\":0,\"expected_status_min\":0,"
         "     \"expected_status_max\":0,\"host\":\"\"},"
         "   \"connect_timeout_ms\":0,\"host_rewrite\":\"\"},"
-        "  {\"name\":\"bare\",\"endpoints\":[],\"lb_policy\":\"ROUND_ROBIN\",\"hash_on\":\"HASH_NONE\","
+        "  "
+        "{\"name\":\"bare\",\"endpoints\":[],\"lb_policy\":\"ROUND_ROBIN\",\"hash_on\":\"HASH_"
+        "NONE\","
         "   \"hash_key\":\"\",\"connect_timeout_ms\":0,\"host_rewrite\":\"\"}],"
         " \"route_tables\":[{\"name\":\"default/petstore\",\"hosts\":[\"*.example.com\",\"*\"],"
         "   \"base_path\":\"/petstore/v1\",\"strip_base_path\":true,\"backends\":[],"
-        "   \"routes\":[{\"name\":\"getPet\",\"methods\":[\"GET\",\"HEAD\"],\"path_kind\":\"TEMPLATE\","
+        "   "
+        "\"routes\":[{\"name\":\"getPet\",\"methods\":[\"GET\",\"HEAD\"],\"path_kind\":"
+        "\"TEMPLATE\","
         "     \"path\":\"/pets/{id}\",\"headers\":[],\"query\":[],\"backends\":[],"
         "     \"retry\":{\"attempts\":2,\"on_connect_failure\":true,\"on_reset\":false,"
         "       \"on_status\":[502,503,504],\"non_idempotent\":false,\"budget_percent\":0,"
@@ -153,12 +157,18 @@ static void test_invalid_utf8_string_still_valid_json(void **state)
 {
     (void)state;
     Sluice__V1__Listener l = SLUICE__V1__LISTENER__INIT;
-    char name[] = "a\xff" "b\xc3(" "\xed\xa0\x80" "ok\xc3\xa9";
+    char name[] = "a\xff"
+                  "b\xc3("
+                  "\xed\xa0\x80"
+                  "ok\xc3\xa9";
     l.name = name;
     json_t *j = sl_pbjson_from_message(&l.base);
     assert_non_null(j);
     assert_string_equal(json_string_value(json_object_get(j, "name")),
-                        "a\xef\xbf\xbd" "b\xef\xbf\xbd(" "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "ok\xc3\xa9");
+                        "a\xef\xbf\xbd"
+                        "b\xef\xbf\xbd("
+                        "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+                        "ok\xc3\xa9");
     char *text = json_dumps(j, 0);
     json_t *back = json_loads(text, 0, NULL);
     assert_non_null(back);
@@ -213,9 +223,11 @@ struct AllTypes {
 
 extern const ProtobufCMessageDescriptor all_types_descriptor;
 
-#define F(name, id, label, type, q, member, desc, flags)                                              \
-    {name, id, PROTOBUF_C_LABEL_##label, PROTOBUF_C_TYPE_##type, q, offsetof(AllTypes, member), desc, \
-     NULL, flags, 0, NULL, NULL}
+#define F(name, id, label, type, q, member, desc, flags)                                           \
+    {                                                                                              \
+        name, id, PROTOBUF_C_LABEL_##label, PROTOBUF_C_TYPE_##type, q, offsetof(AllTypes, member), \
+            desc, NULL, flags, 0, NULL, NULL                                                       \
+    }
 static const ProtobufCFieldDescriptor all_types_fields[] = {
     F("i32", 1, NONE, INT32, 0, i32, NULL, 0),
     F("s64", 2, NONE, SINT64, 0, s64, NULL, 0),
@@ -265,7 +277,8 @@ static void test_scalar_types_bytes_optional_oneof(void **state)
     m.opt_str = "set";
     m.choice_case = 9;
     m.choice_b = 5;
-    ProtobufCBinaryData blobs[] = {{1, (uint8_t *)"f"}, {2, (uint8_t *)"fo"}, {3, (uint8_t *)"foo"}, {0, NULL}};
+    ProtobufCBinaryData blobs[] = {
+        {1, (uint8_t *)"f"}, {2, (uint8_t *)"fo"}, {3, (uint8_t *)"foo"}, {0, NULL}};
     m.n_blobs = 4;
     m.blobs = blobs;
     double doubles[] = {1.0, NAN, INFINITY, -INFINITY};
@@ -274,10 +287,11 @@ static void test_scalar_types_bytes_optional_oneof(void **state)
 
     json_t *j = sl_pbjson_from_message(&m.base);
     assert_non_null(j);
-    json_t *want = json_pack("{s:i,s:I,s:f,s:f,s:s,s:s,s:i,s:[s,s,s,s],s:[f,s,s,s]}", "i32", -7, "s64",
-                             (json_int_t)INT64_MIN, "f", 1.5, "d", -0.25, "blob", "AP9oaQ==", "opt_str",
-                             "set", "choice_b", 5, "blobs", "Zg==", "Zm8=", "Zm9v", "", "doubles", 1.0,
-                             "NaN", "Infinity", "-Infinity");
+    json_t *want =
+        json_pack("{s:i,s:I,s:f,s:f,s:s,s:s,s:i,s:[s,s,s,s],s:[f,s,s,s]}", "i32", -7, "s64",
+                  (json_int_t)INT64_MIN, "f", 1.5, "d", -0.25, "blob", "AP9oaQ==", "opt_str", "set",
+                  "choice_b", 5, "blobs", "Zg==", "Zm8=", "Zm9v", "", "doubles", 1.0, "NaN",
+                  "Infinity", "-Infinity");
     assert_non_null(want);
     if (!json_equal(j, want)) {
         char *s = json_dumps(j, 0);
@@ -314,7 +328,8 @@ static void test_nesting_depth_bounded(void **state)
     }
     json_t *j = sl_pbjson_from_message(&chain[DEEP - 5].base);
     assert_non_null(j);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "child"), "i32")), DEEP - 4);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "child"), "i32")),
+                     DEEP - 4);
     json_decref(j);
     assert_null(sl_pbjson_from_message(&chain[0].base));
     free(chain);

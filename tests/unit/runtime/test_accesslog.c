@@ -56,7 +56,10 @@ static char *read_file(const char *path, size_t *len_out)
     return buf;
 }
 
-static sl_str_t S(const char *s) { return (sl_str_t){s, strlen(s)}; }
+static sl_str_t S(const char *s)
+{
+    return (sl_str_t){s, strlen(s)};
+}
 
 static sl_accesslog_entry_t sample_entry(void)
 {
@@ -93,7 +96,8 @@ static void test_json_line_exact(void **state)
         "\"path\":\"/petstore/v1/pets?limit=10\",\"protocol\":\"HTTP/1.1\",\"status\":200,"
         "\"bytes_received\":0,\"bytes_sent\":2326,\"duration_ms\":1.234,\"request_id\":\"req-1\","
         "\"api\":\"default/petstore\",\"operation\":\"listPets\",\"upstream\":\"127.0.0.1:9001\","
-        "\"user_agent\":\"curl/8.0\",\"referer\":\"\",\"host\":\"api.example.com\",\"error\":\"\"}\n";
+        "\"user_agent\":\"curl/"
+        "8.0\",\"referer\":\"\",\"host\":\"api.example.com\",\"error\":\"\"}\n";
     assert_int_equal(n, strlen(want));
     assert_memory_equal(line, want, n);
 
@@ -129,8 +133,9 @@ static void test_combined_line_exact(void **state)
     e.referer = S("http://www.example.com/start.html");
     e.user_agent = S("Mozilla/4.08 [en] (Win98; I ;Nav)");
     size_t n = format_combined(line, sizeof(line), &e);
-    const char *want = "127.0.0.1 - - [10/Oct/2000:13:55:36 +0000] \"GET /apache_pb.gif HTTP/1.0\" 200 "
-                       "2326 \"http://www.example.com/start.html\" \"Mozilla/4.08 [en] (Win98; I ;Nav)\"\n";
+    const char *want =
+        "127.0.0.1 - - [10/Oct/2000:13:55:36 +0000] \"GET /apache_pb.gif HTTP/1.0\" 200 "
+        "2326 \"http://www.example.com/start.html\" \"Mozilla/4.08 [en] (Win98; I ;Nav)\"\n";
     assert_int_equal(n, strlen(want));
     assert_memory_equal(line, want, n);
 
@@ -148,8 +153,13 @@ static void test_calendar_matches_gmtime(void **state)
 {
     (void)state;
     static const uint64_t fixed_secs[] = {
-        0, 951782400 /* 2000-02-29 */, 951868800 /* 2000-03-01 */, 1709164800 /* 2024-02-29 */,
-        4107456000ULL /* 2100-02-28 */, 4107542400ULL /* 2100-03-01 */, 253402300799ULL /* 9999-12-31T23:59:59 */,
+        0,
+        951782400 /* 2000-02-29 */,
+        951868800 /* 2000-03-01 */,
+        1709164800 /* 2024-02-29 */,
+        4107456000ULL /* 2100-02-28 */,
+        4107542400ULL /* 2100-03-01 */,
+        253402300799ULL /* 9999-12-31T23:59:59 */,
     };
     uint64_t x = 88172645463325252ULL;
     for (int i = 0; i < 20000; i++) {
@@ -227,7 +237,8 @@ static void test_hostile_bytes_give_valid_json(void **state)
         json_t *j = json_loadb(line, (size_t)(eol - line), JSON_ALLOW_NUL, &jerr);
         if (!j)
             fail_msg("case %zu: invalid JSON (%s): %.*s", i, jerr.text, (int)(eol - line), line);
-        static const char *const keys[] = {"path", "user_agent", "referer", "host", "method", "request_id"};
+        static const char *const keys[] = {"path", "user_agent", "referer",
+                                           "host", "method",     "request_id"};
         for (size_t k = 0; k < SL_ARRAY_LEN(keys); k++) {
             json_t *v = json_object_get(j, keys[k]);
             assert_int_equal(json_string_length(v), cases[i].decoded_len);
@@ -291,9 +302,12 @@ static void *producer(void *p)
         sl_accesslog_entry_t e = sample_entry();
         int n = snprintf(rid, sizeof(rid), "w%u-%d", a->worker, i);
         e.request_id = (sl_str_t){rid, (size_t)n};
+        /* This test is about order, not drops: wait for the writer to catch
+         * up instead of relying on timing (test_stalled_... covers drops). */
+        ring_t *r = &alog.rings[a->worker];
+        while (atomic_load(&r->head) - atomic_load(&r->tail) > RING_BYTES / 2)
+            usleep(200);
         sl_accesslog_write(a->worker, &e);
-        if (i % 128 == 0)
-            usleep(1000); /* let the writer keep up: this test is about order */
     }
     return NULL;
 }
@@ -329,7 +343,8 @@ static void test_lines_complete_and_ordered_per_worker(void **state)
         assert_non_null(j);
         unsigned w;
         int seq;
-        assert_int_equal(sscanf(json_string_value(json_object_get(j, "request_id")), "w%u-%d", &w, &seq), 2);
+        assert_int_equal(
+            sscanf(json_string_value(json_object_get(j, "request_id")), "w%u-%d", &w, &seq), 2);
         assert_true(w < WORKERS);
         assert_true(seq >= next[w]); /* in order; a gap only where lines were dropped */
         next[w] = seq + 1;
@@ -339,7 +354,7 @@ static void test_lines_complete_and_ordered_per_worker(void **state)
     }
     free(text);
     assert_int_equal(total + dropped, (uint64_t)WORKERS * LINES);
-    /* With the producers pacing themselves nothing should have been lost. */
+    /* The producers waited for room, so nothing may have been lost. */
     assert_int_equal(dropped, 0);
 }
 
@@ -461,7 +476,8 @@ static void test_failed_reopen_keeps_old_file(void **state)
     sl_accesslog_write(0, &e);
     sl_accesslog_close();
     char *text = read_file(moved, NULL);
-    assert_non_null(strstr(text, "\"GET /petstore/v1/pets?limit=10 HTTP/1.1\" 200 2326 \"-\" \"curl/8.0\"\n"));
+    assert_non_null(
+        strstr(text, "\"GET /petstore/v1/pets?limit=10 HTTP/1.1\" 200 2326 \"-\" \"curl/8.0\"\n"));
     free(text);
 }
 
@@ -511,7 +527,8 @@ static void test_off_and_open_errors(void **state)
 
     tmp_path(path, sizeof(path), "errs.log");
     assert_int_equal(sl_accesslog_open(path, SL_ACCESSLOG_JSON, 0, err, sizeof(err)), -1);
-    assert_int_equal(sl_accesslog_open(path, SL_ACCESSLOG_JSON, SL_MAX_WORKERS + 1, err, sizeof(err)), -1);
+    assert_int_equal(
+        sl_accesslog_open(path, SL_ACCESSLOG_JSON, SL_MAX_WORKERS + 1, err, sizeof(err)), -1);
     assert_int_equal(sl_accesslog_open(path, (enum sl_accesslog_format)9, 1, err, sizeof(err)), -1);
     assert_int_equal(sl_accesslog_open("", SL_ACCESSLOG_JSON, 1, err, sizeof(err)), -1);
     assert_int_equal(sl_accesslog_open(path, SL_ACCESSLOG_JSON, 1, err, sizeof(err)), 0);

@@ -144,8 +144,8 @@ static void http_exchange(int port, const char *request, response_t *r)
 static void get(int port, const char *method, const char *target, response_t *r)
 {
     char req[512];
-    snprintf(req, sizeof(req), "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", method,
-             target);
+    snprintf(req, sizeof(req), "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+             method, target);
     http_exchange(port, req, r);
 }
 
@@ -201,7 +201,9 @@ static void test_metrics_page(void **state)
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.headers, "content-type: text/plain; version=0.0.4"));
     assert_non_null(strstr(r.body, "# TYPE sluice_requests_total counter\n"));
-    assert_non_null(strstr(r.body, "sluice_requests_total{api=\"petstore\",operation=\"listPets\",code_class=\"2xx\"} 1\n"));
+    assert_non_null(strstr(
+        r.body,
+        "sluice_requests_total{api=\"petstore\",operation=\"listPets\",code_class=\"2xx\"} 1\n"));
     assert_non_null(strstr(r.body, "sluice_connections_active "));
     free(r.body);
     sl_metrics_route_release(s);
@@ -259,9 +261,10 @@ static void test_non_get_is_405_with_allow(void **state)
     for (size_t i = 0; i < SL_ARRAY_LEN(methods); i++) {
         response_t r;
         char req[256];
-        snprintf(req, sizeof(req),
-                 "%s /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
-                 methods[i]);
+        snprintf(
+            req, sizeof(req),
+            "%s /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
+            methods[i]);
         http_exchange(f->port, req, &r);
         assert_json_error(&r, 405, "method_not_allowed");
         assert_non_null(strstr(r.headers, "allow: get, head"));
@@ -327,9 +330,19 @@ static void test_bad_addresses_rejected(void **state)
 {
     (void)state;
     static const char *const bad[] = {
-        "",          "127.0.0.1",     "127.0.0.1:",      "127.0.0.1:99999", "127.0.0.1:80a",
-        ":9901",     "::1:9901",      "[::1]9901",       "[::1",            "[nothost]:9901",
-        "a b:9901",  "127.0.0.1:-1",  "127.0.0.1:123456",
+        "",
+        "127.0.0.1",
+        "127.0.0.1:",
+        "127.0.0.1:99999",
+        "127.0.0.1:80a",
+        ":9901",
+        "::1:9901",
+        "[::1]9901",
+        "[::1",
+        "[nothost]:9901",
+        "a b:9901",
+        "127.0.0.1:-1",
+        "127.0.0.1:123456",
     };
     struct event_base *base = event_base_new();
     for (size_t i = 0; i < SL_ARRAY_LEN(bad); i++) {
@@ -412,7 +425,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_live, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ready_follows_hook, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metrics_page, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_config_dump_without_config_is_503_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_config_dump_without_config_is_503_json, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_config_dump_returns_hook_document, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_path_is_404_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_non_get_is_405_with_allow, setup, teardown),

@@ -68,7 +68,8 @@ static int valid_sample_line(const char *line, size_t len)
             i += 2;
             while (i < len && line[i] != '"') {
                 if (line[i] == '\\') {
-                    if (i + 1 >= len || !(line[i + 1] == '\\' || line[i + 1] == '"' || line[i + 1] == 'n'))
+                    if (i + 1 >= len ||
+                        !(line[i + 1] == '\\' || line[i + 1] == '"' || line[i + 1] == 'n'))
                         return 0;
                     i++;
                 } else if (line[i] == '\n') {
@@ -111,7 +112,8 @@ static void assert_valid_exposition(const char *text)
         assert_non_null(eol); /* every line is terminated */
         size_t len = (size_t)(eol - line);
         if (line[0] == '#') {
-            if (!(strncmp(line, "# HELP sluice_", 14) == 0 || strncmp(line, "# TYPE sluice_", 14) == 0)) {
+            if (!(strncmp(line, "# HELP sluice_", 14) == 0 ||
+                  strncmp(line, "# TYPE sluice_", 14) == 0)) {
                 fprintf(stderr, "bad comment line: %.*s\n", (int)len, line);
                 fail();
             }
@@ -161,7 +163,9 @@ static void test_counts_survive_reacquire_and_reset_after_last_release(void **st
     sl_metrics_route_release(gen1);
     sl_metrics_observe(gen2, 0, 200, 100);
     char *text = render_to_string();
-    assert_true(sample(text, "sluice_requests_total{api=\"api\",operation=\"op\",code_class=\"2xx\"}") == 2);
+    assert_true(
+        sample(text, "sluice_requests_total{api=\"api\",operation=\"op\",code_class=\"2xx\"}") ==
+        2);
     free(text);
     sl_metrics_route_release(gen2);
 
@@ -177,13 +181,13 @@ static void test_latency_buckets_and_status_classes(void **state)
     (void)state;
     assert_int_equal(sl_metrics_init(4), 0);
     sl_route_stats_t *s = sl_metrics_route_acquire("hist", "op");
-    sl_metrics_observe(s, 0, 200, 0);       /* le 0.0005 */
-    sl_metrics_observe(s, 0, 204, 500);     /* le 0.0005, bound inclusive */
-    sl_metrics_observe(s, 1, 301, 501);     /* le 0.001 */
-    sl_metrics_observe(s, 2, 404, 30000);   /* le 0.05 */
-    sl_metrics_observe(s, 3, 503, 5000000); /* le 5 */
-    sl_metrics_observe(s, 3, 502, 5000001); /* +Inf only */
-    sl_metrics_observe(s, 3, 999, 1);       /* nonsense status: class "other" */
+    sl_metrics_observe(s, 0, 200, 0);              /* le 0.0005 */
+    sl_metrics_observe(s, 0, 204, 500);            /* le 0.0005, bound inclusive */
+    sl_metrics_observe(s, 1, 301, 501);            /* le 0.001 */
+    sl_metrics_observe(s, 2, 404, 30000);          /* le 0.05 */
+    sl_metrics_observe(s, 3, 503, 5000000);        /* le 5 */
+    sl_metrics_observe(s, 3, 502, 5000001);        /* +Inf only */
+    sl_metrics_observe(s, 3, 999, 1);              /* nonsense status: class "other" */
     sl_metrics_observe(s, SL_MAX_WORKERS, 200, 1); /* out of range: ignored */
     sl_metrics_observe(NULL, 0, 200, 1);
 
@@ -225,11 +229,13 @@ static void test_init_bounds_the_workers_summed(void **state)
     sl_metrics_observe(s, 1, 200, 1);
     sl_metrics_observe(s, 5, 200, 1); /* beyond nworkers */
     char *t = render_to_string();
-    assert_true(sample(t, "sluice_requests_total{api=\"sum\",operation=\"op\",code_class=\"2xx\"}") == 2);
+    assert_true(
+        sample(t, "sluice_requests_total{api=\"sum\",operation=\"op\",code_class=\"2xx\"}") == 2);
     free(t);
     assert_int_equal(sl_metrics_init(SL_MAX_WORKERS), 0);
     t = render_to_string();
-    assert_true(sample(t, "sluice_requests_total{api=\"sum\",operation=\"op\",code_class=\"2xx\"}") == 3);
+    assert_true(
+        sample(t, "sluice_requests_total{api=\"sum\",operation=\"op\",code_class=\"2xx\"}") == 3);
     free(t);
     sl_metrics_route_release(s);
 }
@@ -241,8 +247,9 @@ static void test_label_values_are_escaped(void **state)
     sl_cluster_stats_t *c = sl_metrics_cluster_acquire("c\"1");
     sl_metrics_observe(s, 0, 200, 1);
     char *t = render_to_string();
-    assert_true(sample(t, "sluice_requests_total{api=\"we\\\"ird\\\\api\",operation=\"line\\nbreak\","
-                          "code_class=\"2xx\"}") == 1);
+    assert_true(sample(t,
+                       "sluice_requests_total{api=\"we\\\"ird\\\\api\",operation=\"line\\nbreak\","
+                       "code_class=\"2xx\"}") == 1);
     assert_true(sample(t, "sluice_upstream_requests_total{cluster=\"c\\\"1\"}") == 0);
     assert_valid_exposition(t);
     free(t);
@@ -266,11 +273,14 @@ static void test_cluster_counters_and_error_kinds(void **state)
     assert_true(sample(t, "sluice_upstream_requests_total{cluster=\"echo\"}") == 15);
     assert_true(sample(t, "sluice_upstream_retries_total{cluster=\"echo\"}") == 2);
     assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"connect\"}") == 3);
-    assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"pool_full\"}") == 1);
+    assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"pool_full\"}") ==
+                1);
     assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"timeout\"}") == 0);
     assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"reset\"}") == 0);
-    assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"bad_response\"}") == 0);
-    assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"no_healthy\"}") == 0);
+    assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"bad_response\"}") ==
+                0);
+    assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"no_healthy\"}") ==
+                0);
     assert_non_null(strstr(t, "# TYPE sluice_upstream_errors_total counter\n"));
     free(t);
     sl_metrics_cluster_release(c);
@@ -342,7 +352,9 @@ static void test_ten_thousand_routes(void **state)
     }
     sl_metrics_observe(all[1234], 0, 200, 1);
     char *t = render_to_string();
-    assert_true(sample(t, "sluice_requests_total{api=\"big\",operation=\"op-1234\",code_class=\"2xx\"}") == 1);
+    assert_true(
+        sample(t, "sluice_requests_total{api=\"big\",operation=\"op-1234\",code_class=\"2xx\"}") ==
+        1);
     /* Idle routes are not rendered. */
     assert_null(strstr(t, "operation=\"op-1235\""));
     free(t);
@@ -388,9 +400,14 @@ static void test_concurrent_observe_and_render(void **state)
     for (unsigned i = 0; i < 4; i++)
         pthread_join(th[i], NULL);
     char *t = render_to_string();
-    assert_true(sample(t, "sluice_requests_total{api=\"conc\",operation=\"op\",code_class=\"2xx\"}") == 800000);
-    assert_true(sample(t, "sluice_request_duration_seconds_bucket{api=\"conc\",operation=\"op\",le=\"0.001\"}") ==
-                800000);
+    assert_true(
+        sample(t, "sluice_requests_total{api=\"conc\",operation=\"op\",code_class=\"2xx\"}") ==
+        800000);
+    assert_true(
+        sample(
+            t,
+            "sluice_request_duration_seconds_bucket{api=\"conc\",operation=\"op\",le=\"0.001\"}") ==
+        800000);
     free(t);
     sl_metrics_route_release(s);
     assert_int_equal(sl_metrics_init(SL_MAX_WORKERS), 0);
