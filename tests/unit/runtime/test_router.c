@@ -1,0 +1,1068 @@
+/*
+ * Unit tests of runtime/router.c: every precedence rule of router.h, hosts
+ * and their fallback, base paths, 405 and Allow, header and query matches,
+ * regex anchoring and errors, and 10,000 routes each resolving to itself.
+ * Snapshots are built by hand with the protobuf-c structs, as the compiler
+ * would produce them, and freed with protobuf-c's free_unpacked (every
+ * string and array here comes from malloc).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "../../../runtime/router.c"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXACT SLUICE__V1__ROUTE__PATH_KIND__EXACT
+#define PREFIX SLUICE__V1__ROUTE__PATH_KIND__PREFIX
+#define TEMPLATE SLUICE__V1__ROUTE__PATH_KIND__TEMPLATE
+#define REGEX SLUICE__V1__ROUTE__PATH_KIND__REGEX
+
+#define M_EXACT SLUICE__V1__HEADER_MATCH__KIND__EXACT
+#define M_PREFIX SLUICE__V1__HEADER_MATCH__KIND__PREFIX
+#define M_REGEX SLUICE__V1__HEADER_MATCH__KIND__REGEX
+#define M_PRESENT SLUICE__V1__HEADER_MATCH__KIND__PRESENT
+
+/* ------------------------------------------------------------------------ */
+/* Snapshot builders                                                        */
+
+static char *xstrdup(const char *s)
+{
+    char *p = strdup(s);
+    assert_non_null(p);
+    return p;
+}
+
+static void *xappend(void *arr, size_t n, size_t elem)
+{
+    void *p = realloc(arr, (n + 1) * elem);
+    assert_non_null(p);
+    return p;
+}
+
+static Sluice__V1__Snapshot *snap_new(void)
+{
+    Sluice__V1__Snapshot *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    sluice__v1__snapshot__init(s);
+    return s;
+}
+
+static void snap_free(Sluice__V1__Snapshot *s)
+{
+    sluice__v1__snapshot__free_unpacked(s, NULL);
+}
+
+/* hosts: comma-separated list, or NULL for none (= "*"). */
+static Sluice__V1__RouteTable *add_table(Sluice__V1__Snapshot *s, const char *name,
+                                         const char *hosts, const char *base)
+{
+    Sluice__V1__RouteTable *t = calloc(1, sizeof *t);
+    assert_non_null(t);
+    sluice__v1__route_table__init(t);
+    t->name = xstrdup(name);
+    t->base_path = xstrdup(base);
+    if (hosts) {
+        char *copy = xstrdup(hosts), *save = NULL;
+        for (char *h = strtok_r(copy, ",", &save); h; h = strtok_r(NULL, ",", &save)) {
+            t->hosts = xappend(t->hosts, t->n_hosts, sizeof *t->hosts);
+            t->hosts[t->n_hosts++] = xstrdup(h);
+        }
+        free(copy);
+    }
+    s->route_tables = xappend(s->route_tables, s->n_route_tables, sizeof *s->route_tables);
+    s->route_tables[s->n_route_tables++] = t;
+    return t;
+}
+
+/* methods: comma-separated, or NULL for any method. */
+static Sluice__V1__Route *add_route(Sluice__V1__RouteTable *t, const char *name,
+                                    const char *methods, int kind, const char *path)
+{
+    Sluice__V1__Route *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    sluice__v1__route__init(r);
+    r->name = xstrdup(name);
+    r->path_kind = (Sluice__V1__Route__PathKind)kind;
+    r->path = xstrdup(path);
+    if (methods) {
+        char *copy = xstrdup(methods), *save = NULL;
+        for (char *m = strtok_r(copy, ",", &save); m; m = strtok_r(NULL, ",", &save)) {
+            r->methods = xappend(r->methods, r->n_methods, sizeof *r->methods);
+            r->methods[r->n_methods++] = xstrdup(m);
+        }
+        free(copy);
+    }
+    t->routes = xappend(t->routes, t->n_routes, sizeof *t->routes);
+    t->routes[t->n_routes++] = r;
+    return r;
+}
+
+static void add_match(Sluice__V1__Route *r, bool query, const char *name, const char *value,
+                      int kind, bool invert)
+{
+    Sluice__V1__HeaderMatch *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    sluice__v1__header_match__init(m);
+    m->name = xstrdup(name);
+    m->value = xstrdup(value);
+    m->kind = (Sluice__V1__HeaderMatch__Kind)kind;
+    m->invert = invert;
+    if (query) {
+        r->query = xappend(r->query, r->n_query, sizeof *r->query);
+        r->query[r->n_query++] = m;
+    } else {
+        r->headers = xappend(r->headers, r->n_headers, sizeof *r->headers);
+        r->headers[r->n_headers++] = m;
+    }
+}
+
+static sl_router_t *build_ok(const Sluice__V1__Snapshot *s)
+{
+    char err[512];
+    sl_router_t *r = sl_router_build(s, err, sizeof err);
+    if (!r)
+        fail_msg("sl_router_build: %s", err);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Requests                                                                 */
+
+static unsigned test_method_bit(const char *m)
+{
+    static const char *names[] = {"GET",    "HEAD",    "POST",  "PUT",    "DELETE",
+                                  "PATCH",  "OPTIONS", "TRACE", "CONNECT"};
+    for (unsigned i = 0; i < SL_ARRAY_LEN(names); i++)
+        if (strcmp(m, names[i]) == 0)
+            return 1u << i;
+    return SL_METHOD_OTHER;
+}
+
+/* hdrs: NULL or { name, value, name, value, ..., NULL }. target may carry a
+ * query after '?'. */
+static int do_match(const sl_router_t *r, const char *method, const char *host,
+                    const char *target, const char *const *hdrs, sl_router_result_t *res)
+{
+    sl_http1_header_t headers[16];
+    size_t nh = 0;
+    for (size_t i = 0; hdrs && hdrs[i]; i += 2) {
+        assert_true(nh < SL_ARRAY_LEN(headers));
+        headers[nh].name = (sl_str_t){hdrs[i], strlen(hdrs[i])};
+        headers[nh].value = (sl_str_t){hdrs[i + 1], strlen(hdrs[i + 1])};
+        nh++;
+    }
+    const char *q = strchr(target, '?');
+    sl_router_request_t req = {
+        .host = {host, strlen(host)},
+        .path = {target, q ? (size_t)(q - target) : strlen(target)},
+        .query = {q ? q + 1 : "", q ? strlen(q + 1) : 0},
+        .method_bit = test_method_bit(method),
+        .method = {method, strlen(method)},
+        .headers = headers,
+        .num_headers = nh,
+    };
+    memset(res, 0xa5, sizeof *res); /* prove the router sets what it returns */
+    return sl_router_match(r, &req, res);
+}
+
+#define EXPECT_ROUTE_H(r, m, h, t, hdrs, ti, ri)                                                 \
+    do {                                                                                         \
+        sl_router_result_t res_;                                                                 \
+        int rc_ = do_match((r), (m), (h), (t), (hdrs), &res_);                                   \
+        if (rc_ != SL_OK)                                                                        \
+            fail_msg("%s %s%s: got %d, want route %d/%d", (m), (h), (t), rc_, (ti), (ri));       \
+        if (res_.table_index != (uint32_t)(ti) || res_.route_index != (uint32_t)(ri))            \
+            fail_msg("%s %s%s: got route %u/%u, want %d/%d", (m), (h), (t), res_.table_index,    \
+                     res_.route_index, (ti), (ri));                                              \
+    } while (0)
+
+#define EXPECT_ROUTE(r, m, h, t, ti, ri) EXPECT_ROUTE_H(r, m, h, t, NULL, ti, ri)
+
+#define EXPECT_STATUS_H(r, m, h, t, hdrs, status)                                                \
+    do {                                                                                         \
+        sl_router_result_t res_;                                                                 \
+        int rc_ = do_match((r), (m), (h), (t), (hdrs), &res_);                                   \
+        if (rc_ != (status))                                                                     \
+            fail_msg("%s %s%s: got %d (route %u/%u), want %d", (m), (h), (t), rc_,               \
+                     res_.table_index, res_.route_index, (status));                              \
+    } while (0)
+
+#define EXPECT_STATUS(r, m, h, t, status) EXPECT_STATUS_H(r, m, h, t, NULL, status)
+
+#define EXPECT_405(r, m, h, t, allow)                                                            \
+    do {                                                                                         \
+        sl_router_result_t res_;                                                                 \
+        int rc_ = do_match((r), (m), (h), (t), NULL, &res_);                                     \
+        if (rc_ != 405)                                                                          \
+            fail_msg("%s %s%s: got %d, want 405", (m), (h), (t), rc_);                           \
+        if (res_.allow_methods != (unsigned)(allow))                                             \
+            fail_msg("%s %s%s: Allow bits 0x%x, want 0x%x", (m), (h), (t), res_.allow_methods,   \
+                     (unsigned)(allow));                                                         \
+    } while (0)
+
+static void expect_build_error(const Sluice__V1__Snapshot *s, const char *want)
+{
+    char err[512];
+    sl_router_t *r = sl_router_build(s, err, sizeof err);
+    if (r) {
+        sl_router_free(r);
+        fail_msg("build succeeded, want error \"%s\"", want);
+    }
+    assert_string_equal(err, want);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tests                                                                    */
+
+static void test_empty_snapshot_is_404(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    sl_router_t *r = build_ok(s);
+    EXPECT_STATUS(r, "GET", "example.com", "/", 404);
+    EXPECT_STATUS(r, "GET", "", "/anything", 404);
+    sl_router_free(r);
+
+    /* A table without routes routes nothing either. */
+    add_table(s, "empty", NULL, "/");
+    r = build_ok(s);
+    EXPECT_STATUS(r, "GET", "example.com", "/", 404);
+    sl_router_free(r);
+    snap_free(s);
+
+    /* No snapshot at all is an empty one. */
+    char err[64];
+    r = sl_router_build(NULL, err, sizeof err);
+    assert_non_null(r);
+    EXPECT_STATUS(r, "GET", "a", "/", 404);
+    sl_router_free(r);
+}
+
+static void test_exact_beats_template_beats_prefix_beats_regex(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    /* Declared in reverse order of precedence: order must not matter. */
+    add_route(t, "regex", NULL, REGEX, "/pets/.*");           /* 0 */
+    add_route(t, "prefix", NULL, PREFIX, "/pets");            /* 1 */
+    add_route(t, "template", NULL, TEMPLATE, "/pets/{id}");   /* 2 */
+    add_route(t, "exact", NULL, EXACT, "/pets/mine");         /* 3 */
+    add_route(t, "regex-only", NULL, REGEX, "/other/[a-z]+"); /* 4 */
+    sl_router_t *r = build_ok(s);
+
+    EXPECT_ROUTE(r, "GET", "h", "/pets/mine", 0, 3);
+    EXPECT_ROUTE(r, "GET", "h", "/pets/7", 0, 2);
+    EXPECT_ROUTE(r, "GET", "h", "/pets/7/photos", 0, 1); /* regex matches too */
+    EXPECT_ROUTE(r, "GET", "h", "/pets", 0, 1);
+    EXPECT_ROUTE(r, "GET", "h", "/pets/", 0, 1); /* template needs a non-empty segment */
+    EXPECT_ROUTE(r, "GET", "h", "/other/abc", 0, 4);
+    EXPECT_STATUS(r, "GET", "h", "/other/abc1", 404);
+    EXPECT_STATUS(r, "GET", "h", "/pet", 404);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_exact_and_template_same_node(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    add_route(t, "tpl-literal", NULL, TEMPLATE, "/users/me"); /* 0 */
+    add_route(t, "exact", NULL, EXACT, "/users/me");          /* 1 */
+    add_route(t, "tpl", NULL, TEMPLATE, "/users/{id}");       /* 2 */
+    sl_router_t *r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "h", "/users/me", 0, 1);
+    EXPECT_ROUTE(r, "GET", "h", "/users/42", 0, 2);
+    EXPECT_STATUS(r, "GET", "h", "/users/42/x", 404);
+    EXPECT_STATUS(r, "GET", "h", "/users/me/", 404); /* trailing slash is significant */
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_literal_beats_param_left_to_right(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    add_route(t, "y-b-c", NULL, TEMPLATE, "/{y}/b/c");    /* 0 */
+    add_route(t, "a-x-c", NULL, TEMPLATE, "/a/{x}/c");    /* 1 */
+    add_route(t, "a-x-d", NULL, TEMPLATE, "/a/{x}/d");    /* 2 */
+    add_route(t, "y-z-e", NULL, TEMPLATE, "/{y}/{z}/e");  /* 3 */
+    add_route(t, "a-b-e", NULL, TEMPLATE, "/{y}/b/e");    /* 4 */
+    sl_router_t *r = build_ok(s);
+    /* First segment literal "a" beats "{y}" even though 0 was declared first. */
+    EXPECT_ROUTE(r, "GET", "h", "/a/b/c", 0, 1);
+    EXPECT_ROUTE(r, "GET", "h", "/z/b/c", 0, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/a/q/d", 0, 2);
+    /* The literal branch fails deeper: backtrack to the parameter branch. */
+    EXPECT_ROUTE(r, "GET", "h", "/a/q/e", 0, 3);
+    /* Under "{y}", literal "b" beats "{z}". */
+    EXPECT_ROUTE(r, "GET", "h", "/q/b/e", 0, 4);
+    EXPECT_STATUS(r, "GET", "h", "/a/b", 404);
+    EXPECT_STATUS(r, "GET", "h", "//b/c", 404); /* a parameter never matches "" */
+    /* Percent-encoding is not decoded: %2F stays inside one segment. */
+    EXPECT_ROUTE(r, "GET", "h", "/a%2Fb/b/c", 0, 0);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_longest_prefix_wins(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    add_route(t, "a", NULL, PREFIX, "/a");           /* 0 */
+    add_route(t, "a-b", NULL, PREFIX, "/a/b");       /* 1 */
+    add_route(t, "a-bc", NULL, PREFIX, "/a/bc");     /* 2 */
+    add_route(t, "a-b-", NULL, PREFIX, "/a/b/");     /* 3 */
+    add_route(t, "root", NULL, PREFIX, "/");         /* 4 */
+    add_route(t, "a-b-c-d", NULL, PREFIX, "/a/b/c/d"); /* 5 */
+    sl_router_t *r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "h", "/a/bcd", 0, 2);
+    EXPECT_ROUTE(r, "GET", "h", "/a/bc", 0, 2);
+    EXPECT_ROUTE(r, "GET", "h", "/a/b", 0, 1);
+    EXPECT_ROUTE(r, "GET", "h", "/a/bx", 0, 1);
+    EXPECT_ROUTE(r, "GET", "h", "/a/b/", 0, 3);
+    EXPECT_ROUTE(r, "GET", "h", "/a/b/c", 0, 3);
+    EXPECT_ROUTE(r, "GET", "h", "/a/b/c/d", 0, 5);
+    EXPECT_ROUTE(r, "GET", "h", "/a/b/c/de/f", 0, 5);
+    EXPECT_ROUTE(r, "GET", "h", "/a/b/c/x", 0, 3); /* deepest node fails: back off */
+    EXPECT_ROUTE(r, "GET", "h", "/a", 0, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/ab", 0, 0); /* plain string prefix, like Envoy */
+    EXPECT_ROUTE(r, "GET", "h", "/a/x", 0, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/", 0, 4);
+    EXPECT_ROUTE(r, "GET", "h", "/zzz", 0, 4);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_more_matches_first_then_declaration_order(void **state)
+{
+    (void)state;
+    const char *const v2[] = {"X-Version", "2", NULL};
+    const char *const v2beta[] = {"X-Version", "2", "X-Beta", "1", NULL};
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    add_route(t, "plain", NULL, TEMPLATE, "/pets/{id}");                  /* 0 */
+    add_route(t, "plain-dup", NULL, TEMPLATE, "/pets/{petId}");           /* 1 */
+    Sluice__V1__Route *v = add_route(t, "v2", NULL, TEMPLATE, "/pets/{x}"); /* 2 */
+    add_match(v, false, "x-version", "2", M_EXACT, false);
+    Sluice__V1__Route *vb = add_route(t, "v2beta", NULL, TEMPLATE, "/pets/{x}"); /* 3 */
+    add_match(vb, false, "x-version", "2", M_EXACT, false);
+    add_match(vb, false, "x-beta", "", M_PRESENT, false);
+    Sluice__V1__Route *vq = add_route(t, "v2q", NULL, TEMPLATE, "/pets/{x}"); /* 4 */
+    add_match(vq, true, "debug", "", M_PRESENT, false);
+    /* Same for prefix and exact routes. */
+    add_route(t, "p", NULL, PREFIX, "/files");                            /* 5 */
+    Sluice__V1__Route *ph = add_route(t, "p-h", NULL, PREFIX, "/files");  /* 6 */
+    add_match(ph, false, "x-version", "2", M_EXACT, false);
+    add_route(t, "e", NULL, EXACT, "/e");                                 /* 7 */
+    Sluice__V1__Route *eh = add_route(t, "e-h", NULL, EXACT, "/e");       /* 8 */
+    add_match(eh, false, "x-version", "2", M_EXACT, false);
+    sl_router_t *r = build_ok(s);
+
+    EXPECT_ROUTE(r, "GET", "h", "/pets/1", 0, 0);
+    EXPECT_ROUTE_H(r, "GET", "h", "/pets/1", v2, 0, 2);
+    EXPECT_ROUTE_H(r, "GET", "h", "/pets/1", v2beta, 0, 3);
+    /* One query match and one header match tie: declaration order (2 < 4). */
+    EXPECT_ROUTE_H(r, "GET", "h", "/pets/1?debug", v2, 0, 2);
+    EXPECT_ROUTE(r, "GET", "h", "/pets/1?debug", 0, 4);
+    EXPECT_ROUTE(r, "GET", "h", "/files/a", 0, 5);
+    EXPECT_ROUTE_H(r, "GET", "h", "/files/a", v2, 0, 6);
+    EXPECT_ROUTE(r, "GET", "h", "/e", 0, 7);
+    EXPECT_ROUTE_H(r, "GET", "h", "/e", v2, 0, 8);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_regex_declaration_order_and_same_pattern(void **state)
+{
+    (void)state;
+    const char *const hv[] = {"x-v", "1", NULL};
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    add_route(t, "broad", NULL, REGEX, "/r/.*");           /* 0 */
+    add_route(t, "narrow", NULL, REGEX, "/r/[0-9]+");      /* 1: shadowed by 0 */
+    add_route(t, "other", NULL, REGEX, "/s/[0-9]+");       /* 2 */
+    Sluice__V1__Route *h = add_route(t, "other-h", NULL, REGEX, "/s/[0-9]+"); /* 3 */
+    add_match(h, false, "X-V", "1", M_EXACT, false);
+    sl_router_t *r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "h", "/r/12", 0, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/s/12", 0, 2);
+    EXPECT_ROUTE_H(r, "GET", "h", "/s/12", hv, 0, 3);
+    sl_router_free(r);
+    snap_free(s);
+
+    /* Declaration order across tables of one bucket. */
+    s = snap_new();
+    t = add_table(s, "t0", NULL, "/");
+    add_route(t, "first", NULL, REGEX, "/x/[a-z]+");
+    t = add_table(s, "t1", NULL, "/");
+    add_route(t, "second", NULL, REGEX, "/x/.*");
+    r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "h", "/x/abc", 0, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/x/ABC", 1, 0);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_regex_is_anchored(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    add_route(t, "num", NULL, REGEX, "/pets/[0-9]+");  /* 0 */
+    add_route(t, "alt", NULL, REGEX, "/a|/ab");        /* 1 */
+    add_route(t, "quoted", NULL, REGEX, "/q\\Q.*");    /* 2: \Q without \E */
+    sl_router_t *r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "h", "/pets/12", 0, 0);
+    EXPECT_STATUS(r, "GET", "h", "/pets/12/x", 404);
+    EXPECT_STATUS(r, "GET", "h", "/x/pets/12", 404);
+    EXPECT_STATUS(r, "GET", "h", "/pets/", 404);
+    /* End anchoring must backtrack into the longer alternative. */
+    EXPECT_ROUTE(r, "GET", "h", "/ab", 0, 1);
+    EXPECT_ROUTE(r, "GET", "h", "/a", 0, 1);
+    EXPECT_STATUS(r, "GET", "h", "/abc", 404);
+    EXPECT_ROUTE(r, "GET", "h", "/q.*", 0, 2);
+    EXPECT_STATUS(r, "GET", "h", "/qxx", 404);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_hosts_exact_wildcard_star(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    add_route(add_table(s, "exact", "api.example.com", "/"), "x", NULL, EXACT, "/x");
+    add_route(add_table(s, "wild", "*.example.com", "/"), "x", NULL, EXACT, "/x");
+    add_route(add_table(s, "wild-b", "*.B.example.com", "/"), "x", NULL, EXACT, "/x");
+    add_route(add_table(s, "star", "*", "/"), "x", NULL, EXACT, "/x");
+    add_route(add_table(s, "upper", "Shop.Example.ORG.", "/"), "x", NULL, EXACT, "/x");
+    sl_router_t *r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "api.example.com", "/x", 0, 0);
+    EXPECT_ROUTE(r, "GET", "API.Example.COM", "/x", 0, 0);
+    EXPECT_ROUTE(r, "GET", "api.example.com.", "/x", 0, 0);
+    EXPECT_ROUTE(r, "GET", "a.example.com", "/x", 1, 0);
+    EXPECT_ROUTE(r, "GET", "A.EXAMPLE.com", "/x", 1, 0);
+    EXPECT_ROUTE(r, "GET", "a.b.example.com", "/x", 2, 0); /* longest suffix first */
+    EXPECT_ROUTE(r, "GET", "x.y.b.example.com", "/x", 2, 0);
+    EXPECT_ROUTE(r, "GET", "b.example.com", "/x", 1, 0);   /* "*.b..." needs a label */
+    EXPECT_ROUTE(r, "GET", "example.com", "/x", 3, 0);     /* not matched by "*.example.com" */
+    EXPECT_ROUTE(r, "GET", "xexample.com", "/x", 3, 0);
+    EXPECT_ROUTE(r, "GET", ".example.com", "/x", 3, 0); /* no label before the suffix */
+    EXPECT_ROUTE(r, "GET", "other.org", "/x", 3, 0);
+    EXPECT_ROUTE(r, "GET", "", "/x", 3, 0);
+    EXPECT_ROUTE(r, "GET", "shop.example.org", "/x", 4, 0);
+    /* A host longer than any DNS name only reaches "*". */
+    char longhost[400];
+    memset(longhost, 'a', sizeof longhost - 1);
+    longhost[sizeof longhost - 1] = '\0';
+    memcpy(longhost + sizeof longhost - 1 - 12, ".example.com", 12);
+    EXPECT_ROUTE(r, "GET", longhost, "/x", 3, 0);
+    sl_router_free(r);
+    snap_free(s);
+
+    /* Without a "*" table, an unknown host is a 404; no hosts = "*". */
+    s = snap_new();
+    add_route(add_table(s, "exact", "api.example.com,API.example.com.", "/"), "x", NULL, EXACT,
+              "/x");
+    r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "api.example.com", "/x", 0, 0);
+    EXPECT_STATUS(r, "GET", "other.org", "/x", 404);
+    /* A host named twice puts the table once into its bucket. */
+    uint32_t n_exact = 0;
+    for (uint32_t i = 0; i < r->n_nodes; i++)
+        n_exact += r->nodes[i].n_exact;
+    assert_int_equal(n_exact, 1);
+    assert_int_equal(r->n_buckets, 1);
+    sl_router_free(r);
+    add_route(add_table(s, "nohosts", NULL, "/"), "y", NULL, EXACT, "/x");
+    r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "other.org", "/x", 1, 0);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_host_fallback_to_less_specific_bucket(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    add_route(add_table(s, "exact", "api.example.com", "/"), "only-a", "GET", EXACT, "/a");
+    Sluice__V1__RouteTable *w = add_table(s, "wild", "*.example.com", "/");
+    add_route(w, "b", NULL, EXACT, "/b");
+    add_route(w, "a-post", "POST", EXACT, "/a");
+    add_route(add_table(s, "star", NULL, "/"), "c", NULL, PREFIX, "/");
+    sl_router_t *r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "api.example.com", "/a", 0, 0);
+    EXPECT_ROUTE(r, "GET", "api.example.com", "/b", 1, 0);      /* exact -> wildcard */
+    EXPECT_ROUTE(r, "POST", "api.example.com", "/a", 1, 1);     /* method fails: next bucket */
+    EXPECT_ROUTE(r, "GET", "api.example.com", "/c", 2, 0);      /* exact -> wildcard -> * */
+    EXPECT_ROUTE(r, "GET", "z.example.com", "/a", 2, 0);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_base_path(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "petstore", NULL, "/petstore/v1");
+    add_route(t, "list", NULL, EXACT, "/pets");           /* 0 */
+    add_route(t, "get", NULL, TEMPLATE, "/pets/{id}");    /* 1 */
+    add_route(t, "root", NULL, EXACT, "/");               /* 2 */
+    add_route(t, "re", NULL, REGEX, "/re/[0-9]+");        /* 3 */
+    Sluice__V1__RouteTable *u = add_table(s, "other", NULL, "/petstore/v1x");
+    add_route(u, "all", NULL, PREFIX, "/");               /* 1/0 */
+    Sluice__V1__RouteTable *v = add_table(s, "files", NULL, "/files");
+    add_route(v, "p", NULL, PREFIX, "/docs");             /* 2/0 */
+    add_route(v, "tplroot", NULL, TEMPLATE, "/");         /* 2/1 */
+    add_route(v, "re-root", NULL, REGEX, "/");            /* 2/2 */
+    sl_router_t *r = build_ok(s);
+    sl_router_result_t res;
+
+    assert_int_equal(do_match(r, "GET", "h", "/petstore/v1/pets", NULL, &res), SL_OK);
+    assert_int_equal(res.route_index, 0);
+    assert_int_equal(res.base_path_len, strlen("/petstore/v1"));
+    EXPECT_ROUTE(r, "GET", "h", "/petstore/v1/pets/7", 0, 1);
+    EXPECT_STATUS(r, "GET", "h", "/petstore/v1/pets/", 404); /* trailing slash significant */
+    /* The Api root answers with and without the trailing slash. */
+    EXPECT_ROUTE(r, "GET", "h", "/petstore/v1", 0, 2);
+    EXPECT_ROUTE(r, "GET", "h", "/petstore/v1/", 0, 2);
+    EXPECT_STATUS(r, "GET", "h", "/petstore/v1//", 404);
+    EXPECT_ROUTE(r, "GET", "h", "/petstore/v1/re/42", 0, 3);
+    EXPECT_STATUS(r, "GET", "h", "/petstore/v1/re/42/", 404);
+    EXPECT_STATUS(r, "GET", "h", "/petstore/v1/pets/../re/1", 404);
+    /* "/petstore/v1x" is another base path, never under "/petstore/v1". */
+    EXPECT_ROUTE(r, "GET", "h", "/petstore/v1x", 1, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/petstore/v1x/pets", 1, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/petstore/v1x/re/42", 1, 0);
+    assert_int_equal(do_match(r, "GET", "h", "/petstore/v1x/pets", NULL, &res), SL_OK);
+    assert_int_equal(res.base_path_len, strlen("/petstore/v1x"));
+    EXPECT_STATUS(r, "GET", "h", "/petstore/v2/pets", 404);
+    EXPECT_STATUS(r, "GET", "h", "/petstore", 404);
+    EXPECT_ROUTE(r, "GET", "h", "/files/docs/a", 2, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/files/docsx", 2, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/files", 2, 1);
+    EXPECT_ROUTE(r, "GET", "h", "/files/", 2, 1);
+    EXPECT_STATUS(r, "GET", "h", "/filesdocs", 404);
+    sl_router_free(r);
+    snap_free(s);
+
+    /* A regex sees "/" for the base path itself; a prefix "/" under a base
+     * matches the base with and without slash, and nothing beside it. */
+    s = snap_new();
+    t = add_table(s, "a", NULL, "/api");
+    add_route(t, "re-root", NULL, REGEX, "/");
+    add_route(t, "pfx", "POST", PREFIX, "/");
+    r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "h", "/api", 0, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/api/", 0, 0);
+    EXPECT_405(r, "GET", "h", "/api/x", SL_METHOD_POST); /* only the prefix route matches */
+    EXPECT_ROUTE(r, "POST", "h", "/api", 0, 1);
+    EXPECT_ROUTE(r, "POST", "h", "/api/", 0, 1);
+    EXPECT_ROUTE(r, "POST", "h", "/api/x/y", 0, 1);
+    EXPECT_STATUS(r, "POST", "h", "/apix", 404);
+    sl_router_free(r);
+    snap_free(s);
+
+    /* A regex that does not start with '/' still only sees paths under its
+     * base: "/apix" has no remainder "x" to offer it. */
+    s = snap_new();
+    t = add_table(s, "a", NULL, "/api");
+    add_route(t, "any", NULL, REGEX, ".*");
+    r = build_ok(s);
+    EXPECT_ROUTE(r, "GET", "h", "/api", 0, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/api/x", 0, 0);
+    EXPECT_STATUS(r, "GET", "h", "/apix", 404);
+    EXPECT_STATUS(r, "GET", "h", "/ap", 404);
+    assert_int_equal(do_match(r, "POST", "h", "/api", NULL, &res), SL_OK);
+    assert_int_equal(res.base_path_len, 4);
+    sl_router_free(r);
+    snap_free(s);
+
+    /* Base path "" is "/"; base_path_len is 0. */
+    s = snap_new();
+    t = add_table(s, "a", NULL, "");
+    add_route(t, "root", NULL, EXACT, "/");
+    add_route(t, "x", NULL, EXACT, "/x");
+    r = build_ok(s);
+    assert_int_equal(do_match(r, "GET", "h", "/x", NULL, &res), SL_OK);
+    assert_int_equal(res.base_path_len, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/", 0, 0);
+    EXPECT_STATUS(r, "GET", "h", "//", 404);
+    EXPECT_STATUS(r, "GET", "h", "*", 404);
+    EXPECT_STATUS(r, "GET", "h", "", 404);
+    EXPECT_STATUS(r, "GET", "h", "x", 404);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_405_allow_bits(void **state)
+{
+    (void)state;
+    const char *const beta[] = {"x-beta", "1", NULL};
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", "api.example.com", "/v1");
+    add_route(t, "list", "GET,HEAD", EXACT, "/pets");      /* 0 */
+    add_route(t, "create", "POST", EXACT, "/pets");        /* 1 */
+    add_route(t, "delete", "DELETE", TEMPLATE, "/pets/{id}"); /* 2 */
+    add_route(t, "purge", "PURGE,GET", EXACT, "/cache");   /* 3 */
+    Sluice__V1__Route *b = add_route(t, "beta", "PUT", EXACT, "/beta"); /* 4 */
+    add_match(b, false, "x-beta", "1", M_EXACT, false);
+    add_route(t, "re", "OPTIONS", REGEX, "/re/.*");        /* 5 */
+    add_route(t, "pfx", "TRACE", PREFIX, "/pfx");          /* 6 */
+    Sluice__V1__RouteTable *u = add_table(s, "u", "*", "/v1");
+    add_route(u, "patch", "PATCH", EXACT, "/pets");        /* 1/0 */
+    sl_router_t *r = build_ok(s);
+
+    EXPECT_ROUTE(r, "HEAD", "api.example.com", "/v1/pets", 0, 0);
+    EXPECT_ROUTE(r, "POST", "api.example.com", "/v1/pets", 0, 1);
+    EXPECT_ROUTE(r, "PATCH", "api.example.com", "/v1/pets", 1, 0);
+    /* Union over every route and every host bucket that matched the path. */
+    EXPECT_405(r, "PUT", "api.example.com", "/v1/pets",
+               SL_METHOD_GET | SL_METHOD_HEAD | SL_METHOD_POST | SL_METHOD_PATCH);
+    EXPECT_405(r, "PUT", "other.org", "/v1/pets", SL_METHOD_PATCH);
+    EXPECT_405(r, "GET", "api.example.com", "/v1/pets/1", SL_METHOD_DELETE);
+    EXPECT_ROUTE(r, "DELETE", "api.example.com", "/v1/pets/1", 0, 2);
+    EXPECT_STATUS(r, "PUT", "api.example.com", "/v1/nothing", 404);
+    /* Methods outside the nine are matched by name (case-sensitive). */
+    EXPECT_ROUTE(r, "PURGE", "api.example.com", "/v1/cache", 0, 3);
+    EXPECT_405(r, "purge", "api.example.com", "/v1/cache", SL_METHOD_GET);
+    EXPECT_405(r, "FOO", "api.example.com", "/v1/cache", SL_METHOD_GET);
+    /* A route whose header match fails does not count as "path matched". */
+    EXPECT_STATUS(r, "GET", "api.example.com", "/v1/beta", 404);
+    EXPECT_STATUS_H(r, "GET", "api.example.com", "/v1/beta", beta, 405);
+    EXPECT_405(r, "GET", "api.example.com", "/v1/re/x", SL_METHOD_OPTIONS);
+    EXPECT_405(r, "GET", "api.example.com", "/v1/pfxyz", SL_METHOD_TRACE);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_header_matches(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    struct {
+        const char *path;
+        int kind;
+        const char *value;
+    } kinds[] = {
+        {"/exact", M_EXACT, "Bearer abc"},
+        {"/prefix", M_PREFIX, "Bearer "},
+        {"/regex", M_REGEX, "Bearer [a-z]+"},
+        {"/present", M_PRESENT, "ignored"},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(kinds); i++) {
+        Sluice__V1__Route *r0 = add_route(t, "m", NULL, EXACT, kinds[i].path);
+        add_match(r0, false, "Authorization", kinds[i].value, kinds[i].kind, false);
+        char inv[32];
+        snprintf(inv, sizeof inv, "/not%s", kinds[i].path + 1);
+        Sluice__V1__Route *r1 = add_route(t, "inv", NULL, EXACT, inv);
+        add_match(r1, false, "authorization", kinds[i].value, kinds[i].kind, true);
+    }
+    sl_router_t *r = build_ok(s);
+    const char *const abc[] = {"AUTHORIZATION", "Bearer abc", NULL};
+    const char *const abcd[] = {"authorization", "Bearer abcd", NULL};
+    const char *const upper[] = {"Authorization", "Bearer ABC", NULL};
+    const char *const basic[] = {"Authorization", "Basic x", NULL};
+    const char *const empty[] = {"Authorization", "", NULL};
+    const char *const other[] = {"X-Authorization", "Bearer abc", NULL};
+    const char *const two[] = {"Authorization", "Basic x", "authorization", "Bearer abc", NULL};
+
+    /* route indexes: exact 0/1, prefix 2/3, regex 4/5, present 6/7 */
+    EXPECT_ROUTE_H(r, "GET", "h", "/exact", abc, 0, 0);
+    EXPECT_STATUS_H(r, "GET", "h", "/exact", abcd, 404);
+    EXPECT_STATUS_H(r, "GET", "h", "/exact", upper, 404); /* values are case-sensitive */
+    EXPECT_STATUS_H(r, "GET", "h", "/exact", NULL, 404);
+    EXPECT_ROUTE_H(r, "GET", "h", "/exact", two, 0, 0); /* any occurrence */
+    EXPECT_STATUS_H(r, "GET", "h", "/notexact", abc, 404);
+    EXPECT_ROUTE_H(r, "GET", "h", "/notexact", abcd, 0, 1);
+    EXPECT_ROUTE_H(r, "GET", "h", "/notexact", NULL, 0, 1); /* absent: inverted holds */
+
+    EXPECT_ROUTE_H(r, "GET", "h", "/prefix", abcd, 0, 2);
+    EXPECT_STATUS_H(r, "GET", "h", "/prefix", basic, 404);
+    EXPECT_STATUS_H(r, "GET", "h", "/prefix", empty, 404);
+    EXPECT_ROUTE_H(r, "GET", "h", "/notprefix", basic, 0, 3);
+    EXPECT_STATUS_H(r, "GET", "h", "/notprefix", abc, 404);
+
+    EXPECT_ROUTE_H(r, "GET", "h", "/regex", abcd, 0, 4);
+    EXPECT_STATUS_H(r, "GET", "h", "/regex", upper, 404);
+    EXPECT_STATUS_H(r, "GET", "h", "/regex", other, 404);
+    const char *const tail[] = {"Authorization", "Bearer abc!", NULL};
+    EXPECT_STATUS_H(r, "GET", "h", "/regex", tail, 404); /* anchored at the end */
+    const char *const head[] = {"Authorization", "xBearer abc", NULL};
+    EXPECT_STATUS_H(r, "GET", "h", "/regex", head, 404); /* and at the start */
+    EXPECT_ROUTE_H(r, "GET", "h", "/notregex", upper, 0, 5);
+    EXPECT_STATUS_H(r, "GET", "h", "/notregex", abc, 404);
+
+    EXPECT_ROUTE_H(r, "GET", "h", "/present", empty, 0, 6);
+    EXPECT_STATUS_H(r, "GET", "h", "/present", other, 404);
+    EXPECT_ROUTE_H(r, "GET", "h", "/notpresent", other, 0, 7);
+    EXPECT_STATUS_H(r, "GET", "h", "/notpresent", basic, 404);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_query_matches(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    Sluice__V1__Route *q;
+    q = add_route(t, "exact", NULL, EXACT, "/exact");           /* 0 */
+    add_match(q, true, "format", "json", M_EXACT, false);
+    q = add_route(t, "prefix", NULL, EXACT, "/prefix");         /* 1 */
+    add_match(q, true, "v", "2.", M_PREFIX, false);
+    q = add_route(t, "regex", NULL, EXACT, "/regex");           /* 2 */
+    add_match(q, true, "id", "[0-9]+", M_REGEX, false);
+    q = add_route(t, "present", NULL, EXACT, "/present");       /* 3 */
+    add_match(q, true, "debug", "", M_PRESENT, false);
+    q = add_route(t, "notpresent", NULL, EXACT, "/notpresent"); /* 4 */
+    add_match(q, true, "debug", "", M_PRESENT, true);
+    q = add_route(t, "raw", NULL, EXACT, "/raw");               /* 5 */
+    add_match(q, true, "a b", "x%20y", M_EXACT, false);
+    q = add_route(t, "notexact", NULL, EXACT, "/notexact");     /* 6 */
+    add_match(q, true, "format", "json", M_EXACT, true);
+    q = add_route(t, "both", NULL, EXACT, "/both");             /* 7 */
+    add_match(q, true, "a", "1", M_EXACT, false);
+    add_match(q, false, "x-h", "", M_PRESENT, false);
+    sl_router_t *r = build_ok(s);
+    const char *const xh[] = {"X-H", "v", NULL};
+
+    EXPECT_ROUTE(r, "GET", "h", "/exact?format=json", 0, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/exact?a=1&format=json&b", 0, 0);
+    EXPECT_ROUTE(r, "GET", "h", "/exact?format=xml&format=json", 0, 0);
+    EXPECT_STATUS(r, "GET", "h", "/exact?format=jsonx", 404);
+    EXPECT_STATUS(r, "GET", "h", "/exact?Format=json", 404); /* names are exact */
+    EXPECT_STATUS(r, "GET", "h", "/exact?xformat=json", 404);
+    EXPECT_STATUS(r, "GET", "h", "/exact", 404);
+    EXPECT_ROUTE(r, "GET", "h", "/prefix?v=2.1", 0, 1);
+    EXPECT_STATUS(r, "GET", "h", "/prefix?v=1.2", 404);
+    EXPECT_STATUS(r, "GET", "h", "/prefix?v", 404);
+    EXPECT_ROUTE(r, "GET", "h", "/regex?id=123", 0, 2);
+    EXPECT_STATUS(r, "GET", "h", "/regex?id=123a", 404);
+    EXPECT_STATUS(r, "GET", "h", "/regex?id=", 404);
+    EXPECT_ROUTE(r, "GET", "h", "/present?debug", 0, 3);
+    EXPECT_ROUTE(r, "GET", "h", "/present?x=1&debug=", 0, 3);
+    EXPECT_STATUS(r, "GET", "h", "/present?debugx=1", 404);
+    EXPECT_STATUS(r, "GET", "h", "/present?x=debug", 404);
+    EXPECT_ROUTE(r, "GET", "h", "/notpresent?x=debug", 0, 4);
+    EXPECT_ROUTE(r, "GET", "h", "/notpresent", 0, 4);
+    EXPECT_STATUS(r, "GET", "h", "/notpresent?debug", 404);
+    EXPECT_ROUTE(r, "GET", "h", "/raw?a b=x%20y", 0, 5); /* raw, never decoded */
+    EXPECT_STATUS(r, "GET", "h", "/raw?a%20b=x%20y", 404);
+    EXPECT_ROUTE(r, "GET", "h", "/notexact?format=xml", 0, 6);
+    EXPECT_ROUTE(r, "GET", "h", "/notexact", 0, 6);
+    EXPECT_STATUS(r, "GET", "h", "/notexact?format=json", 404);
+    EXPECT_ROUTE_H(r, "GET", "h", "/both?a=1", xh, 0, 7);
+    EXPECT_STATUS(r, "GET", "h", "/both?a=1", 404);
+    EXPECT_STATUS_H(r, "GET", "h", "/both?a=2", xh, 404);
+    EXPECT_ROUTE_H(r, "GET", "h", "/both?&&a=1&", xh, 0, 7);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_bad_regex_errors(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "petstore", NULL, "/");
+    add_route(t, "listPets", NULL, REGEX, "/pets");
+    add_route(t, "getPet", NULL, REGEX, "/pets/[0-9");
+    expect_build_error(s, "route table petstore route getPet: regex \"/pets/[0-9\": "
+                          "missing terminating ] for character class at offset 10");
+    snap_free(s);
+
+    s = snap_new();
+    t = add_table(s, "petstore", NULL, "/");
+    Sluice__V1__Route *r = add_route(t, "getPet", NULL, EXACT, "/pets");
+    add_match(r, false, "X-Version", "(v1", M_REGEX, false);
+    expect_build_error(s, "route table petstore route getPet: header \"X-Version\" regex "
+                          "\"(v1\": missing closing parenthesis at offset 3");
+    snap_free(s);
+
+    s = snap_new();
+    t = add_table(s, "petstore", NULL, "/");
+    r = add_route(t, "getPet", NULL, EXACT, "/pets");
+    add_match(r, true, "id", "a{2,1}", M_REGEX, false);
+    expect_build_error(s, "route table petstore route getPet: query parameter \"id\" regex "
+                          "\"a{2,1}\": numbers out of order in {} quantifier at offset 5");
+    snap_free(s);
+}
+
+static void test_other_build_errors(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s;
+    Sluice__V1__RouteTable *t;
+
+    s = snap_new();
+    add_route(add_table(s, "petstore", NULL, "/"), "getPet", NULL, TEMPLATE, "/pets/{id");
+    expect_build_error(s, "route table petstore route getPet: path template \"/pets/{id\": "
+                          "unbalanced '{'");
+    snap_free(s);
+
+    s = snap_new();
+    add_route(add_table(s, "petstore", NULL, "/"), "", NULL, EXACT, "pets");
+    expect_build_error(s, "route table petstore route #0: path \"pets\" must start with '/'");
+    snap_free(s);
+
+    s = snap_new();
+    add_route(add_table(s, "petstore", NULL, "/v1/"), "x", NULL, EXACT, "/x");
+    expect_build_error(s, "route table petstore: base path \"/v1/\" must not end with '/'");
+    snap_free(s);
+
+    s = snap_new();
+    add_table(s, "petstore", NULL, "v1");
+    expect_build_error(s, "route table petstore: base path \"v1\" must start with '/'");
+    snap_free(s);
+
+    s = snap_new();
+    add_table(s, "petstore", "api.*.com", "/");
+    expect_build_error(s, "route table petstore: host \"api.*.com\": '*' is only allowed as "
+                          "\"*\" or a leading \"*.\"");
+    snap_free(s);
+
+    s = snap_new();
+    add_table(s, "", "*.", "/");
+    expect_build_error(s, "route table #0: host \"*.\": '*' is only allowed as \"*\" or a "
+                          "leading \"*.\"");
+    snap_free(s);
+
+    s = snap_new();
+    add_route(add_table(s, "petstore", NULL, "/"), "x", "GET,BAD METHOD", EXACT, "/x");
+    expect_build_error(s, "route table petstore route x: method \"BAD METHOD\" is not a valid "
+                          "HTTP method name");
+    snap_free(s);
+
+    s = snap_new();
+    t = add_table(s, "petstore", NULL, "/");
+    Sluice__V1__Route *r = add_route(t, "x", NULL, EXACT, "/x");
+    r->path_kind = (Sluice__V1__Route__PathKind)9;
+    expect_build_error(s, "route table petstore route x: unknown path kind 9");
+    snap_free(s);
+
+    s = snap_new();
+    r = add_route(add_table(s, "petstore", NULL, "/"), "x", NULL, EXACT, "/x");
+    add_match(r, false, "", "v", M_EXACT, false);
+    expect_build_error(s, "route table petstore route x: header match without a name");
+    snap_free(s);
+
+    s = snap_new();
+    r = add_route(add_table(s, "petstore", NULL, "/"), "x", NULL, EXACT, "/x");
+    add_match(r, true, "q", "v", 7, false);
+    expect_build_error(s, "route table petstore route x: query parameter \"q\": unknown match "
+                          "kind 7");
+    snap_free(s);
+
+    /* The depth bound: base + route segments. */
+    s = snap_new();
+    char deep[2 * (SL_ROUTER_MAX_DEPTH + 1) + 1];
+    for (int i = 0; i <= SL_ROUTER_MAX_DEPTH; i++)
+        memcpy(deep + 2 * i, "/a", 2);
+    deep[2 * (SL_ROUTER_MAX_DEPTH + 1)] = '\0';
+    add_route(add_table(s, "deep", NULL, "/"), "d", NULL, PREFIX, deep);
+    add_route(s->route_tables[0], "d2", NULL, EXACT, deep);
+    expect_build_error(s, "route table deep route d2: path has more than 128 segments (base "
+                          "path included)");
+    /* Exactly at the bound is fine. */
+    s->route_tables[0]->routes[1]->path[2 * SL_ROUTER_MAX_DEPTH] = '\0';
+    sl_router_t *rt = build_ok(s);
+    EXPECT_ROUTE(rt, "GET", "h", s->route_tables[0]->routes[1]->path, 0, 1);
+    EXPECT_ROUTE(rt, "GET", "h", deep, 0, 0);
+    sl_router_free(rt);
+    snap_free(s);
+
+    /* A NULL err buffer is allowed. */
+    s = snap_new();
+    add_table(s, "x", "a*", "/");
+    assert_null(sl_router_build(s, NULL, 0));
+    snap_free(s);
+}
+
+static void test_regex_match_limit_is_no_match(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    add_route(t, "evil", NULL, REGEX, "/(a|aa)+");
+    add_route(t, "fallback", NULL, PREFIX, "/zzz");
+    sl_router_t *r = build_ok(s);
+    char path[64] = "/";
+    memset(path + 1, 'a', 30);
+    strcat(path, "!");
+    /* Exponential backtracking: PCRE2's own default limit (10,000,000)
+     * would spend tens of ms here; the router's limit stops it early and
+     * the request is simply not routed by that regex. */
+    pcre2_match_data *md = thread_match_data();
+    assert_non_null(md);
+    assert_int_equal(pcre2_jit_match(r->routes[0].path_re, (PCRE2_SPTR)path, strlen(path), 0,
+                                     0, md, r->mctx),
+                     PCRE2_ERROR_MATCHLIMIT);
+    EXPECT_STATUS(r, "GET", "h", path, 404);
+    EXPECT_ROUTE(r, "GET", "h", "/aaaaaa", 0, 0);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+/* 10,000 routes over 100 Apis, 4 host kinds and 100 base paths; every one
+ * must resolve to itself. */
+static Sluice__V1__Snapshot *big_snapshot(int tables, int routes_per_table)
+{
+    Sluice__V1__Snapshot *s = snap_new();
+    char name[64], base[64], path[64], host[64];
+    for (int ti = 0; ti < tables; ti++) {
+        snprintf(name, sizeof name, "api%d", ti);
+        snprintf(base, sizeof base, "/svc%d/v%d", ti / 4, ti % 4);
+        switch (ti % 4) {
+        case 0:
+            snprintf(host, sizeof host, "api%d.example.com", ti);
+            break;
+        case 1:
+            snprintf(host, sizeof host, "*.zone%d.example.com", ti);
+            break;
+        default:
+            snprintf(host, sizeof host, "*");
+            break;
+        }
+        Sluice__V1__RouteTable *t = add_table(s, name, host, base);
+        for (int ri = 0; ri < routes_per_table; ri++) {
+            snprintf(name, sizeof name, "op%d", ri);
+            if (ri % 2 == 0) {
+                snprintf(path, sizeof path, "/res%d", ri);
+                add_route(t, name, ri % 4 == 0 ? "GET" : "POST", EXACT, path);
+            } else {
+                snprintf(path, sizeof path, "/res%d/{id}/items/{item}", ri);
+                add_route(t, name, NULL, TEMPLATE, path);
+            }
+        }
+    }
+    return s;
+}
+
+static void test_10000_routes_all_resolve(void **state)
+{
+    (void)state;
+    const int tables = 100, per = 100;
+    Sluice__V1__Snapshot *s = big_snapshot(tables, per);
+    sl_router_t *r = build_ok(s);
+    char host[64], path[128];
+    int checked = 0;
+    for (int ti = 0; ti < tables; ti++) {
+        switch (ti % 4) {
+        case 0:
+            snprintf(host, sizeof host, "API%d.example.com", ti);
+            break;
+        case 1:
+            snprintf(host, sizeof host, "node-7.zone%d.example.com", ti);
+            break;
+        default:
+            snprintf(host, sizeof host, "anything.example.net");
+            break;
+        }
+        for (int ri = 0; ri < per; ri++) {
+            const char *method = ri % 4 == 0 ? "GET" : ri % 2 == 0 ? "POST" : "PUT";
+            if (ri % 2 == 0)
+                snprintf(path, sizeof path, "/svc%d/v%d/res%d", ti / 4, ti % 4, ri);
+            else
+                snprintf(path, sizeof path, "/svc%d/v%d/res%d/%d/items/x%d", ti / 4, ti % 4, ri,
+                         ti * 1000 + ri, ri);
+            sl_router_result_t res;
+            int rc = do_match(r, method, host, path, NULL, &res);
+            if (rc != SL_OK || res.table_index != (uint32_t)ti ||
+                res.route_index != (uint32_t)ri)
+                fail_msg("%s %s%s: rc %d route %u/%u, want %d/%d", method, host, path, rc,
+                         res.table_index, res.route_index, ti, ri);
+            assert_int_equal(res.base_path_len, strlen(path) - strlen(strstr(path, "/res")));
+            checked++;
+        }
+    }
+    assert_int_equal(checked, 10000);
+    /* And near misses do not resolve. */
+    EXPECT_STATUS(r, "GET", "api0.example.com", "/svc0/v0/res0/", 404);
+    EXPECT_STATUS(r, "GET", "api0.example.com", "/svc0/v0/res1/1/items", 404);
+    EXPECT_405(r, "PUT", "api0.example.com", "/svc0/v0/res0", SL_METHOD_GET);
+    /* api1's host is "*.zone1.example.com": without it only "*" tables. */
+    EXPECT_STATUS(r, "PUT", "zone1.example.com", "/svc0/v1/res1/1/items/2", 404);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+typedef struct {
+    const sl_router_t *r;
+    int failures;
+} thread_arg_t;
+
+static void *match_thread(void *p)
+{
+    thread_arg_t *a = p;
+    for (int i = 0; i < 20000; i++) {
+        char path[64];
+        sl_router_result_t res;
+        snprintf(path, sizeof path, "/items/%d", i);
+        const char *const hv[] = {"x-n", i % 2 ? "odd" : "even", NULL};
+        int rc = do_match(a->r, "GET", "h", path, hv, &res);
+        if (rc != SL_OK || res.route_index != (uint32_t)(i % 2))
+            a->failures++;
+    }
+    return NULL;
+}
+
+static void test_concurrent_readers(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    Sluice__V1__Route *r0 = add_route(t, "even", "GET", REGEX, "/items/[0-9]*[02468]");
+    add_match(r0, false, "x-n", "e.*", M_REGEX, false);
+    Sluice__V1__Route *r1 = add_route(t, "odd", "GET", REGEX, "/items/[0-9]*[13579]");
+    add_match(r1, false, "x-n", "o.*", M_REGEX, false);
+    sl_router_t *r = build_ok(s);
+    pthread_t th[4];
+    thread_arg_t args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (thread_arg_t){r, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, match_thread, &args[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(args[i].failures, 0);
+    }
+    sl_router_free(r);
+    snap_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_empty_snapshot_is_404),
+        cmocka_unit_test(test_exact_beats_template_beats_prefix_beats_regex),
+        cmocka_unit_test(test_exact_and_template_same_node),
+        cmocka_unit_test(test_literal_beats_param_left_to_right),
+        cmocka_unit_test(test_longest_prefix_wins),
+        cmocka_unit_test(test_more_matches_first_then_declaration_order),
+        cmocka_unit_test(test_regex_declaration_order_and_same_pattern),
+        cmocka_unit_test(test_regex_is_anchored),
+        cmocka_unit_test(test_hosts_exact_wildcard_star),
+        cmocka_unit_test(test_host_fallback_to_less_specific_bucket),
+        cmocka_unit_test(test_base_path),
+        cmocka_unit_test(test_405_allow_bits),
+        cmocka_unit_test(test_header_matches),
+        cmocka_unit_test(test_query_matches),
+        cmocka_unit_test(test_bad_regex_errors),
+        cmocka_unit_test(test_other_build_errors),
+        cmocka_unit_test(test_regex_match_limit_is_no_match),
+        cmocka_unit_test(test_10000_routes_all_resolve),
+        cmocka_unit_test(test_concurrent_readers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
