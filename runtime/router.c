@@ -1004,7 +1004,8 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
         }
         decl_base += (uint32_t)t->n_routes;
     }
-    qsort(r->wildcard_lens, r->n_wildcard_lens, sizeof *r->wildcard_lens, cmp_u32_desc);
+    if (r->n_wildcard_lens > 1) /* qsort's array must not be NULL, even when empty */
+        qsort(r->wildcard_lens, r->n_wildcard_lens, sizeof *r->wildcard_lens, cmp_u32_desc);
 
     /* Every route of a table goes into the trie of each of its buckets. */
     for (size_t p = 0; p < b.n_pairs; p += 3) {
@@ -1026,7 +1027,8 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
     }
 
     /* Freeze the node entries: sorted by node, then kind, then precedence. */
-    qsort(b.bentries, b.n_bentries, sizeof *b.bentries, cmp_bentry);
+    if (b.n_bentries > 1)
+        qsort(b.bentries, b.n_bentries, sizeof *b.bentries, cmp_bentry);
     r->entries = malloc((b.n_bentries ? b.n_bentries : 1) * sizeof *r->entries);
     if (!r->entries)
         goto fail_oom;
@@ -1047,14 +1049,16 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
     /* Regex routes per bucket: declaration order, except that routes with
      * the same base path and pattern are grouped at the first one's place
      * and ordered by number of header/query matches (router.h "same path"). */
-    qsort(b.bregex, b.n_bregex, sizeof *b.bregex, cmp_bregex_group);
+    if (b.n_bregex > 1)
+        qsort(b.bregex, b.n_bregex, sizeof *b.bregex, cmp_bregex_group);
     for (size_t i = 0; i < b.n_bregex; i++) {
         bregex_t *x = &b.bregex[i];
         bool same = i > 0 && x->bucket == x[-1].bucket && strcmp(x->base, x[-1].base) == 0 &&
                     strcmp(x->pattern, x[-1].pattern) == 0;
         x->group = same ? x[-1].group : x->decl;
     }
-    qsort(b.bregex, b.n_bregex, sizeof *b.bregex, cmp_bregex_order);
+    if (b.n_bregex > 1)
+        qsort(b.bregex, b.n_bregex, sizeof *b.bregex, cmp_bregex_order);
     r->regex_routes = malloc((b.n_bregex ? b.n_bregex : 1) * sizeof *r->regex_routes);
     if (!r->regex_routes)
         goto fail_oom;
