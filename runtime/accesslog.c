@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -644,7 +645,14 @@ int sl_accesslog_open(const char *target, enum sl_accesslog_format fmt, unsigned
     atomic_store(&alog.reopen_requested, 0);
     alog.reopen_done = 0;
     alog.last_write_errno = 0;
+    /* The writer runs with every signal blocked: signals belong to the main
+     * thread's event loop, and a write to a closed pipe must come back as
+     * EPIPE (counted, logged) rather than kill the process with SIGPIPE. */
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
     int rc = pthread_create(&alog.writer, NULL, writer_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
     if (rc != 0) {
         set_err(err, errlen, "access log %s: cannot start the writer thread: %s", target,
                 strerror(rc));
@@ -686,7 +694,8 @@ void sl_accesslog_reopen(void)
     pthread_mutex_unlock(&alog.reopen_lock);
 }
 
-/* Call after the workers stopped logging: everything in the rings is written,
+/* Call after the workers stopped logging: everything in the rings is written
+ * (this waits for the disk or the stdout reader, as a shutdown should),
  * then the writer is joined and all resources freed. The dropped count is
  * kept: it is a Prometheus counter and must not go back. */
 void sl_accesslog_close(void)

@@ -429,6 +429,28 @@ static void test_stalled_writer_drops_and_never_blocks(void **state)
     assert_int_equal(sl_accesslog_dropped() - dropped_before, dropped + 2);
 }
 
+/* The reader of the FIFO went away: writes fail with EPIPE, the lines are
+ * counted as dropped, and SIGPIPE (not ignored in this test process) does
+ * not kill us because the writer thread blocks it. */
+static void test_broken_pipe_counts_lost_lines(void **state)
+{
+    (void)state;
+    enum { LINES = 50 };
+    char path[PATH_MAX], err[256];
+    tmp_path(path, sizeof(path), "broken.fifo");
+    assert_int_equal(mkfifo(path, 0600), 0);
+    int reader = open(path, O_RDONLY | O_NONBLOCK);
+    assert_true(reader >= 0);
+    assert_int_equal(sl_accesslog_open(path, SL_ACCESSLOG_JSON, 1, err, sizeof(err)), 0);
+    close(reader);
+    uint64_t dropped_before = sl_accesslog_dropped();
+    sl_accesslog_entry_t e = sample_entry();
+    for (int i = 0; i < LINES; i++)
+        sl_accesslog_write(0, &e);
+    sl_accesslog_close();
+    assert_int_equal(sl_accesslog_dropped() - dropped_before, LINES);
+}
+
 static void test_reopen_after_rename(void **state)
 {
     (void)state;
@@ -548,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_oversized_fields_truncated),
         cmocka_unit_test(test_lines_complete_and_ordered_per_worker),
         cmocka_unit_test(test_stalled_writer_drops_and_never_blocks),
+        cmocka_unit_test(test_broken_pipe_counts_lost_lines),
         cmocka_unit_test(test_reopen_after_rename),
         cmocka_unit_test(test_failed_reopen_keeps_old_file),
         cmocka_unit_test(test_stdout_target),
