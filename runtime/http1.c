@@ -57,9 +57,9 @@ static const sl_http1_limits_t default_limits = {
 
 /* tchar (RFC 9110 5.6.2): method, field names, codings, Connection options. */
 static const uint8_t tchar_tab[256] = {
-    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1,
-    ['+'] = 1, ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1,  ['|'] = 1,
-    ['~'] = 1, ['0' ... '9'] = 1,   ['A' ... 'Z'] = 1,   ['a' ... 'z'] = 1,
+    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1,         ['&'] = 1,         ['\''] = 1,
+    ['*'] = 1, ['+'] = 1, ['-'] = 1, ['.'] = 1,         ['^'] = 1,         ['_'] = 1,
+    ['`'] = 1, ['|'] = 1, ['~'] = 1, ['0' ... '9'] = 1, ['A' ... 'Z'] = 1, ['a' ... 'z'] = 1,
 };
 
 /* field-vchar / SP / HTAB: what a field value (and a reason phrase) may hold.
@@ -80,18 +80,17 @@ static const uint8_t target_tab[256] = {
 
 /* Host (RFC 3986 reg-name / IPv4): unreserved, pct-encoded, sub-delims. */
 static const uint8_t host_tab[256] = {
-    ['-'] = 1, ['.'] = 1, ['_'] = 1, ['~'] = 1, ['%'] = 1, ['!'] = 1,
-    ['$'] = 1, ['&'] = 1, ['\''] = 1, ['('] = 1, [')'] = 1, ['*'] = 1,
-    ['+'] = 1, [','] = 1, [';'] = 1, ['='] = 1, ['0' ... '9'] = 1, ['A' ... 'Z'] = 1,
-    ['a' ... 'z'] = 1,
+    ['-'] = 1, ['.'] = 1,         ['_'] = 1,         ['~'] = 1,         ['%'] = 1,
+    ['!'] = 1, ['$'] = 1,         ['&'] = 1,         ['\''] = 1,        ['('] = 1,
+    [')'] = 1, ['*'] = 1,         ['+'] = 1,         [','] = 1,         [';'] = 1,
+    ['='] = 1, ['0' ... '9'] = 1, ['A' ... 'Z'] = 1, ['a' ... 'z'] = 1,
 };
 
 /* Hex digit value + 1; 0 = not a hex digit. */
 static const uint8_t hex_tab[256] = {
-    ['0'] = 1,  ['1'] = 2,  ['2'] = 3,  ['3'] = 4,  ['4'] = 5,  ['5'] = 6,
-    ['6'] = 7,  ['7'] = 8,  ['8'] = 9,  ['9'] = 10, ['A'] = 11, ['B'] = 12,
-    ['C'] = 13, ['D'] = 14, ['E'] = 15, ['F'] = 16, ['a'] = 11, ['b'] = 12,
-    ['c'] = 13, ['d'] = 14, ['e'] = 15, ['f'] = 16,
+    ['0'] = 1,  ['1'] = 2,  ['2'] = 3,  ['3'] = 4,  ['4'] = 5,  ['5'] = 6,  ['6'] = 7,  ['7'] = 8,
+    ['8'] = 9,  ['9'] = 10, ['A'] = 11, ['B'] = 12, ['C'] = 13, ['D'] = 14, ['E'] = 15, ['F'] = 16,
+    ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14, ['e'] = 15, ['f'] = 16,
 };
 
 static inline unsigned char lower(unsigned char c)
@@ -392,8 +391,7 @@ static int note_framing_field(const sl_http1_header_t *h, struct head_facts *f, 
     case 10:
         if (EQ_LIT(n, 10, "connection")) {
             if (for_each_token(&h->value, connection_option, f, err,
-                               "invalid Connection header (expected a list of tokens)") !=
-                    SL_OK &&
+                               "invalid Connection header (expected a list of tokens)") != SL_OK &&
                 strict_lists)
                 return SL_ERROR;
         }
@@ -465,7 +463,7 @@ static int parse_host(const sl_str_t *v, sl_str_t *out, const char **err)
 
 /* ---- requests ---------------------------------------------------------- */
 
-static ssize_t req_fail(sl_http1_request_t *req, int status, const char *error)
+static int req_fail(sl_http1_request_t *req, int status, const char *error)
 {
     req->error_status = status;
     req->error = error;
@@ -508,12 +506,12 @@ static int parse_request_line(const char *p, const char *end, sl_http1_request_t
         return SL_AGAIN;
     if (sl_unlikely(*p != ' ')) {
         if (p == method)
-            return (int)req_fail(req, 400, *p == ' ' || *p == '\t'
-                                               ? "request line starts with whitespace"
-                                               : "request line does not start with a method");
+            return req_fail(req, 400,
+                            *p == ' ' || *p == '\t' ? "request line starts with whitespace"
+                                                    : "request line does not start with a method");
         if (*p == '\r' || *p == '\n')
-            return (int)req_fail(req, 400, "request line has no request-target");
-        return (int)req_fail(req, 400, "invalid character in method");
+            return req_fail(req, 400, "request line has no request-target");
+        return req_fail(req, 400, "invalid character in method");
     }
     req->method.ptr = method;
     req->method.len = (size_t)(p - method);
@@ -523,7 +521,7 @@ static int parse_request_line(const char *p, const char *end, sl_http1_request_t
     if (p == end)
         return SL_AGAIN;
     if (sl_unlikely(*p == ' '))
-        return (int)req_fail(req, 400, "more than one space between method and request-target");
+        return req_fail(req, 400, "more than one space between method and request-target");
     const char *target = p;
     p = scan_target(p, end);
     if (p == end)
@@ -531,15 +529,15 @@ static int parse_request_line(const char *p, const char *end, sl_http1_request_t
     if (sl_unlikely(*p != ' ')) {
         unsigned char c = (unsigned char)*p;
         if (c == '\r' || c == '\n')
-            return (int)req_fail(req, 400, "request line has no HTTP version");
+            return req_fail(req, 400, "request line has no HTTP version");
         if (c == '#')
-            return (int)req_fail(req, 400, "fragment ('#') in request-target");
+            return req_fail(req, 400, "fragment ('#') in request-target");
         if (c == '\t')
-            return (int)req_fail(req, 400, "whitespace in request-target");
-        return (int)req_fail(req, 400, "invalid character in request-target");
+            return req_fail(req, 400, "whitespace in request-target");
+        return req_fail(req, 400, "invalid character in request-target");
     }
     if (p == target)
-        return (int)req_fail(req, 400, "more than one space between method and request-target");
+        return req_fail(req, 400, "more than one space between method and request-target");
     req->target.ptr = target;
     req->target.len = (size_t)(p - target);
     p++;
@@ -551,23 +549,22 @@ static int parse_request_line(const char *p, const char *end, sl_http1_request_t
         p += 10;
     } else {
         if (avail > 0 && *p == ' ')
-            return (int)req_fail(req, 400,
-                                 "more than one space between request-target and version");
+            return req_fail(req, 400, "more than one space between request-target and version");
         if (version_prefix_ok(p, avail) != SL_OK)
-            return (int)req_fail(req, 400, "invalid HTTP version in request line");
+            return req_fail(req, 400, "invalid HTTP version in request line");
         if (avail < 9)
             return SL_AGAIN;
         if (p[8] != '\r') {
             if (p[8] == '\n')
-                return (int)req_fail(req, 400, "bare LF after request line (CRLF required)");
-            return (int)req_fail(req, 400, "invalid HTTP version in request line");
+                return req_fail(req, 400, "bare LF after request line (CRLF required)");
+            return req_fail(req, 400, "invalid HTTP version in request line");
         }
         if (avail < 10)
             return SL_AGAIN;
         if (p[9] != '\n')
-            return (int)req_fail(req, 400, "bare CR in request line (CRLF required)");
+            return req_fail(req, 400, "bare CR in request line (CRLF required)");
         if (p[5] != '1' || (p[7] != '0' && p[7] != '1'))
-            return (int)req_fail(req, 505, "HTTP version not supported (only 1.0 and 1.1)");
+            return req_fail(req, 505, "HTTP version not supported (only 1.0 and 1.1)");
         req->minor_version = p[7] - '0';
         p += 10;
     }
@@ -597,15 +594,15 @@ static int check_target(sl_http1_request_t *req)
     }
     if (len == 1 && t[0] == '*') {
         if (req->method_bit != SL_METHOD_OPTIONS)
-            return (int)req_fail(req, 400, "asterisk-form request-target is only allowed for OPTIONS");
+            return req_fail(req, 400, "asterisk-form request-target is only allowed for OPTIONS");
         req->path = req->target;
         req->query.ptr = t + len;
         req->query.len = 0;
         return SL_OK;
     }
     if (len > 3 && memmem(t, len, "://", 3) != NULL)
-        return (int)req_fail(req, 400, "absolute-form request-target is not supported");
-    return (int)req_fail(req, 400, "request-target must start with '/'");
+        return req_fail(req, 400, "absolute-form request-target is not supported");
+    return req_fail(req, 400, "request-target must start with '/'");
 }
 
 /* Decides body framing and connection reuse for a complete request head. */
@@ -613,13 +610,13 @@ static int finish_request(sl_http1_request_t *req, const struct head_facts *f)
 {
     if (f->te_seen) {
         if (req->minor_version == 0)
-            return (int)req_fail(req, 400, "Transfer-Encoding in an HTTP/1.0 request");
+            return req_fail(req, 400, "Transfer-Encoding in an HTTP/1.0 request");
         if (f->cl_seen)
-            return (int)req_fail(req, 400, "both Content-Length and Transfer-Encoding");
+            return req_fail(req, 400, "both Content-Length and Transfer-Encoding");
         if (!f->te_last_chunked)
-            return (int)req_fail(req, 400, "Transfer-Encoding: the final coding must be chunked");
+            return req_fail(req, 400, "Transfer-Encoding: the final coding must be chunked");
         if (f->te_unknown)
-            return (int)req_fail(req, 501, "unsupported transfer coding (only chunked is supported)");
+            return req_fail(req, 501, "unsupported transfer coding (only chunked is supported)");
         req->body = SL_HTTP1_BODY_CHUNKED;
     } else if (f->cl_seen) {
         req->body = SL_HTTP1_BODY_LENGTH;
@@ -630,7 +627,7 @@ static int finish_request(sl_http1_request_t *req, const struct head_facts *f)
 
     if (req->minor_version == 1) {
         if (!f->host_seen)
-            return (int)req_fail(req, 400, "missing Host header (required in HTTP/1.1)");
+            return req_fail(req, 400, "missing Host header (required in HTTP/1.1)");
         if (f->expect_continue)
             req->flags |= SL_HTTP1_F_EXPECT_CONTINUE;
         if (!f->conn_close)
@@ -696,8 +693,7 @@ ssize_t sl_http1_parse_request(const char *buf, size_t len, const sl_http1_limit
     if (rc == SL_ERROR)
         return SL_ERROR;
     if (rc == SL_AGAIN) {
-        if (line_avail >= max_line + 2 ||
-            (line_avail == max_line + 1 && line[max_line] != '\r'))
+        if (line_avail >= max_line + 2 || (line_avail == max_line + 1 && line[max_line] != '\r'))
             return req_fail(req, 414, "request line too long");
         if (len >= max_head)
             return req_fail(req, 431, "request header section too large");
@@ -710,9 +706,13 @@ ssize_t sl_http1_parse_request(const char *buf, size_t len, const sl_http1_limit
     /* Field lines, within max_head bytes from the start of the buffer. */
     const char *head_end = len > max_head ? buf + max_head : end;
     for (;;) {
-        sl_http1_header_t h;
+        /* Parsed in place into the caller's array (a field past the limit
+         * goes to scratch, only to be refused). The array's contents are
+         * unspecified unless the parse succeeds. */
+        sl_http1_header_t scratch;
+        sl_http1_header_t *h = count < max_fields ? &req->headers[count] : &scratch;
         const char *err = NULL;
-        rc = p < head_end ? parse_field_line(&p, head_end, &h, &err) : SL_AGAIN;
+        rc = p < head_end ? parse_field_line(&p, head_end, h, &err) : SL_AGAIN;
         if (rc == LINE_END)
             break;
         if (rc == SL_AGAIN) {
@@ -725,19 +725,19 @@ ssize_t sl_http1_parse_request(const char *buf, size_t len, const sl_http1_limit
         if (count == max_fields)
             return req_fail(req, 431, "too many request headers");
 
-        if (h.name.len == 4 && EQ_LIT(h.name.ptr, 4, "host")) {
+        if (h->name.len == 4 && EQ_LIT(h->name.ptr, 4, "host")) {
             if (f.host_seen)
                 return req_fail(req, 400, "several Host headers");
             f.host_seen = 1;
-            if (parse_host(&h.value, &f.host, &err) != SL_OK)
+            if (parse_host(&h->value, &f.host, &err) != SL_OK)
                 return req_fail(req, 400, err);
-        } else if (h.name.len == 6 && EQ_LIT(h.name.ptr, 6, "expect")) {
-            if (EQ_LIT(h.value.ptr, h.value.len, "100-continue"))
+        } else if (h->name.len == 6 && EQ_LIT(h->name.ptr, 6, "expect")) {
+            if (EQ_LIT(h->value.ptr, h->value.len, "100-continue"))
                 f.expect_continue = 1;
-        } else if (note_framing_field(&h, &f, 1, &err) != SL_OK) {
+        } else if (note_framing_field(h, &f, 1, &err) != SL_OK) {
             return req_fail(req, 400, err);
         }
-        req->headers[count++] = h;
+        count++;
     }
 
     if (finish_request(req, &f) != SL_OK)
@@ -824,9 +824,10 @@ ssize_t sl_http1_parse_response(const char *buf, size_t len, unsigned request_me
     p += 2;
 
     for (;;) {
-        sl_http1_header_t h;
+        sl_http1_header_t scratch;
+        sl_http1_header_t *h = count < capacity ? &resp->headers[count] : &scratch;
         const char *err = NULL;
-        rc = parse_field_line(&p, end, &h, &err);
+        rc = parse_field_line(&p, end, h, &err);
         if (rc == LINE_END)
             break;
         if (rc == SL_AGAIN)
@@ -835,9 +836,9 @@ ssize_t sl_http1_parse_response(const char *buf, size_t len, unsigned request_me
             return resp_fail(resp, err);
         if (count == capacity)
             return resp_fail(resp, "too many headers in upstream response");
-        if (note_framing_field(&h, &f, 0, &err) != SL_OK)
+        if (note_framing_field(h, &f, 0, &err) != SL_OK)
             return resp_fail(resp, err);
-        resp->headers[count++] = h;
+        count++;
     }
 
     /* Framing, RFC 9112 6.3, in its order. */

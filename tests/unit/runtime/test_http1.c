@@ -28,13 +28,22 @@ static const sl_http1_limits_t test_limits = {
 };
 
 static sl_http1_header_t headers[MAX_TEST_HEADERS];
+
+/* Test-only allocation: out of memory ends the run (abort is noreturn, so
+ * the compiler also knows the pointer is valid afterwards). */
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (p == NULL)
+        abort();
+    return p;
+}
 static char *held; /* exact-size copy of the last input; slices point into it */
 
 static const char *hold(const char *s, size_t n)
 {
     free(held);
-    held = malloc(n ? n : 1);
-    assert_non_null(held);
+    held = xmalloc(n);
     memcpy(held, s, n);
     return held;
 }
@@ -72,11 +81,11 @@ static int str_eq(sl_str_t s, const char *lit)
     return s.len == strlen(lit) && memcmp(s.ptr, lit, s.len) == 0;
 }
 
-#define assert_str(s, lit)                                                                        \
-    do {                                                                                          \
-        if (!str_eq((s), (lit)))                                                                  \
-            fail_msg("expected \"%s\", got \"%.*s\"", (lit), (int)(s).len,                        \
-                     (s).ptr ? (s).ptr : "");                                                     \
+#define assert_str(s, lit)                                                                         \
+    do {                                                                                           \
+        if (!str_eq((s), (lit)))                                                                   \
+            fail_msg("expected \"%s\", got \"%.*s\"", (lit), (int)(s).len,                         \
+                     (s).ptr ? (s).ptr : "");                                                      \
     } while (0)
 
 /* Asserts that `s` is refused with `status`; returns nothing. */
@@ -222,6 +231,7 @@ static void test_http11_connection_close(void **state)
     expect_req_ok("GET / HTTP/1.1\r\nHost: a\r\nConnection: closed\r\n\r\n", &req);
     assert_int_equal(req.flags, SL_HTTP1_F_KEEP_ALIVE);
     expect_req_error("GET / HTTP/1.1\r\nHost: a\r\nConnection: close;x\r\n\r\n", 400);
+    expect_req_error("GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive close\r\n\r\n", 400);
 }
 
 static void test_expect_continue(void **state)
@@ -257,7 +267,7 @@ static void test_rejects_invalid_host(void **state)
 {
     (void)state;
     static const char *const bad[] = {
-        "",      "a b",     "ex/ample", "[::1",     "[::1]x", "[]",       "host:port",
+        "",         "a b",       "ex/ample", "[::1",    "[::1]x",  "[]",   "host:port",
         "h:123456", "user@host", "a:8080:1", "[::1]:x", "[zz::1]", "a\\b",
     };
     char buf[256];
@@ -459,8 +469,7 @@ static void test_pipelined_requests(void **state)
     char all[512];
     snprintf(all, sizeof(all), "%s%s%s%s", r1, r2, body, r3);
     size_t total = strlen(all);
-    char *buf = malloc(total);
-    assert_non_null(buf);
+    char *buf = xmalloc(total);
     memcpy(buf, all, total);
 
     sl_http1_request_t req;
@@ -494,9 +503,10 @@ static void test_every_split_returns_again(void **state)
 {
     (void)state;
     static const char *const reqs[] = {
-        "GET /pets/7?x=1 HTTP/1.1\r\nHost: api.example.com:8080\r\nAccept: */*\r\n"
-        "X-Long: 0123456789abcdef0123456789abcdef0123456789abcdef\r\n\r\n",
-        "POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n",
+        ("GET /pets/7?x=1 HTTP/1.1\r\nHost: api.example.com:8080\r\nAccept: */*\r\n"
+         "X-Long: 0123456789abcdef0123456789abcdef0123456789abcdef\r\n\r\n"),
+        "POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nExpect: "
+        "100-continue\r\n\r\n",
         "\r\nGET / HTTP/1.0\r\n\r\n",
         "OPTIONS * HTTP/1.1\r\nHost: [::1]:80\r\n\r\n",
     };
@@ -590,6 +600,8 @@ static void test_rejects_malformed_te(void **state)
     expect_req_error("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked;x=1\r\n\r\n", 400);
     expect_req_error("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chun ked\r\n\r\n", 400);
     expect_req_error("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: \"chunked\"\r\n\r\n", 400);
+    /* a missing comma must not turn two codings into a valid list */
+    expect_req_error("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip chunked\r\n\r\n", 400);
 }
 
 static void test_rejects_te_in_http10(void **state)
@@ -601,6 +613,10 @@ static void test_rejects_te_in_http10(void **state)
 static void test_rejects_obs_fold(void **state)
 {
     (void)state;
+    sl_http1_request_t req;
+    assert_int_equal(parse_req("GET / HTTP/1.1\r\nHost: a\r\nX-A: one\r\n two\r\n\r\n", &req),
+                     SL_ERROR);
+    assert_non_null(strstr(req.error, "obs-fold"));
     expect_req_error("GET / HTTP/1.1\r\nHost: a\r\nX-A: one\r\n two\r\n\r\n", 400);
     expect_req_error("GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\tchunked\r\n\r\n",
                      400);
@@ -638,7 +654,10 @@ static void test_rejects_bare_cr(void **state)
 static void test_rejects_nul(void **state)
 {
     (void)state;
-#define NUL_REQ(lit) {lit, sizeof(lit) - 1}
+#define NUL_REQ(lit)                                                                               \
+    {                                                                                              \
+        lit, sizeof(lit) - 1                                                                       \
+    }
     static const struct {
         const char *s;
         size_t len; /* the requests contain NUL: strlen would stop there */
@@ -757,9 +776,8 @@ static void test_rejects_malformed_version_400(void **state)
 static void test_414_before_crlf(void **state)
 {
     (void)state;
-    const sl_http1_limits_t lim = {.max_request_line_bytes = 64,
-                                   .max_header_bytes = 4096,
-                                   .max_header_count = 8};
+    const sl_http1_limits_t lim = {
+        .max_request_line_bytes = 64, .max_header_bytes = 4096, .max_header_count = 8};
     char line[256];
     sl_http1_request_t req;
 
@@ -803,9 +821,8 @@ static void test_414_before_crlf(void **state)
 static void test_431_header_bytes(void **state)
 {
     (void)state;
-    const sl_http1_limits_t lim = {.max_request_line_bytes = 64,
-                                   .max_header_bytes = 100,
-                                   .max_header_count = 8};
+    const sl_http1_limits_t lim = {
+        .max_request_line_bytes = 64, .max_header_bytes = 100, .max_header_count = 8};
     char buf[512];
     sl_http1_request_t req;
 
@@ -843,9 +860,8 @@ static void test_431_header_bytes(void **state)
 static void test_431_header_count(void **state)
 {
     (void)state;
-    const sl_http1_limits_t lim = {.max_request_line_bytes = 64,
-                                   .max_header_bytes = 4096,
-                                   .max_header_count = 4};
+    const sl_http1_limits_t lim = {
+        .max_request_line_bytes = 64, .max_header_bytes = 4096, .max_header_count = 4};
     sl_http1_request_t req;
     const char *four = "GET / HTTP/1.1\r\nHost: a\r\nA: 1\r\nB: 2\r\nC: 3\r\n\r\n";
     const char *five = "GET / HTTP/1.1\r\nHost: a\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n";
@@ -887,7 +903,8 @@ static void test_response_content_length(void **state)
 {
     (void)state;
     sl_http1_response_t resp;
-    const char *s = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nhello";
+    const char *s =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nhello";
     ssize_t rc = parse_resp(s, SL_METHOD_GET, &resp);
     assert_int_equal(rc, strlen(s) - 5);
     assert_int_equal(resp.status, 200);
@@ -917,8 +934,8 @@ static void test_response_te_not_chunked_is_close_delimited(void **state)
 {
     (void)state;
     sl_http1_response_t resp;
-    assert_true(parse_resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", SL_METHOD_GET,
-                           &resp) > 0);
+    assert_true(
+        parse_resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", SL_METHOD_GET, &resp) > 0);
     assert_int_equal(resp.body, SL_HTTP1_BODY_CLOSE);
     assert_false(resp.flags & SL_HTTP1_F_KEEP_ALIVE);
     assert_int_equal(parse_resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
@@ -939,8 +956,8 @@ static void test_response_without_body(void **state)
 {
     (void)state;
     sl_http1_response_t resp;
-    assert_true(parse_resp("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", SL_METHOD_HEAD,
-                           &resp) > 0);
+    assert_true(
+        parse_resp("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", SL_METHOD_HEAD, &resp) > 0);
     assert_int_equal(resp.body, SL_HTTP1_BODY_NONE);
     assert_true(resp.flags & SL_HTTP1_F_KEEP_ALIVE);
     assert_true(parse_resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", SL_METHOD_HEAD,
@@ -1023,14 +1040,13 @@ static void test_response_status_line(void **state)
     assert_int_equal(parse_resp("HTTP/1.1 503\r\n\r\n", SL_METHOD_GET, &resp), 16);
     assert_int_equal(resp.status, 503);
     assert_int_equal(resp.reason.len, 0);
-    assert_true(parse_resp("HTTP/1.1 599 Odd \t Phrase\xc3\xa9\r\n\r\n", SL_METHOD_GET, &resp) >
-                0);
+    assert_true(parse_resp("HTTP/1.1 599 Odd \t Phrase\xc3\xa9\r\n\r\n", SL_METHOD_GET, &resp) > 0);
     assert_str(resp.reason, "Odd \t Phrase\xc3\xa9");
 
     static const char *const bad[] = {
-        "HTTP/1.1 20 OK\r\n\r\n",    "HTTP/1.1 600 X\r\n\r\n",   "HTTP/1.1 099 X\r\n\r\n",
-        "HTTP/2 200 OK\r\n\r\n",     "HTTP/2.0 200 OK\r\n\r\n",  "HTTP/1.1  200 OK\r\n\r\n",
-        "HTTP/1.1 200 OK\n\r\n",     "ICY 200 OK\r\n\r\n",       "HTTP/1.1 200OK\r\n\r\n",
+        "HTTP/1.1 20 OK\r\n\r\n",      "HTTP/1.1 600 X\r\n\r\n",     "HTTP/1.1 099 X\r\n\r\n",
+        "HTTP/2 200 OK\r\n\r\n",       "HTTP/2.0 200 OK\r\n\r\n",    "HTTP/1.1  200 OK\r\n\r\n",
+        "HTTP/1.1 200 OK\n\r\n",       "ICY 200 OK\r\n\r\n",         "HTTP/1.1 200OK\r\n\r\n",
         "HTTP/1.1 200 O\x01K\r\n\r\n", "HTTP/1.1 200 OK\rX\r\n\r\n", "http/1.1 200 OK\r\n\r\n",
     };
     for (size_t i = 0; i < SL_ARRAY_LEN(bad); i++) {
@@ -1161,8 +1177,7 @@ static void test_chunked_byte_at_a_time(void **state)
     int done = 0;
     sl_http1_chunked_init(&c);
     for (size_t i = 0; i < n; i++) {
-        char *one = malloc(1);
-        assert_non_null(one);
+        char *one = xmalloc(1);
         one[0] = s[i];
         ssize_t rc = sl_http1_chunked_scan(&c, one, 1, &done);
         free(one);
@@ -1187,8 +1202,7 @@ static void test_chunked_random_splits(void **state)
 {
     (void)state;
     size_t cap = 1 << 20;
-    char *body = malloc(cap);
-    assert_non_null(body);
+    char *body = xmalloc(cap);
 
     for (int round = 0; round < 50; round++) {
         size_t n = 0;
@@ -1196,30 +1210,30 @@ static void test_chunked_random_splits(void **state)
         int chunks = 1 + (int)(rng() % 20);
         for (int i = 0; i < chunks; i++) {
             size_t sz = 1 + rng() % 3000;
-            n += (size_t)sprintf(body + n, (rng() & 1) ? "%zx" : "%zX", sz);
+            n += (size_t)snprintf(body + n, cap - n, (rng() & 1) ? "%zx" : "%zX", sz);
             switch (rng() % 4) {
             case 0:
-                n += (size_t)sprintf(body + n, ";name=value");
+                n += (size_t)snprintf(body + n, cap - n, ";name=value");
                 break;
             case 1:
-                n += (size_t)sprintf(body + n, " ; a = \"x;\\\"y\" ;b");
+                n += (size_t)snprintf(body + n, cap - n, " ; a = \"x;\\\"y\" ;b");
                 break;
             default:
                 break;
             }
-            n += (size_t)sprintf(body + n, "\r\n");
+            n += (size_t)snprintf(body + n, cap - n, "\r\n");
             for (size_t k = 0; k < sz; k++)
                 body[n + k] = (char)(rng() & 0xff); /* data may hold CR, LF, NUL... */
             n += sz;
             payload += sz;
-            n += (size_t)sprintf(body + n, "\r\n");
+            n += (size_t)snprintf(body + n, cap - n, "\r\n");
         }
-        n += (size_t)sprintf(body + n, "0\r\n");
+        n += (size_t)snprintf(body + n, cap - n, "0\r\n");
         if (rng() & 1)
-            n += (size_t)sprintf(body + n, "Trailer-A: 1\r\nTrailer-B: two words\r\n");
-        n += (size_t)sprintf(body + n, "\r\n");
+            n += (size_t)snprintf(body + n, cap - n, "Trailer-A: 1\r\nTrailer-B: two words\r\n");
+        n += (size_t)snprintf(body + n, cap - n, "\r\n");
         size_t body_len = n;
-        n += (size_t)sprintf(body + n, "GET /next HTTP/1.1\r\nHost: a\r\n\r\n");
+        n += (size_t)snprintf(body + n, cap - n, "GET /next HTTP/1.1\r\nHost: a\r\n\r\n");
 
         sl_http1_chunked_t c;
         sl_http1_chunked_init(&c);
@@ -1230,8 +1244,7 @@ static void test_chunked_random_splits(void **state)
             size_t piece = 1 + rng() % 700;
             if (piece > n - off)
                 piece = n - off;
-            char *copy = malloc(piece);
-            assert_non_null(copy);
+            char *copy = xmalloc(piece);
             memcpy(copy, body + off, piece);
             ssize_t rc = sl_http1_chunked_scan(&c, copy, piece, &done);
             free(copy);
@@ -1247,6 +1260,25 @@ static void test_chunked_random_splits(void **state)
         assert_memory_equal(body + off, "GET /next", 9);
     }
     free(body);
+}
+
+/* The size-line bound is per line, not per body: thousands of small chunks
+ * are fine. */
+static void test_chunked_many_small_chunks(void **state)
+{
+    (void)state;
+    size_t chunks = 5000, cap = chunks * 16 + 16, n = 0;
+    char *s = xmalloc(cap);
+    for (size_t i = 0; i < chunks; i++)
+        n += (size_t)snprintf(s + n, cap - n, "2;i=%zu\r\nxy\r\n", i % 10);
+    n += (size_t)snprintf(s + n, cap - n, "0\r\n\r\n");
+    sl_http1_chunked_t c;
+    int done = 0;
+    sl_http1_chunked_init(&c);
+    assert_int_equal(sl_http1_chunked_scan(&c, s, n, &done), (ssize_t)n);
+    assert_int_equal(done, 1);
+    assert_int_equal(c.data_bytes, 2 * chunks);
+    free(s);
 }
 
 static void test_chunked_trailers(void **state)
@@ -1330,8 +1362,7 @@ static void test_chunk_size_line_too_long(void **state)
 {
     (void)state;
     size_t n = 5000;
-    char *s = malloc(n + 1);
-    assert_non_null(s);
+    char *s = xmalloc(n + 1);
     memset(s, '0', n);
     s[n] = '\0';
     expect_chunked_error(s); /* endless leading zeros */
@@ -1354,11 +1385,10 @@ static void test_chunked_trailer_section_too_large(void **state)
 {
     (void)state;
     size_t cap = 40 * 1024;
-    char *s = malloc(cap);
-    assert_non_null(s);
-    size_t n = (size_t)sprintf(s, "0\r\n");
+    char *s = xmalloc(cap);
+    size_t n = (size_t)snprintf(s, cap, "0\r\n");
     while (n + 64 < cap)
-        n += (size_t)sprintf(s + n, "X-Trailer: %040d\r\n", 7);
+        n += (size_t)snprintf(s + n, cap - n, "X-Trailer: %040d\r\n", 7);
     sl_http1_chunked_t c;
     int done = 0;
     sl_http1_chunked_init(&c);
@@ -1373,6 +1403,7 @@ static void test_chunked_missing_crlf_after_data(void **state)
     expect_chunked_error("5\r\nhelloX\r\n0\r\n\r\n");
     expect_chunked_error("5\r\nhello\rX0\r\n\r\n");
     expect_chunked_error("5\r\nhello0\r\n\r\n");
+    expect_chunked_error("5\r\nhelloX\n0\r\n\r\n");
     expect_chunked_error("3\r\nhello\r\n0\r\n\r\n"); /* size smaller than the data */
 }
 
@@ -1437,10 +1468,10 @@ static void test_reason(void **state)
     assert_string_equal(sl_http1_reason(600), "");
     assert_string_equal(sl_http1_reason(99999), "");
     /* every RFC 9110 status (306 and 418 are reserved) has its phrase */
-    static const int all[] = {100, 101, 200, 201, 202, 203, 204, 205, 206, 300, 301, 302, 303,
-                              304, 305, 307, 308, 400, 401, 402, 403, 404, 405, 406, 407, 408,
-                              409, 410, 411, 412, 413, 414, 415, 416, 417, 421, 422, 426, 500,
-                              501, 502, 503, 504, 505};
+    static const int all[] = {100, 101, 200, 201, 202, 203, 204, 205, 206, 300, 301,
+                              302, 303, 304, 305, 307, 308, 400, 401, 402, 403, 404,
+                              405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415,
+                              416, 417, 421, 422, 426, 500, 501, 502, 503, 504, 505};
     for (size_t i = 0; i < SL_ARRAY_LEN(all); i++)
         assert_true(strlen(sl_http1_reason(all[i])) > 0);
 }
@@ -1512,6 +1543,7 @@ int main(void)
         cmocka_unit_test(test_chunked_incomplete),
         cmocka_unit_test(test_chunked_byte_at_a_time),
         cmocka_unit_test(test_chunked_random_splits),
+        cmocka_unit_test(test_chunked_many_small_chunks),
         cmocka_unit_test(test_chunked_trailers),
         cmocka_unit_test(test_chunked_extensions),
         cmocka_unit_test(test_chunked_body_boundary),
