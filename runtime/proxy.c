@@ -58,14 +58,22 @@ typedef struct sl_conn {
     sl_worker_t *w;
     sl_listener_sock_t *ls;
     int fd;
-    struct event *rev, *wev, *timer;
+    /* One edge-triggered read+write event for the connection's life: no
+     * epoll_ctl per request. Readiness is remembered in read_ready and
+     * acted on when the state machine wants to read (nginx's model). */
+    struct event *ev, *timer;
     struct sl_conn *prev, *next;
     enum conn_state state;
     sl_buf_t in, out;
     char client_ip[INET6_ADDRSTRLEN];
     uint8_t first_request;
     uint8_t closing;       /* close once `out` is flushed */
-    uint8_t rev_on, wev_on;
+    uint8_t want_read, want_write; /* the state machine waits for that */
+    uint8_t read_ready;            /* the socket may have unread bytes */
+    uint8_t pending_input;         /* `in` holds a request not yet parsed */
+    uint8_t dead;                  /* closed; freed when the callback unwinds */
+    uint8_t in_cb;                 /* callback nesting depth */
+    uint8_t depth;                 /* pipelining recursion guard */
     unsigned requests;
 
     /* current request */
@@ -103,7 +111,9 @@ typedef struct sl_conn {
     uint8_t resp_head_sent;
     uint8_t resp_done;
     uint8_t up_reusable;
-    uint8_t up_paused;
+    uint8_t up_paused;       /* backpressure: client slower than upstream */
+    uint8_t up_read_ready;
+    uint8_t up_want_write;
     int status;
     uint64_t bytes_sent;
     const char *error_code;
@@ -117,11 +127,11 @@ typedef struct sl_conn {
     sl_http1_header_t headers[]; /* parse space, sized by the generation's limit */
 } sl_conn_t;
 
-static void client_read_cb(evutil_socket_t fd, short what, void *arg);
-static void client_write_cb(evutil_socket_t fd, short what, void *arg);
+static void client_event_cb(evutil_socket_t fd, short what, void *arg);
 static void timer_cb(evutil_socket_t fd, short what, void *arg);
-static void up_read_cb(evutil_socket_t fd, short what, void *arg);
-static void up_write_cb(evutil_socket_t fd, short what, void *arg);
+static void read_head(sl_conn_t *c);
+static void drive_request(sl_conn_t *c);
+static void read_response_body(sl_conn_t *c);
 static void process_input(sl_conn_t *c);
 static void conn_close(sl_conn_t *c);
 static void start_upstream(sl_conn_t *c);
@@ -153,20 +163,25 @@ static uint64_t now_unix_us(void)
 
 static void client_rev(sl_conn_t *c, int on)
 {
-    if (on && !c->rev_on)
-        event_add(c->rev, NULL);
-    else if (!on && c->rev_on)
-        event_del(c->rev);
-    c->rev_on = (uint8_t)on;
+    c->want_read = (uint8_t)on;
 }
 
 static void client_wev(sl_conn_t *c, int on)
 {
-    if (on && !c->wev_on)
-        event_add(c->wev, NULL);
-    else if (!on && c->wev_on)
-        event_del(c->wev);
-    c->wev_on = (uint8_t)on;
+    c->want_write = (uint8_t)on;
+}
+
+/* Every callback that may close the connection brackets its work with these,
+ * so conn_close inside it never frees memory the callback still uses. */
+static inline void cb_enter(sl_conn_t *c)
+{
+    c->in_cb++;
+}
+
+static inline void cb_leave(sl_conn_t *c)
+{
+    if (--c->in_cb == 0 && c->dead)
+        free(c);
 }
 
 static void arm_timer(sl_conn_t *c, uint32_t ms)
@@ -356,12 +371,22 @@ static void request_done(sl_conn_t *c)
     if (sl_buf_len(&c->out) == 0)
         sl_worker_buf_put(c->w, &c->out);
     if (sl_buf_len(&c->in) > 0) {
-        /* A pipelined request is already here. */
-        process_input(c);
+        /* A pipelined request is already here. Recursion is bounded; past
+         * the bound the next request is handled from the event loop. */
+        if (c->depth < 8) {
+            c->depth++;
+            process_input(c);
+            c->depth--;
+        } else {
+            c->pending_input = 1;
+            event_active(c->ev, EV_READ, 1);
+        }
         return;
     }
     sl_worker_buf_put(c->w, &c->in);
     client_rev(c, 1);
+    if (c->read_ready)
+        event_active(c->ev, EV_READ, 1);
     uint32_t idle = 60000;
     rcu_thread_online();
     sl_generation_t *g = sl_generation_current();
@@ -484,8 +509,7 @@ static void conn_close(sl_conn_t *c)
     if (c->up)
         put_upconn(c, 0);
     release_gen(c);
-    event_free(c->rev);
-    event_free(c->wev);
+    event_free(c->ev);
     event_free(c->timer);
     close(c->fd);
     sl_worker_buf_put(w, &c->in);
@@ -501,7 +525,9 @@ static void conn_close(sl_conn_t *c)
     if (c->ls && c->ls->active)
         c->ls->active--;
     SL_STAT_ADD(sl_metrics_worker(w->id)->connections_active, -1);
-    free(c);
+    c->dead = 1;
+    if (c->in_cb == 0)
+        free(c);
     sl_worker_conn_closed(w);
 }
 
@@ -532,14 +558,11 @@ void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr
     c->ep_index = -1;
     c->first_request = 1;
     c->replayable = 1;
-    c->rev = event_new(w->base, fd, EV_READ | EV_PERSIST, client_read_cb, c);
-    c->wev = event_new(w->base, fd, EV_WRITE | EV_PERSIST, client_write_cb, c);
+    c->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_ET | EV_PERSIST, client_event_cb, c);
     c->timer = evtimer_new(w->base, timer_cb, c);
-    if (!c->rev || !c->wev || !c->timer) {
-        if (c->rev)
-            event_free(c->rev);
-        if (c->wev)
-            event_free(c->wev);
+    if (!c->ev || !c->timer || event_add(c->ev, NULL) != 0) {
+        if (c->ev)
+            event_free(c->ev);
         if (c->timer)
             event_free(c->timer);
         close(fd);
@@ -565,6 +588,7 @@ void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr
     reset_request(c);
     c->state = CS_HEAD;
     client_rev(c, 1);
+    c->read_ready = 1; /* data often arrives with the connection: try at once */
     uint32_t header_ms = 10000;
     rcu_thread_online();
     sl_generation_t *g = sl_generation_current();
@@ -572,6 +596,9 @@ void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr
         header_ms = g->request_header_timeout_ms;
     rcu_thread_offline();
     arm_timer(c, header_ms);
+    cb_enter(c);
+    read_head(c);
+    cb_leave(c);
 }
 
 void sl_proxy_drain(sl_worker_t *w)
@@ -639,23 +666,43 @@ static void client_flush(sl_conn_t *c)
     }
     if (c->state == CS_PROXY && c->phase == UP_BODY && c->up_paused && c->up) {
         c->up_paused = 0;
-        event_add(c->up->rev, NULL);
         arm_timer(c, c->route->timeouts.response_ms);
+        read_response_body(c);
     }
 }
 
-static void client_write_cb(evutil_socket_t fd, short what, void *arg)
+static void client_event_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
-    (void)what;
-    client_flush(arg);
+    sl_conn_t *c = arg;
+    cb_enter(c);
+    if (what & EV_READ)
+        c->read_ready = 1;
+    if ((what & EV_WRITE) && c->want_write)
+        client_flush(c);
+    if (!c->dead && c->want_read && (c->read_ready || c->pending_input)) {
+        if (c->state == CS_PROXY)
+            drive_request(c);
+        else if (c->state == CS_HEAD)
+            read_head(c);
+    }
+    cb_leave(c);
 }
+
+static void timer_expired(sl_conn_t *c);
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     sl_conn_t *c = arg;
+    cb_enter(c);
+    timer_expired(c);
+    cb_leave(c);
+}
+
+static void timer_expired(sl_conn_t *c)
+{
     uint64_t now = sl_endpoint_now_ms();
     int request_expired = c->deadline_ms && now >= c->deadline_ms;
     switch (c->state) {
@@ -688,7 +735,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         return;
     case UP_BODY:
     default:
-        if (c->wev_on) {
+        if (c->want_write) {
             /* Client stopped reading the response. */
             c->error_code = "client_write_timeout";
         } else {
@@ -711,57 +758,64 @@ static int ensure_in(sl_conn_t *c)
     return 0;
 }
 
-static void client_read_cb(evutil_socket_t fd, short what, void *arg)
+/* Reads and parses request heads while the socket has bytes and the
+ * connection is between requests. */
+static void read_head(sl_conn_t *c)
 {
-    (void)fd;
-    (void)what;
-    sl_conn_t *c = arg;
-    if (c->state == CS_PROXY) {
-        pump_request_body(c);
-        return;
+    if (c->pending_input) {
+        c->pending_input = 0;
+        process_input(c);
     }
-    if (c->state != CS_HEAD)
-        return;
-    if (ensure_in(c) != 0) {
-        conn_close(c);
-        return;
-    }
-    if (sl_buf_space(&c->in) == 0)
-        sl_buf_compact(&c->in);
-    if (sl_buf_space(&c->in) == 0) {
-        /* Head bigger than the buffer: grow up to the header limit. */
-        size_t limit = 32768;
-        rcu_thread_online();
-        sl_generation_t *g = sl_generation_current();
-        if (g)
-            limit = g->limits.max_header_bytes;
-        rcu_thread_offline();
-        if (c->in.cap < limit + 1) {
-            if (sl_buf_reserve(&c->in, limit + 1) != 0) {
+    while (!c->dead && c->state == CS_HEAD && c->read_ready) {
+        if (ensure_in(c) != 0) {
+            conn_close(c);
+            return;
+        }
+        if (sl_buf_space(&c->in) == 0)
+            sl_buf_compact(&c->in);
+        if (sl_buf_space(&c->in) == 0) {
+            /* Head bigger than the buffer: grow up to the header limit. */
+            size_t limit = 32768;
+            rcu_thread_online();
+            sl_generation_t *g = sl_generation_current();
+            if (g)
+                limit = g->limits.max_header_bytes;
+            rcu_thread_offline();
+            if (c->in.cap >= limit + 1 || sl_buf_reserve(&c->in, limit + 1) != 0) {
                 conn_close(c);
                 return;
             }
         }
-    }
-    ssize_t n = read(c->fd, sl_buf_tail(&c->in), sl_buf_space(&c->in));
-    if (n > 0) {
-        c->in.end += (size_t)n;
-        if (sl_buf_len(&c->in) == (size_t)n && !c->first_request) {
-            /* First byte of a keep-alive request: the header timeout starts. */
-            uint32_t header_ms = 10000;
-            rcu_thread_online();
-            sl_generation_t *g = sl_generation_current();
-            if (g)
-                header_ms = g->request_header_timeout_ms;
-            rcu_thread_offline();
-            arm_timer(c, header_ms);
+        size_t space = sl_buf_space(&c->in);
+        ssize_t n = read(c->fd, sl_buf_tail(&c->in), space);
+        if (n > 0) {
+            /* A short read means the socket is drained (edge-triggered: the
+             * next bytes bring a new event), which saves an EAGAIN read. */
+            if ((size_t)n < space)
+                c->read_ready = 0;
+            c->in.end += (size_t)n;
+            if (sl_buf_len(&c->in) == (size_t)n && !c->first_request) {
+                /* First byte of a keep-alive request: the header timeout starts. */
+                uint32_t header_ms = 10000;
+                rcu_thread_online();
+                sl_generation_t *g = sl_generation_current();
+                if (g)
+                    header_ms = g->request_header_timeout_ms;
+                rcu_thread_offline();
+                arm_timer(c, header_ms);
+            }
+            process_input(c);
+            continue;
         }
-        process_input(c);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            c->read_ready = 0;
+            return;
+        }
+        conn_close(c); /* EOF or error between requests */
         return;
     }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    conn_close(c); /* EOF or error between requests */
 }
 
 /* ---- request head --------------------------------------------------------- */
@@ -1152,8 +1206,12 @@ static void pump_request_body(sl_conn_t *c)
                 size_t want = sl_buf_space(&c->uout);
                 if (want > c->req_remaining)
                     want = (size_t)c->req_remaining;
+                if (!c->read_ready)
+                    break;
                 ssize_t n = read(c->fd, sl_buf_tail(&c->uout), want);
                 if (n > 0) {
+                    if ((size_t)n < want)
+                        c->read_ready = 0;
                     c->uout.end += (size_t)n;
                     c->req_remaining -= (uint64_t)n;
                     c->req_body_bytes += (uint64_t)n;
@@ -1163,20 +1221,33 @@ static void pump_request_body(sl_conn_t *c)
                     }
                     continue;
                 }
-                if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+                if (n < 0 && errno == EINTR)
+                    continue;
+                if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                    c->read_ready = 0;
                     break;
+                }
                 goto client_gone;
             }
+            if (!c->read_ready)
+                break;
             if (ensure_in(c) != 0)
                 goto client_gone;
             sl_buf_compact(&c->in);
-            ssize_t n = read(c->fd, sl_buf_tail(&c->in), sl_buf_space(&c->in));
-            if (n > 0)
+            size_t space = sl_buf_space(&c->in);
+            ssize_t n = read(c->fd, sl_buf_tail(&c->in), space);
+            if (n > 0) {
+                if ((size_t)n < space)
+                    c->read_ready = 0;
                 c->in.end += (size_t)n;
-            else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            } else if (n < 0 && errno == EINTR) {
+                continue;
+            } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                c->read_ready = 0;
                 break;
-            else
+            } else {
                 goto client_gone;
+            }
         }
         size_t avail = sl_buf_len(&c->in);
         size_t room = sl_buf_space(&c->uout);
@@ -1228,8 +1299,6 @@ static void pump_request_body(sl_conn_t *c)
         return;
     }
     client_rev(c, !c->req_body_done);
-    if (c->up && c->phase == UP_WAIT_HEAD && c->uout_sent < c->uout.end - c->uout.start)
-        event_add(c->up->wev, NULL);
     return;
 client_gone:
     c->error_code = "client_closed";
@@ -1338,11 +1407,40 @@ static void attach_upconn(sl_conn_t *c, sl_upconn_t *up)
     c->up = up;
     up->owner = c;
     up->requests++;
-    event_assign(up->rev, c->w->base, up->fd, EV_READ | EV_PERSIST, up_read_cb, c);
-    event_assign(up->wev, c->w->base, up->fd, EV_WRITE | EV_PERSIST, up_write_cb, c);
+    c->up_read_ready = 0;
+    c->up_want_write = 0;
+    c->up_paused = 0;
 }
 
-static void up_send(sl_conn_t *c);
+static int up_send(sl_conn_t *c);
+
+/*
+ * Moves the request forward: client bytes into uout, uout to the upstream,
+ * until neither side makes progress. A loop, not mutual recursion, so a
+ * large streamed body never deepens the stack.
+ */
+static void drive_request(sl_conn_t *c)
+{
+    for (;;) {
+        uint64_t before = c->req_body_bytes;
+        size_t sent_before = c->uout_sent;
+        if (!c->req_body_done)
+            pump_request_body(c);
+        if (c->dead || c->state != CS_PROXY)
+            return;
+        if (c->up && c->phase != UP_CONNECTING && !c->up_want_write) {
+            if (up_send(c) != 0)
+                return;
+        }
+        if (c->dead || c->state != CS_PROXY)
+            return;
+        if (c->req_body_done && (c->up_want_write || !c->up || c->phase == UP_CONNECTING ||
+                                 c->uout_sent == sl_buf_len(&c->uout)))
+            return;
+        if (c->req_body_bytes == before && c->uout_sent == sent_before)
+            return;
+    }
+}
 
 static void start_upstream(sl_conn_t *c)
 {
@@ -1392,8 +1490,8 @@ static void start_upstream(sl_conn_t *c)
     if (up) {
         attach_upconn(c, up);
         c->phase = UP_WAIT_HEAD;
-        event_add(up->rev, NULL);
-        up_send(c);
+        arm_timer(c, c->route->timeouts.response_ms);
+        drive_request(c);
         return;
     }
     up = sl_upstream_connect(c->w, c->pool);
@@ -1403,11 +1501,13 @@ static void start_upstream(sl_conn_t *c)
     }
     attach_upconn(c, up);
     c->phase = UP_CONNECTING;
-    event_add(up->wev, NULL);
     arm_timer(c, c->cluster->connect_timeout_ms);
+    /* The connection's first writable edge tells us it is established. */
 }
 
-static void up_send(sl_conn_t *c)
+/* Writes pending uout bytes. Returns -1 when the request failed over (the
+ * caller must not touch the upstream state any more). */
+static int up_send(sl_conn_t *c)
 {
     sl_upconn_t *up = c->up;
     for (;;) {
@@ -1422,41 +1522,53 @@ static void up_send(sl_conn_t *c)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            event_add(up->wev, NULL);
-            return;
+            c->up_want_write = 1;
+            return 0;
         }
+        /* A reused connection the upstream closed meanwhile, or a reset. */
         upstream_failed(c, SL_UPSTREAM_ERR_RESET, 0);
-        return;
+        return -1;
     }
-    event_del(up->wev);
-    if (!c->req_body_done) {
-        /* Room freed in uout: let more of the body in. */
-        pump_request_body(c);
-        if (c->state == CS_PROXY && c->up && sl_buf_len(&c->uout) > c->uout_sent)
-            event_add(c->up->wev, NULL);
-        return;
-    }
-    if (c->phase == UP_WAIT_HEAD)
+    c->up_want_write = 0;
+    if (c->req_body_done && c->phase == UP_WAIT_HEAD && !c->resp_head_sent)
         arm_timer(c, c->route->timeouts.response_ms);
+    return 0;
 }
 
-static void up_write_cb(evutil_socket_t fd, short what, void *arg)
+static void read_response_head(sl_conn_t *c);
+
+/* Event on the upstream connection owned by c (called by upstream.c). */
+void sl_proxy_upstream_event(struct sl_conn *c, short what)
 {
-    (void)what;
-    sl_conn_t *c = arg;
-    if (c->phase == UP_CONNECTING) {
+    cb_enter(c);
+    sl_upconn_t *up = c->up;
+    if (what & EV_READ)
+        c->up_read_ready = 1;
+    if (c->phase == UP_CONNECTING && (what & (EV_WRITE | EV_READ))) {
         int err = 0;
         socklen_t len = sizeof(err);
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+        if (getsockopt(up->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
             upstream_failed(c, SL_UPSTREAM_ERR_CONNECT, 0);
-            return;
+            goto out;
         }
-        c->up->connected = 1;
+        up->connected = 1;
         c->phase = UP_WAIT_HEAD;
-        event_add(c->up->rev, NULL);
         arm_timer(c, c->route->timeouts.response_ms);
+        drive_request(c);
+    } else if ((what & EV_WRITE) && c->up_want_write) {
+        c->up_want_write = 0;
+        drive_request(c);
     }
-    up_send(c);
+    if (c->dead || c->up != up || !up)
+        goto out;
+    if (c->up_read_ready && !c->up_paused) {
+        if (c->phase == UP_WAIT_HEAD)
+            read_response_head(c);
+        else if (c->phase == UP_BODY)
+            read_response_body(c);
+    }
+out:
+    cb_leave(c);
 }
 
 static int response_is_keepalive(const sl_http1_response_t *resp)
@@ -1552,6 +1664,7 @@ static void abort_response(sl_conn_t *c, const char *code, enum sl_upstream_erro
 static void read_response_head(sl_conn_t *c)
 {
     sl_upconn_t *up = c->up;
+    int drained = 0;
     if (!c->uin.data && sl_worker_buf_get(c->w, &c->uin) != 0) {
         send_error(c, 503, "overloaded", "out of memory", 1, 0);
         return;
@@ -1567,10 +1680,18 @@ static void read_response_head(sl_conn_t *c)
                 }
             }
         }
-        ssize_t n = read(up->fd, sl_buf_tail(&c->uin), sl_buf_space(&c->uin));
+        if (drained)
+            return; /* wait for the next edge */
+        size_t space = sl_buf_space(&c->uin);
+        ssize_t n = read(up->fd, sl_buf_tail(&c->uin), space);
         if (n > 0) {
             c->uin.end += (size_t)n;
+            if ((size_t)n < space) {
+                drained = 1;
+                c->up_read_ready = 0;
+            }
         } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            c->up_read_ready = 0;
             return;
         } else if (n < 0 && errno == EINTR) {
             continue;
@@ -1649,12 +1770,10 @@ static void read_response_head(sl_conn_t *c)
             c->up_reusable = 0;
         }
         sl_worker_buf_put(c->w, &c->uin);
-        if (c->resp_done) {
-            event_del(up->rev);
+        if (c->resp_done)
             evtimer_del(c->timer);
-        } else {
+        else
             arm_timer(c, c->route->timeouts.response_ms);
-        }
         client_flush(c);
         return;
     }
@@ -1669,15 +1788,18 @@ static void read_response_body(sl_conn_t *c)
             if (sl_buf_space(&c->out) < READ_LOW_WATER) {
                 /* Client is slower than the upstream: stop reading. */
                 c->up_paused = 1;
-                event_del(up->rev);
                 break;
             }
         }
         size_t want = sl_buf_space(&c->out);
         if (c->resp_body == SL_HTTP1_BODY_LENGTH && want > c->resp_remaining)
             want = (size_t)c->resp_remaining;
+        if (!c->up_read_ready)
+            break;
         ssize_t n = read(up->fd, sl_buf_tail(&c->out), want);
         if (n > 0) {
+            if ((size_t)n < want)
+                c->up_read_ready = 0;
             ssize_t used = account_response_body(c, sl_buf_tail(&c->out), (size_t)n);
             if (used < 0) {
                 abort_response(c, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
@@ -1691,8 +1813,10 @@ static void read_response_body(sl_conn_t *c)
                 break;
             continue;
         }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            c->up_read_ready = 0;
             break;
+        }
         if (n < 0 && errno == EINTR)
             continue;
         if (c->resp_body == SL_HTTP1_BODY_CLOSE && n == 0) {
@@ -1706,21 +1830,9 @@ static void read_response_body(sl_conn_t *c)
         return;
     }
     if (c->resp_done) {
-        event_del(up->rev);
         evtimer_del(c->timer);
     } else if (!c->up_paused) {
         arm_timer(c, c->route->timeouts.response_ms);
     }
     client_flush(c);
-}
-
-static void up_read_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    sl_conn_t *c = arg;
-    if (c->phase == UP_WAIT_HEAD)
-        read_response_head(c);
-    else if (c->phase == UP_BODY)
-        read_response_body(c);
 }

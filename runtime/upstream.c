@@ -12,6 +12,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "proxy.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -177,14 +178,19 @@ out:
     return idx;
 }
 
-static void idle_read_cb(evutil_socket_t fd, short what, void *arg)
+static void upconn_event_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
-    (void)what;
     sl_upconn_t *uc = arg;
+    if (uc->owner) {
+        sl_proxy_upstream_event(uc->owner, what);
+        return;
+    }
     /* Readable while idle: EOF from the upstream (its keep-alive timeout) or
-     * unsolicited bytes; either way the connection is done. */
-    sl_upstream_close(sl_worker_self, uc);
+     * unsolicited bytes; either way the connection is done. Writable edges
+     * of an idle connection mean nothing. */
+    if (what & EV_READ)
+        sl_upstream_close(sl_worker_self, uc);
 }
 
 static void idle_unlink(sl_upconn_t *uc)
@@ -206,7 +212,6 @@ sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool)
     if (!uc)
         return NULL;
     idle_unlink(uc);
-    event_del(uc->rev);
     pool->num_busy++;
     return uc;
 }
@@ -228,10 +233,8 @@ sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool)
     sl_upconn_t *uc = calloc(1, sizeof(*uc));
     if (!uc)
         goto fail;
-    /* Events are (re)assigned by the owner; allocate them once here. */
-    uc->rev = event_new(w->base, fd, EV_READ | EV_PERSIST, idle_read_cb, uc);
-    uc->wev = event_new(w->base, fd, EV_WRITE | EV_PERSIST, idle_read_cb, uc);
-    if (!uc->rev || !uc->wev)
+    uc->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_ET | EV_PERSIST, upconn_event_cb, uc);
+    if (!uc->ev || event_add(uc->ev, NULL) != 0)
         goto fail;
     uc->fd = fd;
     uc->pool = pool;
@@ -239,10 +242,8 @@ sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool)
     return uc;
 fail:
     if (uc) {
-        if (uc->rev)
-            event_free(uc->rev);
-        if (uc->wev)
-            event_free(uc->wev);
+        if (uc->ev)
+            event_free(uc->ev);
         free(uc);
     }
     close(fd);
@@ -258,8 +259,7 @@ void sl_upstream_close(sl_worker_t *w, sl_upconn_t *uc)
         idle_unlink(uc);
     else if (p->num_busy)
         p->num_busy--;
-    event_free(uc->rev);
-    event_free(uc->wev);
+    event_free(uc->ev);
     close(uc->fd);
     free(uc);
 }
@@ -267,14 +267,11 @@ void sl_upstream_close(sl_worker_t *w, sl_upconn_t *uc)
 void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle, uint32_t idle_timeout_ms)
 {
     sl_pool_t *p = uc->pool;
-    event_del(uc->rev);
-    event_del(uc->wev);
     if (p->num_idle >= max_idle || w->draining) {
         uc->owner = NULL;
         if (p->num_busy)
             p->num_busy--;
-        event_free(uc->rev);
-        event_free(uc->wev);
+        event_free(uc->ev);
         close(uc->fd);
         free(uc);
         return;
@@ -283,8 +280,6 @@ void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle, uin
     uc->owner = NULL;
     uc->idle_since_ms = sl_endpoint_now_ms();
     uc->idle_timeout_ms = idle_timeout_ms;
-    event_assign(uc->rev, w->base, uc->fd, EV_READ | EV_PERSIST, idle_read_cb, uc);
-    event_add(uc->rev, NULL);
     uc->idle_prev = NULL;
     uc->idle_next = p->idle;
     if (p->idle)

@@ -20,7 +20,9 @@ struct sl_conn;
 
 typedef struct sl_upconn {
     int fd;
-    struct event *rev, *wev;
+    /* Edge-triggered read+write for the connection's life; events go to the
+     * owning request, or close the connection while it is idle. */
+    struct event *ev;
     struct sl_pool *pool;
     struct sl_conn *owner;     /* NULL while idle in the pool */
     struct sl_upconn *idle_next, *idle_prev;
