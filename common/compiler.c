@@ -214,8 +214,9 @@ static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *g
                 place(where, sizeof(where), owner[k]);
                 if (strcmp(o->name, name) == 0) {
                     snprintf(field, sizeof(field), "spec.listeners[%zu].name", i);
-                    snprintf(msg, sizeof(msg), "listener name '%s' is also used by Gateway %s/%s (%s)",
-                             name, owner[k]->ns, owner[k]->name, where);
+                    snprintf(msg, sizeof(msg),
+                             "listener name '%s' is also used by Gateway %s/%s (%s)", name,
+                             owner[k]->ns, owner[k]->name, where);
                     cerr(c, r, field, "%s%s", msg, "");
                     clash = true;
                 } else if (sl_validate_spec_listeners_conflict(addr, (long)port, o->address,
@@ -223,8 +224,8 @@ static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *g
                     snprintf(field, sizeof(field), "spec.listeners[%zu].port", i);
                     snprintf(msg, sizeof(msg),
                              "%s:%u conflicts with listener '%s' (%s:%u) of Gateway %s/%s (%s)",
-                             addr, port, o->name, o->address, o->port, owner[k]->ns,
-                             owner[k]->name, where);
+                             addr, port, o->name, o->address, o->port, owner[k]->ns, owner[k]->name,
+                             where);
                     cerr(c, r, field, "%s%s", msg, "");
                     clash = true;
                 }
@@ -348,8 +349,7 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
             h->expected_status_max = DEF_HC_STATUS_MAX;
             json_t *st = jget(hc, "expectedStatuses");
             if (json_is_integer(st)) {
-                h->expected_status_min = h->expected_status_max =
-                    (uint32_t)json_integer_value(st);
+                h->expected_status_min = h->expected_status_max = (uint32_t)json_integer_value(st);
             } else if (json_is_string(st)) {
                 unsigned lo = 0, hi = 0;
                 int k = sscanf(json_string_value(st), "%u-%u", &lo, &hi);
@@ -555,9 +555,9 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
     json_t *method = jget(op, "method");
     json_t *methods = jget(op, "methods");
     size_t nm = methods ? json_array_size(methods) : method ? 1 : 0;
-    if (nm == 1 && strcmp(methods ? json_string_value(json_array_get(methods, 0))
-                                  : json_string_value(method),
-                          "*") == 0)
+    if (nm == 1 &&
+        strcmp(methods ? json_string_value(json_array_get(methods, 0)) : json_string_value(method),
+               "*") == 0)
         nm = 0; /* "*": any method, an empty list in the snapshot */
     rt->methods = (char **)carray(c, nm, sizeof(*rt->methods));
     for (size_t i = 0; rt->methods && i < nm; i++)
@@ -621,8 +621,7 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
             jdur(to, "upstreamResponse", table->timeouts->upstream_response_ms);
     }
     rt->retry = compile_retry(c, table->retry, jget(op, "retries"));
-    rt->max_request_body_bytes =
-        jint(op, "maxRequestBodyBytes", table->max_request_body_bytes);
+    rt->max_request_body_bytes = jint(op, "maxRequestBodyBytes", table->max_request_body_bytes);
 }
 
 static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resource_t *api,
@@ -655,8 +654,7 @@ static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resourc
             jdur(to, "upstreamResponse", d->timeouts.upstream_response_ms);
     }
     t->retry = compile_retry(c, NULL, jget(spec, "retries"));
-    t->max_request_body_bytes =
-        jint(spec, "maxRequestBodyBytes", d->limits.max_request_body_bytes);
+    t->max_request_body_bytes = jint(spec, "maxRequestBodyBytes", d->limits.max_request_body_bytes);
 
     json_t *ops = jget(spec, "operations");
     size_t n = json_array_size(ops);

@@ -100,8 +100,8 @@ char *sl_error_format(const sl_error_t *e)
     size_t n = strlen(src) + strlen(docbuf) + strlen(field) + strlen(e->message) + 8;
     char *out = xmalloc_or_die(n);
     int head = src[0] || docbuf[0];
-    snprintf(out, n, "%s%s%s%s%s%s", src, docbuf, head ? ": " : "", field,
-             field[0] ? ": " : "", e->message);
+    snprintf(out, n, "%s%s%s%s%s%s", src, docbuf, head ? ": " : "", field, field[0] ? ": " : "",
+             e->message);
     return out;
 }
 

@@ -243,8 +243,8 @@ int sl_model_parse(sl_resource_set_t *set, const char *text, size_t len, const c
     if (len >= 3 && (unsigned char)text[0] == 0xEF && (unsigned char)text[1] == 0xBB &&
         (unsigned char)text[2] == 0xBF)
         skip = 3;
-    while (skip < len && (text[skip] == ' ' || text[skip] == '\t' || text[skip] == '\r' ||
-                          text[skip] == '\n'))
+    while (skip < len &&
+           (text[skip] == ' ' || text[skip] == '\t' || text[skip] == '\r' || text[skip] == '\n'))
         skip++;
 
     json_t *docs;

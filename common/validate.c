@@ -344,8 +344,8 @@ bool sl_validate_is_hostname(const char *s)
         return false;
     for (size_t i = 0; i < n; i++) {
         char ch = s[i];
-        bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                     (ch >= '0' && ch <= '9');
+        bool alnum =
+            (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
         if (ch == '.') {
             if (label == 0 || s[i - 1] == '-')
                 return false;
@@ -460,8 +460,8 @@ static const sl_vfield_t metadata_fields[] = {
 };
 static const sl_vschema_t metadata_schema = {metadata_fields, NULL};
 
-static const char *const kind_names[] = {"Gateway", "Api", "Backend", "Consumer", "Certificate",
-                                         NULL};
+static const char *const kind_names[] = {"Gateway",  "Api",         "Backend",
+                                         "Consumer", "Certificate", NULL};
 static const char *const api_versions[] = {SL_API_VERSION, NULL};
 
 static const sl_vschema_t *const spec_schemas[SL_KIND__COUNT] = {

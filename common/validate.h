@@ -71,9 +71,9 @@ void sl_vcheck_object(sl_vctx_t *c, json_t *v, const void *schema); /* [sl_vsche
 void sl_vcheck_array(sl_vctx_t *c, json_t *v, const void *spec);    /* [sl_varray_t] */
 void sl_vcheck_string(sl_vctx_t *c, json_t *v, const void *arg);    /* non-empty, ≤ 4096 */
 void sl_vcheck_bool(sl_vctx_t *c, json_t *v, const void *arg);
-void sl_vcheck_int(sl_vctx_t *c, json_t *v, const void *range);     /* [sl_vrange_t] */
+void sl_vcheck_int(sl_vctx_t *c, json_t *v, const void *range);      /* [sl_vrange_t] */
 void sl_vcheck_duration(sl_vctx_t *c, json_t *v, const void *range); /* [sl_vrange_t] ms */
-void sl_vcheck_enum(sl_vctx_t *c, json_t *v, const void *names);    /* [const char *const[]] */
+void sl_vcheck_enum(sl_vctx_t *c, json_t *v, const void *names);     /* [const char *const[]] */
 void sl_vcheck_any(sl_vctx_t *c, json_t *v, const void *arg);
 void sl_vcheck_dns_subdomain(sl_vctx_t *c, json_t *v, const void *arg);
 void sl_vcheck_dns_label(sl_vctx_t *c, json_t *v, const void *arg);
@@ -92,7 +92,7 @@ bool sl_validate_is_hostname(const char *s);
 /* True when two listeners cannot both bind: same port and the same address,
  * or one of them a wildcard covering the other (validate_spec.c). */
 bool sl_validate_spec_listeners_conflict(const char *addr_a, long port_a, const char *addr_b,
-                                    long port_b);
+                                         long port_b);
 
 /* Spec schemas of each kind (validate_spec.c). */
 extern const sl_vschema_t sl_validate_spec_gateway;

@@ -44,8 +44,8 @@ static const char *const path_types[] = {"template", "exact", "prefix", "regex",
 static const char *const match_types[] = {"exact", "prefix", "regex", "present", NULL};
 static const char *const lb_policies[] = {"round-robin", "least-request", "random",
                                           "consistent-hash", NULL};
-static const char *const http_methods[] = {"GET",     "HEAD",    "POST",  "PUT",     "DELETE",
-                                           "PATCH",   "OPTIONS", "TRACE", "CONNECT", NULL};
+static const char *const http_methods[] = {"GET",   "HEAD",    "POST",  "PUT",     "DELETE",
+                                           "PATCH", "OPTIONS", "TRACE", "CONNECT", NULL};
 
 static const char *type_of(json_t *v)
 {
@@ -96,8 +96,8 @@ static void check_regex_text(sl_vctx_t *c, const char *re)
 {
     int code;
     PCRE2_SIZE off;
-    pcre2_code *p = pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &code, &off,
-                                  NULL);
+    pcre2_code *p =
+        pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &code, &off, NULL);
     if (p) {
         pcre2_code_free(p);
         return;
@@ -193,8 +193,8 @@ static void check_base_path(sl_vctx_t *c, json_t *v, const void *arg)
         sl_validate_error(c, "templates are not allowed in basePath; put '{param}' in the "
                              "operation paths");
     } else if (n > 1 && s[n - 1] == '/') {
-        sl_validate_error(c, "must not end with '/' (use \"%.*s\")", (int)(n - 1 > 200 ? 200 : n - 1),
-                          s);
+        sl_validate_error(c, "must not end with '/' (use \"%.*s\")",
+                          (int)(n - 1 > 200 ? 200 : n - 1), s);
     } else if (n > 1024) {
         sl_validate_error(c, "longer than 1024 characters");
     } else if (sl_pathtpl_check(s, err, sizeof(err)) != 0) {
@@ -255,8 +255,8 @@ static void check_status_range(sl_vctx_t *c, json_t *v, const void *arg)
     if (n == 1 && sscanf(s, "%3ld%c", &lo, &tail) == 1)
         hi = lo;
     else if (n != 2) {
-        sl_validate_error(c, "'%.64s' is not a status range like \"200-399\" or a code like \"200\"",
-                          s);
+        sl_validate_error(
+            c, "'%.64s' is not a status range like \"200-399\" or a code like \"200\"", s);
         return;
     }
     if (lo < 100 || hi > 599 || lo > hi)
@@ -353,8 +353,7 @@ static void backend_refs_unique(sl_vctx_t *c, json_t *refs, const char *field)
             const char *b = json_string_value(json_object_get(json_array_get(refs, j), "name"));
             if (strcmp(a, b) == 0) {
                 size_t s2 = sl_validate_push_index(c, i);
-                sl_validate_error(c, "Backend '%s' is already referenced by %s[%zu]", a, field,
-                                  j);
+                sl_validate_error(c, "Backend '%s' is already referenced by %s[%zu]", a, field, j);
                 sl_validate_pop(c, s2);
                 break;
             }
@@ -485,8 +484,8 @@ static const sl_vfield_t operation_fields[] = {
     {"methods", sl_vcheck_array, &(const sl_varray_t){check_method, NULL, 1, 9}, 0},
     {"path", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
     {"pathType", sl_vcheck_enum, path_types, 0},
-    {"headers", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &header_match_schema, 0, 32},
-     0},
+    {"headers", sl_vcheck_array,
+     &(const sl_varray_t){sl_vcheck_object, &header_match_schema, 0, 32}, 0},
     {"query", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &query_match_schema, 0, 32},
      0},
     {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
@@ -534,9 +533,9 @@ static char *op_key(json_t *op, const char *method)
         }
     }
     norm[o] = '\0';
-    char *h = json_dumps(sl_validate_get(op, "headers") ? sl_validate_get(op, "headers")
-                                                         : json_null(),
-                         JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    char *h =
+        json_dumps(sl_validate_get(op, "headers") ? sl_validate_get(op, "headers") : json_null(),
+                   JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
     char *q = json_dumps(sl_validate_get(op, "query") ? sl_validate_get(op, "query") : json_null(),
                          JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
     char *key = NULL;
@@ -567,8 +566,9 @@ static void operations_unique(sl_vctx_t *c, json_t *ops)
         json_t *method = sl_validate_get(op, "method");
         size_t nm = methods ? json_array_size(methods) : 1;
         for (size_t m = 0; m < nm; m++) {
-            const char *name = methods ? json_string_value(json_array_get(methods, m))
-                                       : method ? json_string_value(method) : "*";
+            const char *name = methods  ? json_string_value(json_array_get(methods, m))
+                               : method ? json_string_value(method)
+                                        : "*";
             char *k = op_key(op, name);
             if (!k)
                 continue;
@@ -642,9 +642,8 @@ static const sl_vfield_t api_fields[] = {
     {"stripBasePath", sl_vcheck_bool, NULL, 0},
     {"version", sl_vcheck_string, NULL, 0},
     {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
-    {"operations", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &operation_schema, 1,
-                                                         10000},
-     SL_VFIELD_REQUIRED},
+    {"operations", sl_vcheck_array,
+     &(const sl_varray_t){sl_vcheck_object, &operation_schema, 1, 10000}, SL_VFIELD_REQUIRED},
     {"timeouts", sl_vcheck_object, &api_timeout_schema, 0},
     {"retries", sl_vcheck_object, &retry_schema, 0},
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
@@ -684,13 +683,17 @@ static const sl_vfield_t gateway_timeout_fields[] = {
 static const sl_vschema_t gateway_timeout_schema = {gateway_timeout_fields, NULL};
 
 bool sl_validate_spec_listeners_conflict(const char *addr_a, long port_a, const char *addr_b,
-                                    long port_b)
+                                         long port_b)
 {
     if (port_a != port_b)
         return false;
     unsigned char a[16], b[16];
-    int fa = inet_pton(AF_INET, addr_a, a) == 1 ? AF_INET : inet_pton(AF_INET6, addr_a, a) == 1 ? AF_INET6 : 0;
-    int fb = inet_pton(AF_INET, addr_b, b) == 1 ? AF_INET : inet_pton(AF_INET6, addr_b, b) == 1 ? AF_INET6 : 0;
+    int fa = inet_pton(AF_INET, addr_a, a) == 1    ? AF_INET
+             : inet_pton(AF_INET6, addr_a, a) == 1 ? AF_INET6
+                                                   : 0;
+    int fb = inet_pton(AF_INET, addr_b, b) == 1    ? AF_INET
+             : inet_pton(AF_INET6, addr_b, b) == 1 ? AF_INET6
+                                                   : 0;
     if (!fa || !fb)
         return strcmp(addr_a, addr_b) == 0;
     static const unsigned char zero[16];
@@ -726,7 +729,8 @@ static void gateway_extra(sl_vctx_t *c, json_t *spec)
                                   j);
                 sl_validate_pop(c, s3);
             } else if (sl_validate_spec_listeners_conflict(
-                           addr, port, oaddr, (long)json_integer_value(json_object_get(o, "port")))) {
+                           addr, port, oaddr,
+                           (long)json_integer_value(json_object_get(o, "port")))) {
                 size_t s3 = sl_validate_push_key(c, "port");
                 sl_validate_error(c, "%s:%ld overlaps listeners[%zu] (%s:%ld)", addr, port, j,
                                   oaddr, port);
@@ -856,8 +860,9 @@ static void backend_extra(sl_vctx_t *c, json_t *spec)
                     json_integer_value(json_object_get(o, "port"))) {
                 size_t saved = sl_validate_push_key(c, "endpoints");
                 size_t s2 = sl_validate_push_index(c, i);
-                sl_validate_error(c, "same address and port as endpoints[%zu] (raise its "
-                                     "weight instead)",
+                sl_validate_error(c,
+                                  "same address and port as endpoints[%zu] (raise its "
+                                  "weight instead)",
                                   j);
                 sl_validate_pop(c, s2);
                 sl_validate_pop(c, saved);
@@ -868,8 +873,8 @@ static void backend_extra(sl_vctx_t *c, json_t *spec)
 }
 
 static const sl_vfield_t backend_fields[] = {
-    {"endpoints", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &endpoint_schema, 1, 1024},
-     SL_VFIELD_REQUIRED},
+    {"endpoints", sl_vcheck_array,
+     &(const sl_varray_t){sl_vcheck_object, &endpoint_schema, 1, 1024}, SL_VFIELD_REQUIRED},
     {"loadBalancing", sl_vcheck_object, &lb_schema, 0},
     {"healthCheck", sl_vcheck_object, &health_schema, 0},
     {"outlierDetection", sl_vcheck_object, &outlier_schema, 0},
@@ -904,8 +909,10 @@ static const sl_vfield_t jwt_fields[] = {
 static const sl_vschema_t jwt_schema = {jwt_fields, NULL};
 
 static const sl_vfield_t credentials_fields[] = {
-    {"apiKeys", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &api_key_schema, 0, 1000}, 0},
-    {"basicAuth", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &basic_schema, 0, 1000}, 0},
+    {"apiKeys", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &api_key_schema, 0, 1000},
+     0},
+    {"basicAuth", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &basic_schema, 0, 1000},
+     0},
     {"jwt", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &jwt_schema, 0, 1000}, 0},
     {NULL, NULL, NULL, 0},
 };

@@ -44,9 +44,9 @@ static const char MASK_CLOSE[] = "\xEE\x80\x81";
 
 static bool is_scalar_char(unsigned char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '/' || c == '_' || c == '-' || c == '.' || c == '~' || c == '%' || c == '$' ||
-           c == '^' || c == '*' || c == '+' || c == ')' || c >= 0x80;
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '/' ||
+           c == '_' || c == '-' || c == '.' || c == '~' || c == '%' || c == '$' || c == '^' ||
+           c == '*' || c == '+' || c == ')' || c >= 0x80;
 }
 
 /* Length of a maskable "{...}" group at s[0] == '{', or 0. The inside may not
@@ -132,7 +132,7 @@ typedef struct {
     char *pending_key; /* for objects: key waiting for its value */
     char *anchor;      /* anchor of this collection, or NULL */
     size_t start_nodes;
-    int height;        /* 1 + max height of the children seen so far */
+    int height; /* 1 + max height of the children seen so far */
 } frame_t;
 
 typedef struct {
@@ -305,9 +305,8 @@ static json_t *plain_scalar(ctx_t *c, const char *s, size_t n, const yaml_mark_t
     static const char *const nulls[] = {"", "~", "null", "Null", "NULL", NULL};
     static const char *const trues[] = {"true", "True", "TRUE", NULL};
     static const char *const falses[] = {"false", "False", "FALSE", NULL};
-    static const char *const infs[] = {".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF",
-                                       "-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN",
-                                       NULL};
+    static const char *const infs[] = {".inf",  ".Inf",  ".INF", "+.inf", "+.Inf", "+.INF", "-.inf",
+                                       "-.Inf", "-.INF", ".nan", ".NaN",  ".NAN",  NULL};
     char buf[128];
 
     if (eq_any(s, n, nulls))
@@ -351,9 +350,8 @@ static json_t *plain_scalar(ctx_t *c, const char *s, size_t n, const yaml_mark_t
             yerr(c, m, "integer out of range%s", NULL);
             return NULL;
         }
-        json_int_t v = neg ? (u == (unsigned long long)LLONG_MAX + 1ULL
-                                  ? (json_int_t)LLONG_MIN
-                                  : -(json_int_t)u)
+        json_int_t v = neg ? (u == (unsigned long long)LLONG_MAX + 1ULL ? (json_int_t)LLONG_MIN
+                                                                        : -(json_int_t)u)
                            : (json_int_t)u;
         return json_integer(v);
     }
@@ -469,10 +467,10 @@ static int on_scalar(ctx_t *c, yaml_event_t *ev)
 static int on_start(ctx_t *c, const yaml_event_t *ev, bool mapping)
 {
     const yaml_mark_t *m = &ev->start_mark;
-    const char *anchor = (const char *)(mapping ? ev->data.mapping_start.anchor
-                                                : ev->data.sequence_start.anchor);
-    const char *tag = (const char *)(mapping ? ev->data.mapping_start.tag
-                                             : ev->data.sequence_start.tag);
+    const char *anchor =
+        (const char *)(mapping ? ev->data.mapping_start.anchor : ev->data.sequence_start.anchor);
+    const char *tag =
+        (const char *)(mapping ? ev->data.mapping_start.tag : ev->data.sequence_start.tag);
     if (expecting_key(c)) {
         yerr(c, m, "mapping keys must be strings, not %s", mapping ? "mappings" : "sequences");
         return -1;
@@ -509,8 +507,8 @@ static int on_end(ctx_t *c, const yaml_event_t *ev)
     frame_t f = c->stack[--c->depth];
     free(f.pending_key); /* cannot be set: libyaml pairs keys with values */
     if (f.anchor) {
-        int rc = anchor_add(c, f.anchor, f.node, c->nodes - f.start_nodes, f.height,
-                            &ev->start_mark);
+        int rc =
+            anchor_add(c, f.anchor, f.node, c->nodes - f.start_nodes, f.height, &ev->start_mark);
         free(f.anchor);
         if (rc != 0) {
             json_decref(f.node);

@@ -297,8 +297,8 @@ static void test_full_example_and_precedence(void **state)
     assert_true(post->retry->non_idempotent);
     assert_int_equal(post->retry->per_try_timeout_ms, 1000);
     assert_int_equal(post->retry->min_retry_concurrency, 1);
-    assert_int_equal(post->retry->budget_percent, 10);  /* from the Api */
-    assert_int_equal(post->retry->n_on_status, 2);      /* from the Api */
+    assert_int_equal(post->retry->budget_percent, 10); /* from the Api */
+    assert_int_equal(post->retry->n_on_status, 2);     /* from the Api */
     assert_int_equal(post->max_request_body_bytes, 1024);
 
     Sluice__V1__Route *any = t->routes[3];

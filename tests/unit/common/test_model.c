@@ -133,10 +133,9 @@ static void test_yaml_flow_style_and_template_braces(void **state)
     assert_int_equal(json_array_size(json_object_get(json_array_get(ops, 1), "tags")), 2);
     assert_string_equal(json_string_value(json_object_get(v, "quoted")), "/q/{id}");
     assert_string_equal(json_string_value(json_object_get(v, "block")), "/b/{id}");
-    assert_string_equal(
-        json_string_value(json_object_get(json_object_get(json_object_get(v, "nested"), "inner"),
-                                          "k")),
-        "v");
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(json_object_get(v, "nested"), "inner"), "k")),
+                        "v");
     json_decref(v);
 }
 
@@ -367,10 +366,8 @@ static void test_parse_duplicate_resources(void **state)
     sl_errors_t errs;
     sl_resource_set_init(&set);
     sl_errors_init(&errs);
-    assert_int_equal(sl_model_parse(&set, BACKEND_DOC, strlen(BACKEND_DOC), "one.yaml", &errs),
-                     0);
-    assert_int_equal(sl_model_parse(&set, BACKEND_DOC, strlen(BACKEND_DOC), "two.yaml", &errs),
-                     -1);
+    assert_int_equal(sl_model_parse(&set, BACKEND_DOC, strlen(BACKEND_DOC), "one.yaml", &errs), 0);
+    assert_int_equal(sl_model_parse(&set, BACKEND_DOC, strlen(BACKEND_DOC), "two.yaml", &errs), -1);
     char *s = sl_errors_format(&errs);
     assert_string_equal(s, "two.yaml doc 1: metadata.name: Backend \"default/echo\" is defined "
                            "twice (also at one.yaml doc 1)\n");
@@ -429,10 +426,21 @@ static void test_durations(void **state)
         int rc;
         uint64_t ms;
     } cases[] = {
-        {"250ms", 0, 250},  {"10s", 0, 10000},  {"1m", 0, 60000},      {"1h", 0, 3600000},
-        {"0s", 0, 0},       {"10", -1, 0},      {"1.5s", -1, 0},       {"-1s", -1, 0},
-        {"10 s", -1, 0},    {"1m30s", -1, 0},   {"", -1, 0},           {"5d", -1, 0},
-        {"4294967295ms", 0, 4294967295ULL},     {"4294967296ms", -1, 0}, {"1200h", -1, 0},
+        {"250ms", 0, 250},
+        {"10s", 0, 10000},
+        {"1m", 0, 60000},
+        {"1h", 0, 3600000},
+        {"0s", 0, 0},
+        {"10", -1, 0},
+        {"1.5s", -1, 0},
+        {"-1s", -1, 0},
+        {"10 s", -1, 0},
+        {"1m30s", -1, 0},
+        {"", -1, 0},
+        {"5d", -1, 0},
+        {"4294967295ms", 0, 4294967295ULL},
+        {"4294967296ms", -1, 0},
+        {"1200h", -1, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         json_t *v = json_string(cases[i].text);

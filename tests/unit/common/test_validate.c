@@ -50,7 +50,7 @@ static void expect_error(const char *text, const char *want)
     free(s);
 }
 
-#define API(ops) \
+#define API(ops)                                                                                   \
     HEAD "kind: Api\nmetadata: {name: a}\nspec:\n  backendRefs: [{name: b}]\n  operations:\n" ops
 
 #define GATEWAY(body) HEAD "kind: Gateway\nmetadata: {name: g}\nspec:\n" body
