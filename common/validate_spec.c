@@ -633,6 +633,25 @@ static void api_extra(sl_vctx_t *c, json_t *spec)
             }
         }
     }
+    /* Explicit operation names label metrics and logs: two operations
+     * sharing one would silently merge their counters. */
+    for (size_t i = 0; i < json_array_size(ops); i++) {
+        json_t *name = sl_validate_get(json_array_get(ops, i), "name");
+        for (size_t j = 0; name && j < i; j++) {
+            json_t *other = sl_validate_get(json_array_get(ops, j), "name");
+            if (other && json_equal(name, other)) {
+                size_t saved = sl_validate_push_key(c, "operations");
+                size_t s2 = sl_validate_push_index(c, i);
+                size_t s3 = sl_validate_push_key(c, "name");
+                sl_validate_error(c, "'%.200s' is already the name of spec.operations[%zu]",
+                                  json_string_value(name), j);
+                sl_validate_pop(c, s3);
+                sl_validate_pop(c, s2);
+                sl_validate_pop(c, saved);
+                break;
+            }
+        }
+    }
     operations_unique(c, ops);
 }
 

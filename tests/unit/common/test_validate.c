@@ -226,6 +226,10 @@ static void test_duplicate_operations(void **state)
                      "  - {methods: [PUT, GET], path: \"/pets/{petId}\"}\n"),
                  "t.yaml doc 1: spec.operations[1]: same method (GET), path and matches as "
                  "spec.operations[0]; the second could never be selected\n");
+    expect_error(API("  - {name: pets, method: GET, path: /a}\n"
+                     "  - {name: pets, method: GET, path: /b}\n"),
+                 "t.yaml doc 1: spec.operations[1].name: 'pets' is already the name of "
+                 "spec.operations[0]\n");
     /* Different matches: both selectable. */
     expect_valid(API("  - {method: GET, path: /pets}\n"
                      "  - {method: GET, path: /pets, headers: [{name: X-V, value: '2'}]}\n"
