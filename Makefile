@@ -16,16 +16,18 @@ endif
 comma := ,
 
 PKGS    := libevent libevent_pthreads jansson yaml-0.1 libpcre2-8 liburcu-qsbr \
-           libprotobuf-c openssl
+           libprotobuf-c openssl sqlite3
+# gRPC core: shared libraries pull in their own dependencies.
+GRPC_LIBS  := -lgrpc -lgpr
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -D_LGPL_SOURCE \
            -fno-strict-aliasing $(SANFLAGS) \
-           -Icommon -Iruntime -Ipolicies -I$(BUILD)/gen $(PKG_CFLAGS)
+           -Icommon -Iruntime -Ipolicies -Icontroller -I$(BUILD)/gen $(PKG_CFLAGS)
 LDFLAGS += $(SANFLAGS)
-LDLIBS  += $(PKG_LIBS) -lpthread -lm
+LDLIBS  += $(PKG_LIBS) $(GRPC_LIBS) -lpthread -lm
 
 PROTOS      := $(wildcard proto/sluice/v1/*.proto)
 PROTO_C     := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTOS))
@@ -34,13 +36,17 @@ PROTO_H     := $(PROTO_C:.c=.h)
 COMMON_SRC  := $(wildcard common/*.c)
 RUNTIME_SRC := $(filter-out runtime/main.c,$(wildcard runtime/*.c))
 POLICY_SRC  := $(wildcard policies/*.c policies/*/*.c)
+CTRL_SRC    := $(filter-out controller/main.c,$(wildcard controller/*.c))
 
 COMMON_OBJ  := $(COMMON_SRC:%.c=$(BUILD)/obj/%.o) $(PROTO_C:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)
 RUNTIME_OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/obj/%.o) $(POLICY_SRC:%.c=$(BUILD)/obj/%.o)
+CTRL_OBJ    := $(CTRL_SRC:%.c=$(BUILD)/obj/%.o)
 
 LIBCOMMON   := $(BUILD)/lib/libsl-common.a
 LIBRUNTIME  := $(BUILD)/lib/libsl-runtime.a
 RUNTIME_BIN := $(BUILD)/bin/sluice-runtime
+LIBCTRL     := $(BUILD)/lib/libsl-controller.a
+CTRL_BIN    := $(BUILD)/bin/sluice-controller
 
 UNIT_SRC    := $(wildcard tests/unit/*/test_*.c)
 UNIT_BIN    := $(UNIT_SRC:%.c=$(BUILD)/%)
@@ -48,7 +54,8 @@ UNIT_BIN    := $(UNIT_SRC:%.c=$(BUILD)/%)
 .PHONY: all deps run test unit integration bench fuzz clean format perf-tools
 .SECONDARY:
 
-all: $(RUNTIME_BIN) $(UNIT_BIN)
+BINS := $(RUNTIME_BIN) $(if $(wildcard controller/main.c),$(CTRL_BIN))
+all: $(BINS) $(UNIT_BIN)
 
 # --- generated code --------------------------------------------------------
 $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
@@ -77,19 +84,28 @@ $(RUNTIME_BIN): $(BUILD)/obj/runtime/main.o $(LIBRUNTIME) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+$(LIBCTRL): $(CTRL_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(CTRL_BIN): $(BUILD)/obj/controller/main.o $(LIBCTRL) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 # Unit tests may #include the .c under test to reach static functions; the
 # archives then only fill in what the test does not define itself.
-$(BUILD)/tests/unit/%: tests/unit/%.c $(LIBRUNTIME) $(LIBCOMMON) | $(PROTO_H)
+TEST_LIBS := $(LIBRUNTIME) $(if $(CTRL_SRC),$(LIBCTRL)) $(LIBCOMMON)
+$(BUILD)/tests/unit/%: tests/unit/%.c $(TEST_LIBS) | $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/unit -MMD -MP -o $@ $< $(LIBRUNTIME) $(LIBCOMMON) \
+	$(CC) $(CFLAGS) -Icontroller -Itests/unit -MMD -MP -o $@ $< $(TEST_LIBS) \
 	    $(LDFLAGS) $(LDLIBS) -lcmocka
 
 # Small measuring programs of perf/ (perf/*.c), built by `make perf-tools`.
 PERF_SRC := $(wildcard perf/*.c)
 PERF_BIN := $(PERF_SRC:perf/%.c=$(BUILD)/perf/%)
-$(BUILD)/perf/%: perf/%.c $(LIBRUNTIME) $(LIBCOMMON) | $(PROTO_H)
+$(BUILD)/perf/%: perf/%.c $(TEST_LIBS) | $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(LIBRUNTIME) $(LIBCOMMON) $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(TEST_LIBS) $(LDFLAGS) $(LDLIBS)
 perf-tools: $(PERF_BIN)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
@@ -127,7 +143,7 @@ unit: $(UNIT_BIN)
 	[ $$fail = 0 ] || { echo "unit tests failed"; exit 1; }
 
 PYTEST_ARGS ?=
-integration: $(RUNTIME_BIN)
+integration: $(BINS)
 	SLUICE_BUILD=$(BUILD) /usr/bin/python3 -m pytest -q -ra tests/integration $(PYTEST_ARGS)
 
 bench: deps
