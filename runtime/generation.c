@@ -39,8 +39,10 @@ static void compile_retry(sl_gen_retry_t *r, const Sluice__V1__RetryPolicy *pb)
         if (s >= 500 && s < 564)
             r->status_mask[(s - 500) / 32] |= 1u << ((s - 500) % 32);
     }
-    r->budget_percent = pb->budget_percent ? pb->budget_percent : 20;
-    r->min_retry_concurrency = pb->min_retry_concurrency ? pb->min_retry_concurrency : 3;
+    /* The compiler always fills these; 0 is the user's choice (no budget
+     * beyond min_retry_concurrency). */
+    r->budget_percent = pb->budget_percent;
+    r->min_retry_concurrency = pb->min_retry_concurrency;
     r->per_try_timeout_ms = pb->per_try_timeout_ms;
 }
 
@@ -196,6 +198,8 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 def.on_connect_failure = 1;
                 def.on_reset = 1;
                 def.n_on_status = 3;
+                def.budget_percent = 20;
+                def.min_retry_concurrency = 3;
                 def.on_status = (uint32_t *)statuses;
                 compile_retry(&route->retry, &def);
             }
@@ -268,15 +272,18 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
     gen->add_via = gs ? gs->add_via : 0;
     sl_gen_timeouts_t gw_timeouts = {
         .request_ms = to ? to->request_ms : 0,
-        .connect_ms = to && to->upstream_connect_ms ? to->upstream_connect_ms : 5000,
+        /* Route-level connect timeouts exist only when an Api or operation
+         * sets one; otherwise the Backend's (cluster) value applies. */
+        .connect_ms = 0,
         .response_ms = to && to->upstream_response_ms ? to->upstream_response_ms : 30000,
     };
 
     if (build_clusters(gen, err, errlen) != 0)
         goto fail;
+    uint32_t gw_connect_ms = to && to->upstream_connect_ms ? to->upstream_connect_ms : 5000;
     for (size_t i = 0; i < gen->num_clusters; i++)
         if (!gen->clusters[i].connect_timeout_ms)
-            gen->clusters[i].connect_timeout_ms = gw_timeouts.connect_ms;
+            gen->clusters[i].connect_timeout_ms = gw_connect_ms;
     if (build_routes(gen, &gw_timeouts, err, errlen) != 0)
         goto fail;
     gen->router = sl_router_build(snap, err, errlen);

@@ -1501,7 +1501,8 @@ static void start_upstream(sl_conn_t *c)
     }
     attach_upconn(c, up);
     c->phase = UP_CONNECTING;
-    arm_timer(c, c->cluster->connect_timeout_ms);
+    arm_timer(c, c->route->timeouts.connect_ms ? c->route->timeouts.connect_ms
+                                               : c->cluster->connect_timeout_ms);
     /* The connection's first writable edge tells us it is established. */
 }
 

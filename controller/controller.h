@@ -1,0 +1,55 @@
+/*
+ * The controller core: resources -> per-fleet snapshots -> pushes to the
+ * runtimes connected over the config stream. The REST API (rest.c) writes to
+ * the store and then tells the core what changed; the core owns compile
+ * scheduling (coalescing), object status (e.g. a missing Backend) and the
+ * state of every runtime. Main-thread API unless said otherwise.
+ */
+#ifndef SL_CONTROLLER_H
+#define SL_CONTROLLER_H
+
+#include "model.h"
+#include "store.h"
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+struct event_base;
+typedef struct sl_controller sl_controller_t;
+
+/* Called after every durable change of the resource store. Cheap: it only
+ * schedules a (coalesced) recompile. */
+void sl_controller_changed(sl_controller_t *ctl);
+
+/* The status the controller computed for an object, e.g.
+ * {"conditions":[{"type":"Accepted","status":"False","reason":"BackendNotFound",
+ *   "message":"spec.backendRefs[0].name: Backend \"default/echo\" not found"}],
+ *  "observedGeneration":3}. New reference, or NULL when none is known yet. */
+json_t *sl_controller_object_status(sl_controller_t *ctl, enum sl_kind kind, const char *ns,
+                                    const char *name);
+
+/* GET /api/v1/runtimes: [{node_id, fleet, address, connected, connected_since,
+ * last_seen, acked_version, types:{<type>: {acked_version, nack:{version,
+ * message, at}}}}] for every runtime that is or was connected. New ref. */
+json_t *sl_controller_runtimes_json(sl_controller_t *ctl);
+
+/* GET /api/v1/status: {config_version, fleets:{<fleet>:{version,
+ * runtimes_connected, runtimes_at_version}}}. New ref. */
+json_t *sl_controller_status_json(sl_controller_t *ctl);
+
+/* Counters for /metrics, written by the core and the stream thread. */
+typedef struct {
+    _Atomic uint64_t pushes;        /* responses sent */
+    _Atomic uint64_t acks;
+    _Atomic uint64_t nacks;
+    _Atomic uint64_t compiles;
+    _Atomic uint64_t compile_errors;
+    _Atomic int64_t runtimes_connected;
+    _Atomic uint64_t store_writes;
+    _Atomic uint64_t store_write_us_total; /* sum of write latencies */
+    _Atomic uint64_t config_version;
+} sl_ctrl_metrics_t;
+extern sl_ctrl_metrics_t sl_ctrl_metrics;
+
+#endif

@@ -1,0 +1,84 @@
+/*
+ * Durable resource store of the controller: SQLite in WAL mode with
+ * synchronous=FULL, so a write acknowledged with a 2xx survives kill -9 and
+ * power loss; the schema is migrated by version on open.
+ *
+ * Holds the resources (as the JSON documents the user wrote, plus server
+ * metadata) and the controller's counters that must never go backwards (the
+ * config version pushed to runtimes). Single-threaded: the controller's main
+ * thread owns it.
+ */
+#ifndef SL_STORE_H
+#define SL_STORE_H
+
+#include "model.h"
+
+#include <jansson.h>
+#include <stdint.h>
+
+typedef struct sl_store sl_store_t;
+
+/* Opens (creating) DATA_DIR/sluice.db. NULL with a message naming the path
+ * and the fix. */
+sl_store_t *sl_store_open(const char *data_dir, char *err, size_t errlen);
+void sl_store_close(sl_store_t *st);
+
+enum sl_store_result {
+    SL_STORE_OK = 0,
+    SL_STORE_NOT_FOUND,
+    SL_STORE_EXISTS,       /* create of an existing object (409) */
+    SL_STORE_CONFLICT,     /* resourceVersion precondition failed (409/412) */
+    SL_STORE_ERROR,        /* I/O or SQLite error, message in err */
+};
+
+/*
+ * Writes one object. `obj` is a validated document; the store sets
+ * metadata.resourceVersion (a store-wide increasing integer, as a string),
+ * metadata.generation (+1 when spec changes), metadata.uid and
+ * metadata.creationTimestamp (kept from the existing object), and removes
+ * `status` (the controller computes it). mode:
+ *   SL_STORE_CREATE   fail with SL_STORE_EXISTS if present
+ *   SL_STORE_REPLACE  create or replace
+ * expect_rv: "" = no precondition, else must equal the stored
+ * resourceVersion (SL_STORE_CONFLICT otherwise; SL_STORE_NOT_FOUND if absent).
+ * On success *stored is a new reference to the object as stored. Durable
+ * before return.
+ */
+enum sl_store_mode { SL_STORE_CREATE = 0, SL_STORE_REPLACE };
+enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
+                                  const char *expect_rv, json_t **stored, char *err,
+                                  size_t errlen);
+
+/* Several objects in one transaction (all or nothing), mode REPLACE. */
+enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs /* array */,
+                                       json_t **stored /* array */, char *err, size_t errlen);
+
+enum sl_store_result sl_store_get(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                  const char *name, json_t **obj);
+
+/* Deletes; *deleted gets the last stored object. expect_rv as for put. */
+enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                     const char *name, const char *expect_rv, json_t **deleted,
+                                     char *err, size_t errlen);
+
+/* Objects of a kind (ns NULL = all namespaces), ordered by namespace, name. */
+enum sl_store_result sl_store_list(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                   json_t **array);
+
+/* Every stored object into a resource set (source "<plural>/<ns>/<name>",
+ * doc 0), for the compiler. */
+enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, char *err,
+                                       size_t errlen);
+
+/* Latest resourceVersion handed out (0 for an empty store). */
+uint64_t sl_store_resource_version(sl_store_t *st);
+
+/* A durable monotonic counter by name (e.g. "config_version"): returns the
+ * incremented value, persisted before return; 0 on error. */
+uint64_t sl_store_counter_next(sl_store_t *st, const char *name);
+uint64_t sl_store_counter_get(sl_store_t *st, const char *name);
+
+/* Time of the last write operation in microseconds (for metrics). */
+uint64_t sl_store_last_write_us(const sl_store_t *st);
+
+#endif
