@@ -77,6 +77,10 @@ uint64_t sl_store_resource_version(sl_store_t *st);
  * incremented value, persisted before return; 0 on error. */
 uint64_t sl_store_counter_next(sl_store_t *st, const char *name);
 uint64_t sl_store_counter_get(sl_store_t *st, const char *name);
+/* Sets a named durable 64-bit value (creating it); 0 on success, -1 on error.
+ * Used for the per-fleet, per-type versions and content hashes, so a
+ * restarted controller knows what its runtimes already have. */
+int sl_store_counter_set(sl_store_t *st, const char *name, uint64_t value);
 
 /* Time of the last write operation in microseconds (for metrics). */
 uint64_t sl_store_last_write_us(const sl_store_t *st);

@@ -1,0 +1,41 @@
+/*
+ * protobuf-c messages in and out of gRPC byte buffers, shared by the
+ * controller's stream server and the runtime's stream client.
+ */
+#ifndef SL_GRPC_UTIL_H
+#define SL_GRPC_UTIL_H
+
+#include <grpc/byte_buffer.h>
+#include <protobuf-c/protobuf-c.h>
+
+/* A new byte buffer holding the packed message (NULL on allocation failure). */
+grpc_byte_buffer *sl_grpc_pack(const ProtobufCMessage *msg);
+
+/* Unpacks a whole byte buffer into a message of descriptor d (free with
+ * protobuf_c_message_free_unpacked); NULL when the bytes are not a valid
+ * message. Does not destroy bb. */
+ProtobufCMessage *sl_grpc_unpack(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb);
+
+/* Method path of the config stream. */
+#define SL_GRPC_STREAM_METHOD "/sluice.v1.ConfigDiscovery/Stream"
+
+/* Type URLs of the resource types, in push order (make before break:
+ * backends before the routes that use them, listeners last so a port opens
+ * only when its routes exist). */
+#define SL_TYPE_CLUSTER "type.sluice.dev/sluice.v1.Cluster"
+#define SL_TYPE_SETTINGS "type.sluice.dev/sluice.v1.GatewaySettings"
+#define SL_TYPE_ROUTE "type.sluice.dev/sluice.v1.RouteTable"
+#define SL_TYPE_LISTENER "type.sluice.dev/sluice.v1.Listener"
+
+enum sl_xds_type {
+    SL_XDS_CLUSTER = 0,
+    SL_XDS_SETTINGS,
+    SL_XDS_ROUTE,
+    SL_XDS_LISTENER,
+    SL_XDS__COUNT
+};
+extern const char *const sl_xds_type_urls[SL_XDS__COUNT];
+extern const char *const sl_xds_type_names[SL_XDS__COUNT]; /* "clusters", ... */
+int sl_xds_type_from_url(const char *url);                   /* -1 when unknown */
+
+#endif
