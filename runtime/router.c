@@ -105,14 +105,18 @@ typedef struct {
 } bucket_t;
 
 /* Open-addressing hash map, (parent, bytes) -> value. Used for trie children
- * (parent = node) and hosts (parent = HOST_EXACT / HOST_WILDCARD). */
+ * (parent = node) and hosts (parent = HOST_EXACT / HOST_WILDCARD). Keys of
+ * up to SLOT_INLINE bytes (most path segments) are stored in the slot, so a
+ * probe touches one cache line and never the snapshot's strings. */
+#define SLOT_INLINE 12
 typedef struct {
     uint64_t hash;
-    const char *key;
-    uint32_t key_len;
     uint32_t parent;
     uint32_t value; /* NONE = empty slot */
+    uint32_t key_len;
+    char key[SLOT_INLINE]; /* the bytes, or a `const char *` to them when longer */
 } slot_t;
+_Static_assert(sizeof(const char *) <= SLOT_INLINE, "a key pointer must fit in slot_t.key");
 
 typedef struct {
     slot_t *slots;
@@ -231,10 +235,12 @@ static void *grow(void *arr, size_t *cap, size_t need, size_t elem)
 /* ------------------------------------------------------------------------ */
 /* Hashing                                                                  */
 
-/* Seeded 64-bit hash (multiply-xorshift over 8-byte words, murmur3 finaliser).
- * The seed is random per router so that request bytes cannot be chosen to
- * collide on a known table layout. */
-static uint64_t mix64(uint64_t h)
+/* Seeded 64-bit hash of a key's bytes (one multiply per 8-byte word, the
+ * murmur3 finaliser at the end). The seed is random per router so that
+ * request bytes cannot be chosen to collide on a known table layout. A path
+ * segment is hashed once per request; hash_child() then combines that hash
+ * with each parent node it is looked up under. */
+static inline uint64_t mix64(uint64_t h)
 {
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdull;
@@ -244,27 +250,52 @@ static uint64_t mix64(uint64_t h)
     return h;
 }
 
-static uint64_t hash_key(uint64_t seed, uint32_t parent, const char *s, size_t n)
+static inline uint64_t load32(const unsigned char *p)
 {
-    uint64_t h = seed ^ ((uint64_t)parent * 0x9e3779b97f4a7c15ull) ^ (n * 0xbf58476d1ce4e5b9ull);
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t hash_bytes(uint64_t seed, const char *s, size_t n)
+{
     const unsigned char *p = (const unsigned char *)s;
+    uint64_t h = seed ^ (n * 0x9e3779b97f4a7c15ull);
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
-        h = (h ^ mix64(w)) * 0x94d049bb133111ebull;
-        h ^= h >> 29;
+        h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
         p += 8;
         n -= 8;
     }
-    if (n) {
-        uint64_t w = 0;
-        memcpy(&w, p, n);
-        h = (h ^ mix64(w ^ 0x5bd1e995u)) * 0x94d049bb133111ebull;
-    }
+    uint64_t w = 0;
+    if (n >= 4) /* two overlapping loads cover 4..7 bytes */
+        w = load32(p) | (load32(p + n - 4) << 32);
+    else if (n > 0)
+        w = (uint64_t)p[0] | ((uint64_t)p[n / 2] << 8) | ((uint64_t)p[n - 1] << 16);
+    h = (h ^ w ^ 0x5bd1e9955bd1e995ull) * 0x94d049bb133111ebull;
     return mix64(h);
 }
 
-static uint32_t map_find(const map_t *m, uint64_t h, uint32_t parent, const char *key, size_t n)
+static inline uint64_t hash_child(uint64_t key_hash, uint32_t parent)
+{
+    return mix64(key_hash ^ (((uint64_t)parent + 1) * 0x9e3779b97f4a7c15ull));
+}
+
+static inline bool slot_key_eq(const slot_t *s, const char *key, size_t n)
+{
+    if (s->key_len != n)
+        return false;
+    if (n <= SLOT_INLINE)
+        return memcmp(s->key, key, n) == 0;
+    const char *p;
+    memcpy(&p, s->key, sizeof p);
+    return memcmp(p, key, n) == 0;
+}
+
+static inline uint32_t map_find(const map_t *m, uint64_t h, uint32_t parent, const char *key,
+                                size_t n)
 {
     if (!m->slots)
         return NONE;
@@ -272,8 +303,7 @@ static uint32_t map_find(const map_t *m, uint64_t h, uint32_t parent, const char
         const slot_t *s = &m->slots[i];
         if (s->value == NONE)
             return NONE;
-        if (s->hash == h && s->parent == parent && s->key_len == n &&
-            memcmp(s->key, key, n) == 0)
+        if (s->hash == h && s->parent == parent && slot_key_eq(s, key, n))
             return s->value;
     }
 }
@@ -304,8 +334,9 @@ static int map_grow(map_t *m)
     return 0;
 }
 
-/* Inserts a key known to be absent. Keeps the load at most 1/2, so probes
- * stay short and map_find always meets an empty slot. */
+/* Inserts a key known to be absent; `key` must outlive the map when longer
+ * than SLOT_INLINE. Keeps the load at most 1/2, so probes stay short and
+ * map_find always meets an empty slot. */
 static int map_insert(map_t *m, uint64_t h, uint32_t parent, const char *key, size_t n,
                       uint32_t value)
 {
@@ -318,7 +349,12 @@ static int map_insert(map_t *m, uint64_t h, uint32_t parent, const char *key, si
     size_t i = (size_t)h & m->mask;
     while (m->slots[i].value != NONE)
         i = (i + 1) & m->mask;
-    m->slots[i] = (slot_t){h, key, (uint32_t)n, parent, value};
+    slot_t *s = &m->slots[i];
+    *s = (slot_t){.hash = h, .parent = parent, .value = value, .key_len = (uint32_t)n};
+    if (n <= SLOT_INLINE)
+        memcpy(s->key, key, n);
+    else
+        memcpy(s->key, &key, sizeof key);
     m->count++;
     return 0;
 }
@@ -474,7 +510,7 @@ static int new_node(build_t *b, uint32_t *out)
 static int literal_child(build_t *b, uint32_t parent, const char *seg, size_t len, uint32_t *out)
 {
     sl_router_t *r = b->r;
-    uint64_t h = hash_key(r->seed, parent, seg, len);
+    uint64_t h = hash_child(hash_bytes(r->seed, seg, len), parent);
     uint32_t c = map_find(&r->children, h, parent, seg, len);
     if (c == NONE) {
         if (new_node(b, &c) < 0 || map_insert(&r->children, h, parent, seg, len, c) < 0)
@@ -829,7 +865,7 @@ static int host_bucket(build_t *b, const Sluice__V1__RouteTable *t, size_t ti, c
         for (size_t i = 0; i < len; i++)
             lc[i] = (char)lower((unsigned char)key[i]);
         lc[len] = '\0';
-        uint64_t h = hash_key(r->seed, kind, lc, len);
+        uint64_t h = hash_child(hash_bytes(r->seed, lc, len), kind);
         uint32_t found = map_find(&r->hosts, h, kind, lc, len);
         if (found != NONE) {
             *out = found;
@@ -851,7 +887,8 @@ static int host_bucket(build_t *b, const Sluice__V1__RouteTable *t, size_t ti, c
     if (kind == NONE) {
         r->star_bucket = bi;
     } else {
-        if (map_insert(&r->hosts, hash_key(r->seed, kind, key, len), kind, key, len, bi) < 0)
+        if (map_insert(&r->hosts, hash_child(hash_bytes(r->seed, key, len), kind), kind, key, len,
+                       bi) < 0)
             goto fail_oom;
         if (kind == HOST_WILDCARD) {
             bool seen = false;
@@ -1110,10 +1147,27 @@ void sl_router_free(sl_router_t *r)
 /* ------------------------------------------------------------------------ */
 /* Match                                                                    */
 
+/* The request path split once per lookup: segment d is the bytes between
+ * seg_off[d] (a '/') and seg_off[d + 1]. A segment's hash does not depend on
+ * where in the trie it is looked up, so it is computed once, for every
+ * bucket and every backtracking step. Only SL_ROUTER_MAX_DEPTH + 1 segments
+ * are recorded: no trie is deeper, so further segments can never match a
+ * literal or a parameter, only make a path too long for them. */
+#define MAX_SEGS (SL_ROUTER_MAX_DEPTH + 1)
+
 typedef struct {
     const sl_router_t *r;
     const sl_router_request_t *req;
     sl_router_result_t *res;
+    const char *path;
+    size_t path_len;
+    uint32_t n_segs;
+    size_t seg_off[MAX_SEGS + 1];
+    uint64_t seg_hash[MAX_SEGS];
+    /* Literal walk of the current bucket: walk_node[d] is the node at depth
+     * d reached through literal children only, for d <= walk_depth. */
+    uint32_t walk_node[SL_ROUTER_MAX_DEPTH + 1];
+    uint32_t walk_depth;
     unsigned allow;
     bool method_mismatch;
     bool error; /* no PCRE2 match data for this thread: out of memory */
@@ -1231,80 +1285,114 @@ static bool try_route(mctx_t *c, uint32_t idx)
     return true;
 }
 
+static inline size_t seg_len(const mctx_t *c, uint32_t d)
+{
+    return c->seg_off[d + 1] - c->seg_off[d] - 1;
+}
+
+static inline const char *seg_ptr(const mctx_t *c, uint32_t d)
+{
+    return c->path + c->seg_off[d] + 1;
+}
+
+/* True when the path ends right after segment d - 1 (the node at depth d
+ * consumed it all). */
+static inline bool path_ends_at(const mctx_t *c, uint32_t d)
+{
+    return d == c->n_segs && c->seg_off[d] == c->path_len;
+}
+
+static void split_path(mctx_t *c)
+{
+    const char *p = c->path;
+    size_t len = c->path_len, off = 0;
+    uint32_t n = 0;
+    while (off < len && n < MAX_SEGS) {
+        const char *seg = p + off + 1;
+        const char *slash = memchr(seg, '/', len - off - 1);
+        size_t l = slash ? (size_t)(slash - seg) : len - off - 1;
+        c->seg_off[n] = off;
+        c->seg_hash[n] = hash_bytes(c->r->seed, seg, l);
+        n++;
+        off += 1 + l;
+    }
+    c->seg_off[n] = off;
+    c->n_segs = n;
+}
+
+static inline uint32_t literal_lookup(const mctx_t *c, uint32_t node, uint32_t d)
+{
+    return map_find(&c->r->children, hash_child(c->seg_hash[d], node), node, seg_ptr(c, d),
+                    seg_len(c, d));
+}
+
+/* Follows literal children from the bucket's root as deep as the path goes. */
+static void literal_walk(mctx_t *c, uint32_t root)
+{
+    const node_t *nodes = c->r->nodes;
+    uint32_t node = root, d = 0;
+    c->walk_node[0] = root;
+    while (d < c->n_segs && d < SL_ROUTER_MAX_DEPTH && nodes[node].n_literal) {
+        node = literal_lookup(c, node, d);
+        if (node == NONE)
+            break;
+        c->walk_node[++d] = node;
+    }
+    c->walk_depth = d;
+}
+
 /* Exact and template routes: depth-first, literal child before parameter
  * child, so at every segment a literal beats a parameter, left to right,
  * and the all-literal node (where exact routes live) is reached first.
- * `rest` is empty or starts with '/'. Recursion depth is bounded by the
- * trie depth (SL_ROUTER_MAX_DEPTH). */
-static bool trie_search(mctx_t *c, uint32_t node_idx, const char *rest, size_t rest_len)
+ * `on_walk` says the node is walk_node[d], whose literal child is already
+ * known. Recursion depth is bounded by the trie depth (SL_ROUTER_MAX_DEPTH). */
+static bool trie_search(mctx_t *c, uint32_t node_idx, uint32_t d, bool on_walk)
 {
     const sl_router_t *r = c->r;
     const node_t *n = &r->nodes[node_idx];
 
-    if (rest_len == 0) {
+    if (path_ends_at(c, d)) {
         const entry_t *e = &r->entries[n->entry_begin];
         for (uint32_t i = 0; i < n->n_exact + n->n_template; i++)
             if (try_route(c, e[i].route))
                 return true;
         return false;
     }
-    const char *seg = rest + 1;
-    const char *slash = memchr(seg, '/', rest_len - 1);
-    size_t seg_len = slash ? (size_t)(slash - seg) : rest_len - 1;
-    const char *next = seg + seg_len;
-    size_t next_len = rest_len - 1 - seg_len;
-
-    if (n->n_literal) {
-        uint64_t h = hash_key(r->seed, node_idx, seg, seg_len);
-        uint32_t child = map_find(&r->children, h, node_idx, seg, seg_len);
-        if (child != NONE && trie_search(c, child, next, next_len))
-            return true;
-    }
-    if (n->param_child != NONE && seg_len > 0)
-        return trie_search(c, n->param_child, next, next_len);
+    if (d >= c->n_segs || d >= SL_ROUTER_MAX_DEPTH)
+        return false; /* deeper than any trie */
+    uint32_t child = NONE;
+    if (on_walk)
+        child = d < c->walk_depth ? c->walk_node[d + 1] : NONE;
+    else if (n->n_literal)
+        child = literal_lookup(c, node_idx, d);
+    if (child != NONE && trie_search(c, child, d + 1, on_walk))
+        return true;
+    if (n->param_child != NONE && seg_len(c, d) > 0)
+        return trie_search(c, n->param_child, d + 1, false);
     return false;
 }
 
-/* Prefix routes: walk literal children as deep as the path goes, then try
- * the nodes deepest first; a deeper node's prefixes are longer, and within a
- * node entries are sorted longest first, so the longest prefix wins. */
-static bool prefix_search(mctx_t *c, uint32_t root, const char *path, size_t len)
+/* Prefix routes hang on literal nodes only (base paths and prefixes are
+ * plain text), so they are all on the literal walk. Deepest node first: a
+ * deeper node's prefixes are longer, and within a node entries are sorted
+ * longest first, so the longest prefix wins. */
+static bool prefix_search(mctx_t *c)
 {
     const sl_router_t *r = c->r;
-    uint32_t stack_node[SL_ROUTER_MAX_DEPTH + 1];
-    size_t stack_off[SL_ROUTER_MAX_DEPTH + 1];
-    int depth = 0;
-    uint32_t node = root;
-    size_t off = 0;
-
-    stack_node[0] = root;
-    stack_off[0] = 0;
-    while (off < len && depth < SL_ROUTER_MAX_DEPTH && r->nodes[node].n_literal) {
-        const char *seg = path + off + 1;
-        const char *slash = memchr(seg, '/', len - off - 1);
-        size_t seg_len = slash ? (size_t)(slash - seg) : len - off - 1;
-        uint64_t h = hash_key(r->seed, node, seg, seg_len);
-        node = map_find(&r->children, h, node, seg, seg_len);
-        if (node == NONE)
-            break;
-        off += 1 + seg_len;
-        depth++;
-        stack_node[depth] = node;
-        stack_off[depth] = off;
-    }
-    for (int d = depth; d >= 0; d--) {
-        const node_t *n = &r->nodes[stack_node[d]];
+    for (uint32_t d = c->walk_depth + 1; d-- > 0;) {
+        const node_t *n = &r->nodes[c->walk_node[d]];
         if (!n->n_prefix)
             continue;
-        const char *rest = path + stack_off[d];
-        size_t rest_len = len - stack_off[d];
+        bool at_end = path_ends_at(c, d);
+        const char *next = at_end ? NULL : seg_ptr(c, d);
+        size_t next_room = at_end ? 0 : c->path_len - c->seg_off[d] - 1;
         const entry_t *e = &r->entries[n->entry_begin + n->n_exact + n->n_template];
         for (uint32_t i = 0; i < n->n_prefix; i++) {
-            if (rest_len == 0) {
+            if (at_end) {
                 if (!e[i].or_end)
                     continue;
-            } else if (e[i].partial_len > rest_len - 1 ||
-                       memcmp(rest + 1, e[i].partial, e[i].partial_len) != 0) {
+            } else if (e[i].partial_len > next_room ||
+                       memcmp(next, e[i].partial, e[i].partial_len) != 0) {
                 continue;
             }
             if (try_route(c, e[i].route))
@@ -1316,9 +1404,11 @@ static bool prefix_search(mctx_t *c, uint32_t root, const char *path, size_t len
 
 /* Regex routes, one by one, against the path after their base path ("/"
  * when the path is the base path itself). */
-static bool regex_search(mctx_t *c, const bucket_t *bk, const char *path, size_t len)
+static bool regex_search(mctx_t *c, const bucket_t *bk)
 {
     const sl_router_t *r = c->r;
+    const char *path = c->path;
+    size_t len = c->path_len;
     for (uint32_t i = 0; i < bk->n_regex; i++) {
         uint32_t idx = r->regex_routes[bk->regex_begin + i];
         const croute_t *rt = &r->routes[idx];
@@ -1342,25 +1432,33 @@ static bool regex_search(mctx_t *c, const bucket_t *bk, const char *path, size_t
 static bool bucket_search(mctx_t *c, uint32_t bi)
 {
     const bucket_t *bk = &c->r->buckets[bi];
-    const char *path = c->req->path.ptr;
-    size_t len = c->req->path.len;
-    return trie_search(c, bk->root, path, len) || prefix_search(c, bk->root, path, len) ||
-           regex_search(c, bk, path, len);
+    literal_walk(c, bk->root);
+    return trie_search(c, bk->root, 0, true) || prefix_search(c) || regex_search(c, bk);
 }
 
 int sl_router_match(const sl_router_t *r, const sl_router_request_t *req,
                     sl_router_result_t *res)
 {
-    mctx_t c = {.r = r, .req = req, .res = res};
+    mctx_t c; /* not zero-initialised: its arrays are filled by split_path */
     char host[SL_ROUTER_MAX_HOST_LEN + 1];
-    size_t host_len = req->host.ptr ? req->host.len : 0;
+    size_t host_len;
     uint32_t bi;
 
     res->allow_methods = 0;
     if (!r || !req)
         return 404;
+    c.r = r;
+    c.req = req;
+    c.res = res;
+    c.allow = 0;
+    c.method_mismatch = false;
+    c.error = false;
+    host_len = req->host.ptr ? req->host.len : 0;
     if (!req->path.ptr || req->path.len == 0 || req->path.ptr[0] != '/')
         return 404; /* "*" (OPTIONS *) and empty targets route nowhere */
+    c.path = req->path.ptr;
+    c.path_len = req->path.len;
+    split_path(&c);
 
     if (host_len > 0 && req->host.ptr[host_len - 1] == '.')
         host_len--;
@@ -1368,8 +1466,8 @@ int sl_router_match(const sl_router_t *r, const sl_router_request_t *req,
         for (size_t i = 0; i < host_len; i++)
             host[i] = (char)lower((unsigned char)req->host.ptr[i]);
 
-        bi = map_find(&r->hosts, hash_key(r->seed, HOST_EXACT, host, host_len), HOST_EXACT,
-                      host, host_len);
+        bi = map_find(&r->hosts, hash_child(hash_bytes(r->seed, host, host_len), HOST_EXACT),
+                      HOST_EXACT, host, host_len);
         if (bi != NONE && bucket_search(&c, bi))
             goto done;
         /* Longest wildcard first: only suffix lengths that some "*.suffix"
@@ -1379,7 +1477,7 @@ int sl_router_match(const sl_router_t *r, const sl_router_request_t *req,
             if (host_len <= l || host[host_len - l] != '.')
                 continue;
             const char *suffix = host + host_len - l;
-            bi = map_find(&r->hosts, hash_key(r->seed, HOST_WILDCARD, suffix, l),
+            bi = map_find(&r->hosts, hash_child(hash_bytes(r->seed, suffix, l), HOST_WILDCARD),
                           HOST_WILDCARD, suffix, l);
             if (bi != NONE && bucket_search(&c, bi))
                 goto done;
