@@ -254,7 +254,7 @@ def test_503_no_healthy_endpoint(backends, runtimes):
     rt = runtimes([
         gateway(port),
         backend("sick", [b.port], healthCheck={"path": "/health", "interval": "100ms",
-                                               "timeout": "500ms", "unhealthyThreshold": 1,
+                                               "timeout": "100ms", "unhealthyThreshold": 1,
                                                "healthyThreshold": 1}),
         api("t", "/t", "sick"),
     ])

@@ -157,7 +157,9 @@ def test_keep_base_path_and_hosts(backends, runtimes):
     assert_gateway_error(r, 404)
 
 
-def test_specific_route_wins_over_prefix(backends, runtimes):
+def test_precedence(backends, runtimes):
+    """router.h: exact > template > prefix (longest first) > regex; more
+    header matches first for the same path."""
     a = backends("a")
     c = backends("c")
     port = free_port()
@@ -168,19 +170,30 @@ def test_specific_route_wins_over_prefix(backends, runtimes):
         api("api", "/v", operations=[
             {"name": "any", "method": "GET", "path": "/", "pathType": "prefix",
              "backendRefs": [{"name": "a"}]},
+            {"name": "longer", "method": "GET", "path": "/deep/er", "pathType": "prefix",
+             "backendRefs": [{"name": "c"}]},
             {"name": "one", "method": "GET", "path": "/items/{id}",
              "backendRefs": [{"name": "c"}]},
             {"name": "hdr", "method": "GET", "path": "/h", "pathType": "exact",
              "headers": [{"name": "X-Version", "value": "2"}],
              "backendRefs": [{"name": "c"}]},
-            {"name": "re", "method": "GET", "path": "^/re/[0-9]+$", "pathType": "regex",
+        ]),
+        api("re", "/r", operations=[
+            {"name": "re", "method": "GET", "path": "^/n/[0-9]+$", "pathType": "regex",
              "backendRefs": [{"name": "c"}]},
+            {"name": "lit", "method": "GET", "path": "/n/{x}",
+             "query": [{"name": "tpl", "type": "present"}],
+             "backendRefs": [{"name": "a"}]},
         ]),
     ]
     runtimes(docs)
     assert request(port, "GET", "/v/items/3").header("X-Backend") == "c"
     assert request(port, "GET", "/v/items").header("X-Backend") == "a"
+    assert request(port, "GET", "/v/deep/er/x").header("X-Backend") == "c"
+    assert request(port, "GET", "/v/deep/x").header("X-Backend") == "a"
     assert request(port, "GET", "/v/h", headers={"X-Version": "2"}).header("X-Backend") == "c"
     assert request(port, "GET", "/v/h", headers={"X-Version": "1"}).header("X-Backend") == "a"
-    assert request(port, "GET", "/v/re/42").header("X-Backend") == "c"
-    assert request(port, "GET", "/v/re/x").header("X-Backend") == "a"
+    assert request(port, "GET", "/r/n/42").header("X-Backend") == "c"
+    assert request(port, "GET", "/r/n/42?tpl=1").header("X-Backend") == "a", \
+        "a template beats a regex"
+    assert_gateway_error(request(port, "GET", "/r/n/x"), 404)

@@ -140,7 +140,7 @@ def test_no_retry_when_attempts_zero(backends, runtimes):
 def test_health_check_ejects_and_recovers(backends, runtimes):
     a, b = backends("a"), backends("b")
     port = free_port()
-    hc = {"path": "/health", "interval": "100ms", "timeout": "500ms",
+    hc = {"path": "/health", "interval": "100ms", "timeout": "100ms",
           "unhealthyThreshold": 2, "healthyThreshold": 2}
     runtimes([gateway(port), backend("pool", [a.port, b.port], healthCheck=hc,
                                      outlierDetection=NO_OUTLIER),
@@ -167,7 +167,7 @@ def test_health_check_marks_refused_endpoint_down(backends, runtimes):
     a = backends("a")
     dead = closed_port()
     port = free_port()
-    hc = {"path": "/health", "interval": "100ms", "timeout": "300ms",
+    hc = {"path": "/health", "interval": "100ms", "timeout": "100ms",
           "unhealthyThreshold": 1, "healthyThreshold": 1}
     rt = runtimes([gateway(port), backend("pool", [dead, a.port], healthCheck=hc,
                                           outlierDetection=NO_OUTLIER),
