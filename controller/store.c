@@ -1,0 +1,966 @@
+/*
+ * The controller's durable resource store (store.h): one SQLite database,
+ * DATA_DIR/sluice.db, in WAL mode with synchronous=FULL so that a write is on
+ * disk before sl_store_put returns and therefore before the REST API answers
+ * 2xx.
+ *
+ * Responsible for: creating the data directory, opening and migrating the
+ * schema by version (refusing a schema newer than this binary), every write
+ * in one BEGIN IMMEDIATE transaction (so kill -9 at any instant leaves the old
+ * or the new state, never half of a file), the server-set metadata
+ * (resourceVersion from one store-wide counter, generation bumped only when
+ * the spec changes, uid, creationTimestamp), and durable monotonic counters.
+ *
+ * Not responsible for: validation (the documents given to it have passed
+ * sl_model_parse), status (computed by the controller core and merged by the
+ * REST layer), nor HTTP semantics (rest.c maps results to status codes).
+ * Single-threaded: the controller's main thread owns the handle.
+ */
+#include "store.h"
+
+#include "log.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define STORE_DB_NAME "sluice.db"
+/* How long a write waits for a lock held by another connection (a backup
+ * tool, sqlite3 on the command line) before failing with a clear error. */
+#define STORE_BUSY_TIMEOUT_MS 5000
+#define STORE_RV_COUNTER "resource_version"
+/* Longest data directory path we accept: PATH_MAX-sized buffers below. */
+#define STORE_MAX_PATH 4000
+
+/*
+ * Ordered schema migrations. Migration i (1-based) brings the schema from
+ * version i-1 to i; they run in one transaction on open, so an interrupted
+ * upgrade leaves the previous version intact. Append only: never edit a
+ * migration that has shipped.
+ */
+static const char *const migrations[] = {
+    /* 1: resources and counters. */
+    "CREATE TABLE resources ("
+    " kind TEXT NOT NULL,"
+    " namespace TEXT NOT NULL,"
+    " name TEXT NOT NULL,"
+    " uid TEXT NOT NULL,"
+    " resource_version INTEGER NOT NULL,"
+    " generation INTEGER NOT NULL,"
+    " spec_hash TEXT NOT NULL,"
+    " body TEXT NOT NULL,"
+    " created_at TEXT NOT NULL,"
+    " updated_at TEXT NOT NULL,"
+    " PRIMARY KEY (kind, namespace, name));"
+    "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);",
+};
+#define STORE_SCHEMA_VERSION ((int)(sizeof(migrations) / sizeof(migrations[0])))
+
+enum stmt_id {
+    STMT_BEGIN = 0,
+    STMT_COMMIT,
+    STMT_ROLLBACK,
+    STMT_GET,
+    STMT_UPSERT,
+    STMT_DELETE,
+    STMT_LIST_KIND,
+    STMT_LIST_KIND_NS,
+    STMT_LIST_ALL,
+    STMT_COUNTER_GET,
+    STMT_COUNTER_SET,
+    STMT__COUNT
+};
+
+static const char *const stmt_sql[STMT__COUNT] = {
+    [STMT_BEGIN] = "BEGIN IMMEDIATE",
+    [STMT_COMMIT] = "COMMIT",
+    [STMT_ROLLBACK] = "ROLLBACK",
+    [STMT_GET] = "SELECT uid, resource_version, generation, spec_hash, body, created_at"
+                 " FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+    [STMT_UPSERT] =
+        "INSERT INTO resources (kind, namespace, name, uid, resource_version, generation,"
+        " spec_hash, body, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+        " ON CONFLICT (kind, namespace, name) DO UPDATE SET uid = excluded.uid,"
+        " resource_version = excluded.resource_version, generation = excluded.generation,"
+        " spec_hash = excluded.spec_hash, body = excluded.body, created_at = excluded.created_at,"
+        " updated_at = excluded.updated_at",
+    [STMT_DELETE] = "DELETE FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+    [STMT_LIST_KIND] = "SELECT body FROM resources WHERE kind = ?1 ORDER BY namespace, name",
+    [STMT_LIST_KIND_NS] =
+        "SELECT body FROM resources WHERE kind = ?1 AND namespace = ?2 ORDER BY name",
+    [STMT_LIST_ALL] = "SELECT kind, namespace, name, body FROM resources"
+                      " ORDER BY kind, namespace, name",
+    [STMT_COUNTER_GET] = "SELECT value FROM counters WHERE name = ?1",
+    [STMT_COUNTER_SET] = "INSERT INTO counters (name, value) VALUES (?1, ?2)"
+                         " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+};
+
+struct sl_store {
+    sqlite3 *db;
+    char *path; /* DATA_DIR/sluice.db, for messages */
+    sqlite3_stmt *stmt[STMT__COUNT];
+    uint64_t last_write_us;
+};
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* RFC 3339 UTC with second precision, as Kubernetes writes it. */
+static void rfc3339_now(char out[32])
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* Random (version 4) UUID from the OpenSSL CSPRNG. */
+static int uuid_v4(char out[37])
+{
+    unsigned char b[16];
+    if (RAND_bytes(b, sizeof(b)) != 1)
+        return -1;
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+    return 0;
+}
+
+/* SHA-256 (hex) of the canonical JSON of spec: sorted keys, compact, so that
+ * key order or whitespace in the user's document never bumps generation. */
+static int spec_hash(json_t *spec, char out[65])
+{
+    char *canon =
+        json_dumps(spec ? spec : json_null(), JSON_SORT_KEYS | JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!canon)
+        return -1;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    int ok = EVP_Digest(canon, strlen(canon), md, &mdlen, EVP_sha256(), NULL);
+    free(canon);
+    if (!ok || mdlen != 32)
+        return -1;
+    for (unsigned i = 0; i < mdlen; i++)
+        snprintf(out + 2 * i, 3, "%02x", md[i]);
+    return 0;
+}
+
+/* mkdir -p with the failing component named in the error. */
+static int mkdir_p(const char *dir, char *err, size_t errlen)
+{
+    char buf[STORE_MAX_PATH + 1];
+    size_t len = strlen(dir);
+    if (len == 0 || len > STORE_MAX_PATH) {
+        set_err(err, errlen, "data dir '%.200s': %s (use --data-dir with a path of 1..%d bytes)",
+                dir, len ? "path too long" : "empty path", STORE_MAX_PATH);
+        return -1;
+    }
+    memcpy(buf, dir, len + 1);
+    for (size_t i = 1; i <= len; i++) {
+        if (buf[i] != '/' && buf[i] != '\0')
+            continue;
+        char saved = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0750) != 0 && errno != EEXIST) {
+            set_err(err, errlen,
+                    "data dir %s: cannot create %s: %s (create it, fix its permissions or choose "
+                    "another --data-dir)",
+                    dir, buf, strerror(errno));
+            return -1;
+        }
+        buf[i] = saved;
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        set_err(err, errlen,
+                "data dir %s: exists but is not a directory (choose another --data-dir)", dir);
+        return -1;
+    }
+    return 0;
+}
+
+static void stmt_done(sqlite3_stmt *s)
+{
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+}
+
+/* Runs a statement that returns no rows. */
+static int run(sl_store_t *st, enum stmt_id id)
+{
+    sqlite3_stmt *s = st->stmt[id];
+    int rc = sqlite3_step(s);
+    stmt_done(s);
+    return rc == SQLITE_DONE ? 0 : -1;
+}
+
+static int exec_sql(sqlite3 *db, const char *sql, const char *path, const char *what, char *err,
+                    size_t errlen)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        set_err(err, errlen, "store %s: %s: %s", path, what, msg ? msg : sqlite3_errmsg(db));
+        sqlite3_free(msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* A PRAGMA that answers one text row (journal_mode). */
+static int pragma_text(sqlite3 *db, const char *sql, char *out, size_t outlen)
+{
+    sqlite3_stmt *s = NULL;
+    int ok = -1;
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK)
+        return -1;
+    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_text(s, 0)) {
+        snprintf(out, outlen, "%s", (const char *)sqlite3_column_text(s, 0));
+        ok = 0;
+    }
+    sqlite3_finalize(s);
+    return ok;
+}
+
+/* Brings the schema to STORE_SCHEMA_VERSION in one transaction. */
+static int migrate(sqlite3 *db, const char *path, char *err, size_t errlen)
+{
+    if (exec_sql(db, "BEGIN IMMEDIATE", path, "cannot start the schema migration", err, errlen))
+        return -1;
+    if (exec_sql(db, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)", path,
+                 "cannot create schema_version", err, errlen))
+        goto fail;
+
+    sqlite3_stmt *s = NULL;
+    int version = 0;
+    if (sqlite3_prepare_v2(db, "SELECT max(version) FROM schema_version", -1, &s, NULL) !=
+        SQLITE_OK) {
+        set_err(err, errlen, "store %s: cannot read the schema version: %s", path,
+                sqlite3_errmsg(db));
+        goto fail;
+    }
+    if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) == SQLITE_INTEGER) {
+        sqlite3_int64 v = sqlite3_column_int64(s, 0);
+        version = v > INT32_MAX ? INT32_MAX : (int)v;
+    }
+    sqlite3_finalize(s);
+
+    if (version > STORE_SCHEMA_VERSION) {
+        set_err(err, errlen,
+                "store %s: schema version %d is newer than this sluice-controller knows (%d); "
+                "run the sluice-controller that wrote it, or restore a backup of the data dir",
+                path, version, STORE_SCHEMA_VERSION);
+        goto fail;
+    }
+    for (int v = version; v < STORE_SCHEMA_VERSION; v++) {
+        char what[64];
+        snprintf(what, sizeof(what), "schema migration %d failed", v + 1);
+        if (exec_sql(db, migrations[v], path, what, err, errlen))
+            goto fail;
+    }
+    if (version < STORE_SCHEMA_VERSION) {
+        char sql[128];
+        snprintf(sql, sizeof(sql),
+                 "DELETE FROM schema_version; INSERT INTO schema_version (version) VALUES (%d)",
+                 STORE_SCHEMA_VERSION);
+        if (exec_sql(db, sql, path, "cannot record the schema version", err, errlen))
+            goto fail;
+        if (version > 0)
+            sl_log_notice("store %s: schema migrated from version %d to %d", path, version,
+                          STORE_SCHEMA_VERSION);
+    }
+    if (exec_sql(db, "COMMIT", path, "cannot commit the schema migration", err, errlen))
+        goto fail;
+    return 0;
+
+fail:
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return -1;
+}
+
+/* On success the caller owns the store (sl_store_close). On failure nothing
+ * is left open; the directory may have been created. */
+sl_store_t *sl_store_open(const char *data_dir, char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    if (!data_dir) {
+        set_err(err, errlen, "store: no data dir given (use --data-dir DIR)");
+        return NULL;
+    }
+    if (mkdir_p(data_dir, err, errlen) != 0)
+        return NULL;
+
+    sl_store_t *st = calloc(1, sizeof(*st));
+    if (!st) {
+        set_err(err, errlen, "store %s: out of memory", data_dir);
+        return NULL;
+    }
+    size_t plen = strlen(data_dir) + 1 + sizeof(STORE_DB_NAME);
+    st->path = malloc(plen);
+    if (!st->path) {
+        set_err(err, errlen, "store %s: out of memory", data_dir);
+        goto fail_st;
+    }
+    snprintf(st->path, plen, "%s/%s", data_dir, STORE_DB_NAME);
+
+    int rc = sqlite3_open_v2(
+        st->path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        set_err(err, errlen, "store %s: cannot open: %s (check the permissions of --data-dir)",
+                st->path, st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+        goto fail_db;
+    }
+    sqlite3_extended_result_codes(st->db, 1);
+    sqlite3_busy_timeout(st->db, STORE_BUSY_TIMEOUT_MS);
+
+    /* The first statement reads the header: a file that is not SQLite fails
+     * here with "file is not a database". */
+    char mode[16] = "";
+    if (pragma_text(st->db, "PRAGMA journal_mode=WAL", mode, sizeof(mode)) != 0) {
+        set_err(err, errlen,
+                "store %s: cannot enable WAL: %s (is it a SQLite database written by "
+                "sluice-controller?)",
+                st->path, sqlite3_errmsg(st->db));
+        goto fail_db;
+    }
+    if (strcmp(mode, "wal") != 0) {
+        set_err(err, errlen,
+                "store %s: the file system refused WAL mode (journal_mode=%s); put --data-dir "
+                "on a local file system",
+                st->path, mode);
+        goto fail_db;
+    }
+    if (exec_sql(st->db, "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON", st->path,
+                 "cannot set pragmas", err, errlen))
+        goto fail_db;
+    if (migrate(st->db, st->path, err, errlen) != 0)
+        goto fail_db;
+
+    for (int i = 0; i < STMT__COUNT; i++) {
+        if (sqlite3_prepare_v3(st->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st->stmt[i],
+                               NULL) != SQLITE_OK) {
+            set_err(err, errlen, "store %s: cannot prepare statement %d: %s", st->path, i,
+                    sqlite3_errmsg(st->db));
+            goto fail_stmts;
+        }
+    }
+    return st;
+
+fail_stmts:
+    for (int i = 0; i < STMT__COUNT; i++)
+        sqlite3_finalize(st->stmt[i]);
+fail_db:
+    sqlite3_close(st->db);
+    free(st->path);
+fail_st:
+    free(st);
+    return NULL;
+}
+
+void sl_store_close(sl_store_t *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; i < STMT__COUNT; i++)
+        sqlite3_finalize(st->stmt[i]);
+    if (sqlite3_close(st->db) != SQLITE_OK)
+        sl_log_error("store %s: close: %s", st->path, sqlite3_errmsg(st->db));
+    free(st->path);
+    free(st);
+}
+
+/* ---- counters (inside a transaction) ------------------------------------ */
+
+static int counter_read(sl_store_t *st, const char *name, uint64_t *out)
+{
+    sqlite3_stmt *s = st->stmt[STMT_COUNTER_GET];
+    sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        sqlite3_int64 v = sqlite3_column_int64(s, 0);
+        *out = v < 0 ? 0 : (uint64_t)v;
+    } else if (rc == SQLITE_DONE) {
+        *out = 0;
+    }
+    stmt_done(s);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : -1;
+}
+
+static int counter_write(sl_store_t *st, const char *name, uint64_t value)
+{
+    sqlite3_stmt *s = st->stmt[STMT_COUNTER_SET];
+    sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 2, (sqlite3_int64)value);
+    return run(st, STMT_COUNTER_SET);
+}
+
+static int tx_begin(sl_store_t *st, char *err, size_t errlen)
+{
+    if (run(st, STMT_BEGIN) != 0) {
+        set_err(err, errlen, "store %s: cannot start a transaction: %s", st->path,
+                sqlite3_errmsg(st->db));
+        return -1;
+    }
+    return 0;
+}
+
+static int tx_commit(sl_store_t *st, char *err, size_t errlen)
+{
+    if (run(st, STMT_COMMIT) != 0) {
+        set_err(err, errlen, "store %s: commit failed: %s (is the disk full?)", st->path,
+                sqlite3_errmsg(st->db));
+        /* A failed COMMIT may leave the transaction open. */
+        if (!sqlite3_get_autocommit(st->db))
+            run(st, STMT_ROLLBACK);
+        return -1;
+    }
+    return 0;
+}
+
+static void tx_rollback(sl_store_t *st)
+{
+    if (!sqlite3_get_autocommit(st->db) && run(st, STMT_ROLLBACK) != 0)
+        sl_log_error("store %s: rollback failed: %s", st->path, sqlite3_errmsg(st->db));
+}
+
+/* ---- objects -------------------------------------------------------------- */
+
+typedef struct {
+    bool found;
+    char uid[64];
+    uint64_t rv;
+    int64_t generation;
+    char spec_hash[72];
+    char created_at[40];
+    json_t *body; /* owned, NULL unless asked for */
+} row_t;
+
+static void copy_col(sqlite3_stmt *s, int col, char *out, size_t outlen)
+{
+    const unsigned char *t = sqlite3_column_text(s, col);
+    snprintf(out, outlen, "%s", t ? (const char *)t : "");
+}
+
+static json_t *parse_body(sl_store_t *st, const char *text, const char *kind, const char *ns,
+                          const char *name)
+{
+    json_error_t jerr;
+    json_t *v = json_loads(text ? text : "", 0, &jerr);
+    if (!v || !json_is_object(v)) {
+        sl_log_error("store %s: %s %s/%s: stored body is not a JSON object (%s)", st->path, kind,
+                     ns, name, v ? "not an object" : jerr.text);
+        json_decref(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* Reads one row. Returns 0 (row->found says whether it exists) or -1. */
+static int row_get(sl_store_t *st, const char *kind, const char *ns, const char *name,
+                   bool want_body, row_t *row)
+{
+    memset(row, 0, sizeof(*row));
+    sqlite3_stmt *s = st->stmt[STMT_GET];
+    sqlite3_bind_text(s, 1, kind, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(s);
+    int ret = 0;
+    if (rc == SQLITE_ROW) {
+        row->found = true;
+        copy_col(s, 0, row->uid, sizeof(row->uid));
+        sqlite3_int64 rv = sqlite3_column_int64(s, 1);
+        row->rv = rv < 0 ? 0 : (uint64_t)rv;
+        row->generation = sqlite3_column_int64(s, 2);
+        copy_col(s, 3, row->spec_hash, sizeof(row->spec_hash));
+        copy_col(s, 5, row->created_at, sizeof(row->created_at));
+        if (want_body) {
+            row->body = parse_body(st, (const char *)sqlite3_column_text(s, 4), kind, ns, name);
+            if (!row->body)
+                ret = -1;
+        }
+    } else if (rc != SQLITE_DONE) {
+        ret = -1;
+    }
+    stmt_done(s);
+    return ret;
+}
+
+/* Identity of a document: kind name, namespace ("default" when absent) and
+ * name. -1 when the document lacks them (it was not validated). */
+static int identity(json_t *obj, enum sl_kind *kind, const char **ns, const char **name)
+{
+    json_t *meta = json_object_get(obj, "metadata");
+    json_t *nsv = json_object_get(meta, "namespace");
+    *name = json_string_value(json_object_get(meta, "name"));
+    *ns = json_is_string(nsv) ? json_string_value(nsv) : "default";
+    if (!json_is_object(obj) || !*name ||
+        sl_kind_from_name(json_string_value(json_object_get(obj, "kind")), kind) != 0)
+        return -1;
+    return 0;
+}
+
+/* One put inside an open transaction. *stored: new reference on success. */
+static enum sl_store_result put_one(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
+                                    const char *expect_rv, json_t **stored, char *err,
+                                    size_t errlen)
+{
+    enum sl_kind kind;
+    const char *ns, *name;
+    if (identity(obj, &kind, &ns, &name) != 0) {
+        set_err(err, errlen, "store: document without a valid kind and metadata.name");
+        return SL_STORE_ERROR;
+    }
+    const char *kname = sl_kind_name(kind);
+    row_t old;
+    if (row_get(st, kname, ns, name, false, &old) != 0) {
+        set_err(err, errlen, "store %s: cannot read %s %s/%s: %s", st->path, kname, ns, name,
+                sqlite3_errmsg(st->db));
+        return SL_STORE_ERROR;
+    }
+    if (mode == SL_STORE_CREATE && old.found) {
+        set_err(err, errlen, "%s \"%s/%s\" already exists (use PUT to replace it)", kname, ns,
+                name);
+        return SL_STORE_EXISTS;
+    }
+    if (expect_rv && expect_rv[0]) {
+        if (!old.found) {
+            set_err(err, errlen, "%s \"%s/%s\" does not exist (resourceVersion %s expected)", kname,
+                    ns, name, expect_rv);
+            return SL_STORE_NOT_FOUND;
+        }
+        char cur[24];
+        snprintf(cur, sizeof(cur), "%" PRIu64, old.rv);
+        if (strcmp(cur, expect_rv) != 0) {
+            set_err(err, errlen,
+                    "%s \"%s/%s\" was modified: resourceVersion is %s, not %s (GET it again and "
+                    "reapply your change)",
+                    kname, ns, name, cur, expect_rv);
+            return SL_STORE_CONFLICT;
+        }
+    }
+
+    char hash[65];
+    if (spec_hash(json_object_get(obj, "spec"), hash) != 0) {
+        set_err(err, errlen, "store: cannot hash the spec of %s %s/%s", kname, ns, name);
+        return SL_STORE_ERROR;
+    }
+    uint64_t rv;
+    if (counter_read(st, STORE_RV_COUNTER, &rv) != 0 || rv == UINT64_MAX) {
+        set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s", st->path,
+                sqlite3_errmsg(st->db));
+        return SL_STORE_ERROR;
+    }
+    rv++;
+    if ((int64_t)rv < 0) {
+        set_err(err, errlen, "store %s: resourceVersion counter exhausted", st->path);
+        return SL_STORE_ERROR;
+    }
+    int64_t generation = 1;
+    char uid[64], created[40], now[32];
+    rfc3339_now(now);
+    if (old.found) {
+        generation = strcmp(old.spec_hash, hash) == 0 ? old.generation : old.generation + 1;
+        snprintf(uid, sizeof(uid), "%s", old.uid);
+        snprintf(created, sizeof(created), "%s", old.created_at);
+    } else {
+        if (uuid_v4(uid) != 0) {
+            set_err(err, errlen, "store: no randomness for a uid (OpenSSL RAND_bytes failed)");
+            return SL_STORE_ERROR;
+        }
+        snprintf(created, sizeof(created), "%s", now);
+    }
+
+    /* The stored document: the user's, minus status, plus server metadata. */
+    json_t *doc = json_deep_copy(obj);
+    if (!doc)
+        goto oom;
+    json_object_del(doc, "status");
+    json_t *meta = json_object_get(doc, "metadata");
+    char rvs[24];
+    snprintf(rvs, sizeof(rvs), "%" PRIu64, rv);
+    if (!json_is_object(meta) || json_object_set_new(meta, "namespace", json_string(ns)) ||
+        json_object_set_new(meta, "uid", json_string(uid)) ||
+        json_object_set_new(meta, "resourceVersion", json_string(rvs)) ||
+        json_object_set_new(meta, "generation", json_integer(generation)) ||
+        json_object_set_new(meta, "creationTimestamp", json_string(created)))
+        goto oom_doc;
+    char *body = json_dumps(doc, JSON_COMPACT);
+    if (!body)
+        goto oom_doc;
+
+    sqlite3_stmt *s = st->stmt[STMT_UPSERT];
+    sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 4, uid, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 5, (sqlite3_int64)rv);
+    sqlite3_bind_int64(s, 6, generation);
+    sqlite3_bind_text(s, 7, hash, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 8, body, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 9, created, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 10, now, -1, SQLITE_STATIC);
+    int rc = run(st, STMT_UPSERT);
+    free(body);
+    if (rc != 0 || counter_write(st, STORE_RV_COUNTER, rv) != 0) {
+        set_err(err, errlen, "store %s: cannot write %s %s/%s: %s", st->path, kname, ns, name,
+                sqlite3_errmsg(st->db));
+        json_decref(doc);
+        return SL_STORE_ERROR;
+    }
+    *stored = doc;
+    return SL_STORE_OK;
+
+oom_doc:
+    json_decref(doc);
+oom:
+    set_err(err, errlen, "store: out of memory writing %s %s/%s", kname, ns, name);
+    return SL_STORE_ERROR;
+}
+
+/* `obj` is borrowed; on SL_STORE_OK *stored is a new reference (the caller
+ * decrefs it). On any other result nothing was written and *stored is NULL. */
+enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
+                                  const char *expect_rv, json_t **stored, char *err, size_t errlen)
+{
+    *stored = NULL;
+    uint64_t t0 = now_us();
+    if (tx_begin(st, err, errlen) != 0)
+        return SL_STORE_ERROR;
+    json_t *doc = NULL;
+    enum sl_store_result r = put_one(st, obj, mode, expect_rv, &doc, err, errlen);
+    if (r != SL_STORE_OK) {
+        tx_rollback(st);
+        return r;
+    }
+    if (tx_commit(st, err, errlen) != 0) {
+        json_decref(doc);
+        return SL_STORE_ERROR;
+    }
+    st->last_write_us = now_us() - t0;
+    *stored = doc;
+    return SL_STORE_OK;
+}
+
+/* All of `objs` or none: the first failing item rolls the whole transaction
+ * back and its error names it. On SL_STORE_OK *stored is a new array, in the
+ * order of `objs`. */
+enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs, json_t **stored, char *err,
+                                       size_t errlen)
+{
+    *stored = NULL;
+    if (!json_is_array(objs)) {
+        set_err(err, errlen, "store: put_many needs an array of documents");
+        return SL_STORE_ERROR;
+    }
+    uint64_t t0 = now_us();
+    json_t *out = json_array();
+    if (!out) {
+        set_err(err, errlen, "store: out of memory");
+        return SL_STORE_ERROR;
+    }
+    if (tx_begin(st, err, errlen) != 0) {
+        json_decref(out);
+        return SL_STORE_ERROR;
+    }
+    size_t i;
+    json_t *obj;
+    json_array_foreach(objs, i, obj)
+    {
+        json_t *doc = NULL;
+        enum sl_store_result r = put_one(st, obj, SL_STORE_REPLACE, NULL, &doc, err, errlen);
+        if (r == SL_STORE_OK && json_array_append_new(out, doc) != 0) {
+            set_err(err, errlen, "store: out of memory");
+            r = SL_STORE_ERROR;
+        }
+        if (r != SL_STORE_OK) {
+            tx_rollback(st);
+            json_decref(out);
+            return r;
+        }
+    }
+    if (tx_commit(st, err, errlen) != 0) {
+        json_decref(out);
+        return SL_STORE_ERROR;
+    }
+    st->last_write_us = now_us() - t0;
+    *stored = out;
+    return SL_STORE_OK;
+}
+
+/* *obj: new reference on SL_STORE_OK, NULL otherwise. */
+enum sl_store_result sl_store_get(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                  const char *name, json_t **obj)
+{
+    *obj = NULL;
+    if ((unsigned)kind >= SL_KIND__COUNT || !name)
+        return SL_STORE_NOT_FOUND;
+    row_t row;
+    if (row_get(st, sl_kind_name(kind), ns ? ns : "default", name, true, &row) != 0) {
+        sl_log_error("store %s: get %s %s/%s: %s", st->path, sl_kind_name(kind),
+                     ns ? ns : "default", name, sqlite3_errmsg(st->db));
+        return SL_STORE_ERROR;
+    }
+    if (!row.found)
+        return SL_STORE_NOT_FOUND;
+    *obj = row.body;
+    return SL_STORE_OK;
+}
+
+/* A delete also takes a resourceVersion, so that a list's resourceVersion
+ * changes whenever its content does. */
+enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                     const char *name, const char *expect_rv, json_t **deleted,
+                                     char *err, size_t errlen)
+{
+    if (deleted)
+        *deleted = NULL;
+    if ((unsigned)kind >= SL_KIND__COUNT || !name) {
+        set_err(err, errlen, "store: delete needs a kind and a name");
+        return SL_STORE_ERROR;
+    }
+    if (!ns)
+        ns = "default";
+    const char *kname = sl_kind_name(kind);
+    uint64_t t0 = now_us();
+    if (tx_begin(st, err, errlen) != 0)
+        return SL_STORE_ERROR;
+    row_t row;
+    if (row_get(st, kname, ns, name, true, &row) != 0) {
+        set_err(err, errlen, "store %s: cannot read %s %s/%s: %s", st->path, kname, ns, name,
+                sqlite3_errmsg(st->db));
+        goto fail;
+    }
+    if (!row.found) {
+        set_err(err, errlen, "%s \"%s/%s\" not found", kname, ns, name);
+        tx_rollback(st);
+        return SL_STORE_NOT_FOUND;
+    }
+    if (expect_rv && expect_rv[0]) {
+        char cur[24];
+        snprintf(cur, sizeof(cur), "%" PRIu64, row.rv);
+        if (strcmp(cur, expect_rv) != 0) {
+            set_err(err, errlen,
+                    "%s \"%s/%s\" was modified: resourceVersion is %s, not %s (GET it again)",
+                    kname, ns, name, cur, expect_rv);
+            json_decref(row.body);
+            tx_rollback(st);
+            return SL_STORE_CONFLICT;
+        }
+    }
+    uint64_t rv;
+    if (counter_read(st, STORE_RV_COUNTER, &rv) != 0 || rv >= (uint64_t)INT64_MAX) {
+        set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s", st->path,
+                sqlite3_errmsg(st->db));
+        goto fail_body;
+    }
+    sqlite3_stmt *s = st->stmt[STMT_DELETE];
+    sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+    if (run(st, STMT_DELETE) != 0 || counter_write(st, STORE_RV_COUNTER, rv + 1) != 0) {
+        set_err(err, errlen, "store %s: cannot delete %s %s/%s: %s", st->path, kname, ns, name,
+                sqlite3_errmsg(st->db));
+        goto fail_body;
+    }
+    if (tx_commit(st, err, errlen) != 0) {
+        json_decref(row.body);
+        return SL_STORE_ERROR;
+    }
+    st->last_write_us = now_us() - t0;
+    if (deleted)
+        *deleted = row.body;
+    else
+        json_decref(row.body);
+    return SL_STORE_OK;
+
+fail_body:
+    json_decref(row.body);
+fail:
+    tx_rollback(st);
+    return SL_STORE_ERROR;
+}
+
+/* *array: new reference on SL_STORE_OK (possibly empty). */
+enum sl_store_result sl_store_list(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                   json_t **array)
+{
+    *array = NULL;
+    if ((unsigned)kind >= SL_KIND__COUNT)
+        return SL_STORE_ERROR;
+    json_t *out = json_array();
+    if (!out)
+        return SL_STORE_ERROR;
+    const char *kname = sl_kind_name(kind);
+    sqlite3_stmt *s = st->stmt[ns ? STMT_LIST_KIND_NS : STMT_LIST_KIND];
+    sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
+    if (ns)
+        sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        json_t *v =
+            parse_body(st, (const char *)sqlite3_column_text(s, 0), kname, ns ? ns : "*", "*");
+        if (!v || json_array_append_new(out, v) != 0)
+            goto fail;
+    }
+    if (rc != SQLITE_DONE) {
+        sl_log_error("store %s: list %s: %s", st->path, sl_kind_plural(kind),
+                     sqlite3_errmsg(st->db));
+        goto fail;
+    }
+    stmt_done(s);
+    *array = out;
+    return SL_STORE_OK;
+
+fail:
+    stmt_done(s);
+    json_decref(out);
+    return SL_STORE_ERROR;
+}
+
+/* Appends like model.c does: the set owns one reference of obj, name and ns
+ * point into it. */
+static int set_append(sl_resource_set_t *set, json_t *obj, enum sl_kind kind, const char *source)
+{
+    if (set->count == set->cap) {
+        size_t ncap = set->cap ? set->cap * 2 : 16;
+        sl_resource_t *n = realloc(set->items, ncap * sizeof(*n));
+        if (!n)
+            return -1;
+        set->items = n;
+        set->cap = ncap;
+    }
+    char *src = strdup(source);
+    if (!src)
+        return -1;
+    json_t *meta = json_object_get(obj, "metadata");
+    json_t *nsv = json_object_get(meta, "namespace");
+    sl_resource_t *r = &set->items[set->count++];
+    r->obj = obj;
+    r->kind = kind;
+    r->name = json_string_value(json_object_get(meta, "name"));
+    r->ns = json_is_string(nsv) ? json_string_value(nsv) : "default";
+    r->source = src;
+    r->doc = 0;
+    return 0;
+}
+
+/* Appends every stored object to `set` (which the caller initialised and
+ * keeps owning). On error the set may hold part of the objects; the caller
+ * frees it. */
+enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, char *err,
+                                       size_t errlen)
+{
+    sqlite3_stmt *s = st->stmt[STMT_LIST_ALL];
+    enum sl_store_result ret = SL_STORE_OK;
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        const char *kname = (const char *)sqlite3_column_text(s, 0);
+        const char *ns = (const char *)sqlite3_column_text(s, 1);
+        const char *name = (const char *)sqlite3_column_text(s, 2);
+        enum sl_kind kind;
+        if (!kname || !ns || !name || sl_kind_from_name(kname, &kind) != 0) {
+            set_err(err, errlen, "store %s: row of unknown kind '%s' (written by a newer version?)",
+                    st->path, kname ? kname : "");
+            ret = SL_STORE_ERROR;
+            break;
+        }
+        json_t *obj = parse_body(st, (const char *)sqlite3_column_text(s, 3), kname, ns, name);
+        if (!obj) {
+            set_err(err, errlen, "store %s: %s %s/%s: stored body is corrupt", st->path, kname, ns,
+                    name);
+            ret = SL_STORE_ERROR;
+            break;
+        }
+        char source[600];
+        snprintf(source, sizeof(source), "%s/%s/%s", sl_kind_plural(kind), ns, name);
+        if (set_append(set, obj, kind, source) != 0) {
+            json_decref(obj);
+            set_err(err, errlen, "store: out of memory loading %s", source);
+            ret = SL_STORE_ERROR;
+            break;
+        }
+    }
+    if (ret == SL_STORE_OK && rc != SQLITE_DONE) {
+        set_err(err, errlen, "store %s: cannot read resources: %s", st->path,
+                sqlite3_errmsg(st->db));
+        ret = SL_STORE_ERROR;
+    }
+    stmt_done(s);
+    return ret;
+}
+
+uint64_t sl_store_resource_version(sl_store_t *st)
+{
+    return sl_store_counter_get(st, STORE_RV_COUNTER);
+}
+
+uint64_t sl_store_counter_next(sl_store_t *st, const char *name)
+{
+    if (!st || !name)
+        return 0;
+    uint64_t t0 = now_us();
+    char err[256];
+    if (tx_begin(st, err, sizeof(err)) != 0) {
+        sl_log_error("%s", err);
+        return 0;
+    }
+    uint64_t v;
+    if (counter_read(st, name, &v) != 0 || v >= (uint64_t)INT64_MAX ||
+        counter_write(st, name, v + 1) != 0) {
+        sl_log_error("store %s: counter %s: %s", st->path, name, sqlite3_errmsg(st->db));
+        tx_rollback(st);
+        return 0;
+    }
+    if (tx_commit(st, err, sizeof(err)) != 0) {
+        sl_log_error("%s", err);
+        return 0;
+    }
+    st->last_write_us = now_us() - t0;
+    return v + 1;
+}
+
+uint64_t sl_store_counter_get(sl_store_t *st, const char *name)
+{
+    uint64_t v = 0;
+    if (!st || !name)
+        return 0;
+    if (counter_read(st, name, &v) != 0) {
+        sl_log_error("store %s: counter %s: %s", st->path, name, sqlite3_errmsg(st->db));
+        return 0;
+    }
+    return v;
+}
+
+uint64_t sl_store_last_write_us(const sl_store_t *st)
+{
+    return st ? st->last_write_us : 0;
+}
