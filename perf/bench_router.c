@@ -23,7 +23,7 @@
 
 #define ROUTES_PER_API 50
 #define NUM_REQUESTS 4096 /* distinct requests: "spread", beyond the CPU caches at 100k */
-#define HOT_REQUESTS 64    /* distinct requests: "hot", the route data stays in L1/L2 */
+#define HOT_REQUESTS 64   /* distinct requests: "hot", the route data stays in L1/L2 */
 
 typedef struct {
     char host[64];
@@ -148,8 +148,8 @@ static void make_requests(bench_req_t *reqs, int nroutes, int kind, unsigned see
             snprintf(q->path, sizeof q->path, "/svc%d/v%d/things%d/unknown", a, a % 3 + 1, r);
             q->table = UINT32_MAX;
         } else if (r % 2) {
-            snprintf(q->path, sizeof q->path, "/svc%d/v%d/things%d/%d/sub%d/s-%d", a, a % 3 + 1,
-                     r, i, r % 5, i);
+            snprintf(q->path, sizeof q->path, "/svc%d/v%d/things%d/%d/sub%d/s-%d", a, a % 3 + 1, r,
+                     i, r % 5, i);
         } else {
             snprintf(q->path, sizeof q->path, "/svc%d/v%d/things%d", a, a % 3 + 1, r);
         }
@@ -177,10 +177,9 @@ static double time_lookups(const sl_router_t *router, const bench_req_t *reqs, i
         sl_router_result_t res;
         rq[i] = to_request(&reqs[i]);
         int rc = sl_router_match(router, &rq[i], &res);
-        int ok = reqs[i].table == UINT32_MAX
-                     ? rc == 404
-                     : rc == SL_OK && res.table_index == reqs[i].table &&
-                           res.route_index == reqs[i].route;
+        int ok = reqs[i].table == UINT32_MAX ? rc == 404
+                                             : rc == SL_OK && res.table_index == reqs[i].table &&
+                                                   res.route_index == reqs[i].route;
         if (!ok) {
             fprintf(stderr, "bench_router: %s%s resolved wrongly (rc %d)\n", reqs[i].host,
                     reqs[i].path, rc);
@@ -222,8 +221,8 @@ int main(int argc, char **argv)
             nsizes++;
         }
     }
-    printf("ns per lookup; hot = %d distinct requests, spread = %d over every Api\n",
-           HOT_REQUESTS, NUM_REQUESTS);
+    printf("ns per lookup; hot = %d distinct requests, spread = %d over every Api\n", HOT_REQUESTS,
+           NUM_REQUESTS);
     printf("%8s %6s %9s %9s %9s %9s %9s %9s %9s\n", "routes", "apis", "build ms", "exact", "",
            "template", "", "miss 404", "");
     printf("%8s %6s %9s %9s %9s %9s %9s %9s %9s\n", "", "", "", "hot", "spread", "hot", "spread",

@@ -41,8 +41,8 @@
 
 /* Bounds, documented in docs/routing.md. The depth bound keeps the trie
  * search recursion and the prefix walk on a fixed-size stack. */
-#define SL_ROUTER_MAX_DEPTH 128     /* segments of base path + route path */
-#define SL_ROUTER_MAX_HOST_LEN 253  /* a DNS name; longer hosts only reach "*" */
+#define SL_ROUTER_MAX_DEPTH 128            /* segments of base path + route path */
+#define SL_ROUTER_MAX_HOST_LEN 253         /* a DNS name; longer hosts only reach "*" */
 #define SL_ROUTER_REGEX_MATCH_LIMIT 100000 /* PCRE2 match limit per regex test */
 
 #define NONE UINT32_MAX
@@ -71,7 +71,7 @@ typedef struct {
     pcre2_code *path_re; /* REGEX routes */
     uint32_t table_index;
     uint32_t route_index;
-    uint32_t decl; /* global declaration order: tables, then routes */
+    uint32_t decl;        /* global declaration order: tables, then routes */
     uint32_t match_begin; /* in router->matches: headers first, then query */
     uint32_t n_headers;
     uint32_t n_query;
@@ -223,13 +223,13 @@ static void *grow(void *arr, size_t *cap, size_t need, size_t elem)
 }
 
 /* grow() for a typed pointer lvalue; evaluates to 0 or -1. */
-#define GROW(ptr, cap, need)                                                                     \
-    __extension__({                                                                              \
-        void *grown_ = grow((ptr), &(cap), (need), sizeof *(ptr));                               \
-        int rc_ = grown_ ? 0 : -1;                                                               \
-        if (grown_)                                                                              \
-            (ptr) = grown_;                                                                      \
-        rc_;                                                                                     \
+#define GROW(ptr, cap, need)                                                                       \
+    __extension__({                                                                                \
+        void *grown_ = grow((ptr), &(cap), (need), sizeof *(ptr));                                 \
+        int rc_ = grown_ ? 0 : -1;                                                                 \
+        if (grown_)                                                                                \
+            (ptr) = grown_;                                                                        \
+        rc_;                                                                                       \
     })
 
 /* ------------------------------------------------------------------------ */
@@ -366,11 +366,9 @@ static const struct {
     const char *name;
     unsigned bit;
 } known_methods[] = {
-    {"GET", SL_METHOD_GET},         {"HEAD", SL_METHOD_HEAD},
-    {"POST", SL_METHOD_POST},       {"PUT", SL_METHOD_PUT},
-    {"DELETE", SL_METHOD_DELETE},   {"PATCH", SL_METHOD_PATCH},
-    {"OPTIONS", SL_METHOD_OPTIONS}, {"TRACE", SL_METHOD_TRACE},
-    {"CONNECT", SL_METHOD_CONNECT},
+    {"GET", SL_METHOD_GET},         {"HEAD", SL_METHOD_HEAD},     {"POST", SL_METHOD_POST},
+    {"PUT", SL_METHOD_PUT},         {"DELETE", SL_METHOD_DELETE}, {"PATCH", SL_METHOD_PATCH},
+    {"OPTIONS", SL_METHOD_OPTIONS}, {"TRACE", SL_METHOD_TRACE},   {"CONNECT", SL_METHOD_CONNECT},
 };
 
 /* Methods are case-sensitive (RFC 9110 9.1): "get" is another method. */
@@ -419,8 +417,8 @@ static pcre2_code *regex_compile(const char *pattern, const char *label, const c
     code = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
     if (code != 0) {
         pcre2_get_error_message(code, msg, sizeof msg);
-        errf(err, errlen, "%s: %sregex \"%s\": JIT compilation failed: %s", label, what,
-             pattern, (const char *)msg);
+        errf(err, errlen, "%s: %sregex \"%s\": JIT compilation failed: %s", label, what, pattern,
+             (const char *)msg);
         pcre2_code_free(re);
         return NULL;
     }
@@ -499,8 +497,7 @@ typedef struct {
 static int new_node(build_t *b, uint32_t *out)
 {
     sl_router_t *r = b->r;
-    if (r->n_nodes >= NONE - 1 ||
-        GROW(r->nodes, b->nodes_cap, (size_t)r->n_nodes + 1) < 0)
+    if (r->n_nodes >= NONE - 1 || GROW(r->nodes, b->nodes_cap, (size_t)r->n_nodes + 1) < 0)
         return -1;
     r->nodes[r->n_nodes] = (node_t){.param_child = NONE};
     *out = r->n_nodes++;
@@ -559,8 +556,8 @@ static int insert_segments(build_t *b, uint32_t *node, unsigned *depth, const ch
     return 0;
 }
 
-static int add_entry(build_t *b, uint32_t node, uint32_t kind, uint32_t route,
-                     const char *partial, size_t partial_len, bool or_end)
+static int add_entry(build_t *b, uint32_t node, uint32_t kind, uint32_t route, const char *partial,
+                     size_t partial_len, bool or_end)
 {
     const croute_t *rt = &b->r->routes[route];
     if (GROW(b->bentries, b->bentries_cap, b->n_bentries + 1) < 0)
@@ -734,8 +731,8 @@ static int compile_match(build_t *b, const Sluice__V1__HeaderMatch *hm, bool is_
 }
 
 /* Checks and compiles one route into r->routes[idx]. */
-static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
-                         const char *base, size_t base_len, size_t ri, uint32_t idx)
+static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti, const char *base,
+                         size_t base_len, size_t ri, uint32_t idx)
 {
     sl_router_t *r = b->r;
     const Sluice__V1__Route *pb = t->routes[ri];
@@ -875,8 +872,7 @@ static int host_bucket(build_t *b, const Sluice__V1__RouteTable *t, size_t ti, c
         key = lc;
     }
 
-    if (r->n_buckets >= NONE - 1 ||
-        GROW(r->buckets, b->buckets_cap, (size_t)r->n_buckets + 1) < 0)
+    if (r->n_buckets >= NONE - 1 || GROW(r->buckets, b->buckets_cap, (size_t)r->n_buckets + 1) < 0)
         goto fail_oom;
     uint32_t bi = r->n_buckets;
     bucket_t *bk = &r->buckets[bi];
@@ -906,8 +902,7 @@ fail_oom:
     return -1;
 }
 
-static int check_base_path(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
-                           const char *base)
+static int check_base_path(build_t *b, const Sluice__V1__RouteTable *t, size_t ti, const char *base)
 {
     char label[300];
     table_label(label, sizeof label, t, ti);
@@ -1054,8 +1049,8 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
             if (rc == -2) {
                 char label[512];
                 route_label(label, sizeof label, t, b.pairs[p + 1], t->routes[ri], ri);
-                errf(err, errlen, "%s: path has more than %d segments (base path included)",
-                     label, SL_ROUTER_MAX_DEPTH);
+                errf(err, errlen, "%s: path has more than %d segments (base path included)", label,
+                     SL_ROUTER_MAX_DEPTH);
                 goto fail;
             }
             if (rc < 0)
@@ -1436,8 +1431,7 @@ static bool bucket_search(mctx_t *c, uint32_t bi)
     return trie_search(c, bk->root, 0, true) || prefix_search(c) || regex_search(c, bk);
 }
 
-int sl_router_match(const sl_router_t *r, const sl_router_request_t *req,
-                    sl_router_result_t *res)
+int sl_router_match(const sl_router_t *r, const sl_router_request_t *req, sl_router_result_t *res)
 {
     mctx_t c; /* not zero-initialised: its arrays are filled by split_path */
     char host[SL_ROUTER_MAX_HOST_LEN + 1];

@@ -137,8 +137,8 @@ static sl_router_t *build_ok(const Sluice__V1__Snapshot *s)
 
 static unsigned test_method_bit(const char *m)
 {
-    static const char *names[] = {"GET",    "HEAD",    "POST",  "PUT",    "DELETE",
-                                  "PATCH",  "OPTIONS", "TRACE", "CONNECT"};
+    static const char *names[] = {"GET",   "HEAD",    "POST",  "PUT",    "DELETE",
+                                  "PATCH", "OPTIONS", "TRACE", "CONNECT"};
     for (unsigned i = 0; i < SL_ARRAY_LEN(names); i++)
         if (strcmp(m, names[i]) == 0)
             return 1u << i;
@@ -147,8 +147,8 @@ static unsigned test_method_bit(const char *m)
 
 /* hdrs: NULL or { name, value, name, value, ..., NULL }. target may carry a
  * query after '?'. */
-static int do_match(const sl_router_t *r, const char *method, const char *host,
-                    const char *target, const char *const *hdrs, sl_router_result_t *res)
+static int do_match(const sl_router_t *r, const char *method, const char *host, const char *target,
+                    const char *const *hdrs, sl_router_result_t *res)
 {
     sl_http1_header_t headers[16];
     size_t nh = 0;
@@ -172,39 +172,39 @@ static int do_match(const sl_router_t *r, const char *method, const char *host,
     return sl_router_match(r, &req, res);
 }
 
-#define EXPECT_ROUTE_H(r, m, h, t, hdrs, ti, ri)                                                 \
-    do {                                                                                         \
-        sl_router_result_t res_;                                                                 \
-        int rc_ = do_match((r), (m), (h), (t), (hdrs), &res_);                                   \
-        if (rc_ != SL_OK)                                                                        \
-            fail_msg("%s %s%s: got %d, want route %d/%d", (m), (h), (t), rc_, (ti), (ri));       \
-        if (res_.table_index != (uint32_t)(ti) || res_.route_index != (uint32_t)(ri))            \
-            fail_msg("%s %s%s: got route %u/%u, want %d/%d", (m), (h), (t), res_.table_index,    \
-                     res_.route_index, (ti), (ri));                                              \
+#define EXPECT_ROUTE_H(r, m, h, t, hdrs, ti, ri)                                                   \
+    do {                                                                                           \
+        sl_router_result_t res_;                                                                   \
+        int rc_ = do_match((r), (m), (h), (t), (hdrs), &res_);                                     \
+        if (rc_ != SL_OK)                                                                          \
+            fail_msg("%s %s%s: got %d, want route %d/%d", (m), (h), (t), rc_, (ti), (ri));         \
+        if (res_.table_index != (uint32_t)(ti) || res_.route_index != (uint32_t)(ri))              \
+            fail_msg("%s %s%s: got route %u/%u, want %d/%d", (m), (h), (t), res_.table_index,      \
+                     res_.route_index, (ti), (ri));                                                \
     } while (0)
 
 #define EXPECT_ROUTE(r, m, h, t, ti, ri) EXPECT_ROUTE_H(r, m, h, t, NULL, ti, ri)
 
-#define EXPECT_STATUS_H(r, m, h, t, hdrs, status)                                                \
-    do {                                                                                         \
-        sl_router_result_t res_;                                                                 \
-        int rc_ = do_match((r), (m), (h), (t), (hdrs), &res_);                                   \
-        if (rc_ != (status))                                                                     \
-            fail_msg("%s %s%s: got %d (route %u/%u), want %d", (m), (h), (t), rc_,               \
-                     res_.table_index, res_.route_index, (status));                              \
+#define EXPECT_STATUS_H(r, m, h, t, hdrs, status)                                                  \
+    do {                                                                                           \
+        sl_router_result_t res_;                                                                   \
+        int rc_ = do_match((r), (m), (h), (t), (hdrs), &res_);                                     \
+        if (rc_ != (status))                                                                       \
+            fail_msg("%s %s%s: got %d (route %u/%u), want %d", (m), (h), (t), rc_,                 \
+                     res_.table_index, res_.route_index, (status));                                \
     } while (0)
 
 #define EXPECT_STATUS(r, m, h, t, status) EXPECT_STATUS_H(r, m, h, t, NULL, status)
 
-#define EXPECT_405(r, m, h, t, allow)                                                            \
-    do {                                                                                         \
-        sl_router_result_t res_;                                                                 \
-        int rc_ = do_match((r), (m), (h), (t), NULL, &res_);                                     \
-        if (rc_ != 405)                                                                          \
-            fail_msg("%s %s%s: got %d, want 405", (m), (h), (t), rc_);                           \
-        if (res_.allow_methods != (unsigned)(allow))                                             \
-            fail_msg("%s %s%s: Allow bits 0x%x, want 0x%x", (m), (h), (t), res_.allow_methods,   \
-                     (unsigned)(allow));                                                         \
+#define EXPECT_405(r, m, h, t, allow)                                                              \
+    do {                                                                                           \
+        sl_router_result_t res_;                                                                   \
+        int rc_ = do_match((r), (m), (h), (t), NULL, &res_);                                       \
+        if (rc_ != 405)                                                                            \
+            fail_msg("%s %s%s: got %d, want 405", (m), (h), (t), rc_);                             \
+        if (res_.allow_methods != (unsigned)(allow))                                               \
+            fail_msg("%s %s%s: Allow bits 0x%x, want 0x%x", (m), (h), (t), res_.allow_methods,     \
+                     (unsigned)(allow));                                                           \
     } while (0)
 
 static void expect_build_error(const Sluice__V1__Snapshot *s, const char *want)
@@ -270,6 +270,30 @@ static void test_exact_beats_template_beats_prefix_beats_regex(void **state)
     snap_free(s);
 }
 
+static void test_long_segments(void **state)
+{
+    (void)state;
+    /* Segments longer than a hash slot's inline key are compared through a
+     * pointer into the snapshot. */
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", "a-rather-long-host-name.example.com", "/");
+    add_route(t, "long", NULL, EXACT, "/a-very-long-segment-name/x");                 /* 0 */
+    add_route(t, "long2", NULL, EXACT, "/a-very-long-segment-namf/x");                /* 1 */
+    add_route(t, "tpl", NULL, TEMPLATE, "/a-very-long-segment-name/{id}/exactly12b"); /* 2 */
+    sl_router_t *r = build_ok(s);
+    const char *h = "a-rather-long-host-name.example.com";
+    EXPECT_ROUTE(r, "GET", h, "/a-very-long-segment-name/x", 0, 0);
+    EXPECT_ROUTE(r, "GET", h, "/a-very-long-segment-namf/x", 0, 1);
+    EXPECT_STATUS(r, "GET", h, "/a-very-long-segment-namg/x", 404);
+    EXPECT_STATUS(r, "GET", h, "/a-very-long-segment-nam/x", 404);
+    EXPECT_ROUTE(r, "GET", h, "/a-very-long-segment-name/7/exactly12b", 0, 2);
+    EXPECT_STATUS(r, "GET", h, "/a-very-long-segment-name/7/exactly12c", 404);
+    EXPECT_STATUS(r, "GET", "a-rather-long-host-name.example.co", "/a-very-long-segment-name/x",
+                  404);
+    sl_router_free(r);
+    snap_free(s);
+}
+
 static void test_exact_and_template_same_node(void **state)
 {
     (void)state;
@@ -292,11 +316,11 @@ static void test_literal_beats_param_left_to_right(void **state)
     (void)state;
     Sluice__V1__Snapshot *s = snap_new();
     Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
-    add_route(t, "y-b-c", NULL, TEMPLATE, "/{y}/b/c");    /* 0 */
-    add_route(t, "a-x-c", NULL, TEMPLATE, "/a/{x}/c");    /* 1 */
-    add_route(t, "a-x-d", NULL, TEMPLATE, "/a/{x}/d");    /* 2 */
-    add_route(t, "y-z-e", NULL, TEMPLATE, "/{y}/{z}/e");  /* 3 */
-    add_route(t, "a-b-e", NULL, TEMPLATE, "/{y}/b/e");    /* 4 */
+    add_route(t, "y-b-c", NULL, TEMPLATE, "/{y}/b/c");   /* 0 */
+    add_route(t, "a-x-c", NULL, TEMPLATE, "/a/{x}/c");   /* 1 */
+    add_route(t, "a-x-d", NULL, TEMPLATE, "/a/{x}/d");   /* 2 */
+    add_route(t, "y-z-e", NULL, TEMPLATE, "/{y}/{z}/e"); /* 3 */
+    add_route(t, "a-b-e", NULL, TEMPLATE, "/{y}/b/e");   /* 4 */
     sl_router_t *r = build_ok(s);
     /* First segment literal "a" beats "{y}" even though 0 was declared first. */
     EXPECT_ROUTE(r, "GET", "h", "/a/b/c", 0, 1);
@@ -319,11 +343,11 @@ static void test_longest_prefix_wins(void **state)
     (void)state;
     Sluice__V1__Snapshot *s = snap_new();
     Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
-    add_route(t, "a", NULL, PREFIX, "/a");           /* 0 */
-    add_route(t, "a-b", NULL, PREFIX, "/a/b");       /* 1 */
-    add_route(t, "a-bc", NULL, PREFIX, "/a/bc");     /* 2 */
-    add_route(t, "a-b-", NULL, PREFIX, "/a/b/");     /* 3 */
-    add_route(t, "root", NULL, PREFIX, "/");         /* 4 */
+    add_route(t, "a", NULL, PREFIX, "/a");             /* 0 */
+    add_route(t, "a-b", NULL, PREFIX, "/a/b");         /* 1 */
+    add_route(t, "a-bc", NULL, PREFIX, "/a/bc");       /* 2 */
+    add_route(t, "a-b-", NULL, PREFIX, "/a/b/");       /* 3 */
+    add_route(t, "root", NULL, PREFIX, "/");           /* 4 */
     add_route(t, "a-b-c-d", NULL, PREFIX, "/a/b/c/d"); /* 5 */
     sl_router_t *r = build_ok(s);
     EXPECT_ROUTE(r, "GET", "h", "/a/bcd", 0, 2);
@@ -351,8 +375,8 @@ static void test_more_matches_first_then_declaration_order(void **state)
     const char *const v2beta[] = {"X-Version", "2", "X-Beta", "1", NULL};
     Sluice__V1__Snapshot *s = snap_new();
     Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
-    add_route(t, "plain", NULL, TEMPLATE, "/pets/{id}");                  /* 0 */
-    add_route(t, "plain-dup", NULL, TEMPLATE, "/pets/{petId}");           /* 1 */
+    add_route(t, "plain", NULL, TEMPLATE, "/pets/{id}");                    /* 0 */
+    add_route(t, "plain-dup", NULL, TEMPLATE, "/pets/{petId}");             /* 1 */
     Sluice__V1__Route *v = add_route(t, "v2", NULL, TEMPLATE, "/pets/{x}"); /* 2 */
     add_match(v, false, "x-version", "2", M_EXACT, false);
     Sluice__V1__Route *vb = add_route(t, "v2beta", NULL, TEMPLATE, "/pets/{x}"); /* 3 */
@@ -361,11 +385,11 @@ static void test_more_matches_first_then_declaration_order(void **state)
     Sluice__V1__Route *vq = add_route(t, "v2q", NULL, TEMPLATE, "/pets/{x}"); /* 4 */
     add_match(vq, true, "debug", "", M_PRESENT, false);
     /* Same for prefix and exact routes. */
-    add_route(t, "p", NULL, PREFIX, "/files");                            /* 5 */
-    Sluice__V1__Route *ph = add_route(t, "p-h", NULL, PREFIX, "/files");  /* 6 */
+    add_route(t, "p", NULL, PREFIX, "/files");                           /* 5 */
+    Sluice__V1__Route *ph = add_route(t, "p-h", NULL, PREFIX, "/files"); /* 6 */
     add_match(ph, false, "x-version", "2", M_EXACT, false);
-    add_route(t, "e", NULL, EXACT, "/e");                                 /* 7 */
-    Sluice__V1__Route *eh = add_route(t, "e-h", NULL, EXACT, "/e");       /* 8 */
+    add_route(t, "e", NULL, EXACT, "/e");                           /* 7 */
+    Sluice__V1__Route *eh = add_route(t, "e-h", NULL, EXACT, "/e"); /* 8 */
     add_match(eh, false, "x-version", "2", M_EXACT, false);
     sl_router_t *r = build_ok(s);
 
@@ -389,9 +413,9 @@ static void test_regex_declaration_order_and_same_pattern(void **state)
     const char *const hv[] = {"x-v", "1", NULL};
     Sluice__V1__Snapshot *s = snap_new();
     Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
-    add_route(t, "broad", NULL, REGEX, "/r/.*");           /* 0 */
-    add_route(t, "narrow", NULL, REGEX, "/r/[0-9]+");      /* 1: shadowed by 0 */
-    add_route(t, "other", NULL, REGEX, "/s/[0-9]+");       /* 2 */
+    add_route(t, "broad", NULL, REGEX, "/r/.*");                              /* 0 */
+    add_route(t, "narrow", NULL, REGEX, "/r/[0-9]+");                         /* 1: shadowed by 0 */
+    add_route(t, "other", NULL, REGEX, "/s/[0-9]+");                          /* 2 */
     Sluice__V1__Route *h = add_route(t, "other-h", NULL, REGEX, "/s/[0-9]+"); /* 3 */
     add_match(h, false, "X-V", "1", M_EXACT, false);
     sl_router_t *r = build_ok(s);
@@ -419,9 +443,9 @@ static void test_regex_is_anchored(void **state)
     (void)state;
     Sluice__V1__Snapshot *s = snap_new();
     Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
-    add_route(t, "num", NULL, REGEX, "/pets/[0-9]+");  /* 0 */
-    add_route(t, "alt", NULL, REGEX, "/a|/ab");        /* 1 */
-    add_route(t, "quoted", NULL, REGEX, "/q\\Q.*");    /* 2: \Q without \E */
+    add_route(t, "num", NULL, REGEX, "/pets/[0-9]+"); /* 0 */
+    add_route(t, "alt", NULL, REGEX, "/a|/ab");       /* 1 */
+    add_route(t, "quoted", NULL, REGEX, "/q\\Q.*");   /* 2: \Q without \E */
     sl_router_t *r = build_ok(s);
     EXPECT_ROUTE(r, "GET", "h", "/pets/12", 0, 0);
     EXPECT_STATUS(r, "GET", "h", "/pets/12/x", 404);
@@ -454,8 +478,8 @@ static void test_hosts_exact_wildcard_star(void **state)
     EXPECT_ROUTE(r, "GET", "A.EXAMPLE.com", "/x", 1, 0);
     EXPECT_ROUTE(r, "GET", "a.b.example.com", "/x", 2, 0); /* longest suffix first */
     EXPECT_ROUTE(r, "GET", "x.y.b.example.com", "/x", 2, 0);
-    EXPECT_ROUTE(r, "GET", "b.example.com", "/x", 1, 0);   /* "*.b..." needs a label */
-    EXPECT_ROUTE(r, "GET", "example.com", "/x", 3, 0);     /* not matched by "*.example.com" */
+    EXPECT_ROUTE(r, "GET", "b.example.com", "/x", 1, 0); /* "*.b..." needs a label */
+    EXPECT_ROUTE(r, "GET", "example.com", "/x", 3, 0);   /* not matched by "*.example.com" */
     EXPECT_ROUTE(r, "GET", "xexample.com", "/x", 3, 0);
     EXPECT_ROUTE(r, "GET", ".example.com", "/x", 3, 0); /* no label before the suffix */
     EXPECT_ROUTE(r, "GET", "other.org", "/x", 3, 0);
@@ -502,9 +526,9 @@ static void test_host_fallback_to_less_specific_bucket(void **state)
     add_route(add_table(s, "star", NULL, "/"), "c", NULL, PREFIX, "/");
     sl_router_t *r = build_ok(s);
     EXPECT_ROUTE(r, "GET", "api.example.com", "/a", 0, 0);
-    EXPECT_ROUTE(r, "GET", "api.example.com", "/b", 1, 0);      /* exact -> wildcard */
-    EXPECT_ROUTE(r, "POST", "api.example.com", "/a", 1, 1);     /* method fails: next bucket */
-    EXPECT_ROUTE(r, "GET", "api.example.com", "/c", 2, 0);      /* exact -> wildcard -> * */
+    EXPECT_ROUTE(r, "GET", "api.example.com", "/b", 1, 0);  /* exact -> wildcard */
+    EXPECT_ROUTE(r, "POST", "api.example.com", "/a", 1, 1); /* method fails: next bucket */
+    EXPECT_ROUTE(r, "GET", "api.example.com", "/c", 2, 0);  /* exact -> wildcard -> * */
     EXPECT_ROUTE(r, "GET", "z.example.com", "/a", 2, 0);
     sl_router_free(r);
     snap_free(s);
@@ -515,16 +539,16 @@ static void test_base_path(void **state)
     (void)state;
     Sluice__V1__Snapshot *s = snap_new();
     Sluice__V1__RouteTable *t = add_table(s, "petstore", NULL, "/petstore/v1");
-    add_route(t, "list", NULL, EXACT, "/pets");           /* 0 */
-    add_route(t, "get", NULL, TEMPLATE, "/pets/{id}");    /* 1 */
-    add_route(t, "root", NULL, EXACT, "/");               /* 2 */
-    add_route(t, "re", NULL, REGEX, "/re/[0-9]+");        /* 3 */
+    add_route(t, "list", NULL, EXACT, "/pets");        /* 0 */
+    add_route(t, "get", NULL, TEMPLATE, "/pets/{id}"); /* 1 */
+    add_route(t, "root", NULL, EXACT, "/");            /* 2 */
+    add_route(t, "re", NULL, REGEX, "/re/[0-9]+");     /* 3 */
     Sluice__V1__RouteTable *u = add_table(s, "other", NULL, "/petstore/v1x");
-    add_route(u, "all", NULL, PREFIX, "/");               /* 1/0 */
+    add_route(u, "all", NULL, PREFIX, "/"); /* 1/0 */
     Sluice__V1__RouteTable *v = add_table(s, "files", NULL, "/files");
-    add_route(v, "p", NULL, PREFIX, "/docs");             /* 2/0 */
-    add_route(v, "tplroot", NULL, TEMPLATE, "/");         /* 2/1 */
-    add_route(v, "re-root", NULL, REGEX, "/");            /* 2/2 */
+    add_route(v, "p", NULL, PREFIX, "/docs");     /* 2/0 */
+    add_route(v, "tplroot", NULL, TEMPLATE, "/"); /* 2/1 */
+    add_route(v, "re-root", NULL, REGEX, "/");    /* 2/2 */
     sl_router_t *r = build_ok(s);
     sl_router_result_t res;
 
@@ -611,16 +635,16 @@ static void test_405_allow_bits(void **state)
     const char *const beta[] = {"x-beta", "1", NULL};
     Sluice__V1__Snapshot *s = snap_new();
     Sluice__V1__RouteTable *t = add_table(s, "t", "api.example.com", "/v1");
-    add_route(t, "list", "GET,HEAD", EXACT, "/pets");      /* 0 */
-    add_route(t, "create", "POST", EXACT, "/pets");        /* 1 */
-    add_route(t, "delete", "DELETE", TEMPLATE, "/pets/{id}"); /* 2 */
-    add_route(t, "purge", "PURGE,GET", EXACT, "/cache");   /* 3 */
+    add_route(t, "list", "GET,HEAD", EXACT, "/pets");                   /* 0 */
+    add_route(t, "create", "POST", EXACT, "/pets");                     /* 1 */
+    add_route(t, "delete", "DELETE", TEMPLATE, "/pets/{id}");           /* 2 */
+    add_route(t, "purge", "PURGE,GET", EXACT, "/cache");                /* 3 */
     Sluice__V1__Route *b = add_route(t, "beta", "PUT", EXACT, "/beta"); /* 4 */
     add_match(b, false, "x-beta", "1", M_EXACT, false);
-    add_route(t, "re", "OPTIONS", REGEX, "/re/.*");        /* 5 */
-    add_route(t, "pfx", "TRACE", PREFIX, "/pfx");          /* 6 */
+    add_route(t, "re", "OPTIONS", REGEX, "/re/.*"); /* 5 */
+    add_route(t, "pfx", "TRACE", PREFIX, "/pfx");   /* 6 */
     Sluice__V1__RouteTable *u = add_table(s, "u", "*", "/v1");
-    add_route(u, "patch", "PATCH", EXACT, "/pets");        /* 1/0 */
+    add_route(u, "patch", "PATCH", EXACT, "/pets"); /* 1/0 */
     sl_router_t *r = build_ok(s);
 
     EXPECT_ROUTE(r, "HEAD", "api.example.com", "/v1/pets", 0, 0);
@@ -642,6 +666,27 @@ static void test_405_allow_bits(void **state)
     EXPECT_STATUS_H(r, "GET", "api.example.com", "/v1/beta", beta, 405);
     EXPECT_405(r, "GET", "api.example.com", "/v1/re/x", SL_METHOD_OPTIONS);
     EXPECT_405(r, "GET", "api.example.com", "/v1/pfxyz", SL_METHOD_TRACE);
+    sl_router_free(r);
+    snap_free(s);
+}
+
+static void test_wrong_method_does_not_hide_lower_precedence(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *s = snap_new();
+    Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
+    add_route(t, "get", "GET", TEMPLATE, "/pets/{id}"); /* 0 */
+    add_route(t, "exact", "PUT", EXACT, "/pets/1");     /* 1 */
+    add_route(t, "del", "DELETE", PREFIX, "/pets/");    /* 2 */
+    add_route(t, "re", "POST", REGEX, "/pets/[0-9]+");  /* 3 */
+    sl_router_t *r = build_ok(s);
+    EXPECT_ROUTE(r, "PUT", "h", "/pets/1", 0, 1);
+    EXPECT_ROUTE(r, "GET", "h", "/pets/1", 0, 0);
+    EXPECT_ROUTE(r, "DELETE", "h", "/pets/1", 0, 2);
+    EXPECT_ROUTE(r, "POST", "h", "/pets/1", 0, 3);
+    EXPECT_405(r, "PATCH", "h", "/pets/1",
+               SL_METHOD_GET | SL_METHOD_PUT | SL_METHOD_DELETE | SL_METHOD_POST);
+    EXPECT_405(r, "PATCH", "h", "/pets/x", SL_METHOD_GET | SL_METHOD_DELETE);
     sl_router_free(r);
     snap_free(s);
 }
@@ -718,21 +763,21 @@ static void test_query_matches(void **state)
     Sluice__V1__Snapshot *s = snap_new();
     Sluice__V1__RouteTable *t = add_table(s, "t", NULL, "/");
     Sluice__V1__Route *q;
-    q = add_route(t, "exact", NULL, EXACT, "/exact");           /* 0 */
+    q = add_route(t, "exact", NULL, EXACT, "/exact"); /* 0 */
     add_match(q, true, "format", "json", M_EXACT, false);
-    q = add_route(t, "prefix", NULL, EXACT, "/prefix");         /* 1 */
+    q = add_route(t, "prefix", NULL, EXACT, "/prefix"); /* 1 */
     add_match(q, true, "v", "2.", M_PREFIX, false);
-    q = add_route(t, "regex", NULL, EXACT, "/regex");           /* 2 */
+    q = add_route(t, "regex", NULL, EXACT, "/regex"); /* 2 */
     add_match(q, true, "id", "[0-9]+", M_REGEX, false);
-    q = add_route(t, "present", NULL, EXACT, "/present");       /* 3 */
+    q = add_route(t, "present", NULL, EXACT, "/present"); /* 3 */
     add_match(q, true, "debug", "", M_PRESENT, false);
     q = add_route(t, "notpresent", NULL, EXACT, "/notpresent"); /* 4 */
     add_match(q, true, "debug", "", M_PRESENT, true);
-    q = add_route(t, "raw", NULL, EXACT, "/raw");               /* 5 */
+    q = add_route(t, "raw", NULL, EXACT, "/raw"); /* 5 */
     add_match(q, true, "a b", "x%20y", M_EXACT, false);
-    q = add_route(t, "notexact", NULL, EXACT, "/notexact");     /* 6 */
+    q = add_route(t, "notexact", NULL, EXACT, "/notexact"); /* 6 */
     add_match(q, true, "format", "json", M_EXACT, true);
-    q = add_route(t, "both", NULL, EXACT, "/both");             /* 7 */
+    q = add_route(t, "both", NULL, EXACT, "/both"); /* 7 */
     add_match(q, true, "a", "1", M_EXACT, false);
     add_match(q, false, "x-h", "", M_PRESENT, false);
     sl_router_t *r = build_ok(s);
@@ -879,6 +924,16 @@ static void test_other_build_errors(void **state)
     sl_router_t *rt = build_ok(s);
     EXPECT_ROUTE(rt, "GET", "h", s->route_tables[0]->routes[1]->path, 0, 1);
     EXPECT_ROUTE(rt, "GET", "h", deep, 0, 0);
+    /* A request far deeper than any trie: only the prefix can match it. */
+    char deeper[2 * 300 + 1];
+    for (int i = 0; i < 300; i++)
+        memcpy(deeper + 2 * i, "/a", 2);
+    deeper[2 * 300] = '\0';
+    EXPECT_ROUTE(rt, "GET", "h", deeper, 0, 0);
+    deeper[2 * 300 - 1] = 'b';
+    EXPECT_ROUTE(rt, "GET", "h", deeper, 0, 0);
+    deeper[2 * SL_ROUTER_MAX_DEPTH + 1] = 'b'; /* segment 129 no longer "a..." */
+    EXPECT_STATUS(rt, "GET", "h", deeper, 404);
     sl_router_free(rt);
     snap_free(s);
 
@@ -905,9 +960,9 @@ static void test_regex_match_limit_is_no_match(void **state)
      * the request is simply not routed by that regex. */
     pcre2_match_data *md = thread_match_data();
     assert_non_null(md);
-    assert_int_equal(pcre2_jit_match(r->routes[0].path_re, (PCRE2_SPTR)path, strlen(path), 0,
-                                     0, md, r->mctx),
-                     PCRE2_ERROR_MATCHLIMIT);
+    assert_int_equal(
+        pcre2_jit_match(r->routes[0].path_re, (PCRE2_SPTR)path, strlen(path), 0, 0, md, r->mctx),
+        PCRE2_ERROR_MATCHLIMIT);
     EXPECT_STATUS(r, "GET", "h", path, 404);
     EXPECT_ROUTE(r, "GET", "h", "/aaaaaa", 0, 0);
     sl_router_free(r);
@@ -978,8 +1033,7 @@ static void test_10000_routes_all_resolve(void **state)
                          ti * 1000 + ri, ri);
             sl_router_result_t res;
             int rc = do_match(r, method, host, path, NULL, &res);
-            if (rc != SL_OK || res.table_index != (uint32_t)ti ||
-                res.route_index != (uint32_t)ri)
+            if (rc != SL_OK || res.table_index != (uint32_t)ti || res.route_index != (uint32_t)ri)
                 fail_msg("%s %s%s: rc %d route %u/%u, want %d/%d", method, host, path, rc,
                          res.table_index, res.route_index, ti, ri);
             assert_int_equal(res.base_path_len, strlen(path) - strlen(strstr(path, "/res")));
@@ -1047,6 +1101,7 @@ int main(void)
         cmocka_unit_test(test_empty_snapshot_is_404),
         cmocka_unit_test(test_exact_beats_template_beats_prefix_beats_regex),
         cmocka_unit_test(test_exact_and_template_same_node),
+        cmocka_unit_test(test_long_segments),
         cmocka_unit_test(test_literal_beats_param_left_to_right),
         cmocka_unit_test(test_longest_prefix_wins),
         cmocka_unit_test(test_more_matches_first_then_declaration_order),
@@ -1056,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_host_fallback_to_less_specific_bucket),
         cmocka_unit_test(test_base_path),
         cmocka_unit_test(test_405_allow_bits),
+        cmocka_unit_test(test_wrong_method_does_not_hide_lower_precedence),
         cmocka_unit_test(test_header_matches),
         cmocka_unit_test(test_query_matches),
         cmocka_unit_test(test_bad_regex_errors),
