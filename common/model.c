@@ -181,6 +181,11 @@ static int set_append(sl_resource_set_t *set, json_t *doc, const char *source, i
     return 0;
 }
 
+int sl_resource_set_add(sl_resource_set_t *set, json_t *doc, const char *source, int doc_index)
+{
+    return set_append(set, doc, source, doc_index);
+}
+
 static void place(char *buf, size_t len, const char *source, int doc)
 {
     if (source[0])

@@ -71,6 +71,11 @@ typedef struct {
 void sl_resource_set_init(sl_resource_set_t *set);
 void sl_resource_set_free(sl_resource_set_t *set);
 
+/* Appends an already validated document (takes a new reference; source is
+ * copied). For sets assembled from a store or filtered from another set.
+ * 0, or -1 on allocation failure. */
+int sl_resource_set_add(sl_resource_set_t *set, json_t *doc, const char *source, int doc_index);
+
 /* Parses YAML or JSON text (auto-detected; YAML is a superset) with one or
  * more documents ("---"); each document is validated (sl_model_validate) and
  * appended. Returns 0 when every document was valid, -1 otherwise (errors

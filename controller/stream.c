@@ -1,0 +1,522 @@
+/*
+ * Config stream server on the gRPC core C API (stream.h).
+ *
+ * Threads: the completion-queue thread runs cq_thread() and is the only one
+ * that sees gRPC completions; the main thread only calls sl_stream_send
+ * (grpc_call_start_batch may be called from any thread) and receives events
+ * through `events` + eventfd.
+ *
+ * Lifetime of a stream: one reference per started batch (released by its
+ * completion) and one for the main thread (released after on_close ran).
+ * The call is unref'd and the struct freed at zero.
+ */
+#include "stream.h"
+
+#include "grpc_util.h"
+#include "log.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define PENDING_CALLS 8 /* accepts posted ahead, so connection bursts queue in gRPC */
+
+enum tag_kind { TAG_NEW_CALL = 1, TAG_RECV, TAG_SEND, TAG_CLOSE, TAG_START, TAG_STATUS, TAG_SHUTDOWN };
+
+typedef struct {
+    enum tag_kind kind;
+    sl_stream_t *s;
+} tag_t;
+
+typedef struct send_item {
+    grpc_byte_buffer *bb;
+    struct send_item *next;
+} send_item_t;
+
+struct sl_stream {
+    sl_stream_server_t *srv;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array request_md;
+    int cancelled;
+    grpc_byte_buffer *recv_buf;
+    atomic_int refs;
+    pthread_mutex_t lock;
+    send_item_t *send_head, *send_tail;
+    send_item_t *send_inflight; /* gRPC reads its buffer until TAG_SEND */
+    unsigned queued;
+    int send_busy;
+    int over; /* call finished: no more sends */
+    int status_sent;
+    char *peer;
+    void *user;
+    tag_t t_new, t_recv, t_send, t_close, t_start, t_status;
+};
+
+enum ev_kind { EV_OPEN = 1, EV_REQUEST, EV_CLOSE };
+
+typedef struct stream_event {
+    enum ev_kind kind;
+    sl_stream_t *s;
+    Sluice__V1__DiscoveryRequest *req;
+    struct stream_event *next;
+} stream_event_t;
+
+struct sl_stream_server {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    void *method;
+    int port;
+    pthread_t thread;
+    int thread_started;
+    atomic_int shutting_down;
+    atomic_int live_streams;
+    int shutdown_done;
+    tag_t t_shutdown;
+    sl_stream_hooks_t hooks;
+    /* events for the main thread */
+    pthread_mutex_t ev_lock;
+    stream_event_t *ev_head, *ev_tail;
+    int ev_fd;
+    struct event *ev;
+};
+
+static void stream_unref(sl_stream_t *s)
+{
+    if (atomic_fetch_sub(&s->refs, 1) != 1)
+        return;
+    sl_stream_server_t *srv = s->srv;
+    if (s->call)
+        grpc_call_unref(s->call);
+    grpc_metadata_array_destroy(&s->request_md);
+    send_item_t *it = s->send_head;
+    while (it) {
+        send_item_t *next = it->next;
+        grpc_byte_buffer_destroy(it->bb);
+        free(it);
+        it = next;
+    }
+    if (s->peer)
+        gpr_free(s->peer);
+    pthread_mutex_destroy(&s->lock);
+    int was_call = s->t_start.kind == TAG_START;
+    free(s);
+    if (was_call)
+        atomic_fetch_sub(&srv->live_streams, 1);
+}
+
+static void post_event(sl_stream_server_t *srv, enum ev_kind kind, sl_stream_t *s,
+                       Sluice__V1__DiscoveryRequest *req)
+{
+    stream_event_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        /* Without the event the main thread would leak the stream's main
+         * reference; this is start-up class OOM, so say it loudly. */
+        sl_log_alert("stream: out of memory queueing an event");
+        if (req)
+            protobuf_c_message_free_unpacked(&req->base, NULL);
+        return;
+    }
+    e->kind = kind;
+    e->s = s;
+    e->req = req;
+    pthread_mutex_lock(&srv->ev_lock);
+    if (srv->ev_tail)
+        srv->ev_tail->next = e;
+    else
+        srv->ev_head = e;
+    srv->ev_tail = e;
+    pthread_mutex_unlock(&srv->ev_lock);
+    uint64_t one = 1;
+    ssize_t n = write(srv->ev_fd, &one, sizeof(one));
+    (void)n;
+}
+
+static void events_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    sl_stream_server_t *srv = arg;
+    uint64_t v;
+    ssize_t n = read(fd, &v, sizeof(v));
+    (void)n;
+    pthread_mutex_lock(&srv->ev_lock);
+    stream_event_t *e = srv->ev_head;
+    srv->ev_head = srv->ev_tail = NULL;
+    pthread_mutex_unlock(&srv->ev_lock);
+    while (e) {
+        stream_event_t *next = e->next;
+        switch (e->kind) {
+        case EV_OPEN:
+            srv->hooks.on_open(srv->hooks.ctx, e->s);
+            break;
+        case EV_REQUEST:
+            srv->hooks.on_request(srv->hooks.ctx, e->s, e->req);
+            break;
+        case EV_CLOSE:
+            srv->hooks.on_close(srv->hooks.ctx, e->s);
+            stream_unref(e->s); /* the main thread's reference */
+            break;
+        }
+        free(e);
+        e = next;
+    }
+}
+
+static sl_stream_t *stream_new(sl_stream_server_t *srv)
+{
+    sl_stream_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->srv = srv;
+    grpc_metadata_array_init(&s->request_md);
+    pthread_mutex_init(&s->lock, NULL);
+    s->t_new = (tag_t){TAG_NEW_CALL, s};
+    s->t_recv = (tag_t){TAG_RECV, s};
+    s->t_send = (tag_t){TAG_SEND, s};
+    s->t_close = (tag_t){TAG_CLOSE, s};
+    s->t_status = (tag_t){TAG_STATUS, s};
+    atomic_init(&s->refs, 1); /* the pending accept */
+    return s;
+}
+
+static int post_accept(sl_stream_server_t *srv)
+{
+    sl_stream_t *s = stream_new(srv);
+    if (!s)
+        return -1;
+    grpc_call_error e = grpc_server_request_registered_call(
+        srv->server, srv->method, &s->call, &s->deadline, &s->request_md, NULL, srv->cq, srv->cq,
+        &s->t_new);
+    if (e != GRPC_CALL_OK) {
+        sl_log_error("stream: cannot post an accept (grpc error %d)", (int)e);
+        stream_unref(s);
+        return -1;
+    }
+    return 0;
+}
+
+static void arm_recv(sl_stream_t *s)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &s->recv_buf;
+    atomic_fetch_add(&s->refs, 1);
+    if (grpc_call_start_batch(s->call, &op, 1, &s->t_recv, NULL) != GRPC_CALL_OK) {
+        stream_unref(s);
+    }
+}
+
+/* Ends the call with a status (once). Caller holds s->lock. */
+static void send_status_locked(sl_stream_t *s, grpc_status_code code, const char *msg)
+{
+    if (s->status_sent)
+        return;
+    s->status_sent = 1;
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    op.data.send_status_from_server.trailing_metadata_count = 0;
+    op.data.send_status_from_server.status = code;
+    grpc_slice details = grpc_slice_from_copied_string(msg);
+    op.data.send_status_from_server.status_details = &details;
+    atomic_fetch_add(&s->refs, 1);
+    if (grpc_call_start_batch(s->call, &op, 1, &s->t_status, NULL) != GRPC_CALL_OK)
+        atomic_fetch_sub(&s->refs, 1);
+    grpc_slice_unref(details);
+}
+
+static void start_call(sl_stream_server_t *srv, sl_stream_t *s)
+{
+    atomic_fetch_add(&srv->live_streams, 1);
+    s->t_start.kind = TAG_START;
+    s->t_start.s = s;
+    s->peer = grpc_call_get_peer(s->call);
+    /* The accept reference becomes the main thread's reference. */
+    grpc_op ops[2];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = 0;
+    ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[1].data.recv_close_on_server.cancelled = &s->cancelled;
+    atomic_fetch_add(&s->refs, 1);
+    if (grpc_call_start_batch(s->call, ops, 2, &s->t_close, NULL) != GRPC_CALL_OK) {
+        atomic_fetch_sub(&s->refs, 1);
+        sl_log_error("stream %s: cannot start the call", s->peer);
+        s->over = 1;
+        post_event(srv, EV_OPEN, s, NULL);
+        post_event(srv, EV_CLOSE, s, NULL);
+        return;
+    }
+    post_event(srv, EV_OPEN, s, NULL);
+    arm_recv(s);
+}
+
+static void start_send_locked(sl_stream_t *s)
+{
+    while (!s->send_busy && s->send_head && !s->over) {
+        send_item_t *it = s->send_head;
+        s->send_head = it->next;
+        if (!s->send_head)
+            s->send_tail = NULL;
+        s->queued--;
+        grpc_op op;
+        memset(&op, 0, sizeof(op));
+        op.op = GRPC_OP_SEND_MESSAGE;
+        op.data.send_message.send_message = it->bb;
+        atomic_fetch_add(&s->refs, 1);
+        s->send_busy = 1;
+        s->send_inflight = it;
+        if (grpc_call_start_batch(s->call, &op, 1, &s->t_send, NULL) != GRPC_CALL_OK) {
+            atomic_fetch_sub(&s->refs, 1);
+            s->send_busy = 0;
+            s->send_inflight = NULL;
+            grpc_byte_buffer_destroy(it->bb);
+            free(it);
+        }
+    }
+}
+
+void sl_stream_send(sl_stream_t *s, grpc_byte_buffer *bb)
+{
+    send_item_t *it = calloc(1, sizeof(*it));
+    if (!it) {
+        grpc_byte_buffer_destroy(bb);
+        return;
+    }
+    it->bb = bb;
+    pthread_mutex_lock(&s->lock);
+    if (s->over) {
+        pthread_mutex_unlock(&s->lock);
+        grpc_byte_buffer_destroy(bb);
+        free(it);
+        return;
+    }
+    if (s->send_tail)
+        s->send_tail->next = it;
+    else
+        s->send_head = it;
+    s->send_tail = it;
+    s->queued++;
+    start_send_locked(s);
+    pthread_mutex_unlock(&s->lock);
+}
+
+unsigned sl_stream_queued(const sl_stream_t *s)
+{
+    return s->queued + (unsigned)s->send_busy;
+}
+
+const char *sl_stream_peer(const sl_stream_t *s)
+{
+    return s->peer ? s->peer : "";
+}
+
+void sl_stream_set_user(sl_stream_t *s, void *user)
+{
+    s->user = user;
+}
+
+void *sl_stream_user(const sl_stream_t *s)
+{
+    return s->user;
+}
+
+static void handle(sl_stream_server_t *srv, tag_t *tag, int ok)
+{
+    sl_stream_t *s = tag->s;
+    switch (tag->kind) {
+    case TAG_NEW_CALL:
+        if (!ok) {
+            /* Server shutting down: the accept is cancelled. */
+            stream_unref(s);
+            return;
+        }
+        if (!atomic_load(&srv->shutting_down))
+            post_accept(srv);
+        start_call(srv, s);
+        return;
+    case TAG_RECV:
+        if (ok && s->recv_buf) {
+            Sluice__V1__DiscoveryRequest *req = (Sluice__V1__DiscoveryRequest *)sl_grpc_unpack(
+                &sluice__v1__discovery_request__descriptor, s->recv_buf);
+            grpc_byte_buffer_destroy(s->recv_buf);
+            s->recv_buf = NULL;
+            if (!req) {
+                pthread_mutex_lock(&s->lock);
+                send_status_locked(s, GRPC_STATUS_INVALID_ARGUMENT,
+                                   "DiscoveryRequest could not be decoded");
+                pthread_mutex_unlock(&s->lock);
+            } else {
+                post_event(srv, EV_REQUEST, s, req);
+                arm_recv(s);
+            }
+        } else if (ok) {
+            /* The runtime half-closed: finish the call cleanly. */
+            pthread_mutex_lock(&s->lock);
+            send_status_locked(s, GRPC_STATUS_OK, "stream closed by the runtime");
+            pthread_mutex_unlock(&s->lock);
+        }
+        stream_unref(s);
+        return;
+    case TAG_SEND: {
+        pthread_mutex_lock(&s->lock);
+        send_item_t *it = s->send_inflight;
+        s->send_inflight = NULL;
+        s->send_busy = 0;
+        if (ok)
+            start_send_locked(s);
+        pthread_mutex_unlock(&s->lock);
+        if (it) {
+            grpc_byte_buffer_destroy(it->bb);
+            free(it);
+        }
+        stream_unref(s);
+        return;
+    }
+    case TAG_CLOSE:
+        /* The call is over (runtime went away, or we sent the status). */
+        pthread_mutex_lock(&s->lock);
+        s->over = 1;
+        pthread_mutex_unlock(&s->lock);
+        post_event(srv, EV_CLOSE, s, NULL);
+        stream_unref(s);
+        return;
+    case TAG_STATUS:
+        stream_unref(s);
+        return;
+    case TAG_SHUTDOWN:
+        srv->shutdown_done = 1;
+        return;
+    case TAG_START:
+        return;
+    }
+}
+
+static void *cq_thread(void *arg)
+{
+    sl_stream_server_t *srv = arg;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        handle(srv, ev.tag, ev.success);
+    }
+    return NULL;
+}
+
+sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *addr,
+                                           const sl_stream_hooks_t *hooks, char *err,
+                                           size_t errlen)
+{
+    sl_stream_server_t *srv = calloc(1, sizeof(*srv));
+    if (!srv) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    srv->hooks = *hooks;
+    srv->t_shutdown = (tag_t){TAG_SHUTDOWN, NULL};
+    pthread_mutex_init(&srv->ev_lock, NULL);
+    srv->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (srv->ev_fd < 0)
+        goto fail_msg;
+    srv->ev = event_new(base, srv->ev_fd, EV_READ | EV_PERSIST, events_cb, srv);
+    if (!srv->ev || event_add(srv->ev, NULL) != 0)
+        goto fail_msg;
+
+    /* Keepalive matching the runtimes' (REFERENCE.md): accept their pings
+     * without data and never GOAWAY them for "too many pings". */
+    grpc_arg args[] = {
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 10000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = 5000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, {.integer = 1000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_PING_STRIKES, {.integer = 0}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, {.integer = -1}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = 16 * 1024 * 1024}},
+    };
+    grpc_channel_args cargs = {sizeof(args) / sizeof(args[0]), args};
+    srv->server = grpc_server_create(&cargs, NULL);
+    srv->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
+    srv->method = grpc_server_register_method(srv->server, SL_GRPC_STREAM_METHOD, NULL,
+                                              GRPC_SRM_PAYLOAD_NONE, 0);
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    srv->port = grpc_server_add_http2_port(srv->server, addr, creds);
+    grpc_server_credentials_release(creds);
+    if (srv->port <= 0) {
+        snprintf(err, errlen,
+                 "--stream %s: cannot listen (address in use, or not host:port?)", addr);
+        grpc_server_destroy(srv->server);
+        grpc_completion_queue_shutdown(srv->cq);
+        while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN)
+            ;
+        grpc_completion_queue_destroy(srv->cq);
+        goto fail;
+    }
+    grpc_server_start(srv->server);
+    for (int i = 0; i < PENDING_CALLS; i++)
+        post_accept(srv);
+    if (pthread_create(&srv->thread, NULL, cq_thread, srv) != 0) {
+        snprintf(err, errlen, "cannot start the stream thread");
+        sl_stream_server_stop(srv);
+        return NULL;
+    }
+    srv->thread_started = 1;
+    return srv;
+fail_msg:
+    snprintf(err, errlen, "stream server: %s", strerror(errno));
+fail:
+    if (srv->ev)
+        event_free(srv->ev);
+    if (srv->ev_fd >= 0)
+        close(srv->ev_fd);
+    pthread_mutex_destroy(&srv->ev_lock);
+    free(srv);
+    return NULL;
+}
+
+int sl_stream_server_port(const sl_stream_server_t *srv)
+{
+    return srv->port;
+}
+
+void sl_stream_server_stop(sl_stream_server_t *srv)
+{
+    if (!srv)
+        return;
+    atomic_store(&srv->shutting_down, 1);
+    grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
+    /* Streams never end by themselves: cancel them so runtimes see
+     * UNAVAILABLE and reconnect (to this controller when it restarts). */
+    grpc_server_cancel_all_calls(srv->server);
+    if (srv->thread_started) {
+        /* Let the queue thread finish every completion, including the close
+         * events it posts, before shutting the queue down. */
+        for (int i = 0; i < 500 && (!srv->shutdown_done || atomic_load(&srv->live_streams) > 0);
+             i++) {
+            /* Deliver close events so the main-thread references drop. */
+            events_cb(srv->ev_fd, EV_READ, srv);
+            usleep(2000);
+        }
+        grpc_completion_queue_shutdown(srv->cq);
+        pthread_join(srv->thread, NULL);
+        events_cb(srv->ev_fd, EV_READ, srv);
+    }
+    grpc_server_destroy(srv->server);
+    grpc_completion_queue_destroy(srv->cq);
+    event_free(srv->ev);
+    close(srv->ev_fd);
+    pthread_mutex_destroy(&srv->ev_lock);
+    free(srv);
+}

@@ -1,0 +1,55 @@
+/*
+ * The config stream server: gRPC core C API, one bidirectional call per
+ * runtime (ConfigDiscovery.Stream). A completion-queue thread does the gRPC
+ * I/O and decodes requests; everything the core decides runs on the main
+ * thread, which gets the stream events through a queue and an eventfd on its
+ * event_base. Sends may be queued from the main thread; they go out one at a
+ * time per call (gRPC allows one SEND_MESSAGE in flight per call).
+ *
+ * Not here: what to send when (core.c).
+ */
+#ifndef SL_STREAM_H
+#define SL_STREAM_H
+
+#include "sluice/v1/discovery.pb-c.h"
+
+#include <grpc/grpc.h>
+
+struct event_base;
+typedef struct sl_stream_server sl_stream_server_t;
+typedef struct sl_stream sl_stream_t;
+
+/* Called on the main thread. A stream is valid from on_open until on_close
+ * returns. */
+typedef struct {
+    void (*on_open)(void *ctx, sl_stream_t *s);
+    /* Takes ownership of req (protobuf_c_message_free_unpacked). */
+    void (*on_request)(void *ctx, sl_stream_t *s, Sluice__V1__DiscoveryRequest *req);
+    void (*on_close)(void *ctx, sl_stream_t *s);
+    void *ctx;
+} sl_stream_hooks_t;
+
+/* addr "127.0.0.1:18000" (":0" picks a port). NULL with err set. */
+sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *addr,
+                                           const sl_stream_hooks_t *hooks, char *err,
+                                           size_t errlen);
+int sl_stream_server_port(const sl_stream_server_t *srv);
+
+/* Stops accepting, ends every call with UNAVAILABLE (runtimes reconnect to
+ * the next controller), waits for the queue thread and frees everything. */
+void sl_stream_server_stop(sl_stream_server_t *srv);
+
+/* Queues a message (takes ownership of bb). Main thread. Dropped silently
+ * when the call is already over (on_close follows). */
+void sl_stream_send(sl_stream_t *s, grpc_byte_buffer *bb);
+
+/* Messages queued but not yet handed to gRPC, for "slow runtime" checks. */
+unsigned sl_stream_queued(const sl_stream_t *s);
+
+/* Peer address ("ipv4:127.0.0.1:53412"). */
+const char *sl_stream_peer(const sl_stream_t *s);
+
+void sl_stream_set_user(sl_stream_t *s, void *user);
+void *sl_stream_user(const sl_stream_t *s);
+
+#endif
