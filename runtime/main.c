@@ -14,6 +14,9 @@
 #include "model.h"
 #include "pbjson.h"
 #include "worker.h"
+#include "xds.h"
+
+#include <grpc/grpc.h>
 
 #include <errno.h>
 #include <event2/event.h>
@@ -34,6 +37,9 @@ typedef struct {
     const char *access_log;
     enum sl_accesslog_format access_log_format;
     const char *fleet;
+    const char *controller;
+    const char *node_id;
+    char node_id_buf[256];
     uint64_t drain_ms;
     int check_only;
 } options_t;
@@ -45,6 +51,7 @@ typedef struct {
     sl_config_t *config;
     sl_health_t *health;
     sl_admin_t *admin;
+    sl_xds_t *xds;
     uint64_t next_version;
     int draining;
     struct event *drain_poll;
@@ -56,6 +63,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: sluice-runtime --config FILE_OR_DIR [--config ...] [options]\n"
             "  --config PATH          resource file or directory (*.yaml, *.yml, *.json)\n"
+            "  --controller HOST:PORT take the config from a sluice-controller instead\n"
+            "  --node-id ID           this runtime's id on the controller (default: host name)\n"
             "  --workers N            worker threads (default: number of CPUs)\n"
             "  --admin ADDR           admin listener, default 127.0.0.1:9901, or 'off'\n"
             "  --access-log TARGET    file path, 'stdout' or 'off' (default off)\n"
@@ -86,6 +95,8 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"access-log", required_argument, NULL, 'l'},
         {"access-log-format", required_argument, NULL, 'F'},
         {"fleet", required_argument, NULL, 'f'},
+        {"controller", required_argument, NULL, 'C'},
+        {"node-id", required_argument, NULL, 'N'},
         {"drain-timeout", required_argument, NULL, 'd'},
         {"log-level", required_argument, NULL, 'L'},
         {"check", no_argument, NULL, 't'},
@@ -139,6 +150,12 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'f':
             o->fleet = optarg;
             break;
+        case 'C':
+            o->controller = optarg;
+            break;
+        case 'N':
+            o->node_id = optarg;
+            break;
         case 'd':
             if (parse_duration_arg(optarg, &o->drain_ms) != 0) {
                 fprintf(stderr, "sluice-runtime: --drain-timeout %s: use a duration like 10s\n",
@@ -175,10 +192,24 @@ static int parse_options(int argc, char **argv, options_t *o)
         fprintf(stderr, "sluice-runtime: unexpected argument '%s'\n", argv[optind]);
         return -1;
     }
-    if (o->num_config_paths == 0) {
-        fprintf(stderr, "sluice-runtime: no --config given\n");
+    if (o->num_config_paths == 0 && !o->controller) {
+        fprintf(stderr, "sluice-runtime: give --config FILE_OR_DIR or --controller HOST:PORT\n");
         usage(stderr);
         return -1;
+    }
+    if (o->num_config_paths && o->controller) {
+        fprintf(stderr, "sluice-runtime: --config and --controller exclude each other (files "
+                        "for a standalone runtime, the controller for a managed one)\n");
+        return -1;
+    }
+    if (o->controller && o->check_only) {
+        fprintf(stderr, "sluice-runtime: --check validates --config files\n");
+        return -1;
+    }
+    if (!o->node_id) {
+        if (gethostname(o->node_id_buf, sizeof(o->node_id_buf) - 1) != 0)
+            snprintf(o->node_id_buf, sizeof(o->node_id_buf), "runtime-%d", (int)getpid());
+        o->node_id = o->node_id_buf;
     }
     return 0;
 }
@@ -258,11 +289,11 @@ static int admin_ready(void *ctx)
 
 static json_t *admin_config_dump(void *ctx)
 {
-    (void)ctx;
     /* Main thread: the only writer of the published pointer, so reading it
      * here needs no read-side section beyond being online. */
     rcu_thread_online();
     sl_generation_t *gen = rcu_dereference(sl_generation_published);
+    runtime_t *rt = ctx;
     json_t *out = NULL;
     if (gen) {
         out = json_pack("{s:I, s:s, s:I, s:o}", "version", (json_int_t)gen->version, "source",
@@ -270,6 +301,13 @@ static json_t *admin_config_dump(void *ctx)
                         sl_pbjson_from_message(&gen->snap->base));
     }
     rcu_thread_offline();
+    if (rt->xds) {
+        /* A managed runtime shows its stream state even before a config. */
+        if (!out)
+            out = json_object();
+        if (out)
+            json_object_set_new(out, "controller", sl_xds_status_json(rt->xds));
+    }
     return out;
 }
 
@@ -290,12 +328,14 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     runtime_t *rt = arg;
     switch (sig) {
     case SIGHUP:
-        if (!rt->draining)
+        if (rt->xds)
+            sl_log_notice("SIGHUP ignored: the config comes from the controller %s",
+                          rt->opt.controller);
+        else if (!rt->draining)
             reload(rt, "reload (SIGHUP)");
         break;
     case SIGUSR1:
-        sl_accesslog_reopen();
-        sl_log_notice("access log reopened (SIGUSR1)");
+        sl_accesslog_reopen(); /* logs the reopen itself */
         break;
     case SIGTERM:
     case SIGINT:
@@ -362,7 +402,7 @@ int main(int argc, char **argv)
     char err[1024];
     if (sl_accesslog_open(rt.opt.access_log, rt.opt.access_log_format, rt.opt.workers, err,
                           sizeof(err)) != 0) {
-        sl_log_error("access log: %s", err);
+        sl_log_error("%s", err);
         goto out_rcu;
     }
     rt.base = event_base_new();
@@ -376,8 +416,21 @@ int main(int argc, char **argv)
     if (!rt.config || !rt.health)
         goto out_log;
     rt.next_version = 1;
-    if (reload(&rt, "start-up") != 0)
+    if (rt.opt.controller) {
+        grpc_init();
+        atomic_store(&sl_metrics_gauges.controller_mode, 1);
+        sl_xds_options_t xo = {.controller = rt.opt.controller,
+                               .node_id = rt.opt.node_id,
+                               .fleet = rt.opt.fleet,
+                               .build_version = SL_VERSION};
+        rt.xds = sl_xds_start(rt.base, &xo, rt.config, err, sizeof(err));
+        if (!rt.xds) {
+            sl_log_error("%s", err);
+            goto out_workers;
+        }
+    } else if (reload(&rt, "start-up") != 0) {
         goto out_workers;
+    }
 
     sl_admin_hooks_t hooks = {.is_ready = admin_ready, .config_dump = admin_config_dump, .ctx = &rt};
     if (strcmp(rt.opt.admin, "off") != 0) {
@@ -397,9 +450,15 @@ int main(int argc, char **argv)
         event_add(sev[i], NULL);
     }
     rt.drain_poll = event_new(rt.base, -1, EV_PERSIST, drain_poll_cb, &rt);
-    sl_log_notice("sluice-runtime %s started: %u workers, admin %s, config version %llu",
-                  SL_VERSION, rt.opt.workers, rt.opt.admin,
-                  (unsigned long long)sl_config_version(rt.config));
+    if (rt.xds)
+        sl_log_notice("sluice-runtime %s started: %u workers, admin %s, config from controller "
+                      "%s (node %s, fleet %s)",
+                      SL_VERSION, rt.opt.workers, rt.opt.admin, rt.opt.controller,
+                      rt.opt.node_id, rt.opt.fleet);
+    else
+        sl_log_notice("sluice-runtime %s started: %u workers, admin %s, config version %llu",
+                      SL_VERSION, rt.opt.workers, rt.opt.admin,
+                      (unsigned long long)sl_config_version(rt.config));
 
     event_base_dispatch(rt.base);
 
@@ -412,6 +471,12 @@ int main(int argc, char **argv)
     exit_code = 0;
 
 out_workers:
+    if (rt.xds) {
+        sl_xds_stop(rt.xds);
+        rt.xds = NULL;
+    }
+    if (rt.opt.controller)
+        grpc_shutdown();
     if (rt.admin)
         sl_admin_free(rt.admin);
     if (rt.health)

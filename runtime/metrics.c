@@ -540,6 +540,21 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
                "Config generations published and not yet freed (the active one plus those still "
                "held by in-flight requests).");
     evbuffer_add_printf(out, "sluice_generations_alive %" PRId64 "\n", alive < 0 ? 0 : alive);
+    if (atomic_load_explicit(&sl_metrics_gauges.controller_mode, memory_order_relaxed)) {
+        add_header(out, "sluice_controller_connected", "gauge",
+                   "1 while the config stream to the controller is up.");
+        evbuffer_add_printf(
+            out, "sluice_controller_connected %" PRId64 "\n",
+            atomic_load_explicit(&sl_metrics_gauges.controller_connected, memory_order_relaxed));
+        add_header(out, "sluice_controller_updates_total", "counter",
+                   "Pushes from the controller, by result (ack = applied, nack = rejected).");
+        evbuffer_add_printf(out, "sluice_controller_updates_total{result=\"ack\"} %" PRIu64 "\n",
+                            atomic_load_explicit(&sl_metrics_gauges.controller_updates_acked,
+                                                 memory_order_relaxed));
+        evbuffer_add_printf(out, "sluice_controller_updates_total{result=\"nack\"} %" PRIu64 "\n",
+                            atomic_load_explicit(&sl_metrics_gauges.controller_updates_nacked,
+                                                 memory_order_relaxed));
+    }
     add_header(out, "sluice_accesslog_dropped_total", "counter",
                "Access log lines dropped because a worker's log ring was full.");
     evbuffer_add_printf(out, "sluice_accesslog_dropped_total %" PRIu64 "\n",

@@ -87,6 +87,10 @@ typedef struct {
     _Atomic uint64_t generation_swaps;
     _Atomic uint64_t config_errors;
     _Atomic int64_t generations_alive; /* published but not yet freed */
+    _Atomic int64_t controller_mode;      /* 1 when configured by a controller */
+    _Atomic int64_t controller_connected; /* stream to the controller is up */
+    _Atomic uint64_t controller_updates_acked;
+    _Atomic uint64_t controller_updates_nacked;
 } sl_metrics_gauges_t;
 extern sl_metrics_gauges_t sl_metrics_gauges;
 

@@ -1120,6 +1120,11 @@ static void process_input(sl_conn_t *c)
     };
     sl_router_result_t rr;
     int m = sl_router_match(gen->router, &rq, &rr);
+    if (m == SL_ERROR) {
+        sl_buf_consume(&c->in, req.head_len);
+        send_error(c, 503, "overloaded", "out of memory while routing", 1, 0);
+        return;
+    }
     if (m != SL_OK) {
         sl_buf_consume(&c->in, req.head_len);
         char msg[300];

@@ -1,0 +1,826 @@
+/*
+ * Config stream client (xds.h).
+ *
+ * The queue thread owns the call's life: create it (WAIT_FOR_READY, so it
+ * waits while the channel connects), receive responses, notice its end, back
+ * off with jitter, start a new one. The main thread owns the config state:
+ * per type the resources last applied and their version; it subscribes when
+ * a call is up, applies responses and queues the ACK or NACK.
+ *
+ * Make before break at the receiver: a cluster that a cluster update removes
+ * stays while the active routes still reference it, and goes with the route
+ * update that stops using it, so no request is routed to a backend that does
+ * not exist, whatever order updates come in.
+ */
+#include "xds.h"
+
+#include "compiler.h"
+#include "generation.h"
+#include "grpc_util.h"
+#include "log.h"
+#include "metrics.h"
+#include "sluice/v1/discovery.pb-c.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BACKOFF_BASE_MS 250
+#define BACKOFF_MAX_MS 10000
+
+enum tag_kind { TAG_START = 1, TAG_RECV, TAG_SEND, TAG_STATUS };
+typedef struct {
+    enum tag_kind kind;
+} tag_t;
+
+typedef struct send_item {
+    grpc_byte_buffer *bb;
+    struct send_item *next;
+} send_item_t;
+
+enum ev_kind { XEV_UP = 1, XEV_RESPONSE, XEV_DOWN };
+typedef struct xds_event {
+    enum ev_kind kind;
+    uint64_t call_id;
+    Sluice__V1__DiscoveryResponse *resp;
+    char *message;
+    struct xds_event *next;
+} xds_event_t;
+
+/* Per type, the resources in force (decoded) and their version. */
+typedef struct {
+    size_t n;
+    ProtobufCMessage **msgs;
+    char **names;
+    char *version;
+    int received;
+} type_state_t;
+
+struct sl_xds {
+    sl_xds_options_t opt;
+    sl_config_t *cfg;
+    grpc_channel *channel;
+    void *method;
+    grpc_completion_queue *cq;
+    pthread_t thread;
+    atomic_int stopping;
+
+    /* current call, shared between the threads under `lock` */
+    pthread_mutex_t lock;
+    grpc_call *call;
+    uint64_t call_id;
+    int call_over;
+    send_item_t *send_head, *send_tail, *send_inflight;
+    int send_busy;
+
+    /* queue-thread only */
+    grpc_metadata_array md_initial, md_trailing;
+    grpc_status_code status;
+    grpc_slice status_details;
+    grpc_byte_buffer *recv_buf;
+    tag_t t_start, t_recv, t_send, t_status;
+    int outstanding;
+
+    /* main thread */
+    struct event *ev;
+    int ev_fd;
+    pthread_mutex_t ev_lock;
+    xds_event_t *ev_head, *ev_tail;
+    type_state_t types[SL_XDS__COUNT];
+    /* clusters of the last cluster update; others in types[CLUSTER] are
+     * kept only because active routes use them */
+    char **cds_names;
+    size_t cds_n;
+    int connected;
+    uint64_t connected_call;
+    char *last_error;
+    uint64_t updates_acked, updates_nacked;
+    uint64_t last_update_ms;
+    int synced;
+};
+
+static uint64_t wall_ms(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+/* ---- queue thread ----------------------------------------------------------- */
+
+static void post(sl_xds_t *x, enum ev_kind kind, uint64_t call_id,
+                 Sluice__V1__DiscoveryResponse *resp, const char *message)
+{
+    xds_event_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        if (resp)
+            protobuf_c_message_free_unpacked(&resp->base, NULL);
+        return;
+    }
+    e->kind = kind;
+    e->call_id = call_id;
+    e->resp = resp;
+    e->message = message ? strdup(message) : NULL;
+    pthread_mutex_lock(&x->ev_lock);
+    if (x->ev_tail)
+        x->ev_tail->next = e;
+    else
+        x->ev_head = e;
+    x->ev_tail = e;
+    pthread_mutex_unlock(&x->ev_lock);
+    uint64_t one = 1;
+    ssize_t n = write(x->ev_fd, &one, sizeof(one));
+    (void)n;
+}
+
+static void start_send_locked(sl_xds_t *x)
+{
+    while (!x->send_busy && x->send_head && x->call && !x->call_over) {
+        send_item_t *it = x->send_head;
+        x->send_head = it->next;
+        if (!x->send_head)
+            x->send_tail = NULL;
+        grpc_op op;
+        memset(&op, 0, sizeof(op));
+        op.op = GRPC_OP_SEND_MESSAGE;
+        op.data.send_message.send_message = it->bb;
+        x->send_busy = 1;
+        x->send_inflight = it;
+        if (grpc_call_start_batch(x->call, &op, 1, &x->t_send, NULL) != GRPC_CALL_OK) {
+            x->send_busy = 0;
+            x->send_inflight = NULL;
+            grpc_byte_buffer_destroy(it->bb);
+            free(it);
+        }
+    }
+}
+
+static void drop_sends_locked(sl_xds_t *x)
+{
+    send_item_t *it = x->send_head;
+    while (it) {
+        send_item_t *next = it->next;
+        grpc_byte_buffer_destroy(it->bb);
+        free(it);
+        it = next;
+    }
+    x->send_head = x->send_tail = NULL;
+}
+
+static int arm_recv(sl_xds_t *x)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &x->recv_buf;
+    if (grpc_call_start_batch(x->call, &op, 1, &x->t_recv, NULL) != GRPC_CALL_OK)
+        return -1;
+    x->outstanding++;
+    return 0;
+}
+
+/* Runs one call from creation to its end. */
+static void run_call(sl_xds_t *x)
+{
+    pthread_mutex_lock(&x->lock);
+    x->call = grpc_channel_create_registered_call(x->channel, NULL, GRPC_PROPAGATE_DEFAULTS, x->cq,
+                                                  x->method, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                                  NULL);
+    x->call_id++;
+    x->call_over = 0;
+    uint64_t call_id = x->call_id;
+    pthread_mutex_unlock(&x->lock);
+    grpc_metadata_array_init(&x->md_initial);
+    grpc_metadata_array_init(&x->md_trailing);
+    x->outstanding = 0;
+
+    grpc_op ops[2];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    /* Wait for the controller instead of failing at once while it is away. */
+    ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
+    ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[1].data.recv_initial_metadata.recv_initial_metadata = &x->md_initial;
+    if (grpc_call_start_batch(x->call, ops, 2, &x->t_start, NULL) == GRPC_CALL_OK)
+        x->outstanding++;
+    grpc_op st;
+    memset(&st, 0, sizeof(st));
+    st.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    st.data.recv_status_on_client.trailing_metadata = &x->md_trailing;
+    st.data.recv_status_on_client.status = &x->status;
+    st.data.recv_status_on_client.status_details = &x->status_details;
+    if (grpc_call_start_batch(x->call, &st, 1, &x->t_status, NULL) == GRPC_CALL_OK)
+        x->outstanding++;
+    arm_recv(x);
+
+    for (;;) {
+        /* Sends are started from the main thread too; their completions
+         * are outstanding while send_busy is set. */
+        pthread_mutex_lock(&x->lock);
+        int busy = x->send_busy;
+        pthread_mutex_unlock(&x->lock);
+        if (x->outstanding == 0 && !busy)
+            break;
+        grpc_event ev = grpc_completion_queue_next(
+            x->cq, gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(200, GPR_TIMESPAN)),
+            NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+            if (atomic_load(&x->stopping))
+                grpc_call_cancel(x->call, NULL);
+            continue;
+        }
+        if (ev.type != GRPC_OP_COMPLETE)
+            break;
+        tag_t *tag = ev.tag;
+        if (tag->kind != TAG_SEND)
+            x->outstanding--;
+        switch (tag->kind) {
+        case TAG_START:
+            if (ev.success)
+                post(x, XEV_UP, call_id, NULL, NULL);
+            break;
+        case TAG_RECV:
+            if (ev.success && x->recv_buf) {
+                Sluice__V1__DiscoveryResponse *resp =
+                    (Sluice__V1__DiscoveryResponse *)sl_grpc_unpack(
+                        &sluice__v1__discovery_response__descriptor, x->recv_buf);
+                grpc_byte_buffer_destroy(x->recv_buf);
+                x->recv_buf = NULL;
+                if (resp)
+                    post(x, XEV_RESPONSE, call_id, resp, NULL);
+                else
+                    sl_log_error("controller sent a response that does not decode; ignored");
+                arm_recv(x);
+            }
+            break;
+        case TAG_SEND: {
+            pthread_mutex_lock(&x->lock);
+            send_item_t *it = x->send_inflight;
+            x->send_inflight = NULL;
+            x->send_busy = 0;
+            if (ev.success)
+                start_send_locked(x);
+            pthread_mutex_unlock(&x->lock);
+            if (it) {
+                grpc_byte_buffer_destroy(it->bb);
+                free(it);
+            }
+            break;
+        }
+        case TAG_STATUS: {
+            char *details = grpc_slice_to_c_string(x->status_details);
+            char msg[512];
+            snprintf(msg, sizeof(msg), "stream ended: status %d%s%s", (int)x->status,
+                     details[0] ? ", " : "", details);
+            gpr_free(details);
+            grpc_slice_unref(x->status_details);
+            pthread_mutex_lock(&x->lock);
+            x->call_over = 1;
+            drop_sends_locked(x);
+            pthread_mutex_unlock(&x->lock);
+            post(x, XEV_DOWN, call_id, NULL, msg);
+            break;
+        }
+        }
+    }
+    pthread_mutex_lock(&x->lock);
+    grpc_call_unref(x->call);
+    x->call = NULL;
+    x->call_over = 1;
+    drop_sends_locked(x);
+    pthread_mutex_unlock(&x->lock);
+    grpc_metadata_array_destroy(&x->md_initial);
+    grpc_metadata_array_destroy(&x->md_trailing);
+}
+
+static void *xds_thread(void *arg)
+{
+    sl_xds_t *x = arg;
+    unsigned backoff_ms = BACKOFF_BASE_MS;
+    unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+    while (!atomic_load(&x->stopping)) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        run_call(x);
+        if (atomic_load(&x->stopping))
+            break;
+        struct timespec t1;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        /* A call that lived a while was healthy: start over from the base. */
+        if (t1.tv_sec - t0.tv_sec > 10)
+            backoff_ms = BACKOFF_BASE_MS;
+        /* Full jitter, so a fleet reconnecting after a controller restart
+         * does not arrive as one wave. */
+        unsigned wait = backoff_ms / 2 + (unsigned)(rand_r(&seed) % (backoff_ms / 2 + 1));
+        backoff_ms = backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff_ms * 2;
+        for (unsigned waited = 0; waited < wait && !atomic_load(&x->stopping); waited += 50)
+            usleep(50000);
+    }
+    return NULL;
+}
+
+/* ---- main thread ------------------------------------------------------------ */
+
+static void queue_send(sl_xds_t *x, const ProtobufCMessage *msg, uint64_t call_id)
+{
+    grpc_byte_buffer *bb = sl_grpc_pack(msg);
+    send_item_t *it = calloc(1, sizeof(*it));
+    if (!bb || !it) {
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        free(it);
+        return;
+    }
+    it->bb = bb;
+    pthread_mutex_lock(&x->lock);
+    if (!x->call || x->call_over || x->call_id != call_id) {
+        pthread_mutex_unlock(&x->lock);
+        grpc_byte_buffer_destroy(bb);
+        free(it);
+        return;
+    }
+    if (x->send_tail)
+        x->send_tail->next = it;
+    else
+        x->send_head = it;
+    x->send_tail = it;
+    start_send_locked(x);
+    pthread_mutex_unlock(&x->lock);
+}
+
+static void subscribe(sl_xds_t *x, uint64_t call_id)
+{
+    Sluice__V1__Node node = SLUICE__V1__NODE__INIT;
+    node.id = (char *)x->opt.node_id;
+    node.fleet = (char *)x->opt.fleet;
+    node.build_version = (char *)x->opt.build_version;
+    for (int t = 0; t < SL_XDS__COUNT; t++) {
+        Sluice__V1__DiscoveryRequest req = SLUICE__V1__DISCOVERY_REQUEST__INIT;
+        if (t == 0)
+            req.node = &node;
+        req.type_url = (char *)sl_xds_type_urls[t];
+        /* What we run already: the controller sends nothing it would repeat. */
+        req.version_info = x->types[t].version ? x->types[t].version : "";
+        queue_send(x, &req.base, call_id);
+    }
+}
+
+static void type_state_free(type_state_t *ts)
+{
+    for (size_t i = 0; i < ts->n; i++) {
+        protobuf_c_message_free_unpacked(ts->msgs[i], NULL);
+        free(ts->names[i]);
+    }
+    free(ts->msgs);
+    free(ts->names);
+    ts->msgs = NULL;
+    ts->names = NULL;
+    ts->n = 0;
+}
+
+static const ProtobufCMessageDescriptor *type_descriptor(int t)
+{
+    switch (t) {
+    case SL_XDS_CLUSTER:
+        return &sluice__v1__cluster__descriptor;
+    case SL_XDS_SETTINGS:
+        return &sluice__v1__gateway_settings__descriptor;
+    case SL_XDS_ROUTE:
+        return &sluice__v1__route_table__descriptor;
+    default:
+        return &sluice__v1__listener__descriptor;
+    }
+}
+
+/* Does any route table of `routes` reference cluster `name`? */
+static int cluster_referenced(const type_state_t *routes, const char *name)
+{
+    for (size_t i = 0; i < routes->n; i++) {
+        const Sluice__V1__RouteTable *rt = (const Sluice__V1__RouteTable *)routes->msgs[i];
+        for (size_t b = 0; b < rt->n_backends; b++)
+            if (strcmp(rt->backends[b]->cluster, name) == 0)
+                return 1;
+        for (size_t r = 0; r < rt->n_routes; r++)
+            for (size_t b = 0; b < rt->routes[r]->n_backends; b++)
+                if (strcmp(rt->routes[r]->backends[b]->cluster, name) == 0)
+                    return 1;
+    }
+    return 0;
+}
+
+static int name_in(char **names, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(names[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+static uint64_t parse_u64(const char *s)
+{
+    char *end;
+    unsigned long long v = strtoull(s ? s : "", &end, 10);
+    return s && *s && !*end ? (uint64_t)v : 0;
+}
+
+/*
+ * Builds the complete snapshot that results from `types` and applies it.
+ * The snapshot is assembled by reference, then packed and unpacked so the
+ * generation owns an independent copy. Returns 0 or -1 with err set.
+ */
+static int apply_state(sl_xds_t *x, type_state_t *types, int dry_run, char *err, size_t errlen)
+{
+    Sluice__V1__Snapshot snap = SLUICE__V1__SNAPSHOT__INIT;
+    snap.fleet = (char *)x->opt.fleet;
+    uint64_t version = 0;
+    for (int t = 0; t < SL_XDS__COUNT; t++) {
+        uint64_t v = parse_u64(types[t].version);
+        if (v > version)
+            version = v;
+    }
+    snap.version = version;
+    snap.n_clusters = types[SL_XDS_CLUSTER].n;
+    snap.clusters = (Sluice__V1__Cluster **)types[SL_XDS_CLUSTER].msgs;
+    snap.n_route_tables = types[SL_XDS_ROUTE].n;
+    snap.route_tables = (Sluice__V1__RouteTable **)types[SL_XDS_ROUTE].msgs;
+    snap.n_listeners = types[SL_XDS_LISTENER].n;
+    snap.listeners = (Sluice__V1__Listener **)types[SL_XDS_LISTENER].msgs;
+    snap.settings = types[SL_XDS_SETTINGS].n
+                        ? (Sluice__V1__GatewaySettings *)types[SL_XDS_SETTINGS].msgs[0]
+                        : NULL;
+    size_t len = protobuf_c_message_get_packed_size(&snap.base);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    protobuf_c_message_pack(&snap.base, buf);
+    Sluice__V1__Snapshot *owned = sl_snapshot_unpack(buf, len);
+    free(buf);
+    if (!owned) {
+        snprintf(err, errlen, "snapshot does not re-encode");
+        return -1;
+    }
+    char source[256];
+    snprintf(source, sizeof(source), "controller %s version %" PRIu64, x->opt.controller, version);
+    if (dry_run) {
+        sl_generation_t *gen = sl_generation_build(owned, source, 1, err, errlen);
+        if (!gen)
+            return -1;
+        sl_generation_discard(gen);
+        return 0;
+    }
+    return sl_config_apply(x->cfg, owned, source, err, errlen);
+}
+
+static void send_ack(sl_xds_t *x, uint64_t call_id, int t, const char *version, const char *nonce,
+                     const char *error)
+{
+    Sluice__V1__DiscoveryRequest req = SLUICE__V1__DISCOVERY_REQUEST__INIT;
+    Sluice__V1__Status st = SLUICE__V1__STATUS__INIT;
+    req.type_url = (char *)sl_xds_type_urls[t];
+    req.version_info = (char *)(version ? version : "");
+    req.response_nonce = (char *)nonce;
+    if (error) {
+        st.code = 3; /* INVALID_ARGUMENT */
+        st.message = (char *)error;
+        req.error_detail = &st;
+    }
+    queue_send(x, &req.base, call_id);
+}
+
+static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__DiscoveryResponse *resp)
+{
+    int t = sl_xds_type_from_url(resp->type_url ? resp->type_url : "");
+    char err[1024] = "";
+    if (t < 0) {
+        sl_log_warn("controller pushed unknown type %s; ignored", resp->type_url);
+        return;
+    }
+    /* Decode every resource first: a push is all or nothing. */
+    type_state_t next = {0};
+    next.n = resp->n_resources;
+    next.msgs = calloc(next.n ? next.n : 1, sizeof(*next.msgs));
+    next.names = calloc(next.n ? next.n : 1, sizeof(*next.names));
+    for (size_t i = 0; i < resp->n_resources; i++) {
+        Sluice__V1__Resource *r = resp->resources[i];
+        next.names[i] = strdup(r->name ? r->name : "");
+        next.msgs[i] = protobuf_c_message_unpack(type_descriptor(t), NULL, r->value.len,
+                                                 r->value.data);
+        if (!next.msgs[i]) {
+            snprintf(err, sizeof(err), "%s resource '%s': does not decode as %s",
+                     sl_xds_type_names[t], r->name, resp->type_url);
+            next.n = i;
+            break;
+        }
+    }
+    if (t == SL_XDS_SETTINGS && !err[0] && next.n > 1)
+        snprintf(err, sizeof(err), "settings: %zu resources, expected one", next.n);
+
+    type_state_t cand[SL_XDS__COUNT];
+    memcpy(cand, x->types, sizeof(cand));
+    type_state_t merged = {0};
+    if (!err[0]) {
+        if (t == SL_XDS_CLUSTER) {
+            /* New clusters plus removed ones the active routes still use. */
+            size_t extra = 0;
+            const type_state_t *old = &x->types[SL_XDS_CLUSTER];
+            merged.msgs = calloc(next.n + old->n + 1, sizeof(*merged.msgs));
+            merged.names = calloc(next.n + old->n + 1, sizeof(*merged.names));
+            memcpy(merged.msgs, next.msgs, next.n * sizeof(*merged.msgs));
+            memcpy(merged.names, next.names, next.n * sizeof(*merged.names));
+            for (size_t i = 0; i < old->n; i++) {
+                if (!name_in(next.names, next.n, old->names[i]) &&
+                    cluster_referenced(&x->types[SL_XDS_ROUTE], old->names[i])) {
+                    merged.msgs[next.n + extra] = old->msgs[i];
+                    merged.names[next.n + extra] = old->names[i];
+                    extra++;
+                }
+            }
+            merged.n = next.n + extra;
+            cand[SL_XDS_CLUSTER] = merged;
+        } else if (t == SL_XDS_ROUTE) {
+            /* Clusters kept only for the old routes go when these don't use them. */
+            const type_state_t *old = &x->types[SL_XDS_CLUSTER];
+            merged.msgs = calloc(old->n + 1, sizeof(*merged.msgs));
+            merged.names = calloc(old->n + 1, sizeof(*merged.names));
+            for (size_t i = 0; i < old->n; i++) {
+                if (x->cds_names && !name_in(x->cds_names, x->cds_n, old->names[i]) &&
+                    !cluster_referenced(&next, old->names[i]))
+                    continue;
+                merged.msgs[merged.n] = old->msgs[i];
+                merged.names[merged.n] = old->names[i];
+                merged.n++;
+            }
+            cand[SL_XDS_CLUSTER] = merged;
+            cand[SL_XDS_ROUTE] = next;
+        } else {
+            cand[t] = next;
+        }
+        cand[t].version = resp->version_info;
+        int all = 1;
+        for (int i = 0; i < SL_XDS__COUNT; i++)
+            all &= i == t || x->types[i].received;
+        /* Until every type has arrived once, check without publishing: the
+         * first generation is complete, so /ready never reports a runtime
+         * that has clusters but no routes. */
+        if (apply_state(x, cand, !all, err, sizeof(err)) != 0 && !err[0])
+            snprintf(err, sizeof(err), "cannot apply");
+    }
+
+    if (err[0]) {
+        /* NACK: keep what we run, report the exact reason. */
+        sl_log_error("controller push of %s version %s rejected: %s", sl_xds_type_names[t],
+                     resp->version_info, err);
+        free(x->last_error);
+        x->last_error = strdup(err);
+        x->updates_nacked++;
+        atomic_fetch_add(&sl_metrics_gauges.controller_updates_nacked, 1);
+        atomic_fetch_add(&sl_metrics_gauges.config_errors, 1);
+        send_ack(x, call_id, t, x->types[t].version, resp->nonce, err);
+        type_state_free(&next);
+        free(merged.msgs);
+        free(merged.names);
+        return;
+    }
+
+    /* Commit: free what the new state no longer holds. */
+    if (t == SL_XDS_CLUSTER) {
+        type_state_t *old = &x->types[SL_XDS_CLUSTER];
+        for (size_t i = 0; i < old->n; i++) {
+            /* Old messages move into the new state only when retained for
+             * the active routes; the rest are replaced or dropped. */
+            int retained = 0;
+            for (size_t j = next.n; j < merged.n; j++)
+                retained |= merged.msgs[j] == old->msgs[i];
+            if (!retained) {
+                protobuf_c_message_free_unpacked(old->msgs[i], NULL);
+                free(old->names[i]);
+            }
+        }
+        free(old->msgs);
+        free(old->names);
+        old->msgs = merged.msgs;
+        old->names = merged.names;
+        old->n = merged.n;
+        for (size_t i = 0; i < x->cds_n; i++)
+            free(x->cds_names[i]);
+        free(x->cds_names);
+        x->cds_names = calloc(next.n + 1, sizeof(char *));
+        x->cds_n = next.n;
+        for (size_t i = 0; i < next.n; i++)
+            x->cds_names[i] = strdup(next.names[i]);
+        free(next.msgs);
+        free(next.names);
+    } else if (t == SL_XDS_ROUTE) {
+        type_state_t *oldc = &x->types[SL_XDS_CLUSTER];
+        for (size_t i = 0; i < oldc->n; i++) {
+            int kept = 0;
+            for (size_t j = 0; j < merged.n; j++)
+                kept |= merged.msgs[j] == oldc->msgs[i];
+            if (!kept) {
+                protobuf_c_message_free_unpacked(oldc->msgs[i], NULL);
+                free(oldc->names[i]);
+            }
+        }
+        free(oldc->msgs);
+        free(oldc->names);
+        oldc->msgs = merged.msgs;
+        oldc->names = merged.names;
+        oldc->n = merged.n;
+        type_state_free(&x->types[SL_XDS_ROUTE]);
+        x->types[SL_XDS_ROUTE].msgs = next.msgs;
+        x->types[SL_XDS_ROUTE].names = next.names;
+        x->types[SL_XDS_ROUTE].n = next.n;
+    } else {
+        type_state_free(&x->types[t]);
+        x->types[t].msgs = next.msgs;
+        x->types[t].names = next.names;
+        x->types[t].n = next.n;
+    }
+    free(x->types[t].version);
+    x->types[t].version = strdup(resp->version_info ? resp->version_info : "");
+    x->types[t].received = 1;
+    x->updates_acked++;
+    atomic_fetch_add(&sl_metrics_gauges.controller_updates_acked, 1);
+    x->last_update_ms = wall_ms();
+    int all = 1;
+    for (int i = 0; i < SL_XDS__COUNT; i++)
+        all &= x->types[i].received;
+    if (all && !x->synced) {
+        x->synced = 1;
+        sl_log_notice("controller config applied: every resource type received");
+    }
+    sl_log_info("controller push of %s version %s applied (%zu resources)", sl_xds_type_names[t],
+                resp->version_info, resp->n_resources);
+    send_ack(x, call_id, t, resp->version_info, resp->nonce, NULL);
+}
+
+static void events_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    sl_xds_t *x = arg;
+    uint64_t v;
+    ssize_t n = read(fd, &v, sizeof(v));
+    (void)n;
+    pthread_mutex_lock(&x->ev_lock);
+    xds_event_t *e = x->ev_head;
+    x->ev_head = x->ev_tail = NULL;
+    pthread_mutex_unlock(&x->ev_lock);
+    while (e) {
+        xds_event_t *next = e->next;
+        switch (e->kind) {
+        case XEV_UP:
+            x->connected = 1;
+            x->connected_call = e->call_id;
+            atomic_store(&sl_metrics_gauges.controller_connected, 1);
+            sl_log_notice("connected to controller %s as %s (fleet %s)", x->opt.controller,
+                          x->opt.node_id, x->opt.fleet);
+            subscribe(x, e->call_id);
+            break;
+        case XEV_RESPONSE:
+            if (e->call_id == x->connected_call)
+                handle_response(x, e->call_id, e->resp);
+            protobuf_c_message_free_unpacked(&e->resp->base, NULL);
+            break;
+        case XEV_DOWN:
+            if (x->connected)
+                sl_log_warn("controller %s: %s; serving the last good config, reconnecting",
+                            x->opt.controller, e->message);
+            x->connected = 0;
+            atomic_store(&sl_metrics_gauges.controller_connected, 0);
+            free(x->last_error);
+            x->last_error = e->message;
+            e->message = NULL;
+            break;
+        }
+        free(e->message);
+        free(e);
+        e = next;
+    }
+}
+
+sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_config_t *cfg,
+                       char *err, size_t errlen)
+{
+    sl_xds_t *x = calloc(1, sizeof(*x));
+    if (!x) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    x->opt = *opt;
+    x->cfg = cfg;
+    x->t_start.kind = TAG_START;
+    x->t_recv.kind = TAG_RECV;
+    x->t_send.kind = TAG_SEND;
+    x->t_status.kind = TAG_STATUS;
+    pthread_mutex_init(&x->lock, NULL);
+    pthread_mutex_init(&x->ev_lock, NULL);
+    x->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    x->ev = x->ev_fd >= 0 ? event_new(base, x->ev_fd, EV_READ | EV_PERSIST, events_cb, x) : NULL;
+    if (!x->ev || event_add(x->ev, NULL) != 0) {
+        snprintf(err, errlen, "controller client: %s", strerror(errno));
+        goto fail;
+    }
+    /* Keepalive so a hung controller is noticed (MAX_PINGS_WITHOUT_DATA=0:
+     * the default would stop pinging an idle stream, REFERENCE.md). */
+    grpc_arg args[] = {
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 5000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = 3000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = 250}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 5000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = 512 * 1024 * 1024}},
+    };
+    grpc_channel_args cargs = {sizeof(args) / sizeof(args[0]), args};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    x->channel = grpc_channel_create(opt->controller, creds, &cargs);
+    grpc_channel_credentials_release(creds);
+    if (!x->channel) {
+        snprintf(err, errlen, "--controller %s: cannot create a channel", opt->controller);
+        goto fail;
+    }
+    x->method = grpc_channel_register_call(x->channel, SL_GRPC_STREAM_METHOD, NULL, NULL);
+    x->cq = grpc_completion_queue_create_for_next(NULL);
+    if (pthread_create(&x->thread, NULL, xds_thread, x) != 0) {
+        snprintf(err, errlen, "cannot start the controller client thread");
+        goto fail;
+    }
+    return x;
+fail:
+    if (x->cq)
+        grpc_completion_queue_destroy(x->cq);
+    if (x->channel)
+        grpc_channel_destroy(x->channel);
+    if (x->ev)
+        event_free(x->ev);
+    if (x->ev_fd >= 0)
+        close(x->ev_fd);
+    free(x);
+    return NULL;
+}
+
+int sl_xds_synced(const sl_xds_t *x)
+{
+    return x->synced;
+}
+
+json_t *sl_xds_status_json(sl_xds_t *x)
+{
+    json_t *versions = json_object();
+    for (int t = 0; t < SL_XDS__COUNT; t++)
+        json_object_set_new(versions, sl_xds_type_names[t],
+                            json_string(x->types[t].version ? x->types[t].version : ""));
+    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:I, s:s}", "controller",
+                     x->opt.controller, "node_id", x->opt.node_id, "fleet", x->opt.fleet,
+                     "connected", x->connected, "synced", x->synced, "versions", versions,
+                     "updates_acked", (json_int_t)x->updates_acked, "updates_nacked",
+                     (json_int_t)x->updates_nacked, "last_error",
+                     x->last_error ? x->last_error : "");
+}
+
+void sl_xds_stop(sl_xds_t *x)
+{
+    if (!x)
+        return;
+    atomic_store(&x->stopping, 1);
+    pthread_mutex_lock(&x->lock);
+    if (x->call)
+        grpc_call_cancel(x->call, NULL);
+    pthread_mutex_unlock(&x->lock);
+    pthread_join(x->thread, NULL);
+    grpc_completion_queue_shutdown(x->cq);
+    while (grpc_completion_queue_next(x->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(x->cq);
+    grpc_channel_destroy(x->channel);
+    events_cb(x->ev_fd, EV_READ, x); /* free queued events */
+    event_free(x->ev);
+    close(x->ev_fd);
+    for (int t = 0; t < SL_XDS__COUNT; t++) {
+        type_state_free(&x->types[t]);
+        free(x->types[t].version);
+    }
+    for (size_t i = 0; i < x->cds_n; i++)
+        free(x->cds_names[i]);
+    free(x->cds_names);
+    free(x->last_error);
+    pthread_mutex_destroy(&x->lock);
+    pthread_mutex_destroy(&x->ev_lock);
+    free(x);
+}

@@ -1,0 +1,39 @@
+/*
+ * The runtime's side of the config stream (controller mode): a gRPC core
+ * client that keeps one ConfigDiscovery.Stream open to the controller,
+ * reconnecting with exponential back-off and jitter, and turns each pushed
+ * response into a complete snapshot for sl_config_apply. Every push is
+ * validated and compiled completely before it is applied; one that cannot be
+ * applied is NACKed with the reason while the old generation keeps serving.
+ *
+ * Threads: a completion-queue thread does the gRPC I/O; decoding results
+ * reach the main thread through an eventfd, and everything that touches the
+ * config (apply, ACK/NACK decisions, state) runs on the main thread.
+ */
+#ifndef SL_XDS_H
+#define SL_XDS_H
+
+#include "config.h"
+
+#include <jansson.h>
+
+struct event_base;
+typedef struct sl_xds sl_xds_t;
+
+typedef struct {
+    const char *controller; /* "127.0.0.1:18000" */
+    const char *node_id;
+    const char *fleet;
+    const char *build_version;
+} sl_xds_options_t;
+
+sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_config_t *cfg,
+                       char *err, size_t errlen);
+/* State for /config_dump: connected, controller, versions per type, last
+ * error. New reference. */
+json_t *sl_xds_status_json(sl_xds_t *x);
+/* 1 once every resource type has been received and applied. */
+int sl_xds_synced(const sl_xds_t *x);
+void sl_xds_stop(sl_xds_t *x);
+
+#endif
