@@ -480,6 +480,7 @@ static void test_put_many_is_all_or_nothing(void **state)
     json_t *existing = backend(NULL, "keep", 9000);
     json_t *s = put_ok(f->st, existing, SL_STORE_CREATE, ""); /* rv 1 */
     json_decref(s);
+    json_decref(existing);
 
     /* The third item has no name: the whole batch rolls back, including the
      * replacement of "keep". */
@@ -516,8 +517,10 @@ static void test_put_many_is_all_or_nothing(void **state)
     json_decref(good);
 
     /* Not an array. */
-    assert_int_equal(sl_store_put_many(f->st, json_object(), &stored, err, sizeof(err)),
+    json_t *notarray = json_object();
+    assert_int_equal(sl_store_put_many(f->st, notarray, &stored, err, sizeof(err)),
                      SL_STORE_ERROR);
+    json_decref(notarray);
 }
 
 static void test_counters_and_versions_durable_across_reopen(void **state)
