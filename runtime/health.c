@@ -282,7 +282,7 @@ static int arm_io(hc_target_t *t, short events)
     return 0;
 }
 
-/* Judges "HTTP/x.y SSS ..." ending at buf[len] (exclusive of the LF). */
+/* Judges the status line line[0, len), LF excluded: "HTTP/x.y SSS ...". */
 static void judge_status_line(hc_target_t *t, const char *line, size_t len)
 {
     if (len < 12 || memcmp(line, "HTTP/", 5) != 0 || line[5] < '0' || line[5] > '9' ||
