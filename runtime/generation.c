@@ -126,7 +126,23 @@ static int build_clusters(sl_generation_t *gen, char *err, size_t errlen)
             c->weights[e] = ep->weight ? ep->weight : 1;
         }
         if (pb->lb_policy == SLUICE__V1__CLUSTER__LB_POLICY__CONSISTENT_HASH && pb->n_endpoints) {
-            c->ring = sl_lb_ring_build(c->weights, pb->n_endpoints);
+            /* Ring points keyed by address:port, not list position, so a
+             * removed endpoint moves only its own keys. */
+            char **ids = calloc(pb->n_endpoints, sizeof(char *));
+            int ok = ids != NULL;
+            for (size_t e = 0; ok && e < pb->n_endpoints; e++) {
+                ids[e] = malloc(300);
+                ok = ids[e] != NULL;
+                if (ok)
+                    snprintf(ids[e], 300, "%s:%u", pb->endpoints[e]->address,
+                             pb->endpoints[e]->port);
+            }
+            if (ok)
+                c->ring = sl_lb_ring_build_keyed(c->weights, (const char *const *)ids,
+                                                 pb->n_endpoints);
+            for (size_t e = 0; ids && e < pb->n_endpoints; e++)
+                free(ids[e]);
+            free(ids);
             if (!c->ring)
                 goto nomem;
         }

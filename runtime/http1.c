@@ -1238,3 +1238,34 @@ const char *sl_http1_reason(int status)
         return "";
     return reason_tab[status];
 }
+
+ssize_t sl_http1_chunked_decode(sl_http1_chunked_t *c, char *buf, size_t len, size_t *payload,
+                                int *done)
+{
+    size_t in = 0, out = 0;
+    *done = 0;
+    while (in < len && !*done) {
+        if (c->state == CH_DATA) {
+            size_t take = len - in;
+            if (take > c->chunk_left)
+                take = (size_t)c->chunk_left;
+            memmove(buf + out, buf + in, take);
+            /* The scanner only counts data bytes, it does not read them. */
+            ssize_t r = sl_http1_chunked_scan(c, buf + out, take, done);
+            if (r < 0)
+                return r;
+            out += take;
+            in += take;
+            continue;
+        }
+        /* Framing (size lines, CRLFs, trailers) is a few bytes per chunk. */
+        ssize_t r = sl_http1_chunked_scan(c, buf + in, 1, done);
+        if (r < 0)
+            return r;
+        if (r == 0)
+            break;
+        in += (size_t)r;
+    }
+    *payload = out;
+    return (ssize_t)in;
+}

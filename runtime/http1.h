@@ -137,6 +137,15 @@ void sl_http1_chunked_init(sl_http1_chunked_t *c);
  */
 ssize_t sl_http1_chunked_scan(sl_http1_chunked_t *c, const char *buf, size_t len, int *done);
 
+/*
+ * Like sl_http1_chunked_scan, but also removes the framing, for clients that
+ * cannot take chunked coding (HTTP/1.0): the payload bytes found in
+ * buf[0..len) are moved to the front of buf and *payload says how many.
+ * Returns the bytes of buf that belonged to the body, or SL_ERROR.
+ */
+ssize_t sl_http1_chunked_decode(sl_http1_chunked_t *c, char *buf, size_t len, size_t *payload,
+                                int *done);
+
 /* Case-insensitive header lookup; returns the first match or NULL. */
 const sl_http1_header_t *sl_http1_find_header(const sl_http1_header_t *headers, size_t n,
                                               const char *name, size_t name_len);

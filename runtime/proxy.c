@@ -114,6 +114,7 @@ typedef struct sl_conn {
     uint8_t up_paused;       /* backpressure: client slower than upstream */
     uint8_t up_read_ready;
     uint8_t up_want_write;
+    uint8_t dechunk;         /* HTTP/1.0 client, chunked upstream: strip framing */
     int status;
     uint64_t bytes_sent;
     const char *error_code;
@@ -341,6 +342,7 @@ static void reset_request(sl_conn_t *c)
     c->resp_remaining = 0;
     c->resp_head_sent = 0;
     c->resp_done = 0;
+    c->dechunk = 0;
     c->up_reusable = 0;
     c->up_paused = 0;
     c->status = 0;
@@ -623,7 +625,12 @@ void sl_proxy_close_all(sl_worker_t *w)
 /* ---- client side I/O ------------------------------------------------------ */
 
 /* Writes `out`; when it empties, moves the exchange on. */
-static void client_flush(sl_conn_t *c)
+/*
+ * Writes as much of `out` as the socket takes. Returns 1 when `out` is
+ * empty, 0 when the socket is full (the write edge resumes us), -1 when the
+ * client is gone (the connection is closed).
+ */
+static int client_write_some(sl_conn_t *c)
 {
     while (sl_buf_len(&c->out) > 0) {
         ssize_t n = write(c->fd, sl_buf_head(&c->out), sl_buf_len(&c->out));
@@ -641,7 +648,7 @@ static void client_flush(sl_conn_t *c)
                 uint32_t ms = c->gen ? c->gen->idle_timeout_ms : 60000;
                 arm_timer(c, ms);
             }
-            return;
+            return 0;
         }
         /* The client went away. */
         c->error_code = c->error_code ? c->error_code : "client_closed";
@@ -652,9 +659,17 @@ static void client_flush(sl_conn_t *c)
         log_and_count(c);
         reset_request(c);
         conn_close(c);
-        return;
+        return -1;
     }
     client_wev(c, 0);
+    return 1;
+}
+
+/* Writes `out`; when it empties, moves the exchange on. */
+static void client_flush(sl_conn_t *c)
+{
+    if (client_write_some(c) != 1)
+        return;
     if (c->state == CS_RESPOND || (c->state == CS_PROXY && c->resp_done)) {
         if (c->state == CS_PROXY && !c->req_body_done) {
             /* Upstream answered before the whole body arrived: the unread
@@ -707,8 +722,10 @@ static void timer_expired(sl_conn_t *c)
     int request_expired = c->deadline_ms && now >= c->deadline_ms;
     switch (c->state) {
     case CS_HEAD:
-        if (sl_buf_len(&c->in) == 0 && !c->first_request) {
-            conn_close(c); /* idle keep-alive connection */
+        if (sl_buf_len(&c->in) == 0) {
+            /* Not a byte of a request: an idle keep-alive connection, or one
+             * that never spoke. Close quietly, as nginx does. */
+            conn_close(c);
             return;
         }
         c->keep_alive = 0;
@@ -845,23 +862,31 @@ static int name_is(const sl_http1_header_t *h, const char *lit, size_t len)
 
 static int is_hop_by_hop(const sl_http1_header_t *h, sl_str_t connection)
 {
+    int hop = 0;
     switch (h->name.len) {
     case 2:
-        return name_is(h, "te", 2);
+        hop = name_is(h, "te", 2);
+        break;
     case 7:
-        return name_is(h, "trailer", 7) || name_is(h, "upgrade", 7);
+        hop = name_is(h, "trailer", 7) || name_is(h, "upgrade", 7);
+        break;
     case 10:
-        return name_is(h, "connection", 10) || name_is(h, "keep-alive", 10);
+        hop = name_is(h, "connection", 10) || name_is(h, "keep-alive", 10);
+        break;
     case 16:
-        return name_is(h, "proxy-connection", 16);
+        hop = name_is(h, "proxy-connection", 16);
+        break;
     case 17:
-        return name_is(h, "transfer-encoding", 17);
+        hop = name_is(h, "transfer-encoding", 17);
+        break;
     case 19:
-        return name_is(h, "proxy-authorization", 19);
+        hop = name_is(h, "proxy-authorization", 19);
+        break;
     default:
         break;
     }
-    return connection.len && token_in_list(connection, h->name.ptr, h->name.len);
+    /* Any header the sender named in Connection is hop-by-hop too. */
+    return hop || (connection.len && token_in_list(connection, h->name.ptr, h->name.len));
 }
 
 static void hash_key(sl_conn_t *c, const sl_http1_request_t *req)
@@ -1005,13 +1030,7 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
         sl_buf_append(b, host->value.ptr, host->value.len);
         sl_buf_append(b, "\r\n", 2);
     }
-    if (xrid && valid_request_id(xrid->value)) {
-        c->m_reqid = meta_put(c, xrid->value.ptr, xrid->value.len);
-    } else {
-        char id[37];
-        make_request_id(c, id);
-        c->m_reqid = meta_put(c, id, 36);
-    }
+    (void)xrid; /* replaced by c->m_reqid (save_meta) */
     sl_buf_append(b, "X-Request-Id: ", 14);
     sl_buf_append(b, c->m_reqid.ptr, c->m_reqid.len);
     sl_buf_append(b, "\r\n", 2);
@@ -1034,6 +1053,16 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
 
 static void save_meta(sl_conn_t *c, const sl_http1_request_t *req)
 {
+    /* The request id first: errors answered before routing carry it too. */
+    const sl_http1_header_t *xrid =
+        sl_http1_find_header(req->headers, req->num_headers, "x-request-id", 12);
+    if (xrid && valid_request_id(xrid->value)) {
+        c->m_reqid = meta_put(c, xrid->value.ptr, xrid->value.len);
+    } else {
+        char id[37];
+        make_request_id(c, id);
+        c->m_reqid = meta_put(c, id, 36);
+    }
     c->m_method = meta_put(c, req->method.ptr, req->method.len);
     c->m_target = meta_put(c, req->target.ptr, req->target.len > 512 ? 512 : req->target.len);
     c->m_host = meta_put(c, req->host.ptr, req->host.len > 128 ? 128 : req->host.len);
@@ -1613,10 +1642,11 @@ static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
     }
     if (c->gen->add_via)
         sl_buf_append(b, "Via: 1.1 sluice\r\n", 17);
-    if (c->resp_body == SL_HTTP1_BODY_CHUNKED)
+    if (c->resp_body == SL_HTTP1_BODY_CHUNKED && !c->dechunk)
         sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
+    /* A de-chunked body has no length: it ends with the connection. */
     int close_client = !c->keep_alive || c->closing || c->w->draining ||
-                       c->resp_body == SL_HTTP1_BODY_CLOSE || !c->req_body_done;
+                       c->resp_body == SL_HTTP1_BODY_CLOSE || !c->req_body_done || c->dechunk;
     if (close_client) {
         c->keep_alive = 0;
         sl_buf_append(b, "Connection: close\r\n", 19);
@@ -1626,9 +1656,11 @@ static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
     sl_buf_append(b, "\r\n", 2);
 }
 
-/* Accounts n new body bytes at `p` (already in out); returns how many belong
- * to the body, or -1 on bad framing. */
-static ssize_t account_response_body(sl_conn_t *c, const char *p, size_t n)
+/* Accounts n new body bytes at `p`; returns how many belong to the body
+ * (the rest would be bytes past the response), or -1 on bad framing. *keep
+ * is how many bytes at p go to the client: fewer than the body bytes when
+ * chunked framing is stripped for an HTTP/1.0 client. */
+static ssize_t account_response_body(sl_conn_t *c, char *p, size_t n, size_t *keep)
 {
     switch (c->resp_body) {
     case SL_HTTP1_BODY_LENGTH:
@@ -1637,10 +1669,17 @@ static ssize_t account_response_body(sl_conn_t *c, const char *p, size_t n)
         c->resp_remaining -= n;
         if (c->resp_remaining == 0)
             c->resp_done = 1;
+        *keep = n;
         return (ssize_t)n;
     case SL_HTTP1_BODY_CHUNKED: {
         int done = 0;
-        ssize_t used = sl_http1_chunked_scan(&c->resp_chunk, p, n, &done);
+        ssize_t used;
+        if (c->dechunk) {
+            used = sl_http1_chunked_decode(&c->resp_chunk, p, n, keep, &done);
+        } else {
+            used = sl_http1_chunked_scan(&c->resp_chunk, p, n, &done);
+            *keep = used > 0 ? (size_t)used : 0;
+        }
         if (used < 0)
             return -1;
         if (done)
@@ -1648,9 +1687,11 @@ static ssize_t account_response_body(sl_conn_t *c, const char *p, size_t n)
         return used;
     }
     case SL_HTTP1_BODY_CLOSE:
+        *keep = n;
         return (ssize_t)n;
     default:
         c->resp_done = 1;
+        *keep = 0;
         return 0;
     }
 }
@@ -1748,8 +1789,10 @@ static void read_response_head(sl_conn_t *c)
         c->resp_body = resp.body;
         c->resp_remaining = resp.content_length;
         c->up_reusable = response_is_keepalive(&resp);
-        if (resp.body == SL_HTTP1_BODY_CHUNKED)
+        if (resp.body == SL_HTTP1_BODY_CHUNKED) {
             sl_http1_chunked_init(&c->resp_chunk);
+            c->dechunk = c->minor_version == 0;
+        }
         if (resp.body == SL_HTTP1_BODY_NONE ||
             (resp.body == SL_HTTP1_BODY_LENGTH && resp.content_length == 0))
             c->resp_done = 1;
@@ -1764,81 +1807,103 @@ static void read_response_head(sl_conn_t *c)
         /* Body bytes that came with the head. */
         size_t extra = sl_buf_len(&c->uin);
         if (extra && !c->resp_done) {
-            ssize_t used = account_response_body(c, sl_buf_head(&c->uin), extra);
+            size_t keep = 0;
+            ssize_t used = account_response_body(c, sl_buf_head(&c->uin), extra, &keep);
             if (used < 0) {
                 abort_response(c, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
                 return;
             }
-            sl_buf_append(&c->out, sl_buf_head(&c->uin), (size_t)used);
+            sl_buf_append(&c->out, sl_buf_head(&c->uin), keep);
             if ((size_t)used < extra)
                 c->up_reusable = 0; /* bytes past the response: never reuse */
         } else if (extra) {
             c->up_reusable = 0;
         }
         sl_worker_buf_put(c->w, &c->uin);
-        if (c->resp_done)
+        if (c->resp_done) {
             evtimer_del(c->timer);
-        else
+            client_flush(c);
+        } else {
+            /* Go on with the body (it also writes the head out). */
             arm_timer(c, c->route->timeouts.response_ms);
-        client_flush(c);
+            read_response_body(c);
+        }
         return;
     }
 }
 
+/*
+ * Streams the response body: read from the upstream into `out`, write it to
+ * the client, repeat. A loop rather than callbacks calling each other, so a
+ * body of any size never deepens the stack. Stops when the client's socket
+ * is full (its write edge resumes us through client_flush) or the upstream
+ * has nothing more for now (its read edge resumes us).
+ */
 static void read_response_body(sl_conn_t *c)
 {
-    sl_upconn_t *up = c->up;
-    while (!c->resp_done) {
-        if (sl_buf_space(&c->out) < READ_LOW_WATER) {
-            sl_buf_compact(&c->out);
+    for (;;) {
+        sl_upconn_t *up = c->up;
+        while (!c->resp_done) {
             if (sl_buf_space(&c->out) < READ_LOW_WATER) {
-                /* Client is slower than the upstream: stop reading. */
-                c->up_paused = 1;
-                break;
+                sl_buf_compact(&c->out);
+                if (sl_buf_space(&c->out) < READ_LOW_WATER)
+                    break; /* write first */
             }
-        }
-        size_t want = sl_buf_space(&c->out);
-        if (c->resp_body == SL_HTTP1_BODY_LENGTH && want > c->resp_remaining)
-            want = (size_t)c->resp_remaining;
-        if (!c->up_read_ready)
-            break;
-        ssize_t n = read(up->fd, sl_buf_tail(&c->out), want);
-        if (n > 0) {
-            if ((size_t)n < want)
+            if (!c->up_read_ready)
+                break;
+            size_t want = sl_buf_space(&c->out);
+            if (c->resp_body == SL_HTTP1_BODY_LENGTH && want > c->resp_remaining)
+                want = (size_t)c->resp_remaining;
+            ssize_t n = read(up->fd, sl_buf_tail(&c->out), want);
+            if (n > 0) {
+                if ((size_t)n < want)
+                    c->up_read_ready = 0;
+                size_t keep = 0;
+                ssize_t used = account_response_body(c, sl_buf_tail(&c->out), (size_t)n, &keep);
+                if (used < 0) {
+                    abort_response(c, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
+                    return;
+                }
+                c->out.end += keep;
+                if (used < n)
+                    c->up_reusable = 0;
+                /* Write as we go: keeps latency low and the buffer small. */
+                if (sl_buf_len(&c->out) >= SL_WORKER_BLOCK_SIZE / 2)
+                    break;
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
                 c->up_read_ready = 0;
-            ssize_t used = account_response_body(c, sl_buf_tail(&c->out), (size_t)n);
-            if (used < 0) {
-                abort_response(c, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
-                return;
-            }
-            c->out.end += (size_t)used;
-            if (used < n)
-                c->up_reusable = 0;
-            /* Write as we go: keeps latency low and the buffer small. */
-            if (sl_buf_len(&c->out) >= SL_WORKER_BLOCK_SIZE / 2 || c->resp_done)
                 break;
-            continue;
+            }
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (c->resp_body == SL_HTTP1_BODY_CLOSE && n == 0) {
+                c->resp_done = 1;
+                c->up_reusable = 0;
+                break;
+            }
+            /* Upstream died mid-body: the client sees a truncated response. */
+            if (client_write_some(c) < 0)
+                return;
+            abort_response(c, "upstream_reset_mid_body", SL_UPSTREAM_ERR_RESET);
+            return;
         }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            c->up_read_ready = 0;
-            break;
+        if (c->resp_done) {
+            evtimer_del(c->timer);
+            client_flush(c); /* completes the request once written */
+            return;
         }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (c->resp_body == SL_HTTP1_BODY_CLOSE && n == 0) {
-            c->resp_done = 1;
-            c->up_reusable = 0;
-            break;
+        int w = client_write_some(c);
+        if (w < 0)
+            return;
+        if (w == 0) {
+            c->up_paused = 1; /* resumed by the client's write edge */
+            return;
         }
-        /* Upstream died mid-body: the client sees a truncated response. */
-        client_flush(c);
-        abort_response(c, "upstream_reset_mid_body", SL_UPSTREAM_ERR_RESET);
-        return;
+        if (!c->up_read_ready) {
+            arm_timer(c, c->route->timeouts.response_ms);
+            return; /* resumed by the upstream's read edge */
+        }
     }
-    if (c->resp_done) {
-        evtimer_del(c->timer);
-    } else if (!c->up_paused) {
-        arm_timer(c, c->route->timeouts.response_ms);
-    }
-    client_flush(c);
 }
