@@ -1395,9 +1395,12 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
                                             EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
     evhttp_set_max_headers_size(r->http, REST_MAX_HEADER_BYTES);
-    /* evhttp refuses larger bodies itself (413, before reading them); ours
-     * is the same bound, checked again in read_body. */
+    /* evhttp refuses larger bodies itself with 413; read_body checks the
+     * same bound again. */
     evhttp_set_max_body_size(r->http, (ev_ssize_t)r->opt.max_body_bytes);
+    /* Read (and discard) an oversized body before answering 413, so that the
+     * client sees the answer instead of a reset connection. */
+    evhttp_set_flags(r->http, EVHTTP_SERVER_LINGERING_CLOSE);
     evhttp_set_timeout(r->http, REST_TIMEOUT_S);
     evhttp_set_gencb(r->http, on_request, r);
 
