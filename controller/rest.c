@@ -649,7 +649,10 @@ static void handle_list(call_t *c)
     }
     size_t i;
     json_t *o;
-    json_array_foreach(items, i, o) with_status(r, o);
+    json_array_foreach(items, i, o)
+    {
+        with_status(r, o);
+    }
     char list_kind[48];
     snprintf(list_kind, sizeof(list_kind), "%sList", sl_kind_name(c->kind));
     send_json(c->req, 200,

@@ -405,8 +405,9 @@ static int counter_read(sl_store_t *st, const char *name, uint64_t *out)
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
     int rc = sqlite3_step(s);
     if (rc == SQLITE_ROW) {
-        sqlite3_int64 v = sqlite3_column_int64(s, 0);
-        *out = v < 0 ? 0 : (uint64_t)v;
+        /* Stored as the bit pattern of the uint64 (content hashes use all
+         * 64 bits); SQLite integers are signed. */
+        *out = (uint64_t)sqlite3_column_int64(s, 0);
     } else if (rc == SQLITE_DONE) {
         *out = 0;
     }
@@ -574,16 +575,17 @@ static enum sl_store_result put_one(sl_store_t *st, json_t *obj, enum sl_store_m
         return SL_STORE_ERROR;
     }
     uint64_t rv;
-    if (counter_read(st, STORE_RV_COUNTER, &rv) != 0 || rv == UINT64_MAX) {
+    if (counter_read(st, STORE_RV_COUNTER, &rv) != 0) {
         set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s", st->path,
                 sqlite3_errmsg(st->db));
         return SL_STORE_ERROR;
     }
-    rv++;
-    if ((int64_t)rv < 0) {
+    /* resource_version column is a signed SQLite integer. */
+    if (rv >= (uint64_t)INT64_MAX) {
         set_err(err, errlen, "store %s: resourceVersion counter exhausted", st->path);
         return SL_STORE_ERROR;
     }
+    rv++;
     int64_t generation = 1;
     char uid[64], created[40], now[32];
     rfc3339_now(now);
@@ -946,6 +948,21 @@ uint64_t sl_store_counter_next(sl_store_t *st, const char *name)
     }
     st->last_write_us = now_us() - t0;
     return v + 1;
+}
+
+/* One statement in autocommit mode: atomic and, with synchronous=FULL,
+ * durable before return. */
+int sl_store_counter_set(sl_store_t *st, const char *name, uint64_t value)
+{
+    if (!st || !name)
+        return -1;
+    uint64_t t0 = now_us();
+    if (counter_write(st, name, value) != 0) {
+        sl_log_error("store %s: counter %s: %s", st->path, name, sqlite3_errmsg(st->db));
+        return -1;
+    }
+    st->last_write_us = now_us() - t0;
+    return 0;
 }
 
 uint64_t sl_store_counter_get(sl_store_t *st, const char *name)

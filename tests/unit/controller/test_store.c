@@ -518,8 +518,7 @@ static void test_put_many_is_all_or_nothing(void **state)
 
     /* Not an array. */
     json_t *notarray = json_object();
-    assert_int_equal(sl_store_put_many(f->st, notarray, &stored, err, sizeof(err)),
-                     SL_STORE_ERROR);
+    assert_int_equal(sl_store_put_many(f->st, notarray, &stored, err, sizeof(err)), SL_STORE_ERROR);
     json_decref(notarray);
 }
 
@@ -531,6 +530,10 @@ static void test_counters_and_versions_durable_across_reopen(void **state)
     assert_int_equal(sl_store_counter_next(f->st, "config_version"), 2);
     assert_int_equal(sl_store_counter_next(f->st, "config_version"), 3);
     assert_int_equal(sl_store_counter_next(f->st, "other"), 1);
+    /* Full 64-bit values (content hashes) round-trip. */
+    assert_int_equal(sl_store_counter_set(f->st, "fleet/default/routes/hash", UINT64_MAX - 1), 0);
+    assert_int_equal(sl_store_counter_set(f->st, "fleet/default/routes/version", 41), 0);
+    assert_int_equal(sl_store_counter_set(f->st, "fleet/default/routes/version", 42), 0);
     json_t *b = backend(NULL, "echo", 9001);
     json_decref(put_ok(f->st, b, SL_STORE_CREATE, ""));
     json_decref(put_ok(f->st, b, SL_STORE_REPLACE, ""));
@@ -538,6 +541,9 @@ static void test_counters_and_versions_durable_across_reopen(void **state)
     assert_int_equal(sl_store_counter_get(f->st, "config_version"), 3);
     assert_int_equal(sl_store_counter_next(f->st, "config_version"), 4);
     assert_int_equal(sl_store_counter_get(f->st, "other"), 1);
+    assert_true(sl_store_counter_get(f->st, "fleet/default/routes/hash") == UINT64_MAX - 1);
+    assert_int_equal(sl_store_counter_get(f->st, "fleet/default/routes/version"), 42);
+    assert_int_equal(sl_store_counter_get(f->st, "never-set"), 0);
     assert_int_equal(sl_store_resource_version(f->st), 2);
     /* The resourceVersion sequence continues after a restart, even after a
      * delete of the newest object. */
