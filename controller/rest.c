@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -64,6 +65,8 @@ struct sl_rest {
     unsigned char token_sha256[32];
     int port;
 };
+
+static bool is_loopback(const char *host);
 
 /* What a request is about, once the path is parsed. */
 enum target {
@@ -111,6 +114,8 @@ static const char *reason_of(int status)
         return "Bad Request";
     case 401:
         return "Unauthorized";
+    case 403:
+        return "Forbidden";
     case 404:
         return "Not Found";
     case 405:
@@ -379,7 +384,8 @@ static int read_body(call_t *c, body_t *b)
         if (!ok) {
             reply_error(c->req, 415, "unsupported_media_type", NULL,
                         "Content-Type '%.100s' is not supported; send application/json or "
-                        "application/yaml",
+                        "application/yaml (curl --data sends a form type unless you add -H "
+                        "'Content-Type: application/yaml')",
                         ct);
             return -1;
         }
@@ -1192,6 +1198,56 @@ static void dispatch_api(call_t *c)
     }
 }
 
+/* Host header without the port; false when it does not fit. */
+static bool host_name(const char *h, char *out, size_t outlen)
+{
+    size_t n;
+    if (h[0] == '[') {
+        const char *close = strchr(h, ']');
+        if (!close)
+            return false;
+        h++;
+        n = (size_t)(close - h);
+    } else {
+        n = strcspn(h, ":");
+    }
+    if (n == 0 || n >= outlen)
+        return false;
+    memcpy(out, h, n);
+    out[n] = '\0';
+    return true;
+}
+
+/*
+ * A web page must not be able to drive the admin API through the user's
+ * browser. A cross-site form or fetch() POST needs no CORS preflight, and a
+ * DNS-rebound name reaches 127.0.0.1 as "same origin". So /api/ refuses any
+ * request with an Origin header (curl, kubectl and scripts send none), and,
+ * when no token protects it, any Host that is not a loopback name or address.
+ * Returns true after replying 403.
+ */
+static bool refuse_browser(call_t *c)
+{
+    struct evkeyvalq *in = evhttp_request_get_input_headers(c->req);
+    if (evhttp_find_header(in, "Origin")) {
+        reply_error(c->req, 403, "cross_origin", NULL,
+                    "requests from web pages (with an Origin header) are refused: the admin API "
+                    "is for curl, kubectl and scripts");
+        return true;
+    }
+    if (c->rest->have_token || c->rest->opt.insecure)
+        return false;
+    const char *host = evhttp_find_header(in, "Host");
+    char name[256];
+    if (host && (!host_name(host, name, sizeof(name)) || !is_loopback(name))) {
+        reply_error(c->req, 403, "host_not_allowed", NULL,
+                    "without --admin-token-file the admin API answers only to a loopback Host "
+                    "(localhost, 127.0.0.1, [::1]); this protects it from DNS rebinding");
+        return true;
+    }
+    return false;
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     call_t c;
@@ -1228,6 +1284,8 @@ static void on_request(struct evhttp_request *req, void *arg)
                     "and /metrics");
         return;
     }
+    if (refuse_browser(&c))
+        return;
     /* Authentication before routing: without the token nothing about the
      * API, not even which paths exist, is revealed. */
     bool presented = false;
@@ -1316,7 +1374,7 @@ static bool is_loopback(const char *host)
 {
     struct in_addr a4;
     struct in6_addr a6;
-    if (strcmp(host, "localhost") == 0)
+    if (strcasecmp(host, "localhost") == 0)
         return true;
     if (inet_pton(AF_INET, host, &a4) == 1)
         return (ntohl(a4.s_addr) >> 24) == 127;

@@ -72,6 +72,9 @@ json_t *sl_controller_status_json(sl_controller_t *ctl)
 
 /* ---- fixture -------------------------------------------------------------- */
 
+/* Host header the test client sends. */
+static const char *client_host = "127.0.0.1";
+
 typedef struct {
     char dir[256];
     struct event_base *base;
@@ -103,6 +106,7 @@ static int setup(void **state)
     }
     f->port = sl_rest_port(f->rest);
     memset(&sl_ctrl_metrics, 0, sizeof(sl_ctrl_metrics));
+    client_host = "127.0.0.1";
     *state = f;
     return 0;
 }
@@ -155,13 +159,13 @@ static resp_t request_to(struct event_base *base, int port, const char *method, 
     int hl;
     if (body)
         hl = snprintf(head, sizeof(head),
-                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s"
+                      "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n%s"
                       "Content-Length: %zu\r\n\r\n",
-                      method, path, extra ? extra : "", body_len);
+                      method, path, client_host, extra ? extra : "", body_len);
     else
         hl = snprintf(head, sizeof(head),
-                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s\r\n", method,
-                      path, extra ? extra : "");
+                      "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n%s\r\n", method, path,
+                      client_host, extra ? extra : "");
     assert_true(hl > 0 && (size_t)hl < sizeof(head));
     size_t total = (size_t)hl + (body ? body_len : 0);
     char *out = malloc(total + 1);
@@ -1098,6 +1102,53 @@ static void test_listen_address_rules(void **state)
     assert_non_null(strstr(err, "no store"));
 }
 
+static void test_browser_requests_refused(void **state)
+{
+    fixture_t *f = *state;
+    /* A cross-site form post (no preflight) carries Origin. */
+    resp_t r = req(f, "POST", "/api/v1/resources",
+                   "Origin: https://evil.example\r\nContent-Type: text/plain\r\n",
+                   BACKEND_JSON("echo", "1"));
+    expect_status(&r, 403);
+    assert_string_equal(err_code(&r), "cross_origin");
+    resp_free(&r);
+    r = req(f, "GET", "/api/v1/backends", "Origin: null\r\n", NULL);
+    expect_status(&r, 403);
+    resp_free(&r);
+
+    /* DNS rebinding: a foreign name pointing at 127.0.0.1. */
+    client_host = "rebind.evil.example:9090";
+    r = req(f, "GET", "/api/v1/backends", NULL, NULL);
+    expect_status(&r, 403);
+    assert_string_equal(err_code(&r), "host_not_allowed");
+    resp_free(&r);
+    /* Health stays reachable for probes whatever the Host. */
+    r = req(f, "GET", "/healthz", NULL, NULL);
+    expect_status(&r, 200);
+    resp_free(&r);
+    const char *ok_hosts[] = {"localhost:9090", "LOCALHOST", "127.0.0.1:1", "[::1]:9090"};
+    for (size_t i = 0; i < sizeof(ok_hosts) / sizeof(ok_hosts[0]); i++) {
+        client_host = ok_hosts[i];
+        r = req(f, "GET", "/api/v1/backends", NULL, NULL);
+        expect_status(&r, 200);
+        resp_free(&r);
+    }
+
+    /* With a token, the token decides, not the Host. */
+    char err[256];
+    sl_rest_options_t opt = {.admin_token = "tok"};
+    sl_rest_t *a = sl_rest_start(f->base, "127.0.0.1:0", f->st, &f->ctl, &opt, err, sizeof(err));
+    assert_non_null(a);
+    client_host = "controller.internal:9090";
+    r = request_to(f->base, sl_rest_port(a), "GET", "/api/v1/backends",
+                   "Authorization: Bearer tok\r\n", NULL, 0);
+    expect_status(&r, 200);
+    resp_free(&r);
+    client_host = "127.0.0.1";
+    sl_rest_free(a);
+    assert_int_equal(f->ctl.changed, 0);
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *fp = fopen(path, "w");
@@ -1150,6 +1201,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bearer_token, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_only_mode, setup, teardown),
         cmocka_unit_test_setup_teardown(test_listen_address_rules, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_browser_requests_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_token, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
