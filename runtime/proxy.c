@@ -70,6 +70,7 @@ typedef struct sl_conn {
     uint8_t closing;       /* close once `out` is flushed */
     uint8_t want_read, want_write; /* the state machine waits for that */
     uint8_t read_ready;            /* the socket may have unread bytes */
+    uint8_t rdhup;                 /* the peer's FIN is pending (EPOLLRDHUP) */
     uint8_t pending_input;         /* `in` holds a request not yet parsed */
     uint8_t dead;                  /* closed; freed when the callback unwinds */
     uint8_t in_cb;                 /* callback nesting depth */
@@ -113,6 +114,7 @@ typedef struct sl_conn {
     uint8_t up_reusable;
     uint8_t up_paused;       /* backpressure: client slower than upstream */
     uint8_t up_read_ready;
+    uint8_t up_rdhup;
     uint8_t up_want_write;
     uint8_t dechunk;         /* HTTP/1.0 client, chunked upstream: strip framing */
     int status;
@@ -560,7 +562,8 @@ void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr
     c->ep_index = -1;
     c->first_request = 1;
     c->replayable = 1;
-    c->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_ET | EV_PERSIST, client_event_cb, c);
+    c->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_CLOSED | EV_ET | EV_PERSIST,
+                      client_event_cb, c);
     c->timer = evtimer_new(w->base, timer_cb, c);
     if (!c->ev || !c->timer || event_add(c->ev, NULL) != 0) {
         if (c->ev)
@@ -691,7 +694,11 @@ static void client_event_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     sl_conn_t *c = arg;
     cb_enter(c);
-    if (what & EV_READ)
+    /* A FIN that came with the data gets no edge of its own: remember it so
+     * the short-read shortcut does not hide the end of the stream. */
+    if (what & EV_CLOSED)
+        c->rdhup = 1;
+    if (what & (EV_READ | EV_CLOSED))
         c->read_ready = 1;
     if ((what & EV_WRITE) && c->want_write)
         client_flush(c);
@@ -808,7 +815,7 @@ static void read_head(sl_conn_t *c)
         if (n > 0) {
             /* A short read means the socket is drained (edge-triggered: the
              * next bytes bring a new event), which saves an EAGAIN read. */
-            if ((size_t)n < space)
+            if ((size_t)n < space && !c->rdhup)
                 c->read_ready = 0;
             c->in.end += (size_t)n;
             if (sl_buf_len(&c->in) == (size_t)n && !c->first_request) {
@@ -1244,7 +1251,7 @@ static void pump_request_body(sl_conn_t *c)
                     break;
                 ssize_t n = read(c->fd, sl_buf_tail(&c->uout), want);
                 if (n > 0) {
-                    if ((size_t)n < want)
+                    if ((size_t)n < want && !c->rdhup)
                         c->read_ready = 0;
                     c->uout.end += (size_t)n;
                     c->req_remaining -= (uint64_t)n;
@@ -1271,7 +1278,7 @@ static void pump_request_body(sl_conn_t *c)
             size_t space = sl_buf_space(&c->in);
             ssize_t n = read(c->fd, sl_buf_tail(&c->in), space);
             if (n > 0) {
-                if ((size_t)n < space)
+                if ((size_t)n < space && !c->rdhup)
                     c->read_ready = 0;
                 c->in.end += (size_t)n;
             } else if (n < 0 && errno == EINTR) {
@@ -1442,6 +1449,7 @@ static void attach_upconn(sl_conn_t *c, sl_upconn_t *up)
     up->owner = c;
     up->requests++;
     c->up_read_ready = 0;
+    c->up_rdhup = 0;
     c->up_want_write = 0;
     c->up_paused = 0;
 }
@@ -1577,7 +1585,9 @@ void sl_proxy_upstream_event(struct sl_conn *c, short what)
 {
     cb_enter(c);
     sl_upconn_t *up = c->up;
-    if (what & EV_READ)
+    if (what & EV_CLOSED)
+        c->up_rdhup = 1;
+    if (what & (EV_READ | EV_CLOSED))
         c->up_read_ready = 1;
     if (c->phase == UP_CONNECTING && (what & (EV_WRITE | EV_READ))) {
         int err = 0;
@@ -1733,7 +1743,7 @@ static void read_response_head(sl_conn_t *c)
         ssize_t n = read(up->fd, sl_buf_tail(&c->uin), space);
         if (n > 0) {
             c->uin.end += (size_t)n;
-            if ((size_t)n < space) {
+            if ((size_t)n < space && !c->up_rdhup) {
                 drained = 1;
                 c->up_read_ready = 0;
             }
@@ -1856,7 +1866,7 @@ static void read_response_body(sl_conn_t *c)
                 want = (size_t)c->resp_remaining;
             ssize_t n = read(up->fd, sl_buf_tail(&c->out), want);
             if (n > 0) {
-                if ((size_t)n < want)
+                if ((size_t)n < want && !c->up_rdhup)
                     c->up_read_ready = 0;
                 size_t keep = 0;
                 ssize_t used = account_response_body(c, sl_buf_tail(&c->out), (size_t)n, &keep);

@@ -189,7 +189,7 @@ static void upconn_event_cb(evutil_socket_t fd, short what, void *arg)
     /* Readable while idle: EOF from the upstream (its keep-alive timeout) or
      * unsolicited bytes; either way the connection is done. Writable edges
      * of an idle connection mean nothing. */
-    if (what & EV_READ)
+    if (what & (EV_READ | EV_CLOSED))
         sl_upstream_close(sl_worker_self, uc);
 }
 
@@ -233,7 +233,8 @@ sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool)
     sl_upconn_t *uc = calloc(1, sizeof(*uc));
     if (!uc)
         goto fail;
-    uc->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_ET | EV_PERSIST, upconn_event_cb, uc);
+    uc->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_CLOSED | EV_ET | EV_PERSIST,
+                       upconn_event_cb, uc);
     if (!uc->ev || event_add(uc->ev, NULL) != 0)
         goto fail;
     uc->fd = fd;
