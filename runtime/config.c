@@ -274,7 +274,9 @@ fail:
 
 int sl_config_ready(const sl_config_t *cfg)
 {
-    return cfg->have_generation;
+    /* Ready = a generation serves and at least one listener is open: a
+     * runtime without listeners cannot take traffic from a load balancer. */
+    return cfg->have_generation && cfg->listeners != NULL;
 }
 
 uint64_t sl_config_version(const sl_config_t *cfg)

@@ -18,7 +18,7 @@ sl_config_t *sl_config_new(sl_worker_t *workers, unsigned nworkers);
 int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *source, char *err,
                     size_t errlen);
 
-/* 1 when a generation is published and its listeners are open. */
+/* 1 when a generation is published and at least one listener is open. */
 int sl_config_ready(const sl_config_t *cfg);
 
 /* Version of the active generation, 0 before the first. */

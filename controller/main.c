@@ -1,0 +1,206 @@
+/*
+ * sluice-controller: command line, start-up and shutdown. The parts: the
+ * store (store.c), the REST admin API (rest.c), the core that compiles and
+ * pushes (core.c) and the gRPC stream server (stream.c).
+ */
+#include "controller.h"
+#include "core.h"
+#include "log.h"
+#include "model.h"
+#include "rest.h"
+#include "store.h"
+#include "stream.h"
+
+#include <event2/event.h>
+#include <getopt.h>
+#include <grpc/grpc.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SL_VERSION "0.1.0"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: sluice-controller [options]\n"
+            "  --rest ADDR              REST admin API, default 127.0.0.1:9090\n"
+            "  --stream ADDR            config stream for runtimes, default 127.0.0.1:18000\n"
+            "  --data-dir DIR           durable store, default ./sluice-data\n"
+            "  --resources PATH         serve these files (repeatable); the REST API is then\n"
+            "                           read-only (GitOps mode)\n"
+            "  --admin-token-file FILE  require 'Authorization: Bearer <token>' on /api/\n"
+            "  --insecure-admin         allow a non-loopback --rest without a token\n"
+            "  --log-level LEVEL        debug, info, notice, warn, error (default info)\n"
+            "  --version\n");
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    struct event_base *base = arg;
+    sl_log_notice("%s: shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    event_base_loopbreak(base);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"rest", required_argument, NULL, 'r'},
+        {"stream", required_argument, NULL, 's'},
+        {"data-dir", required_argument, NULL, 'd'},
+        {"resources", required_argument, NULL, 'R'},
+        {"admin-token-file", required_argument, NULL, 't'},
+        {"insecure-admin", no_argument, NULL, 'I'},
+        {"log-level", required_argument, NULL, 'L'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *rest_addr = "127.0.0.1:9090", *stream_addr = "127.0.0.1:18000";
+    const char *data_dir = "./sluice-data", *token_file = NULL;
+    const char **resources = calloc((size_t)argc, sizeof(char *));
+    size_t nresources = 0;
+    int insecure = 0, ch;
+    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'r':
+            rest_addr = optarg;
+            break;
+        case 's':
+            stream_addr = optarg;
+            break;
+        case 'd':
+            data_dir = optarg;
+            break;
+        case 'R':
+            resources[nresources++] = optarg;
+            break;
+        case 't':
+            token_file = optarg;
+            break;
+        case 'I':
+            insecure = 1;
+            break;
+        case 'L': {
+            enum sl_log_level lvl;
+            if (sl_log_level_from_string(optarg, &lvl) != 0) {
+                fprintf(stderr, "sluice-controller: --log-level %s: use debug, info, notice, "
+                                "warn or error\n",
+                        optarg);
+                return 2;
+            }
+            sl_log_set_level(lvl);
+            break;
+        }
+        case 'V':
+            printf("sluice-controller %s\n", SL_VERSION);
+            return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "sluice-controller: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    int exit_code = 1;
+    char err[1024];
+    char *token = NULL;
+    sl_store_t *store = NULL;
+    sl_controller_t *ctl = NULL;
+    sl_stream_server_t *srv = NULL;
+    sl_rest_t *rest = NULL;
+    struct event_base *base = NULL;
+    sl_resource_set_t files;
+    sl_resource_set_init(&files);
+
+    if (token_file && !(token = sl_rest_load_token(token_file, err, sizeof(err)))) {
+        sl_log_error("%s", err);
+        goto out;
+    }
+    if (nresources) {
+        sl_errors_t errs;
+        sl_errors_init(&errs);
+        int bad = 0;
+        for (size_t i = 0; i < nresources; i++)
+            bad |= sl_model_load_path(&files, resources[i], &errs) != 0;
+        for (size_t i = 0; i < errs.count; i++) {
+            char *line = sl_error_format(&errs.items[i]);
+            sl_log_error("resources: %s", line ? line : errs.items[i].message);
+            free(line);
+        }
+        sl_errors_free(&errs);
+        if (bad) {
+            exit_code = 2;
+            goto out;
+        }
+    }
+    store = sl_store_open(data_dir, err, sizeof(err));
+    if (!store) {
+        sl_log_error("%s", err);
+        goto out;
+    }
+    base = event_base_new();
+    if (!base)
+        goto out;
+    grpc_init();
+    ctl = sl_controller_new(base, store, nresources ? &files : NULL);
+    if (!ctl)
+        goto out_grpc;
+    sl_controller_compile_now(ctl);
+    sl_stream_hooks_t hooks = sl_controller_stream_hooks(ctl);
+    srv = sl_stream_server_start(base, stream_addr, &hooks, err, sizeof(err));
+    if (!srv) {
+        sl_log_error("%s", err);
+        goto out_grpc;
+    }
+    sl_rest_options_t ropt = {
+        .admin_token = token,
+        .insecure = insecure,
+        .read_only = nresources > 0,
+        .static_set = nresources ? &files : NULL,
+    };
+    rest = sl_rest_start(base, rest_addr, store, ctl, &ropt, err, sizeof(err));
+    if (!rest) {
+        sl_log_error("%s", err);
+        goto out_grpc;
+    }
+    struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, base);
+    struct event *sigint = evsignal_new(base, SIGINT, on_signal, base);
+    event_add(sigterm, NULL);
+    event_add(sigint, NULL);
+    sl_log_notice("sluice-controller %s started: REST %s (port %d), stream %s (port %d), data %s%s",
+                  SL_VERSION, rest_addr, sl_rest_port(rest), stream_addr,
+                  sl_stream_server_port(srv), data_dir,
+                  nresources ? ", serving --resources files (read-only)" : "");
+    event_base_dispatch(base);
+    event_free(sigterm);
+    event_free(sigint);
+    exit_code = 0;
+
+out_grpc:
+    if (rest)
+        sl_rest_free(rest);
+    if (srv)
+        sl_stream_server_stop(srv);
+    if (ctl)
+        sl_controller_free(ctl);
+    grpc_shutdown();
+out:
+    if (store)
+        sl_store_close(store);
+    if (base)
+        event_base_free(base);
+    sl_resource_set_free(&files);
+    free(token);
+    free(resources);
+    return exit_code;
+}
