@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# `make run`: start the demo backend (127.0.0.1:9001) and a sluice-runtime
-# serving examples/quickstart.yaml on :8080 (admin on 127.0.0.1:9901), print
-# what to try, and stop both on Ctrl-C.
+# `make run`: start a sluice-controller (REST 127.0.0.1:9090, stream
+# 127.0.0.1:18000, data in ./sluice-data), a sluice-runtime connected to it
+# (proxy :8080, admin 127.0.0.1:9901) and the demo backend (127.0.0.1:9001);
+# apply examples/quickstart.yaml through the REST API; print what to try.
+# Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-BIN="$BUILD/bin/sluice-runtime"
-[ -x "$BIN" ] || { echo "run: $BIN is missing; run 'make' first" >&2; exit 1; }
-
-for port in 8080 9001 9901; do
+CTL="$BUILD/bin/sluice-controller"
+RT="$BUILD/bin/sluice-runtime"
+for b in "$CTL" "$RT"; do
+  [ -x "$b" ] || { echo "run: $b is missing; run 'make' first" >&2; exit 1; }
+done
+for port in 8080 9001 9090 9901 18000; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "run: port $port is already in use (is a previous 'make run' still running?)" >&2
     exit 1
@@ -24,9 +28,19 @@ trap cleanup EXIT INT TERM
 
 /usr/bin/python3 examples/demo_backend.py 9001 2>/tmp/sluice-demo-backend.log &
 pids+=($!)
-"$BIN" --config examples/quickstart.yaml --admin 127.0.0.1:9901 --access-log stdout &
+"$CTL" --data-dir ./sluice-data --rest 127.0.0.1:9090 --stream 127.0.0.1:18000 &
+pids+=($!)
+"$RT" --controller 127.0.0.1:18000 --node-id demo-runtime --fleet default \
+      --admin 127.0.0.1:9901 --access-log stdout &
 pids+=($!)
 
+for _ in $(seq 1 50); do
+  curl -fsS -o /dev/null http://127.0.0.1:9090/healthz 2>/dev/null && break
+  sleep 0.1
+done
+curl -fsS -X PUT -H 'Content-Type: application/yaml' --data-binary @examples/quickstart.yaml \
+     http://127.0.0.1:9090/api/v1/resources -o /dev/null \
+  || { echo "run: applying examples/quickstart.yaml failed" >&2; exit 1; }
 for _ in $(seq 1 50); do
   curl -fsS -o /dev/null http://127.0.0.1:9901/ready 2>/dev/null && break
   sleep 0.1
@@ -35,19 +49,38 @@ curl -fsS -o /dev/null http://127.0.0.1:9901/ready || { echo "run: runtime did n
 
 cat <<'MSG'
 
-Sluice is running: runtime on http://127.0.0.1:8080, admin on http://127.0.0.1:9901,
-demo backend on 127.0.0.1:9001, config examples/quickstart.yaml. Try:
+Sluice is running:
+  controller  REST http://127.0.0.1:9090   config stream 127.0.0.1:18000   data ./sluice-data
+  runtime     http://127.0.0.1:8080        admin http://127.0.0.1:9901
+  backend     127.0.0.1:9001 (demo pet store)
+examples/quickstart.yaml was applied through the REST API. Try:
 
   curl -i http://127.0.0.1:8080/petstore/v1/pets
   curl -i http://127.0.0.1:8080/petstore/v1/pets/7
   curl -i -X POST -H 'Content-Type: application/json' -d '{"name":"Kitty"}' http://127.0.0.1:8080/petstore/v1/pets
-  curl -i http://127.0.0.1:8080/nowhere              # 404, JSON error
+  curl -i http://127.0.0.1:8080/nowhere                      # 404, JSON error
   curl -i -X DELETE http://127.0.0.1:8080/petstore/v1/pets   # 405 with Allow
-  curl -s http://127.0.0.1:9901/metrics | grep sluice_requests_total
-  curl -s http://127.0.0.1:9901/config_dump
 
-Edit examples/quickstart.yaml and reload without dropping a connection:
-  kill -HUP $(pgrep -f 'sluice-runtime --config examples/quickstart.yaml')
+Change the config live (no restart, no dropped connection) — add an operation:
+  curl -s -X PUT -H 'Content-Type: application/yaml' http://127.0.0.1:9090/api/v1/apis/petstore --data-binary '
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Api
+metadata: {name: petstore}
+spec:
+  basePath: /petstore/v1
+  backendRefs: [{name: echo}]
+  operations:
+  - {method: GET, path: /pets}
+  - {method: GET, path: "/pets/{id}"}
+  - {method: POST, path: /pets}
+  - {method: DELETE, path: "/pets/{id}"}'
+  curl -i -X DELETE http://127.0.0.1:8080/petstore/v1/pets/7   # now routed
+
+See it:
+  curl -s http://127.0.0.1:9090/api/v1/runtimes     # runtimes, acked versions, NACKs
+  curl -s http://127.0.0.1:9090/api/v1/status
+  curl -s http://127.0.0.1:9901/config_dump
+  curl -s http://127.0.0.1:9901/metrics | grep sluice_requests_total
 
 Ctrl-C stops everything. Access log lines follow.
 MSG
