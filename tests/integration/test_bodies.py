@@ -119,7 +119,7 @@ def test_large_upload_streams_with_bounded_rss(simple):
     env = simple(workers=1, gw_kw={"timeouts": {"request": 0, "upstreamResponse": "120s"}})
     n = BIG_MB * 1024 * 1024
     base = _baseline_rss(env)
-    s = connect(env.port, timeout=60)
+    s = connect(env.port, timeout=30)
     try:
         with RssSampler(env.runtime) as rss:
             s.sendall(b"POST /t/echo?pause_ms=1500 HTTP/1.1\r\nHost: a\r\n"
@@ -146,7 +146,7 @@ def test_large_chunked_upload_streams_with_bounded_rss(simple):
     env = simple(workers=1, gw_kw={"timeouts": {"request": 0, "upstreamResponse": "120s"}})
     n = (BIG_MB // 4) * 1024 * 1024
     base = _baseline_rss(env)
-    s = connect(env.port, timeout=60)
+    s = connect(env.port, timeout=30)
     try:
         with RssSampler(env.runtime) as rss:
             s.sendall(b"POST /t/echo?pause_ms=1500 HTTP/1.1\r\nHost: a\r\n"
@@ -167,7 +167,7 @@ def test_large_chunked_upload_streams_with_bounded_rss(simple):
 
 def _download(env, target, n):
     base = _baseline_rss(env)
-    s = connect(env.port, timeout=60)
+    s = connect(env.port, timeout=30)
     crc = [0, 0]
 
     def sink(piece):
