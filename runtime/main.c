@@ -371,8 +371,10 @@ int main(int argc, char **argv)
 {
     runtime_t rt;
     memset(&rt, 0, sizeof(rt));
-    if (parse_options(argc, argv, &rt.opt) != 0)
+    if (parse_options(argc, argv, &rt.opt) != 0) {
+        free(rt.opt.config_paths);
         return 2;
+    }
     signal(SIGPIPE, SIG_IGN);
     rcu_register_thread();
     rcu_thread_offline();

@@ -207,6 +207,8 @@ static void arm_timer(sl_conn_t *c, uint32_t ms)
 
 static sl_str_t meta_put(sl_conn_t *c, const char *p, size_t n)
 {
+    if (n == 0 || !p)
+        return (sl_str_t){"", 0};
     size_t room = sizeof(c->meta) - c->meta_len;
     if (n > room)
         n = room;
