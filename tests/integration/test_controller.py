@@ -285,6 +285,8 @@ def test_controller_kill9_under_load_then_restart(env):
         time.sleep(1.0)  # room for any (wrong) re-push to happen
     finally:
         stats = load.stop()
+    print("kill -9: %d requests answered, %d while the controller was away"
+          % (stats.ok, served_without))
     load.assert_clean(min_ok=50)
     assert stats.ok > served_without > 0
 
@@ -357,6 +359,8 @@ def test_zero_drop_under_200_config_changes(env):
     finally:
         stats = load.stop()
     assert changes == 200
+    print("zero-drop: %d requests answered, keep-alive per connection %s"
+          % (stats.ok, sorted(stats.keepalive_requests.values())))
     load.assert_clean(min_ok=500)
     assert len(stats.keepalive_requests) == 6
     assert all(n > 50 for n in stats.keepalive_requests.values()), stats.keepalive_requests
@@ -425,6 +429,7 @@ def test_burst_of_100_writes_is_coalesced(env):
     acks = rt.metric("sluice_controller_updates_total", result="ack") - acks0
     sent = ctl.runtimes()["rt-burst"]["responses_sent"] - sent0
     # Only the routes type changed, so every push is a routes push.
+    print("burst: 100 writes, versions %d -> %d, %d routes pushes" % (v0, final, acks))
     assert 1 <= acks < 20, "100 writes gave %d pushes" % acks
     assert sent == acks
     wait_routes([rt], port, "/burst/v99", 200, timeout=2.0)
