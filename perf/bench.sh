@@ -53,8 +53,9 @@ case " $PROXIES " in *" sluice "*)
     [ -x "$RUNTIME" ] || die "$RUNTIME not found: build it first (make BUILD=$BUILD)" ;;
 esac
 NCPU=$(nproc)
-[ "$PROXY_CPU" -lt "$NCPU" ] && [ "$LOAD_CPU" -lt "$NCPU" ] ||
+if [ "$PROXY_CPU" -ge "$NCPU" ] || [ "$LOAD_CPU" -ge "$NCPU" ]; then
     die "needs CPUs $PROXY_CPU and $LOAD_CPU, this machine has $NCPU"
+fi
 CLK_TCK=$(getconf CLK_TCK)
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX")
@@ -100,6 +101,7 @@ cpu_ticks() {
         [ -r "/proc/$p/stat" ] || continue
         rest=$(sed 's/.*) //' "/proc/$p/stat")
         # after "pid (comm) ": field 3 is state, so utime is word 12, stime 13
+        # shellcheck disable=SC2086 # word splitting is the point
         set -- $rest
         total=$((total + ${12} + ${13}))
     done

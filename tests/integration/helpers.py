@@ -62,6 +62,9 @@ def closed_port():
 
 
 def wait_until(predicate, timeout, interval=0.02, what="condition"):
+    """Polls predicate until it returns something true (returned). `what`
+    names the condition; a callable is evaluated only on failure (so a log
+    tail in the message is the one at the time of the failure)."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -69,6 +72,8 @@ def wait_until(predicate, timeout, interval=0.02, what="condition"):
         if last:
             return last
         time.sleep(interval)
+    if callable(what):
+        what = what()
     raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
 
 
@@ -285,7 +290,8 @@ class Runtime:
         self.write_config(config)
         self.signal(signal.SIGHUP)
         wait_until(lambda: self.generation() > before, timeout,
-                   what="generation > %d after SIGHUP; log tail:\n%s" % (before, self.log()[-2000:]))
+                   what=lambda: "generation > %d after SIGHUP; log tail:\n%s"
+                   % (before, self.log()[-2000:]))
 
     def reload_invalid(self, config, timeout=10.0):
         """Writes a bad config, SIGHUP, waits until the runtime counted the
@@ -295,14 +301,15 @@ class Runtime:
         self.write_config(config)
         self.signal(signal.SIGHUP)
         wait_until(lambda: self.metric("sluice_config_errors_total") > before_err, timeout,
-                   what="sluice_config_errors_total to increase after a bad reload; log:\n%s"
-                   % self.log()[-2000:])
+                   what=lambda: "sluice_config_errors_total to increase after a bad reload; "
+                   "log:\n%s" % self.log()[-2000:])
         assert self.generation() == before_gen
 
     def wait_log(self, pattern, timeout=5.0):
         rx = re.compile(pattern)
         return wait_until(lambda: rx.search(self.log()), timeout,
-                          what="log line matching %r; log:\n%s" % (pattern, self.log()[-2000:]))
+                          what=lambda: "log line matching %r; log:\n%s"
+                          % (pattern, self.log()[-2000:]))
 
     def rss_kb(self):
         with open("/proc/%d/status" % self.pid) as f:

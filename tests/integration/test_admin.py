@@ -36,13 +36,16 @@ def test_metrics_count_requests(simple):
         assert request(env.port, "GET", "/t/echo").status == 200
     assert request(env.port, "GET", "/t/status/503").status == 503
     assert request(env.port, "GET", "/unrouted").status == 404
-    after = wait_until(lambda: (lambda m: m if metric_sum(m, "sluice_requests_total",
-                                                             code_class="2xx")
-                                >= metric_sum(before, "sluice_requests_total",
-                                              code_class="2xx") + 5 else None)(rt.metrics()),
-                       3, what="sluice_requests_total 2xx to grow by 5")
-    ok = [(l, v) for n, l, v in after if n == "sluice_requests_total" and l.get("code_class") == "2xx"]
-    assert any(l.get("api") in ("t", "default/t") and l.get("operation") == "all" for l, _ in ok), ok
+    want_2xx = metric_sum(before, "sluice_requests_total", code_class="2xx") + 5
+
+    def grown():
+        m = rt.metrics()
+        return m if metric_sum(m, "sluice_requests_total", code_class="2xx") >= want_2xx else None
+
+    after = wait_until(grown, 3, what="sluice_requests_total 2xx to grow by 5")
+    ok = [labels for name, labels, _ in after
+          if name == "sluice_requests_total" and labels.get("code_class") == "2xx"]
+    assert any(l.get("api") in ("t", "default/t") and l.get("operation") == "all" for l in ok), ok
     assert metric_sum(after, "sluice_requests_total", code_class="5xx") \
         >= metric_sum(before, "sluice_requests_total", code_class="5xx") + 1
     assert metric_sum(after, "sluice_unrouted_responses_total", code_class="4xx") \

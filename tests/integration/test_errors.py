@@ -123,7 +123,8 @@ def test_unsupported_http_version_is_505(env):
 
 
 def test_garbage_request_is_400(env):
-    resp, closed = send_raw(env.port, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64)
+    tls_client_hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64
+    resp, closed = send_raw(env.port, tls_client_hello)
     assert_gateway_error(resp, 400)
     assert closed
 
@@ -172,7 +173,8 @@ def test_414_request_line_too_long(simple):
     env = simple(gw_kw={"limits": {"maxRequestLineBytes": 1024}})
     ok = "/t/echo?" + "a" * 900
     assert request(env.port, "GET", ok).status == 200
-    resp, closed = send_raw(env.port, b"GET /t/echo?" + b"a" * 2000 + b" HTTP/1.1\r\nHost: a\r\n\r\n")
+    long_line = b"GET /t/echo?" + b"a" * 2000 + b" HTTP/1.1\r\nHost: a\r\n\r\n"
+    resp, closed = send_raw(env.port, long_line)
     assert_gateway_error(resp, 414)
     assert closed
 

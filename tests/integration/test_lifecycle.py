@@ -27,7 +27,8 @@ def test_graceful_shutdown_finishes_in_flight(simple):
     out = {}
     t = threading.Thread(target=_in_flight, args=(env.port, "/t/delay/1500", out))
     t.start()
-    assert env.backend.wait_for(lambda b: b.count("/delay") == 1, 5), "in-flight request never arrived"
+    assert env.backend.wait_for(lambda b: b.count("/delay") == 1, 5), \
+        "in-flight request never arrived"
     t0 = time.monotonic()
     rt.signal(signal.SIGTERM)
 

@@ -174,6 +174,7 @@ def test_reload_adds_and_removes_listener(backends, runtimes):
         assert request(p1, "GET", "/t/echo", sock=s, reader=reader).status == 200
         rt.reload([gateway(p2), backend("echo", [a.port]), api("t", "/t", "echo")])
         assert request(p2, "GET", "/t/echo").status == 200
-        wait_until(lambda: connection_refused(p1), 5, what="removed listener %d to stop accepting" % p1)
+        wait_until(lambda: connection_refused(p1), 5,
+                   what="removed listener %d to stop accepting" % p1)
     finally:
         s.close()

@@ -60,7 +60,8 @@ def test_api_backend_weights_split_traffic(backends, runtimes):
     a, b = backends("a"), backends("b")
     port = free_port()
     runtimes([gateway(port), backend("a", [a.port]), backend("b", [b.port]),
-              api("t", "/t", backend_refs=[{"name": "a", "weight": 1}, {"name": "b", "weight": 1}])],
+              api("t", "/t", backend_refs=[{"name": "a", "weight": 1},
+                                           {"name": "b", "weight": 1}])],
              workers=1)
     got = collections.Counter(s for _, s in _servers(port, "/t/echo", 40))
     assert set(got) == {"a", "b"} and min(got.values()) >= 10, got
