@@ -285,7 +285,7 @@ static int all_synced(void *arg)
 
 static int all_changed(void *arg)
 {
-    char (*before)[VERSION_LEN] = arg;
+    char(*before)[VERSION_LEN] = arg;
     for (int i = 0; i < nclients; i++)
         if (strcmp(clients[i].acked[SL_XDS_ROUTE], before[i]) == 0)
             return 0;
@@ -450,8 +450,9 @@ int main(int argc, char **argv)
         }
         pump(ROUND_TIMEOUT_MS, all_changed, before);
         if (failed || !all_changed(before)) {
-            fprintf(stderr, "controller_fanout: round %d: not every client got the change in "
-                            "%d ms\n",
+            fprintf(stderr,
+                    "controller_fanout: round %d: not every client got the change in "
+                    "%d ms\n",
                     r, ROUND_TIMEOUT_MS);
             goto fail;
         }
@@ -485,10 +486,11 @@ fail:
                 left |= clients[i].call && !clients[i].over;
             if (!left)
                 break;
-            grpc_event ev = grpc_completion_queue_next(
-                cq,
-                gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(1000, GPR_TIMESPAN)),
-                NULL);
+            grpc_event ev =
+                grpc_completion_queue_next(cq,
+                                           gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                                        gpr_time_from_millis(1000, GPR_TIMESPAN)),
+                                           NULL);
             if (ev.type != GRPC_OP_COMPLETE)
                 break;
             tag_t *tag = ev.tag;
