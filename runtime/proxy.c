@@ -45,6 +45,7 @@ enum conn_state {
     CS_HEAD = 0, /* waiting for / reading a request head */
     CS_PROXY,    /* a request is in progress */
     CS_RESPOND,  /* writing a response the gateway generated itself */
+    CS_CLOSED,   /* conn_close ran; memory lives until the callback unwinds */
 };
 
 enum up_phase {
@@ -532,6 +533,7 @@ static void conn_close(sl_conn_t *c)
         c->ls->active--;
     SL_STAT_ADD(sl_metrics_worker(w->id)->connections_active, -1);
     c->dead = 1;
+    c->state = CS_CLOSED; /* every "state != ..." check upstream of us now stops */
     if (c->in_cb == 0)
         free(c);
     sl_worker_conn_closed(w);
@@ -747,6 +749,8 @@ static void timer_expired(sl_conn_t *c)
         return;
     case CS_PROXY:
         break;
+    case CS_CLOSED:
+        return;
     }
     if (request_expired) {
         send_error(c, 504, "request_timeout", "the request did not complete in time", 1, 0);
