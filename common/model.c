@@ -75,6 +75,7 @@ void sl_resource_set_init(sl_resource_set_t *set)
     set->items = NULL;
     set->count = 0;
     set->cap = 0;
+    set->index = NULL;
 }
 
 void sl_resource_set_free(sl_resource_set_t *set)
@@ -84,6 +85,7 @@ void sl_resource_set_free(sl_resource_set_t *set)
         free(set->items[i].source);
     }
     free(set->items);
+    json_decref(set->index);
     sl_resource_set_init(set);
 }
 
@@ -177,6 +179,11 @@ static int set_append(sl_resource_set_t *set, json_t *doc, const char *source, i
     r->ns = json_is_string(ns) ? json_string_value(ns) : "default";
     r->source = src;
     r->doc = doc_index;
+    if (!set->index && !(set->index = json_object()))
+        return -1;
+    char key[1024];
+    snprintf(key, sizeof(key), "%s/%s/%s", sl_kind_name(r->kind), r->ns, r->name ? r->name : "");
+    json_object_set_new(set->index, key, json_integer((json_int_t)set->count));
     set->count++;
     return 0;
 }
@@ -211,16 +218,16 @@ static int add_document(sl_resource_set_t *set, json_t *doc, const char *source,
     const char *name = json_string_value(json_object_get(meta, "name"));
     json_t *nsv = json_object_get(meta, "namespace");
     const char *ns = json_is_string(nsv) ? json_string_value(nsv) : "default";
-    for (size_t i = 0; i < set->count; i++) {
-        const sl_resource_t *r = &set->items[i];
-        if (strcmp(sl_kind_name(r->kind), kind) == 0 && strcmp(r->ns, ns) == 0 &&
-            strcmp(r->name, name) == 0) {
-            char where[512];
-            place(where, sizeof(where), r->source, r->doc);
-            sl_errors_add(errs, source, doc_index, "metadata.name",
-                          "%s \"%s/%s\" is defined twice (also at %s)", kind, ns, name, where);
-            return -1;
-        }
+    char key[1024];
+    snprintf(key, sizeof(key), "%s/%s/%s", kind, ns, name);
+    json_t *pos = set->index ? json_object_get(set->index, key) : NULL;
+    if (pos) {
+        const sl_resource_t *r = &set->items[json_integer_value(pos)];
+        char where[512];
+        place(where, sizeof(where), r->source, r->doc);
+        sl_errors_add(errs, source, doc_index, "metadata.name",
+                      "%s \"%s/%s\" is defined twice (also at %s)", kind, ns, name, where);
+        return -1;
     }
     if (set_append(set, doc, source, doc_index) != 0) {
         sl_errors_add(errs, source, doc_index, "", "out of memory");

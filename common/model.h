@@ -66,6 +66,7 @@ typedef struct {
 typedef struct {
     sl_resource_t *items;
     size_t count, cap;
+    json_t *index; /* private: "Kind/namespace/name" -> position, for O(1) duplicate checks */
 } sl_resource_set_t;
 
 void sl_resource_set_init(sl_resource_set_t *set);
