@@ -128,8 +128,12 @@ typedef struct sl_conn {
     sl_str_t m_method, m_target, m_host, m_ua, m_referer, m_reqid;
     char upstream_addr[64];
 
-    sl_http1_header_t headers[]; /* parse space, sized by the generation's limit */
 } sl_conn_t;
+
+/* Parse space for header slices. Per worker, not per connection: slices are
+ * only used while process_input runs (routing, the upstream head, copies for
+ * the log), so idle and slow connections do not each hold 32 KB of it. */
+static __thread sl_http1_header_t worker_headers[MAX_HEADERS_CAP];
 
 static void client_event_cb(evutil_socket_t fd, short what, void *arg);
 static void timer_cb(evutil_socket_t fd, short what, void *arg);
@@ -554,8 +558,7 @@ void sl_proxy_refuse(int fd)
 void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr)
 {
     sl_worker_t *w = ls->worker;
-    size_t cap = MAX_HEADERS_CAP;
-    sl_conn_t *c = calloc(1, sizeof(*c) + cap * sizeof(sl_http1_header_t));
+    sl_conn_t *c = calloc(1, sizeof(*c));
     if (!c) {
         close(fd);
         return;
@@ -781,10 +784,13 @@ static void timer_expired(sl_conn_t *c)
     }
 }
 
+/* A connection waiting for a request head starts with a small buffer and
+ * grows it only for big heads (nginx's client_header_buffer_size idea), so
+ * thousands of slow or idle clients cost little memory. */
 static int ensure_in(sl_conn_t *c)
 {
     if (!c->in.data)
-        return sl_worker_buf_get(c->w, &c->in);
+        return sl_worker_small_buf_get(c->w, &c->in);
     return 0;
 }
 
@@ -811,7 +817,8 @@ static void read_head(sl_conn_t *c)
             if (g)
                 limit = g->limits.max_header_bytes;
             rcu_thread_offline();
-            if (c->in.cap >= limit + 1 || sl_buf_reserve(&c->in, limit + 1) != 0) {
+            size_t want = c->in.cap * 4 < limit + 1 ? c->in.cap * 4 : limit + 1;
+            if (c->in.cap >= limit + 1 || sl_buf_reserve(&c->in, want) != 0) {
                 conn_close(c);
                 return;
             }
@@ -1108,7 +1115,7 @@ static void process_input(sl_conn_t *c)
                                    : (sl_http1_limits_t){8192, 32768, 100};
     sl_http1_request_t req;
     memset(&req, 0, sizeof(req));
-    req.headers = c->headers;
+    req.headers = worker_headers;
     req.num_headers = headers_cap_for(gen);
     if (limits.max_header_count > req.num_headers)
         limits.max_header_count = (uint32_t)req.num_headers;
@@ -1278,7 +1285,9 @@ static void pump_request_body(sl_conn_t *c)
             }
             if (!c->read_ready)
                 break;
-            if (ensure_in(c) != 0)
+            if (c->in.data && c->in.cap < SL_WORKER_BLOCK_SIZE && sl_buf_len(&c->in) == 0)
+                sl_worker_buf_put(c->w, &c->in); /* a body streams: take a big buffer */
+            if (!c->in.data && sl_worker_buf_get(c->w, &c->in) != 0)
                 goto client_gone;
             sl_buf_compact(&c->in);
             size_t space = sl_buf_space(&c->in);

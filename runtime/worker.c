@@ -36,12 +36,29 @@ int sl_worker_buf_get(sl_worker_t *w, sl_buf_t *b)
     return 0;
 }
 
+int sl_worker_small_buf_get(sl_worker_t *w, sl_buf_t *b)
+{
+    if (b->data)
+        return 0;
+    char *block = w->num_small_blocks ? w->small_blocks[--w->num_small_blocks]
+                                      : malloc(SL_WORKER_SMALL_BLOCK_SIZE);
+    if (!block)
+        return -1;
+    b->data = block;
+    b->cap = SL_WORKER_SMALL_BLOCK_SIZE;
+    b->start = b->end = 0;
+    return 0;
+}
+
 void sl_worker_buf_put(sl_worker_t *w, sl_buf_t *b)
 {
     if (!b->data)
         return;
     if (b->cap == SL_WORKER_BLOCK_SIZE && w->num_blocks < SL_WORKER_BLOCK_CACHE)
         w->blocks[w->num_blocks++] = b->data;
+    else if (b->cap == SL_WORKER_SMALL_BLOCK_SIZE &&
+             w->num_small_blocks < SL_WORKER_SMALL_BLOCK_CACHE)
+        w->small_blocks[w->num_small_blocks++] = b->data;
     else
         free(b->data);
     b->data = NULL;
@@ -309,6 +326,8 @@ void sl_workers_destroy(sl_worker_t *ws, unsigned nworkers)
         }
         for (unsigned b = 0; b < w->num_blocks; b++)
             free(w->blocks[b]);
+        for (unsigned b = 0; b < w->num_small_blocks; b++)
+            free(w->small_blocks[b]);
         event_free(w->cmd_ev);
         event_free(w->drain_ev);
         event_free(w->sweep_ev);

@@ -60,6 +60,8 @@ typedef struct sl_worker_cmd {
  * not hold buffers while idle and busy ones do not call malloc per request. */
 #define SL_WORKER_BLOCK_SIZE (32 * 1024)
 #define SL_WORKER_BLOCK_CACHE 256
+#define SL_WORKER_SMALL_BLOCK_SIZE 4096
+#define SL_WORKER_SMALL_BLOCK_CACHE 1024
 
 typedef struct sl_worker {
     unsigned id;
@@ -83,6 +85,8 @@ typedef struct sl_worker {
 
     char *blocks[SL_WORKER_BLOCK_CACHE];
     unsigned num_blocks;
+    char *small_blocks[SL_WORKER_SMALL_BLOCK_CACHE];
+    unsigned num_small_blocks;
 
     int draining;
     struct event *drain_ev;
@@ -97,8 +101,11 @@ void sl_worker_send(sl_worker_t *w, sl_worker_cmd_t *cmd);
 void sl_workers_join(sl_worker_t *workers, unsigned nworkers);
 void sl_workers_destroy(sl_worker_t *workers, unsigned nworkers);
 
-/* Buffer blocks (worker thread only). */
+/* Buffer blocks (worker thread only): 32 KiB ones for bodies and
+ * responses, 4 KiB ones for request heads. put() recognises either (and
+ * frees anything else, e.g. a head buffer grown past 4 KiB). */
 int sl_worker_buf_get(sl_worker_t *w, sl_buf_t *b);
+int sl_worker_small_buf_get(sl_worker_t *w, sl_buf_t *b);
 void sl_worker_buf_put(sl_worker_t *w, sl_buf_t *b);
 
 /* Called by proxy.c when a connection closes; stops the loop when draining
