@@ -92,8 +92,18 @@ static void report(sl_vctx_t *c, const char *msg)
 
 /* --- value checks --------------------------------------------------------- */
 
+/* Longer patterns are refused: they cost compile time and memory in every
+ * runtime of the fleet, and nothing an API route needs comes close. */
+#define SL_REGEX_MAX_LEN 1024
+
 static void check_regex_text(sl_vctx_t *c, const char *re)
 {
+    if (strlen(re) > SL_REGEX_MAX_LEN) {
+        sl_validate_error(c, "regular expression longer than %d characters (%zu); split the "
+                             "operation or use a template",
+                          SL_REGEX_MAX_LEN, strlen(re));
+        return;
+    }
     int code;
     PCRE2_SIZE off;
     pcre2_code *p =

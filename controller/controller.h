@@ -22,6 +22,18 @@ typedef struct sl_controller sl_controller_t;
  * schedules a (coalesced) recompile. */
 void sl_controller_changed(sl_controller_t *ctl);
 
+/*
+ * Admission against the controller's limits (--max-routes), before a write
+ * is stored: `objs` is an array of the documents about to be written. 0 when
+ * they fit (and the core counts them from now on), or -1 with err naming
+ * the count and the limit ("config would have 200001 routes, more than
+ * --max-routes 200000"); nothing is counted then.
+ */
+int sl_controller_admit(sl_controller_t *ctl, json_t *objs, char *err, size_t errlen);
+/* A stored object was deleted (its routes no longer count). */
+void sl_controller_forget(sl_controller_t *ctl, enum sl_kind kind, const char *ns,
+                          const char *name);
+
 /* The status the controller computed for an object, e.g.
  * {"conditions":[{"type":"Accepted","status":"False","reason":"BackendNotFound",
  *   "message":"spec.backendRefs[0].name: Backend \"default/echo\" not found"}],

@@ -94,7 +94,89 @@ struct sl_controller {
     runtime_rec_t *runtimes;
     json_t *statuses; /* "<plural>/<ns>/<name>" -> status object */
     uint64_t config_version;
+    /* Routes per Api ("ns/name" -> operations), for admission. Apis apply
+     * to every fleet, so the total is each fleet's route count. Rebuilt
+     * from the store on every compile. */
+    json_t *api_routes;
+    uint64_t total_routes;
+    uint64_t max_routes;
 };
+
+static uint64_t api_route_count(json_t *doc)
+{
+    json_t *ops = json_object_get(json_object_get(doc, "spec"), "operations");
+    return json_is_array(ops) ? json_array_size(ops) : 0;
+}
+
+static void count_routes(sl_controller_t *ctl, const sl_resource_set_t *all)
+{
+    json_object_clear(ctl->api_routes);
+    ctl->total_routes = 0;
+    for (size_t i = 0; i < all->count; i++) {
+        if (all->items[i].kind != SL_KIND_API)
+            continue;
+        char key[600];
+        snprintf(key, sizeof(key), "%s/%s", all->items[i].ns, all->items[i].name);
+        uint64_t n = api_route_count(all->items[i].obj);
+        json_object_set_new(ctl->api_routes, key, json_integer((json_int_t)n));
+        ctl->total_routes += n;
+    }
+}
+
+int sl_controller_admit(sl_controller_t *ctl, json_t *objs, char *err, size_t errlen)
+{
+    uint64_t total = ctl->total_routes;
+    size_t i;
+    json_t *doc;
+    json_array_foreach(objs, i, doc)
+    {
+        if (strcmp(json_string_value(json_object_get(doc, "kind")) ?: "", "Api") != 0)
+            continue;
+        json_t *meta = json_object_get(doc, "metadata");
+        const char *ns = json_string_value(json_object_get(meta, "namespace")) ?: "default";
+        char key[600];
+        snprintf(key, sizeof(key), "%s/%s", ns,
+                 json_string_value(json_object_get(meta, "name")) ?: "");
+        total -= (uint64_t)json_integer_value(json_object_get(ctl->api_routes, key));
+        total += api_route_count(doc);
+    }
+    if (ctl->max_routes && total > ctl->max_routes) {
+        snprintf(err, errlen,
+                 "config would have %llu routes, more than --max-routes %llu; remove operations "
+                 "or Apis, or raise the limit",
+                 (unsigned long long)total, (unsigned long long)ctl->max_routes);
+        return -1;
+    }
+    json_array_foreach(objs, i, doc)
+    {
+        if (strcmp(json_string_value(json_object_get(doc, "kind")) ?: "", "Api") != 0)
+            continue;
+        json_t *meta = json_object_get(doc, "metadata");
+        const char *ns = json_string_value(json_object_get(meta, "namespace")) ?: "default";
+        char key[600];
+        snprintf(key, sizeof(key), "%s/%s", ns,
+                 json_string_value(json_object_get(meta, "name")) ?: "");
+        json_object_set_new(ctl->api_routes, key, json_integer((json_int_t)api_route_count(doc)));
+    }
+    ctl->total_routes = total;
+    return 0;
+}
+
+void sl_controller_forget(sl_controller_t *ctl, enum sl_kind kind, const char *ns,
+                          const char *name)
+{
+    if (kind != SL_KIND_API)
+        return;
+    char key[600];
+    snprintf(key, sizeof(key), "%s/%s", ns, name);
+    ctl->total_routes -= (uint64_t)json_integer_value(json_object_get(ctl->api_routes, key));
+    json_object_del(ctl->api_routes, key);
+}
+
+void sl_controller_set_max_routes(sl_controller_t *ctl, uint64_t max_routes)
+{
+    ctl->max_routes = max_routes;
+}
 
 static uint64_t now_ms(void)
 {
@@ -395,6 +477,7 @@ static void compile_all(sl_controller_t *ctl)
     for (runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next)
         fleet_get(ctl, rt->fleet_name);
 
+    count_routes(ctl, all);
     json_t *statuses = json_object();
     for (size_t i = 0; i < all->count; i++)
         json_object_set_new(statuses, all->items[i].source,
@@ -725,6 +808,8 @@ sl_controller_t *sl_controller_new(struct event_base *base, sl_store_t *store,
     ctl->store = store;
     ctl->static_set = static_set;
     ctl->statuses = json_object();
+    ctl->api_routes = json_object();
+    ctl->max_routes = 200000;
     ctl->compile_ev = evtimer_new(base, compile_cb, ctl);
     if (!ctl->compile_ev) {
         free(ctl);
@@ -775,5 +860,6 @@ void sl_controller_free(sl_controller_t *ctl)
         rt = next;
     }
     json_decref(ctl->statuses);
+    json_decref(ctl->api_routes);
     free(ctl);
 }

@@ -33,6 +33,8 @@ static void usage(FILE *out)
             "  --admin-token-file FILE  require 'Authorization: Bearer <token>' on /api/\n"
             "  --insecure-admin         allow a non-loopback --rest without a token\n"
             "  --log-level LEVEL        debug, info, notice, warn, error (default info)\n"
+            "  --max-routes N           refuse writes that make a fleet's config exceed N\n"
+            "                           routes (default 200000)\n"
             "  --version\n");
 }
 
@@ -54,6 +56,7 @@ int main(int argc, char **argv)
         {"admin-token-file", required_argument, NULL, 't'},
         {"insecure-admin", no_argument, NULL, 'I'},
         {"log-level", required_argument, NULL, 'L'},
+        {"max-routes", required_argument, NULL, 'M'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -63,6 +66,7 @@ int main(int argc, char **argv)
     const char **resources = calloc((size_t)argc, sizeof(char *));
     size_t nresources = 0;
     int insecure = 0, ch;
+    unsigned long long max_routes = 200000;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
         case 'r':
@@ -83,6 +87,15 @@ int main(int argc, char **argv)
         case 'I':
             insecure = 1;
             break;
+        case 'M': {
+            char *end;
+            max_routes = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-' || !optarg[0]) {
+                fprintf(stderr, "sluice-controller: --max-routes %s: must be a number\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'L': {
             enum sl_log_level lvl;
             if (sl_log_level_from_string(optarg, &lvl) != 0) {
@@ -155,6 +168,7 @@ int main(int argc, char **argv)
     ctl = sl_controller_new(base, store, nresources ? &files : NULL);
     if (!ctl)
         goto out_grpc;
+    sl_controller_set_max_routes(ctl, max_routes);
     sl_controller_compile_now(ctl);
     sl_stream_hooks_t hooks = sl_controller_stream_hooks(ctl);
     srv = sl_stream_server_start(base, stream_addr, &hooks, err, sizeof(err));

@@ -838,6 +838,15 @@ static void handle_write(call_t *c)
     json_decref(old);
 
     char err[512] = "";
+    if (r->ctl) {
+        json_t *one = json_pack("[O]", obj);
+        int ok = one && sl_controller_admit(r->ctl, one, err, sizeof(err)) == 0;
+        json_decref(one);
+        if (!ok) {
+            reply_error(c->req, 400, "limit_exceeded", NULL, "%s", err);
+            goto out;
+        }
+    }
     json_t *stored = NULL;
     enum sl_store_result res = sl_store_put(r->st, obj, is_put ? SL_STORE_REPLACE : SL_STORE_CREATE,
                                             expect, &stored, err, sizeof(err));
@@ -880,6 +889,8 @@ static void handle_delete(call_t *c)
         reply_store_failure(c, res, true, err);
         return;
     }
+    if (r->ctl)
+        sl_controller_forget(r->ctl, c->kind, ns, c->name);
     count_write(r);
     send_json(c->req, 200, deleted);
 }
@@ -960,6 +971,14 @@ static void handle_resources(call_t *c)
         }
     }
     size_t changed = json_array_size(todo);
+    if (changed && r->ctl) {
+        char err[512] = "";
+        if (sl_controller_admit(r->ctl, todo, err, sizeof(err)) != 0) {
+            free(slot);
+            reply_error(c->req, 400, "limit_exceeded", NULL, "%s", err);
+            goto out;
+        }
+    }
     if (changed) {
         char err[512] = "";
         json_t *stored = NULL;

@@ -32,7 +32,28 @@ struct sl_config {
     cfg_listener_t *listeners;
     uint64_t version;
     int have_generation;
+    uint64_t max_routes;
 };
+
+void sl_config_set_max_routes(sl_config_t *cfg, uint64_t max_routes)
+{
+    cfg->max_routes = max_routes;
+}
+
+int sl_config_check(const sl_config_t *cfg, const Sluice__V1__Snapshot *snap, char *err,
+                    size_t errlen)
+{
+    uint64_t routes = 0;
+    for (size_t i = 0; i < snap->n_route_tables; i++)
+        routes += snap->route_tables[i]->n_routes;
+    if (cfg->max_routes && routes > cfg->max_routes) {
+        snprintf(err, errlen,
+                 "config has %llu routes, more than this runtime's --max-routes %llu",
+                 (unsigned long long)routes, (unsigned long long)cfg->max_routes);
+        return -1;
+    }
+    return 0;
+}
 
 sl_config_t *sl_config_new(sl_worker_t *workers, unsigned nworkers)
 {
@@ -138,6 +159,10 @@ static uint32_t per_worker(uint32_t total, unsigned nworkers)
 int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *source, char *err,
                     size_t errlen)
 {
+    if (sl_config_check(cfg, snap, err, errlen) != 0) {
+        sl_snapshot_free(snap);
+        return -1;
+    }
     for (size_t i = 0; i < snap->n_listeners; i++) {
         if (snap->listeners[i]->protocol != SLUICE__V1__LISTENER__PROTOCOL__HTTP) {
             snprintf(err, errlen, "listener %s: only protocol http is supported by this runtime",

@@ -14,6 +14,13 @@ typedef struct sl_config sl_config_t;
 
 sl_config_t *sl_config_new(sl_worker_t *workers, unsigned nworkers);
 
+/* Refuse snapshots with more routes than this (0 = no limit). */
+void sl_config_set_max_routes(sl_config_t *cfg, uint64_t max_routes);
+
+/* Checks a snapshot against the runtime's limits. 0, or -1 with err. */
+int sl_config_check(const sl_config_t *cfg, const Sluice__V1__Snapshot *snap, char *err,
+                    size_t errlen);
+
 /* Takes ownership of snap. Returns 0, or -1 with the reason in err. */
 int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *source, char *err,
                     size_t errlen);

@@ -22,6 +22,7 @@
 #include <event2/event.h>
 #include <getopt.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,8 @@ typedef struct {
     const char *node_id;
     char node_id_buf[256];
     uint64_t drain_ms;
+    uint64_t max_routes;
+    uint32_t max_connections;
     int check_only;
 } options_t;
 
@@ -71,6 +74,9 @@ static void usage(FILE *out)
             "  --access-log-format F  json (default) or combined\n"
             "  --fleet NAME           fleet whose Gateway to serve (default 'default')\n"
             "  --drain-timeout DUR    graceful shutdown limit, e.g. 10s (default 10s)\n"
+            "  --max-connections N    client connections of the whole process, split over\n"
+            "                         workers (default 0 = only the open files limit)\n"
+            "  --max-routes N         refuse configs with more routes (default 200000)\n"
             "  --log-level LEVEL      debug, info, notice, warn, error (default info)\n"
             "  --check                validate and compile the config, then exit\n"
             "  --version              print the version\n"
@@ -100,6 +106,8 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"drain-timeout", required_argument, NULL, 'd'},
         {"log-level", required_argument, NULL, 'L'},
         {"check", no_argument, NULL, 't'},
+        {"max-routes", required_argument, NULL, 'M'},
+        {"max-connections", required_argument, NULL, 'X'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -111,6 +119,7 @@ static int parse_options(int argc, char **argv, options_t *o)
     o->access_log = "off";
     o->fleet = "default";
     o->drain_ms = 10000;
+    o->max_routes = 200000;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->workers = ncpu > 0 ? (unsigned)ncpu : 1;
     int ch;
@@ -177,6 +186,23 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 't':
             o->check_only = 1;
             break;
+        case 'M':
+        case 'X': {
+            char *end;
+            errno = 0;
+            unsigned long long n = strtoull(optarg, &end, 10);
+            if (*end || errno || optarg[0] == '-' ||
+                (ch == 'X' && n > UINT32_MAX)) {
+                fprintf(stderr, "sluice-runtime: --%s %s: must be a number\n",
+                        ch == 'M' ? "max-routes" : "max-connections", optarg);
+                return -1;
+            }
+            if (ch == 'M')
+                o->max_routes = n;
+            else
+                o->max_connections = (uint32_t)n;
+            break;
+        }
         case 'V':
             printf("sluice-runtime %s\n", SL_VERSION);
             exit(0);
@@ -212,6 +238,18 @@ static int parse_options(int argc, char **argv, options_t *o)
         o->node_id = o->node_id_buf;
     }
     return 0;
+}
+
+/* A proxy holds two descriptors per request in flight: take the hard limit
+ * (nginx's worker_rlimit_nofile, done for the operator). */
+static void raise_nofile_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            sl_log_warn("cannot raise the open files limit: %s", strerror(errno));
+    }
 }
 
 /* Reads, validates and compiles every --config path. Returns the snapshot,
@@ -376,6 +414,7 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    raise_nofile_limit();
     rcu_register_thread();
     rcu_thread_offline();
     int exit_code = 1;
@@ -386,6 +425,15 @@ int main(int argc, char **argv)
         if (!snap)
             goto out_rcu;
         char err[512];
+        uint64_t routes = 0;
+        for (size_t i = 0; i < snap->n_route_tables; i++)
+            routes += snap->route_tables[i]->n_routes;
+        if (rt.opt.max_routes && routes > rt.opt.max_routes) {
+            sl_log_error("config: %llu routes, more than --max-routes %llu",
+                         (unsigned long long)routes, (unsigned long long)rt.opt.max_routes);
+            sl_snapshot_free(snap);
+            goto out_rcu;
+        }
         sl_generation_t *gen = sl_generation_build(snap, source, 1, err, sizeof(err));
         if (!gen) {
             sl_log_error("config: %s", err);
@@ -413,7 +461,13 @@ int main(int argc, char **argv)
         sl_log_error("cannot create event loops");
         goto out_log;
     }
+    for (unsigned i = 0; i < rt.opt.workers; i++)
+        rt.workers[i].max_connections =
+            rt.opt.max_connections ? (rt.opt.max_connections + rt.opt.workers - 1) / rt.opt.workers
+                                   : 0;
     rt.config = sl_config_new(rt.workers, rt.opt.workers);
+    if (rt.config)
+        sl_config_set_max_routes(rt.config, rt.opt.max_routes);
     rt.health = sl_health_new(rt.base);
     if (!rt.config || !rt.health)
         goto out_log;

@@ -545,13 +545,18 @@ static void conn_close(sl_conn_t *c)
 
 void sl_proxy_refuse(int fd)
 {
-    static const char resp[] =
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-        "Content-Length: 112\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
+    /* Best effort, never blocks: the socket is fresh, so the small answer
+     * fits its send buffer. */
+    static const char body[] =
         "{\"error\":{\"status\":503,\"code\":\"connection_limit\",\"message\":"
-        "\"too many connections on this listener\"}}\n";
-    ssize_t n = write(fd, resp, sizeof(resp) - 1);
-    (void)n;
+        "\"too many connections; retry later\"}}\n";
+    char resp[512];
+    int n = snprintf(resp, sizeof(resp),
+                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s",
+                     sizeof(body) - 1, body);
+    ssize_t w = write(fd, resp, (size_t)n);
+    (void)w;
     close(fd);
 }
 

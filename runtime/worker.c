@@ -82,7 +82,8 @@ static void accept_cb(evutil_socket_t fd, short what, void *arg)
                              ls->key, strerror(errno));
             return;
         }
-        if (ls->max_connections && ls->active >= ls->max_connections) {
+        if ((ls->max_connections && ls->active >= ls->max_connections) ||
+            (ls->worker->max_connections && ls->worker->num_conns >= ls->worker->max_connections)) {
             sl_proxy_refuse(cfd);
             continue;
         }

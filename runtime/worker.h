@@ -77,6 +77,7 @@ typedef struct sl_worker {
     sl_listener_sock_t *listeners;
     struct sl_conn *conns;     /* all downstream connections (doubly linked) */
     size_t num_conns;
+    uint32_t max_connections;  /* this worker's share of --max-connections, 0 = none */
 
     /* upstream pools keyed by endpoint state pointer (open addressing) */
     struct sl_pool **pools;

@@ -477,6 +477,10 @@ static int apply_state(sl_xds_t *x, type_state_t *types, int dry_run, char *err,
     char source[256];
     snprintf(source, sizeof(source), "controller %s version %" PRIu64, x->opt.controller, version);
     if (dry_run) {
+        if (sl_config_check(x->cfg, owned, err, errlen) != 0) {
+            sl_snapshot_free(owned);
+            return -1;
+        }
         sl_generation_t *gen = sl_generation_build(owned, source, 1, err, errlen);
         if (!gen)
             return -1;

@@ -38,6 +38,9 @@
 struct sl_controller {
     int changed;
     int status_calls;
+    int admits;
+    int forgets;
+    int refuse_admission; /* set by a test: admission answers "limit" */
 };
 
 sl_ctrl_metrics_t sl_ctrl_metrics;
@@ -55,6 +58,26 @@ json_t *sl_controller_object_status(sl_controller_t *ctl, enum sl_kind kind, con
         return json_pack("{s:[{s:s, s:s, s:s}], s:i}", "conditions", "type", "Accepted", "status",
                          "False", "reason", "BackendNotFound", "observedGeneration", 1);
     return NULL;
+}
+
+int sl_controller_admit(sl_controller_t *ctl, json_t *objs, char *err, size_t errlen)
+{
+    ctl->admits++;
+    if (ctl->refuse_admission) {
+        snprintf(err, errlen, "config would have %zu routes, more than --max-routes 0",
+                 json_array_size(objs));
+        return -1;
+    }
+    return 0;
+}
+
+void sl_controller_forget(sl_controller_t *ctl, enum sl_kind kind, const char *ns,
+                          const char *name)
+{
+    (void)kind;
+    (void)ns;
+    (void)name;
+    ctl->forgets++;
 }
 
 json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
@@ -302,6 +325,38 @@ static int ready_flag;
 static int is_ready(void *ctx)
 {
     return *(int *)ctx;
+}
+
+/* Regression for --max-routes: a write the core refuses is answered 400
+ * limit_exceeded, nothing is stored and nothing recompiles. */
+static void test_admission_refusal(void **state)
+{
+    fixture_t *f = *state;
+    f->ctl.refuse_admission = 1;
+    resp_t r = req(f, "POST", "/api/v1/apis", YAML_CT, api_yaml);
+    expect_status(&r, 400);
+    assert_string_equal(err_code(&r), "limit_exceeded");
+    assert_non_null(strstr(err_msg(&r), "--max-routes"));
+    resp_free(&r);
+    r = req(f, "PUT", "/api/v1/resources", YAML_CT, api_yaml);
+    expect_status(&r, 400);
+    assert_string_equal(err_code(&r), "limit_exceeded");
+    resp_free(&r);
+    r = req(f, "GET", "/api/v1/apis/petstore", NULL, NULL);
+    expect_status(&r, 404);
+    resp_free(&r);
+    assert_int_equal(f->ctl.changed, 0);
+    assert_int_equal(f->ctl.admits, 2);
+
+    f->ctl.refuse_admission = 0;
+    r = req(f, "POST", "/api/v1/apis", YAML_CT, api_yaml);
+    expect_status(&r, 201);
+    resp_free(&r);
+    r = req(f, "DELETE", "/api/v1/apis/petstore", NULL, NULL);
+    expect_status(&r, 200);
+    resp_free(&r);
+    assert_int_equal(f->ctl.forgets, 1);
+    assert_int_equal(f->ctl.changed, 2);
 }
 
 static void test_health_ready_metrics(void **state)
@@ -1203,6 +1258,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_listen_address_rules, setup, teardown),
         cmocka_unit_test_setup_teardown(test_browser_requests_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_token, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_admission_refusal, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
