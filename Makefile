@@ -131,7 +131,7 @@ deps:
 
 # --- run / test ------------------------------------------------------------
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(BINS)
 	@BUILD=$(BUILD) ./examples/run.sh
 
 test: deps
@@ -147,8 +147,13 @@ integration: $(BINS)
 	SLUICE_BUILD=$(BUILD) /usr/bin/python3 -m pytest -q -ra tests/integration $(PYTEST_ARGS)
 
 bench: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(BINS)
 	BUILD=$(BUILD) ./perf/bench.sh
+
+# Fuzz drivers (libFuzzer); FUZZ_SECONDS per driver, default 60.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) ./tests/fuzz/run.sh
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -46,6 +46,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._send(201, {"created": pet, "seen_by_backend": self._echo()})
 
+    def do_DELETE(self):
+        pet = PETS.get(self.path[len("/pets/"):]) if self.path.startswith("/pets/") else None
+        self._send(200 if pet else 404, {"deleted": pet, "seen_by_backend": self._echo()})
+
     def log_message(self, fmt, *args):
         sys.stderr.write("demo-backend: " + (fmt % args) + "\n")
 
