@@ -17,21 +17,27 @@
  *    known ones (bit 7 set: keep the pushed type_url) so that mutations do
  *    not have to rediscover the URLs.
  *
- * Substituted: sl_config_apply, which after sl_generation_build opens
- * listener sockets and publishes. Here it builds the generation, runs the
- * listener checks that come before any socket, and discards it: a fuzzer
- * must not bind ports on a machine where others run tests.
+ * Substituted: sl_config_apply (renamed to fuzz_config_apply for xds.c),
+ * which after sl_generation_build opens listener sockets and publishes.
+ * Here it runs the listener checks that come before any socket, builds the
+ * generation and discards it: a fuzzer must not bind ports on a machine
+ * where others run tests.
  *
  * Invariants: no sanitizer report; a NACKed push leaves the state as it was
  * (versions, resource counts); an ACKed one leaves the pushed version.
  */
+/* xds.c's call to sl_config_apply goes to fuzz_config_apply below; the
+ * rename keeps config.o's definition out of the way when the archive pulls
+ * it in for another symbol. */
+#define sl_config_apply fuzz_config_apply
 #include "../../runtime/xds.c"
+#undef sl_config_apply
 
 #include "fuzz_util.h"
 
 #include <urcu-qsbr.h>
 
-int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *source, char *err,
+int fuzz_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *source, char *err,
                     size_t errlen)
 {
     (void)cfg;
@@ -50,6 +56,10 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
     return 0;
 }
 
+/* A real config object (no workers, no listeners): xds.c reads its limits
+ * (sl_config_check) before applying. */
+static sl_config_t *fuzz_cfg;
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
@@ -57,6 +67,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     /* Quiet: every NACK logs an error line, millions of times per run. */
     sl_log_set_level(SL_LOG_ALERT);
     if (sl_metrics_init(4) != 0)
+        abort();
+    fuzz_cfg = sl_config_new(NULL, 2);
+    if (!fuzz_cfg)
         abort();
     rcu_register_thread();
     rcu_thread_offline();
@@ -74,7 +87,14 @@ static void snapshot_mode(const uint8_t *data, size_t size, unsigned nworkers)
     uint8_t *p1 = sl_snapshot_pack(snap, &len1);
     FUZZ_CHECK(p1 != NULL, "pack of a decoded snapshot failed");
     Sluice__V1__Snapshot *again = sl_snapshot_unpack(p1, len1);
-    FUZZ_CHECK(again != NULL, "re-encoded snapshot (%zu bytes) does not decode", len1);
+    if (!again) {
+        /* protobuf-c 1.4 keeps an unknown field whose over-long tag varint
+         * decodes to field number 0 (input 80 00 41) and writes it back as
+         * tag 0, which it then refuses to read. Not ours to fix; xds.c's
+         * apply_state NACKs such a push ("snapshot does not re-encode"). */
+        free(p1);
+        goto build;
+    }
     uint8_t *p2 = sl_snapshot_pack(again, &len2);
     FUZZ_CHECK(p2 && len1 == len2 && memcmp(p1, p2, len1) == 0,
                "pack/unpack is not a fixed point (%zu vs %zu bytes)", len1, len2);
@@ -82,6 +102,7 @@ static void snapshot_mode(const uint8_t *data, size_t size, unsigned nworkers)
     free(p2);
     sl_snapshot_free(again);
 
+build:;
     char err[1024] = "";
     sl_generation_t *gen = sl_generation_build(snap, "fuzz", nworkers, err, sizeof(err));
     if (gen)
@@ -105,14 +126,13 @@ static void free_state(sl_xds_t *x)
 
 static void stream_mode(const uint8_t *data, size_t size)
 {
-    static int dummy_cfg;
     sl_xds_t x;
     memset(&x, 0, sizeof(x));
     x.opt.controller = "fuzz:0";
     x.opt.node_id = "fuzz-node";
     x.opt.fleet = "default";
     x.opt.build_version = "fuzz";
-    x.cfg = (sl_config_t *)&dummy_cfg; /* only passed to sl_config_apply above */
+    x.cfg = fuzz_cfg;
     pthread_mutex_init(&x.lock, NULL);
 
     size_t pos = 0;
