@@ -18,6 +18,7 @@ tests/integration/test_controller.py
 
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -421,19 +422,32 @@ def test_burst_of_100_writes_is_coalesced(env):
     acks0 = rt.metric("sluice_controller_updates_total", result="ack")
     sent0 = ctl.runtimes()["rt-burst"]["responses_sent"]
 
-    for i in range(100):
-        ctl.put(api("burst", "/burst", "echo",
-                    operations=[{"method": "GET", "path": "/v%d" % i}]))
+    # A burst as several clients make it: 4 writers, 25 writes each, each
+    # writer replacing its own Api over and over.
+    def writer(w):
+        for i in range(25):
+            ctl.put(api("burst-%d" % w, "/burst/%d" % w, "echo",
+                        operations=[{"method": "GET", "path": "/v%d" % i}]))
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    burst_ms = (time.monotonic() - t0) * 1e3
     final = ctl.wait_converged(1, min_version=v0 + 1, timeout=15.0)
     assert final > v0
     acks = rt.metric("sluice_controller_updates_total", result="ack") - acks0
     sent = ctl.runtimes()["rt-burst"]["responses_sent"] - sent0
+    print("burst: 100 writes in %.0f ms, versions %d -> %d, %d routes pushes"
+          % (burst_ms, v0, final, acks))
     # Only the routes type changed, so every push is a routes push.
-    print("burst: 100 writes, versions %d -> %d, %d routes pushes" % (v0, final, acks))
-    assert 1 <= acks < 20, "100 writes gave %d pushes" % acks
+    assert 1 <= acks < 20, "100 writes in %.0f ms gave %d pushes" % (burst_ms, acks)
     assert sent == acks
-    wait_routes([rt], port, "/burst/v99", 200, timeout=2.0)
-    assert rt.get(port, "/burst/v98")[0] == 404
+    for w in range(4):
+        wait_routes([rt], port, "/burst/%d/v24" % w, 200, timeout=2.0)
+        assert rt.get(port, "/burst/%d/v23" % w)[0] == 404
     assert rt.get(port, "/petstore/v1/pets")[0] == 200
 
 
