@@ -7,8 +7,9 @@ and are closed with 408 at the header timeout), connection limits per
 listener and per process (503 "connection_limit", then recovery), the
 upstream pool limit (503 "upstream_pool_full" and its metric), backpressure
 from a client that stops reading a 500 MB response (flat RSS, every byte
-delivered), and the route/regex limits at start-up, on SIGHUP, at the REST
-API and on the config stream (NACK).
+delivered), the route/regex limits at start-up, on SIGHUP, at the REST
+API and on the config stream (NACK), and hostile upstream responses
+(oversized heads, a body cut by FIN or RST).
 
 Not covered here: leaks (test_leaks.py), the request-size limits 413/414/431
 (test_errors.py), the soak (perf/soak.sh).
@@ -657,3 +658,139 @@ def test_long_regex_refused_by_validation(ctl_env, backends, tmp_path):
     assert len(ok_re) == 1024
     ctl.put(api("rx", "/rx", "echo", operations=[{"method": "GET", "path": ok_re,
                                                   "pathType": "regex"}]))
+
+
+# --- 6. untrusted upstream responses -------------------------------------------------
+
+
+class RawOrigin:
+    """An origin that answers every request with fixed bytes, then closes
+    (with RST when `reset`): for the responses backend.py will not send."""
+
+    def __init__(self, answer, reset=False):
+        self.answer = answer
+        self.reset = reset
+        self.requests = 0
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(64)
+        self.port = self.ls.getsockname()[1]
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while True:
+            try:
+                s, _ = self.ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def _serve(self, s):
+        try:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                d = s.recv(65536)
+                if not d:
+                    return
+                buf += d
+            self.requests += 1
+            s.sendall(self.answer)
+            if self.reset:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            else:
+                s.shutdown(socket.SHUT_WR)
+                time.sleep(0.5)
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+    def close(self):
+        self.ls.close()
+
+
+def raw_origin_env(runtimes, origin):
+    port = free_port()
+    # No retries: each test request reaches the origin exactly once.
+    rt = runtimes([gateway(port), backend_doc("raw", [origin.port]),
+                   api("t", "/t", "raw", retries={"attempts": 0})], workers=1)
+    return rt, port
+
+
+HUGE_HEAD = b"HTTP/1.1 200 OK\r\n" + b"".join(
+    b"X-Big-%d: %s\r\n" % (i, b"a" * 1000) for i in range(70)) + b"Content-Length: 2\r\n\r\nok"
+MANY_HEADERS = b"HTTP/1.1 200 OK\r\n" + b"".join(
+    b"X-H%d: v\r\n" % i for i in range(1000)) + b"Content-Length: 2\r\n\r\nok"
+
+
+@pytest.mark.parametrize("answer", [HUGE_HEAD, MANY_HEADERS], ids=["70KiB-head", "1000-headers"])
+def test_oversized_upstream_response_head_is_502(runtimes, answer):
+    origin = RawOrigin(answer)
+    try:
+        rt, port = raw_origin_env(runtimes, origin)
+        r = request(port, "GET", "/t/x")
+        check_refusal_json(r, 502, "bad_upstream_response")
+        assert origin.requests == 1, origin.requests
+        assert rt.metric("sluice_upstream_errors_total", kind="bad_response") == 1
+        # The connection stays usable for the next request.
+    finally:
+        origin.close()
+
+
+MID_BODY_TRIES = 6
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["rst", "fin"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_upstream_dies_mid_body_client_response_is_cut_at_once(runtimes, chunked, reset):
+    """The origin sends part of a body then closes (FIN) or resets (RST):
+    the client must get the bytes sent, then a closed connection at once
+    (never a body that looks complete, never a wait for a timeout)."""
+    body = PATTERN[:50000] + PATTERN[:50000]  # 100,000 of 1,000,000 announced bytes
+    if chunked:
+        answer = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  + b"%x\r\n" % len(body) + body + b"\r\n")
+    else:
+        answer = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + body
+    origin = RawOrigin(answer, reset=reset)
+    try:
+        port = free_port()
+        rt = runtimes([gateway(port, timeouts={"upstreamResponse": "20s"}),
+                       backend_doc("raw", [origin.port]),
+                       api("t", "/t", "raw", retries={"attempts": 0})], workers=1)
+        # The race between the last data and the close is the point: try
+        # several times so a runtime that misses it fails reliably.
+        for i in range(MID_BODY_TRIES):
+            s = connect(port, timeout=3)
+            got = b""
+            try:
+                s.sendall(b"GET /t/x HTTP/1.1\r\nHost: a\r\n\r\n")
+                while True:
+                    try:
+                        d = s.recv(262144)
+                    except ConnectionResetError:
+                        break
+                    except socket.timeout:
+                        raise AssertionError(
+                            "try %d: the client connection was still open 3 s after the origin "
+                            "%s mid-body (%d bytes received); the runtime did not notice the "
+                            "upstream's end and waits for the upstream response timeout"
+                            % (i, "reset" if reset else "closed", len(got))) from None
+                    if not d:
+                        break
+                    got += d
+            finally:
+                s.close()
+            head, _, rest = got.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head[:200]
+            if chunked:
+                assert not rest.endswith(b"0\r\n\r\n"), "a truncated chunked body was terminated"
+            else:
+                assert len(rest) < 1000000, "got %d bytes" % len(rest)
+        assert rt.metric("sluice_upstream_errors_total", kind="reset") == MID_BODY_TRIES
+        assert rt.metric("sluice_upstream_errors_total", kind="timeout") == 0
+        # The runtime still serves.
+        assert request(port, "GET", "/nowhere").status == 404
+    finally:
+        origin.close()
