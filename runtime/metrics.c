@@ -141,8 +141,8 @@ static uint64_t cluster_hash(void *o)
     return hash_names(s->cluster, "");
 }
 
-/* The objects are ~12 KiB (64 cache-line-aligned slots); aligned_alloc needs
- * a size that is a multiple of the alignment. */
+/* Objects end with one cache-line-aligned slot per worker; aligned_alloc
+ * needs a size that is a multiple of the alignment. */
 static void *alloc_aligned_zeroed(size_t size)
 {
     size_t rounded = (size + 63) & ~(size_t)63;
@@ -173,9 +173,10 @@ sl_route_stats_t *sl_metrics_route_acquire(const char *api, const char *operatio
     }
     if (table_reserve(&route_table, route_next, route_set_next, route_hash) != 0)
         goto done;
-    s = alloc_aligned_zeroed(sizeof(*s));
+    s = alloc_aligned_zeroed(sizeof(*s) + metrics_nworkers * sizeof(s->slots[0]));
     if (!s)
         goto done;
+    s->nslots = metrics_nworkers;
     s->api = strdup(api);
     s->operation = strdup(operation);
     if (!s->api || !s->operation)
@@ -242,9 +243,10 @@ sl_cluster_stats_t *sl_metrics_cluster_acquire(const char *cluster)
     }
     if (table_reserve(&cluster_table, cluster_next, cluster_set_next, cluster_hash) != 0)
         goto done;
-    s = alloc_aligned_zeroed(sizeof(*s));
+    s = alloc_aligned_zeroed(sizeof(*s) + metrics_nworkers * sizeof(s->slots[0]));
     if (!s)
         goto done;
+    s->nslots = metrics_nworkers;
     s->cluster = strdup(cluster);
     if (!s->cluster) {
         free(s);
@@ -293,7 +295,7 @@ static unsigned status_class(int status)
 
 void sl_metrics_observe(sl_route_stats_t *s, unsigned worker, int status, uint64_t latency_us)
 {
-    if (sl_unlikely(!s || worker >= SL_MAX_WORKERS))
+    if (sl_unlikely(!s || worker >= s->nslots))
         return;
     sl_route_stats_slot_t *slot = &s->slots[worker];
     unsigned b = 0;
@@ -362,7 +364,7 @@ typedef struct {
 static void sum_route(const sl_route_stats_t *s, unsigned nworkers, route_totals_t *t)
 {
     memset(t, 0, sizeof(*t));
-    for (unsigned w = 0; w < nworkers; w++) {
+    for (unsigned w = 0; w < nworkers && w < s->nslots; w++) {
         const sl_route_stats_slot_t *slot = &s->slots[w];
         for (unsigned c = 0; c < 6; c++)
             t->by_class[c] += LOAD(slot->responses_by_class[c]);
@@ -460,7 +462,7 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
         for (size_t i = 0; i < cluster_table.nbuckets; i++) {
             for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next) {
                 uint64_t v[SL_UPSTREAM_ERR__COUNT] = {0};
-                for (unsigned w = 0; w < nworkers; w++) {
+                for (unsigned w = 0; w < nworkers && w < s->nslots; w++) {
                     const sl_cluster_stats_slot_t *slot = &s->slots[w];
                     if (f == 0)
                         v[0] += LOAD(slot->requests);
