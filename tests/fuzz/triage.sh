@@ -11,8 +11,14 @@ trap 'rm -f "$tmp"' EXIT
 for dir in "$@"; do
     for f in "$dir"/crash-* "$dir"/leak-* "$dir"/timeout-* "$dir"/oom-*; do
         [ -f "$f" ] || continue
-        sig=$("$bin" -runs=1 "$f" 2>&1 | grep -E 'fuzz invariant violated|^SUMMARY|ERROR: libFuzzer: (timeout|out-of-memory)' |
-            head -1 | sed -e 's/0x[0-9a-f]*//g' -e 's/==[0-9]*==//')
+        out=$("$bin" -runs=1 "$f" 2>&1 || true)
+        sig=$(printf '%s\n' "$out" |
+            grep -E 'fuzz invariant violated|^SUMMARY|ERROR: libFuzzer: (timeout|out-of-memory)' |
+            head -1 | sed -e 's/0x[0-9a-f]*//g' -e 's/==[0-9]*==//' -e 's/[0-9]* byte(s) leaked in [0-9]* allocation(s)/leak/')
+        # the first frame in the project's own code tells findings apart
+        where=$(printf '%s\n' "$out" | grep -E '^ *#[0-9]+ .* in [a-z_0-9]+ .*(common|runtime|controller)/' |
+            head -1 | sed -E 's/.* in ([a-z_0-9]+) .*\/((common|runtime|controller)\/[^ ]*).*/\1 \2/')
+        [ -n "$where" ] && sig="$sig at $where"
         printf '%s\t%s\t%s\n' "${sig:-no reproduction}" "$(wc -c <"$f")" "$f" >>"$tmp"
     done
 done
