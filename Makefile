@@ -117,7 +117,8 @@ DEB_PKGS := build-essential pkg-config libevent-dev libnghttp2-dev \
     libprotobuf-c-dev protobuf-c-compiler libgrpc-dev libjansson-dev libyaml-dev \
     libssl-dev liburcu-dev libsqlite3-dev libhiredis-dev libpcre2-dev \
     libcmocka-dev python3 python3-pytest python3-requests curl nginx haproxy \
-    wrk nghttp2-client redis-server clang libclang-rt-14-dev
+    wrk nghttp2-client redis-server clang libclang-rt-14-dev iproute2 util-linux \
+    valgrind
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
