@@ -132,11 +132,12 @@ deps:
 
 # --- run / test ------------------------------------------------------------
 run: deps
-	@$(MAKE) --no-print-directory $(BINS)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(BINS)
 	@BUILD=$(BUILD) ./examples/run.sh
 
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory unit integration
 
 unit: $(UNIT_BIN)
