@@ -20,6 +20,7 @@
  */
 #include "rest.h"
 
+#include "hostport.h"
 #include "log.h"
 
 #include <arpa/inet.h>
@@ -1327,67 +1328,6 @@ static void on_request(struct evhttp_request *req, void *arg)
 /* ---- life cycle ----------------------------------------------------------- */
 
 /* Splits "host:port" or "[v6]:port". Returns 0, or -1 with err set. */
-static int parse_address(const char *addr, char *host, size_t hostlen, unsigned short *port,
-                         char *err, size_t errlen)
-{
-    const char *port_str;
-    size_t hlen;
-    if (addr[0] == '[') {
-        const char *close = strchr(addr, ']');
-        if (!close || close[1] != ':') {
-            set_err(err, errlen, "--rest %s: expected [ipv6]:port, e.g. [::1]:9090", addr);
-            return -1;
-        }
-        hlen = (size_t)(close - addr - 1);
-        if (hlen == 0 || hlen >= hostlen)
-            goto bad_host;
-        memcpy(host, addr + 1, hlen);
-        host[hlen] = '\0';
-        struct in6_addr a6;
-        if (inet_pton(AF_INET6, host, &a6) != 1)
-            goto bad_host;
-        port_str = close + 2;
-    } else {
-        const char *colon = strrchr(addr, ':');
-        if (!colon) {
-            set_err(err, errlen, "--rest %s: expected host:port, e.g. 127.0.0.1:9090", addr);
-            return -1;
-        }
-        if (memchr(addr, ':', (size_t)(colon - addr))) {
-            set_err(err, errlen, "--rest %s: IPv6 addresses need brackets, e.g. [::1]:9090", addr);
-            return -1;
-        }
-        hlen = (size_t)(colon - addr);
-        if (hlen == 0 || hlen >= hostlen)
-            goto bad_host;
-        memcpy(host, addr, hlen);
-        host[hlen] = '\0';
-        for (const char *p = host; *p; p++)
-            if (!isalnum((unsigned char)*p) && *p != '.' && *p != '-')
-                goto bad_host;
-        port_str = colon + 1;
-    }
-    unsigned long v = 0;
-    if (*port_str == '\0' || strlen(port_str) > 5)
-        goto bad_port;
-    for (const char *p = port_str; *p; p++) {
-        if (*p < '0' || *p > '9')
-            goto bad_port;
-        v = v * 10 + (unsigned long)(*p - '0');
-    }
-    if (v > 65535)
-        goto bad_port;
-    *port = (unsigned short)v;
-    return 0;
-
-bad_host:
-    set_err(err, errlen, "--rest %s: invalid host; use an IP address such as 127.0.0.1 or [::1]",
-            addr);
-    return -1;
-bad_port:
-    set_err(err, errlen, "--rest %s: invalid port; use a number from 0 to 65535", addr);
-    return -1;
-}
 
 static bool is_loopback(const char *host)
 {
@@ -1431,7 +1371,7 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
         set_err(err, errlen, "--rest: no event base or address given");
         return NULL;
     }
-    if (parse_address(addr, host, sizeof(host), &port, err, errlen) != 0)
+    if (sl_hostport_parse(addr, "--rest", 9090, host, sizeof(host), &port, err, errlen) != 0)
         return NULL;
     sl_rest_t *r = calloc(1, sizeof(*r));
     if (!r) {

@@ -848,33 +848,6 @@ fail:
     return SL_STORE_ERROR;
 }
 
-/* Appends like model.c does: the set owns one reference of obj, name and ns
- * point into it. */
-static int set_append(sl_resource_set_t *set, json_t *obj, enum sl_kind kind, const char *source)
-{
-    if (set->count == set->cap) {
-        size_t ncap = set->cap ? set->cap * 2 : 16;
-        sl_resource_t *n = realloc(set->items, ncap * sizeof(*n));
-        if (!n)
-            return -1;
-        set->items = n;
-        set->cap = ncap;
-    }
-    char *src = strdup(source);
-    if (!src)
-        return -1;
-    json_t *meta = json_object_get(obj, "metadata");
-    json_t *nsv = json_object_get(meta, "namespace");
-    sl_resource_t *r = &set->items[set->count++];
-    r->obj = obj;
-    r->kind = kind;
-    r->name = json_string_value(json_object_get(meta, "name"));
-    r->ns = json_is_string(nsv) ? json_string_value(nsv) : "default";
-    r->source = src;
-    r->doc = 0;
-    return 0;
-}
-
 /* Appends every stored object to `set` (which the caller initialised and
  * keeps owning). On error the set may hold part of the objects; the caller
  * frees it. */
@@ -904,8 +877,9 @@ enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, c
         }
         char source[600];
         snprintf(source, sizeof(source), "%s/%s/%s", sl_kind_plural(kind), ns, name);
-        if (set_append(set, obj, kind, source) != 0) {
-            json_decref(obj);
+        int added = sl_resource_set_add(set, obj, source, 0);
+        json_decref(obj); /* the set holds its own reference */
+        if (added != 0) {
             set_err(err, errlen, "store: out of memory loading %s", source);
             ret = SL_STORE_ERROR;
             break;

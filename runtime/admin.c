@@ -13,6 +13,7 @@
  * authentication, like Envoy's admin port.
  */
 #include "admin.h"
+#include "hostport.h"
 
 #include "metrics.h"
 #include "sl_types.h"
@@ -196,72 +197,6 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
 
 /* Splits "host:port" or "[v6]:port" into a host evhttp can bind and a port.
  * Returns 0, or -1 with err set. */
-static int parse_address(const char *addr, char *host, size_t hostlen, unsigned short *port,
-                         char *err, size_t errlen)
-{
-    const char *port_str;
-    size_t hlen;
-    if (addr[0] == '[') {
-        const char *close = strchr(addr, ']');
-        if (!close || close[1] != ':') {
-            set_err(err, errlen, "admin %s: expected [ipv6]:port, e.g. [::1]:9901", addr);
-            return -1;
-        }
-        hlen = (size_t)(close - addr - 1);
-        if (hlen >= hostlen)
-            goto bad_host;
-        memcpy(host, addr + 1, hlen);
-        host[hlen] = '\0';
-        struct in6_addr a6;
-        if (inet_pton(AF_INET6, host, &a6) != 1)
-            goto bad_host;
-        port_str = close + 2;
-    } else {
-        const char *colon = strrchr(addr, ':');
-        if (!colon) {
-            set_err(err, errlen, "admin %s: expected host:port, e.g. 127.0.0.1:9901, or \"off\"",
-                    addr);
-            return -1;
-        }
-        if (memchr(addr, ':', (size_t)(colon - addr))) {
-            set_err(err, errlen, "admin %s: IPv6 addresses need brackets, e.g. [::1]:9901", addr);
-            return -1;
-        }
-        hlen = (size_t)(colon - addr);
-        if (hlen == 0 || hlen >= hostlen)
-            goto bad_host;
-        memcpy(host, addr, hlen);
-        host[hlen] = '\0';
-        for (const char *p = host; *p; p++) {
-            /* An address or a DNS name ("localhost"); nothing else reaches
-             * getaddrinfo. */
-            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
-                  (*p >= '0' && *p <= '9') || *p == '.' || *p == '-'))
-                goto bad_host;
-        }
-        port_str = colon + 1;
-    }
-    unsigned long v = 0;
-    if (*port_str == '\0' || strlen(port_str) > 5)
-        goto bad_port;
-    for (const char *p = port_str; *p; p++) {
-        if (*p < '0' || *p > '9')
-            goto bad_port;
-        v = v * 10 + (unsigned long)(*p - '0');
-    }
-    if (v > 65535)
-        goto bad_port;
-    *port = (unsigned short)v;
-    return 0;
-
-bad_host:
-    set_err(err, errlen, "admin %s: invalid host; use an IP address such as 127.0.0.1 or [::1]",
-            addr);
-    return -1;
-bad_port:
-    set_err(err, errlen, "admin %s: invalid port; use a number from 0 to 65535", addr);
-    return -1;
-}
 
 static int bound_port(struct evhttp_bound_socket *bound)
 {
@@ -304,7 +239,7 @@ sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_a
     if (strcmp(addr, "off") == 0)
         return admin;
 
-    if (parse_address(addr, host, sizeof(host), &port, err, errlen) != 0)
+    if (sl_hostport_parse(addr, "admin", 9901, host, sizeof(host), &port, err, errlen) != 0)
         goto fail_admin;
     admin->http = evhttp_new(base);
     if (!admin->http) {
