@@ -504,7 +504,9 @@ static int parse_request_line(const char *p, const char *end, sl_http1_request_t
         p++;
     if (p == end)
         return SL_AGAIN;
-    if (sl_unlikely(*p != ' ')) {
+    /* A line that starts with a space has an empty method: never a request
+     * (fuzz finding; some servers would skip the space and see another). */
+    if (sl_unlikely(*p != ' ' || p == method)) {
         if (p == method)
             return req_fail(req, 400,
                             *p == ' ' || *p == '\t' ? "request line starts with whitespace"

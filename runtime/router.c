@@ -794,17 +794,26 @@ static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
 
     for (size_t h = 0; h < pb->n_headers; h++) {
         if (compile_match(b, pb->headers[h], false, label, &r->matches[r->n_matches]) < 0)
-            return -1;
+            goto fail;
         r->n_matches++;
         rt->n_headers++;
     }
     for (size_t q = 0; q < pb->n_query; q++) {
         if (compile_match(b, pb->query[q], true, label, &r->matches[r->n_matches]) < 0)
-            return -1;
+            goto fail;
         r->n_matches++;
         rt->n_query++;
     }
     return 0;
+fail:
+    /* The route is not counted in r->n_routes, so router_free would not see
+     * its path regex (fuzz finding: one leak per refused build). Its
+     * matches are counted in r->n_matches and freed there. */
+    if (rt->path_re) {
+        pcre2_code_free(rt->path_re);
+        rt->path_re = NULL;
+    }
+    return -1;
 }
 
 /* Normalises one configured host into the string arena and returns its

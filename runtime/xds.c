@@ -527,6 +527,10 @@ static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__Discovery
         if (!next.msgs[i]) {
             snprintf(err, sizeof(err), "%s resource '%s': does not decode as %s",
                      sl_xds_type_names[t], r->name, resp->type_url);
+            /* Only [0, i) are complete; this one's name is ours too (fuzz
+             * finding: it leaked on every such push). */
+            free(next.names[i]);
+            next.names[i] = NULL;
             next.n = i;
             break;
         }
