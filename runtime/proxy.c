@@ -831,10 +831,7 @@ static void read_head(sl_conn_t *c)
         size_t space = sl_buf_space(&c->in);
         ssize_t n = read(c->fd, sl_buf_tail(&c->in), space);
         if (n > 0) {
-            /* A short read means the socket is drained (edge-triggered: the
-             * next bytes bring a new event), which saves an EAGAIN read. */
-            if ((size_t)n < space && !c->rdhup)
-                c->read_ready = 0;
+            int short_read = (size_t)n < space;
             c->in.end += (size_t)n;
             if (sl_buf_len(&c->in) == (size_t)n && !c->first_request) {
                 /* First byte of a keep-alive request: the header timeout starts. */
@@ -847,6 +844,16 @@ static void read_head(sl_conn_t *c)
                 arm_timer(c, header_ms);
             }
             process_input(c);
+            /*
+             * A short read means the socket was drained, and the next bytes
+             * bring a new edge: trusting it saves an EAGAIN read per request.
+             * Only when we have all we wait for, though: a RST that came with
+             * the data gets no edge of its own (libevent reports it as
+             * READ|WRITE, without CLOSED), so whoever still needs bytes reads
+             * on until EAGAIN or the error.
+             */
+            if (short_read && !c->rdhup && !c->dead && c->state != CS_HEAD && c->req_body_done)
+                c->read_ready = 0;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -1269,8 +1276,6 @@ static void pump_request_body(sl_conn_t *c)
                     break;
                 ssize_t n = read(c->fd, sl_buf_tail(&c->uout), want);
                 if (n > 0) {
-                    if ((size_t)n < want && !c->rdhup)
-                        c->read_ready = 0;
                     c->uout.end += (size_t)n;
                     c->req_remaining -= (uint64_t)n;
                     c->req_body_bytes += (uint64_t)n;
@@ -1298,8 +1303,6 @@ static void pump_request_body(sl_conn_t *c)
             size_t space = sl_buf_space(&c->in);
             ssize_t n = read(c->fd, sl_buf_tail(&c->in), space);
             if (n > 0) {
-                if ((size_t)n < space && !c->rdhup)
-                    c->read_ready = 0;
                 c->in.end += (size_t)n;
             } else if (n < 0 && errno == EINTR) {
                 continue;
@@ -1741,7 +1744,6 @@ static void abort_response(sl_conn_t *c, const char *code, enum sl_upstream_erro
 static void read_response_head(sl_conn_t *c)
 {
     sl_upconn_t *up = c->up;
-    int drained = 0;
     if (!c->uin.data && sl_worker_buf_get(c->w, &c->uin) != 0) {
         send_error(c, 503, "overloaded", "out of memory", 1, 0);
         return;
@@ -1757,16 +1759,10 @@ static void read_response_head(sl_conn_t *c)
                 }
             }
         }
-        if (drained)
-            return; /* wait for the next edge */
         size_t space = sl_buf_space(&c->uin);
         ssize_t n = read(up->fd, sl_buf_tail(&c->uin), space);
         if (n > 0) {
             c->uin.end += (size_t)n;
-            if ((size_t)n < space && !c->up_rdhup) {
-                drained = 1;
-                c->up_read_ready = 0;
-            }
         } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             c->up_read_ready = 0;
             return;
@@ -1886,10 +1882,12 @@ static void read_response_body(sl_conn_t *c)
                 want = (size_t)c->resp_remaining;
             ssize_t n = read(up->fd, sl_buf_tail(&c->out), want);
             if (n > 0) {
-                if ((size_t)n < want && !c->up_rdhup)
-                    c->up_read_ready = 0;
                 size_t keep = 0;
                 ssize_t used = account_response_body(c, sl_buf_tail(&c->out), (size_t)n, &keep);
+                /* Short read and nothing more expected: skip the EAGAIN read
+                 * (see read_head for why only then). */
+                if ((size_t)n < want && c->resp_done && !c->up_rdhup)
+                    c->up_read_ready = 0;
                 if (used < 0) {
                     abort_response(c, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
                     return;
