@@ -53,6 +53,7 @@ CONTROLLER="$BUILD/bin/sluice-controller"
 RUNTIME="$BUILD/bin/sluice-runtime"
 COMMAND="BUILD=$BUILD SOAK_SECONDS=$SOAK_SECONDS SAMPLE_SECONDS=$SAMPLE_SECONDS WARMUP_SECONDS=$WARMUP_SECONDS WORKERS=$WORKERS WRK_CONNECTIONS=$WRK_CONNECTIONS perf/soak.sh"
 
+KEEP_WORK=0
 die() {
     echo "soak: $*" >&2
     exit 2
@@ -65,6 +66,7 @@ command -v wrk >/dev/null || die "wrk not installed (apt-get install wrk)"
 [ "$SOAK_SECONDS" -ge "$((2 * SAMPLE_SECONDS))" ] ||
     die "SOAK_SECONDS ($SOAK_SECONDS) must be at least two samples ($((2 * SAMPLE_SECONDS)))"
 
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 WORK=$(mktemp -d /tmp/sluice-soak.XXXXXX)
 PIDS=()
 cleanup() {
@@ -75,7 +77,11 @@ cleanup() {
     for p in "${PIDS[@]}"; do
         wait "$p" 2>/dev/null || true
     done
-    rm -rf "$WORK"
+    if [ "$KEEP_WORK" = 1 ]; then
+        echo "soak: logs kept in $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -306,7 +312,16 @@ sample 0
 for ((t = SAMPLE_SECONDS; t <= SOAK_SECONDS; t += SAMPLE_SECONDS)); do
     sleep $((START + t - $(date +%s) > 0 ? START + t - $(date +%s) : 0))
     for p in "$CONTROLLER_PID" "$RUNTIME_PID"; do
-        kill -0 "$p" 2>/dev/null || die "process $p died; logs in $WORK"
+        if ! kill -0 "$p" 2>/dev/null; then
+            rc=0
+            wait "$p" || rc=$?
+            KEEP_WORK=1
+            echo "--- controller log (tail) ---" >&2
+            tail -30 "$WORK/controller.log" >&2
+            echo "--- runtime log (tail) ---" >&2
+            tail -30 "$WORK/runtime.log" >&2
+            die "process $p died at ${t}s (wait status $rc)"
+        fi
     done
     sample "$t"
 done
@@ -358,7 +373,7 @@ report() {
     echo
     echo "Run $(date -u '+%Y-%m-%d %H:%M UTC') on $(nproc) CPUs" \
         "($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), kernel $(uname -r)," \
-        "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)."
+        "checkout at commit $COMMIT when the run started (the binaries are whatever $BUILD held)."
     echo
     echo "Command:"
     echo
