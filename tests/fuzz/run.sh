@@ -3,6 +3,9 @@
 #
 #   tests/fuzz/run.sh                  build all, run each for FUZZ_SECONDS (60)
 #   tests/fuzz/run.sh build            build only
+#   tests/fuzz/run.sh replay           build, then run every driver once over its
+#                                      committed corpus and tests/fuzz/regressions/
+#                                      (seconds; no fuzzing)
 #   tests/fuzz/run.sh fuzz_router ...  build all, run only the named drivers
 #
 # Environment: FUZZ_SECONDS (per driver, default 60), FUZZ_BUILD (default
@@ -32,9 +35,11 @@ build() {
         "$FUZZ_BUILD/lib/libsl-common.a" "$FUZZ_BUILD/lib/libsl-runtime.a" \
         "$FUZZ_BUILD/lib/libsl-controller.a"
     pkgs="libevent libevent_pthreads jansson yaml-0.1 libpcre2-8 liburcu-qsbr libprotobuf-c openssl sqlite3"
+    # shellcheck disable=SC2086 # $pkgs is a list of package names
     cflags="-std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -D_LGPL_SOURCE -fno-strict-aliasing
         -Icommon -Iruntime -Ipolicies -Icontroller -Itests/fuzz -I$FUZZ_BUILD/gen
         $(pkg-config --cflags $pkgs)"
+    # shellcheck disable=SC2086
     libs="$FUZZ_BUILD/lib/libsl-runtime.a $FUZZ_BUILD/lib/libsl-controller.a
         $FUZZ_BUILD/lib/libsl-common.a $(pkg-config --libs $pkgs) -lgrpc -lgpr -lpthread -lm"
     mkdir -p "$FUZZ_BUILD/bin"
@@ -52,22 +57,50 @@ run_one() {
     bin=$FUZZ_BUILD/bin/$d
     [ -x "$bin" ] || { echo "$d: not built"; return 1; }
     work=$FUZZ_BUILD/corpus/$d
-    crashes=$FUZZ_BUILD/crashes/$d
+    # A fresh artifact directory per run, so an old crash file never fails a
+    # new run (and is not lost either).
+    crashes=$FUZZ_BUILD/crashes/$d/$(date +%Y%m%d-%H%M%S)
     mkdir -p "$work" "$crashes"
-    [ -d "tests/fuzz/corpus/$d" ] && cp -n tests/fuzz/corpus/"$d"/* "$work"/ 2>/dev/null || true
-    dict=
-    [ -f "tests/fuzz/$d.dict" ] && dict="-dict=tests/fuzz/$d.dict"
+    if [ -d "tests/fuzz/corpus/$d" ]; then
+        cp -n tests/fuzz/corpus/"$d"/* "$work"/ 2>/dev/null || true
+    fi
+    set --
+    [ -f "tests/fuzz/$d.dict" ] && set -- "-dict=tests/fuzz/$d.dict"
+    # -jobs/-workers only when asked for: with them libFuzzer writes
+    # fuzz-N.log files into the current directory.
+    [ "$FUZZ_JOBS" -gt 1 ] && set -- "$@" -jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS"
     log=$FUZZ_BUILD/$d.log
     echo "== $d: ${FUZZ_SECONDS}s, corpus $work, log $log"
-    # shellcheck disable=SC2086
-    if "$bin" -max_total_time="$FUZZ_SECONDS" -jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS" \
-        -artifact_prefix="$crashes/" -print_final_stats=1 $dict "$work" >"$log" 2>&1 &&
-        ! ls "$crashes" | grep -q .; then
+    rc=0
+    "$bin" -max_total_time="$FUZZ_SECONDS" -artifact_prefix="$crashes/" -print_final_stats=1 \
+        "$@" "$work" >"$log" 2>&1 || rc=$?
+    if [ $rc = 0 ] && [ -z "$(ls -A "$crashes")" ]; then
+        rmdir "$crashes"
         grep -E '^#[0-9]+' "$log" | tail -1
+        grep -E '^stat::number_of_executed_units' "$log" || true
         return 0
     fi
-    echo "$d: CRASH (see $log and $crashes/)"
+    echo "$d: CRASH (exit $rc; see $log and $crashes/)"
     grep -E 'ERROR: |fuzz invariant|SUMMARY' "$log" | head -5
+    return 1
+}
+
+# Each committed input once: the seeds and the minimized crashes of
+# tests/fuzz/regressions/<driver>/ (fixed bugs must stay fixed).
+replay_one() {
+    d=$1
+    set --
+    for dir in tests/fuzz/corpus/"$d" tests/fuzz/regressions/"$d"; do
+        [ -d "$dir" ] && set -- "$@" "$dir"/*
+    done
+    [ $# -gt 0 ] || return 0
+    log=$FUZZ_BUILD/$d.replay.log
+    if "$FUZZ_BUILD/bin/$d" "$@" >"$log" 2>&1; then
+        echo "$d: $# inputs replayed clean"
+        return 0
+    fi
+    echo "$d: REPLAY FAILED (see $log)"
+    grep -E 'Running:|ERROR: |fuzz invariant|SUMMARY' "$log" | tail -4
     return 1
 }
 
@@ -75,6 +108,14 @@ case "${1:-}" in
 build)
     build
     exit 0
+    ;;
+replay)
+    build
+    fail=0
+    for d in $DRIVERS_ALL; do
+        replay_one "$d" || fail=1
+    done
+    exit $fail
     ;;
 "") drivers=$DRIVERS_ALL ;;
 *) drivers=$* ;;
