@@ -14,9 +14,9 @@
 #include "http1.h"
 
 typedef struct {
-    int error;          /* 1 if SL_ERROR was returned */
-    int done;           /* final CRLF consumed */
-    size_t consumed;    /* bytes that belonged to the body */
+    int error;       /* 1 if SL_ERROR was returned */
+    int done;        /* final CRLF consumed */
+    size_t consumed; /* bytes that belonged to the body */
     uint64_t data_bytes;
 } fuzz_chunk_verdict_t;
 
@@ -35,8 +35,8 @@ static inline fuzz_chunk_verdict_t fuzz_chunk_whole(const uint8_t *buf, size_t l
         v.error = 1;
     } else {
         FUZZ_CHECK((size_t)r <= len, "scan consumed %zd of %zu bytes", r, len);
-        FUZZ_CHECK(done || (size_t)r == len,
-                   "scan stopped at %zd of %zu bytes without being done", r, len);
+        FUZZ_CHECK(done || (size_t)r == len, "scan stopped at %zd of %zu bytes without being done",
+                   r, len);
         v.done = done;
         v.consumed = (size_t)r;
         v.data_bytes = c.data_bytes;
@@ -53,8 +53,7 @@ static inline fuzz_chunk_verdict_t fuzz_chunk_whole(const uint8_t *buf, size_t l
 
 /* The same body delivered in splits drawn from rng; each piece is its own
  * exact-size allocation, as a socket read would be. */
-static inline fuzz_chunk_verdict_t fuzz_chunk_split(const uint8_t *buf, size_t len,
-                                                    fuzz_rng_t *rng)
+static inline fuzz_chunk_verdict_t fuzz_chunk_split(const uint8_t *buf, size_t len, fuzz_rng_t *rng)
 {
     fuzz_chunk_verdict_t v = {0, 0, 0, 0};
     sl_http1_chunked_t c;
@@ -152,8 +151,7 @@ static inline void fuzz_chunk_same(const fuzz_chunk_verdict_t *a, const fuzz_chu
  * payload that decode produced. Returns 0 and the payload, or -1 if this
  * simple reader cannot follow the framing (which then is itself a finding).
  */
-static inline int fuzz_chunk_reference(const uint8_t *b, size_t len, uint8_t *out,
-                                       size_t *out_len)
+static inline int fuzz_chunk_reference(const uint8_t *b, size_t len, uint8_t *out, size_t *out_len)
 {
     size_t i = 0, o = 0;
     for (;;) {

@@ -38,18 +38,16 @@ static void check_result(const char *buf, size_t len, ssize_t r, const sl_http1_
         return;
     if (r == SL_ERROR) {
         int s = req->error_status;
-        FUZZ_CHECK(s == 400 || s == 414 || s == 431 || s == 501 || s == 505,
-                   "error status %d", s);
+        FUZZ_CHECK(s == 400 || s == 414 || s == 431 || s == 501 || s == 505, "error status %d", s);
         FUZZ_CHECK(req->error != NULL && req->error[0] != '\0', "error without a message");
         return;
     }
     FUZZ_CHECK(r > 0, "unexpected return %zd", r);
     FUZZ_CHECK((size_t)r <= len, "head_len %zd > len %zu", r, len);
     FUZZ_CHECK(req->head_len == (size_t)r, "head_len %zu != return %zd", req->head_len, r);
-    FUZZ_CHECK(req->num_headers <= capacity, "num_headers %zu > capacity %zu",
-               req->num_headers, capacity);
-    FUZZ_CHECK(req->minor_version == 0 || req->minor_version == 1, "minor %d",
-               req->minor_version);
+    FUZZ_CHECK(req->num_headers <= capacity, "num_headers %zu > capacity %zu", req->num_headers,
+               capacity);
+    FUZZ_CHECK(req->minor_version == 0 || req->minor_version == 1, "minor %d", req->minor_version);
     FUZZ_CHECK(req->method.len > 0, "empty method accepted");
     FUZZ_CHECK(fuzz_within(buf, (size_t)r, req->method.ptr, req->method.len), "method");
     FUZZ_CHECK(fuzz_within(buf, (size_t)r, req->target.ptr, req->target.len), "target");
@@ -62,8 +60,7 @@ static void check_result(const char *buf, size_t len, ssize_t r, const sl_http1_
         const sl_http1_header_t *h = &req->headers[i];
         FUZZ_CHECK(h->name.len > 0, "empty header name at %zu", i);
         FUZZ_CHECK(fuzz_within(buf, (size_t)r, h->name.ptr, h->name.len), "header name %zu", i);
-        FUZZ_CHECK(fuzz_within(buf, (size_t)r, h->value.ptr, h->value.len), "header value %zu",
-                   i);
+        FUZZ_CHECK(fuzz_within(buf, (size_t)r, h->value.ptr, h->value.len), "header value %zu", i);
         if (h->value.len > 0) {
             unsigned char first = (unsigned char)h->value.ptr[0];
             unsigned char last = (unsigned char)h->value.ptr[h->value.len - 1];
@@ -90,10 +87,10 @@ static void parse_copy(const uint8_t *data, size_t len, const sl_http1_limits_t 
     /* Re-base pointers onto data so results of different copies compare. */
     if (out->r > 0) {
         ptrdiff_t d = (const char *)data - copy;
-#define REBASE(s)                                                                              \
-    do {                                                                                       \
-        if ((s).ptr)                                                                           \
-            (s).ptr += d;                                                                      \
+#define REBASE(s)                                                                                  \
+    do {                                                                                           \
+        if ((s).ptr)                                                                               \
+            (s).ptr += d;                                                                          \
     } while (0)
         REBASE(out->req.method);
         REBASE(out->req.target);
@@ -159,8 +156,8 @@ static size_t one_head(const uint8_t *data, size_t len, const sl_http1_limits_t 
                    h - 1, h, probe.r);
         size_t cut = fuzz_rng_next(rng) % h;
         parse_copy(data, cut, lim, capacity, &probe);
-        FUZZ_CHECK(probe.r == SL_AGAIN, "prefix of %zu of an accepted %zu-byte head gave %zd",
-                   cut, h, probe.r);
+        FUZZ_CHECK(probe.r == SL_AGAIN, "prefix of %zu of an accepted %zu-byte head gave %zd", cut,
+                   h, probe.r);
         return h;
     }
     if (split->r > 0)

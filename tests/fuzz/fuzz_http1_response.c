@@ -49,8 +49,7 @@ static void check_result(const char *buf, size_t len, ssize_t r, const sl_http1_
     FUZZ_CHECK(resp->status >= 100 && resp->status <= 599, "status %d", resp->status);
     FUZZ_CHECK(resp->minor_version == 0 || resp->minor_version == 1, "minor %d",
                resp->minor_version);
-    FUZZ_CHECK(resp->num_headers <= capacity, "num_headers %zu > %zu", resp->num_headers,
-               capacity);
+    FUZZ_CHECK(resp->num_headers <= capacity, "num_headers %zu > %zu", resp->num_headers, capacity);
     FUZZ_CHECK(fuzz_within(buf, (size_t)r, resp->reason.ptr, resp->reason.len), "reason");
     for (size_t i = 0; i < resp->num_headers; i++) {
         const sl_http1_header_t *h = &resp->headers[i];
@@ -109,12 +108,12 @@ static size_t one_head(const uint8_t *data, size_t len, unsigned method_bit, siz
         same_response(split, &whole);
         size_t h = (size_t)whole.r;
         parse_copy(data, h - 1, method_bit, max_head, capacity, &probe);
-        FUZZ_CHECK(probe.r == SL_AGAIN, "prefix %zu of an accepted %zu-byte head gave %zd",
-                   h - 1, h, probe.r);
+        FUZZ_CHECK(probe.r == SL_AGAIN, "prefix %zu of an accepted %zu-byte head gave %zd", h - 1,
+                   h, probe.r);
         size_t cut = fuzz_rng_next(rng) % h;
         parse_copy(data, cut, method_bit, max_head, capacity, &probe);
-        FUZZ_CHECK(probe.r == SL_AGAIN, "prefix %zu of an accepted %zu-byte head gave %zd", cut,
-                   h, probe.r);
+        FUZZ_CHECK(probe.r == SL_AGAIN, "prefix %zu of an accepted %zu-byte head gave %zd", cut, h,
+                   probe.r);
         return h;
     }
     FUZZ_CHECK(split->r <= 0, "split accepted %zd, whole gave %zd", split->r, whole.r);

@@ -23,8 +23,7 @@
 static void check_errors(const sl_errors_t *errs)
 {
     for (size_t i = 0; i < errs->count; i++) {
-        FUZZ_CHECK(errs->items[i].message && errs->items[i].message[0], "error %zu: no message",
-                   i);
+        FUZZ_CHECK(errs->items[i].message && errs->items[i].message[0], "error %zu: no message", i);
         char *line = sl_error_format(&errs->items[i]);
         FUZZ_CHECK(line && line[0], "error %zu does not format", i);
         free(line);
@@ -74,14 +73,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == 0) {
         FUZZ_CHECK(errs.count == 0, "parse returned 0 with %zu errors", errs.count);
     } else {
-        FUZZ_CHECK(rc == -1 && errs.count > 0, "parse returned %d with %zu errors", rc,
-                   errs.count);
+        FUZZ_CHECK(rc == -1 && errs.count > 0, "parse returned %d with %zu errors", rc, errs.count);
         check_errors(&errs);
     }
     for (size_t i = 0; i < set.count; i++) {
         const sl_resource_t *r = &set.items[i];
-        FUZZ_CHECK(r->obj && r->name && r->name[0] && r->ns && r->ns[0], "item %zu incomplete",
-                   i);
+        FUZZ_CHECK(r->obj && r->name && r->name[0] && r->ns && r->ns[0], "item %zu incomplete", i);
         FUZZ_CHECK((unsigned)r->kind < SL_KIND__COUNT, "item %zu kind %d", i, (int)r->kind);
     }
     /* Only a fully valid file is compiled, as the controller and the

@@ -51,8 +51,7 @@ static void fuzz_send_reply(struct evhttp_request *req, int code, const char *re
     fuzz_last_status = code;
     FUZZ_CHECK(code >= 200 && code <= 599, "status %d", code);
     FUZZ_CHECK(reason != NULL, "no reason phrase for %d", code);
-    const char *ct =
-        evhttp_find_header(evhttp_request_get_output_headers(req), "Content-Type");
+    const char *ct = evhttp_find_header(evhttp_request_get_output_headers(req), "Content-Type");
     FUZZ_CHECK(ct && strcmp(ct, "application/json") == 0, "status %d with Content-Type %s", code,
                ct ? ct : "(none)");
     /* HEAD: rest.c sends no body when the request's own command is HEAD,
@@ -169,7 +168,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 static const enum evhttp_cmd_type methods[8] = {
-    EVHTTP_REQ_GET,    EVHTTP_REQ_HEAD,    EVHTTP_REQ_POST, EVHTTP_REQ_PUT,
+    EVHTTP_REQ_GET,    EVHTTP_REQ_HEAD,    EVHTTP_REQ_POST,  EVHTTP_REQ_PUT,
     EVHTTP_REQ_DELETE, EVHTTP_REQ_OPTIONS, EVHTTP_REQ_PATCH, EVHTTP_REQ_POST,
 };
 
@@ -195,7 +194,8 @@ static int run_request(sl_rest_t *rest, enum evhttp_cmd_type cmd, const char *ta
     struct evhttp_request *req = evhttp_request_new(NULL, NULL);
     FUZZ_CHECK(req != NULL, "evhttp_request_new");
     struct evkeyval *h;
-    TAILQ_FOREACH(h, headers, next) {
+    TAILQ_FOREACH(h, headers, next)
+    {
         evhttp_add_header(evhttp_request_get_input_headers(req), h->key, h->value);
     }
     if (body_len)
@@ -229,8 +229,8 @@ static int run_request(sl_rest_t *rest, enum evhttp_cmd_type cmd, const char *ta
             dispatch_api(&c);
         }
     }
-    FUZZ_CHECK(fuzz_replies == 1, "%s %s answered %d times", fuzz_head ? "HEAD" : "request",
-               target, fuzz_replies);
+    FUZZ_CHECK(fuzz_replies == 1, "%s %s answered %d times", fuzz_head ? "HEAD" : "request", target,
+               fuzz_replies);
     evhttp_request_free(req);
     return fuzz_last_status;
 }

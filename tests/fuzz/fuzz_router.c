@@ -79,26 +79,39 @@ static char *pick(rd_t *r, const char *const *vocab, size_t nvocab, size_t max_r
     return raw(r, max_raw);
 }
 
-static const char *const host_vocab[] = {"*", "example.com", "*.example.com", "a.example.com",
-                                         "b.a.example.com", "EXAMPLE.com", "*.com", "localhost",
-                                         "[::1]", "xn--bcher-kva.example"};
-static const char *const base_vocab[] = {"/", "/api", "/api/v1", "/petstore/v1", "/a/b/c",
-                                         "/api/"};
+static const char *const host_vocab[] = {
+    "*",           "example.com", "*.example.com", "a.example.com", "b.a.example.com",
+    "EXAMPLE.com", "*.com",       "localhost",     "[::1]",         "xn--bcher-kva.example"};
+static const char *const base_vocab[] = {"/", "/api", "/api/v1", "/petstore/v1", "/a/b/c", "/api/"};
 static const char *const path_vocab[] = {
-    "/", "/pets", "/pets/{id}", "/pets/{id}/photos", "/pets/mine", "/{a}/{b}", "/users/",
-    "/v1/{x}/y", "/files/", "^/pets/[0-9]+$", "/(a|b)+/c", ".*", "/pets/{id", "/p/{}",
-    "/a//b", "/{x}/{x}", "/%7Bid%7D", "(a+)+$", "/api/pets"};
-static const char *const method_vocab[] = {"GET",     "HEAD",  "POST",    "PUT",  "DELETE",
-                                           "PATCH",   "OPTIONS", "TRACE", "CONNECT", "PURGE",
-                                           "get"};
-static const char *const hname_vocab[] = {"x-version", "X-Version", "user-agent", "content-type",
-                                          "x-empty", "version"};
-static const char *const hvalue_vocab[] = {"v1", "v2", "", "v1.2", "^v[0-9]+$", "V1",
-                                           "application/json", "(a|aa)+"};
-static const char *const req_path_vocab[] = {
-    "/", "/pets", "/pets/1", "/pets/1/photos", "/pets/mine", "/api/v1/pets/7", "/petstore/v1/pets",
-    "/petstore/v1/pets/42", "/a/b/c/d", "/files/x/y", "/api", "/api/", "/api/pets", "/x/y",
-    "/pets/", "//pets", "/pets/1/", "/%70ets"};
+    "/",         "/pets",     "/pets/{id}", "/pets/{id}/photos", "/pets/mine", "/{a}/{b}",
+    "/users/",   "/v1/{x}/y", "/files/",    "^/pets/[0-9]+$",    "/(a|b)+/c",  ".*",
+    "/pets/{id", "/p/{}",     "/a//b",      "/{x}/{x}",          "/%7Bid%7D",  "(a+)+$",
+    "/api/pets"};
+static const char *const method_vocab[] = {
+    "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "PURGE", "get"};
+static const char *const hname_vocab[] = {"x-version",    "X-Version", "user-agent",
+                                          "content-type", "x-empty",   "version"};
+static const char *const hvalue_vocab[] = {
+    "v1", "v2", "", "v1.2", "^v[0-9]+$", "V1", "application/json", "(a|aa)+"};
+static const char *const req_path_vocab[] = {"/",
+                                             "/pets",
+                                             "/pets/1",
+                                             "/pets/1/photos",
+                                             "/pets/mine",
+                                             "/api/v1/pets/7",
+                                             "/petstore/v1/pets",
+                                             "/petstore/v1/pets/42",
+                                             "/a/b/c/d",
+                                             "/files/x/y",
+                                             "/api",
+                                             "/api/",
+                                             "/api/pets",
+                                             "/x/y",
+                                             "/pets/",
+                                             "//pets",
+                                             "/pets/1/",
+                                             "/%70ets"};
 
 #define MAX_TABLES 4
 #define MAX_ROUTES 8
@@ -251,8 +264,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc == SL_OK) {
             FUZZ_CHECK(res.table_index == res2.table_index && res.route_index == res2.route_index,
                        "match not deterministic");
-            FUZZ_CHECK(res.table_index < snap.n_route_tables, "table index %u",
-                       res.table_index);
+            FUZZ_CHECK(res.table_index < snap.n_route_tables, "table index %u", res.table_index);
             const Sluice__V1__RouteTable *rt = snap.route_tables[res.table_index];
             FUZZ_CHECK(res.route_index < rt->n_routes, "route index %u of %zu", res.route_index,
                        rt->n_routes);

@@ -38,7 +38,7 @@
 #include <urcu-qsbr.h>
 
 int fuzz_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *source, char *err,
-                    size_t errlen)
+                      size_t errlen)
 {
     (void)cfg;
     for (size_t i = 0; i < snap->n_listeners; i++) {
@@ -167,8 +167,7 @@ static void stream_mode(const uint8_t *data, size_t size)
                 for (int i = 0; i < SL_XDS__COUNT; i++)
                     FUZZ_CHECK(x.types[i].n == n_before[i], "NACKed push changed type %d", i);
                 FUZZ_CHECK((version_before == NULL) == (x.types[t].version == NULL) &&
-                               (!version_before ||
-                                strcmp(version_before, x.types[t].version) == 0),
+                               (!version_before || strcmp(version_before, x.types[t].version) == 0),
                            "NACKed push changed the version");
             } else {
                 const char *v = resp->version_info ? resp->version_info : "";

@@ -134,10 +134,10 @@ int main(int argc, char **argv)
         put_response(&b, SL_XDS_CLUSTER, (const ProtobufCMessage *const *)snap->clusters, cnames,
                      snap->n_clusters, 0, "7");
         put_response(&b, SL_XDS_SETTINGS, &settings, &settings_name, settings ? 1 : 0, 0, "7");
-        put_response(&b, SL_XDS_ROUTE, (const ProtobufCMessage *const *)snap->route_tables,
-                     rnames, snap->n_route_tables, 0, "7");
-        put_response(&b, SL_XDS_LISTENER, (const ProtobufCMessage *const *)snap->listeners,
-                     lnames, snap->n_listeners, 0, "7");
+        put_response(&b, SL_XDS_ROUTE, (const ProtobufCMessage *const *)snap->route_tables, rnames,
+                     snap->n_route_tables, 0, "7");
+        put_response(&b, SL_XDS_LISTENER, (const ProtobufCMessage *const *)snap->listeners, lnames,
+                     snap->n_listeners, 0, "7");
         put_response(&b, SL_XDS_CLUSTER, (const ProtobufCMessage *const *)snap->clusters, cnames,
                      snap->n_clusters, 1, "8");
         snprintf(path, sizeof(path), "%s/stream-%d", argv[1], a - 1);

@@ -106,8 +106,8 @@ static void test_failed_route_frees_its_path_regex(void **state)
         assert_null(r);
         assert_true(err[0] != '\0');
         if (n_tracked != 0)
-            fail_msg("case %zu (\"%s\"): %zu compiled regex(es) left after the refused build",
-                     i, err, n_tracked);
+            fail_msg("case %zu (\"%s\"): %zu compiled regex(es) left after the refused build", i,
+                     err, n_tracked);
     }
     /* And the valid form builds and frees everything. */
     Sluice__V1__HeaderMatch ok = SLUICE__V1__HEADER_MATCH__INIT;
