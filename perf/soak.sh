@@ -279,7 +279,9 @@ except (OSError, ValueError): print(0)' "$1" "$2"
 echo "soak: ${SOAK_SECONDS}s, controller pid $CONTROLLER_PID, runtime pid $RUNTIME_PID" \
     "(listener 127.0.0.1:$LISTEN), work dir $WORK"
 
-wrk -t"$WRK_THREADS" -c"$WRK_CONNECTIONS" -d"${SOAK_SECONDS}s" --timeout 5s --latency \
+# wrk runs a few seconds past the last sample, so that sample never races
+# with wrk closing its connections (it would show as an fd drop).
+wrk -t"$WRK_THREADS" -c"$WRK_CONNECTIONS" -d"$((SOAK_SECONDS + 5))s" --timeout 5s --latency \
     "http://127.0.0.1:$LISTEN/soak/pets/7" >"$WORK/wrk.txt" 2>&1 &
 WRK_PID=$!
 PIDS+=("$WRK_PID")
