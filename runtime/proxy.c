@@ -223,10 +223,17 @@ static sl_str_t meta_put(sl_conn_t *c, const char *p, size_t n)
     return s;
 }
 
+static void make_request_id_rng(sl_lb_rng_t *rng, char out[37]);
+
 static void make_request_id(sl_conn_t *c, char out[37])
 {
+    make_request_id_rng(&c->w->rng, out);
+}
+
+static void make_request_id_rng(sl_lb_rng_t *rng, char out[37])
+{
     static const char hex[] = "0123456789abcdef";
-    uint64_t a = sl_lb_rng_next(&c->w->rng), b = sl_lb_rng_next(&c->w->rng);
+    uint64_t a = sl_lb_rng_next(rng), b = sl_lb_rng_next(rng);
     unsigned char bytes[16];
     memcpy(bytes, &a, 8);
     memcpy(bytes + 8, &b, 8);
@@ -543,20 +550,24 @@ static void conn_close(sl_conn_t *c)
     sl_worker_conn_closed(w);
 }
 
-void sl_proxy_refuse(int fd)
+void sl_proxy_refuse(sl_worker_t *w, int fd)
 {
     /* Best effort, never blocks: the socket is fresh, so the small answer
-     * fits its send buffer. */
-    static const char body[] =
-        "{\"error\":{\"status\":503,\"code\":\"connection_limit\",\"message\":"
-        "\"too many connections; retry later\"}}\n";
-    char resp[512];
+     * fits its send buffer. No request was read, but the error keeps the
+     * usual shape, request id included, for log correlation. */
+    char id[37], body[256], resp[640];
+    make_request_id_rng(&w->rng, id);
+    int blen = snprintf(body, sizeof(body),
+                        "{\"error\":{\"status\":503,\"code\":\"connection_limit\",\"message\":"
+                        "\"too many connections; retry later\",\"request_id\":\"%s\"}}\n",
+                        id);
     int n = snprintf(resp, sizeof(resp),
                      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s",
-                     sizeof(body) - 1, body);
-    ssize_t w = write(fd, resp, (size_t)n);
-    (void)w;
+                     "Content-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n"
+                     "X-Request-Id: %s\r\n\r\n%s",
+                     blen, id, body);
+    ssize_t written = write(fd, resp, (size_t)n);
+    (void)written;
     close(fd);
 }
 

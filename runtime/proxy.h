@@ -17,8 +17,8 @@
 /* Takes ownership of an accepted, non-blocking socket. */
 void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr);
 
-/* Refuses a connection over the listener's limit with a 503 and closes it. */
-void sl_proxy_refuse(int fd);
+/* Refuses a connection over a connection limit with a 503 and closes it. */
+void sl_proxy_refuse(sl_worker_t *w, int fd);
 
 /* Drain: close idle connections now, ask busy ones to close after their
  * current response. */

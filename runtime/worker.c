@@ -84,7 +84,7 @@ static void accept_cb(evutil_socket_t fd, short what, void *arg)
         }
         if ((ls->max_connections && ls->active >= ls->max_connections) ||
             (ls->worker->max_connections && ls->worker->num_conns >= ls->worker->max_connections)) {
-            sl_proxy_refuse(cfd);
+            sl_proxy_refuse(ls->worker, cfd);
             continue;
         }
         sl_proxy_accept(ls, cfd, (struct sockaddr *)&ss);
