@@ -94,6 +94,9 @@ struct sl_controller {
     runtime_rec_t *runtimes;
     json_t *statuses; /* "<plural>/<ns>/<name>" -> status object */
     uint64_t config_version;
+    /* A runtime runs newer versions than ours: push nothing until the
+     * compile has given every type a version past it. */
+    int versions_stale;
     /* Routes per Api ("ns/name" -> operations), for admission. Apis apply
      * to every fleet, so the total is each fleet's route count. Rebuilt
      * from the store on every compile. */
@@ -337,7 +340,7 @@ static grpc_byte_buffer *encode_response(Sluice__V1__Resource **res, size_t n, i
 
 static void try_push(sl_controller_t *ctl, runtime_rec_t *rt)
 {
-    if (!rt->stream || rt->inflight_nonce[0])
+    if (!rt->stream || rt->inflight_nonce[0] || ctl->versions_stale)
         return;
     fleet_t *f = fleet_find(ctl, rt->fleet_name);
     if (!f || !f->compiled_ok)
@@ -527,6 +530,7 @@ static void compile_all(sl_controller_t *ctl)
     sl_resource_set_free(&loaded);
     ctl->config_version = sl_store_counter_get(ctl->store, "config_version");
     atomic_store(&sl_ctrl_metrics.config_version, ctl->config_version);
+    ctl->versions_stale = 0;
     if (new_version)
         sl_log_notice("config version %" PRIu64 " compiled", new_version);
     for (fleet_t *f = ctl->fleets; f; f = f->next)
@@ -682,7 +686,11 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
             for (fleet_t *f = ctl->fleets; f; f = f->next)
                 for (int i = 0; i < SL_XDS__COUNT; i++)
                     f->t[i].hash = 0; /* force new versions on the next compile */
+            ctl->versions_stale = 1;
             sl_controller_changed(ctl);
+            /* Nothing now: what we hold carries older versions. The compile
+             * gives every type a version past the runtime's and pushes. */
+            goto out;
         }
     }
     try_push(ctl, rt);

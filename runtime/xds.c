@@ -537,6 +537,14 @@ static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__Discovery
     }
     if (t == SL_XDS_SETTINGS && !err[0] && next.n > 1)
         snprintf(err, sizeof(err), "settings: %zu resources, expected one", next.n);
+    /* Versions only go forward: an older one means a controller whose store
+     * went back in time. Refuse it rather than roll the fleet back; the
+     * controller moves its versions past ours when it sees this. */
+    if (!err[0] && parse_u64(resp->version_info) < parse_u64(x->types[t].version))
+        snprintf(err, sizeof(err),
+                 "%s version %s is older than the running version %s; refusing a rollback",
+                 sl_xds_type_names[t], resp->version_info ? resp->version_info : "",
+                 x->types[t].version);
 
     type_state_t cand[SL_XDS__COUNT];
     memcpy(cand, x->types, sizeof(cand));
