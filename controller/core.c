@@ -40,7 +40,8 @@
 
 sl_ctrl_metrics_t sl_ctrl_metrics;
 
-#define COALESCE_MS 20
+#define COALESCE_MS 20      /* first window of a burst */
+#define COALESCE_MAX_MS 200 /* the window doubles up to this while writes keep coming */
 #define VERSION_LEN 24
 
 typedef struct fleet {
@@ -90,6 +91,8 @@ struct sl_controller {
     const sl_resource_set_t *static_set; /* --resources mode, else NULL */
     struct event *compile_ev;
     int compile_pending;
+    uint64_t last_compile_ms; /* end of the last compile, monotonic */
+    uint64_t window_ms;       /* current coalescing window */
     fleet_t *fleets;
     runtime_rec_t *runtimes;
     json_t *statuses; /* "<plural>/<ns>/<name>" -> status object */
@@ -537,6 +540,13 @@ static void compile_all(sl_controller_t *ctl)
         push_fleet(ctl, f->name);
 }
 
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 static void compile_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -544,15 +554,33 @@ static void compile_cb(evutil_socket_t fd, short what, void *arg)
     sl_controller_t *ctl = arg;
     ctl->compile_pending = 0;
     compile_all(ctl);
+    ctl->last_compile_ms = mono_ms();
 }
 
 void sl_controller_changed(sl_controller_t *ctl)
 {
-    /* Coalesce: a burst of writes within COALESCE_MS compiles once. */
+    /* Coalesce, leading edge first: a change after a quiet spell compiles
+     * at once (on the next loop turn, so writes already queued join it), so
+     * a single change pays no delay. A change within the window of the last
+     * compile waits for the window's end, and the window doubles (20 ms up
+     * to 200 ms) while changes keep coming, so a long burst of writes makes
+     * a handful of compiles and pushes, not one per write. */
     if (ctl->compile_pending)
         return;
     ctl->compile_pending = 1;
-    struct timeval tv = {0, COALESCE_MS * 1000};
+    if (!ctl->window_ms)
+        ctl->window_ms = COALESCE_MS;
+    uint64_t since = mono_ms() - ctl->last_compile_ms;
+    uint64_t wait_ms;
+    if (since >= ctl->window_ms) {
+        wait_ms = 0;
+        ctl->window_ms = COALESCE_MS;
+    } else {
+        wait_ms = ctl->window_ms - since;
+        ctl->window_ms = ctl->window_ms * 2 > COALESCE_MAX_MS ? COALESCE_MAX_MS
+                                                               : ctl->window_ms * 2;
+    }
+    struct timeval tv = {0, (suseconds_t)(wait_ms * 1000)};
     evtimer_add(ctl->compile_ev, &tv);
 }
 
@@ -835,6 +863,7 @@ void sl_controller_compile_now(sl_controller_t *ctl)
         ctl->compile_pending = 0;
     }
     compile_all(ctl);
+    ctl->last_compile_ms = mono_ms();
 }
 
 sl_stream_hooks_t sl_controller_stream_hooks(sl_controller_t *ctl)
