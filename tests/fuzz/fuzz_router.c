@@ -167,6 +167,17 @@ static void free_snapshot_shell(Sluice__V1__Snapshot *s)
     free(s->route_tables);
 }
 
+static bool known_empty_allow;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    const char *known = getenv("SL_FUZZ_KNOWN");
+    known_empty_allow = known && strstr(known, "empty-allow") != NULL;
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static rd_t r;
@@ -282,7 +293,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                            res.table_index, res.route_index, method);
             }
         } else if (rc == 405) {
-            FUZZ_CHECK(res.allow_methods != 0, "405 with an empty Allow set");
+            /* SL_FUZZ_KNOWN=empty-allow skips a reported, not yet fixed
+             * finding so that a long run keeps exploring past it. */
+            FUZZ_CHECK(res.allow_methods != 0 || known_empty_allow, "405 with an empty Allow set");
             FUZZ_CHECK(rq.method_bit == SL_METHOD_OTHER || !(res.allow_methods & rq.method_bit),
                        "405 for %s, which the Allow set contains", method);
         } else {
