@@ -93,6 +93,7 @@ struct sl_controller {
     int compile_pending;
     uint64_t last_compile_ms; /* end of the last compile, monotonic */
     uint64_t window_ms;       /* current coalescing window */
+    unsigned coalesced;       /* changes that joined the pending compile */
     fleet_t *fleets;
     runtime_rec_t *runtimes;
     json_t *statuses; /* "<plural>/<ns>/<name>" -> status object */
@@ -553,6 +554,14 @@ static void compile_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     sl_controller_t *ctl = arg;
     ctl->compile_pending = 0;
+    /* Several changes in one window: a burst, widen the window. One: a
+     * client making changes one at a time, keep it short. */
+    if (ctl->coalesced)
+        ctl->window_ms = ctl->window_ms * 2 > COALESCE_MAX_MS ? COALESCE_MAX_MS
+                                                               : ctl->window_ms * 2;
+    else
+        ctl->window_ms = COALESCE_MS;
+    ctl->coalesced = 0;
     compile_all(ctl);
     ctl->last_compile_ms = mono_ms();
 }
@@ -562,24 +571,19 @@ void sl_controller_changed(sl_controller_t *ctl)
     /* Coalesce, leading edge first: a change after a quiet spell compiles
      * at once (on the next loop turn, so writes already queued join it), so
      * a single change pays no delay. A change within the window of the last
-     * compile waits for the window's end, and the window doubles (20 ms up
-     * to 200 ms) while changes keep coming, so a long burst of writes makes
-     * a handful of compiles and pushes, not one per write. */
-    if (ctl->compile_pending)
+     * compile waits for the window's end. Windows that gather several
+     * changes double the next one (20 ms up to 200 ms), so a long burst of
+     * writes makes a handful of compiles and pushes, not one per write,
+     * while a client changing one thing at a time keeps the short window. */
+    if (ctl->compile_pending) {
+        ctl->coalesced++;
         return;
+    }
     ctl->compile_pending = 1;
     if (!ctl->window_ms)
         ctl->window_ms = COALESCE_MS;
     uint64_t since = mono_ms() - ctl->last_compile_ms;
-    uint64_t wait_ms;
-    if (since >= ctl->window_ms) {
-        wait_ms = 0;
-        ctl->window_ms = COALESCE_MS;
-    } else {
-        wait_ms = ctl->window_ms - since;
-        ctl->window_ms = ctl->window_ms * 2 > COALESCE_MAX_MS ? COALESCE_MAX_MS
-                                                               : ctl->window_ms * 2;
-    }
+    uint64_t wait_ms = since >= ctl->window_ms ? 0 : ctl->window_ms - since;
     struct timeval tv = {0, (suseconds_t)(wait_ms * 1000)};
     evtimer_add(ctl->compile_ev, &tv);
 }
