@@ -766,6 +766,17 @@ static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
         if (bit == SL_METHOD_OTHER)
             rt->other_methods = true;
     }
+    if (pb->n_methods && rt->method_bits == 0) {
+        /* A 405's Allow set names only the nine methods: a route limited
+         * to others would answer 405 with an empty Allow ("allows
+         * nothing", fuzz finding). The model accepts only the nine, so
+         * only a snapshot from elsewhere gets here; refuse it with why. */
+        errf(b->err, b->errlen,
+             "%s: methods name none of GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE, "
+             "CONNECT",
+             label);
+        return -1;
+    }
 
     const char *path = str_or_empty(pb->path);
     switch (pb->path_kind) {
