@@ -908,7 +908,7 @@ static void handle_resources(call_t *c)
     sl_errors_t errs;
     sl_resource_set_init(&set);
     sl_errors_init(&errs);
-    json_t *todo = NULL, *result = NULL;
+    json_t *to_write = NULL, *result = NULL;
 
     int rc = sl_model_parse(&set, b.text, b.len, "", &errs);
     /* A ?namespace= applies to documents without one, like kubectl -n. */
@@ -936,9 +936,9 @@ static void handle_resources(call_t *c)
 
     /* Unchanged documents are not rewritten (no new resourceVersion, no
      * recompile), so applying the same file twice is a no-op. */
-    todo = json_array();
+    to_write = json_array();
     result = json_array();
-    if (!todo || !result) {
+    if (!to_write || !result) {
         reply_error(c->req, 500, "internal_error", NULL, "out of memory");
         goto out;
     }
@@ -966,15 +966,15 @@ static void handle_resources(call_t *c)
             slot[i] = SIZE_MAX;
         } else {
             json_decref(old);
-            slot[i] = json_array_size(todo);
-            json_array_append(todo, it->obj);
+            slot[i] = json_array_size(to_write);
+            json_array_append(to_write, it->obj);
             json_array_append_new(result, json_null());
         }
     }
-    size_t changed = json_array_size(todo);
+    size_t changed = json_array_size(to_write);
     if (changed && r->ctl) {
         char err[512] = "";
-        if (sl_controller_admit(r->ctl, todo, err, sizeof(err)) != 0) {
+        if (sl_controller_admit(r->ctl, to_write, err, sizeof(err)) != 0) {
             free(slot);
             reply_error(c->req, 400, "limit_exceeded", NULL, "%s", err);
             goto out;
@@ -983,7 +983,7 @@ static void handle_resources(call_t *c)
     if (changed) {
         char err[512] = "";
         json_t *stored = NULL;
-        enum sl_store_result res = sl_store_put_many(r->st, todo, &stored, err, sizeof(err));
+        enum sl_store_result res = sl_store_put_many(r->st, to_write, &stored, err, sizeof(err));
         if (res != SL_STORE_OK) {
             free(slot);
             sl_log_error("rest: %s", err);
@@ -1001,7 +1001,7 @@ static void handle_resources(call_t *c)
               json_pack("{s:O, s:I, s:I}", "items", result, "count", (json_int_t)set.count,
                         "changed", (json_int_t)changed));
 out:
-    json_decref(todo);
+    json_decref(to_write);
     json_decref(result);
     sl_resource_set_free(&set);
     sl_errors_free(&errs);
