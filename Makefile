@@ -116,7 +116,7 @@ perf-tools: $(PERF_BIN)
 DEB_PKGS := build-essential pkg-config libevent-dev libnghttp2-dev \
     libprotobuf-c-dev protobuf-c-compiler libgrpc-dev libjansson-dev libyaml-dev \
     libssl-dev liburcu-dev libsqlite3-dev libhiredis-dev libpcre2-dev \
-    libcmocka-dev python3 python3-pytest python3-requests curl nginx haproxy \
+    libcmocka-dev python3 python3-pytest python3-yaml curl nginx haproxy \
     wrk nghttp2-client redis-server clang libclang-rt-14-dev iproute2 util-linux \
     valgrind
 deps:
