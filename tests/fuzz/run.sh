@@ -10,6 +10,7 @@
 #
 # Environment: FUZZ_SECONDS (per driver, default 60), FUZZ_BUILD (default
 # build/fuzz), FUZZ_JOBS (parallel libFuzzer workers per driver, default 1),
+# FUZZ_TIMEOUT (seconds for one input before it counts as a hang, default 25),
 # CLANG (default clang).
 #
 # The committed corpus (tests/fuzz/corpus/<driver>/) is only read: each run
@@ -22,6 +23,8 @@ cd "$(dirname "$0")/../.."
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 FUZZ_BUILD=${FUZZ_BUILD:-build/fuzz}
 FUZZ_JOBS=${FUZZ_JOBS:-1}
+# One input taking this long is a finding (a hang), not slowness.
+FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-25}
 CLANG=${CLANG:-clang}
 DRIVERS_ALL="fuzz_http1_request fuzz_http1_response fuzz_router fuzz_model fuzz_snapshot_apply fuzz_rest_body"
 
@@ -72,7 +75,8 @@ run_one() {
     log=$FUZZ_BUILD/$d.log
     echo "== $d: ${FUZZ_SECONDS}s, corpus $work, log $log"
     rc=0
-    "$bin" -max_total_time="$FUZZ_SECONDS" -artifact_prefix="$crashes/" -print_final_stats=1 \
+    "$bin" -max_total_time="$FUZZ_SECONDS" -timeout="$FUZZ_TIMEOUT" \
+        -artifact_prefix="$crashes/" -print_final_stats=1 \
         "$@" "$work" >"$log" 2>&1 || rc=$?
     if [ $rc = 0 ] && [ -z "$(ls -A "$crashes")" ]; then
         rmdir "$crashes"
