@@ -451,7 +451,9 @@ static Sluice__V1__RetryPolicy *compile_retry(cctx_t *c, const Sluice__V1__Retry
             }
         }
     } else {
-        static const uint32_t def_status[] = {502, 503, 504};
+        /* 503 is not retried by default: it is how an origin sheds load, and
+         * a retry doubles the load it is shedding (docs/configuration.md). */
+        static const uint32_t def_status[] = {502, 504};
         p->attempts = DEF_RETRY_ATTEMPTS;
         p->on_connect_failure = 1;
         p->on_reset = 1;
@@ -462,7 +464,7 @@ static Sluice__V1__RetryPolicy *compile_retry(cctx_t *c, const Sluice__V1__Retry
             c->oom = true;
         } else {
             memcpy(p->on_status, def_status, sizeof(def_status));
-            p->n_on_status = 3;
+            p->n_on_status = SL_ARRAY_LEN(def_status);
         }
     }
     if (!retries)
