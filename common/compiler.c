@@ -464,7 +464,7 @@ static Sluice__V1__RetryPolicy *compile_retry(cctx_t *c, const Sluice__V1__Retry
             c->oom = true;
         } else {
             memcpy(p->on_status, def_status, sizeof(def_status));
-            p->n_on_status = SL_ARRAY_LEN(def_status);
+            p->n_on_status = sizeof(def_status) / sizeof(def_status[0]);
         }
     }
     if (!retries)
