@@ -574,26 +574,75 @@ static int parse_request_line(const char *p, const char *end, sl_http1_request_t
     return SL_OK;
 }
 
+/* Splits an origin-form target "/p?q" at its first '?'. */
+static int split_path_query(sl_http1_request_t *req, const char *t, size_t len)
+{
+    const char *q = memchr(t, '?', len);
+    if (q) {
+        req->path.ptr = t;
+        req->path.len = (size_t)(q - t);
+        req->query.ptr = q + 1;
+        req->query.len = len - req->path.len - 1;
+        req->flags |= SL_HTTP1_F_HAS_QUERY; /* "/p?" keeps its '?' upstream */
+    } else {
+        req->path.ptr = t;
+        req->path.len = len;
+        req->query.ptr = t + len;
+        req->query.len = 0;
+    }
+    return SL_OK;
+}
+
+/*
+ * absolute-form, "http://host[:port]/path?query" (RFC 9112 3.2.2): what a
+ * client talking to a proxy sends, and what a server must accept. Only the
+ * http and https schemes name something this gateway can serve; userinfo is
+ * deprecated and a classic way to disguise the real host ("http://good@evil"),
+ * so it is refused rather than stripped. The authority is checked with the
+ * same rules as a Host header; the caller routes on it and sends the origin
+ * origin-form with the authority as Host.
+ */
+static int check_absolute_form(sl_http1_request_t *req, const char *t, size_t len)
+{
+    const char *end = t + len, *p;
+    if (len >= 7 && strncasecmp(t, "http://", 7) == 0)
+        p = t + 7;
+    else if (len >= 8 && strncasecmp(t, "https://", 8) == 0)
+        p = t + 8;
+    else
+        return req_fail(req, 400, "absolute-form request-target: only http and https are served");
+    const char *auth = p;
+    while (p < end && *p != '/' && *p != '?')
+        p++;
+    sl_str_t authority = {auth, (size_t)(p - auth)};
+    if (memchr(authority.ptr, '@', authority.len))
+        return req_fail(req, 400, "absolute-form request-target: userinfo is not allowed");
+    const char *err = NULL;
+    sl_str_t host;
+    if (authority.len == 0 || parse_host(&authority, &host, &err) != SL_OK)
+        return req_fail(req, 400, "absolute-form request-target: invalid host");
+    req->authority = authority;
+    req->host = host;
+    req->flags |= SL_HTTP1_F_ABSOLUTE_FORM;
+    if (p == end || *p == '?') {
+        /* No path: the origin gets "/" (RFC 9112 3.2.1). The slice is the
+         * last '/' of "://", so that it still points into the caller's
+         * buffer like every other slice. */
+        split_path_query(req, p, (size_t)(end - p));
+        req->path = (sl_str_t){auth - 1, 1};
+        return SL_OK;
+    }
+    return split_path_query(req, p, (size_t)(end - p));
+}
+
 /* Splits and checks the target once the method is known. */
 static int check_target(sl_http1_request_t *req)
 {
     const char *t = req->target.ptr;
     size_t len = req->target.len;
 
-    if (sl_likely(t[0] == '/')) {
-        const char *q = memchr(t, '?', len);
-        if (q) {
-            req->path.ptr = t;
-            req->path.len = (size_t)(q - t);
-            req->query.ptr = q + 1;
-            req->query.len = len - req->path.len - 1;
-        } else {
-            req->path = req->target;
-            req->query.ptr = t + len;
-            req->query.len = 0;
-        }
-        return SL_OK;
-    }
+    if (sl_likely(t[0] == '/'))
+        return split_path_query(req, t, len);
     if (len == 1 && t[0] == '*') {
         if (req->method_bit != SL_METHOD_OPTIONS)
             return req_fail(req, 400, "asterisk-form request-target is only allowed for OPTIONS");
@@ -603,7 +652,7 @@ static int check_target(sl_http1_request_t *req)
         return SL_OK;
     }
     if (len > 3 && memmem(t, len, "://", 3) != NULL)
-        return req_fail(req, 400, "absolute-form request-target is not supported");
+        return check_absolute_form(req, t, len);
     return req_fail(req, 400, "request-target must start with '/'");
 }
 
@@ -641,7 +690,8 @@ static int finish_request(sl_http1_request_t *req, const struct head_facts *f)
         req->flags |= SL_HTTP1_F_CONN_CLOSE;
     if (f->upgrade)
         req->flags |= SL_HTTP1_F_UPGRADE;
-    req->host = f->host;
+    if (!(req->flags & SL_HTTP1_F_ABSOLUTE_FORM))
+        req->host = f->host;
     return SL_OK;
 }
 
@@ -663,7 +713,7 @@ ssize_t sl_http1_parse_request(const char *buf, size_t len, const sl_http1_limit
     memset(&f, 0, sizeof(f));
     req->method = (sl_str_t){NULL, 0};
     req->method_bit = SL_METHOD_OTHER;
-    req->target = req->path = req->query = req->host = (sl_str_t){NULL, 0};
+    req->target = req->path = req->query = req->host = req->authority = (sl_str_t){NULL, 0};
     req->minor_version = 0;
     req->body = SL_HTTP1_BODY_NONE;
     req->content_length = 0;

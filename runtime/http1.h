@@ -53,36 +53,41 @@ typedef struct {
 #define SL_HTTP1_F_EXPECT_CONTINUE (1u << 1) /* Expect: 100-continue */
 #define SL_HTTP1_F_UPGRADE (1u << 2)         /* Upgrade header present */
 #define SL_HTTP1_F_CONN_CLOSE (1u << 3)      /* Connection: close seen */
+#define SL_HTTP1_F_HAS_QUERY (1u << 4)       /* the target had a '?', even with an empty query */
+#define SL_HTTP1_F_ABSOLUTE_FORM (1u << 5)   /* absolute-form target: authority is the host */
 
 typedef struct {
     /* out */
     sl_str_t method;
-    unsigned method_bit;   /* enum sl_http_method, SL_METHOD_OTHER if unknown */
-    sl_str_t target;       /* as sent: origin-form "/p?q" (absolute-form is rejected) */
-    sl_str_t path;         /* target up to '?' */
-    sl_str_t query;        /* after '?', without it; len 0 if none */
-    int minor_version;     /* 0 or 1 */
+    unsigned method_bit;        /* enum sl_http_method, SL_METHOD_OTHER if unknown */
+    sl_str_t target;            /* as sent: origin-form "/p?q" or absolute-form "http://a/p?q" */
+    sl_str_t path;              /* path up to '?' ("/" for an absolute-form target without one) */
+    sl_str_t query;             /* after '?', without it; len 0 if none */
+    int minor_version;          /* 0 or 1 */
     sl_http1_header_t *headers; /* in: array of capacity num_headers */
     size_t num_headers;         /* in: capacity; out: count */
-    sl_str_t host;              /* Host header value (required for 1.1), without port */
+    sl_str_t host;              /* Host header value (required for 1.1), without port; for an
+                                 * absolute-form target, the target's host instead (RFC 9112
+                                 * 3.2.2: the Host header is then ignored) */
+    sl_str_t authority;         /* absolute-form only: host[:port] of the target */
     enum sl_http1_body body;
     uint64_t content_length;
-    unsigned flags;        /* SL_HTTP1_F_* */
-    size_t head_len;       /* bytes of request line + headers + final CRLF */
+    unsigned flags;  /* SL_HTTP1_F_* */
+    size_t head_len; /* bytes of request line + headers + final CRLF */
     /* on error */
-    int error_status;      /* 400, 414, 431, 501 (unknown transfer coding), 505 */
-    const char *error;     /* static string saying what was wrong */
+    int error_status;  /* 400, 414, 431, 501 (unknown transfer coding), 505 */
+    const char *error; /* static string saying what was wrong */
 } sl_http1_request_t;
 
 typedef struct {
-    int status;            /* 100..599 */
+    int status; /* 100..599 */
     sl_str_t reason;
     int minor_version;
     sl_http1_header_t *headers;
     size_t num_headers;
     enum sl_http1_body body;
     uint64_t content_length;
-    unsigned flags;        /* SL_HTTP1_F_KEEP_ALIVE / CONN_CLOSE */
+    unsigned flags; /* SL_HTTP1_F_KEEP_ALIVE / CONN_CLOSE */
     size_t head_len;
     const char *error;
 } sl_http1_response_t;
@@ -97,7 +102,8 @@ typedef struct {
  * before the colon or in the name, both Content-Length and Transfer-Encoding,
  * several differing or invalid Content-Length values, Transfer-Encoding whose
  * last coding is not chunked, chunked applied twice, missing Host in 1.1,
- * several Host headers, absolute-form or asterisk-form for non-OPTIONS.
+ * several Host headers, asterisk-form for non-OPTIONS, absolute-form with a
+ * scheme other than http/https, with userinfo or with an empty host.
  * 501 for a transfer coding other than chunked; 505 for HTTP versions other
  * than 1.0 / 1.1.
  */
@@ -119,12 +125,12 @@ ssize_t sl_http1_parse_response(const char *buf, size_t len, unsigned request_me
  * any split.
  */
 typedef struct {
-    int state;               /* private */
-    uint64_t chunk_left;     /* private */
-    uint32_t line_bytes;     /* private: bytes of the current size/trailer line */
-    uint32_t trailer_bytes;  /* private */
-    uint64_t data_bytes;     /* out: payload bytes seen so far (for body limits) */
-    const char *error;       /* out, on SL_ERROR */
+    int state;              /* private */
+    uint64_t chunk_left;    /* private */
+    uint32_t line_bytes;    /* private: bytes of the current size/trailer line */
+    uint32_t trailer_bytes; /* private */
+    uint64_t data_bytes;    /* out: payload bytes seen so far (for body limits) */
+    const char *error;      /* out, on SL_ERROR */
 } sl_http1_chunked_t;
 
 void sl_http1_chunked_init(sl_http1_chunked_t *c);

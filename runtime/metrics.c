@@ -451,13 +451,16 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
 {
     static const struct {
         const char *name, *help;
-    } families[3] = {
+    } families[4] = {
         {"sluice_upstream_requests_total",
          "Requests sent to an upstream cluster, retries included."},
         {"sluice_upstream_retries_total", "Retries sent to an upstream cluster."},
         {"sluice_upstream_errors_total", "Failed upstream attempts, by cluster and kind."},
+        {"sluice_upstream_reuse_failures_total",
+         "Attempts on a pooled keep-alive connection that the upstream had closed (reset "
+         "before any response byte); also counted in errors_total{kind=\"reset\"}."},
     };
-    for (unsigned f = 0; f < 3; f++) {
+    for (unsigned f = 0; f < 4; f++) {
         add_header(out, families[f].name, "counter", families[f].help);
         for (size_t i = 0; i < cluster_table.nbuckets; i++) {
             for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next) {
@@ -468,6 +471,8 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
                         v[0] += LOAD(slot->requests);
                     else if (f == 1)
                         v[0] += LOAD(slot->retries);
+                    else if (f == 3)
+                        v[0] += LOAD(slot->reuse_failures);
                     else
                         for (unsigned k = 0; k < SL_UPSTREAM_ERR__COUNT; k++)
                             v[k] += LOAD(slot->errors[k]);

@@ -23,7 +23,7 @@ enum sl_upstream_error {
     SL_UPSTREAM_ERR_TIMEOUT,     /* response timeout */
     SL_UPSTREAM_ERR_RESET,       /* closed or reset mid-exchange */
     SL_UPSTREAM_ERR_BAD_RESPONSE,
-    SL_UPSTREAM_ERR_NO_HEALTHY,  /* no usable endpoint */
+    SL_UPSTREAM_ERR_NO_HEALTHY, /* no usable endpoint */
     SL_UPSTREAM_ERR_POOL_FULL,
     SL_UPSTREAM_ERR__COUNT
 };
@@ -37,8 +37,8 @@ typedef struct {
 typedef struct sl_route_stats {
     char *api;
     char *operation;
-    unsigned refs; /* private, under the registry mutex */
-    unsigned nslots; /* slots allocated */
+    unsigned refs;               /* private, under the registry mutex */
+    unsigned nslots;             /* slots allocated */
     struct sl_route_stats *next; /* private */
     /* One slot per worker of sl_metrics_init (not SL_MAX_WORKERS): with
      * 100k routes the difference is 38 MB against 1.2 GB. */
@@ -48,6 +48,7 @@ typedef struct sl_route_stats {
 typedef struct {
     _Atomic uint64_t requests;
     _Atomic uint64_t retries;
+    _Atomic uint64_t reuse_failures; /* a pooled connection failed before the response */
     _Atomic uint64_t errors[SL_UPSTREAM_ERR__COUNT];
 } __attribute__((aligned(64))) sl_cluster_stats_slot_t;
 
@@ -80,8 +81,8 @@ void sl_metrics_cluster_release(sl_cluster_stats_t *s);
 sl_worker_stats_t *sl_metrics_worker(unsigned worker);
 
 /* Single-writer increment: a relaxed load and store, not a locked add. */
-#define SL_STAT_ADD(field, n)                                                               \
-    atomic_store_explicit(&(field), atomic_load_explicit(&(field), memory_order_relaxed) + (n), \
+#define SL_STAT_ADD(field, n)                                                                      \
+    atomic_store_explicit(&(field), atomic_load_explicit(&(field), memory_order_relaxed) + (n),    \
                           memory_order_relaxed)
 
 /* Records one response of a route (worker's own slot). */
@@ -92,7 +93,7 @@ typedef struct {
     _Atomic uint64_t generation_version;
     _Atomic uint64_t generation_swaps;
     _Atomic uint64_t config_errors;
-    _Atomic int64_t generations_alive; /* published but not yet freed */
+    _Atomic int64_t generations_alive;    /* published but not yet freed */
     _Atomic int64_t controller_mode;      /* 1 when configured by a controller */
     _Atomic int64_t controller_connected; /* stream to the controller is up */
     _Atomic uint64_t controller_updates_acked;

@@ -68,7 +68,7 @@ typedef struct sl_conn {
     sl_buf_t in, out;
     char client_ip[INET6_ADDRSTRLEN];
     uint8_t first_request;
-    uint8_t closing;       /* close once `out` is flushed */
+    uint8_t closing;               /* close once `out` is flushed */
     uint8_t want_read, want_write; /* the state machine waits for that */
     uint8_t read_ready;            /* the socket may have unread bytes */
     uint8_t rdhup;                 /* the peer's FIN is pending (EPOLLRDHUP) */
@@ -95,7 +95,7 @@ typedef struct sl_conn {
     uint64_t hash;
     uint64_t start_mono_us;
     uint64_t start_unix_us;
-    uint64_t deadline_ms;  /* whole request, 0 = none */
+    uint64_t deadline_ms; /* whole request, 0 = none */
 
     unsigned method_bit;
     int minor_version;
@@ -111,13 +111,14 @@ typedef struct sl_conn {
     uint64_t resp_remaining;
     sl_http1_chunked_t resp_chunk;
     uint8_t resp_head_sent;
+    uint8_t interim_sent; /* 1xx heads were queued for the client */
     uint8_t resp_done;
     uint8_t up_reusable;
-    uint8_t up_paused;       /* backpressure: client slower than upstream */
+    uint8_t up_paused; /* backpressure: client slower than upstream */
     uint8_t up_read_ready;
     uint8_t up_rdhup;
     uint8_t up_want_write;
-    uint8_t dechunk;         /* HTTP/1.0 client, chunked upstream: strip framing */
+    uint8_t dechunk; /* HTTP/1.0 client, chunked upstream: strip framing */
     int status;
     uint64_t bytes_sent;
     const char *error_code;
@@ -357,6 +358,7 @@ static void reset_request(sl_conn_t *c)
     c->resp_body = SL_HTTP1_BODY_NONE;
     c->resp_remaining = 0;
     c->resp_head_sent = 0;
+    c->interim_sent = 0;
     c->resp_done = 0;
     c->dechunk = 0;
     c->up_reusable = 0;
@@ -365,8 +367,7 @@ static void reset_request(sl_conn_t *c)
     c->bytes_sent = 0;
     c->error_code = NULL;
     c->meta_len = 0;
-    c->m_method = c->m_target = c->m_host = c->m_ua = c->m_referer = c->m_reqid =
-        (sl_str_t){"", 0};
+    c->m_method = c->m_target = c->m_host = c->m_ua = c->m_referer = c->m_reqid = (sl_str_t){"", 0};
     c->upstream_addr[0] = '\0';
     c->expect_continue = 0;
 }
@@ -374,8 +375,10 @@ static void reset_request(sl_conn_t *c)
 /* The response is complete and flushed: log it, recycle, go on. */
 static void request_done(sl_conn_t *c)
 {
+    /* A connection whose FIN (or error) was already seen goes no further: with
+     * edge-triggered events, the idle watcher would never hear of it again. */
     if (c->up)
-        put_upconn(c, c->up_reusable && c->req_body_done && c->resp_done);
+        put_upconn(c, c->up_reusable && c->req_body_done && c->resp_done && !c->up_rdhup);
     log_and_count(c);
     int keep = c->keep_alive && !c->closing && !c->w->draining && c->req_body_done;
     reset_request(c);
@@ -412,6 +415,35 @@ static void request_done(sl_conn_t *c)
         idle = g->idle_timeout_ms;
     rcu_thread_offline();
     arm_timer(c, idle);
+}
+
+/*
+ * "Date: <IMF-fixdate>\r\n" for now, formatted at most once a second per
+ * worker. A recipient with a clock that forwards a response without Date
+ * must add one (RFC 9110 6.6.1), and every response the gateway makes
+ * carries one.
+ */
+static const char *date_line(size_t *len)
+{
+    static __thread time_t cached_sec = -1;
+    static __thread char line[48];
+    static __thread size_t line_len;
+    static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+    static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                       "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    if (ts.tv_sec != cached_sec) {
+        struct tm tm;
+        gmtime_r(&ts.tv_sec, &tm);
+        int n = snprintf(line, sizeof(line), "Date: %s, %02d %s %04d %02d:%02d:%02d GMT\r\n",
+                         days[tm.tm_wday % 7], tm.tm_mday, months[tm.tm_mon % 12],
+                         tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+        line_len = n > 0 && (size_t)n < sizeof(line) ? (size_t)n : 0;
+        cached_sec = ts.tv_sec;
+    }
+    *len = line_len;
+    return line;
 }
 
 /* ---- errors the gateway answers itself ------------------------------------ */
@@ -486,7 +518,8 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
         conn_close(c);
         return;
     }
-    c->out.start = c->out.end = 0;
+    if (!c->interim_sent)
+        c->out.start = c->out.end = 0; /* else append after the interim heads */
     if (!c->m_reqid.len) {
         char id[37];
         make_request_id(c, id);
@@ -507,6 +540,9 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
                         status, sl_http1_reason(status), blen, (int)c->m_reqid.len, c->m_reqid.ptr,
                         c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
     sl_buf_append(&c->out, head, (size_t)hlen);
+    size_t dl;
+    const char *d = date_line(&dl);
+    sl_buf_append(&c->out, d, dl);
     if (allow)
         append_allow(&c->out, allow);
     sl_buf_append(&c->out, "\r\n", 2);
@@ -760,8 +796,8 @@ static void timer_expired(sl_conn_t *c)
         }
         c->keep_alive = 0;
         c->req_body_done = 1;
-        send_error(c, 408, "request_header_timeout",
-                   "the request head did not arrive in time", 1, 0);
+        send_error(c, 408, "request_header_timeout", "the request head did not arrive in time", 1,
+                   0);
         return;
     case CS_RESPOND:
         conn_close(c); /* client does not read its error response */
@@ -903,7 +939,57 @@ static int name_is(const sl_http1_header_t *h, const char *lit, size_t len)
     return h->name.len == len && strncasecmp(h->name.ptr, lit, len) == 0;
 }
 
-static int is_hop_by_hop(const sl_http1_header_t *h, sl_str_t connection)
+/*
+ * The options of every Connection header line of a message (RFC 9110 7.6.1:
+ * a sender may split the list over several lines, and each named field is
+ * hop-by-hop). Nearly every message has at most one line; past the inline
+ * slots the message's headers are scanned again, which is slow but exact.
+ */
+#define CONN_LINES_INLINE 4
+typedef struct {
+    sl_str_t line[CONN_LINES_INLINE];
+    unsigned n;
+    const sl_http1_header_t *all; /* set when there are more lines than slots */
+    size_t num_all;
+} conn_opts_t;
+
+static void conn_opts_collect(conn_opts_t *co, const sl_http1_header_t *hs, size_t n)
+{
+    co->n = 0;
+    co->all = NULL;
+    co->num_all = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (hs[i].name.len != 10 || strncasecmp(hs[i].name.ptr, "connection", 10) != 0)
+            continue;
+        if (co->n == CONN_LINES_INLINE) {
+            co->all = hs;
+            co->num_all = n;
+            return;
+        }
+        co->line[co->n++] = hs[i].value;
+    }
+}
+
+static int conn_opts_name(const conn_opts_t *co, const char *name, size_t len)
+{
+    if (co->all) {
+        for (size_t i = 0; i < co->num_all; i++) {
+            const sl_http1_header_t *h = &co->all[i];
+            if (h->name.len == 10 && strncasecmp(h->name.ptr, "connection", 10) == 0 &&
+                token_in_list(h->value, name, len))
+                return 1;
+        }
+        return 0;
+    }
+    for (unsigned i = 0; i < co->n; i++)
+        if (token_in_list(co->line[i], name, len))
+            return 1;
+    return 0;
+}
+
+/* Trailer is not here: it is end-to-end (RFC 9110 6.6.2); the client needs
+ * it to expect the trailer fields that are forwarded with the body. */
+static int is_hop_by_hop(const sl_http1_header_t *h, const conn_opts_t *co)
 {
     int hop = 0;
     switch (h->name.len) {
@@ -911,7 +997,7 @@ static int is_hop_by_hop(const sl_http1_header_t *h, sl_str_t connection)
         hop = name_is(h, "te", 2);
         break;
     case 7:
-        hop = name_is(h, "trailer", 7) || name_is(h, "upgrade", 7);
+        hop = name_is(h, "upgrade", 7);
         break;
     case 10:
         hop = name_is(h, "connection", 10) || name_is(h, "keep-alive", 10);
@@ -929,7 +1015,7 @@ static int is_hop_by_hop(const sl_http1_header_t *h, sl_str_t connection)
         break;
     }
     /* Any header the sender named in Connection is hop-by-hop too. */
-    return hop || (connection.len && token_in_list(connection, h->name.ptr, h->name.len));
+    return hop || (co->n && conn_opts_name(co, h->name.ptr, h->name.len));
 }
 
 static void hash_key(sl_conn_t *c, const sl_http1_request_t *req)
@@ -939,8 +1025,8 @@ static void hash_key(sl_conn_t *c, const sl_http1_request_t *req)
         return;
     switch (pb->hash_on) {
     case SLUICE__V1__CLUSTER__HASH_ON__HASH_HEADER: {
-        const sl_http1_header_t *h =
-            sl_http1_find_header(req->headers, req->num_headers, pb->hash_key, strlen(pb->hash_key));
+        const sl_http1_header_t *h = sl_http1_find_header(req->headers, req->num_headers,
+                                                          pb->hash_key, strlen(pb->hash_key));
         if (h)
             c->hash = sl_lb_hash(h->value.ptr, h->value.len);
         else
@@ -948,7 +1034,8 @@ static void hash_key(sl_conn_t *c, const sl_http1_request_t *req)
         return;
     }
     case SLUICE__V1__CLUSTER__HASH_ON__HASH_COOKIE: {
-        const sl_http1_header_t *h = sl_http1_find_header(req->headers, req->num_headers, "cookie", 6);
+        const sl_http1_header_t *h =
+            sl_http1_find_header(req->headers, req->num_headers, "cookie", 6);
         size_t klen = strlen(pb->hash_key);
         c->hash = sl_lb_rng_next(&c->w->rng);
         if (!h)
@@ -998,14 +1085,13 @@ static int pick_cluster(sl_conn_t *c)
     return 0;
 }
 
-/* Serialises the upstream request head into uout. */
+/* Serialises the upstream request head into uout, always in origin-form. */
 static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
                                const sl_router_result_t *rr)
 {
     sl_buf_t *b = &c->uout;
-    const sl_http1_header_t *conn_h = sl_http1_find_header(req->headers, req->num_headers,
-                                                           "connection", 10);
-    sl_str_t connection = conn_h ? conn_h->value : (sl_str_t){NULL, 0};
+    conn_opts_t co;
+    conn_opts_collect(&co, req->headers, req->num_headers);
 
     sl_buf_append(b, req->method.ptr, req->method.len);
     sl_buf_append(b, " ", 1);
@@ -1018,7 +1104,7 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
     if (path_len == 0 || path[0] != '/')
         sl_buf_append(b, "/", 1);
     sl_buf_append(b, path, path_len);
-    if (req->query.len) {
+    if (req->flags & SL_HTTP1_F_HAS_QUERY) {
         sl_buf_append(b, "?", 1);
         sl_buf_append(b, req->query.ptr, req->query.len);
     }
@@ -1032,7 +1118,7 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
     const sl_http1_header_t *xff = NULL, *xrid = NULL, *host = NULL;
     for (size_t i = 0; i < req->num_headers; i++) {
         const sl_http1_header_t *h = &req->headers[i];
-        if (is_hop_by_hop(h, connection))
+        if (is_hop_by_hop(h, &co))
             continue;
         if (name_is(h, "host", 4)) {
             host = h;
@@ -1054,11 +1140,16 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
         sl_buf_append(b, h->value.ptr, h->value.len);
         sl_buf_append(b, "\r\n", 2);
     }
+    /* An absolute-form target's authority is the request's host (RFC 9112
+     * 3.2.2); the origin gets it as Host with an origin-form target. */
+    sl_str_t host_value = (req->flags & SL_HTTP1_F_ABSOLUTE_FORM) ? req->authority
+                          : host                                  ? host->value
+                                                                  : (sl_str_t){NULL, 0};
     sl_buf_append(b, "Host: ", 6);
     if (c->cluster->host_rewrite.len)
         sl_buf_append(b, c->cluster->host_rewrite.ptr, c->cluster->host_rewrite.len);
-    else if (host)
-        sl_buf_append(b, host->value.ptr, host->value.len);
+    else if (host_value.len)
+        sl_buf_append(b, host_value.ptr, host_value.len);
     else
         sl_buf_append(b, "localhost", 9);
     sl_buf_append(b, "\r\nX-Forwarded-For: ", 19);
@@ -1068,9 +1159,9 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
     }
     sl_buf_append(b, c->client_ip, strlen(c->client_ip));
     sl_buf_append(b, "\r\nX-Forwarded-Proto: http\r\n", 27);
-    if (host) {
+    if (host_value.len) {
         sl_buf_append(b, "X-Forwarded-Host: ", 18);
-        sl_buf_append(b, host->value.ptr, host->value.len);
+        sl_buf_append(b, host_value.ptr, host_value.len);
         sl_buf_append(b, "\r\n", 2);
     }
     (void)xrid; /* replaced by c->m_reqid (save_meta) */
@@ -1134,8 +1225,7 @@ static void process_input(sl_conn_t *c)
         c->start_unix_us = now_unix_us();
     }
     sl_generation_t *gen = c->gen;
-    sl_http1_limits_t limits = gen ? gen->limits
-                                   : (sl_http1_limits_t){8192, 32768, 100};
+    sl_http1_limits_t limits = gen ? gen->limits : (sl_http1_limits_t){8192, 32768, 100};
     sl_http1_request_t req;
     memset(&req, 0, sizeof(req));
     req.headers = worker_headers;
@@ -1217,8 +1307,8 @@ static void process_input(sl_conn_t *c)
     if (c->route->max_request_body_bytes && req.body == SL_HTTP1_BODY_LENGTH &&
         req.content_length > c->route->max_request_body_bytes) {
         sl_buf_consume(&c->in, req.head_len);
-        send_error(c, 413, "payload_too_large", "the request body exceeds the limit of this API",
-                   1, 0);
+        send_error(c, 413, "payload_too_large", "the request body exceeds the limit of this API", 1,
+                   0);
         return;
     }
     if (pick_cluster(c) != 0) {
@@ -1345,8 +1435,7 @@ static void pump_request_body(sl_conn_t *c)
             if (used < 0) {
                 c->keep_alive = 0;
                 send_error(c, 400, "bad_request",
-                           c->req_chunk.error ? c->req_chunk.error : "invalid chunked body", 1,
-                           0);
+                           c->req_chunk.error ? c->req_chunk.error : "invalid chunked body", 1, 0);
                 return;
             }
             memcpy(sl_buf_tail(&c->uout), sl_buf_head(&c->in), (size_t)used);
@@ -1369,8 +1458,8 @@ static void pump_request_body(sl_conn_t *c)
         }
     }
     if (body_over_limit(c)) {
-        send_error(c, 413, "payload_too_large", "the request body exceeds the limit of this API",
-                   1, 0);
+        send_error(c, 413, "payload_too_large", "the request body exceeds the limit of this API", 1,
+                   0);
         return;
     }
     client_rev(c, !c->req_body_done);
@@ -1446,6 +1535,10 @@ static void upstream_failed(sl_conn_t *c, enum sl_upstream_error kind, int statu
 {
     sl_gen_cluster_t *cl = c->cluster;
     SL_STAT_ADD(cl->stats->slots[c->w->id].errors[kind], 1);
+    /* A pooled connection that passed the check before reuse and still
+     * failed before any response byte: the origin closed it meanwhile. */
+    if (kind == SL_UPSTREAM_ERR_RESET && c->up && c->up->requests > 1 && !c->resp_head_sent)
+        SL_STAT_ADD(cl->stats->slots[c->w->id].reuse_failures, 1);
     note_outcome(c, 0);
     int prev = c->ep_index;
     if (c->up)
@@ -1655,30 +1748,84 @@ static int response_is_keepalive(const sl_http1_response_t *resp)
     return (resp->flags & SL_HTTP1_F_KEEP_ALIVE) != 0 && resp->body != SL_HTTP1_BODY_CLOSE;
 }
 
-/* Builds the client response head from the upstream's into `out`. */
-static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
+/*
+ * Appends the upstream's header fields to b, without hop-by-hop fields.
+ * Returns which of Date / X-Request-Id were present.
+ */
+#define HAS_DATE 1u
+#define HAS_REQID 2u
+static unsigned append_response_fields(sl_conn_t *c, sl_buf_t *b, const sl_http1_response_t *resp)
 {
-    sl_buf_t *b = &c->out;
-    const sl_http1_header_t *conn_h =
-        sl_http1_find_header(resp->headers, resp->num_headers, "connection", 10);
-    sl_str_t connection = conn_h ? conn_h->value : (sl_str_t){NULL, 0};
-    char line[64];
-    int n = snprintf(line, sizeof(line), "HTTP/1.%d %d ", c->minor_version ? 1 : 0, resp->status);
-    sl_buf_append(b, line, (size_t)n);
-    sl_buf_append(b, resp->reason.ptr, resp->reason.len);
-    sl_buf_append(b, "\r\n", 2);
-    int has_reqid = 0;
+    conn_opts_t co;
+    conn_opts_collect(&co, resp->headers, resp->num_headers);
+    /* RFC 9110 8.6: no Content-Length in 1xx and 204 responses; an origin
+     * that sends one anyway does not get it past us (HAProxy does the same). */
+    int drop_length = resp->status < 200 || resp->status == 204;
+    unsigned has = 0;
     for (size_t i = 0; i < resp->num_headers; i++) {
         const sl_http1_header_t *h = &resp->headers[i];
-        if (is_hop_by_hop(h, connection))
+        if (is_hop_by_hop(h, &co))
             continue;
-        if (name_is(h, "x-request-id", 12))
-            has_reqid = 1;
+        switch (h->name.len) {
+        case 4:
+            if (name_is(h, "date", 4))
+                has |= HAS_DATE;
+            break;
+        case 7:
+            /* A de-chunked body loses its trailer fields with its framing. */
+            if (c->dechunk && name_is(h, "trailer", 7))
+                continue;
+            break;
+        case 12:
+            if (name_is(h, "x-request-id", 12))
+                has |= HAS_REQID;
+            break;
+        case 14:
+            if (drop_length && name_is(h, "content-length", 14))
+                continue;
+            break;
+        default:
+            break;
+        }
         sl_buf_append(b, h->name.ptr, h->name.len);
         sl_buf_append(b, ": ", 2);
         sl_buf_append(b, h->value.ptr, h->value.len);
         sl_buf_append(b, "\r\n", 2);
     }
+    if (!(has & HAS_DATE)) {
+        size_t dl;
+        const char *d = date_line(&dl);
+        sl_buf_append(b, d, dl);
+    }
+    return has;
+}
+
+/* The status line: always our own version, HTTP/1.1, whatever the client's
+ * (RFC 9112 2.3); an HTTP/1.0 client keeps 1.0 semantics (no chunked, close
+ * unless keep-alive), which the rest of the head takes care of. */
+static void append_status_line(sl_buf_t *b, const sl_http1_response_t *resp)
+{
+    char line[32];
+    int n = snprintf(line, sizeof(line), "HTTP/1.1 %d ", resp->status);
+    sl_buf_append(b, line, (size_t)n);
+    sl_buf_append(b, resp->reason.ptr, resp->reason.len);
+    sl_buf_append(b, "\r\n", 2);
+}
+
+/* An interim (1xx) response head for the client, e.g. 103 Early Hints. */
+static void build_interim_head(sl_conn_t *c, const sl_http1_response_t *resp)
+{
+    append_status_line(&c->out, resp);
+    append_response_fields(c, &c->out, resp);
+    sl_buf_append(&c->out, "\r\n", 2);
+}
+
+/* Builds the client response head from the upstream's into `out`. */
+static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
+{
+    sl_buf_t *b = &c->out;
+    append_status_line(b, resp);
+    int has_reqid = (append_response_fields(c, b, resp) & HAS_REQID) != 0;
     if (!has_reqid && c->m_reqid.len) {
         sl_buf_append(b, "X-Request-Id: ", 14);
         sl_buf_append(b, c->m_reqid.ptr, c->m_reqid.len);
@@ -1802,6 +1949,24 @@ static void read_response_head(sl_conn_t *c)
             if (resp.status == 101) {
                 upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
                 return;
+            }
+            /* Interim responses other than 100 (103 Early Hints, ...) go to
+             * the client ahead of the final one (RFC 9110 15.2), except to
+             * an HTTP/1.0 client, which must never get one. 100 Continue is
+             * ours to send: the gateway answered Expect itself. */
+            if (resp.status != 100 && c->minor_version == 1) {
+                if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
+                    upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
+                    return;
+                }
+                build_interim_head(c, &resp);
+                c->interim_sent = 1;
+                sl_buf_consume(&c->uin, (size_t)r);
+                if (client_write_some(c) < 0)
+                    return;
+                if (sl_buf_len(&c->uin))
+                    goto parse;
+                continue;
             }
             sl_buf_consume(&c->uin, (size_t)r); /* interim response: skip */
             if (sl_buf_len(&c->uin))

@@ -19,6 +19,7 @@
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static size_t ptr_hash(const void *p, size_t cap)
@@ -135,7 +136,8 @@ int sl_upstream_pick(sl_worker_t *w, sl_gen_cluster_t *c, uint64_t hash, int exc
     for (size_t i = 0; i < n; i++) {
         if (!usable[i])
             continue;
-        if (c->pool_max_connections || c->pb->lb_policy == SLUICE__V1__CLUSTER__LB_POLICY__LEAST_REQUEST) {
+        if (c->pool_max_connections ||
+            c->pb->lb_policy == SLUICE__V1__CLUSTER__LB_POLICY__LEAST_REQUEST) {
             sl_pool_t *p = sl_upstream_pool(w, c->endpoints[i]);
             if (p) {
                 active[i] = p->active_requests;
@@ -206,14 +208,33 @@ static void idle_unlink(sl_upconn_t *uc)
     p->num_idle--;
 }
 
+/*
+ * Whether an idle connection can carry a request: nothing may be pending on
+ * it. A FIN or bytes that arrived after the last event was harvested (in the
+ * same loop iteration that now hands the connection out) are only visible to
+ * the socket, so ask it: one non-blocking peek, far cheaper than a request
+ * that meets a dead connection (a POST cannot be retried).
+ */
+static int idle_conn_usable(const sl_upconn_t *uc)
+{
+    char byte;
+    ssize_t n = recv(uc->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR)
+        n = recv(uc->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool)
 {
-    sl_upconn_t *uc = pool->idle;
-    if (!uc)
-        return NULL;
-    idle_unlink(uc);
-    pool->num_busy++;
-    return uc;
+    sl_upconn_t *uc;
+    while ((uc = pool->idle) != NULL) {
+        idle_unlink(uc);
+        pool->num_busy++;
+        if (idle_conn_usable(uc))
+            return uc;
+        sl_upstream_close(sl_worker_self, uc); /* EOF, error or stray bytes */
+    }
+    return NULL;
 }
 
 sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool)
@@ -224,7 +245,8 @@ sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool)
         return NULL;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (connect(fd, (const struct sockaddr *)&ep->addr, ep->addr_len) != 0 && errno != EINPROGRESS) {
+    if (connect(fd, (const struct sockaddr *)&ep->addr, ep->addr_len) != 0 &&
+        errno != EINPROGRESS) {
         int e = errno;
         close(fd);
         errno = e;
@@ -265,7 +287,8 @@ void sl_upstream_close(sl_worker_t *w, sl_upconn_t *uc)
     free(uc);
 }
 
-void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle, uint32_t idle_timeout_ms)
+void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle,
+                         uint32_t idle_timeout_ms)
 {
     sl_pool_t *p = uc->pool;
     if (p->num_idle >= max_idle || w->draining) {

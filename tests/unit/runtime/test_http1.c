@@ -147,7 +147,7 @@ static void test_parses_simple_get(void **state)
     assert_str(req.headers[2].value, "*/*");
     assert_str(req.host, "api.example.com");
     assert_int_equal(req.body, SL_HTTP1_BODY_NONE);
-    assert_int_equal(req.flags, SL_HTTP1_F_KEEP_ALIVE);
+    assert_int_equal(req.flags, SL_HTTP1_F_KEEP_ALIVE | SL_HTTP1_F_HAS_QUERY);
     /* zero-copy: slices point into the caller's buffer */
     assert_ptr_equal(req.method.ptr, held);
     assert_ptr_equal(req.target.ptr, held + 4);
@@ -310,16 +310,67 @@ static void test_rejects_asterisk_form_for_non_options(void **state)
     expect_req_error("OPTIONS *x HTTP/1.1\r\nHost: a\r\n\r\n", 400);
 }
 
-static void test_rejects_absolute_form(void **state)
+/* RFC 9112 3.2.2: absolute-form is accepted; its authority is the host and
+ * the Host header is ignored for routing. */
+static void test_absolute_form(void **state)
 {
     (void)state;
     sl_http1_request_t req;
-    assert_int_equal(parse_req("GET http://a.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n", &req),
-                     SL_ERROR);
+    const char *s = "GET http://a.example:8080/x/y?q=1 HTTP/1.1\r\nHost: other.example\r\n\r\n";
+    assert_int_equal(parse_req(s, &req), (ssize_t)strlen(s));
+    assert_true(req.flags & SL_HTTP1_F_ABSOLUTE_FORM);
+    assert_true(req.flags & SL_HTTP1_F_HAS_QUERY);
+    assert_str(req.host, "a.example");
+    assert_str(req.authority, "a.example:8080");
+    assert_str(req.path, "/x/y");
+    assert_str(req.query, "q=1");
+    /* scheme is case-insensitive; no path is "/"; an empty query keeps its flag */
+    s = "GET HTTPS://b.example HTTP/1.1\r\nHost: b.example\r\n\r\n";
+    assert_int_equal(parse_req(s, &req), (ssize_t)strlen(s));
+    assert_str(req.path, "/");
+    assert_str(req.host, "b.example");
+    assert_false(req.flags & SL_HTTP1_F_HAS_QUERY);
+    s = "GET http://[::1]:1?  HTTP/1.1\r\n";
+    expect_req_error(s, 400);
+    s = "GET http://c.example? HTTP/1.0\r\n\r\n";
+    assert_int_equal(parse_req(s, &req), (ssize_t)strlen(s));
+    assert_str(req.path, "/");
+    assert_true(req.flags & SL_HTTP1_F_HAS_QUERY);
+    assert_int_equal(req.query.len, 0);
+    s = "GET http://[::1]:81/z HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(parse_req(s, &req), (ssize_t)strlen(s));
+    assert_str(req.host, "[::1]");
+}
+
+static void test_rejects_bad_absolute_form(void **state)
+{
+    (void)state;
+    sl_http1_request_t req;
+    assert_int_equal(
+        parse_req("GET http://u@a.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n", &req), SL_ERROR);
     assert_int_equal(req.error_status, 400);
-    assert_non_null(strstr(req.error, "absolute-form"));
+    assert_non_null(strstr(req.error, "userinfo"));
+    expect_req_error("GET ftp://a.example/x HTTP/1.1\r\nHost: a.example\r\n\r\n", 400);
+    expect_req_error("GET http:///x HTTP/1.1\r\nHost: a.example\r\n\r\n", 400);
+    expect_req_error("GET http://a<b/x HTTP/1.1\r\nHost: a.example\r\n\r\n", 400);
+    expect_req_error("GET http://a.example:123456/x HTTP/1.1\r\nHost: a\r\n\r\n", 400);
+    /* Host is still required in HTTP/1.1 (RFC 9112 3.2) */
+    expect_req_error("GET http://a.example/x HTTP/1.1\r\n\r\n", 400);
     expect_req_error("CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n", 400);
     expect_req_error("GET a/b HTTP/1.1\r\nHost: a\r\n\r\n", 400);
+}
+
+static void test_query_flag(void **state)
+{
+    (void)state;
+    sl_http1_request_t req;
+    const char *s = "GET /p? HTTP/1.1\r\nHost: a\r\n\r\n";
+    assert_int_equal(parse_req(s, &req), (ssize_t)strlen(s));
+    assert_true(req.flags & SL_HTTP1_F_HAS_QUERY);
+    assert_int_equal(req.query.len, 0);
+    s = "GET /p HTTP/1.1\r\nHost: a\r\n\r\n";
+    assert_int_equal(parse_req(s, &req), (ssize_t)strlen(s));
+    assert_false(req.flags & SL_HTTP1_F_HAS_QUERY);
 }
 
 static void test_rejects_whitespace_in_target(void **state)
@@ -1492,7 +1543,9 @@ int main(void)
         cmocka_unit_test(test_query_split),
         cmocka_unit_test(test_options_asterisk_form),
         cmocka_unit_test(test_rejects_asterisk_form_for_non_options),
-        cmocka_unit_test(test_rejects_absolute_form),
+        cmocka_unit_test(test_absolute_form),
+        cmocka_unit_test(test_rejects_bad_absolute_form),
+        cmocka_unit_test(test_query_flag),
         cmocka_unit_test(test_rejects_whitespace_in_target),
         cmocka_unit_test(test_rejects_extra_spaces_in_request_line),
         cmocka_unit_test(test_rejects_fragment_and_non_ascii_target),
