@@ -25,6 +25,7 @@
 #include "http1.h"
 #include "log.h"
 #include "metrics.h"
+#include "path.h"
 #include "upstream.h"
 
 #include <arpa/inet.h>
@@ -135,6 +136,10 @@ typedef struct sl_conn {
  * only used while process_input runs (routing, the upstream head, copies for
  * the log), so idle and slow connections do not each hold 32 KB of it. */
 static __thread sl_http1_header_t worker_headers[MAX_HEADERS_CAP];
+/* The normalised path of the request being dispatched, when it differs from
+ * the one sent; a path is never longer than the request line's limit. */
+#define MAX_PATH_BYTES 65536
+static __thread char worker_path[MAX_PATH_BYTES];
 
 static void client_event_cb(evutil_socket_t fd, short what, void *arg);
 static void timer_cb(evutil_socket_t fd, short what, void *arg);
@@ -1086,7 +1091,7 @@ static int pick_cluster(sl_conn_t *c)
 }
 
 /* Serialises the upstream request head into uout, always in origin-form. */
-static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
+static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req, sl_str_t req_path,
                                const sl_router_result_t *rr)
 {
     sl_buf_t *b = &c->uout;
@@ -1095,8 +1100,8 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req,
 
     sl_buf_append(b, req->method.ptr, req->method.len);
     sl_buf_append(b, " ", 1);
-    const char *path = req->path.ptr;
-    size_t path_len = req->path.len;
+    const char *path = req_path.ptr;
+    size_t path_len = req_path.len;
     if (c->route->strip_base_path && rr->base_path_len) {
         path += rr->base_path_len;
         path_len -= rr->base_path_len;
@@ -1271,9 +1276,26 @@ static void process_input(sl_conn_t *c)
         return;
     }
 
+    /* Route and forward the normalised path: what a route matches is what the
+     * backend sees (docs/routing.md, "Path normalisation"). */
+    sl_str_t path = req.path;
+    if (path.len && path.ptr[0] == '/') {
+        size_t nlen = 0;
+        const char *why = NULL;
+        int pr = sl_path_normalize(req.path.ptr, req.path.len, worker_path, sizeof(worker_path),
+                                   &gen->path_opts, &nlen, &why);
+        if (pr == SL_ERROR) {
+            sl_buf_consume(&c->in, req.head_len);
+            send_error(c, 400, "bad_path", why ? why : "the path cannot be normalised", 0, 0);
+            return;
+        }
+        if (pr == SL_OK)
+            path = (sl_str_t){worker_path, nlen};
+    }
+
     sl_router_request_t rq = {
         .host = req.host,
-        .path = req.path,
+        .path = path,
         .query = req.query,
         .method_bit = req.method_bit,
         .method = req.method,
@@ -1293,12 +1315,12 @@ static void process_input(sl_conn_t *c)
         if (m == 405) {
             snprintf(msg, sizeof(msg), "method %.*s is not allowed on %.*s",
                      (int)(req.method.len > 20 ? 20 : req.method.len), req.method.ptr,
-                     (int)(req.path.len > 200 ? 200 : req.path.len), req.path.ptr);
+                     (int)(path.len > 200 ? 200 : path.len), path.ptr);
             send_error(c, 405, "method_not_allowed", msg, 0, rr.allow_methods);
         } else {
             snprintf(msg, sizeof(msg), "no route for %.*s %.*s",
                      (int)(req.method.len > 20 ? 20 : req.method.len), req.method.ptr,
-                     (int)(req.path.len > 200 ? 200 : req.path.len), req.path.ptr);
+                     (int)(path.len > 200 ? 200 : path.len), path.ptr);
             send_error(c, 404, "no_route", msg, 0, 0);
         }
         return;
@@ -1325,7 +1347,7 @@ static void process_input(sl_conn_t *c)
         send_error(c, 503, "overloaded", "out of memory", 1, 0);
         return;
     }
-    build_upstream_head(c, &req, &rr);
+    build_upstream_head(c, &req, path, &rr);
     sl_buf_consume(&c->in, req.head_len);
     evtimer_del(c->timer);
     /* Body bytes that came with the head. */

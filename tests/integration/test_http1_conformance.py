@@ -281,6 +281,35 @@ def test_invalid_percent_escape_is_400(origins, runtimes):
     assert_gateway_error(r, 400)
 
 
+@pytest.mark.parametrize("setting,sent,expect", [
+    (None, "/api/a%2Fb", 400),                        # default: reject
+    (None, "/api/a%5cb", 400),
+    (None, "/api/a\\b", 400),
+    ({"encodedSlashes": "keep"}, "/api/a%2fb/../c", "/api/c"),
+    ({"encodedSlashes": "keep"}, "/api/a%2fb", "/api/a%2Fb"),
+    ({"encodedSlashes": "decode"}, "/api/x/a%2F..%2Fb", "/api/x/b"),
+    ({"mergeSlashes": True}, "/api//x///y", "/api/x/y"),
+    (None, "/api//x", "/api//x"),                     # default: slashes kept
+])
+def test_encoded_slashes_and_merging_follow_the_gateway_setting(origins, runtimes, setting, sent,
+                                                                expect):
+    o = origins(default=response(200, b"reached"))
+    port = free_port()
+    gw = gateway(port)
+    if setting is not None:
+        gw["spec"]["pathNormalization"] = setting
+    runtimes([gw, backend("origin", [o.port], outlierDetection=NO_OUTLIER)] + _path_apis(),
+             workers=1)
+    r = request(port, "GET", sent)
+    got = [q.target for q in o.received()]
+    if expect == 400:
+        assert not got, "GET %s reached the origin as %r" % (sent, got)
+        err = assert_gateway_error(r, 400)
+        assert err["code"] == "bad_path", err
+    else:
+        assert (r.status, got) == (200, [expect]), (sent, r.status, got)
+
+
 # --- 3. every Connection header line is honoured -------------------------------
 
 def test_second_connection_request_header_line_is_honoured(origins, runtimes):
