@@ -252,6 +252,7 @@ typedef struct {
     Sluice__V1__Limits limits;
     Sluice__V1__Timeouts timeouts;
     bool via;
+    Sluice__V1__PathNormalization path;
 } gw_defaults_t;
 
 static void gateway_defaults(json_t *spec, gw_defaults_t *d)
@@ -272,6 +273,18 @@ static void gateway_defaults(json_t *spec, gw_defaults_t *d)
     d->timeouts.upstream_connect_ms = jdur(to, "upstreamConnect", DEF_UPSTREAM_CONNECT_MS);
     d->timeouts.upstream_response_ms = jdur(to, "upstreamResponse", DEF_UPSTREAM_RESPONSE_MS);
     d->via = jbool(spec, "via", false);
+    /* Defaults: keep "//", reject encoded slashes (docs/routing.md, "Path
+     * normalisation", says why). */
+    json_t *pn = jget(spec, "pathNormalization");
+    sluice__v1__path_normalization__init(&d->path);
+    d->path.merge_slashes = jbool(pn, "mergeSlashes", false);
+    const char *slashes = jstr(pn, "encodedSlashes", "reject");
+    if (strcmp(slashes, "keep") == 0)
+        d->path.encoded_slashes = SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_KEEP;
+    else if (strcmp(slashes, "decode") == 0)
+        d->path.encoded_slashes = SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_DECODE;
+    else
+        d->path.encoded_slashes = SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_REJECT;
 }
 
 static void compile_settings(cctx_t *c, Sluice__V1__Snapshot *snap, const gw_defaults_t *d)
@@ -288,6 +301,9 @@ static void compile_settings(cctx_t *c, Sluice__V1__Snapshot *snap, const gw_def
     if (s->timeouts)
         *s->timeouts = d->timeouts;
     s->add_via = d->via;
+    s->path_normalization = cnew(c, sizeof(*s->path_normalization));
+    if (s->path_normalization)
+        *s->path_normalization = d->path;
 }
 
 /* --- Backends -> Clusters ------------------------------------------------ */

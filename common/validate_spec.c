@@ -42,6 +42,7 @@ static const sl_vrange_t idle_range = {0, 100000};
 static const char *const protocols[] = {"http", "https", "h2c", NULL};
 static const char *const path_types[] = {"template", "exact", "prefix", "regex", NULL};
 static const char *const match_types[] = {"exact", "prefix", "regex", "present", NULL};
+static const char *const encoded_slashes_modes[] = {"reject", "keep", "decode", NULL};
 static const char *const lb_policies[] = {"round-robin", "least-request", "random",
                                           "consistent-hash", NULL};
 static const char *const http_methods[] = {"GET",   "HEAD",    "POST",  "PUT",     "DELETE",
@@ -711,6 +712,14 @@ static const sl_vfield_t gateway_timeout_fields[] = {
 };
 static const sl_vschema_t gateway_timeout_schema = {gateway_timeout_fields, NULL};
 
+/* runtime/path.h has what each does; docs/routing.md why reject is the default. */
+static const sl_vfield_t path_normalization_fields[] = {
+    {"mergeSlashes", sl_vcheck_bool, NULL, 0},
+    {"encodedSlashes", sl_vcheck_enum, encoded_slashes_modes, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t path_normalization_schema = {path_normalization_fields, NULL};
+
 bool sl_validate_spec_listeners_conflict(const char *addr_a, long port_a, const char *addr_b,
                                          long port_b)
 {
@@ -778,6 +787,7 @@ static const sl_vfield_t gateway_fields[] = {
     {"limits", sl_vcheck_object, &limits_schema, 0},
     {"timeouts", sl_vcheck_object, &gateway_timeout_schema, 0},
     {"via", sl_vcheck_bool, NULL, 0},
+    {"pathNormalization", sl_vcheck_object, &path_normalization_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_gateway = {gateway_fields, gateway_extra};

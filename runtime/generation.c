@@ -286,6 +286,20 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
         to && to->request_header_ms ? to->request_header_ms : 10000;
     gen->idle_timeout_ms = to && to->idle_ms ? to->idle_ms : 60000;
     gen->add_via = gs ? gs->add_via : 0;
+    /* Absent (an older controller): zero, which is path.h's default. */
+    const Sluice__V1__PathNormalization *pn = gs ? gs->path_normalization : NULL;
+    gen->path_opts.merge_slashes = pn ? pn->merge_slashes : 0;
+    switch (pn ? pn->encoded_slashes : 0) {
+    case SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_KEEP:
+        gen->path_opts.encoded_slashes = SL_PATH_SLASHES_KEEP;
+        break;
+    case SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_DECODE:
+        gen->path_opts.encoded_slashes = SL_PATH_SLASHES_DECODE;
+        break;
+    default: /* reject, or a mode newer than this runtime: fail closed */
+        gen->path_opts.encoded_slashes = SL_PATH_SLASHES_REJECT;
+        break;
+    }
     sl_gen_timeouts_t gw_timeouts = {
         .request_ms = to ? to->request_ms : 0,
         /* Route-level connect timeouts exist only when an Api or operation

@@ -24,6 +24,7 @@
 #include "http1.h"
 #include "lb.h"
 #include "metrics.h"
+#include "path.h"
 #include "router.h"
 #include "sluice/v1/snapshot.pb-c.h"
 
@@ -101,6 +102,7 @@ typedef struct sl_generation {
     uint32_t request_header_timeout_ms;
     uint32_t idle_timeout_ms;
     uint8_t add_via;
+    sl_path_opts_t path_opts; /* Gateway pathNormalization, for sl_path_normalize */
     unsigned nworkers;
 } sl_generation_t;
 

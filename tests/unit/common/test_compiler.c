@@ -12,6 +12,7 @@
 
 #include "compiler.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,10 @@ static void test_quickstart_field_by_field(void **state)
     assert_int_equal(gs->timeouts->upstream_connect_ms, 5000);
     assert_int_equal(gs->timeouts->upstream_response_ms, 30000);
     assert_false(gs->add_via);
+    assert_non_null(gs->path_normalization);
+    assert_false(gs->path_normalization->merge_slashes);
+    assert_int_equal(gs->path_normalization->encoded_slashes,
+                     SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_REJECT);
 
     assert_int_equal(snap->n_clusters, 1);
     Sluice__V1__Cluster *cl = snap->clusters[0];
@@ -322,6 +327,83 @@ static void test_full_example_and_precedence(void **state)
     sl_resource_set_free(&set);
 }
 
+/* Gateway pathNormalization: each value reaches the snapshot, defaults
+ * fill what is not written, and it comes from the first Gateway by name like
+ * the other settings. */
+static void test_gateway_path_normalization(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *yaml;
+        bool merge;
+        int slashes;
+    } cases[] = {
+        {"", false, SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_REJECT},
+        {"  pathNormalization: {}\n", false,
+         SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_REJECT},
+        {"  pathNormalization: {mergeSlashes: true}\n", true,
+         SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_REJECT},
+        {"  pathNormalization: {encodedSlashes: keep}\n", false,
+         SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_KEEP},
+        {"  pathNormalization: {encodedSlashes: decode, mergeSlashes: true}\n", true,
+         SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_DECODE},
+        {"  pathNormalization: {encodedSlashes: reject, mergeSlashes: false}\n", false,
+         SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_REJECT},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char text[512];
+        snprintf(text, sizeof(text),
+                 HEAD "kind: Gateway\nmetadata: {name: g}\nspec:\n"
+                      "  listeners: [{name: web, port: 8080}]\n%s",
+                 cases[i].yaml);
+        sl_resource_set_t set;
+        sl_resource_set_init(&set);
+        parse(&set, "gw.yaml", text);
+        Sluice__V1__Snapshot *snap = compile_ok(&set, "default");
+        /* What a runtime receives: through the wire format. */
+        size_t len;
+        uint8_t *wire = sl_snapshot_pack(snap, &len);
+        assert_non_null(wire);
+        Sluice__V1__Snapshot *back = sl_snapshot_unpack(wire, len);
+        assert_non_null(back);
+        free(wire);
+        Sluice__V1__Snapshot *both[] = {snap, back};
+        for (int k = 0; k < 2; k++) {
+            const Sluice__V1__PathNormalization *pn = both[k]->settings->path_normalization;
+            if (!pn)
+                fail_msg("case %zu: no path_normalization (%s)", i, k ? "unpacked" : "built");
+            assert_int_equal(pn->merge_slashes, cases[i].merge);
+            assert_int_equal(pn->encoded_slashes, cases[i].slashes);
+        }
+        sl_snapshot_free(back);
+        sl_snapshot_free(snap);
+        sl_resource_set_free(&set);
+    }
+
+    sl_resource_set_t set;
+    sl_resource_set_init(&set);
+    parse(&set, "gw.yaml",
+          HEAD "kind: Gateway\nmetadata: {name: b}\nspec:\n"
+               "  listeners: [{name: web2, port: 8081}]\n"
+               "  pathNormalization: {encodedSlashes: decode}\n---\n" HEAD
+               "kind: Gateway\nmetadata: {name: a}\nspec:\n"
+               "  listeners: [{name: web1, port: 8080}]\n"
+               "  pathNormalization: {encodedSlashes: keep, mergeSlashes: true}\n");
+    Sluice__V1__Snapshot *snap = compile_ok(&set, "default");
+    assert_int_equal(snap->settings->path_normalization->encoded_slashes,
+                     SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_KEEP);
+    assert_true(snap->settings->path_normalization->merge_slashes);
+    sl_snapshot_free(snap);
+    /* No Gateway in the fleet: the defaults. */
+    snap = compile_ok(&set, "elsewhere");
+    assert_non_null(snap->settings->path_normalization);
+    assert_int_equal(snap->settings->path_normalization->encoded_slashes,
+                     SLUICE__V1__PATH_NORMALIZATION__ENCODED_SLASHES__SLASHES_REJECT);
+    assert_false(snap->settings->path_normalization->merge_slashes);
+    sl_snapshot_free(snap);
+    sl_resource_set_free(&set);
+}
+
 static void test_missing_backend_reference(void **state)
 {
     (void)state;
@@ -438,6 +520,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quickstart_field_by_field),
         cmocka_unit_test(test_full_example_and_precedence),
+        cmocka_unit_test(test_gateway_path_normalization),
         cmocka_unit_test(test_missing_backend_reference),
         cmocka_unit_test(test_unsupported_protocol),
         cmocka_unit_test(test_gateways_of_a_fleet_merge),

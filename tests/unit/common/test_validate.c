@@ -307,6 +307,44 @@ static void test_gateway_rules(void **state)
     expect_valid(GATEWAY("  listeners: [{name: tls, port: 8443, protocol: https}]\n"));
 }
 
+static void test_gateway_path_normalization(void **state)
+{
+    (void)state;
+    expect_valid(GATEWAY("  listeners: [{name: http, port: 80}]\n"
+                         "  pathNormalization: {mergeSlashes: true, encodedSlashes: decode}\n"));
+    expect_valid(GATEWAY("  listeners: [{name: http, port: 80}]\n"
+                         "  pathNormalization: {encodedSlashes: keep}\n"));
+    expect_valid(GATEWAY("  listeners: [{name: http, port: 80}]\n"
+                         "  pathNormalization: {encodedSlashes: reject}\n"));
+    expect_valid(GATEWAY("  listeners: [{name: http, port: 80}]\n  pathNormalization: {}\n"));
+    expect_error(GATEWAY("  listeners: [{name: http, port: 80}]\n"
+                         "  pathNormalization: {encodedSlashes: decod}\n"),
+                 "t.yaml doc 1: spec.pathNormalization.encodedSlashes: 'decod' is not one of "
+                 "reject, keep, decode (did you mean 'decode'?)\n");
+    expect_error(GATEWAY("  listeners: [{name: http, port: 80}]\n"
+                         "  pathNormalization: {encodedSlashes: unescape}\n"),
+                 "t.yaml doc 1: spec.pathNormalization.encodedSlashes: 'unescape' is not one of "
+                 "reject, keep, decode\n");
+    expect_error(GATEWAY("  listeners: [{name: http, port: 80}]\n"
+                         "  pathNormalization: {encodedSlashes: true}\n"),
+                 "t.yaml doc 1: spec.pathNormalization.encodedSlashes: expected string, got "
+                 "boolean\n");
+    expect_error(GATEWAY("  listeners: [{name: http, port: 80}]\n"
+                         "  pathNormalization: {mergeSlashes: \"yes\"}\n"),
+                 "t.yaml doc 1: spec.pathNormalization.mergeSlashes: expected boolean, got "
+                 "string\n");
+    expect_error(GATEWAY("  listeners: [{name: http, port: 80}]\n"
+                         "  pathNormalization: {mergeSlash: true}\n"),
+                 "t.yaml doc 1: spec.pathNormalization.mergeSlash: unknown field (did you mean "
+                 "'mergeSlashes'?)\n");
+    expect_error(GATEWAY("  listeners: [{name: http, port: 80}]\n"
+                         "  pathNormalisation: {mergeSlashes: true}\n"),
+                 "t.yaml doc 1: spec.pathNormalisation: unknown field (did you mean "
+                 "'pathNormalization'?)\n");
+    expect_error(GATEWAY("  listeners: [{name: http, port: 80}]\n  pathNormalization: keep\n"),
+                 "t.yaml doc 1: spec.pathNormalization: expected object, got string\n");
+}
+
 static void test_backend_rules(void **state)
 {
     (void)state;
@@ -417,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_duplicate_operations),
         cmocka_unit_test(test_api_rules),
         cmocka_unit_test(test_gateway_rules),
+        cmocka_unit_test(test_gateway_path_normalization),
         cmocka_unit_test(test_backend_rules),
         cmocka_unit_test(test_consumer_and_certificate_rules),
         cmocka_unit_test(test_envelope),

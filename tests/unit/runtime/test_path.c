@@ -4,7 +4,8 @@
  * escapes (malformed, %00, hex case, unreserved decoding), the "unchanged"
  * result of an already-normal path, long paths, and properties over random
  * inputs checked against an independent, literal implementation of RFC 3986
- * §5.2.4.
+ * §5.2.4; and the Gateway's pathNormalization settings as they reach a
+ * generation (sl_generation_t.path_opts), the options the proxy passes.
  *
  * Every input is copied into a heap buffer of exactly its length, and every
  * output buffer is exactly as long as the input, so that a read or write one
@@ -22,6 +23,10 @@
 #include <cmocka.h>
 
 #include "path.c"
+
+#include "compiler.h"
+#include "generation.h"
+#include "model.h"
 
 static const sl_path_opts_t o_reject = {0, SL_PATH_SLASHES_REJECT};
 static const sl_path_opts_t o_keep = {0, SL_PATH_SLASHES_KEEP};
@@ -624,6 +629,104 @@ static void test_random_bytes(void **state)
     }
 }
 
+/* --- configuration: Gateway pathNormalization -> sl_generation_t --------- */
+
+static Sluice__V1__Snapshot *compile_gateway(const char *gateway_extra)
+{
+    char text[512];
+    snprintf(text, sizeof(text),
+             "apiVersion: gateway.sluice.dev/v1alpha1\nkind: Gateway\nmetadata: {name: g}\n"
+             "spec:\n  listeners: [{name: web, port: 8080}]\n%s",
+             gateway_extra);
+    sl_resource_set_t set;
+    sl_errors_t errs;
+    sl_resource_set_init(&set);
+    sl_errors_init(&errs);
+    if (sl_model_parse(&set, text, strlen(text), "gw.yaml", &errs) != 0)
+        fail_msg("%s", sl_errors_format(&errs));
+    Sluice__V1__Snapshot *snap = sl_compile_snapshot(&set, "default", 1, &errs);
+    assert_non_null(snap);
+    sl_resource_set_free(&set);
+    sl_errors_free(&errs);
+    return snap;
+}
+
+static sl_generation_t *build_generation(const char *gateway_extra)
+{
+    Sluice__V1__Snapshot *snap = compile_gateway(gateway_extra);
+    char err[256] = "";
+    sl_generation_t *gen = sl_generation_build(snap, "test", 1, err, sizeof(err));
+    if (!gen)
+        fail_msg("sl_generation_build: %s", err);
+    return gen;
+}
+
+/* What a request meets, given the generation's options. */
+static char *through(const sl_generation_t *gen, const char *path)
+{
+    return norm_n(path, strlen(path), &gen->path_opts);
+}
+
+static void test_gateway_settings_reach_the_generation(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *yaml;
+        uint8_t merge, slashes;
+        const char *slash_path; /* "/a%2Fb//c" becomes */
+    } cases[] = {
+        {"", 0, SL_PATH_SLASHES_REJECT, "!encoded slash (%2F or %5C) in path"},
+        {"  pathNormalization: {mergeSlashes: true}\n", 1, SL_PATH_SLASHES_REJECT,
+         "!encoded slash (%2F or %5C) in path"},
+        {"  pathNormalization: {encodedSlashes: keep}\n", 0, SL_PATH_SLASHES_KEEP, "="},
+        {"  pathNormalization: {encodedSlashes: keep, mergeSlashes: true}\n", 1,
+         SL_PATH_SLASHES_KEEP, "/a%2Fb/c"},
+        {"  pathNormalization: {encodedSlashes: decode}\n", 0, SL_PATH_SLASHES_DECODE, "/a/b//c"},
+        {"  pathNormalization: {encodedSlashes: decode, mergeSlashes: true}\n", 1,
+         SL_PATH_SLASHES_DECODE, "/a/b/c"},
+    };
+    for (size_t i = 0; i < SL_ARRAY_LEN(cases); i++) {
+        sl_generation_t *gen = build_generation(cases[i].yaml);
+        assert_int_equal(gen->path_opts.merge_slashes, cases[i].merge);
+        assert_int_equal(gen->path_opts.encoded_slashes, cases[i].slashes);
+        char *got = through(gen, "/a%2Fb//c");
+        if (strcmp(got, cases[i].slash_path) != 0)
+            fail_msg("case %zu: got \"%s\", want \"%s\"", i, got, cases[i].slash_path);
+        free(got);
+        sl_generation_discard(gen);
+    }
+}
+
+/* A snapshot from a controller that predates the setting, or one that names
+ * a mode this runtime does not know: the defaults, i.e. reject. */
+static void test_generation_defaults_without_or_with_unknown_setting(void **state)
+{
+    (void)state;
+    Sluice__V1__Snapshot *snap = compile_gateway("  pathNormalization: {encodedSlashes: decode}\n");
+    /* unknown enum value */
+    snap->settings->path_normalization->encoded_slashes = 7;
+    snap->settings->path_normalization->merge_slashes = 1;
+    size_t len;
+    uint8_t *wire = sl_snapshot_pack(snap, &len);
+    Sluice__V1__Snapshot *copy = sl_snapshot_unpack(wire, len);
+    free(wire);
+    assert_non_null(copy);
+    char err[256];
+    sl_generation_t *gen = sl_generation_build(copy, "test", 1, err, sizeof(err));
+    assert_non_null(gen);
+    assert_int_equal(gen->path_opts.encoded_slashes, SL_PATH_SLASHES_REJECT);
+    assert_int_equal(gen->path_opts.merge_slashes, 1);
+    sl_generation_discard(gen);
+    /* absent */
+    protobuf_c_message_free_unpacked(&snap->settings->path_normalization->base, NULL);
+    snap->settings->path_normalization = NULL;
+    gen = sl_generation_build(snap, "test", 1, err, sizeof(err));
+    assert_non_null(gen);
+    assert_int_equal(gen->path_opts.encoded_slashes, SL_PATH_SLASHES_REJECT);
+    assert_int_equal(gen->path_opts.merge_slashes, 0);
+    sl_generation_discard(gen);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -642,6 +745,8 @@ int main(void)
         cmocka_unit_test(test_random_properties),
         cmocka_unit_test(test_matches_rfc_reference),
         cmocka_unit_test(test_random_bytes),
+        cmocka_unit_test(test_gateway_settings_reach_the_generation),
+        cmocka_unit_test(test_generation_defaults_without_or_with_unknown_setting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
