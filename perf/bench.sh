@@ -22,6 +22,10 @@
 #   TESTS="get post1k post5k"
 #   PROXY_CPU=0 LOAD_CPU=1
 #   OUT=docs/benchmarks.md            ("-" = only print the table)
+#   BASELINE=path/to/sluice-runtime   also measure this binary, as proxy
+#                                     "sluice-base", in the same run (before/after
+#                                     figures of a change: build the old commit
+#                                     into another tree and point BASELINE at it)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -37,6 +41,11 @@ TESTS=${TESTS:-"get post1k post5k"}
 PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 OUT=${OUT:-docs/benchmarks.md}
+BASELINE=${BASELINE:-}
+if [ -n "$BASELINE" ]; then
+    [ -x "$BASELINE" ] || die_early=1
+    case " $PROXIES " in *" sluice-base "*) ;; *) PROXIES="sluice-base $PROXIES" ;; esac
+fi
 RUNTIME="$BUILD/bin/sluice-runtime"
 case $RUNTIME in /*) ;; *) RUNTIME="$REPO/$RUNTIME" ;; esac
 PY=/usr/bin/python3
@@ -52,6 +61,7 @@ HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 case " $PROXIES " in *" sluice "*)
     [ -x "$RUNTIME" ] || die "$RUNTIME not found: build it first (make BUILD=$BUILD)" ;;
 esac
+[ -z "${die_early:-}" ] || die "BASELINE=$BASELINE is not an executable sluice-runtime"
 NCPU=$(nproc)
 if [ "$PROXY_CPU" -ge "$NCPU" ] || [ "$LOAD_CPU" -ge "$NCPU" ]; then
     die "needs CPUs $PROXY_CPU and $LOAD_CPU, this machine has $NCPU"
@@ -159,7 +169,9 @@ start_proxy() { # name port -> sets PROXY_PID
     local name=$1 port=$2 dir="$TMP/$1"
     mkdir -p "$dir"
     case $name in
-    sluice)
+    sluice | sluice-base)
+        local bin=$RUNTIME
+        [ "$name" = sluice ] || bin=$BASELINE
         cat >"$dir/sluice.yaml" <<EOF
 apiVersion: gateway.sluice.dev/v1alpha1
 kind: Gateway
@@ -184,7 +196,7 @@ spec:
   operations:
   - {name: all, method: "*", path: /, pathType: prefix}
 EOF
-        taskset -c "$PROXY_CPU" "$RUNTIME" --config "$dir/sluice.yaml" --workers 1 \
+        taskset -c "$PROXY_CPU" "$bin" --config "$dir/sluice.yaml" --workers 1 \
             --admin off --access-log off --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
         ;;
     nginx)
@@ -267,7 +279,7 @@ done
 
 # --- report --------------------------------------------------------------------
 CPU_MODEL=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
-CMD="make bench  (BUILD=$BUILD DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS WRK_THREADS=$WRK_THREADS PROXIES=\"$PROXIES\" TESTS=\"$TESTS\" perf/bench.sh)"
+CMD="make bench  (BUILD=$BUILD${BASELINE:+ BASELINE=$BASELINE} DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS WRK_THREADS=$WRK_THREADS PROXIES=\"$PROXIES\" TESTS=\"$TESTS\" perf/bench.sh)"
 TABLE=$($PY - "$RESULTS" <<'EOF'
 import sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
