@@ -21,6 +21,25 @@ int sl_xds_type_from_url(const char *url)
     return -1;
 }
 
+int sl_xds_version_parse(const char *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (!s)
+        s = "";
+    /* Leading zeros would give two spellings of one version. */
+    if (s[0] == '0' && s[1])
+        return -1;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || p - s >= 16)
+            return -1;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (v > SL_XDS_VERSION_MAX)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 grpc_byte_buffer *sl_grpc_pack(const ProtobufCMessage *msg)
 {
     size_t len = protobuf_c_message_get_packed_size(msg);

@@ -7,6 +7,7 @@
 
 #include <grpc/byte_buffer.h>
 #include <protobuf-c/protobuf-c.h>
+#include <stdint.h>
 
 /* A new byte buffer holding the packed message (NULL on allocation failure). */
 grpc_byte_buffer *sl_grpc_pack(const ProtobufCMessage *msg);
@@ -36,6 +37,17 @@ enum sl_xds_type {
 };
 extern const char *const sl_xds_type_urls[SL_XDS__COUNT];
 extern const char *const sl_xds_type_names[SL_XDS__COUNT]; /* "clusters", ... */
-int sl_xds_type_from_url(const char *url);                   /* -1 when unknown */
+int sl_xds_type_from_url(const char *url);                 /* -1 when unknown */
+
+/*
+ * Versions on the stream (version_info) are decimal integers from 1 to
+ * 2^53 - 1 ("0" reads as none), so that they stay exact in JSON (/api/v1/status, /config_dump)
+ * whatever parses it; "" means "none yet". Anything else (a sign, spaces,
+ * hex, a number past the bound) is refused rather than read as 0, which
+ * would silently mean "nothing applied".
+ */
+#define SL_XDS_VERSION_MAX 9007199254740991ULL /* 2^53 - 1 */
+/* 0 with *out set (0 for ""), or -1 when `s` is not a valid version. */
+int sl_xds_version_parse(const char *s, uint64_t *out);
 
 #endif

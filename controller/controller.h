@@ -43,16 +43,18 @@ json_t *sl_controller_object_status(sl_controller_t *ctl, enum sl_kind kind, con
 
 /* GET /api/v1/runtimes: [{node_id, fleet, address, connected, connected_since,
  * last_seen, acked_version, types:{<type>: {acked_version, nack:{version,
- * message, at}}}}] for every runtime that is or was connected. New ref. */
+ * message, at}}}, streams_replaced, last_replaced}] for every runtime that is
+ * connected or was within --runtime-expiry. New ref. */
 json_t *sl_controller_runtimes_json(sl_controller_t *ctl);
 
-/* GET /api/v1/status: {config_version, fleets:{<fleet>:{version,
- * runtimes_connected, runtimes_at_version}}}. New ref. */
+/* GET /api/v1/status: {config_version, error, fleets:{<fleet>:{version,
+ * runtimes_connected, runtimes_at_version}}}; error says why versions cannot
+ * be persisted, null when they can. New ref. */
 json_t *sl_controller_status_json(sl_controller_t *ctl);
 
 /* Counters for /metrics, written by the core and the stream thread. */
 typedef struct {
-    _Atomic uint64_t pushes;        /* responses sent */
+    _Atomic uint64_t pushes; /* responses sent */
     _Atomic uint64_t acks;
     _Atomic uint64_t nacks;
     _Atomic uint64_t compiles;
@@ -61,6 +63,10 @@ typedef struct {
     _Atomic uint64_t store_writes;
     _Atomic uint64_t store_write_us_total; /* sum of write latencies */
     _Atomic uint64_t config_version;
+    _Atomic uint64_t streams_replaced; /* closed for a newer stream of the same node */
+    _Atomic uint64_t streams_refused;  /* closed for an invalid request or a full table */
+    _Atomic uint64_t runtimes_expired; /* records forgotten (expiry or --max-runtimes) */
+    _Atomic uint64_t runtime_records;  /* records kept, connected or not */
 } sl_ctrl_metrics_t;
 extern sl_ctrl_metrics_t sl_ctrl_metrics;
 

@@ -12,15 +12,32 @@
  *    listeners. Removals come last by construction: a runtime keeps a removed
  *    cluster while the routes it still runs reference it, until the new
  *    routes arrive (runtime/xds.c);
- *  - a NACKed (type, version) is never sent again to that runtime; the next
- *    config change produces a new version, which is;
- *  - a response whose nonce is not the one in flight is stale and ignored.
+ *  - a NACKed (type, version) is not sent again on the stream that NACKed
+ *    it; the next config change produces a new version, which is. A new
+ *    stream (a restarted runtime), or a subscription reporting another
+ *    version, starts fresh: the reason for the NACK (a busy port) may be gone;
+ *  - every response carries a nonce unique for the controller's life; an
+ *    ACK/NACK is matched to the response in flight by its nonce and must
+ *    name the same type, and the type and version it settles are those that
+ *    were sent. Anything else is stale and ignored;
+ *  - one stream per node id: a newer stream of the same node closes the
+ *    older one with ALREADY_EXISTS, so no runtime keeps an open stream that
+ *    never gets another update;
+ *  - state kept for unauthenticated peers is bounded: a node is registered
+ *    only by a valid subscription, records of disconnected runtimes expire
+ *    and their number is capped, NACK reasons are kept to 4 KiB.
  *
  * Versions: one durable, monotonic config version (store counter). A
  * compile bumps it only if some type's content changed, and a type keeps the
  * version at which its content last changed; both are persisted per fleet
  * with the content hash, so a restarted controller continues the sequence
  * and a runtime reconnecting with what it already runs gets no re-push.
+ * Versions a runtime reports are checked (decimal, at most 2^53 - 1, at most
+ * VERSION_MAX_AHEAD past ours) before they can move ours: any client of the
+ * stream port could otherwise exhaust the version space for the whole fleet.
+ * A version that cannot be persisted fails the whole compile: nothing is
+ * pushed under a version the store does not hold; /readyz and
+ * /api/v1/status say why, and the compile is retried.
  */
 #include "controller.h"
 
@@ -43,6 +60,15 @@ sl_ctrl_metrics_t sl_ctrl_metrics;
 #define COALESCE_MS 20      /* first window of a burst */
 #define COALESCE_MAX_MS 200 /* the window doubles up to this while writes keep coming */
 #define VERSION_LEN 24
+/* A runtime may report a version at most this far past the store's (a store
+ * restored from a backup that old); a stray client cannot push the counter
+ * to the end of its range (about 9e9 subscriptions would be needed). */
+#define VERSION_MAX_AHEAD 1000000ULL
+#define NACK_MESSAGE_MAX 4096 /* bytes of a NACK reason kept and shown */
+#define NODE_FIELD_MAX 253    /* node.id and node.fleet: a DNS name's length */
+#define BUILD_VERSION_MAX 128
+#define RETRY_MIN_MS 1000 /* compile retry after a store failure, doubling */
+#define RETRY_MAX_MS 30000
 
 typedef struct fleet {
     char *name;
@@ -52,7 +78,11 @@ typedef struct fleet {
         uint64_t version;
         uint64_t hash;
         char version_str[VERSION_LEN];
-        grpc_byte_buffer *response;
+        /* The packed DiscoveryResponse without its nonce: each send appends
+         * its own nonce field (response_with_nonce), so one encoding still
+         * serves every runtime. */
+        grpc_slice body;
+        int encoded;
         size_t resources;
     } t[SL_XDS__COUNT];
     struct fleet *next;
@@ -69,9 +99,16 @@ typedef struct runtime_rec {
     uint64_t disconnected_ms;
     int subscribed[SL_XDS__COUNT];
     char acked[SL_XDS__COUNT][VERSION_LEN];
-    char inflight_nonce[64];
+    /* The version of each type NACKed on the current stream: not re-sent
+     * on it. Cleared by a new stream or a subscription to another version. */
+    char parked[SL_XDS__COUNT][VERSION_LEN];
+    char inflight_nonce[32];
     int inflight_type;
     char inflight_version[VERSION_LEN];
+    /* Streams of this node closed because a newer one arrived. */
+    uint64_t streams_replaced;
+    char *replaced_address, *replaced_by;
+    uint64_t replaced_at_ms;
     struct {
         char version[VERSION_LEN];
         char *message;
@@ -82,7 +119,11 @@ typedef struct runtime_rec {
 } runtime_rec_t;
 
 typedef struct {
-    runtime_rec_t *rt; /* set by the first request (it carries the node) */
+    runtime_rec_t *rt; /* set by the first valid subscription */
+    /* The node, from the first request that carries it, until registered. */
+    char *node_id, *fleet, *build_version;
+    int refused;        /* closed by us: later requests are ignored */
+    int warned_unknown; /* one warning per stream for unknown types */
 } stream_ctx_t;
 
 struct sl_controller {
@@ -96,11 +137,24 @@ struct sl_controller {
     unsigned coalesced;       /* changes that joined the pending compile */
     fleet_t *fleets;
     runtime_rec_t *runtimes;
+    size_t n_runtimes;
+    size_t max_runtimes;        /* --max-runtimes */
+    uint64_t runtime_expiry_ms; /* --runtime-expiry */
+    struct event *sweep_ev;
+    uint64_t nonce_seq;
+    /* Why versions cannot be persisted ("" when they can); the compile is
+     * retried by retry_ev with a doubling delay. */
+    char version_error[512];
+    struct event *retry_ev;
+    uint64_t retry_ms;
     json_t *statuses; /* "<plural>/<ns>/<name>" -> status object */
     uint64_t config_version;
     /* A runtime runs newer versions than ours: push nothing until the
      * compile has given every type a version past it. */
     int versions_stale;
+    /* The newest version a runtime reported, when past the store's: the
+     * next version allocated is above it. */
+    uint64_t version_floor;
     /* Routes per Api ("ns/name" -> operations), for admission. Apis apply
      * to every fleet, so the total is each fleet's route count. Rebuilt
      * from the store on every compile. */
@@ -169,8 +223,7 @@ int sl_controller_admit(sl_controller_t *ctl, json_t *objs, char *err, size_t er
     return 0;
 }
 
-void sl_controller_forget(sl_controller_t *ctl, enum sl_kind kind, const char *ns,
-                          const char *name)
+void sl_controller_forget(sl_controller_t *ctl, enum sl_kind kind, const char *ns, const char *name)
 {
     if (kind != SL_KIND_API)
         return;
@@ -245,8 +298,8 @@ static fleet_t *fleet_get(sl_controller_t *ctl, const char *name)
 static void fleet_free(fleet_t *f)
 {
     for (int t = 0; t < SL_XDS__COUNT; t++)
-        if (f->t[t].response)
-            grpc_byte_buffer_destroy(f->t[t].response);
+        if (f->t[t].encoded)
+            grpc_slice_unref(f->t[t].body);
     if (f->snap)
         sl_snapshot_free(f->snap);
     free(f->name);
@@ -325,19 +378,41 @@ static void free_resources(Sluice__V1__Resource **res, size_t n)
     free(res);
 }
 
-static grpc_byte_buffer *encode_response(Sluice__V1__Resource **res, size_t n, int type,
-                                         const char *version)
+/* The response of one type without its nonce, packed once per version. */
+static grpc_slice encode_response(Sluice__V1__Resource **res, size_t n, int type,
+                                  const char *version)
 {
     Sluice__V1__DiscoveryResponse resp = SLUICE__V1__DISCOVERY_RESPONSE__INIT;
-    char nonce[64];
-    /* Unique per (version, type): one encoding serves every runtime. */
-    snprintf(nonce, sizeof(nonce), "%s/%d", version, type);
     resp.version_info = (char *)version;
     resp.type_url = (char *)sl_xds_type_urls[type];
-    resp.nonce = nonce;
     resp.n_resources = n;
     resp.resources = res;
-    return sl_grpc_pack(&resp.base);
+    size_t len = protobuf_c_message_get_packed_size(&resp.base);
+    grpc_slice slice = grpc_slice_malloc(len);
+    protobuf_c_message_pack(&resp.base, GRPC_SLICE_START_PTR(slice));
+    return slice;
+}
+
+/*
+ * One send of a response: the shared body plus its own nonce. Protobuf
+ * parsers read a field appended after a message's bytes as part of it, so
+ * the body is never copied (a large snapshot is referenced, not re-encoded,
+ * for every runtime).
+ */
+static grpc_byte_buffer *response_with_nonce(grpc_slice body, const char *nonce)
+{
+    uint8_t tail[2 + 32];
+    size_t len = strlen(nonce);
+    if (len > sizeof(tail) - 2)
+        len = sizeof(tail) - 2;
+    tail[0] = (4 << 3) | 2; /* field 4 (nonce), length-delimited */
+    tail[1] = (uint8_t)len; /* < 128: a one-byte varint */
+    memcpy(tail + 2, nonce, len);
+    grpc_slice parts[2] = {body, grpc_slice_from_copied_buffer((const char *)tail, len + 2)};
+    /* Takes its own references on both slices. */
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(parts, 2);
+    grpc_slice_unref(parts[1]);
+    return bb;
 }
 
 /* ---- pushing -------------------------------------------------------------- */
@@ -350,22 +425,26 @@ static void try_push(sl_controller_t *ctl, runtime_rec_t *rt)
     if (!f || !f->compiled_ok)
         return;
     for (int t = 0; t < SL_XDS__COUNT; t++) {
-        if (!rt->subscribed[t] || !f->t[t].response)
+        if (!rt->subscribed[t] || !f->t[t].encoded)
             continue;
         if (strcmp(rt->acked[t], f->t[t].version_str) == 0)
             continue;
-        if (strcmp(rt->nack[t].version, f->t[t].version_str) == 0)
-            continue; /* rejected this exact version: wait for a new one */
-        grpc_byte_buffer *bb = grpc_byte_buffer_copy(f->t[t].response);
-        if (!bb)
+        if (strcmp(rt->parked[t], f->t[t].version_str) == 0)
+            continue; /* NACKed on this stream: wait for a new version */
+        /* Unique per response, so a re-send of one version and the same
+         * version sent to another runtime are told apart. */
+        snprintf(rt->inflight_nonce, sizeof(rt->inflight_nonce), "%" PRIu64, ++ctl->nonce_seq);
+        grpc_byte_buffer *bb = response_with_nonce(f->t[t].body, rt->inflight_nonce);
+        if (!bb) {
+            rt->inflight_nonce[0] = '\0';
             return;
-        snprintf(rt->inflight_nonce, sizeof(rt->inflight_nonce), "%s/%d", f->t[t].version_str, t);
+        }
         snprintf(rt->inflight_version, sizeof(rt->inflight_version), "%s", f->t[t].version_str);
         rt->inflight_type = t;
         rt->responses_sent++;
         atomic_fetch_add(&sl_ctrl_metrics.pushes, 1);
-        sl_log_debug("push %s to %s: version %s (%zu resources)", sl_xds_type_names[t],
-                     rt->node_id, f->t[t].version_str, f->t[t].resources);
+        sl_log_debug("push %s to %s: version %s, nonce %s (%zu resources)", sl_xds_type_names[t],
+                     rt->node_id, f->t[t].version_str, rt->inflight_nonce, f->t[t].resources);
         sl_stream_send(rt->stream, bb);
         return;
     }
@@ -384,8 +463,8 @@ static json_t *accepted_status(int ok, const char *reason, const char *message, 
 {
     json_t *meta = json_object_get(obj, "metadata");
     json_t *gen = json_object_get(meta, "generation");
-    return json_pack("{s:[{s:s, s:s, s:s, s:s}], s:o}", "conditions", "type", "Accepted",
-                     "status", ok ? "True" : "False", "reason", reason, "message", message,
+    return json_pack("{s:[{s:s, s:s, s:s, s:s}], s:o}", "conditions", "type", "Accepted", "status",
+                     ok ? "True" : "False", "reason", reason, "message", message,
                      "observedGeneration",
                      json_is_integer(gen) ? json_incref(gen) : json_integer(1));
 }
@@ -449,15 +528,71 @@ static Sluice__V1__Snapshot *compile_fleet(sl_controller_t *ctl, const sl_resour
     return snap;
 }
 
-static void persist_type(sl_controller_t *ctl, fleet_t *f, int t)
+static int persist_type(sl_controller_t *ctl, const char *fleet, int t, uint64_t version,
+                        uint64_t hash, char *err, size_t errlen)
 {
     char key[256];
-    snprintf(key, sizeof(key), "fleet/%s/%s/version", f->name, sl_xds_type_names[t]);
-    sl_store_counter_set(ctl->store, key, f->t[t].version);
-    snprintf(key, sizeof(key), "fleet/%s/%s/hash", f->name, sl_xds_type_names[t]);
-    sl_store_counter_set(ctl->store, key, f->t[t].hash);
+    snprintf(key, sizeof(key), "fleet/%s/%s/version", fleet, sl_xds_type_names[t]);
+    if (sl_store_counter_set(ctl->store, key, version, err, errlen) != 0)
+        return -1;
+    snprintf(key, sizeof(key), "fleet/%s/%s/hash", fleet, sl_xds_type_names[t]);
+    return sl_store_counter_set(ctl->store, key, hash, err, errlen);
 }
 
+/* The next config version, persisted; 0 with err when it cannot be. */
+static uint64_t allocate_version(sl_controller_t *ctl, char *err, size_t errlen)
+{
+    uint64_t cur;
+    if (sl_store_counter_read(ctl->store, "config_version", &cur, err, errlen) != 0)
+        return 0;
+    if (cur < ctl->version_floor)
+        cur = ctl->version_floor;
+    if (cur >= SL_XDS_VERSION_MAX) {
+        snprintf(err, errlen,
+                 "config_version is %" PRIu64 ", the largest version runtimes accept is 2^53-1; "
+                 "restart the controller to continue from the versions its fleets run",
+                 cur);
+        return 0;
+    }
+    if (sl_store_counter_set(ctl->store, "config_version", cur + 1, err, errlen) != 0)
+        return 0;
+    return cur + 1;
+}
+
+static void retry_cb(evutil_socket_t fd, short what, void *arg);
+
+/* A compile could not persist its versions: say so everywhere, retry. */
+static void versions_failed(sl_controller_t *ctl, const char *err)
+{
+    snprintf(ctl->version_error, sizeof(ctl->version_error),
+             "cannot persist the config version: %s", err);
+    sl_log_error("compile: %s; nothing pushed, retrying", ctl->version_error);
+    atomic_fetch_add(&sl_ctrl_metrics.compile_errors, 1);
+    ctl->retry_ms = ctl->retry_ms ? ctl->retry_ms * 2 : RETRY_MIN_MS;
+    if (ctl->retry_ms > RETRY_MAX_MS)
+        ctl->retry_ms = RETRY_MAX_MS;
+    struct timeval tv = {(time_t)(ctl->retry_ms / 1000),
+                         (suseconds_t)(ctl->retry_ms % 1000) * 1000};
+    evtimer_add(ctl->retry_ev, &tv);
+}
+
+/* What a compile produced for one fleet, before anything is committed. */
+typedef struct {
+    Sluice__V1__Snapshot *snap;
+    struct {
+        Sluice__V1__Resource **res;
+        size_t n;
+        uint64_t hash;
+        int changed;
+    } t[SL_XDS__COUNT];
+} staged_t;
+
+/*
+ * Compiles every fleet. Staged: snapshots and hashes first; then, if some
+ * type changed, one new version is allocated and every changed type's
+ * (version, hash) persisted; only then is anything swapped in and pushed. A
+ * store failure on the way leaves the previous state whole (and says why).
+ */
 static void compile_all(sl_controller_t *ctl)
 {
     atomic_fetch_add(&sl_ctrl_metrics.compiles, 1);
@@ -487,58 +622,103 @@ static void compile_all(sl_controller_t *ctl)
     count_routes(ctl, all);
     json_t *statuses = json_object();
     for (size_t i = 0; i < all->count; i++)
-        json_object_set_new(statuses, all->items[i].source,
-                            accepted_status(1, "Accepted", "compiled and pushed to the fleets",
-                                            all->items[i].obj));
+        json_object_set_new(
+            statuses, all->items[i].source,
+            accepted_status(1, "Accepted", "compiled and pushed to the fleets", all->items[i].obj));
 
-    uint64_t new_version = 0;
-    for (fleet_t *f = ctl->fleets; f; f = f->next) {
-        Sluice__V1__Snapshot *snap = compile_fleet(ctl, all, f->name, statuses);
-        if (!snap) {
+    size_t nf = 0;
+    for (fleet_t *f = ctl->fleets; f; f = f->next)
+        nf++;
+    staged_t *stg = calloc(nf ? nf : 1, sizeof(*stg));
+    if (!stg) {
+        sl_log_error("compile: out of memory");
+        json_decref(statuses);
+        sl_resource_set_free(&loaded);
+        return;
+    }
+    int need_version = 0;
+    size_t i = 0;
+    for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
+        stg[i].snap = compile_fleet(ctl, all, f->name, statuses);
+        if (!stg[i].snap) {
             atomic_fetch_add(&sl_ctrl_metrics.compile_errors, 1);
             continue;
         }
         for (int t = 0; t < SL_XDS__COUNT; t++) {
-            Sluice__V1__Resource **res;
-            uint64_t hash;
-            size_t n = type_resources(snap, t, &res, &hash);
-            if (hash != f->t[t].hash || !f->t[t].response) {
-                if (hash != f->t[t].hash || f->t[t].version == 0) {
-                    if (!new_version) {
-                        new_version = sl_store_counter_next(ctl->store, "config_version");
-                        if (!new_version) {
-                            sl_log_error("compile: cannot persist the config version");
-                            free_resources(res, n);
-                            continue;
-                        }
-                    }
-                    f->t[t].version = new_version;
-                    f->t[t].hash = hash;
-                    persist_type(ctl, f, t);
-                }
-                snprintf(f->t[t].version_str, VERSION_LEN, "%" PRIu64, f->t[t].version);
-                if (f->t[t].response)
-                    grpc_byte_buffer_destroy(f->t[t].response);
-                f->t[t].response = encode_response(res, n, t, f->t[t].version_str);
-                f->t[t].resources = n;
+            stg[i].t[t].n = type_resources(stg[i].snap, t, &stg[i].t[t].res, &stg[i].t[t].hash);
+            stg[i].t[t].changed = stg[i].t[t].hash != f->t[t].hash || f->t[t].version == 0;
+            need_version |= stg[i].t[t].changed;
+        }
+    }
+
+    char err[512] = "";
+    uint64_t new_version = 0;
+    if (need_version && !(new_version = allocate_version(ctl, err, sizeof(err))))
+        goto persist_failed;
+    i = 0;
+    for (fleet_t *f = ctl->fleets; f; f = f->next, i++)
+        for (int t = 0; stg[i].snap && t < SL_XDS__COUNT; t++)
+            if (stg[i].t[t].changed &&
+                persist_type(ctl, f->name, t, new_version, stg[i].t[t].hash, err, sizeof(err)) != 0)
+                goto persist_failed;
+
+    /* Committed in the store: swap in and push. */
+    i = 0;
+    for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
+        if (!stg[i].snap)
+            continue;
+        for (int t = 0; t < SL_XDS__COUNT; t++) {
+            if (stg[i].t[t].changed) {
+                f->t[t].version = new_version;
+                f->t[t].hash = stg[i].t[t].hash;
             }
-            free_resources(res, n);
+            if (stg[i].t[t].changed || !f->t[t].encoded) {
+                snprintf(f->t[t].version_str, VERSION_LEN, "%" PRIu64, f->t[t].version);
+                if (f->t[t].encoded)
+                    grpc_slice_unref(f->t[t].body);
+                f->t[t].body =
+                    encode_response(stg[i].t[t].res, stg[i].t[t].n, t, f->t[t].version_str);
+                f->t[t].encoded = 1;
+                f->t[t].resources = stg[i].t[t].n;
+            }
+            free_resources(stg[i].t[t].res, stg[i].t[t].n);
         }
         if (f->snap)
             sl_snapshot_free(f->snap);
-        f->snap = snap;
+        f->snap = stg[i].snap;
         f->compiled_ok = 1;
     }
+    free(stg);
     json_decref(ctl->statuses);
     ctl->statuses = statuses;
     sl_resource_set_free(&loaded);
-    ctl->config_version = sl_store_counter_get(ctl->store, "config_version");
+    if (new_version)
+        ctl->config_version = new_version;
     atomic_store(&sl_ctrl_metrics.config_version, ctl->config_version);
     ctl->versions_stale = 0;
+    if (ctl->version_error[0]) {
+        sl_log_notice("compile: versions are persisted again");
+        ctl->version_error[0] = '\0';
+    }
+    ctl->retry_ms = 0;
     if (new_version)
         sl_log_notice("config version %" PRIu64 " compiled", new_version);
     for (fleet_t *f = ctl->fleets; f; f = f->next)
         push_fleet(ctl, f->name);
+    return;
+
+persist_failed:
+    for (i = 0; i < nf; i++) {
+        if (!stg[i].snap)
+            continue;
+        for (int t = 0; t < SL_XDS__COUNT; t++)
+            free_resources(stg[i].t[t].res, stg[i].t[t].n);
+        sl_snapshot_free(stg[i].snap);
+    }
+    free(stg);
+    json_decref(statuses);
+    sl_resource_set_free(&loaded);
+    versions_failed(ctl, err);
 }
 
 static uint64_t mono_ms(void)
@@ -557,8 +737,8 @@ static void compile_cb(evutil_socket_t fd, short what, void *arg)
     /* Several changes in one window: a burst, widen the window. One: a
      * client making changes one at a time, keep it short. */
     if (ctl->coalesced)
-        ctl->window_ms = ctl->window_ms * 2 > COALESCE_MAX_MS ? COALESCE_MAX_MS
-                                                               : ctl->window_ms * 2;
+        ctl->window_ms =
+            ctl->window_ms * 2 > COALESCE_MAX_MS ? COALESCE_MAX_MS : ctl->window_ms * 2;
     else
         ctl->window_ms = COALESCE_MS;
     ctl->coalesced = 0;
@@ -588,20 +768,99 @@ void sl_controller_changed(sl_controller_t *ctl)
     evtimer_add(ctl->compile_ev, &tv);
 }
 
+static void retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sl_controller_t *ctl = arg;
+    if (ctl->compile_pending)
+        return; /* a compile is due anyway */
+    compile_all(ctl);
+    ctl->last_compile_ms = mono_ms();
+}
+
+/* ---- runtime records -------------------------------------------------------- */
+
+static void runtime_free(runtime_rec_t *rt)
+{
+    for (int t = 0; t < SL_XDS__COUNT; t++)
+        free(rt->nack[t].message);
+    free(rt->node_id);
+    free(rt->fleet_name);
+    free(rt->address);
+    free(rt->build_version);
+    free(rt->replaced_address);
+    free(rt->replaced_by);
+    free(rt);
+}
+
+static void runtime_unlink(sl_controller_t *ctl, runtime_rec_t *dead)
+{
+    for (runtime_rec_t **pp = &ctl->runtimes; *pp; pp = &(*pp)->next) {
+        if (*pp == dead) {
+            *pp = dead->next;
+            ctl->n_runtimes--;
+            runtime_free(dead);
+            return;
+        }
+    }
+}
+
+/* Forgets runtimes disconnected for longer than --runtime-expiry. */
+static void sweep_runtimes(sl_controller_t *ctl)
+{
+    uint64_t now = now_ms();
+    runtime_rec_t **pp = &ctl->runtimes;
+    while (*pp) {
+        runtime_rec_t *rt = *pp;
+        if (!rt->stream && now - rt->disconnected_ms >= ctl->runtime_expiry_ms) {
+            *pp = rt->next;
+            ctl->n_runtimes--;
+            sl_log_info("runtime %s forgotten: disconnected for more than %" PRIu64 " s",
+                        rt->node_id, ctl->runtime_expiry_ms / 1000);
+            atomic_fetch_add(&sl_ctrl_metrics.runtimes_expired, 1);
+            runtime_free(rt);
+            continue;
+        }
+        pp = &rt->next;
+    }
+    atomic_store(&sl_ctrl_metrics.runtime_records, ctl->n_runtimes);
+}
+
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sweep_runtimes(arg);
+}
+
+/* Makes room for one record: forgets the runtime disconnected longest ago.
+ * 0, or -1 when every record is a connected runtime. */
+static int evict_one(sl_controller_t *ctl)
+{
+    runtime_rec_t *oldest = NULL;
+    for (runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next)
+        if (!rt->stream && (!oldest || rt->disconnected_ms < oldest->disconnected_ms))
+            oldest = rt;
+    if (!oldest)
+        return -1;
+    sl_log_info("runtime %s forgotten: --max-runtimes %zu records reached", oldest->node_id,
+                ctl->max_runtimes);
+    atomic_fetch_add(&sl_ctrl_metrics.runtimes_expired, 1);
+    runtime_unlink(ctl, oldest);
+    return 0;
+}
+
 /* ---- stream events -------------------------------------------------------- */
 
-static runtime_rec_t *runtime_get(sl_controller_t *ctl, const char *node_id)
+/* Ends a stream we will not serve, saying why to both ends. */
+static void refuse(sl_stream_t *s, stream_ctx_t *sc, grpc_status_code code, const char *msg)
 {
-    for (runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next)
-        if (strcmp(rt->node_id, node_id) == 0)
-            return rt;
-    runtime_rec_t *rt = calloc(1, sizeof(*rt));
-    if (!rt)
-        return NULL;
-    rt->node_id = strdup(node_id);
-    rt->next = ctl->runtimes;
-    ctl->runtimes = rt;
-    return rt;
+    sl_log_warn("stream %s%s%s: refused: %s", sl_stream_peer(s), sc->node_id ? " node " : "",
+                sc->node_id ? sc->node_id : "", msg);
+    atomic_fetch_add(&sl_ctrl_metrics.streams_refused, 1);
+    sc->refused = 1;
+    sl_stream_close(s, code, msg);
 }
 
 static void on_open(void *arg, sl_stream_t *s)
@@ -609,6 +868,14 @@ static void on_open(void *arg, sl_stream_t *s)
     (void)arg;
     stream_ctx_t *sc = calloc(1, sizeof(*sc));
     sl_stream_set_user(s, sc);
+}
+
+static void stream_ctx_free(stream_ctx_t *sc)
+{
+    free(sc->node_id);
+    free(sc->fleet);
+    free(sc->build_version);
+    free(sc);
 }
 
 static void on_close(void *arg, sl_stream_t *s)
@@ -624,94 +891,247 @@ static void on_close(void *arg, sl_stream_t *s)
         sl_log_notice("runtime %s (fleet %s) disconnected", rt->node_id, rt->fleet_name);
     }
     (void)ctl;
-    free(sc);
+    if (sc)
+        stream_ctx_free(sc);
     sl_stream_set_user(s, NULL);
 }
 
-static uint64_t parse_version(const char *v)
+/* Printable ASCII without spaces, 1..max bytes (node ids go into logs and
+ * JSON, and name records). */
+static int node_field_ok(const char *v, size_t max)
 {
-    char *end;
-    unsigned long long n = strtoull(v, &end, 10);
-    return (*v && !*end) ? (uint64_t)n : 0;
+    size_t n = 0;
+    for (; v[n]; n++)
+        if (n >= max || v[n] <= ' ' || v[n] > '~')
+            return 0;
+    return n > 0;
+}
+
+/* Takes the node from the stream's first request that carries one. 0, or
+ * -1 with msg. */
+static int take_node(stream_ctx_t *sc, const Sluice__V1__Node *node, char *msg, size_t len)
+{
+    if (sc->node_id)
+        return 0; /* xDS: only the first request must carry it */
+    if (!node || !node->id || !node->id[0]) {
+        snprintf(msg, len, "the first DiscoveryRequest of a stream must carry node.id");
+        return -1;
+    }
+    if (!node_field_ok(node->id, NODE_FIELD_MAX)) {
+        snprintf(msg, len,
+                 "node.id must be 1 to %d printable ASCII characters without spaces (like a "
+                 "host or pod name)",
+                 NODE_FIELD_MAX);
+        return -1;
+    }
+    const char *fleet = node->fleet && node->fleet[0] ? node->fleet : "default";
+    if (!node_field_ok(fleet, NODE_FIELD_MAX)) {
+        snprintf(msg, len, "node %s: node.fleet must be 1 to %d printable ASCII characters",
+                 node->id, NODE_FIELD_MAX);
+        return -1;
+    }
+    sc->node_id = strdup(node->id);
+    sc->fleet = strdup(fleet);
+    sc->build_version = strndup(node->build_version ? node->build_version : "", BUILD_VERSION_MAX);
+    return sc->node_id && sc->fleet && sc->build_version ? 0 : -1;
+}
+
+/* A subscription's version: 0 with *v, or -1 with msg saying what is wrong. */
+static int check_version(sl_controller_t *ctl, const char *node, int t, const char *version,
+                         uint64_t *v, char *msg, size_t len)
+{
+    if (sl_xds_version_parse(version, v) != 0) {
+        snprintf(msg, len,
+                 "node %s: %s version_info \"%.40s%s\" is not a version: a decimal integer from 0 "
+                 "to 9007199254740991 (2^53-1) is expected, or \"\" for none",
+                 node, sl_xds_type_names[t], version, strlen(version) > 40 ? "..." : "");
+        return -1;
+    }
+    uint64_t ours =
+        ctl->config_version > ctl->version_floor ? ctl->config_version : ctl->version_floor;
+    if (*v > ours + VERSION_MAX_AHEAD) {
+        snprintf(msg, len,
+                 "node %s: %s version %s is more than %llu versions past this controller's "
+                 "%" PRIu64 "; refused (no controller of this store issued it: restart the "
+                 "runtime to drop it)",
+                 node, sl_xds_type_names[t], version, (unsigned long long)VERSION_MAX_AHEAD, ours);
+        return -1;
+    }
+    return 0;
+}
+
+/* Keeps a NACK reason to NACK_MESSAGE_MAX bytes, cut on a UTF-8 boundary. */
+static char *truncated_message(const char *m)
+{
+    static const char mark[] = " ... (truncated)";
+    size_t len = strlen(m);
+    if (len <= NACK_MESSAGE_MAX)
+        return strdup(m);
+    size_t keep = NACK_MESSAGE_MAX - (sizeof(mark) - 1);
+    while (keep > 0 && ((unsigned char)m[keep] & 0xC0) == 0x80)
+        keep--;
+    char *out = malloc(keep + sizeof(mark));
+    if (!out)
+        return NULL;
+    memcpy(out, m, keep);
+    memcpy(out + keep, mark, sizeof(mark));
+    return out;
+}
+
+/*
+ * Attaches the stream to its node's record (created if new), after the
+ * stream's first valid subscription. A node with a stream already open gets
+ * the new one; the older is closed with ALREADY_EXISTS, so it cannot stay
+ * open and silently never get another update. NULL when refused.
+ */
+static runtime_rec_t *runtime_attach(sl_controller_t *ctl, sl_stream_t *s, stream_ctx_t *sc)
+{
+    runtime_rec_t *rt = NULL;
+    for (runtime_rec_t *r = ctl->runtimes; r; r = r->next)
+        if (strcmp(r->node_id, sc->node_id) == 0)
+            rt = r;
+    if (!rt) {
+        if (ctl->n_runtimes >= ctl->max_runtimes && evict_one(ctl) != 0) {
+            char msg[256];
+            snprintf(msg, sizeof(msg),
+                     "this controller already serves --max-runtimes %zu connected runtimes",
+                     ctl->max_runtimes);
+            refuse(s, sc, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+            return NULL;
+        }
+        rt = calloc(1, sizeof(*rt));
+        if (!rt || !(rt->node_id = strdup(sc->node_id))) {
+            free(rt);
+            return NULL;
+        }
+        rt->next = ctl->runtimes;
+        ctl->runtimes = rt;
+        ctl->n_runtimes++;
+        atomic_store(&sl_ctrl_metrics.runtime_records, ctl->n_runtimes);
+    }
+    const char *peer = sl_stream_peer(s);
+    if (rt->stream && rt->stream != s) {
+        char msg[320];
+        snprintf(msg, sizeof(msg),
+                 "replaced by a newer stream from %s (node id %s; do two runtimes share one "
+                 "--node-id?)",
+                 peer, rt->node_id);
+        sl_log_warn("runtime %s: stream from %s %s", rt->node_id, rt->address, msg);
+        stream_ctx_t *old = sl_stream_user(rt->stream);
+        if (old) {
+            old->rt = NULL;
+            old->refused = 1;
+        }
+        sl_stream_close(rt->stream, GRPC_STATUS_ALREADY_EXISTS, msg);
+        rt->streams_replaced++;
+        free(rt->replaced_address);
+        free(rt->replaced_by);
+        rt->replaced_address = strdup(rt->address ? rt->address : "");
+        rt->replaced_by = strdup(peer);
+        rt->replaced_at_ms = now_ms();
+        atomic_fetch_add(&sl_ctrl_metrics.streams_replaced, 1);
+        atomic_fetch_sub(&sl_ctrl_metrics.runtimes_connected, 1);
+    }
+    sc->rt = rt;
+    rt->stream = s;
+    free(rt->fleet_name);
+    rt->fleet_name = strdup(sc->fleet);
+    free(rt->address);
+    rt->address = strdup(peer);
+    free(rt->build_version);
+    rt->build_version = strdup(sc->build_version);
+    rt->connected_since_ms = now_ms();
+    rt->disconnected_ms = 0;
+    rt->inflight_nonce[0] = '\0';
+    /* A new stream starts fresh: what was NACKed on an earlier one (a busy
+     * port, say) may apply now. */
+    memset(rt->subscribed, 0, sizeof(rt->subscribed));
+    memset(rt->parked, 0, sizeof(rt->parked));
+    atomic_fetch_add(&sl_ctrl_metrics.runtimes_connected, 1);
+    sl_log_notice("runtime %s (fleet %s) connected from %s", rt->node_id, rt->fleet_name,
+                  rt->address);
+    if (!fleet_find(ctl, rt->fleet_name)) {
+        fleet_get(ctl, rt->fleet_name);
+        sl_controller_changed(ctl); /* compile for the new fleet */
+    }
+    return rt;
 }
 
 static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *req)
 {
     sl_controller_t *ctl = arg;
     stream_ctx_t *sc = sl_stream_user(s);
-    if (!sc)
+    char msg[512];
+    if (!sc || sc->refused)
         goto out;
-    runtime_rec_t *rt = sc->rt;
-    if (!rt) {
-        if (!req->node || !req->node->id || !req->node->id[0]) {
-            sl_log_warn("stream %s: first request without node.id, ignored", sl_stream_peer(s));
-            goto out;
-        }
-        rt = runtime_get(ctl, req->node->id);
-        if (!rt)
-            goto out;
-        if (rt->stream && rt->stream != s) {
-            /* Same node reconnected before we saw the old stream end. */
-            atomic_fetch_sub(&sl_ctrl_metrics.runtimes_connected, 1);
-            stream_ctx_t *old = sl_stream_user(rt->stream);
-            if (old)
-                old->rt = NULL;
-        }
-        sc->rt = rt;
-        rt->stream = s;
-        const char *fleet = req->node->fleet && req->node->fleet[0] ? req->node->fleet : "default";
-        free(rt->fleet_name);
-        rt->fleet_name = strdup(fleet);
-        free(rt->address);
-        rt->address = strdup(sl_stream_peer(s));
-        free(rt->build_version);
-        rt->build_version = strdup(req->node->build_version ? req->node->build_version : "");
-        rt->connected_since_ms = now_ms();
-        rt->inflight_nonce[0] = '\0';
-        memset(rt->subscribed, 0, sizeof(rt->subscribed));
-        atomic_fetch_add(&sl_ctrl_metrics.runtimes_connected, 1);
-        sl_log_notice("runtime %s (fleet %s) connected from %s", rt->node_id, rt->fleet_name,
-                      rt->address);
-        if (!fleet_find(ctl, fleet)) {
-            fleet_get(ctl, fleet);
-            sl_controller_changed(ctl); /* compile for the new fleet */
-        }
+    if (!sc->rt && take_node(sc, req->node, msg, sizeof(msg)) != 0) {
+        refuse(s, sc, GRPC_STATUS_INVALID_ARGUMENT, msg);
+        goto out;
     }
-    rt->last_seen_ms = now_ms();
     int t = sl_xds_type_from_url(req->type_url ? req->type_url : "");
     if (t < 0) {
-        sl_log_warn("runtime %s: unknown type %s ignored", rt->node_id, req->type_url);
+        /* Ignored (a newer runtime may know more types), and it registers
+         * nothing. */
+        if (!sc->warned_unknown)
+            sl_log_warn("stream %s node %s: unknown type \"%.100s\" ignored", sl_stream_peer(s),
+                        sc->node_id, req->type_url ? req->type_url : "");
+        sc->warned_unknown = 1;
         goto out;
     }
+    const char *nonce = req->response_nonce ? req->response_nonce : "";
     const char *version = req->version_info ? req->version_info : "";
-    if (req->response_nonce && req->response_nonce[0]) {
-        if (strcmp(req->response_nonce, rt->inflight_nonce) != 0)
-            goto out; /* stale: answers a response that was superseded */
+    uint64_t v = 0;
+    if (!nonce[0] && check_version(ctl, sc->node_id, t, version, &v, msg, sizeof(msg)) != 0) {
+        refuse(s, sc, GRPC_STATUS_INVALID_ARGUMENT, msg);
+        goto out;
+    }
+    runtime_rec_t *rt = sc->rt;
+    if (!rt) {
+        if (nonce[0])
+            goto out; /* answers nothing this stream was sent */
+        if (!(rt = runtime_attach(ctl, s, sc)))
+            goto out;
+    }
+    rt->last_seen_ms = now_ms();
+    if (nonce[0]) {
+        /* Matched by nonce, and the type must agree: the type and version
+         * settled are those of the response in flight, never the
+         * request's. */
+        if (!rt->inflight_nonce[0] || strcmp(nonce, rt->inflight_nonce) != 0 ||
+            t != rt->inflight_type) {
+            sl_log_debug("runtime %s: stale %s for %s nonce %.32s ignored", rt->node_id,
+                         req->error_detail ? "NACK" : "ACK", sl_xds_type_names[t], nonce);
+            goto out;
+        }
         rt->inflight_nonce[0] = '\0';
         if (req->error_detail) {
             snprintf(rt->nack[t].version, VERSION_LEN, "%s", rt->inflight_version);
+            snprintf(rt->parked[t], VERSION_LEN, "%s", rt->inflight_version);
             free(rt->nack[t].message);
             rt->nack[t].message =
-                strdup(req->error_detail->message ? req->error_detail->message : "");
+                truncated_message(req->error_detail->message ? req->error_detail->message : "");
             rt->nack[t].at_ms = now_ms();
             atomic_fetch_add(&sl_ctrl_metrics.nacks, 1);
-            sl_log_warn("runtime %s NACKed %s version %s: %s", rt->node_id,
-                        sl_xds_type_names[t], rt->inflight_version, rt->nack[t].message);
+            sl_log_warn("runtime %s NACKed %s version %s: %s", rt->node_id, sl_xds_type_names[t],
+                        rt->inflight_version, rt->nack[t].message ? rt->nack[t].message : "");
         } else {
-            snprintf(rt->acked[t], VERSION_LEN, "%s", version);
+            snprintf(rt->acked[t], VERSION_LEN, "%s", rt->inflight_version);
             atomic_fetch_add(&sl_ctrl_metrics.acks, 1);
         }
     } else {
         /* Subscription, also after a reconnect: what does it run already? */
         rt->subscribed[t] = 1;
+        if (strcmp(rt->acked[t], version) != 0)
+            rt->parked[t][0] = '\0'; /* another version: start fresh */
         snprintf(rt->acked[t], VERSION_LEN, "%s", version);
-        uint64_t v = parse_version(version);
-        if (v > sl_store_counter_get(ctl->store, "config_version")) {
+        uint64_t ours =
+            ctl->config_version > ctl->version_floor ? ctl->config_version : ctl->version_floor;
+        if (v > ours) {
             /* The runtime runs a newer version than we ever issued (store
              * restored from an old backup?): move past it so runtimes never
-             * see a version go backwards. */
-            char key[] = "config_version";
-            sl_store_counter_set(ctl->store, key, v);
+             * see a version go backwards. The next compile allocates a
+             * version above the floor and persists it. */
+            ctl->version_floor = v;
             sl_log_warn("runtime %s runs version %s, newer than the store's; versions continue "
                         "after it",
                         rt->node_id, version);
@@ -741,6 +1161,12 @@ json_t *sl_controller_object_status(sl_controller_t *ctl, enum sl_kind kind, con
     return st ? json_incref(st) : NULL;
 }
 
+static uint64_t parse_version(const char *v)
+{
+    uint64_t n = 0;
+    return sl_xds_version_parse(v, &n) == 0 ? n : 0;
+}
+
 json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
 {
     json_t *arr = json_array();
@@ -768,9 +1194,9 @@ json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
                 if (rt->nack[t].at_ms >= last_nack_at) {
                     last_nack_at = rt->nack[t].at_ms;
                     json_decref(last_nack);
-                    last_nack = json_pack("{s:s, s:s, s:s, s:s}", "type", sl_xds_type_names[t],
-                                          "version", rt->nack[t].version, "message",
-                                          rt->nack[t].message, "at", at);
+                    last_nack =
+                        json_pack("{s:s, s:s, s:s, s:s}", "type", sl_xds_type_names[t], "version",
+                                  rt->nack[t].version, "message", rt->nack[t].message, "at", at);
                 }
             }
             json_object_set_new(types, sl_xds_type_names[t], ty);
@@ -789,15 +1215,28 @@ json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
                 max_v = v;
         }
         (void)min_acked;
-        json_array_append_new(
-            arr, json_pack("{s:s, s:s, s:s, s:s, s:b, s:s, s:s, s:s, s:I, s:o, s:o, s:I}",
-                           "node_id", rt->node_id, "fleet", rt->fleet_name ? rt->fleet_name : "",
-                           "address", rt->address ? rt->address : "", "build_version",
-                           rt->build_version ? rt->build_version : "", "connected",
-                           rt->stream != NULL, "connected_since", since, "last_seen", seen,
-                           "disconnected_at", gone, "acked_version", (json_int_t)max_v, "types",
-                           types, "last_nack", last_nack, "responses_sent",
-                           (json_int_t)rt->responses_sent));
+        json_t *replaced = json_null();
+        if (rt->streams_replaced) {
+            char at[32];
+            iso_time(rt->replaced_at_ms, at, sizeof(at));
+            json_decref(replaced);
+            replaced = json_pack("{s:s, s:s, s:s}", "address", rt->replaced_address, "replaced_by",
+                                 rt->replaced_by, "at", at);
+        }
+        json_t *item =
+            json_pack("{s:s, s:s, s:s, s:s, s:b, s:s, s:s, s:s, s:I, s:o, s:o, s:I}", "node_id",
+                      rt->node_id, "fleet", rt->fleet_name ? rt->fleet_name : "", "address",
+                      rt->address ? rt->address : "", "build_version",
+                      rt->build_version ? rt->build_version : "", "connected", rt->stream != NULL,
+                      "connected_since", since, "last_seen", seen, "disconnected_at", gone,
+                      "acked_version", (json_int_t)max_v, "types", types, "last_nack", last_nack,
+                      "responses_sent", (json_int_t)rt->responses_sent);
+        /* Streams of this node closed for a newer one: two runtimes with
+         * one node id show up here (and in the logs of both). */
+        json_object_set_new(item, "streams_replaced",
+                            json_integer((json_int_t)rt->streams_replaced));
+        json_object_set_new(item, "last_replaced", replaced);
+        json_array_append_new(arr, item);
     }
     return arr;
 }
@@ -828,15 +1267,60 @@ json_t *sl_controller_status_json(sl_controller_t *ctl)
             at += runtime_in_sync(rt, f);
         }
         json_object_set_new(fleets, f->name,
-                            json_pack("{s:I, s:b, s:i, s:i}", "version", (json_int_t)v,
-                                      "compiled", f->compiled_ok, "runtimes_connected", connected,
+                            json_pack("{s:I, s:b, s:i, s:i}", "version", (json_int_t)v, "compiled",
+                                      f->compiled_ok, "runtimes_connected", connected,
                                       "runtimes_at_version", at));
     }
-    return json_pack("{s:I, s:o}", "config_version", (json_int_t)ctl->config_version, "fleets",
-                     fleets);
+    json_t *st = json_pack("{s:I, s:o}", "config_version", (json_int_t)ctl->config_version,
+                           "fleets", fleets);
+    /* Why versions do not move (a store that cannot be written): null when
+     * all is well. */
+    json_object_set_new(st, "error",
+                        ctl->version_error[0] ? json_string(ctl->version_error) : json_null());
+    return st;
+}
+
+int sl_controller_ready(void *arg, char *why, size_t whylen)
+{
+    sl_controller_t *ctl = arg;
+    if (ctl->version_error[0]) {
+        snprintf(why, whylen, "%s", ctl->version_error);
+        return 0;
+    }
+    return 1;
 }
 
 /* ---- life cycle ----------------------------------------------------------- */
+
+/*
+ * A config_version past 2^53-1 is a store written by a controller that took
+ * any version a runtime reported (a stray client could send
+ * 18446744073709551615): no version can follow it, so nothing would ever be
+ * pushed again. Continue from the newest version this store actually gave a
+ * fleet's type, which every runtime it served runs at most.
+ */
+static void repair_config_version(sl_controller_t *ctl)
+{
+    char err[512];
+    uint64_t v, max = 0;
+    if (sl_store_counter_read(ctl->store, "config_version", &v, err, sizeof(err)) != 0) {
+        sl_log_error("%s", err);
+        return;
+    }
+    if (v <= SL_XDS_VERSION_MAX)
+        return;
+    if (sl_store_counter_max(ctl->store, "fleet/%/version", SL_XDS_VERSION_MAX, &max, err,
+                             sizeof(err)) != 0 ||
+        sl_store_counter_set(ctl->store, "config_version", max, err, sizeof(err)) != 0) {
+        sl_log_error("config_version %" PRIu64 " is past 2^53-1 and cannot be repaired: %s", v,
+                     err);
+        return;
+    }
+    sl_log_warn("config_version was %" PRIu64 ", past 2^53-1 (reported by a runtime to a "
+                "controller that did not check versions); continuing from %" PRIu64
+                ", the newest version this store gave its fleets",
+                v, max);
+}
 
 sl_controller_t *sl_controller_new(struct event_base *base, sl_store_t *store,
                                    const sl_resource_set_t *static_set)
@@ -851,13 +1335,32 @@ sl_controller_t *sl_controller_new(struct event_base *base, sl_store_t *store,
     ctl->api_routes = json_object();
     ctl->max_routes = 200000;
     ctl->compile_ev = evtimer_new(base, compile_cb, ctl);
-    if (!ctl->compile_ev) {
-        free(ctl);
+    ctl->retry_ev = evtimer_new(base, retry_cb, ctl);
+    ctl->sweep_ev = event_new(base, -1, EV_PERSIST, sweep_cb, ctl);
+    if (!ctl->compile_ev || !ctl->retry_ev || !ctl->sweep_ev) {
+        sl_controller_free(ctl);
         return NULL;
     }
+    sl_controller_set_runtime_limits(ctl, SL_CONTROLLER_DEFAULT_MAX_RUNTIMES,
+                                     SL_CONTROLLER_DEFAULT_RUNTIME_EXPIRY_MS);
+    repair_config_version(ctl);
     ctl->config_version = sl_store_counter_get(store, "config_version");
     atomic_store(&sl_ctrl_metrics.config_version, ctl->config_version);
     return ctl;
+}
+
+void sl_controller_set_runtime_limits(sl_controller_t *ctl, size_t max_runtimes, uint64_t expiry_ms)
+{
+    ctl->max_runtimes = max_runtimes ? max_runtimes : 1;
+    ctl->runtime_expiry_ms = expiry_ms;
+    /* Swept at a tenth of the expiry (1 s to 60 s): a record outlives its
+     * expiry by at most that. */
+    uint64_t every = expiry_ms / 10;
+    every = every < 1000 ? 1000 : every > 60000 ? 60000 : every;
+    if (expiry_ms < 1000)
+        every = expiry_ms ? expiry_ms : 100;
+    struct timeval tv = {(time_t)(every / 1000), (suseconds_t)(every % 1000) * 1000};
+    event_add(ctl->sweep_ev, &tv);
 }
 
 void sl_controller_compile_now(sl_controller_t *ctl)
@@ -872,8 +1375,8 @@ void sl_controller_compile_now(sl_controller_t *ctl)
 
 sl_stream_hooks_t sl_controller_stream_hooks(sl_controller_t *ctl)
 {
-    sl_stream_hooks_t h = {.on_open = on_open, .on_request = on_request, .on_close = on_close,
-                           .ctx = ctl};
+    sl_stream_hooks_t h = {
+        .on_open = on_open, .on_request = on_request, .on_close = on_close, .ctx = ctl};
     return h;
 }
 
@@ -881,7 +1384,12 @@ void sl_controller_free(sl_controller_t *ctl)
 {
     if (!ctl)
         return;
-    event_free(ctl->compile_ev);
+    if (ctl->compile_ev)
+        event_free(ctl->compile_ev);
+    if (ctl->retry_ev)
+        event_free(ctl->retry_ev);
+    if (ctl->sweep_ev)
+        event_free(ctl->sweep_ev);
     fleet_t *f = ctl->fleets;
     while (f) {
         fleet_t *next = f->next;
@@ -891,13 +1399,7 @@ void sl_controller_free(sl_controller_t *ctl)
     runtime_rec_t *rt = ctl->runtimes;
     while (rt) {
         runtime_rec_t *next = rt->next;
-        for (int t = 0; t < SL_XDS__COUNT; t++)
-            free(rt->nack[t].message);
-        free(rt->node_id);
-        free(rt->fleet_name);
-        free(rt->address);
-        free(rt->build_version);
-        free(rt);
+        runtime_free(rt);
         rt = next;
     }
     json_decref(ctl->statuses);

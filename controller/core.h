@@ -13,6 +13,17 @@ sl_controller_t *sl_controller_new(struct event_base *base, sl_store_t *store,
                                    const sl_resource_set_t *static_set);
 /* --max-routes (0 = no limit). */
 void sl_controller_set_max_routes(sl_controller_t *ctl, uint64_t max_routes);
+/* Records of runtimes: at most max_runtimes (the one disconnected longest
+ * ago is forgotten for a new one; when all are connected a new node is
+ * refused), and a disconnected runtime is forgotten after expiry_ms.
+ * Defaults: --max-runtimes 10000, --runtime-expiry 3600 s. */
+#define SL_CONTROLLER_DEFAULT_MAX_RUNTIMES 10000
+#define SL_CONTROLLER_DEFAULT_RUNTIME_EXPIRY_MS 3600000ULL
+void sl_controller_set_runtime_limits(sl_controller_t *ctl, size_t max_runtimes,
+                                      uint64_t expiry_ms);
+/* For /readyz (sl_rest_options_t.is_ready, ctx = the controller): 1 when
+ * ready, else 0 with why (e.g. the store refuses to persist versions). */
+int sl_controller_ready(void *ctl, char *why, size_t whylen);
 /* Compiles at once (start-up), instead of after the coalescing delay. */
 void sl_controller_compile_now(sl_controller_t *ctl);
 /* Hooks to give sl_stream_server_start. */

@@ -35,6 +35,9 @@ static void usage(FILE *out)
             "  --log-level LEVEL        debug, info, notice, warn, error (default info)\n"
             "  --max-routes N           refuse writes that make a fleet's config exceed N\n"
             "                           routes (default 200000)\n"
+            "  --max-runtimes N         runtime records kept, connected or not; the one\n"
+            "                           disconnected longest is forgotten first (default 10000)\n"
+            "  --runtime-expiry SECONDS forget a runtime disconnected this long (default 3600)\n"
             "  --version\n");
 }
 
@@ -57,6 +60,8 @@ int main(int argc, char **argv)
         {"insecure-admin", no_argument, NULL, 'I'},
         {"log-level", required_argument, NULL, 'L'},
         {"max-routes", required_argument, NULL, 'M'},
+        {"max-runtimes", required_argument, NULL, 'N'},
+        {"runtime-expiry", required_argument, NULL, 'E'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -66,7 +71,8 @@ int main(int argc, char **argv)
     const char **resources = calloc((size_t)argc, sizeof(char *));
     size_t nresources = 0;
     int insecure = 0, ch;
-    unsigned long long max_routes = 200000;
+    unsigned long long max_routes = 200000, max_runtimes = SL_CONTROLLER_DEFAULT_MAX_RUNTIMES;
+    unsigned long long runtime_expiry_s = SL_CONTROLLER_DEFAULT_RUNTIME_EXPIRY_MS / 1000;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
         case 'r':
@@ -96,11 +102,29 @@ int main(int argc, char **argv)
             }
             break;
         }
+        case 'N':
+        case 'E': {
+            char *end;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-' || !optarg[0] || (ch == 'N' && v == 0) ||
+                v > 100000000ULL) {
+                fprintf(stderr,
+                        "sluice-controller: --%s %s: must be a number from %d to 100000000\n",
+                        ch == 'N' ? "max-runtimes" : "runtime-expiry", optarg, ch == 'N');
+                return 2;
+            }
+            if (ch == 'N')
+                max_runtimes = v;
+            else
+                runtime_expiry_s = v;
+            break;
+        }
         case 'L': {
             enum sl_log_level lvl;
             if (sl_log_level_from_string(optarg, &lvl) != 0) {
-                fprintf(stderr, "sluice-controller: --log-level %s: use debug, info, notice, "
-                                "warn or error\n",
+                fprintf(stderr,
+                        "sluice-controller: --log-level %s: use debug, info, notice, "
+                        "warn or error\n",
                         optarg);
                 return 2;
             }
@@ -169,6 +193,7 @@ int main(int argc, char **argv)
     if (!ctl)
         goto out_grpc;
     sl_controller_set_max_routes(ctl, max_routes);
+    sl_controller_set_runtime_limits(ctl, (size_t)max_runtimes, runtime_expiry_s * 1000);
     sl_controller_compile_now(ctl);
     sl_stream_hooks_t hooks = sl_controller_stream_hooks(ctl);
     srv = sl_stream_server_start(base, stream_addr, &hooks, err, sizeof(err));
@@ -181,6 +206,10 @@ int main(int argc, char **argv)
         .insecure = insecure,
         .read_only = nresources > 0,
         .static_set = nresources ? &files : NULL,
+        /* Not ready while versions cannot be persisted (the reason is in
+         * the 503). */
+        .is_ready = sl_controller_ready,
+        .ready_ctx = ctl,
     };
     rest = sl_rest_start(base, rest_addr, store, ctl, &ropt, err, sizeof(err));
     if (!rest) {

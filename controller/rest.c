@@ -294,13 +294,15 @@ static void handle_readyz(call_t *c)
 {
     sl_rest_t *r = c->rest;
     bool data = r->st || (r->opt.read_only && r->opt.static_set);
-    bool ready = data && (!r->opt.is_ready || r->opt.is_ready(r->opt.ready_ctx));
+    char why[600] = "";
+    bool ready = data && (!r->opt.is_ready || r->opt.is_ready(r->opt.ready_ctx, why, sizeof(why)));
     if (ready)
         send_json(c->req, 200, json_pack("{s:s}", "status", "ready"));
     else
-        reply_error(c->req, 503, "not_ready", NULL,
-                    "the controller is starting: the store or the config stream server is not up "
-                    "yet");
+        reply_error(c->req, 503, "not_ready", NULL, "%s",
+                    why[0] ? why
+                           : "the controller is starting: the store or the config stream server "
+                             "is not up yet");
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,
@@ -333,6 +335,18 @@ static void handle_metrics(call_t *c)
            "Runtimes with an open config stream.", connected < 0 ? 0 : (uint64_t)connected);
     metric(b, "sluice_controller_config_version", "gauge", "Latest config version compiled.",
            atomic_load(&m->config_version));
+    metric(b, "sluice_controller_streams_replaced_total", "counter",
+           "Streams closed because a newer stream of the same node id arrived.",
+           atomic_load(&m->streams_replaced));
+    metric(b, "sluice_controller_streams_refused_total", "counter",
+           "Streams closed for an invalid request (node, version) or a full runtime table.",
+           atomic_load(&m->streams_refused));
+    metric(b, "sluice_controller_runtime_records", "gauge",
+           "Runtimes the controller keeps a record of, connected or not.",
+           atomic_load(&m->runtime_records));
+    metric(b, "sluice_controller_runtimes_forgotten_total", "counter",
+           "Records of disconnected runtimes dropped (--runtime-expiry, --max-runtimes).",
+           atomic_load(&m->runtimes_expired));
     uint64_t writes = atomic_load(&m->store_writes);
     metric(b, "sluice_controller_store_writes_total", "counter",
            "Successful durable writes to the store.", writes);

@@ -42,9 +42,10 @@ typedef struct {
     /* In read_only mode, GETs answer from this set (the files given to
      * --resources) instead of the store. Borrowed: must outlive the API. */
     const sl_resource_set_t *static_set;
-    /* /readyz answers 200 when this returns non-zero (e.g. the stream server
-     * is up); NULL = ready as soon as the API is started. */
-    int (*is_ready)(void *ctx);
+    /* /readyz answers 200 when this returns non-zero; else 503 with the
+     * reason it wrote to `why` (e.g. the store refuses to persist versions).
+     * NULL = ready as soon as the API is started. */
+    int (*is_ready)(void *ctx, char *why, size_t whylen);
     void *ready_ctx;
     /* 0 = SL_REST_DEFAULT_MAX_BODY_BYTES. */
     size_t max_body_bytes;

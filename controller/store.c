@@ -910,9 +910,22 @@ uint64_t sl_store_counter_next(sl_store_t *st, const char *name)
         return 0;
     }
     uint64_t v;
-    if (counter_read(st, name, &v) != 0 || v >= (uint64_t)INT64_MAX ||
-        counter_write(st, name, v + 1) != 0) {
-        sl_log_error("store %s: counter %s: %s", st->path, name, sqlite3_errmsg(st->db));
+    if (counter_read(st, name, &v) != 0) {
+        sl_log_error("store %s: counter %s: cannot read it: %s", st->path, name,
+                     sqlite3_errmsg(st->db));
+        tx_rollback(st);
+        return 0;
+    }
+    /* Not an SQLite error: sqlite3_errmsg would say "not an error". */
+    if (v >= (uint64_t)INT64_MAX) {
+        sl_log_error("store %s: counter %s is at %" PRIu64 ", it cannot go further", st->path, name,
+                     v);
+        tx_rollback(st);
+        return 0;
+    }
+    if (counter_write(st, name, v + 1) != 0) {
+        sl_log_error("store %s: counter %s: cannot write it: %s", st->path, name,
+                     sqlite3_errmsg(st->db));
         tx_rollback(st);
         return 0;
     }
@@ -926,17 +939,53 @@ uint64_t sl_store_counter_next(sl_store_t *st, const char *name)
 
 /* One statement in autocommit mode: atomic and, with synchronous=FULL,
  * durable before return. */
-int sl_store_counter_set(sl_store_t *st, const char *name, uint64_t value)
+int sl_store_counter_set(sl_store_t *st, const char *name, uint64_t value, char *err, size_t errlen)
 {
-    if (!st || !name)
+    if (!st || !name) {
+        set_err(err, errlen, "store: no store");
         return -1;
+    }
     uint64_t t0 = now_us();
     if (counter_write(st, name, value) != 0) {
-        sl_log_error("store %s: counter %s: %s", st->path, name, sqlite3_errmsg(st->db));
+        set_err(err, errlen, "store %s: counter %s: %s (is the disk full or read-only?)", st->path,
+                name, sqlite3_errmsg(st->db));
         return -1;
     }
     st->last_write_us = now_us() - t0;
     return 0;
+}
+
+int sl_store_counter_read(sl_store_t *st, const char *name, uint64_t *out, char *err, size_t errlen)
+{
+    if (!st || !name || counter_read(st, name, out) != 0) {
+        set_err(err, errlen, "store %s: counter %s: cannot read it: %s", st ? st->path : "?",
+                name ? name : "?", st ? sqlite3_errmsg(st->db) : "no store");
+        return -1;
+    }
+    return 0;
+}
+
+int sl_store_counter_max(sl_store_t *st, const char *like, uint64_t limit, uint64_t *out, char *err,
+                         size_t errlen)
+{
+    sqlite3_stmt *q = NULL;
+    /* Values are stored as the bit pattern of a uint64 (signed in SQLite):
+     * the range test also drops those past INT64_MAX. */
+    if (sqlite3_prepare_v2(st->db,
+                           "SELECT MAX(value) FROM counters WHERE name LIKE ?1 AND value >= 0 "
+                           "AND value <= ?2",
+                           -1, &q, NULL) != SQLITE_OK) {
+        set_err(err, errlen, "store %s: %s", st->path, sqlite3_errmsg(st->db));
+        return -1;
+    }
+    sqlite3_bind_text(q, 1, like, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 2, (sqlite3_int64)limit);
+    int rc = sqlite3_step(q);
+    *out = rc == SQLITE_ROW ? (uint64_t)sqlite3_column_int64(q, 0) : 0;
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        set_err(err, errlen, "store %s: %s", st->path, sqlite3_errmsg(st->db));
+    sqlite3_finalize(q);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : -1;
 }
 
 uint64_t sl_store_counter_get(sl_store_t *st, const char *name)

@@ -26,9 +26,9 @@ void sl_store_close(sl_store_t *st);
 enum sl_store_result {
     SL_STORE_OK = 0,
     SL_STORE_NOT_FOUND,
-    SL_STORE_EXISTS,       /* create of an existing object (409) */
-    SL_STORE_CONFLICT,     /* resourceVersion precondition failed (409/412) */
-    SL_STORE_ERROR,        /* I/O or SQLite error, message in err */
+    SL_STORE_EXISTS,   /* create of an existing object (409) */
+    SL_STORE_CONFLICT, /* resourceVersion precondition failed (409/412) */
+    SL_STORE_ERROR,    /* I/O or SQLite error, message in err */
 };
 
 /*
@@ -46,8 +46,7 @@ enum sl_store_result {
  */
 enum sl_store_mode { SL_STORE_CREATE = 0, SL_STORE_REPLACE };
 enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
-                                  const char *expect_rv, json_t **stored, char *err,
-                                  size_t errlen);
+                                  const char *expect_rv, json_t **stored, char *err, size_t errlen);
 
 /* Several objects in one transaction (all or nothing), mode REPLACE. */
 enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs /* array */,
@@ -73,14 +72,24 @@ enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, c
 /* Latest resourceVersion handed out (0 for an empty store). */
 uint64_t sl_store_resource_version(sl_store_t *st);
 
-/* A durable monotonic counter by name (e.g. "config_version"): returns the
- * incremented value, persisted before return; 0 on error. */
+/* A durable monotonic counter by name: returns the incremented value,
+ * persisted before return; 0 on error (logged with the cause). */
 uint64_t sl_store_counter_next(sl_store_t *st, const char *name);
+/* 0 when absent or on error (logged); sl_store_counter_read tells them apart. */
 uint64_t sl_store_counter_get(sl_store_t *st, const char *name);
-/* Sets a named durable 64-bit value (creating it); 0 on success, -1 on error.
- * Used for the per-fleet, per-type versions and content hashes, so a
+/* 0 with *out set (0 when absent), or -1 with err naming the cause. */
+int sl_store_counter_read(sl_store_t *st, const char *name, uint64_t *out, char *err,
+                          size_t errlen);
+/* Sets a named durable 64-bit value (creating it); 0 on success, -1 with err
+ * naming the store, the counter and SQLite's reason. Used for the config
+ * version and the per-fleet, per-type versions and content hashes, so a
  * restarted controller knows what its runtimes already have. */
-int sl_store_counter_set(sl_store_t *st, const char *name, uint64_t value);
+int sl_store_counter_set(sl_store_t *st, const char *name, uint64_t value, char *err,
+                         size_t errlen);
+/* The largest value in [0, limit] of the counters whose name matches the SQL
+ * LIKE pattern `like` (0 when none): 0, or -1 with err. */
+int sl_store_counter_max(sl_store_t *st, const char *like, uint64_t limit, uint64_t *out, char *err,
+                         size_t errlen);
 
 /* Time of the last write operation in microseconds (for metrics). */
 uint64_t sl_store_last_write_us(const sl_store_t *st);

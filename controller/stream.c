@@ -28,7 +28,15 @@
 
 #define PENDING_CALLS 8 /* accepts posted ahead, so connection bursts queue in gRPC */
 
-enum tag_kind { TAG_NEW_CALL = 1, TAG_RECV, TAG_SEND, TAG_CLOSE, TAG_START, TAG_STATUS, TAG_SHUTDOWN };
+enum tag_kind {
+    TAG_NEW_CALL = 1,
+    TAG_RECV,
+    TAG_SEND,
+    TAG_CLOSE,
+    TAG_START,
+    TAG_STATUS,
+    TAG_SHUTDOWN
+};
 
 typedef struct {
     enum tag_kind kind;
@@ -191,9 +199,9 @@ static int post_accept(sl_stream_server_t *srv)
     sl_stream_t *s = stream_new(srv);
     if (!s)
         return -1;
-    grpc_call_error e = grpc_server_request_registered_call(
-        srv->server, srv->method, &s->call, &s->deadline, &s->request_md, NULL, srv->cq, srv->cq,
-        &s->t_new);
+    grpc_call_error e =
+        grpc_server_request_registered_call(srv->server, srv->method, &s->call, &s->deadline,
+                                            &s->request_md, NULL, srv->cq, srv->cq, &s->t_new);
     if (e != GRPC_CALL_OK) {
         sl_log_error("stream: cannot post an accept (grpc error %d)", (int)e);
         stream_unref(s);
@@ -309,6 +317,18 @@ void sl_stream_send(sl_stream_t *s, grpc_byte_buffer *bb)
     pthread_mutex_unlock(&s->lock);
 }
 
+void sl_stream_close(sl_stream_t *s, grpc_status_code code, const char *msg)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!s->over) {
+        /* Nothing queued goes out after the status; on_close follows when
+         * the call completes (RECV_CLOSE_ON_SERVER). */
+        s->over = 1;
+        send_status_locked(s, code, msg);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
 unsigned sl_stream_queued(const sl_stream_t *s)
 {
     return s->queued + (unsigned)s->send_busy;
@@ -404,7 +424,8 @@ static void *cq_thread(void *arg)
 {
     sl_stream_server_t *srv = arg;
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        grpc_event ev =
+            grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
         if (ev.type != GRPC_OP_COMPLETE)
@@ -415,8 +436,7 @@ static void *cq_thread(void *arg)
 }
 
 sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *addr,
-                                           const sl_stream_hooks_t *hooks, char *err,
-                                           size_t errlen)
+                                           const sl_stream_hooks_t *hooks, char *err, size_t errlen)
 {
     sl_stream_server_t *srv = calloc(1, sizeof(*srv));
     if (!srv) {
@@ -439,10 +459,14 @@ sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *
         {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 10000}},
         {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = 5000}},
         {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
-        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, {.integer = 1000}},
+        {GRPC_ARG_INTEGER,
+         GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+         {.integer = 1000}},
         {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_PING_STRIKES, {.integer = 0}},
         {GRPC_ARG_INTEGER, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, {.integer = -1}},
-        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = 16 * 1024 * 1024}},
+        /* Requests are small; a NACK's reason is kept to 4 KiB anyway
+         * (core.c), so a peer gets no more than gRPC's default. */
+        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = 4 * 1024 * 1024}},
     };
     grpc_channel_args cargs = {sizeof(args) / sizeof(args[0]), args};
     srv->server = grpc_server_create(&cargs, NULL);
@@ -454,8 +478,8 @@ sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *
     srv->port = grpc_server_add_http2_port(srv->server, addr, creds);
     grpc_server_credentials_release(creds);
     if (srv->port <= 0) {
-        snprintf(err, errlen,
-                 "--stream %s: cannot listen (address in use, or not host:port?)", addr);
+        snprintf(err, errlen, "--stream %s: cannot listen (address in use, or not host:port?)",
+                 addr);
         grpc_server_destroy(srv->server);
         grpc_completion_queue_shutdown(srv->cq);
         while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=

@@ -43,6 +43,11 @@ void sl_stream_server_stop(sl_stream_server_t *srv);
  * when the call is already over (on_close follows). */
 void sl_stream_send(sl_stream_t *s, grpc_byte_buffer *bb);
 
+/* Ends the call with a status (e.g. ALREADY_EXISTS when a newer stream of
+ * the same node replaces it); queued messages are dropped. Main thread.
+ * on_close follows once gRPC has finished the call. */
+void sl_stream_close(sl_stream_t *s, grpc_status_code code, const char *msg);
+
 /* Messages queued but not yet handed to gRPC, for "slow runtime" checks. */
 unsigned sl_stream_queued(const sl_stream_t *s);
 

@@ -1,11 +1,24 @@
 /*
  * Config stream client (xds.h).
  *
- * The queue thread owns the call's life: create it (WAIT_FOR_READY, so it
- * waits while the channel connects), receive responses, notice its end, back
- * off with jitter, start a new one. The main thread owns the config state:
- * per type the resources last applied and their version; it subscribes when
- * a call is up, applies responses and queues the ACK or NACK.
+ * The queue thread owns the call's life: create a channel and a call on it,
+ * receive responses, notice its end, back off, start again. Each call gets
+ * a fresh channel and is fail-fast, so one call is exactly one connection
+ * attempt and our back-off alone decides when the next one happens: 250 ms
+ * doubling to 10 s, full jitter (a wait drawn from [0, cap]), the cap back
+ * to 250 ms after a call that stayed connected 10 s or received a push (a
+ * controller that accepts streams only to close them does not get a tight
+ * loop; one that served us gets fast first retries). With one long-lived
+ * channel and WAIT_FOR_READY, gRPC's own reconnect back-off (x1.6 up to the
+ * channel's maximum, 20% jitter) decided instead, and a controller that came
+ * back was noticed seconds later.
+ *
+ * The main thread owns the config state: per type the resources last
+ * applied and their version. It subscribes as soon as a call exists, without
+ * waiting for the controller's response headers: servers built on grpc-go,
+ * grpc-java or Python gRPC send headers only with their first response, so
+ * waiting for them would leave both sides waiting forever. It applies
+ * responses and queues the ACK or NACK.
  *
  * Make before break at the receiver: a cluster that a cluster update removes
  * stays while the active routes still reference it, and goes with the route
@@ -40,8 +53,9 @@
 
 #define BACKOFF_BASE_MS 250
 #define BACKOFF_MAX_MS 10000
+#define BACKOFF_RESET_AFTER_MS 10000 /* connected this long: start over from the base */
 
-enum tag_kind { TAG_START = 1, TAG_RECV, TAG_SEND, TAG_STATUS };
+enum tag_kind { TAG_START = 1, TAG_MD, TAG_RECV, TAG_SEND, TAG_STATUS };
 typedef struct {
     enum tag_kind kind;
 } tag_t;
@@ -51,10 +65,13 @@ typedef struct send_item {
     struct send_item *next;
 } send_item_t;
 
-enum ev_kind { XEV_UP = 1, XEV_RESPONSE, XEV_DOWN };
+/* XEV_CALL: a call exists (subscribe now); XEV_UP: it reached the
+ * controller; XEV_DOWN: it ended (code, message). */
+enum ev_kind { XEV_CALL = 1, XEV_UP, XEV_RESPONSE, XEV_DOWN };
 typedef struct xds_event {
     enum ev_kind kind;
     uint64_t call_id;
+    grpc_status_code code;
     Sluice__V1__DiscoveryResponse *resp;
     char *message;
     struct xds_event *next;
@@ -72,8 +89,7 @@ typedef struct {
 struct sl_xds {
     sl_xds_options_t opt;
     sl_config_t *cfg;
-    grpc_channel *channel;
-    void *method;
+    grpc_channel *channel; /* the current call's, queue thread only */
     grpc_completion_queue *cq;
     pthread_t thread;
     atomic_int stopping;
@@ -91,8 +107,9 @@ struct sl_xds {
     grpc_status_code status;
     grpc_slice status_details;
     grpc_byte_buffer *recv_buf;
-    tag_t t_start, t_recv, t_send, t_status;
+    tag_t t_start, t_md, t_recv, t_send, t_status;
     int outstanding;
+    int status_received;
 
     /* main thread */
     struct event *ev;
@@ -121,8 +138,9 @@ static uint64_t wall_ms(void)
 
 /* ---- queue thread ----------------------------------------------------------- */
 
-static void post(sl_xds_t *x, enum ev_kind kind, uint64_t call_id,
-                 Sluice__V1__DiscoveryResponse *resp, const char *message)
+static void post_code(sl_xds_t *x, enum ev_kind kind, uint64_t call_id,
+                      Sluice__V1__DiscoveryResponse *resp, const char *message,
+                      grpc_status_code code)
 {
     xds_event_t *e = calloc(1, sizeof(*e));
     if (!e) {
@@ -132,6 +150,7 @@ static void post(sl_xds_t *x, enum ev_kind kind, uint64_t call_id,
     }
     e->kind = kind;
     e->call_id = call_id;
+    e->code = code;
     e->resp = resp;
     e->message = message ? strdup(message) : NULL;
     pthread_mutex_lock(&x->ev_lock);
@@ -144,6 +163,12 @@ static void post(sl_xds_t *x, enum ev_kind kind, uint64_t call_id,
     uint64_t one = 1;
     ssize_t n = write(x->ev_fd, &one, sizeof(one));
     (void)n;
+}
+
+static void post(sl_xds_t *x, enum ev_kind kind, uint64_t call_id,
+                 Sluice__V1__DiscoveryResponse *resp, const char *message)
+{
+    post_code(x, kind, call_id, resp, message, GRPC_STATUS_OK);
 }
 
 static void start_send_locked(sl_xds_t *x)
@@ -192,13 +217,44 @@ static int arm_recv(sl_xds_t *x)
     return 0;
 }
 
-/* Runs one call from creation to its end. */
-static void run_call(sl_xds_t *x)
+/* The channel of one call. Args: keepalive so a hung controller is noticed
+ * (MAX_PINGS_WITHOUT_DATA=0: the default would stop pinging an idle stream,
+ * REFERENCE.md); the reconnect back-off set to ours, though a call's
+ * channel never reconnects (it lives for one attempt); a local subchannel
+ * pool, so a new channel never inherits an old one's back-off state. */
+static grpc_channel *new_channel(const char *target)
 {
+    grpc_arg args[] = {
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 5000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = 3000}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = BACKOFF_BASE_MS}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = BACKOFF_MAX_MS}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, {.integer = 1}},
+        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = 512 * 1024 * 1024}},
+    };
+    grpc_channel_args cargs = {sizeof(args) / sizeof(args[0]), args};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(target, creds, &cargs);
+    grpc_channel_credentials_release(creds);
+    return ch;
+}
+
+/*
+ * Runs one call from creation to its end: one connection attempt, and the
+ * stream if it connects. Returns the call's status; *up_ms is how long it
+ * was connected (0 if it never was), *served whether a response arrived.
+ */
+static grpc_status_code run_call(sl_xds_t *x, uint64_t *up_ms, int *served)
+{
+    *up_ms = 0;
+    *served = 0;
+    x->channel = new_channel(x->opt.controller);
+    void *method = grpc_channel_register_call(x->channel, SL_GRPC_STREAM_METHOD, NULL, NULL);
     pthread_mutex_lock(&x->lock);
     x->call = grpc_channel_create_registered_call(x->channel, NULL, GRPC_PROPAGATE_DEFAULTS, x->cq,
-                                                  x->method, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                                  NULL);
+                                                  method, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
     x->call_id++;
     x->call_over = 0;
     uint64_t call_id = x->call_id;
@@ -206,25 +262,34 @@ static void run_call(sl_xds_t *x)
     grpc_metadata_array_init(&x->md_initial);
     grpc_metadata_array_init(&x->md_trailing);
     x->outstanding = 0;
+    x->status_received = 0;
+    x->status = GRPC_STATUS_UNAVAILABLE;
+    struct timespec t_up = {0, 0};
 
-    grpc_op ops[2];
-    memset(ops, 0, sizeof(ops));
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    /* Wait for the controller instead of failing at once while it is away. */
-    ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY;
-    ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[1].data.recv_initial_metadata.recv_initial_metadata = &x->md_initial;
-    if (grpc_call_start_batch(x->call, ops, 2, &x->t_start, NULL) == GRPC_CALL_OK)
+    /* Fail-fast (no WAIT_FOR_READY): if the controller cannot be reached,
+     * the call fails and our back-off decides when to try again. */
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (grpc_call_start_batch(x->call, &op, 1, &x->t_start, NULL) == GRPC_CALL_OK)
         x->outstanding++;
-    grpc_op st;
-    memset(&st, 0, sizeof(st));
-    st.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    st.data.recv_status_on_client.trailing_metadata = &x->md_trailing;
-    st.data.recv_status_on_client.status = &x->status;
-    st.data.recv_status_on_client.status_details = &x->status_details;
-    if (grpc_call_start_batch(x->call, &st, 1, &x->t_status, NULL) == GRPC_CALL_OK)
+    /* The response headers on their own: nothing waits for them. */
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_INITIAL_METADATA;
+    op.data.recv_initial_metadata.recv_initial_metadata = &x->md_initial;
+    if (grpc_call_start_batch(x->call, &op, 1, &x->t_md, NULL) == GRPC_CALL_OK)
+        x->outstanding++;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.data.recv_status_on_client.trailing_metadata = &x->md_trailing;
+    op.data.recv_status_on_client.status = &x->status;
+    op.data.recv_status_on_client.status_details = &x->status_details;
+    if (grpc_call_start_batch(x->call, &op, 1, &x->t_status, NULL) == GRPC_CALL_OK)
         x->outstanding++;
     arm_recv(x);
+    /* Subscribe now: the main thread queues the requests behind the
+     * initial metadata. */
+    post(x, XEV_CALL, call_id, NULL, NULL);
 
     for (;;) {
         /* Sends are started from the main thread too; their completions
@@ -235,7 +300,8 @@ static void run_call(sl_xds_t *x)
         if (x->outstanding == 0 && !busy)
             break;
         grpc_event ev = grpc_completion_queue_next(
-            x->cq, gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(200, GPR_TIMESPAN)),
+            x->cq,
+            gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(200, GPR_TIMESPAN)),
             NULL);
         if (ev.type == GRPC_QUEUE_TIMEOUT) {
             if (atomic_load(&x->stopping))
@@ -249,8 +315,13 @@ static void run_call(sl_xds_t *x)
             x->outstanding--;
         switch (tag->kind) {
         case TAG_START:
-            if (ev.success)
+            /* The initial metadata went out on a connected transport. */
+            if (ev.success) {
+                clock_gettime(CLOCK_MONOTONIC, &t_up);
                 post(x, XEV_UP, call_id, NULL, NULL);
+            }
+            break;
+        case TAG_MD:
             break;
         case TAG_RECV:
             if (ev.success && x->recv_buf) {
@@ -259,6 +330,7 @@ static void run_call(sl_xds_t *x)
                         &sluice__v1__discovery_response__descriptor, x->recv_buf);
                 grpc_byte_buffer_destroy(x->recv_buf);
                 x->recv_buf = NULL;
+                *served = 1;
                 if (resp)
                     post(x, XEV_RESPONSE, call_id, resp, NULL);
                 else
@@ -287,14 +359,21 @@ static void run_call(sl_xds_t *x)
                      details[0] ? ", " : "", details);
             gpr_free(details);
             grpc_slice_unref(x->status_details);
+            x->status_received = 1;
             pthread_mutex_lock(&x->lock);
             x->call_over = 1;
             drop_sends_locked(x);
             pthread_mutex_unlock(&x->lock);
-            post(x, XEV_DOWN, call_id, NULL, msg);
+            post_code(x, XEV_DOWN, call_id, NULL, msg, x->status);
             break;
         }
         }
+    }
+    if (t_up.tv_sec || t_up.tv_nsec) {
+        struct timespec t_end;
+        clock_gettime(CLOCK_MONOTONIC, &t_end);
+        *up_ms = (uint64_t)(t_end.tv_sec - t_up.tv_sec) * 1000 +
+                 (uint64_t)((t_end.tv_nsec - t_up.tv_nsec) / 1000000);
     }
     pthread_mutex_lock(&x->lock);
     grpc_call_unref(x->call);
@@ -304,30 +383,54 @@ static void run_call(sl_xds_t *x)
     pthread_mutex_unlock(&x->lock);
     grpc_metadata_array_destroy(&x->md_initial);
     grpc_metadata_array_destroy(&x->md_trailing);
+    grpc_channel_destroy(x->channel);
+    x->channel = NULL;
+    return x->status_received ? x->status : GRPC_STATUS_UNAVAILABLE;
+}
+
+/*
+ * The wait before the next attempt: full jitter, uniform in [0, cap] (`rnd`
+ * is a random number), so a fleet that lost its controller does not come
+ * back as one wave; then the cap doubles, up to BACKOFF_MAX_MS.
+ */
+static unsigned backoff_wait_ms(unsigned *cap_ms, unsigned rnd)
+{
+    unsigned wait = rnd % (*cap_ms + 1);
+    *cap_ms = *cap_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : *cap_ms * 2;
+    return wait;
 }
 
 static void *xds_thread(void *arg)
 {
     sl_xds_t *x = arg;
-    unsigned backoff_ms = BACKOFF_BASE_MS;
+    unsigned cap_ms = BACKOFF_BASE_MS;
     unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
     while (!atomic_load(&x->stopping)) {
-        struct timespec t0;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        run_call(x);
+        uint64_t up_ms;
+        int served;
+        grpc_status_code st = run_call(x, &up_ms, &served);
         if (atomic_load(&x->stopping))
             break;
-        struct timespec t1;
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        /* A call that lived a while was healthy: start over from the base. */
-        if (t1.tv_sec - t0.tv_sec > 10)
-            backoff_ms = BACKOFF_BASE_MS;
-        /* Full jitter, so a fleet reconnecting after a controller restart
-         * does not arrive as one wave. */
-        unsigned wait = backoff_ms / 2 + (unsigned)(rand_r(&seed) % (backoff_ms / 2 + 1));
-        backoff_ms = backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff_ms * 2;
-        for (unsigned waited = 0; waited < wait && !atomic_load(&x->stopping); waited += 50)
-            usleep(50000);
+        /* A call that stayed connected a while, or got a push, was healthy. */
+        if (up_ms >= BACKOFF_RESET_AFTER_MS || served)
+            cap_ms = BACKOFF_BASE_MS;
+        /* Replaced by a newer stream of our node id: another runtime uses
+         * it; come back slowly rather than take its stream at once. */
+        if (st == GRPC_STATUS_ALREADY_EXISTS)
+            cap_ms = BACKOFF_MAX_MS;
+        unsigned wait = backoff_wait_ms(&cap_ms, (unsigned)rand_r(&seed));
+        struct timespec t0, now;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            if (atomic_load(&x->stopping))
+                break;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            int64_t left = (int64_t)wait - ((int64_t)(now.tv_sec - t0.tv_sec) * 1000 +
+                                            (now.tv_nsec - t0.tv_nsec) / 1000000);
+            if (left <= 0)
+                break;
+            usleep((useconds_t)(left > 50 ? 50 : left) * 1000);
+        }
     }
     return NULL;
 }
@@ -429,11 +532,11 @@ static int name_in(char **names, size_t n, const char *name)
     return 0;
 }
 
+/* Versions we hold were checked when they arrived (handle_response). */
 static uint64_t parse_u64(const char *s)
 {
-    char *end;
-    unsigned long long v = strtoull(s ? s : "", &end, 10);
-    return s && *s && !*end ? (uint64_t)v : 0;
+    uint64_t v = 0;
+    return sl_xds_version_parse(s, &v) == 0 ? v : 0;
 }
 
 /*
@@ -522,8 +625,8 @@ static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__Discovery
     for (size_t i = 0; i < resp->n_resources; i++) {
         Sluice__V1__Resource *r = resp->resources[i];
         next.names[i] = strdup(r->name ? r->name : "");
-        next.msgs[i] = protobuf_c_message_unpack(type_descriptor(t), NULL, r->value.len,
-                                                 r->value.data);
+        next.msgs[i] =
+            protobuf_c_message_unpack(type_descriptor(t), NULL, r->value.len, r->value.data);
         if (!next.msgs[i]) {
             snprintf(err, sizeof(err), "%s resource '%s': does not decode as %s",
                      sl_xds_type_names[t], r->name, resp->type_url);
@@ -537,10 +640,18 @@ static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__Discovery
     }
     if (t == SL_XDS_SETTINGS && !err[0] && next.n > 1)
         snprintf(err, sizeof(err), "settings: %zu resources, expected one", next.n);
+    /* A version that is not one is refused, not read as 0 ("nothing"). */
+    uint64_t pushed_version = 0;
+    if (!err[0] &&
+        (sl_xds_version_parse(resp->version_info, &pushed_version) != 0 || pushed_version == 0))
+        snprintf(err, sizeof(err),
+                 "%s version_info \"%.40s\" is not a version: a decimal integer from 1 to "
+                 "9007199254740991 (2^53-1) is expected",
+                 sl_xds_type_names[t], resp->version_info ? resp->version_info : "");
     /* Versions only go forward: an older one means a controller whose store
      * went back in time. Refuse it rather than roll the fleet back; the
      * controller moves its versions past ours when it sees this. */
-    if (!err[0] && parse_u64(resp->version_info) < parse_u64(x->types[t].version))
+    if (!err[0] && pushed_version < parse_u64(x->types[t].version))
         snprintf(err, sizeof(err),
                  "%s version %s is older than the running version %s; refusing a rollback",
                  sl_xds_type_names[t], resp->version_info ? resp->version_info : "",
@@ -699,13 +810,18 @@ static void events_cb(evutil_socket_t fd, short what, void *arg)
     while (e) {
         xds_event_t *next = e->next;
         switch (e->kind) {
-        case XEV_UP:
-            x->connected = 1;
+        case XEV_CALL:
+            /* Responses of this call are ours from now on. */
             x->connected_call = e->call_id;
+            subscribe(x, e->call_id);
+            break;
+        case XEV_UP:
+            if (e->call_id != x->connected_call)
+                break;
+            x->connected = 1;
             atomic_store(&sl_metrics_gauges.controller_connected, 1);
             sl_log_notice("connected to controller %s as %s (fleet %s)", x->opt.controller,
                           x->opt.node_id, x->opt.fleet);
-            subscribe(x, e->call_id);
             break;
         case XEV_RESPONSE:
             if (e->call_id == x->connected_call)
@@ -713,7 +829,12 @@ static void events_cb(evutil_socket_t fd, short what, void *arg)
             protobuf_c_message_free_unpacked(&e->resp->base, NULL);
             break;
         case XEV_DOWN:
-            if (x->connected)
+            if (e->code == GRPC_STATUS_ALREADY_EXISTS)
+                sl_log_error("controller %s: %s; another runtime connected with node id %s: "
+                             "give each runtime its own --node-id. Serving the last good config, "
+                             "reconnecting in up to %d s",
+                             x->opt.controller, e->message, x->opt.node_id, BACKOFF_MAX_MS / 1000);
+            else if (x->connected)
                 sl_log_warn("controller %s: %s; serving the last good config, reconnecting",
                             x->opt.controller, e->message);
             x->connected = 0;
@@ -740,6 +861,7 @@ sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_
     x->opt = *opt;
     x->cfg = cfg;
     x->t_start.kind = TAG_START;
+    x->t_md.kind = TAG_MD;
     x->t_recv.kind = TAG_RECV;
     x->t_send.kind = TAG_SEND;
     x->t_status.kind = TAG_STATUS;
@@ -751,26 +873,14 @@ sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_
         snprintf(err, errlen, "controller client: %s", strerror(errno));
         goto fail;
     }
-    /* Keepalive so a hung controller is noticed (MAX_PINGS_WITHOUT_DATA=0:
-     * the default would stop pinging an idle stream, REFERENCE.md). */
-    grpc_arg args[] = {
-        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 5000}},
-        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = 3000}},
-        {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
-        {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
-        {GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = 250}},
-        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 5000}},
-        {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = 512 * 1024 * 1024}},
-    };
-    grpc_channel_args cargs = {sizeof(args) / sizeof(args[0]), args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    x->channel = grpc_channel_create(opt->controller, creds, &cargs);
-    grpc_channel_credentials_release(creds);
-    if (!x->channel) {
+    /* The target is checked here, so a bad --controller fails at start-up;
+     * the calls use channels of their own (run_call). */
+    grpc_channel *probe = new_channel(opt->controller);
+    if (!probe) {
         snprintf(err, errlen, "--controller %s: cannot create a channel", opt->controller);
         goto fail;
     }
-    x->method = grpc_channel_register_call(x->channel, SL_GRPC_STREAM_METHOD, NULL, NULL);
+    grpc_channel_destroy(probe);
     x->cq = grpc_completion_queue_create_for_next(NULL);
     if (pthread_create(&x->thread, NULL, xds_thread, x) != 0) {
         snprintf(err, errlen, "cannot start the controller client thread");
@@ -780,8 +890,6 @@ sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_
 fail:
     if (x->cq)
         grpc_completion_queue_destroy(x->cq);
-    if (x->channel)
-        grpc_channel_destroy(x->channel);
     if (x->ev)
         event_free(x->ev);
     if (x->ev_fd >= 0)
@@ -801,12 +909,11 @@ json_t *sl_xds_status_json(sl_xds_t *x)
     for (int t = 0; t < SL_XDS__COUNT; t++)
         json_object_set_new(versions, sl_xds_type_names[t],
                             json_string(x->types[t].version ? x->types[t].version : ""));
-    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:I, s:s}", "controller",
-                     x->opt.controller, "node_id", x->opt.node_id, "fleet", x->opt.fleet,
-                     "connected", x->connected, "synced", x->synced, "versions", versions,
-                     "updates_acked", (json_int_t)x->updates_acked, "updates_nacked",
-                     (json_int_t)x->updates_nacked, "last_error",
-                     x->last_error ? x->last_error : "");
+    return json_pack(
+        "{s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:I, s:s}", "controller", x->opt.controller, "node_id",
+        x->opt.node_id, "fleet", x->opt.fleet, "connected", x->connected, "synced", x->synced,
+        "versions", versions, "updates_acked", (json_int_t)x->updates_acked, "updates_nacked",
+        (json_int_t)x->updates_nacked, "last_error", x->last_error ? x->last_error : "");
 }
 
 void sl_xds_stop(sl_xds_t *x)
@@ -824,7 +931,6 @@ void sl_xds_stop(sl_xds_t *x)
            GRPC_QUEUE_SHUTDOWN)
         ;
     grpc_completion_queue_destroy(x->cq);
-    grpc_channel_destroy(x->channel);
     events_cb(x->ev_fd, EV_READ, x); /* free queued events */
     event_free(x->ev);
     close(x->ev_fd);

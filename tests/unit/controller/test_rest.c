@@ -71,8 +71,7 @@ int sl_controller_admit(sl_controller_t *ctl, json_t *objs, char *err, size_t er
     return 0;
 }
 
-void sl_controller_forget(sl_controller_t *ctl, enum sl_kind kind, const char *ns,
-                          const char *name)
+void sl_controller_forget(sl_controller_t *ctl, enum sl_kind kind, const char *ns, const char *name)
 {
     (void)kind;
     (void)ns;
@@ -322,8 +321,9 @@ static const char *const api_yaml = "apiVersion: gateway.sluice.dev/v1alpha1\n"
 /* ---- health, readiness, metrics ------------------------------------------ */
 
 static int ready_flag;
-static int is_ready(void *ctx)
+static int is_ready(void *ctx, char *why, size_t whylen)
 {
+    snprintf(why, whylen, "the hook says why");
     return *(int *)ctx;
 }
 
@@ -387,6 +387,7 @@ static void test_health_ready_metrics(void **state)
     r = request_to(f->base, sl_rest_port(r2), "GET", "/readyz", NULL, NULL, 0);
     expect_status(&r, 503);
     assert_string_equal(err_code(&r), "not_ready");
+    assert_string_equal(err_msg(&r), "the hook says why");
     resp_free(&r);
     ready_flag = 1;
     r = request_to(f->base, sl_rest_port(r2), "GET", "/readyz", NULL, NULL, 0);

@@ -531,9 +531,14 @@ static void test_counters_and_versions_durable_across_reopen(void **state)
     assert_int_equal(sl_store_counter_next(f->st, "config_version"), 3);
     assert_int_equal(sl_store_counter_next(f->st, "other"), 1);
     /* Full 64-bit values (content hashes) round-trip. */
-    assert_int_equal(sl_store_counter_set(f->st, "fleet/default/routes/hash", UINT64_MAX - 1), 0);
-    assert_int_equal(sl_store_counter_set(f->st, "fleet/default/routes/version", 41), 0);
-    assert_int_equal(sl_store_counter_set(f->st, "fleet/default/routes/version", 42), 0);
+    char cerr[256];
+    assert_int_equal(sl_store_counter_set(f->st, "fleet/default/routes/hash", UINT64_MAX - 1, cerr,
+                                          sizeof(cerr)),
+                     0);
+    assert_int_equal(
+        sl_store_counter_set(f->st, "fleet/default/routes/version", 41, cerr, sizeof(cerr)), 0);
+    assert_int_equal(
+        sl_store_counter_set(f->st, "fleet/default/routes/version", 42, cerr, sizeof(cerr)), 0);
     json_t *b = backend(NULL, "echo", 9001);
     json_decref(put_ok(f->st, b, SL_STORE_CREATE, ""));
     json_decref(put_ok(f->st, b, SL_STORE_REPLACE, ""));
