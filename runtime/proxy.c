@@ -118,6 +118,7 @@ typedef struct sl_conn {
     uint8_t up_paused; /* backpressure: client slower than upstream */
     uint8_t up_read_ready;
     uint8_t up_rdhup;
+    uint8_t up_drained; /* the last upstream read found the socket empty */
     uint8_t up_want_write;
     uint8_t dechunk; /* HTTP/1.0 client, chunked upstream: strip framing */
     int status;
@@ -380,10 +381,17 @@ static void reset_request(sl_conn_t *c)
 /* The response is complete and flushed: log it, recycle, go on. */
 static void request_done(sl_conn_t *c)
 {
-    /* A connection whose FIN (or error) was already seen goes no further: with
-     * edge-triggered events, the idle watcher would never hear of it again. */
+    /*
+     * A connection whose FIN (or error) was already seen goes no further: with
+     * edge-triggered events, the idle watcher would never hear of it again.
+     * Neither does one that may hold unread bytes or a FIN whose edge we
+     * consumed: unless the last read proved the socket empty (a short read,
+     * the common case), it is peeked once here (nginx checks its keep-alive
+     * connections the same way when it frees them).
+     */
     if (c->up)
-        put_upconn(c, c->up_reusable && c->req_body_done && c->resp_done && !c->up_rdhup);
+        put_upconn(c, c->up_reusable && c->req_body_done && c->resp_done && !c->up_rdhup &&
+                          (c->up_drained || sl_upstream_idle_usable(c->up)));
     log_and_count(c);
     int keep = c->keep_alive && !c->closing && !c->w->draining && c->req_body_done;
     reset_request(c);
@@ -1599,6 +1607,7 @@ static void attach_upconn(sl_conn_t *c, sl_upconn_t *up)
     up->requests++;
     c->up_read_ready = 0;
     c->up_rdhup = 0;
+    c->up_drained = 0;
     c->up_want_write = 0;
     c->up_paused = 0;
 }
@@ -1677,7 +1686,13 @@ static void start_upstream(sl_conn_t *c)
             client_wev(c, 1);
         client_rev(c, 1);
     }
-    sl_upconn_t *up = sl_upstream_take_idle(c->pool);
+    /* A request that is not retried if its connection turns out dead is only
+     * sent on one that is checked at hand-over (a peek: a system call, so
+     * idempotent requests, which a failure on reuse retries, skip it). */
+    int idempotent = c->method_bit & (SL_METHOD_GET | SL_METHOD_HEAD | SL_METHOD_OPTIONS |
+                                      SL_METHOD_PUT | SL_METHOD_DELETE | SL_METHOD_TRACE);
+    sl_upconn_t *up =
+        sl_upstream_take_idle(c->pool, !idempotent && !c->route->retry.non_idempotent);
     if (up) {
         attach_upconn(c, up);
         c->phase = UP_WAIT_HEAD;
@@ -1943,8 +1958,10 @@ static void read_response_head(sl_conn_t *c)
         ssize_t n = read(up->fd, sl_buf_tail(&c->uin), space);
         if (n > 0) {
             c->uin.end += (size_t)n;
+            c->up_drained = (size_t)n < space;
         } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             c->up_read_ready = 0;
+            c->up_drained = 1;
             return;
         } else if (n < 0 && errno == EINTR) {
             continue;
@@ -2075,11 +2092,13 @@ static void read_response_body(sl_conn_t *c)
             }
             if (!c->up_read_ready)
                 break;
+            /* Not capped at the bytes the body still needs: a short read then
+             * proves the socket empty (up_drained), and bytes past the body
+             * are a broken upstream whose connection is not reused anyway. */
             size_t want = sl_buf_space(&c->out);
-            if (c->resp_body == SL_HTTP1_BODY_LENGTH && want > c->resp_remaining)
-                want = (size_t)c->resp_remaining;
             ssize_t n = read(up->fd, sl_buf_tail(&c->out), want);
             if (n > 0) {
+                c->up_drained = (size_t)n < want;
                 size_t keep = 0;
                 ssize_t used = account_response_body(c, sl_buf_tail(&c->out), (size_t)n, &keep);
                 /* Short read and nothing more expected: skip the EAGAIN read
@@ -2100,6 +2119,7 @@ static void read_response_body(sl_conn_t *c)
             }
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
                 c->up_read_ready = 0;
+                c->up_drained = 1;
                 break;
             }
             if (n < 0 && errno == EINTR)

@@ -208,14 +208,7 @@ static void idle_unlink(sl_upconn_t *uc)
     p->num_idle--;
 }
 
-/*
- * Whether an idle connection can carry a request: nothing may be pending on
- * it. A FIN or bytes that arrived after the last event was harvested (in the
- * same loop iteration that now hands the connection out) are only visible to
- * the socket, so ask it: one non-blocking peek, far cheaper than a request
- * that meets a dead connection (a POST cannot be retried).
- */
-static int idle_conn_usable(const sl_upconn_t *uc)
+int sl_upstream_idle_usable(const sl_upconn_t *uc)
 {
     char byte;
     ssize_t n = recv(uc->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -224,13 +217,13 @@ static int idle_conn_usable(const sl_upconn_t *uc)
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
-sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool)
+sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool, int check)
 {
     sl_upconn_t *uc;
     while ((uc = pool->idle) != NULL) {
         idle_unlink(uc);
         pool->num_busy++;
-        if (idle_conn_usable(uc))
+        if (!check || sl_upstream_idle_usable(uc))
             return uc;
         sl_upstream_close(sl_worker_self, uc); /* EOF, error or stray bytes */
     }

@@ -24,20 +24,20 @@ typedef struct sl_upconn {
      * owning request, or close the connection while it is idle. */
     struct event *ev;
     struct sl_pool *pool;
-    struct sl_conn *owner;     /* NULL while idle in the pool */
+    struct sl_conn *owner; /* NULL while idle in the pool */
     struct sl_upconn *idle_next, *idle_prev;
     uint64_t idle_since_ms;
     uint32_t idle_timeout_ms;
-    unsigned requests;         /* requests started on it; > 0 = reused */
+    unsigned requests; /* requests started on it; > 0 = reused */
     uint8_t connected;
 } sl_upconn_t;
 
 typedef struct sl_pool {
-    sl_endpoint_state_t *ep;   /* reference held */
-    sl_upconn_t *idle;         /* most recently used first */
+    sl_endpoint_state_t *ep; /* reference held */
+    sl_upconn_t *idle;       /* most recently used first */
     uint32_t num_idle;
-    uint32_t num_busy;         /* connections owned by a request or connecting */
-    uint32_t active_requests;  /* for least-request balancing */
+    uint32_t num_busy;        /* connections owned by a request or connecting */
+    uint32_t active_requests; /* for least-request balancing */
     uint32_t retries_active;
 } sl_pool_t;
 
@@ -52,15 +52,26 @@ sl_pool_t *sl_upstream_pool(sl_worker_t *w, sl_endpoint_state_t *ep);
  */
 int sl_upstream_pick(sl_worker_t *w, sl_gen_cluster_t *c, uint64_t hash, int exclude, int *why);
 
-/* An idle connection of the pool, or NULL. The connection is taken out of
- * the idle list and counted busy. */
-sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool);
+/*
+ * An idle connection of the pool, or NULL. The connection is taken out of
+ * the idle list and counted busy. With `check`, each candidate is first
+ * asked whether anything is pending on it (sl_upstream_idle_usable) and
+ * closed if so: for requests that cannot be retried when a connection turns
+ * out dead. The idle watcher closes connections whose EOF or bytes arrive
+ * while they sit in the pool, but an edge that is harvested in the same loop
+ * iteration that hands the connection out is only seen by asking.
+ */
+sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool, int check);
+/* 1 when nothing (no byte, no EOF, no error) is pending on the connection:
+ * one non-blocking MSG_PEEK, a system call. */
+int sl_upstream_idle_usable(const sl_upconn_t *uc);
 /* A new non-blocking connection being established (counted busy), or NULL
  * with errno set. */
 sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool);
 /* Returns a healthy keep-alive connection to its pool (or closes it when the
  * pool is full). */
-void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle, uint32_t idle_timeout_ms);
+void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle,
+                         uint32_t idle_timeout_ms);
 /* Closes a connection for good. */
 void sl_upstream_close(sl_worker_t *w, sl_upconn_t *uc);
 /* Periodic sweep: idle timeouts and empty pools of endpoints no longer used. */
