@@ -1,12 +1,15 @@
 /*
  * Building, publishing and freeing config generations (see generation.h for
- * the life cycle). Runs on the main thread, except the final free, which
- * runs on liburcu's call_rcu thread.
+ * the life cycle). Runs on the main thread, except the workers' holds
+ * (sl_generation_acquire/release/tick, on each worker's own thread, touching
+ * that worker's slot and list) and the final free, which runs on liburcu's
+ * call_rcu thread.
  */
 #include "generation.h"
 
 #include "compiler.h"
 #include "log.h"
+#include "worker.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +93,7 @@ static void free_generation(sl_generation_t *gen)
     if (gen->snap)
         sl_snapshot_free(gen->snap);
     free(gen->source);
+    free(gen->worker_slots);
     free(gen);
 }
 
@@ -266,6 +270,15 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
     gen->version = snap->version;
     gen->nworkers = nworkers;
     gen->source = strdup(source ? source : "");
+    /* One cache line per worker: aligned_alloc of whole lines, so a slot
+     * shares its line with nothing else either. */
+    size_t nslots = nworkers ? nworkers : 1;
+    gen->worker_slots = aligned_alloc(64, nslots * sizeof(*gen->worker_slots));
+    if (!gen->source || !gen->worker_slots) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    memset(gen->worker_slots, 0, nslots * sizeof(*gen->worker_slots));
     struct timeval tv;
     gettimeofday(&tv, NULL);
     gen->built_unix_ms = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
@@ -330,9 +343,15 @@ void sl_generation_discard(sl_generation_t *gen)
     free_generation(gen);
 }
 
+/* Unit tests that #include this file define it to watch frees. */
+#ifndef SL_GENERATION_TEST_ON_FREE
+#define SL_GENERATION_TEST_ON_FREE(gen) ((void)(gen))
+#endif
+
 static void free_rcu(struct rcu_head *head)
 {
     sl_generation_t *gen = caa_container_of(head, sl_generation_t, rcu);
+    SL_GENERATION_TEST_ON_FREE(gen);
     atomic_fetch_sub_explicit(&sl_metrics_gauges.generations_alive, 1, memory_order_relaxed);
     free_generation(gen);
 }
@@ -349,13 +368,126 @@ static void drop_published_ref(struct rcu_head *head)
 void sl_generation_unref(sl_generation_t *gen)
 {
     if (atomic_fetch_sub_explicit(&gen->refs, 1, memory_order_acq_rel) == 1) {
-        /* Last request of a retired generation: the rcu_head is free again
+        /* Last holder of a retired generation: the rcu_head is free again
          * (drop_published_ref already ran), reuse it to free off-thread.
-         * call_rcu wants an online caller; ours are offline QSBR threads. */
-        rcu_thread_online();
+         * call_rcu wants an online caller; workers are usually offline. */
+        int online = rcu_read_ongoing();
+        if (!online)
+            rcu_thread_online();
         call_rcu(&gen->rcu, free_rcu);
-        rcu_thread_offline();
+        if (!online)
+            rcu_thread_offline();
     }
+}
+
+/* ---- worker holds (generation.h, "Worker holds") ---------------------------
+ *
+ * A slot has one writer, its worker, so relaxed loads and stores make exact
+ * counts without a locked instruction; they are atomics only so that another
+ * thread may read them (a test) without a data race. The ordering that frees
+ * a generation safely is carried by refs (acq_rel on the way down) and by the
+ * grace period before the "published" reference is dropped, as before. */
+
+static inline unsigned long slot_requests(const sl_gen_worker_slot_t *s)
+{
+    return atomic_load_explicit(&s->requests, memory_order_relaxed);
+}
+
+static inline sl_gen_worker_slot_t *worker_slot(sl_generation_t *gen, const sl_worker_t *w)
+{
+    /* A generation is sized for the workers configured when it was built; a
+     * worker beyond that (none today) falls back to shared references. */
+    return w->id < gen->nworkers ? &gen->worker_slots[w->id] : NULL;
+}
+
+/* Drops w's reference on listed generations w has no request on: retired
+ * ones, or all of them when the worker exits. */
+static void drop_holds(sl_worker_t *w, int even_current)
+{
+    unsigned i = 0;
+    while (i < w->num_gens_held) {
+        sl_generation_t *gen = w->gens_held[i];
+        sl_gen_worker_slot_t *s = &gen->worker_slots[w->id];
+        /* Acquire pairs with sl_generation_retire's release: once a worker
+         * sees retired, its own later reads of the published pointer see the
+         * newer generation, so it does not list this one again. Safety does
+         * not depend on it: a retired generation listed again (read inside a
+         * read-side section, so the grace period still protects the new
+         * reference) would only be dropped again at the next check. */
+        if (slot_requests(s) == 0 &&
+            (even_current || atomic_load_explicit(&gen->retired, memory_order_acquire))) {
+            atomic_store_explicit(&s->held, 0, memory_order_relaxed);
+            w->gens_held[i] = w->gens_held[--w->num_gens_held];
+            sl_generation_unref(gen); /* may schedule the free: gen is not touched after */
+            continue;
+        }
+        i++;
+    }
+}
+
+sl_generation_t *sl_generation_acquire(sl_worker_t *w)
+{
+    int online = rcu_read_ongoing();
+    if (!online)
+        rcu_thread_online();
+    sl_generation_t *gen = sl_generation_current();
+    if (gen) {
+        /* Still inside the read-side section: the "published" reference
+         * cannot be dropped before this hold is taken (it waits for a grace
+         * period after the unpublish), so refs cannot reach 0 under us. */
+        sl_gen_worker_slot_t *s = worker_slot(gen, w);
+        if (!s) {
+            sl_generation_ref(gen);
+        } else {
+            unsigned long n = slot_requests(s);
+            if (!atomic_load_explicit(&s->held, memory_order_relaxed)) {
+                /* Shared reference: the worker's own (listed, then borrowed
+                 * by its later requests), or this request's when the list is
+                 * full or requests of that kind are still running (n > 0:
+                 * the slot must not mix the two). */
+                sl_generation_ref(gen);
+                if (n == 0 && w->num_gens_held < SL_WORKER_GENS_HELD) {
+                    atomic_store_explicit(&s->held, 1, memory_order_relaxed);
+                    w->gens_held[w->num_gens_held++] = gen;
+                }
+            }
+            atomic_store_explicit(&s->requests, n + 1, memory_order_relaxed);
+        }
+    }
+    if (!online)
+        rcu_thread_offline();
+    return gen;
+}
+
+void sl_generation_release(sl_worker_t *w, sl_generation_t *gen)
+{
+    sl_gen_worker_slot_t *s = worker_slot(gen, w);
+    if (!s) {
+        sl_generation_unref(gen);
+        return;
+    }
+    unsigned long n = slot_requests(s);
+    atomic_store_explicit(&s->requests, n - 1, memory_order_relaxed);
+    if (!atomic_load_explicit(&s->held, memory_order_relaxed)) {
+        sl_generation_unref(gen); /* this request's own reference */
+        return;
+    }
+    /* The request's end is when a worker notices a retired generation it no
+     * longer needs: this one, or one it went idle on before a reload. */
+    drop_holds(w, 0);
+}
+
+void sl_generation_tick(sl_worker_t *w)
+{
+    drop_holds(w, 0);
+}
+
+void sl_generation_release_all(sl_worker_t *w)
+{
+    drop_holds(w, 1);
+    if (w->num_gens_held)
+        sl_log_alert("worker %u: exits with requests still holding %u config generations", w->id,
+                     w->num_gens_held);
 }
 
 sl_generation_t *sl_generation_publish(sl_generation_t *gen)
@@ -371,5 +503,9 @@ sl_generation_t *sl_generation_publish(sl_generation_t *gen)
 
 void sl_generation_retire(sl_generation_t *gen)
 {
+    /* Workers drop their references as soon as they see this with no request
+     * left on gen, even before the grace period below ends. Release: see
+     * drop_holds. */
+    atomic_store_explicit(&gen->retired, 1, memory_order_release);
     call_rcu(&gen->rcu, drop_published_ref);
 }

@@ -8,10 +8,35 @@
  *    previous one to call_rcu, which drops the "published" reference after a
  *    grace period;
  *  - a worker reads sl_generation_current() inside an RCU read-side section
- *    (workers are QSBR threads, online only inside callbacks) and takes a
- *    reference (sl_generation_ref) for a request that outlives the callback;
+ *    (workers are QSBR threads, online only inside callbacks) and holds it
+ *    for a request that outlives the callback (sl_generation_acquire, below);
  *  - the last reference frees it, through call_rcu so that a worker never
  *    pays for a big free on the request path.
+ *
+ * Worker holds (h2o/Envoy thread-local slots): a request's hold writes no
+ * memory shared between workers. `refs` counts holders, not requests: the
+ * "published" reference, ONE reference per worker that has requests on the
+ * generation (or had, while it is still the current one), and any
+ * sl_generation_ref of other threads. Each worker counts its own requests in
+ * its slot of `worker_slots` (one cache line per worker):
+ *  - written only by the owning worker; single-writer relaxed atomics, so an
+ *    increment is a plain load and store (no lock prefix) and another thread
+ *    may read a slot without a data race (tests, dumps), never write it;
+ *  - the worker's first request takes the worker's reference (atomic, once)
+ *    and lists the generation in w->gens_held; later requests on that worker
+ *    bump the slot's count only;
+ *  - `retired` is stored once by the main thread when the generation is
+ *    unpublished (release) and loaded by workers (acquire); a worker drops its
+ *    reference when its count is 0 and the generation is retired: at the end
+ *    of a request (sl_generation_release scans w->gens_held, usually 1-2
+ *    entries) or, when idle, at its once-a-second tick (sl_generation_tick);
+ *  - bounded: a worker lists at most SL_WORKER_GENS_HELD generations; when the
+ *    list is full (requests spanning many reloads), a request on an unlisted
+ *    generation takes its own shared reference, as every request did before.
+ *    The slot tells release which case it is: listed (held) or not.
+ * So a generation is freed after it is unpublished, a grace period has
+ * passed (the "published" reference) and every worker has released its last
+ * request on it (the worker references).
  *
  * What survives a swap is not here but keyed by stable identity elsewhere:
  * endpoint health (endpoint.h), route/cluster counters (metrics.h), upstream
@@ -85,9 +110,18 @@ typedef struct sl_gen_route {
     sl_route_stats_t *stats;
 } sl_gen_route_t;
 
+/* One worker's requests on a generation (see "Worker holds" above). Its own
+ * cache line so that workers never write a line another worker reads. */
+typedef struct sl_gen_worker_slot {
+    atomic_ulong requests; /* this worker's requests using the generation */
+    atomic_uchar held;     /* this worker owns one of refs, listed in w->gens_held */
+} __attribute__((aligned(64))) sl_gen_worker_slot_t;
+
 typedef struct sl_generation {
     struct rcu_head rcu;
-    atomic_long refs;
+    atomic_long refs;               /* holders, not requests (see "Worker holds") */
+    atomic_int retired;             /* unpublished: main thread stores 1, once */
+    sl_gen_worker_slot_t *worker_slots; /* [nworkers], one per worker */
     uint64_t version;
     char *source;                   /* where it came from: file list or controller */
     uint64_t built_unix_ms;
@@ -130,14 +164,39 @@ static inline sl_generation_t *sl_generation_current(void)
     return rcu_dereference(sl_generation_published);
 }
 
+/* A shared reference, for threads that are not workers (admin, tests): an
+ * atomic on the generation's one counter. Workers use acquire/release. */
 static inline void sl_generation_ref(sl_generation_t *gen)
 {
     atomic_fetch_add_explicit(&gen->refs, 1, memory_order_relaxed);
 }
 
 /* Drops a reference; the last one schedules the free through call_rcu. The
- * caller must be a registered QSBR thread that is offline (workers and the
- * main thread outside their read-side sections). */
+ * caller must be a registered QSBR thread, online or offline. */
 void sl_generation_unref(sl_generation_t *gen);
+
+struct sl_worker;
+
+/* Worker thread: the current generation for a new request (NULL when none
+ * is published), held until sl_generation_release(w, gen) on the same
+ * worker. The caller may be offline (it then goes online around the read
+ * itself, as workers do by default) or online; either way the pointer stays
+ * valid across quiescent states until the release. Writes only w's own slot,
+ * except on w's first request on a generation (one atomic for the worker). */
+sl_generation_t *sl_generation_acquire(struct sl_worker *w);
+
+/* Worker thread: ends a request's hold taken by sl_generation_acquire(w).
+ * Then drops the worker's reference on every listed generation that is
+ * retired and has no request of w left (gen included). Online or offline. */
+void sl_generation_release(struct sl_worker *w, sl_generation_t *gen);
+
+/* Worker thread, from its periodic sweep: an idle worker drops its
+ * reference on retired generations it no longer uses, so that it never
+ * keeps an old generation alive. */
+void sl_generation_tick(struct sl_worker *w);
+
+/* Worker thread, when it exits (after its requests ended): drops every
+ * reference the worker holds, the current generation's included. */
+void sl_generation_release_all(struct sl_worker *w);
 
 #endif

@@ -4,6 +4,7 @@
  */
 #include "worker.h"
 
+#include "generation.h"
 #include "log.h"
 #include "metrics.h"
 #include "proxy.h"
@@ -208,6 +209,8 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     sl_worker_t *w = arg;
     sl_upstream_sweep(w, sl_endpoint_now_ms());
+    /* An idle worker must not keep a replaced generation alive. */
+    sl_generation_tick(w);
 }
 
 void sl_worker_conn_closed(sl_worker_t *w)
@@ -281,6 +284,9 @@ static void *worker_main(void *arg)
     event_base_dispatch(w->base);
     sl_proxy_close_all(w);
     sl_upstream_shutdown(w);
+    /* After the last request: the current generation's reference too, or
+     * it would outlive the runtime's final retire. */
+    sl_generation_release_all(w);
     rcu_thread_online();
     rcu_unregister_thread();
     atomic_fetch_add(&sl_workers_exited, 1);

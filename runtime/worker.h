@@ -12,6 +12,12 @@
  * RCU: workers are registered QSBR readers that stay offline except around
  * the few places that dereference the published generation (proxy.c), so an
  * idle worker never delays a grace period.
+ *
+ * Generations: a worker holds ONE reference on each generation its requests
+ * use, and its requests borrow it (generation.h, "Worker holds"), so a
+ * request's hold writes only this worker's memory. gens_held lists them for
+ * the once-a-second sweep, which drops the retired ones an idle worker no
+ * longer uses, and for the worker's exit.
  */
 #ifndef SL_WORKER_H
 #define SL_WORKER_H
@@ -27,6 +33,12 @@ struct event_base;
 struct event;
 struct sl_conn;
 struct sl_pool;
+struct sl_generation;
+
+/* Generations one worker holds a reference on: the current one, plus old
+ * ones while requests from before a reload run (usually 1-2 in all). Past
+ * this bound a request takes its own shared reference (generation.c). */
+#define SL_WORKER_GENS_HELD 8
 
 typedef struct sl_listener_sock {
     struct sl_worker *worker;
@@ -92,6 +104,10 @@ typedef struct sl_worker {
     int draining;
     struct event *drain_ev;
     uint64_t request_counter;
+
+    /* Worker thread only; see generation.h "Worker holds". */
+    struct sl_generation *gens_held[SL_WORKER_GENS_HELD];
+    unsigned num_gens_held;
 } sl_worker_t;
 
 /* Creates nworkers workers (not started). */

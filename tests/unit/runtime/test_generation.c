@@ -1,0 +1,654 @@
+/*
+ * Unit tests of runtime/generation.c's worker holds (generation.h, "Worker
+ * holds") with real liburcu QSBR and real threads: each simulated worker is
+ * a pthread registered as a QSBR reader, offline by default like the
+ * runtime's workers, that runs acquire/release/tick on command from the test
+ * thread (which plays the main thread: it publishes, waits for grace periods
+ * and watches frees). cmocka asserts only on the test thread.
+ *
+ * Frees are observed exactly: SL_GENERATION_TEST_ON_FREE records the version
+ * of every generation free_rcu frees; rcu_barrier() waits for the call_rcu
+ * callbacks queued so far, so "not freed after a barrier" is a real check.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+struct sl_generation;
+static void on_free(struct sl_generation *gen);
+#define SL_GENERATION_TEST_ON_FREE(gen) on_free(gen)
+
+#include "../../../runtime/generation.c"
+
+/* ---- free accounting ---- */
+
+#define MAX_VERSION 1024
+static atomic_uchar freed[MAX_VERSION];
+static atomic_int frees_total;
+
+static void on_free(struct sl_generation *gen)
+{
+    /* call_rcu thread */
+    if (gen->version < MAX_VERSION)
+        atomic_fetch_add(&freed[gen->version], 1);
+    atomic_fetch_add(&frees_total, 1);
+}
+
+/* Waits until every call_rcu callback queued so far has run. Offline, as a
+ * registered QSBR thread must be while it blocks. */
+static void flush_rcu(void)
+{
+    rcu_barrier();
+}
+
+/* A full grace period, then the callbacks it released. */
+static void grace_period(void)
+{
+    synchronize_rcu();
+    flush_rcu();
+}
+
+static int is_freed(uint64_t version)
+{
+    return atomic_load(&freed[version]);
+}
+
+static long refs_of(sl_generation_t *gen)
+{
+    return atomic_load(&gen->refs);
+}
+
+/* ---- the main thread's side ---- */
+
+static uint64_t next_version = 1;
+
+static sl_generation_t *gen_new(unsigned nworkers)
+{
+    Sluice__V1__Snapshot *snap = calloc(1, sizeof(*snap));
+    assert_non_null(snap);
+    sluice__v1__snapshot__init(snap);
+    snap->version = next_version++;
+    assert_true(snap->version < MAX_VERSION);
+    char err[256];
+    sl_generation_t *gen = sl_generation_build(snap, "test", nworkers, err, sizeof(err));
+    assert_non_null(gen);
+    return gen;
+}
+
+static void publish(sl_generation_t *gen)
+{
+    rcu_thread_online();
+    sl_generation_publish(gen);
+    rcu_thread_offline();
+}
+
+/* What sl_config_free does: nothing published any more. */
+static void unpublish(void)
+{
+    rcu_thread_online();
+    sl_generation_t *old = rcu_xchg_pointer(&sl_generation_published, NULL);
+    if (old)
+        sl_generation_retire(old);
+    rcu_thread_offline();
+}
+
+/* ---- a worker thread driven by commands ---- */
+
+enum cmd { CMD_NONE, CMD_ACQUIRE, CMD_RELEASE, CMD_TICK, CMD_LOOP, CMD_EXIT };
+
+#define MAX_REQUESTS 32
+
+typedef struct {
+    sl_worker_t w; /* only id and the held list are used */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    enum cmd cmd;
+    int done;
+    unsigned arg;
+    /* the worker's requests in flight: the generation each one holds */
+    sl_generation_t *requests[MAX_REQUESTS];
+    unsigned num_requests;
+    /* CMD_LOOP's observations */
+    long refs_min, refs_max;
+} tworker_t;
+
+static void do_cmd(tworker_t *t)
+{
+    switch (t->cmd) {
+    case CMD_ACQUIRE:
+        t->requests[t->num_requests++] = sl_generation_acquire(&t->w);
+        break;
+    case CMD_RELEASE: {
+        /* arg = index of the request that ends */
+        sl_generation_t *gen = t->requests[t->arg];
+        memmove(&t->requests[t->arg], &t->requests[t->arg + 1],
+                (t->num_requests - t->arg - 1) * sizeof(t->requests[0]));
+        t->num_requests--;
+        sl_generation_release(&t->w, gen);
+        break;
+    }
+    case CMD_TICK:
+        sl_generation_tick(&t->w);
+        break;
+    case CMD_LOOP: {
+        /* arg sequential requests, as a keep-alive connection makes them,
+         * with the shared count read around each */
+        t->refs_min = LONG_MAX;
+        t->refs_max = LONG_MIN;
+        for (unsigned i = 0; i < t->arg; i++) {
+            sl_generation_t *gen = sl_generation_acquire(&t->w);
+            long r = atomic_load(&gen->refs);
+            sl_generation_release(&t->w, gen);
+            long r2 = atomic_load(&gen->refs);
+            t->refs_min = r < t->refs_min ? r : t->refs_min;
+            t->refs_min = r2 < t->refs_min ? r2 : t->refs_min;
+            t->refs_max = r > t->refs_max ? r : t->refs_max;
+            t->refs_max = r2 > t->refs_max ? r2 : t->refs_max;
+        }
+        break;
+    }
+    case CMD_EXIT:
+        while (t->num_requests)
+            sl_generation_release(&t->w, t->requests[--t->num_requests]);
+        sl_generation_release_all(&t->w);
+        break;
+    case CMD_NONE:
+        break;
+    }
+}
+
+static void *tworker_main(void *arg)
+{
+    tworker_t *t = arg;
+    rcu_register_thread();
+    rcu_thread_offline();
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        while (t->cmd == CMD_NONE)
+            pthread_cond_wait(&t->cond, &t->lock);
+        enum cmd c = t->cmd;
+        do_cmd(t);
+        t->cmd = CMD_NONE;
+        t->done = 1;
+        pthread_cond_broadcast(&t->cond);
+        if (c == CMD_EXIT)
+            break;
+    }
+    pthread_mutex_unlock(&t->lock);
+    rcu_thread_online();
+    rcu_unregister_thread();
+    return NULL;
+}
+
+static tworker_t *tworker_start(unsigned id)
+{
+    tworker_t *t = calloc(1, sizeof(*t));
+    assert_non_null(t);
+    t->w.id = id;
+    pthread_mutex_init(&t->lock, NULL);
+    pthread_cond_init(&t->cond, NULL);
+    assert_int_equal(pthread_create(&t->thread, NULL, tworker_main, t), 0);
+    return t;
+}
+
+/* Starts one command on the worker's thread. */
+static void post(tworker_t *t, enum cmd c, unsigned arg)
+{
+    pthread_mutex_lock(&t->lock);
+    t->cmd = c;
+    t->arg = arg;
+    t->done = 0;
+    pthread_cond_broadcast(&t->cond);
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void wait_done(tworker_t *t)
+{
+    pthread_mutex_lock(&t->lock);
+    while (!t->done)
+        pthread_cond_wait(&t->cond, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void run(tworker_t *t, enum cmd c, unsigned arg)
+{
+    post(t, c, arg);
+    wait_done(t);
+}
+
+static sl_generation_t *acquire(tworker_t *t)
+{
+    run(t, CMD_ACQUIRE, 0);
+    return t->requests[t->num_requests - 1];
+}
+
+/* Ends the worker's request that holds `gen` (the oldest such). */
+static void release(tworker_t *t, sl_generation_t *gen)
+{
+    for (unsigned i = 0; i < t->num_requests; i++) {
+        if (t->requests[i] == gen) {
+            run(t, CMD_RELEASE, i);
+            return;
+        }
+    }
+    fail_msg("worker %u has no request on generation %llu", t->w.id,
+             (unsigned long long)gen->version);
+}
+
+static void tworker_stop(tworker_t *t)
+{
+    run(t, CMD_EXIT, 0);
+    pthread_join(t->thread, NULL);
+    assert_int_equal(t->w.num_gens_held, 0);
+    pthread_mutex_destroy(&t->lock);
+    pthread_cond_destroy(&t->cond);
+    free(t);
+}
+
+/* Ends a test: workers exit, the last generation is unpublished, all freed. */
+static void finish(tworker_t **ts, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        tworker_stop(ts[i]);
+    unpublish();
+    grace_period();
+    for (uint64_t v = 1; v < next_version; v++)
+        assert_int_equal(is_freed(v), 1); /* each exactly once */
+}
+
+/* ---- (a) a request keeps its replaced generation alive ---- */
+
+static void test_request_keeps_replaced_generation(void **state)
+{
+    (void)state;
+    tworker_t *w0 = tworker_start(0);
+    sl_generation_t *g1 = gen_new(2);
+    uint64_t v1 = g1->version;
+    publish(g1);
+    assert_ptr_equal(acquire(w0), g1);
+    /* holders: published + worker 0 */
+    assert_int_equal(refs_of(g1), 2);
+
+    sl_generation_t *g2 = gen_new(2);
+    publish(g2);
+    grace_period();
+    grace_period();
+    assert_false(is_freed(v1));
+    assert_int_equal(refs_of(g1), 1); /* the published reference is gone */
+
+    release(w0, g1);
+    flush_rcu();
+    assert_true(is_freed(v1));
+    assert_int_equal(w0->w.num_gens_held, 0);
+    assert_false(is_freed(g2->version));
+    tworker_t *ws[] = {w0};
+    finish(ws, 1);
+}
+
+/* ---- (b) two workers, overlapping requests ---- */
+
+static void two_workers(int worker0_last)
+{
+    tworker_t *ws[] = {tworker_start(0), tworker_start(1)};
+    sl_generation_t *g1 = gen_new(2);
+    uint64_t v1 = g1->version;
+    publish(g1);
+    assert_ptr_equal(acquire(ws[0]), g1);
+    assert_ptr_equal(acquire(ws[1]), g1);
+    assert_ptr_equal(acquire(ws[0]), g1);
+    assert_ptr_equal(acquire(ws[1]), g1);
+    /* holders, not requests: published + one per worker */
+    assert_int_equal(refs_of(g1), 3);
+
+    sl_generation_t *g2 = gen_new(2);
+    publish(g2);
+    grace_period();
+    assert_false(is_freed(v1));
+
+    /* new requests go to g2 while the old ones still run on g1 */
+    tworker_t *first = ws[worker0_last ? 1 : 0], *last = ws[worker0_last ? 0 : 1];
+    assert_ptr_equal(acquire(last), g2);
+    assert_int_equal(last->w.num_gens_held, 2);
+
+    release(first, g1);
+    release(last, g1);
+    release(first, g1);
+    flush_rcu();
+    assert_false(is_freed(v1)); /* `first` is done with it, `last` is not */
+    assert_int_equal(first->w.num_gens_held, 0);
+    assert_int_equal(refs_of(g1), 1);
+
+    release(last, g1);
+    flush_rcu();
+    assert_true(is_freed(v1));
+    assert_int_equal(last->w.num_gens_held, 1); /* g2, still current */
+    release(last, g2);
+    assert_false(is_freed(g2->version));
+    finish(ws, 2);
+}
+
+static void test_two_workers_freed_after_last_request(void **state)
+{
+    (void)state;
+    two_workers(0);
+    two_workers(1);
+}
+
+/* ---- (c) an idle worker releases a retired generation at its tick ---- */
+
+static void test_idle_worker_releases_at_tick(void **state)
+{
+    (void)state;
+    tworker_t *w0 = tworker_start(0);
+    sl_generation_t *g1 = gen_new(2);
+    uint64_t v1 = g1->version;
+    publish(g1);
+    acquire(w0);
+    release(w0, g1);
+    /* idle, but the worker keeps its reference on the current generation */
+    assert_int_equal(w0->w.num_gens_held, 1);
+    assert_int_equal(refs_of(g1), 2);
+
+    publish(gen_new(2));
+    grace_period();
+    assert_false(is_freed(v1)); /* only the idle worker's reference is left */
+    assert_int_equal(refs_of(g1), 1);
+
+    run(w0, CMD_TICK, 0);
+    assert_int_equal(w0->w.num_gens_held, 0);
+    flush_rcu();
+    assert_true(is_freed(v1));
+    tworker_t *ws[] = {w0};
+    finish(ws, 1);
+}
+
+/* The end of any later request drops it too, without waiting for the tick. */
+static void test_next_request_releases_idle_retired(void **state)
+{
+    (void)state;
+    tworker_t *w0 = tworker_start(0);
+    sl_generation_t *g1 = gen_new(2);
+    uint64_t v1 = g1->version;
+    publish(g1);
+    acquire(w0);
+    release(w0, g1);
+    sl_generation_t *g2 = gen_new(2);
+    publish(g2);
+    grace_period();
+    assert_false(is_freed(v1));
+
+    assert_ptr_equal(acquire(w0), g2);
+    release(w0, g2);
+    flush_rcu();
+    assert_true(is_freed(v1));
+    assert_int_equal(w0->w.num_gens_held, 1);
+    assert_ptr_equal(w0->w.gens_held[0], g2);
+    tworker_t *ws[] = {w0};
+    finish(ws, 1);
+}
+
+/* ---- (d) sequential requests do not write the shared count ---- */
+
+static void test_sequential_requests_leave_shared_count_alone(void **state)
+{
+    (void)state;
+    tworker_t *ws[] = {tworker_start(0), tworker_start(1)};
+    sl_generation_t *g1 = gen_new(2);
+    publish(g1);
+    /* first request of each worker: its one shared reference */
+    acquire(ws[0]);
+    release(ws[0], g1);
+    acquire(ws[1]);
+    release(ws[1], g1);
+    long before = refs_of(g1);
+    assert_int_equal(before, 3);
+
+    run(ws[0], CMD_LOOP, 1000);
+    assert_int_equal(refs_of(g1), before);
+    assert_int_equal(ws[0]->refs_min, before);
+    assert_int_equal(ws[0]->refs_max, before);
+    /* both workers at once, with a request left running on worker 1 */
+    acquire(ws[1]);
+    post(ws[0], CMD_LOOP, 1000);
+    post(ws[1], CMD_LOOP, 1000);
+    wait_done(ws[0]);
+    wait_done(ws[1]);
+    assert_int_equal(ws[0]->refs_min, before);
+    assert_int_equal(ws[0]->refs_max, before);
+    assert_int_equal(ws[1]->refs_min, before);
+    assert_int_equal(ws[1]->refs_max, before);
+    assert_int_equal(atomic_load(&g1->worker_slots[1].requests), 1);
+    release(ws[1], g1);
+    assert_int_equal(atomic_load(&g1->worker_slots[0].requests), 0);
+    assert_int_equal(atomic_load(&g1->worker_slots[1].requests), 0);
+    assert_int_equal(refs_of(g1), before);
+    finish(ws, 2);
+}
+
+/* ---- bounds and fallbacks ---- */
+
+/* Requests spanning more reloads than a worker lists: the extra ones take
+ * their own shared reference, and every generation is still freed right
+ * after its last request, in any order. */
+static void test_full_list_falls_back_to_shared_refs(void **state)
+{
+    (void)state;
+    enum { N = SL_WORKER_GENS_HELD + 3 };
+    tworker_t *w0 = tworker_start(0);
+    sl_generation_t *gens[N];
+    uint64_t versions[N];
+    for (int i = 0; i < N; i++) {
+        gens[i] = gen_new(1);
+        versions[i] = gens[i]->version;
+        publish(gens[i]);
+        acquire(w0);
+        acquire(w0);
+    }
+    assert_int_equal(w0->w.num_gens_held, SL_WORKER_GENS_HELD);
+    /* an unlisted generation: published + one per request */
+    assert_int_equal(refs_of(gens[N - 1]), 3);
+    grace_period();
+    assert_int_equal(refs_of(gens[0]), 1);     /* listed, retired: the worker's */
+    assert_int_equal(refs_of(gens[N - 2]), 2); /* unlisted, retired: its requests' */
+    for (int i = 0; i < N; i++)
+        assert_false(is_freed(versions[i]));
+
+    /* end them out of order: odd generations first, then even ones */
+    for (int pass = 1; pass >= 0; pass--) {
+        for (int i = pass; i < N; i += 2) {
+            release(w0, gens[i]);
+            flush_rcu();
+            assert_false(is_freed(versions[i]));
+            release(w0, gens[i]);
+            flush_rcu();
+            /* the last generation is still the published one */
+            if (i == N - 1)
+                assert_false(is_freed(versions[i]));
+            else
+                assert_true(is_freed(versions[i]));
+        }
+    }
+    tworker_t *ws[] = {w0};
+    finish(ws, 1);
+}
+
+/* A generation built for fewer workers than there are (none today): that
+ * worker's requests take shared references, counted and freed exactly. */
+static void test_worker_beyond_slots_uses_shared_refs(void **state)
+{
+    (void)state;
+    tworker_t *w1 = tworker_start(1);
+    sl_generation_t *g1 = gen_new(1);
+    uint64_t v1 = g1->version;
+    publish(g1);
+    acquire(w1);
+    acquire(w1);
+    assert_int_equal(refs_of(g1), 3);
+    assert_int_equal(w1->w.num_gens_held, 0);
+    publish(gen_new(1));
+    release(w1, g1);
+    grace_period();
+    assert_false(is_freed(v1));
+    release(w1, g1);
+    flush_rcu();
+    assert_true(is_freed(v1));
+    tworker_t *ws[] = {w1};
+    finish(ws, 1);
+}
+
+/* A worker that exits gives back the current generation's reference, or the
+ * runtime's final retire would leak it. */
+static void test_worker_exit_releases_current(void **state)
+{
+    (void)state;
+    tworker_t *w0 = tworker_start(0);
+    sl_generation_t *g1 = gen_new(2);
+    publish(g1);
+    acquire(w0);
+    release(w0, g1);
+    assert_int_equal(refs_of(g1), 2);
+    tworker_stop(w0);
+    assert_int_equal(refs_of(g1), 1);
+    finish(NULL, 0);
+}
+
+/* ---- races: publishes while workers take and drop holds ---- */
+
+#define STRESS_WORKERS 3
+#define STRESS_RELOADS 300
+
+static atomic_int stress_stop;
+
+typedef struct {
+    sl_worker_t w;
+    atomic_ulong requests; /* written by the worker, read by the test thread */
+} stress_worker_t;
+
+static void *stress_main(void *arg)
+{
+    stress_worker_t *s = arg;
+    rcu_register_thread();
+    rcu_thread_offline();
+    sl_generation_t *inflight[4] = {0};
+    uint64_t rng = 0x9e3779b97f4a7c15ULL * (s->w.id + 1);
+    while (!atomic_load(&stress_stop)) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        unsigned slot = rng % 4;
+        if (inflight[slot]) {
+            /* the generation must still be whole: read something in it */
+            if (inflight[slot]->nworkers != STRESS_WORKERS)
+                abort();
+            sl_generation_release(&s->w, inflight[slot]);
+            inflight[slot] = NULL;
+        } else if (rng & 16) {
+            /* callers already online are fine too */
+            rcu_thread_online();
+            inflight[slot] = sl_generation_acquire(&s->w);
+            rcu_thread_offline();
+        } else {
+            inflight[slot] = sl_generation_acquire(&s->w);
+        }
+        atomic_fetch_add_explicit(&s->requests, 1, memory_order_relaxed);
+        if ((rng & 0xff) == 0)
+            sl_generation_tick(&s->w);
+    }
+    for (int i = 0; i < 4; i++)
+        if (inflight[i])
+            sl_generation_release(&s->w, inflight[i]);
+    sl_generation_release_all(&s->w);
+    rcu_thread_online();
+    rcu_unregister_thread();
+    return NULL;
+}
+
+static void test_concurrent_reloads(void **state)
+{
+    (void)state;
+    stress_worker_t *sw = calloc(STRESS_WORKERS, sizeof(*sw));
+    assert_non_null(sw);
+    pthread_t th[STRESS_WORKERS];
+    int frees_before = atomic_load(&frees_total);
+    uint64_t first = next_version;
+    publish(gen_new(STRESS_WORKERS));
+    atomic_store(&stress_stop, 0);
+    for (unsigned i = 0; i < STRESS_WORKERS; i++) {
+        sw[i].w.id = i;
+        assert_int_equal(pthread_create(&th[i], NULL, stress_main, &sw[i]), 0);
+    }
+    unsigned long seen[STRESS_WORKERS] = {0};
+    for (int r = 0; r < STRESS_RELOADS; r++) {
+        publish(gen_new(STRESS_WORKERS));
+        if (r % 50 == 0)
+            synchronize_rcu();
+        /* Every 10 reloads, each worker made requests since the last check,
+         * so that all of them overlap the reloads even on a busy machine. */
+        for (unsigned i = 0; r % 10 == 0 && i < STRESS_WORKERS; i++) {
+            while (atomic_load(&sw[i].requests) <= seen[i] + 16)
+                sched_yield();
+            seen[i] = atomic_load(&sw[i].requests);
+        }
+    }
+    atomic_store(&stress_stop, 1);
+    for (unsigned i = 0; i < STRESS_WORKERS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(sw[i].w.num_gens_held, 0);
+        assert_true(atomic_load(&sw[i].requests) > 16 * STRESS_RELOADS / 10);
+    }
+    grace_period();
+    /* every generation but the published one is gone, each once */
+    assert_int_equal(atomic_load(&frees_total) - frees_before, STRESS_RELOADS);
+    for (uint64_t v = first; v < next_version - 1; v++)
+        assert_int_equal(is_freed(v), 1);
+    free(sw);
+    finish(NULL, 0);
+}
+
+/* ---- set-up ---- */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    /* The test thread plays the runtime's main thread: registered, offline
+     * except around publishes. */
+    rcu_register_thread();
+    rcu_thread_offline();
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    flush_rcu();
+    rcu_thread_online();
+    rcu_unregister_thread();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_request_keeps_replaced_generation),
+        cmocka_unit_test(test_two_workers_freed_after_last_request),
+        cmocka_unit_test(test_idle_worker_releases_at_tick),
+        cmocka_unit_test(test_next_request_releases_idle_retired),
+        cmocka_unit_test(test_sequential_requests_leave_shared_count_alone),
+        cmocka_unit_test(test_full_list_falls_back_to_shared_refs),
+        cmocka_unit_test(test_worker_beyond_slots_uses_shared_refs),
+        cmocka_unit_test(test_worker_exit_releases_current),
+        cmocka_unit_test(test_concurrent_reloads),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
