@@ -549,8 +549,8 @@ static uint64_t allocate_version(sl_controller_t *ctl, char *err, size_t errlen)
         cur = ctl->version_floor;
     if (cur >= SL_XDS_VERSION_MAX) {
         snprintf(err, errlen,
-                 "config_version is %" PRIu64 ", the largest version runtimes accept is 2^53-1; "
-                 "restart the controller to continue from the versions its fleets run",
+                 "config_version is %" PRIu64 ": no version can follow it (runtimes accept at "
+                 "most 2^53-1)",
                  cur);
         return 0;
     }

@@ -414,11 +414,14 @@ static void *xds_thread(void *arg)
         /* A call that stayed connected a while, or got a push, was healthy. */
         if (up_ms >= BACKOFF_RESET_AFTER_MS || served)
             cap_ms = BACKOFF_BASE_MS;
-        /* Replaced by a newer stream of our node id: another runtime uses
-         * it; come back slowly rather than take its stream at once. */
-        if (st == GRPC_STATUS_ALREADY_EXISTS)
-            cap_ms = BACKOFF_MAX_MS;
         unsigned wait = backoff_wait_ms(&cap_ms, (unsigned)rand_r(&seed));
+        /* Replaced by a newer stream of our node id: another runtime uses
+         * it. Come back slowly (5 to 10 s) rather than take its stream at
+         * once; both keep getting config, and the conflict stays visible. */
+        if (st == GRPC_STATUS_ALREADY_EXISTS) {
+            cap_ms = BACKOFF_MAX_MS;
+            wait = BACKOFF_MAX_MS / 2 + (unsigned)rand_r(&seed) % (BACKOFF_MAX_MS / 2 + 1);
+        }
         struct timespec t0, now;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (;;) {

@@ -720,9 +720,12 @@ class FakeRuntime:
         return self._ended.is_set()
 
     def close(self):
+        if self.channel is None:
+            return
         self._out.put(None)
         self.call.cancel()
         self.channel.close()
+        self.channel = None
         self._reader.join(5)
 
 
