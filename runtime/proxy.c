@@ -25,7 +25,7 @@
 #include "http1.h"
 #include "log.h"
 #include "metrics.h"
-#include "path.h"
+#include "request.h"
 #include "upstream.h"
 
 #include <arpa/inet.h>
@@ -79,33 +79,19 @@ typedef struct sl_conn {
     uint8_t depth;                 /* pipelining recursion guard */
     unsigned requests;
 
-    /* current request */
-    sl_generation_t *gen;
-    sl_gen_route_t *route;
-    sl_gen_cluster_t *cluster;
-    int ep_index;
-    sl_pool_t *pool;
+    /* current request: what every protocol shares (request.h) ... */
+    sl_request_t r;
+    /* ... and how HTTP/1.1 carries it */
     sl_upconn_t *up;
     enum up_phase phase;
     sl_buf_t uout, uin;
     size_t uout_sent;
-    uint8_t replayable;
-    uint8_t counted_request; /* pool->active_requests counts this request */
-    uint8_t counted_retry;   /* pool->retries_active counts this request */
-    unsigned attempts;
-    uint64_t hash;
-    uint64_t start_mono_us;
-    uint64_t start_unix_us;
-    uint64_t deadline_ms; /* whole request, 0 = none */
-
-    unsigned method_bit;
     int minor_version;
     uint8_t keep_alive;
     uint8_t expect_continue;
     enum sl_http1_body req_body;
     uint64_t req_remaining;
     sl_http1_chunked_t req_chunk;
-    uint64_t req_body_bytes;
     uint8_t req_body_done;
 
     enum sl_http1_body resp_body;
@@ -121,26 +107,12 @@ typedef struct sl_conn {
     uint8_t up_drained; /* the last upstream read found the socket empty */
     uint8_t up_want_write;
     uint8_t dechunk; /* HTTP/1.0 client, chunked upstream: strip framing */
-    int status;
-    uint64_t bytes_sent;
-    const char *error_code;
-
-    /* strings kept for the access log and errors (copied out of `in`) */
-    char meta[1024];
-    size_t meta_len;
-    sl_str_t m_method, m_target, m_host, m_ua, m_referer, m_reqid;
-    char upstream_addr[64];
-
 } sl_conn_t;
 
 /* Parse space for header slices. Per worker, not per connection: slices are
  * only used while process_input runs (routing, the upstream head, copies for
  * the log), so idle and slow connections do not each hold 32 KB of it. */
 static __thread sl_http1_header_t worker_headers[MAX_HEADERS_CAP];
-/* The normalised path of the request being dispatched, when it differs from
- * the one sent; a path is never longer than the request line's limit. */
-#define MAX_PATH_BYTES 65536
-static __thread char worker_path[MAX_PATH_BYTES];
 
 static void client_event_cb(evutil_socket_t fd, short what, void *arg);
 static void timer_cb(evutil_socket_t fd, short what, void *arg);
@@ -152,26 +124,13 @@ static void conn_close(sl_conn_t *c);
 static void start_upstream(sl_conn_t *c);
 static void upstream_failed(sl_conn_t *c, enum sl_upstream_error kind, int during_send);
 static void client_flush(sl_conn_t *c);
+static void retry_upstream(sl_conn_t *c);
 static void pump_request_body(sl_conn_t *c);
 
 static size_t headers_cap_for(const sl_generation_t *gen)
 {
     size_t n = gen ? gen->limits.max_header_count : 100;
     return n > MAX_HEADERS_CAP ? MAX_HEADERS_CAP : n;
-}
-
-static uint64_t now_mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static uint64_t now_unix_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 /* ---- event helpers -------------------------------------------------------- */
@@ -201,9 +160,9 @@ static inline void cb_leave(sl_conn_t *c)
 
 static void arm_timer(sl_conn_t *c, uint32_t ms)
 {
-    if (c->deadline_ms) {
+    if (c->r.deadline_ms) {
         uint64_t now = sl_endpoint_now_ms();
-        uint64_t left = c->deadline_ms > now ? c->deadline_ms - now : 0;
+        uint64_t left = c->r.deadline_ms > now ? c->r.deadline_ms - now : 0;
         if (ms == 0 || left < ms)
             ms = (uint32_t)left;
     }
@@ -217,149 +176,31 @@ static void arm_timer(sl_conn_t *c, uint32_t ms)
 
 /* ---- per-request strings -------------------------------------------------- */
 
-static sl_str_t meta_put(sl_conn_t *c, const char *p, size_t n)
-{
-    if (n == 0 || !p)
-        return (sl_str_t){"", 0};
-    size_t room = sizeof(c->meta) - c->meta_len;
-    if (n > room)
-        n = room;
-    sl_str_t s = {c->meta + c->meta_len, n};
-    memcpy(c->meta + c->meta_len, p, n);
-    c->meta_len += n;
-    return s;
-}
-
-static void make_request_id_rng(sl_lb_rng_t *rng, char out[37]);
-
-static void make_request_id(sl_conn_t *c, char out[37])
-{
-    make_request_id_rng(&c->w->rng, out);
-}
-
-static void make_request_id_rng(sl_lb_rng_t *rng, char out[37])
-{
-    static const char hex[] = "0123456789abcdef";
-    uint64_t a = sl_lb_rng_next(rng), b = sl_lb_rng_next(rng);
-    unsigned char bytes[16];
-    memcpy(bytes, &a, 8);
-    memcpy(bytes + 8, &b, 8);
-    bytes[6] = (unsigned char)((bytes[6] & 0x0f) | 0x40); /* UUID version 4 */
-    bytes[8] = (unsigned char)((bytes[8] & 0x3f) | 0x80);
-    size_t o = 0;
-    for (int i = 0; i < 16; i++) {
-        if (i == 4 || i == 6 || i == 8 || i == 10)
-            out[o++] = '-';
-        out[o++] = hex[bytes[i] >> 4];
-        out[o++] = hex[bytes[i] & 15];
-    }
-    out[o] = '\0';
-}
-
-static int valid_request_id(sl_str_t v)
-{
-    if (v.len == 0 || v.len > 128)
-        return 0;
-    for (size_t i = 0; i < v.len; i++) {
-        unsigned char ch = (unsigned char)v.ptr[i];
-        if (ch <= 0x20 || ch >= 0x7f || ch == '"' || ch == '\\')
-            return 0;
-    }
-    return 1;
-}
-
 /* ---- request bookkeeping -------------------------------------------------- */
-
-static void release_gen(sl_conn_t *c)
-{
-    if (c->gen) {
-        sl_generation_unref(c->gen);
-        c->gen = NULL;
-    }
-}
-
-static void leave_pool(sl_conn_t *c)
-{
-    if (c->counted_request && c->pool && c->pool->active_requests)
-        c->pool->active_requests--;
-    c->counted_request = 0;
-    if (c->counted_retry && c->pool && c->pool->retries_active)
-        c->pool->retries_active--;
-    c->counted_retry = 0;
-}
 
 static void put_upconn(sl_conn_t *c, int reusable)
 {
-    leave_pool(c);
+    sl_request_leave_pool(&c->r);
     sl_upconn_t *up = c->up;
     if (!up)
         return;
     c->up = NULL;
-    if (reusable && c->cluster)
-        sl_upstream_release(c->w, up, c->cluster->pool_max_idle, c->cluster->pool_idle_timeout_ms);
+    if (reusable && c->r.cluster)
+        sl_upstream_release(c->w, up, c->r.cluster->pool_max_idle,
+                            c->r.cluster->pool_idle_timeout_ms);
     else
         sl_upstream_close(c->w, up);
 }
 
-static void log_and_count(sl_conn_t *c)
-{
-    uint64_t dur = now_mono_us() - c->start_mono_us;
-    int status = c->status ? c->status : 499;
-    SL_STAT_ADD(sl_metrics_worker(c->w->id)->requests_total, 1);
-    if (c->route)
-        sl_metrics_observe(c->route->stats, c->w->id, status, dur);
-    else {
-        int cls = status / 100;
-        if (cls >= 1 && cls <= 5)
-            SL_STAT_ADD(sl_metrics_worker(c->w->id)->unrouted_by_status[cls], 1);
-    }
-    if (!sl_accesslog_enabled())
-        return;
-    sl_accesslog_entry_t e = {
-        .start_unix_us = c->start_unix_us,
-        .duration_us = dur,
-        .client_addr = {c->client_ip, strlen(c->client_ip)},
-        .method = c->m_method,
-        .path = c->m_target,
-        .minor_version = c->minor_version,
-        .status = status,
-        .bytes_received = c->req_body_bytes,
-        .bytes_sent = c->bytes_sent,
-        .request_id = c->m_reqid,
-        .user_agent = c->m_ua,
-        .referer = c->m_referer,
-        .host = c->m_host,
-        .upstream_addr = {c->upstream_addr, strlen(c->upstream_addr)},
-        .error_code = {c->error_code ? c->error_code : "",
-                       c->error_code ? strlen(c->error_code) : 0},
-    };
-    if (c->route) {
-        e.api = c->route->api;
-        e.operation = c->route->operation;
-    }
-    sl_accesslog_write(c->w->id, &e);
-}
-
 static void reset_request(sl_conn_t *c)
 {
-    leave_pool(c);
-    release_gen(c);
-    c->route = NULL;
-    c->cluster = NULL;
-    c->pool = NULL;
-    c->ep_index = -1;
+    sl_request_reset(&c->r);
     c->phase = UP_NONE;
     sl_worker_buf_put(c->w, &c->uout);
     sl_worker_buf_put(c->w, &c->uin);
     c->uout_sent = 0;
-    c->replayable = 1;
-    c->counted_retry = 0;
-    c->attempts = 0;
-    c->hash = 0;
-    c->deadline_ms = 0;
     c->req_body = SL_HTTP1_BODY_NONE;
     c->req_remaining = 0;
-    c->req_body_bytes = 0;
     c->req_body_done = 0;
     c->resp_body = SL_HTTP1_BODY_NONE;
     c->resp_remaining = 0;
@@ -369,12 +210,6 @@ static void reset_request(sl_conn_t *c)
     c->dechunk = 0;
     c->up_reusable = 0;
     c->up_paused = 0;
-    c->status = 0;
-    c->bytes_sent = 0;
-    c->error_code = NULL;
-    c->meta_len = 0;
-    c->m_method = c->m_target = c->m_host = c->m_ua = c->m_referer = c->m_reqid = (sl_str_t){"", 0};
-    c->upstream_addr[0] = '\0';
     c->expect_continue = 0;
 }
 
@@ -392,7 +227,7 @@ static void request_done(sl_conn_t *c)
     if (c->up)
         put_upconn(c, c->up_reusable && c->req_body_done && c->resp_done && !c->up_rdhup &&
                           (c->up_drained || sl_upstream_idle_usable(c->up)));
-    log_and_count(c);
+    sl_request_log(&c->r);
     int keep = c->keep_alive && !c->closing && !c->w->draining && c->req_body_done;
     reset_request(c);
     if (!keep) {
@@ -430,55 +265,6 @@ static void request_done(sl_conn_t *c)
     arm_timer(c, idle);
 }
 
-/*
- * "Date: <IMF-fixdate>\r\n" for now, formatted at most once a second per
- * worker. A recipient with a clock that forwards a response without Date
- * must add one (RFC 9110 6.6.1), and every response the gateway makes
- * carries one.
- */
-static const char *date_line(size_t *len)
-{
-    static __thread time_t cached_sec = -1;
-    static __thread char line[48];
-    static __thread size_t line_len;
-    static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
-    static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                       "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-    if (ts.tv_sec != cached_sec) {
-        struct tm tm;
-        gmtime_r(&ts.tv_sec, &tm);
-        int n = snprintf(line, sizeof(line), "Date: %s, %02d %s %04d %02d:%02d:%02d GMT\r\n",
-                         days[tm.tm_wday % 7], tm.tm_mday, months[tm.tm_mon % 12],
-                         tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
-        line_len = n > 0 && (size_t)n < sizeof(line) ? (size_t)n : 0;
-        cached_sec = ts.tv_sec;
-    }
-    *len = line_len;
-    return line;
-}
-
-/* ---- errors the gateway answers itself ------------------------------------ */
-
-static size_t json_escape(char *dst, size_t cap, const char *src, size_t len)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < len && o + 7 < cap; i++) {
-        unsigned char ch = (unsigned char)src[i];
-        if (ch == '"' || ch == '\\') {
-            dst[o++] = '\\';
-            dst[o++] = (char)ch;
-        } else if (ch < 0x20 || ch >= 0x7f) {
-            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", ch);
-        } else {
-            dst[o++] = (char)ch;
-        }
-    }
-    dst[o] = '\0';
-    return o;
-}
-
 static void append_allow(sl_buf_t *b, unsigned allow)
 {
     static const struct {
@@ -510,19 +296,19 @@ static void append_allow(sl_buf_t *b, unsigned allow)
 static void send_error(sl_conn_t *c, int status, const char *code, const char *message,
                        int close_after, unsigned allow)
 {
-    c->error_code = code;
+    c->r.error_code = code;
     if (c->up)
         put_upconn(c, 0);
     if (c->resp_head_sent) {
-        c->status = c->status ? c->status : status;
-        log_and_count(c);
+        c->r.status = c->r.status ? c->r.status : status;
+        sl_request_log(&c->r);
         reset_request(c);
         conn_close(c);
         return;
     }
     if (!c->req_body_done)
         close_after = 1; /* the rest of the body is still on the wire */
-    c->status = status;
+    c->r.status = status;
     c->state = CS_RESPOND;
     c->phase = UP_NONE;
     if (close_after)
@@ -533,33 +319,23 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
     }
     if (!c->interim_sent)
         c->out.start = c->out.end = 0; /* else append after the interim heads */
-    if (!c->m_reqid.len) {
-        char id[37];
-        make_request_id(c, id);
-        c->m_reqid = meta_put(c, id, 36);
-    }
-    char esc[600], body[900];
-    json_escape(esc, sizeof(esc), message, strlen(message));
-    int blen = snprintf(body, sizeof(body),
-                        "{\"error\":{\"status\":%d,\"code\":\"%s\",\"message\":\"%s\","
-                        "\"request_id\":\"%.*s\"}}\n",
-                        status, code, esc, (int)c->m_reqid.len, c->m_reqid.ptr);
-    if (blen < 0 || (size_t)blen >= sizeof(body))
-        blen = (int)strlen(body);
+    char body[900];
+    int blen = (int)sl_request_error_body(&c->r, status, code, message, body, sizeof(body));
     char head[512];
-    int hlen = snprintf(head, sizeof(head),
-                        "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-                        "Content-Length: %d\r\nX-Request-Id: %.*s\r\n%s",
-                        status, sl_http1_reason(status), blen, (int)c->m_reqid.len, c->m_reqid.ptr,
-                        c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
+    int hlen =
+        snprintf(head, sizeof(head),
+                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %d\r\nX-Request-Id: %.*s\r\n%s",
+                 status, sl_http1_reason(status), blen, (int)c->r.m_reqid.len, c->r.m_reqid.ptr,
+                 c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
     sl_buf_append(&c->out, head, (size_t)hlen);
     size_t dl;
-    const char *d = date_line(&dl);
+    const char *d = sl_request_date_line(&dl);
     sl_buf_append(&c->out, d, dl);
     if (allow)
         append_allow(&c->out, allow);
     sl_buf_append(&c->out, "\r\n", 2);
-    if (c->method_bit != SL_METHOD_HEAD)
+    if (c->r.method_bit != SL_METHOD_HEAD)
         sl_buf_append(&c->out, body, (size_t)blen);
     c->resp_head_sent = 1;
     c->resp_done = 1;
@@ -575,7 +351,7 @@ static void conn_close(sl_conn_t *c)
     sl_worker_t *w = c->w;
     if (c->up)
         put_upconn(c, 0);
-    release_gen(c);
+    sl_request_reset(&c->r);
     event_free(c->ev);
     event_free(c->timer);
     close(c->fd);
@@ -605,7 +381,7 @@ void sl_proxy_refuse(sl_worker_t *w, int fd)
      * fits its send buffer. No request was read, but the error keeps the
      * usual shape, request id included, for log correlation. */
     char id[37], body[256], resp[640];
-    make_request_id_rng(&w->rng, id);
+    sl_request_make_id(&w->rng, id);
     int blen = snprintf(body, sizeof(body),
                         "{\"error\":{\"status\":503,\"code\":\"connection_limit\",\"message\":"
                         "\"too many connections; retry later\",\"request_id\":\"%s\"}}\n",
@@ -631,9 +407,8 @@ void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr
     c->w = w;
     c->ls = ls;
     c->fd = fd;
-    c->ep_index = -1;
     c->first_request = 1;
-    c->replayable = 1;
+    sl_request_init(&c->r, w, c->client_ip);
     c->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_CLOSED | EV_ET | EV_PERSIST,
                       client_event_cb, c);
     c->timer = evtimer_new(w->base, timer_cb, c);
@@ -683,7 +458,7 @@ void sl_proxy_drain(sl_worker_t *w)
     sl_conn_t *c = w->conns;
     while (c) {
         sl_conn_t *next = c->next;
-        if (c->state == CS_HEAD && sl_buf_len(&c->in) == 0 && !c->gen)
+        if (c->state == CS_HEAD && sl_buf_len(&c->in) == 0 && !c->r.gen)
             conn_close(c);
         else
             c->closing = 1;
@@ -711,7 +486,7 @@ static int client_write_some(sl_conn_t *c)
         ssize_t n = write(c->fd, sl_buf_head(&c->out), sl_buf_len(&c->out));
         if (n > 0) {
             sl_buf_consume(&c->out, (size_t)n);
-            c->bytes_sent += (uint64_t)n;
+            c->r.bytes_sent += (uint64_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -720,18 +495,18 @@ static int client_write_some(sl_conn_t *c)
             client_wev(c, 1);
             /* A client that stops reading gets the idle timeout, not forever. */
             if (c->resp_done || c->phase == UP_BODY) {
-                uint32_t ms = c->gen ? c->gen->idle_timeout_ms : 60000;
+                uint32_t ms = c->r.gen ? c->r.gen->idle_timeout_ms : 60000;
                 arm_timer(c, ms);
             }
             return 0;
         }
         /* The client went away. */
-        c->error_code = c->error_code ? c->error_code : "client_closed";
-        if (!c->status)
-            c->status = 499;
+        c->r.error_code = c->r.error_code ? c->r.error_code : "client_closed";
+        if (!c->r.status)
+            c->r.status = 499;
         if (c->up)
             put_upconn(c, 0);
-        log_and_count(c);
+        sl_request_log(&c->r);
         reset_request(c);
         conn_close(c);
         return -1;
@@ -756,7 +531,7 @@ static void client_flush(sl_conn_t *c)
     }
     if (c->state == CS_PROXY && c->phase == UP_BODY && c->up_paused && c->up) {
         c->up_paused = 0;
-        arm_timer(c, c->route->timeouts.response_ms);
+        arm_timer(c, c->r.route->timeouts.response_ms);
         read_response_body(c);
     }
 }
@@ -798,7 +573,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 static void timer_expired(sl_conn_t *c)
 {
     uint64_t now = sl_endpoint_now_ms();
-    int request_expired = c->deadline_ms && now >= c->deadline_ms;
+    int request_expired = c->r.deadline_ms && now >= c->r.deadline_ms;
     switch (c->state) {
     case CS_HEAD:
         if (sl_buf_len(&c->in) == 0) {
@@ -835,14 +610,14 @@ static void timer_expired(sl_conn_t *c)
     default:
         if (c->want_write) {
             /* Client stopped reading the response. */
-            c->error_code = "client_write_timeout";
+            c->r.error_code = "client_write_timeout";
         } else {
-            c->error_code = "upstream_read_timeout";
-            SL_STAT_ADD(c->cluster->stats->slots[c->w->id].errors[SL_UPSTREAM_ERR_TIMEOUT], 1);
+            c->r.error_code = "upstream_read_timeout";
+            sl_request_count_error(&c->r, SL_UPSTREAM_ERR_TIMEOUT);
         }
         if (c->up)
             put_upconn(c, 0);
-        log_and_count(c);
+        sl_request_log(&c->r);
         reset_request(c);
         conn_close(c);
         return;
@@ -1031,76 +806,14 @@ static int is_hop_by_hop(const sl_http1_header_t *h, const conn_opts_t *co)
     return hop || (co->n && conn_opts_name(co, h->name.ptr, h->name.len));
 }
 
-static void hash_key(sl_conn_t *c, const sl_http1_request_t *req)
-{
-    const Sluice__V1__Cluster *pb = c->cluster->pb;
-    if (pb->lb_policy != SLUICE__V1__CLUSTER__LB_POLICY__CONSISTENT_HASH)
-        return;
-    switch (pb->hash_on) {
-    case SLUICE__V1__CLUSTER__HASH_ON__HASH_HEADER: {
-        const sl_http1_header_t *h = sl_http1_find_header(req->headers, req->num_headers,
-                                                          pb->hash_key, strlen(pb->hash_key));
-        if (h)
-            c->hash = sl_lb_hash(h->value.ptr, h->value.len);
-        else
-            c->hash = sl_lb_rng_next(&c->w->rng);
-        return;
-    }
-    case SLUICE__V1__CLUSTER__HASH_ON__HASH_COOKIE: {
-        const sl_http1_header_t *h =
-            sl_http1_find_header(req->headers, req->num_headers, "cookie", 6);
-        size_t klen = strlen(pb->hash_key);
-        c->hash = sl_lb_rng_next(&c->w->rng);
-        if (!h)
-            return;
-        const char *p = h->value.ptr, *end = p + h->value.len;
-        while (p < end) {
-            while (p < end && (*p == ' ' || *p == ';'))
-                p++;
-            const char *eq = memchr(p, '=', (size_t)(end - p));
-            if (!eq)
-                return;
-            const char *vend = memchr(eq, ';', (size_t)(end - eq));
-            if (!vend)
-                vend = end;
-            if ((size_t)(eq - p) == klen && memcmp(p, pb->hash_key, klen) == 0) {
-                c->hash = sl_lb_hash(eq + 1, (size_t)(vend - eq - 1));
-                return;
-            }
-            p = vend;
-        }
-        return;
-    }
-    case SLUICE__V1__CLUSTER__HASH_ON__HASH_CLIENT_IP:
-    default:
-        c->hash = sl_lb_hash(c->client_ip, strlen(c->client_ip));
-        return;
-    }
-}
-
-static int pick_cluster(sl_conn_t *c)
-{
-    sl_gen_route_t *r = c->route;
-    if (r->num_backends == 0)
-        return -1;
-    size_t idx = 0;
-    if (r->num_backends > 1) {
-        uint64_t x = sl_lb_rng_next(&c->w->rng) % r->backend_weight_total;
-        for (idx = 0; idx < r->num_backends; idx++) {
-            if (x < r->backend_weights[idx])
-                break;
-            x -= r->backend_weights[idx];
-        }
-        if (idx >= r->num_backends)
-            idx = r->num_backends - 1;
-    }
-    c->cluster = r->backends[idx];
-    return 0;
-}
-
-/* Serialises the upstream request head into uout, always in origin-form. */
-static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req, sl_str_t req_path,
-                               const sl_router_result_t *rr)
+/*
+ * Serialises the HTTP/1.1 request head for the upstream into uout, from the
+ * protocol-independent head: origin-form target with the forwarded (routed,
+ * normalised, base-path-stripped) path, hop-by-hop fields removed, the
+ * forwarding fields set. `body` is the client's framing, kept as is.
+ */
+static int build_upstream_head(sl_conn_t *c, const sl_req_head_t *req, sl_str_t req_path,
+                               enum sl_http1_body body)
 {
     sl_buf_t *b = &c->uout;
     conn_opts_t co;
@@ -1110,42 +823,33 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req, sl_s
     sl_buf_append(b, " ", 1);
     const char *path = req_path.ptr;
     size_t path_len = req_path.len;
-    if (c->route->strip_base_path && rr->base_path_len) {
-        path += rr->base_path_len;
-        path_len -= rr->base_path_len;
-    }
     if (path_len == 0 || path[0] != '/')
         sl_buf_append(b, "/", 1);
     sl_buf_append(b, path, path_len);
-    if (req->flags & SL_HTTP1_F_HAS_QUERY) {
+    if (req->has_query) {
         sl_buf_append(b, "?", 1);
         sl_buf_append(b, req->query.ptr, req->query.len);
     }
     /* HTTP/1.0 clients are forwarded as 1.0 so the upstream never answers
      * chunked, which such a client could not read. */
-    if (c->minor_version == 0)
+    if (req->version == 10)
         sl_buf_append(b, " HTTP/1.0\r\n", 11);
     else
         sl_buf_append(b, " HTTP/1.1\r\n", 11);
 
-    const sl_http1_header_t *xff = NULL, *xrid = NULL, *host = NULL;
+    /* Host, X-Request-Id and the X-Forwarded-* fields are the gateway's to
+     * write; Expect is answered by the gateway itself. */
+    const sl_header_t *xff = NULL;
     for (size_t i = 0; i < req->num_headers; i++) {
-        const sl_http1_header_t *h = &req->headers[i];
+        const sl_header_t *h = &req->headers[i];
         if (is_hop_by_hop(h, &co))
             continue;
-        if (name_is(h, "host", 4)) {
-            host = h;
-            continue;
-        }
         if (name_is(h, "x-forwarded-for", 15)) {
             xff = h;
             continue;
         }
-        if (name_is(h, "x-request-id", 12)) {
-            xrid = h;
-            continue;
-        }
-        if (name_is(h, "x-forwarded-proto", 17) || name_is(h, "x-forwarded-host", 16) ||
+        if (name_is(h, "host", 4) || name_is(h, "x-request-id", 12) ||
+            name_is(h, "x-forwarded-proto", 17) || name_is(h, "x-forwarded-host", 16) ||
             name_is(h, "expect", 6) || name_is(h, "content-length", 14))
             continue;
         sl_buf_append(b, h->name.ptr, h->name.len);
@@ -1153,14 +857,10 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req, sl_s
         sl_buf_append(b, h->value.ptr, h->value.len);
         sl_buf_append(b, "\r\n", 2);
     }
-    /* An absolute-form target's authority is the request's host (RFC 9112
-     * 3.2.2); the origin gets it as Host with an origin-form target. */
-    sl_str_t host_value = (req->flags & SL_HTTP1_F_ABSOLUTE_FORM) ? req->authority
-                          : host                                  ? host->value
-                                                                  : (sl_str_t){NULL, 0};
+    sl_str_t host_value = req->authority;
     sl_buf_append(b, "Host: ", 6);
-    if (c->cluster->host_rewrite.len)
-        sl_buf_append(b, c->cluster->host_rewrite.ptr, c->cluster->host_rewrite.len);
+    if (c->r.cluster->host_rewrite.len)
+        sl_buf_append(b, c->r.cluster->host_rewrite.ptr, c->r.cluster->host_rewrite.len);
     else if (host_value.len)
         sl_buf_append(b, host_value.ptr, host_value.len);
     else
@@ -1177,67 +877,60 @@ static int build_upstream_head(sl_conn_t *c, const sl_http1_request_t *req, sl_s
         sl_buf_append(b, host_value.ptr, host_value.len);
         sl_buf_append(b, "\r\n", 2);
     }
-    (void)xrid; /* replaced by c->m_reqid (save_meta) */
     sl_buf_append(b, "X-Request-Id: ", 14);
-    sl_buf_append(b, c->m_reqid.ptr, c->m_reqid.len);
+    sl_buf_append(b, c->r.m_reqid.ptr, c->r.m_reqid.len);
     sl_buf_append(b, "\r\n", 2);
-    if (c->gen->add_via)
-        sl_buf_append(b, c->minor_version ? "Via: 1.1 sluice\r\n" : "Via: 1.0 sluice\r\n", 17);
-    if (req->body == SL_HTTP1_BODY_LENGTH) {
+    if (c->r.gen->add_via)
+        sl_buf_append(b, req->version == 10 ? "Via: 1.0 sluice\r\n" : "Via: 1.1 sluice\r\n", 17);
+    if (body == SL_HTTP1_BODY_LENGTH) {
         char cl[48];
         int n = snprintf(cl, sizeof(cl), "Content-Length: %llu\r\n",
                          (unsigned long long)req->content_length);
         sl_buf_append(b, cl, (size_t)n);
-    } else if (req->body == SL_HTTP1_BODY_CHUNKED) {
+    } else if (body == SL_HTTP1_BODY_CHUNKED) {
         sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
     }
-    if (c->minor_version == 0)
+    if (req->version == 10)
         sl_buf_append(b, "Connection: keep-alive\r\n\r\n", 26);
     else
         sl_buf_append(b, "\r\n", 2);
     return 0;
 }
 
-static void save_meta(sl_conn_t *c, const sl_http1_request_t *req)
+/* The codec's view of a parsed HTTP/1.1 head, for the request's life. */
+static void head_from_http1(sl_req_head_t *h, const sl_http1_request_t *req)
 {
-    /* The request id first: errors answered before routing carry it too. */
-    const sl_http1_header_t *xrid =
-        sl_http1_find_header(req->headers, req->num_headers, "x-request-id", 12);
-    if (xrid && valid_request_id(xrid->value)) {
-        c->m_reqid = meta_put(c, xrid->value.ptr, xrid->value.len);
+    *h = (sl_req_head_t){
+        .method = req->method,
+        .method_bit = req->method_bit,
+        .host = req->host,
+        .path = req->path,
+        .query = req->query,
+        .has_query = (req->flags & SL_HTTP1_F_HAS_QUERY) != 0,
+        .target = req->target,
+        .headers = req->headers,
+        .num_headers = req->num_headers,
+        .version = req->minor_version ? 11 : 10,
+        .has_length = req->body == SL_HTTP1_BODY_LENGTH || req->body == SL_HTTP1_BODY_NONE,
+        .content_length = req->body == SL_HTTP1_BODY_LENGTH ? req->content_length : 0,
+    };
+    /* The origin's Host: an absolute-form target's authority replaces the
+     * Host header (RFC 9112 3.2.2). */
+    if (req->flags & SL_HTTP1_F_ABSOLUTE_FORM) {
+        h->authority = req->authority;
     } else {
-        char id[37];
-        make_request_id(c, id);
-        c->m_reqid = meta_put(c, id, 36);
-    }
-    c->m_method = meta_put(c, req->method.ptr, req->method.len);
-    c->m_target = meta_put(c, req->target.ptr, req->target.len > 512 ? 512 : req->target.len);
-    c->m_host = meta_put(c, req->host.ptr, req->host.len > 128 ? 128 : req->host.len);
-    if (sl_accesslog_enabled()) {
-        const sl_http1_header_t *h =
-            sl_http1_find_header(req->headers, req->num_headers, "user-agent", 10);
-        if (h)
-            c->m_ua = meta_put(c, h->value.ptr, h->value.len > 160 ? 160 : h->value.len);
-        h = sl_http1_find_header(req->headers, req->num_headers, "referer", 7);
-        if (h)
-            c->m_referer = meta_put(c, h->value.ptr, h->value.len > 160 ? 160 : h->value.len);
+        const sl_http1_header_t *host =
+            sl_http1_find_header(req->headers, req->num_headers, "host", 4);
+        if (host)
+            h->authority = host->value;
     }
 }
 
 /* Parses and dispatches the request at the front of `in`. */
 static void process_input(sl_conn_t *c)
 {
-    if (!c->gen) {
-        rcu_thread_online();
-        sl_generation_t *g = sl_generation_current();
-        if (g)
-            sl_generation_ref(g);
-        rcu_thread_offline();
-        c->gen = g;
-        c->start_mono_us = now_mono_us();
-        c->start_unix_us = now_unix_us();
-    }
-    sl_generation_t *gen = c->gen;
+    sl_request_begin(&c->r);
+    sl_generation_t *gen = c->r.gen;
     sl_http1_limits_t limits = gen ? gen->limits : (sl_http1_limits_t){8192, 32768, 100};
     sl_http1_request_t req;
     memset(&req, 0, sizeof(req));
@@ -1266,10 +959,11 @@ static void process_input(sl_conn_t *c)
                    req.error ? req.error : "malformed request", 1, 0);
         return;
     }
-    c->method_bit = req.method_bit;
+    sl_req_head_t head;
+    head_from_http1(&head, &req);
     c->minor_version = req.minor_version;
     c->keep_alive = (req.flags & SL_HTTP1_F_KEEP_ALIVE) != 0;
-    save_meta(c, &req);
+    sl_request_set_head(&c->r, &head);
     c->req_body = req.body;
     if (req.body == SL_HTTP1_BODY_LENGTH) {
         c->req_remaining = req.content_length;
@@ -1278,84 +972,21 @@ static void process_input(sl_conn_t *c)
         sl_http1_chunked_init(&c->req_chunk);
         c->req_body_done = 0;
     }
-    if (!gen) {
-        sl_buf_consume(&c->in, req.head_len);
-        send_error(c, 503, "not_ready", "the gateway has no configuration yet", 0, 0);
-        return;
-    }
 
-    /* Route and forward the normalised path: what a route matches is what the
-     * backend sees (docs/routing.md, "Path normalisation"). */
-    sl_str_t path = req.path;
-    if (path.len && path.ptr[0] == '/') {
-        size_t nlen = 0;
-        const char *why = NULL;
-        int pr = sl_path_normalize(req.path.ptr, req.path.len, worker_path, sizeof(worker_path),
-                                   &gen->path_opts, &nlen, &why);
-        if (pr == SL_ERROR) {
-            sl_buf_consume(&c->in, req.head_len);
-            send_error(c, 400, "bad_path", why ? why : "the path cannot be normalised", 0, 0);
-            return;
-        }
-        if (pr == SL_OK)
-            path = (sl_str_t){worker_path, nlen};
-    }
-
-    sl_router_request_t rq = {
-        .host = req.host,
-        .path = path,
-        .query = req.query,
-        .method_bit = req.method_bit,
-        .method = req.method,
-        .headers = req.headers,
-        .num_headers = req.num_headers,
-    };
-    sl_router_result_t rr;
-    int m = sl_router_match(gen->router, &rq, &rr);
-    if (m == SL_ERROR) {
+    sl_str_t path;
+    sl_request_error_t err;
+    if (sl_request_route(&c->r, &head, &path, &err) != SL_OK) {
         sl_buf_consume(&c->in, req.head_len);
-        send_error(c, 503, "overloaded", "out of memory while routing", 1, 0);
+        send_error(c, err.status, err.code, err.message, err.close, err.allow);
         return;
     }
-    if (m != SL_OK) {
-        sl_buf_consume(&c->in, req.head_len);
-        char msg[300];
-        if (m == 405) {
-            snprintf(msg, sizeof(msg), "method %.*s is not allowed on %.*s",
-                     (int)(req.method.len > 20 ? 20 : req.method.len), req.method.ptr,
-                     (int)(path.len > 200 ? 200 : path.len), path.ptr);
-            send_error(c, 405, "method_not_allowed", msg, 0, rr.allow_methods);
-        } else {
-            snprintf(msg, sizeof(msg), "no route for %.*s %.*s",
-                     (int)(req.method.len > 20 ? 20 : req.method.len), req.method.ptr,
-                     (int)(path.len > 200 ? 200 : path.len), path.ptr);
-            send_error(c, 404, "no_route", msg, 0, 0);
-        }
-        return;
-    }
-    c->route = &gen->routes[rr.table_index][rr.route_index];
-    if (c->route->max_request_body_bytes && req.body == SL_HTTP1_BODY_LENGTH &&
-        req.content_length > c->route->max_request_body_bytes) {
-        sl_buf_consume(&c->in, req.head_len);
-        send_error(c, 413, "payload_too_large", "the request body exceeds the limit of this API", 1,
-                   0);
-        return;
-    }
-    if (pick_cluster(c) != 0) {
-        sl_buf_consume(&c->in, req.head_len);
-        send_error(c, 503, "no_backend", "the route has no backend", 0, 0);
-        return;
-    }
-    hash_key(c, &req);
-    if (c->route->timeouts.request_ms)
-        c->deadline_ms = sl_endpoint_now_ms() + c->route->timeouts.request_ms;
     c->expect_continue = (req.flags & SL_HTTP1_F_EXPECT_CONTINUE) && !c->req_body_done;
 
     if (sl_worker_buf_get(c->w, &c->uout) != 0) {
         send_error(c, 503, "overloaded", "out of memory", 1, 0);
         return;
     }
-    build_upstream_head(c, &req, path, &rr);
+    build_upstream_head(c, &head, path, req.body);
     sl_buf_consume(&c->in, req.head_len);
     evtimer_del(c->timer);
     /* Body bytes that came with the head. */
@@ -1369,7 +1000,8 @@ static void process_input(sl_conn_t *c)
 
 static int body_over_limit(sl_conn_t *c)
 {
-    return c->route->max_request_body_bytes && c->req_body_bytes > c->route->max_request_body_bytes;
+    return c->r.route->max_request_body_bytes &&
+           c->r.bytes_received > c->r.route->max_request_body_bytes;
 }
 
 /*
@@ -1390,7 +1022,7 @@ static void pump_request_body(sl_conn_t *c)
                 c->uout.start += sent;
                 c->uout_sent = 0;
                 sl_buf_compact(&c->uout);
-                c->replayable = 0;
+                c->r.replayable = 0;
             }
             if (sl_buf_space(&c->uout) < 1024) {
                 client_rev(c, 0); /* backpressure: wait for the upstream */
@@ -1409,7 +1041,7 @@ static void pump_request_body(sl_conn_t *c)
                 if (n > 0) {
                     c->uout.end += (size_t)n;
                     c->req_remaining -= (uint64_t)n;
-                    c->req_body_bytes += (uint64_t)n;
+                    c->r.bytes_received += (uint64_t)n;
                     if (c->req_remaining == 0) {
                         c->req_body_done = 1;
                         break;
@@ -1454,7 +1086,7 @@ static void pump_request_body(sl_conn_t *c)
             c->uout.end += take;
             sl_buf_consume(&c->in, take);
             c->req_remaining -= take;
-            c->req_body_bytes += take;
+            c->r.bytes_received += take;
             if (c->req_remaining == 0) {
                 c->req_body_done = 1;
                 break;
@@ -1471,7 +1103,7 @@ static void pump_request_body(sl_conn_t *c)
             memcpy(sl_buf_tail(&c->uout), sl_buf_head(&c->in), (size_t)used);
             c->uout.end += (size_t)used;
             sl_buf_consume(&c->in, (size_t)used);
-            c->req_body_bytes = c->req_chunk.data_bytes;
+            c->r.bytes_received = c->req_chunk.data_bytes;
             if (done) {
                 c->req_body_done = 1;
                 break;
@@ -1495,93 +1127,29 @@ static void pump_request_body(sl_conn_t *c)
     client_rev(c, !c->req_body_done);
     return;
 client_gone:
-    c->error_code = "client_closed";
-    c->status = 499;
+    c->r.error_code = "client_closed";
+    c->r.status = 499;
     if (c->up)
         put_upconn(c, 0);
-    log_and_count(c);
+    sl_request_log(&c->r);
     reset_request(c);
     conn_close(c);
 }
 
 /* ---- upstream ------------------------------------------------------------- */
 
-static int retry_allowed(sl_conn_t *c, enum sl_upstream_error kind, int status)
-{
-    const sl_gen_retry_t *rp = &c->route->retry;
-    if (c->attempts > rp->attempts || !c->replayable || c->resp_head_sent)
-        return 0;
-    if (c->deadline_ms && sl_endpoint_now_ms() >= c->deadline_ms)
-        return 0;
-    int idempotent = c->method_bit & (SL_METHOD_GET | SL_METHOD_HEAD | SL_METHOD_OPTIONS |
-                                      SL_METHOD_PUT | SL_METHOD_DELETE | SL_METHOD_TRACE);
-    if (!idempotent && !rp->non_idempotent) {
-        /* A non-idempotent request may only be retried when it provably never
-         * reached the upstream: the connection could not be made. */
-        if (kind != SL_UPSTREAM_ERR_CONNECT)
-            return 0;
-    }
-    if (status) {
-        if (status < 500 || status >= 564 ||
-            !(rp->status_mask[(status - 500) / 32] & (1u << ((status - 500) % 32))))
-            return 0;
-    } else if (kind == SL_UPSTREAM_ERR_CONNECT) {
-        if (!rp->on_connect_failure)
-            return 0;
-    } else if (kind == SL_UPSTREAM_ERR_RESET) {
-        if (!rp->on_reset)
-            return 0;
-    } else {
-        return 0;
-    }
-    /* Retry budget: retries in flight on this worker and endpoint stay under
-     * budget_percent of active requests (never below the minimum), so a
-     * failing backend does not get its load multiplied. */
-    if (c->pool) {
-        uint32_t allowed = c->pool->active_requests * c->route->retry.budget_percent / 100;
-        if (allowed < rp->min_retry_concurrency)
-            allowed = rp->min_retry_concurrency;
-        if (c->pool->retries_active >= allowed)
-            return 0;
-    }
-    return 1;
-}
-
-static void note_outcome(sl_conn_t *c, int success)
-{
-    if (c->ep_index < 0 || !c->cluster)
-        return;
-    sl_gen_cluster_t *cl = c->cluster;
-    if (!cl->outlier_failures)
-        return;
-    sl_endpoint_state_t *ep = cl->endpoints[c->ep_index];
-    if (sl_endpoint_report(ep, success, cl->outlier_failures, cl->outlier_base_ejection_ms,
-                           sl_endpoint_now_ms()))
-        sl_log_notice("backend %s endpoint %s:%u: ejected after %u consecutive failures",
-                      cl->pb->name, ep->address, ep->port, cl->outlier_failures);
-}
-
 static void upstream_failed(sl_conn_t *c, enum sl_upstream_error kind, int status)
 {
-    sl_gen_cluster_t *cl = c->cluster;
-    SL_STAT_ADD(cl->stats->slots[c->w->id].errors[kind], 1);
-    /* A pooled connection that passed the check before reuse and still
-     * failed before any response byte: the origin closed it meanwhile. */
+    sl_request_count_error(&c->r, kind);
+    /* A pooled connection that still failed before any response byte: the
+     * origin closed it meanwhile. */
     if (kind == SL_UPSTREAM_ERR_RESET && c->up && c->up->requests > 1 && !c->resp_head_sent)
-        SL_STAT_ADD(cl->stats->slots[c->w->id].reuse_failures, 1);
-    note_outcome(c, 0);
-    int prev = c->ep_index;
+        sl_request_count_reuse_failure(&c->r);
+    sl_request_note_outcome(&c->r, 0);
     if (c->up)
         put_upconn(c, 0);
-    if (retry_allowed(c, kind, status)) {
-        SL_STAT_ADD(cl->stats->slots[c->w->id].retries, 1);
-        c->uout_sent = 0;
-        start_upstream(c);
-        if (c->pool && c->state == CS_PROXY) {
-            c->pool->retries_active++;
-            c->counted_retry = 1;
-        }
-        (void)prev;
+    if (sl_request_retry_allowed(&c->r, kind, status, c->resp_head_sent)) {
+        retry_upstream(c);
         return;
     }
     switch (kind) {
@@ -1598,6 +1166,16 @@ static void upstream_failed(sl_conn_t *c, enum sl_upstream_error kind, int statu
         send_error(c, 502, "bad_upstream_response", "the backend sent an invalid response", 0, 0);
         return;
     }
+}
+
+/* Another attempt after a failure that the retry policy allows. */
+static void retry_upstream(sl_conn_t *c)
+{
+    sl_request_count_retry(&c->r);
+    c->uout_sent = 0;
+    start_upstream(c);
+    if (c->state == CS_PROXY)
+        sl_request_retry_started(&c->r);
 }
 
 static void attach_upconn(sl_conn_t *c, sl_upconn_t *up)
@@ -1622,7 +1200,7 @@ static int up_send(sl_conn_t *c);
 static void drive_request(sl_conn_t *c)
 {
     for (;;) {
-        uint64_t before = c->req_body_bytes;
+        uint64_t before = c->r.bytes_received;
         size_t sent_before = c->uout_sent;
         if (!c->req_body_done)
             pump_request_body(c);
@@ -1637,40 +1215,18 @@ static void drive_request(sl_conn_t *c)
         if (c->req_body_done && (c->up_want_write || !c->up || c->phase == UP_CONNECTING ||
                                  c->uout_sent == sl_buf_len(&c->uout)))
             return;
-        if (c->req_body_bytes == before && c->uout_sent == sent_before)
+        if (c->r.bytes_received == before && c->uout_sent == sent_before)
             return;
     }
 }
 
 static void start_upstream(sl_conn_t *c)
 {
-    int why = SL_UPSTREAM_ERR_NO_HEALTHY;
-    int exclude = c->attempts ? c->ep_index : -1;
-    int idx = sl_upstream_pick(c->w, c->cluster, c->hash, exclude, &why);
-    if (idx < 0 && exclude >= 0)
-        idx = sl_upstream_pick(c->w, c->cluster, c->hash, -1, &why);
-    c->attempts++;
-    if (idx < 0) {
-        SL_STAT_ADD(c->cluster->stats->slots[c->w->id].errors[why], 1);
-        if (why == SL_UPSTREAM_ERR_POOL_FULL)
-            send_error(c, 503, "upstream_pool_full",
-                       "the connection pool to the backend is exhausted", 0, 0);
-        else
-            send_error(c, 503, "no_healthy_upstream", "no healthy endpoint for the backend", 0, 0);
+    sl_request_error_t err;
+    if (sl_request_pick_endpoint(&c->r, &err) != SL_OK) {
+        send_error(c, err.status, err.code, err.message, err.close, 0);
         return;
     }
-    c->ep_index = idx;
-    sl_endpoint_state_t *ep = c->cluster->endpoints[idx];
-    leave_pool(c);
-    c->pool = sl_upstream_pool(c->w, ep);
-    if (!c->pool) {
-        send_error(c, 503, "overloaded", "out of memory", 1, 0);
-        return;
-    }
-    snprintf(c->upstream_addr, sizeof(c->upstream_addr), "%s:%u", ep->address, ep->port);
-    SL_STAT_ADD(c->cluster->stats->slots[c->w->id].requests, 1);
-    c->pool->active_requests++;
-    c->counted_request = 1;
     if (c->expect_continue) {
         /* We are ready for the body now; the upstream never sees Expect. */
         if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
@@ -1689,26 +1245,23 @@ static void start_upstream(sl_conn_t *c)
     /* A request that is not retried if its connection turns out dead is only
      * sent on one that is checked at hand-over (a peek: a system call, so
      * idempotent requests, which a failure on reuse retries, skip it). */
-    int idempotent = c->method_bit & (SL_METHOD_GET | SL_METHOD_HEAD | SL_METHOD_OPTIONS |
-                                      SL_METHOD_PUT | SL_METHOD_DELETE | SL_METHOD_TRACE);
-    sl_upconn_t *up =
-        sl_upstream_take_idle(c->pool, !idempotent && !c->route->retry.non_idempotent);
+    sl_upconn_t *up = sl_upstream_take_idle(c->r.pool, !sl_request_retried_on_reset(&c->r));
     if (up) {
         attach_upconn(c, up);
         c->phase = UP_WAIT_HEAD;
-        arm_timer(c, c->route->timeouts.response_ms);
+        arm_timer(c, c->r.route->timeouts.response_ms);
         drive_request(c);
         return;
     }
-    up = sl_upstream_connect(c->w, c->pool);
+    up = sl_upstream_connect(c->w, c->r.pool);
     if (!up) {
         upstream_failed(c, SL_UPSTREAM_ERR_CONNECT, 0);
         return;
     }
     attach_upconn(c, up);
     c->phase = UP_CONNECTING;
-    arm_timer(c, c->route->timeouts.connect_ms ? c->route->timeouts.connect_ms
-                                               : c->cluster->connect_timeout_ms);
+    arm_timer(c, c->r.route->timeouts.connect_ms ? c->r.route->timeouts.connect_ms
+                                                 : c->r.cluster->connect_timeout_ms);
     /* The connection's first writable edge tells us it is established. */
 }
 
@@ -1738,7 +1291,7 @@ static int up_send(sl_conn_t *c)
     }
     c->up_want_write = 0;
     if (c->req_body_done && c->phase == UP_WAIT_HEAD && !c->resp_head_sent)
-        arm_timer(c, c->route->timeouts.response_ms);
+        arm_timer(c, c->r.route->timeouts.response_ms);
     return 0;
 }
 
@@ -1762,7 +1315,7 @@ void sl_proxy_upstream_event(struct sl_conn *c, short what)
         }
         up->connected = 1;
         c->phase = UP_WAIT_HEAD;
-        arm_timer(c, c->route->timeouts.response_ms);
+        arm_timer(c, c->r.route->timeouts.response_ms);
         drive_request(c);
     } else if ((what & EV_WRITE) && c->up_want_write) {
         c->up_want_write = 0;
@@ -1831,7 +1384,7 @@ static unsigned append_response_fields(sl_conn_t *c, sl_buf_t *b, const sl_http1
     }
     if (!(has & HAS_DATE)) {
         size_t dl;
-        const char *d = date_line(&dl);
+        const char *d = sl_request_date_line(&dl);
         sl_buf_append(b, d, dl);
     }
     return has;
@@ -1863,12 +1416,12 @@ static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
     sl_buf_t *b = &c->out;
     append_status_line(b, resp);
     int has_reqid = (append_response_fields(c, b, resp) & HAS_REQID) != 0;
-    if (!has_reqid && c->m_reqid.len) {
+    if (!has_reqid && c->r.m_reqid.len) {
         sl_buf_append(b, "X-Request-Id: ", 14);
-        sl_buf_append(b, c->m_reqid.ptr, c->m_reqid.len);
+        sl_buf_append(b, c->r.m_reqid.ptr, c->r.m_reqid.len);
         sl_buf_append(b, "\r\n", 2);
     }
-    if (c->gen->add_via)
+    if (c->r.gen->add_via)
         sl_buf_append(b, "Via: 1.1 sluice\r\n", 17);
     if (c->resp_body == SL_HTTP1_BODY_CHUNKED && !c->dechunk)
         sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
@@ -1926,12 +1479,12 @@ static ssize_t account_response_body(sl_conn_t *c, char *p, size_t n, size_t *ke
 
 static void abort_response(sl_conn_t *c, const char *code, enum sl_upstream_error kind)
 {
-    c->error_code = code;
-    SL_STAT_ADD(c->cluster->stats->slots[c->w->id].errors[kind], 1);
-    note_outcome(c, 0);
+    c->r.error_code = code;
+    sl_request_count_error(&c->r, kind);
+    sl_request_note_outcome(&c->r, 0);
     if (c->up)
         put_upconn(c, 0);
-    log_and_count(c);
+    sl_request_log(&c->r);
     reset_request(c);
     conn_close(c);
 }
@@ -1977,7 +1530,7 @@ static void read_response_head(sl_conn_t *c)
         resp.headers = rh;
         resp.num_headers = SL_ARRAY_LEN(rh);
         ssize_t r = sl_http1_parse_response(sl_buf_head(&c->uin), sl_buf_len(&c->uin),
-                                            c->method_bit, MAX_RESPONSE_HEAD, &resp);
+                                            c->r.method_bit, MAX_RESPONSE_HEAD, &resp);
         if (r == SL_AGAIN)
             continue;
         if (r < 0) {
@@ -2012,21 +1565,16 @@ static void read_response_head(sl_conn_t *c)
                 goto parse;
             continue;
         }
-        if (resp.status >= 500 && retry_allowed(c, SL_UPSTREAM_ERR__COUNT, resp.status)) {
+        if (resp.status >= 500 && sl_request_retry_allowed(&c->r, SL_UPSTREAM_ERR__COUNT,
+                                                           resp.status, c->resp_head_sent)) {
             sl_buf_consume(&c->uin, sl_buf_len(&c->uin));
-            note_outcome(c, 0);
+            sl_request_note_outcome(&c->r, 0);
             put_upconn(c, 0);
-            SL_STAT_ADD(c->cluster->stats->slots[c->w->id].retries, 1);
-            c->uout_sent = 0;
-            start_upstream(c);
-            if (c->pool && c->state == CS_PROXY) {
-                c->pool->retries_active++;
-                c->counted_retry = 1;
-            }
+            retry_upstream(c);
             return;
         }
-        note_outcome(c, resp.status < 500);
-        c->status = resp.status;
+        sl_request_note_outcome(&c->r, resp.status < 500);
+        c->r.status = resp.status;
         c->resp_body = resp.body;
         c->resp_remaining = resp.content_length;
         c->up_reusable = response_is_keepalive(&resp);
@@ -2066,7 +1614,7 @@ static void read_response_head(sl_conn_t *c)
             client_flush(c);
         } else {
             /* Go on with the body (it also writes the head out). */
-            arm_timer(c, c->route->timeouts.response_ms);
+            arm_timer(c, c->r.route->timeouts.response_ms);
             read_response_body(c);
         }
         return;
@@ -2148,7 +1696,7 @@ static void read_response_body(sl_conn_t *c)
             return;
         }
         if (!c->up_read_ready) {
-            arm_timer(c, c->route->timeouts.response_ms);
+            arm_timer(c, c->r.route->timeouts.response_ms);
             return; /* resumed by the upstream's read edge */
         }
     }

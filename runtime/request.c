@@ -1,0 +1,556 @@
+/*
+ * The protocol-independent request (request.h): identity, generation,
+ * routing, the route's limits, backend and endpoint choice, retry decisions,
+ * outcomes, the gateway's error bodies, metrics and the access log.
+ */
+#include "request.h"
+
+#include "accesslog.h"
+#include "log.h"
+#include "metrics.h"
+#include "path.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* The normalised path of the request being routed, when it differs from the
+ * one sent. A path is never longer than the request line's limit (64 KiB at
+ * most), and normalising never lengthens it (path.h). */
+#define MAX_PATH_BYTES 65536
+static __thread char worker_path[MAX_PATH_BYTES];
+
+static uint64_t now_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static uint64_t now_unix_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* ---- identity and strings ------------------------------------------------- */
+
+void sl_request_make_id(sl_lb_rng_t *rng, char out[37])
+{
+    static const char hex[] = "0123456789abcdef";
+    uint64_t a = sl_lb_rng_next(rng), b = sl_lb_rng_next(rng);
+    unsigned char bytes[16];
+    memcpy(bytes, &a, 8);
+    memcpy(bytes + 8, &b, 8);
+    bytes[6] = (unsigned char)((bytes[6] & 0x0f) | 0x40); /* UUID version 4 */
+    bytes[8] = (unsigned char)((bytes[8] & 0x3f) | 0x80);
+    size_t o = 0;
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            out[o++] = '-';
+        out[o++] = hex[bytes[i] >> 4];
+        out[o++] = hex[bytes[i] & 15];
+    }
+    out[o] = '\0';
+}
+
+/* A client's X-Request-Id is kept only when it is safe to log and to echo
+ * in headers and JSON. */
+static int valid_request_id(sl_str_t v)
+{
+    if (v.len == 0 || v.len > 128)
+        return 0;
+    for (size_t i = 0; i < v.len; i++) {
+        unsigned char ch = (unsigned char)v.ptr[i];
+        if (ch <= 0x20 || ch >= 0x7f || ch == '"' || ch == '\\')
+            return 0;
+    }
+    return 1;
+}
+
+static sl_str_t meta_put(sl_request_t *r, const char *p, size_t n)
+{
+    if (n == 0 || !p)
+        return (sl_str_t){"", 0};
+    size_t room = sizeof(r->meta) - r->meta_len;
+    if (n > room)
+        n = room;
+    sl_str_t s = {r->meta + r->meta_len, n};
+    memcpy(r->meta + r->meta_len, p, n);
+    r->meta_len += n;
+    return s;
+}
+
+void sl_request_ensure_id(sl_request_t *r)
+{
+    if (r->m_reqid.len)
+        return;
+    char id[37];
+    sl_request_make_id(&r->w->rng, id);
+    r->m_reqid = meta_put(r, id, 36);
+}
+
+static const sl_header_t *find_header(const sl_req_head_t *h, const char *name, size_t len)
+{
+    return sl_http1_find_header(h->headers, h->num_headers, name, len);
+}
+
+void sl_request_set_head(sl_request_t *r, const sl_req_head_t *h)
+{
+    /* The request id first: errors answered before routing carry it too. */
+    const sl_header_t *xrid = find_header(h, "x-request-id", 12);
+    if (xrid && valid_request_id(xrid->value))
+        r->m_reqid = meta_put(r, xrid->value.ptr, xrid->value.len);
+    else
+        sl_request_ensure_id(r);
+    r->method_bit = h->method_bit;
+    r->version = h->version;
+    r->m_method = meta_put(r, h->method.ptr, h->method.len);
+    r->m_target = meta_put(r, h->target.ptr, h->target.len > 512 ? 512 : h->target.len);
+    r->m_host = meta_put(r, h->host.ptr, h->host.len > 128 ? 128 : h->host.len);
+    if (sl_accesslog_enabled()) {
+        const sl_header_t *f = find_header(h, "user-agent", 10);
+        if (f)
+            r->m_ua = meta_put(r, f->value.ptr, f->value.len > 160 ? 160 : f->value.len);
+        f = find_header(h, "referer", 7);
+        if (f)
+            r->m_referer = meta_put(r, f->value.ptr, f->value.len > 160 ? 160 : f->value.len);
+    }
+}
+
+/* ---- life ----------------------------------------------------------------- */
+
+void sl_request_init(sl_request_t *r, sl_worker_t *w, const char *client_ip)
+{
+    memset(r, 0, sizeof(*r));
+    r->w = w;
+    r->client_ip = client_ip;
+    r->ep_index = -1;
+    r->replayable = 1;
+}
+
+void sl_request_begin(sl_request_t *r)
+{
+    if (r->gen)
+        return;
+    r->gen = sl_generation_acquire(r->w);
+    r->start_mono_us = now_mono_us();
+    r->start_unix_us = now_unix_us();
+}
+
+void sl_request_leave_pool(sl_request_t *r)
+{
+    if (r->counted_request && r->pool && r->pool->active_requests)
+        r->pool->active_requests--;
+    r->counted_request = 0;
+    if (r->counted_retry && r->pool && r->pool->retries_active)
+        r->pool->retries_active--;
+    r->counted_retry = 0;
+}
+
+void sl_request_reset(sl_request_t *r)
+{
+    sl_request_leave_pool(r);
+    if (r->gen) {
+        sl_generation_release(r->w, r->gen);
+        r->gen = NULL;
+    }
+    r->route = NULL;
+    r->cluster = NULL;
+    r->pool = NULL;
+    r->ep_index = -1;
+    r->replayable = 1;
+    r->attempts = 0;
+    r->hash = 0;
+    r->deadline_ms = 0;
+    r->method_bit = 0;
+    r->status = 0;
+    r->error_code = NULL;
+    r->bytes_received = 0;
+    r->bytes_sent = 0;
+    r->meta_len = 0;
+    r->m_method = r->m_target = r->m_host = r->m_ua = r->m_referer = r->m_reqid = (sl_str_t){"", 0};
+    r->upstream_addr[0] = '\0';
+}
+
+void sl_request_log(sl_request_t *r)
+{
+    uint64_t dur = now_mono_us() - r->start_mono_us;
+    int status = r->status ? r->status : 499;
+    SL_STAT_ADD(sl_metrics_worker(r->w->id)->requests_total, 1);
+    if (r->route) {
+        sl_metrics_observe(r->route->stats, r->w->id, status, dur);
+    } else {
+        int cls = status / 100;
+        if (cls >= 1 && cls <= 5)
+            SL_STAT_ADD(sl_metrics_worker(r->w->id)->unrouted_by_status[cls], 1);
+    }
+    if (!sl_accesslog_enabled())
+        return;
+    sl_accesslog_entry_t e = {
+        .start_unix_us = r->start_unix_us,
+        .duration_us = dur,
+        .client_addr = {r->client_ip, strlen(r->client_ip)},
+        .method = r->m_method,
+        .path = r->m_target,
+        .minor_version = r->version == 10 ? 0 : 1,
+        .status = status,
+        .bytes_received = r->bytes_received,
+        .bytes_sent = r->bytes_sent,
+        .request_id = r->m_reqid,
+        .user_agent = r->m_ua,
+        .referer = r->m_referer,
+        .host = r->m_host,
+        .upstream_addr = {r->upstream_addr, strlen(r->upstream_addr)},
+        .error_code = {r->error_code ? r->error_code : "",
+                       r->error_code ? strlen(r->error_code) : 0},
+    };
+    if (r->route) {
+        e.api = r->route->api;
+        e.operation = r->route->operation;
+    }
+    sl_accesslog_write(r->w->id, &e);
+}
+
+/* ---- routing -------------------------------------------------------------- */
+
+static void set_error(sl_request_error_t *err, int status, const char *code, int close,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void set_error(sl_request_error_t *err, int status, const char *code, int close,
+                      const char *fmt, ...)
+{
+    err->status = status;
+    err->code = code;
+    err->close = (uint8_t)close;
+    err->allow = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    va_end(ap);
+}
+
+/* The consistent-hash key of the request, from the backend's hash source. */
+static void hash_key(sl_request_t *r, const sl_req_head_t *h)
+{
+    const Sluice__V1__Cluster *pb = r->cluster->pb;
+    if (pb->lb_policy != SLUICE__V1__CLUSTER__LB_POLICY__CONSISTENT_HASH)
+        return;
+    switch (pb->hash_on) {
+    case SLUICE__V1__CLUSTER__HASH_ON__HASH_HEADER: {
+        const sl_header_t *f = find_header(h, pb->hash_key, strlen(pb->hash_key));
+        r->hash = f ? sl_lb_hash(f->value.ptr, f->value.len) : sl_lb_rng_next(&r->w->rng);
+        return;
+    }
+    case SLUICE__V1__CLUSTER__HASH_ON__HASH_COOKIE: {
+        const sl_header_t *f = find_header(h, "cookie", 6);
+        size_t klen = strlen(pb->hash_key);
+        r->hash = sl_lb_rng_next(&r->w->rng);
+        if (!f)
+            return;
+        const char *p = f->value.ptr, *end = p + f->value.len;
+        while (p < end) {
+            while (p < end && (*p == ' ' || *p == ';'))
+                p++;
+            const char *eq = memchr(p, '=', (size_t)(end - p));
+            if (!eq)
+                return;
+            const char *vend = memchr(eq, ';', (size_t)(end - eq));
+            if (!vend)
+                vend = end;
+            if ((size_t)(eq - p) == klen && memcmp(p, pb->hash_key, klen) == 0) {
+                r->hash = sl_lb_hash(eq + 1, (size_t)(vend - eq - 1));
+                return;
+            }
+            p = vend;
+        }
+        return;
+    }
+    case SLUICE__V1__CLUSTER__HASH_ON__HASH_CLIENT_IP:
+    default:
+        r->hash = sl_lb_hash(r->client_ip, strlen(r->client_ip));
+        return;
+    }
+}
+
+/* The backend of the route, by weight. */
+static int pick_cluster(sl_request_t *r)
+{
+    sl_gen_route_t *rt = r->route;
+    if (rt->num_backends == 0)
+        return -1;
+    size_t idx = 0;
+    if (rt->num_backends > 1) {
+        uint64_t x = sl_lb_rng_next(&r->w->rng) % rt->backend_weight_total;
+        for (idx = 0; idx < rt->num_backends; idx++) {
+            if (x < rt->backend_weights[idx])
+                break;
+            x -= rt->backend_weights[idx];
+        }
+        if (idx >= rt->num_backends)
+            idx = rt->num_backends - 1;
+    }
+    r->cluster = rt->backends[idx];
+    return 0;
+}
+
+static int clip(size_t len, size_t max)
+{
+    return (int)(len > max ? max : len);
+}
+
+int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
+                     sl_request_error_t *err)
+{
+    sl_generation_t *gen = r->gen;
+    if (!gen) {
+        set_error(err, 503, "not_ready", 0, "the gateway has no configuration yet");
+        return SL_ERROR;
+    }
+    /* Route and forward the normalised path: what a route matches is what
+     * the backend sees (docs/routing.md, "Path normalisation"). */
+    *path = h->path;
+    if (h->path.len && h->path.ptr[0] == '/') {
+        size_t nlen = 0;
+        const char *why = NULL;
+        int pr = sl_path_normalize(h->path.ptr, h->path.len, worker_path, sizeof(worker_path),
+                                   &gen->path_opts, &nlen, &why);
+        if (pr == SL_ERROR) {
+            set_error(err, 400, "bad_path", 0, "%s", why ? why : "the path cannot be normalised");
+            return SL_ERROR;
+        }
+        if (pr == SL_OK)
+            *path = (sl_str_t){worker_path, nlen};
+    }
+
+    sl_router_request_t rq = {
+        .host = h->host,
+        .path = *path,
+        .query = h->query,
+        .method_bit = h->method_bit,
+        .method = h->method,
+        .headers = h->headers,
+        .num_headers = h->num_headers,
+    };
+    sl_router_result_t rr;
+    int m = sl_router_match(gen->router, &rq, &rr);
+    if (m == SL_ERROR) {
+        set_error(err, 503, "overloaded", 1, "out of memory while routing");
+        return SL_ERROR;
+    }
+    if (m != SL_OK) {
+        if (m == 405) {
+            set_error(err, 405, "method_not_allowed", 0, "method %.*s is not allowed on %.*s",
+                      clip(h->method.len, 20), h->method.ptr, clip(path->len, 200), path->ptr);
+            err->allow = rr.allow_methods;
+        } else {
+            set_error(err, 404, "no_route", 0, "no route for %.*s %.*s", clip(h->method.len, 20),
+                      h->method.ptr, clip(path->len, 200), path->ptr);
+        }
+        return SL_ERROR;
+    }
+    r->route = &gen->routes[rr.table_index][rr.route_index];
+    if (r->route->strip_base_path && rr.base_path_len) {
+        path->ptr += rr.base_path_len;
+        path->len -= rr.base_path_len;
+    }
+    if (r->route->max_request_body_bytes && h->has_length &&
+        h->content_length > r->route->max_request_body_bytes) {
+        set_error(err, 413, "payload_too_large", 1,
+                  "the request body exceeds the limit of this API");
+        return SL_ERROR;
+    }
+    if (pick_cluster(r) != 0) {
+        set_error(err, 503, "no_backend", 0, "the route has no backend");
+        return SL_ERROR;
+    }
+    hash_key(r, h);
+    if (r->route->timeouts.request_ms)
+        r->deadline_ms = sl_endpoint_now_ms() + r->route->timeouts.request_ms;
+    return SL_OK;
+}
+
+/* ---- upstream attempts ---------------------------------------------------- */
+
+int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
+{
+    int why = SL_UPSTREAM_ERR_NO_HEALTHY;
+    int exclude = r->attempts ? r->ep_index : -1;
+    int idx = sl_upstream_pick(r->w, r->cluster, r->hash, exclude, &why);
+    if (idx < 0 && exclude >= 0)
+        idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
+    r->attempts++;
+    if (idx < 0) {
+        SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[why], 1);
+        if (why == SL_UPSTREAM_ERR_POOL_FULL)
+            set_error(err, 503, "upstream_pool_full", 0,
+                      "the connection pool to the backend is exhausted");
+        else
+            set_error(err, 503, "no_healthy_upstream", 0, "no healthy endpoint for the backend");
+        return SL_ERROR;
+    }
+    r->ep_index = idx;
+    sl_endpoint_state_t *ep = r->cluster->endpoints[idx];
+    sl_request_leave_pool(r);
+    r->pool = sl_upstream_pool(r->w, ep);
+    if (!r->pool) {
+        set_error(err, 503, "overloaded", 1, "out of memory");
+        return SL_ERROR;
+    }
+    snprintf(r->upstream_addr, sizeof(r->upstream_addr), "%s:%u", ep->address, ep->port);
+    SL_STAT_ADD(r->cluster->stats->slots[r->w->id].requests, 1);
+    r->pool->active_requests++;
+    r->counted_request = 1;
+    return SL_OK;
+}
+
+int sl_request_retry_allowed(const sl_request_t *r, enum sl_upstream_error kind, int status,
+                             int response_started)
+{
+    const sl_gen_retry_t *rp = &r->route->retry;
+    if (r->attempts > rp->attempts || !r->replayable || response_started)
+        return 0;
+    if (r->deadline_ms && sl_endpoint_now_ms() >= r->deadline_ms)
+        return 0;
+    int idempotent = r->method_bit & (SL_METHOD_GET | SL_METHOD_HEAD | SL_METHOD_OPTIONS |
+                                      SL_METHOD_PUT | SL_METHOD_DELETE | SL_METHOD_TRACE);
+    if (!idempotent && !rp->non_idempotent) {
+        /* A non-idempotent request may only be retried when it provably never
+         * reached the upstream: the connection could not be made. */
+        if (kind != SL_UPSTREAM_ERR_CONNECT)
+            return 0;
+    }
+    if (status) {
+        if (status < 500 || status >= 564 ||
+            !(rp->status_mask[(status - 500) / 32] & (1u << ((status - 500) % 32))))
+            return 0;
+    } else if (kind == SL_UPSTREAM_ERR_CONNECT) {
+        if (!rp->on_connect_failure)
+            return 0;
+    } else if (kind == SL_UPSTREAM_ERR_RESET) {
+        if (!rp->on_reset)
+            return 0;
+    } else {
+        return 0;
+    }
+    /* Retry budget: retries in flight on this worker and endpoint stay under
+     * budget_percent of active requests (never below the minimum), so a
+     * failing backend does not get its load multiplied. */
+    if (r->pool) {
+        uint32_t allowed = r->pool->active_requests * rp->budget_percent / 100;
+        if (allowed < rp->min_retry_concurrency)
+            allowed = rp->min_retry_concurrency;
+        if (r->pool->retries_active >= allowed)
+            return 0;
+    }
+    return 1;
+}
+
+void sl_request_count_retry(sl_request_t *r)
+{
+    SL_STAT_ADD(r->cluster->stats->slots[r->w->id].retries, 1);
+}
+
+void sl_request_retry_started(sl_request_t *r)
+{
+    if (r->pool && !r->counted_retry) {
+        r->pool->retries_active++;
+        r->counted_retry = 1;
+    }
+}
+
+void sl_request_count_reuse_failure(sl_request_t *r)
+{
+    SL_STAT_ADD(r->cluster->stats->slots[r->w->id].reuse_failures, 1);
+}
+
+int sl_request_retried_on_reset(const sl_request_t *r)
+{
+    const sl_gen_retry_t *rp = &r->route->retry;
+    int idempotent = r->method_bit & (SL_METHOD_GET | SL_METHOD_HEAD | SL_METHOD_OPTIONS |
+                                      SL_METHOD_PUT | SL_METHOD_DELETE | SL_METHOD_TRACE);
+    return rp->on_reset && rp->attempts > 0 && (idempotent || rp->non_idempotent);
+}
+
+void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind)
+{
+    SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[kind], 1);
+}
+
+void sl_request_note_outcome(sl_request_t *r, int success)
+{
+    if (r->ep_index < 0 || !r->cluster)
+        return;
+    sl_gen_cluster_t *cl = r->cluster;
+    if (!cl->outlier_failures)
+        return;
+    sl_endpoint_state_t *ep = cl->endpoints[r->ep_index];
+    if (sl_endpoint_report(ep, success, cl->outlier_failures, cl->outlier_base_ejection_ms,
+                           sl_endpoint_now_ms()))
+        sl_log_notice("backend %s endpoint %s:%u: ejected after %u consecutive failures",
+                      cl->pb->name, ep->address, ep->port, cl->outlier_failures);
+}
+
+/* ---- the gateway's own answers -------------------------------------------- */
+
+static size_t json_escape(char *dst, size_t cap, const char *src, size_t len)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 7 < cap; i++) {
+        unsigned char ch = (unsigned char)src[i];
+        if (ch == '"' || ch == '\\') {
+            dst[o++] = '\\';
+            dst[o++] = (char)ch;
+        } else if (ch < 0x20 || ch >= 0x7f) {
+            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", ch);
+        } else {
+            dst[o++] = (char)ch;
+        }
+    }
+    dst[o] = '\0';
+    return o;
+}
+
+size_t sl_request_error_body(sl_request_t *r, int status, const char *code, const char *message,
+                             char *buf, size_t cap)
+{
+    sl_request_ensure_id(r);
+    char esc[600];
+    json_escape(esc, sizeof(esc), message, strlen(message));
+    int n = snprintf(buf, cap,
+                     "{\"error\":{\"status\":%d,\"code\":\"%s\",\"message\":\"%s\","
+                     "\"request_id\":\"%.*s\"}}\n",
+                     status, code, esc, (int)r->m_reqid.len, r->m_reqid.ptr);
+    if (n < 0)
+        return 0;
+    return (size_t)n < cap ? (size_t)n : strlen(buf);
+}
+
+/*
+ * A recipient with a clock that forwards a response without Date must add
+ * one (RFC 9110 6.6.1), and every response the gateway makes carries one.
+ */
+const char *sl_request_date_line(size_t *len)
+{
+    static __thread time_t cached_sec = -1;
+    static __thread char line[48];
+    static __thread size_t line_len;
+    static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+    static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                       "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    if (ts.tv_sec != cached_sec) {
+        struct tm tm;
+        gmtime_r(&ts.tv_sec, &tm);
+        int n = snprintf(line, sizeof(line), "Date: %s, %02d %s %04d %02d:%02d:%02d GMT\r\n",
+                         days[tm.tm_wday % 7], tm.tm_mday, months[tm.tm_mon % 12],
+                         tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+        line_len = n > 0 && (size_t)n < sizeof(line) ? (size_t)n : 0;
+        cached_sec = ts.tv_sec;
+    }
+    *len = line_len;
+    return line;
+}

@@ -1,0 +1,177 @@
+/*
+ * The request, whatever the protocol (DESIGN.md "The request, whatever the
+ * protocol"): what a codec (HTTP/1.1 today, HTTP/2 next) hands over once it
+ * has a request head, and everything that acts on it afterwards without
+ * knowing how it arrived: the request id, the generation it runs on, path
+ * normalisation, routing, the limits a route sets, the backend and endpoint
+ * choice, retry decisions, outlier reports, the gateway's own errors (their
+ * JSON body), metrics and the access log. As Envoy's codecs feed its
+ * connection manager and h2o's protocol handlers fill an h2o_req_t, a codec
+ * only turns bytes into an sl_req_head_t and answers through its own writer;
+ * the rules here are written once and hold for every protocol.
+ *
+ * Life of an sl_request_t (owned by the codec's stream: one per HTTP/1.1
+ * connection, one per HTTP/2 stream):
+ *   sl_request_begin     takes the worker's hold on the current generation
+ *                        and the start times;
+ *   sl_request_set_head  copies what the log and errors need out of the
+ *                        codec's buffers (they do not outlive the head);
+ *   sl_request_route     normalises, routes, applies the route's limits and
+ *                        picks the backend, or says which error to answer;
+ *   sl_request_pick_endpoint / _retry_allowed / _note_outcome
+ *                        during the upstream exchange;
+ *   sl_request_finish    counts and logs it, releases the generation and
+ *                        the pool counters, and leaves it ready for the next.
+ *
+ * Worker-thread only; nothing here writes memory another worker reads.
+ * Not here: bytes, framing and sockets (the codecs and the upstream
+ * exchange in proxy.c), route matching (router.c), balancing and pools
+ * (upstream.c, lb.c).
+ */
+#ifndef SL_REQUEST_H
+#define SL_REQUEST_H
+
+#include "generation.h"
+#include "http1.h"
+#include "upstream.h"
+#include "worker.h"
+
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+/* A header field as every codec delivers it: slices into the codec's buffer. */
+typedef sl_http1_header_t sl_header_t;
+
+/* A request head, protocol-independent. Slices point into the codec's
+ * buffers and live until the codec consumes the head. */
+typedef struct {
+    sl_str_t method;
+    unsigned method_bit; /* enum sl_http_method */
+    sl_str_t host;       /* routing host, no port (Host, absolute-form, :authority) */
+    sl_str_t authority;  /* host[:port] the origin gets as Host; empty = none sent */
+    sl_str_t path;       /* as sent, up to '?' */
+    sl_str_t query;      /* after '?' */
+    uint8_t has_query;   /* a '?' was sent, even with an empty query */
+    sl_str_t target;     /* as sent, for the log */
+    const sl_header_t *headers;
+    size_t num_headers;
+    int version;        /* 10, 11 or 20 (HTTP/1.0, HTTP/1.1, HTTP/2) */
+    uint8_t has_length; /* the body size is known up front */
+    uint64_t content_length;
+} sl_req_head_t;
+
+/* An error the gateway answers itself (DESIGN.md: a JSON body). */
+typedef struct {
+    int status;
+    const char *code; /* "no_route", static */
+    char message[300];
+    unsigned allow; /* 405: allowed methods (SL_METHOD_* bits) */
+    uint8_t close;  /* the connection cannot be reused after it */
+} sl_request_error_t;
+
+typedef struct sl_request {
+    sl_worker_t *w;
+    const char *client_ip; /* the connection's, outlives the request */
+
+    sl_generation_t *gen; /* held (sl_generation_acquire) while set */
+    sl_gen_route_t *route;
+    sl_gen_cluster_t *cluster;
+    int ep_index;            /* endpoint of the current attempt, -1 none */
+    sl_pool_t *pool;         /* that endpoint's pool on this worker */
+    uint8_t counted_request; /* pool->active_requests counts this request */
+    uint8_t counted_retry;   /* pool->retries_active counts this request */
+    uint8_t replayable;      /* the request can still be sent again */
+    unsigned attempts;
+    uint64_t hash;        /* consistent-hash key */
+    uint64_t deadline_ms; /* whole request, 0 = none */
+    uint64_t start_mono_us;
+    uint64_t start_unix_us;
+
+    unsigned method_bit;
+    int version;             /* 10, 11, 20 */
+    int status;              /* sent or about to be; 0 = none yet */
+    const char *error_code;  /* gateway error code for the log, static */
+    uint64_t bytes_received; /* request body bytes */
+    uint64_t bytes_sent;     /* response bytes, head included */
+
+    /* Strings kept for the access log and errors, copied out of the head. */
+    char meta[1024];
+    size_t meta_len;
+    sl_str_t m_method, m_target, m_host, m_ua, m_referer, m_reqid;
+    char upstream_addr[64];
+} sl_request_t;
+
+/* Ready for a first request (zeroes it; no generation held). */
+void sl_request_init(sl_request_t *r, sl_worker_t *w, const char *client_ip);
+
+/* Start of a request: holds the current generation (NULL when the runtime
+ * has none yet) and takes the start times. */
+void sl_request_begin(sl_request_t *r);
+
+/* Copies the request id (the client's X-Request-Id when valid, else a new
+ * UUIDv4) and the strings the log needs out of the head. */
+void sl_request_set_head(sl_request_t *r, const sl_req_head_t *h);
+
+/* A request id for errors answered before there was a head. */
+void sl_request_ensure_id(sl_request_t *r);
+
+/*
+ * Normalises the path, routes the request and applies what the route says
+ * before anything is sent upstream: the body limit (by the length announced),
+ * the backend choice (weighted), the hash key and the deadline. *path is the
+ * path to forward (the normalised one, in per-worker storage valid until
+ * the next call on this worker). Returns SL_OK, or SL_ERROR with *err set.
+ */
+int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
+                     sl_request_error_t *err);
+
+/* Picks the endpoint of the next attempt (not the one that just failed, if
+ * there is another), counts the attempt, and joins its pool. Returns SL_OK
+ * or SL_ERROR with *err (503 no_healthy_upstream / upstream_pool_full). */
+int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err);
+
+/* Whether a failed attempt (kind, or a 5xx `status`) may be retried: the
+ * route's retry policy, idempotency, the deadline and the retry budget. */
+int sl_request_retry_allowed(const sl_request_t *r, enum sl_upstream_error kind, int status,
+                             int response_started);
+
+/* Counts a retry (before its sl_request_pick_endpoint), and then, once the
+ * attempt is under way, its place in the endpoint's retry budget. */
+void sl_request_count_retry(sl_request_t *r);
+void sl_request_retry_started(sl_request_t *r);
+
+/* Counts an attempt on a pooled connection that the upstream had closed. */
+void sl_request_count_reuse_failure(sl_request_t *r);
+
+/* Whether the route retries this request when its connection is reset
+ * before a response: then a pooled connection need not be checked with a
+ * system call before it carries the request (upstream.h). */
+int sl_request_retried_on_reset(const sl_request_t *r);
+
+/* A UUIDv4 request id from the worker's generator. */
+void sl_request_make_id(sl_lb_rng_t *rng, char out[37]);
+
+/* Reports the attempt's outcome to passive outlier detection. */
+void sl_request_note_outcome(sl_request_t *r, int success);
+
+/* Counts an upstream failure of the current attempt. */
+void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind);
+
+/* Leaves the pool counters of the current attempt. */
+void sl_request_leave_pool(sl_request_t *r);
+
+/* The JSON body of a gateway error; returns its length (< cap). */
+size_t sl_request_error_body(sl_request_t *r, int status, const char *code, const char *message,
+                             char *buf, size_t cap);
+
+/* Metrics and the access log for the request, once. */
+void sl_request_log(sl_request_t *r);
+
+/* Releases the generation and the pool counters and clears the per-request
+ * state; the request is ready for sl_request_begin again. */
+void sl_request_reset(sl_request_t *r);
+
+/* "Date: <IMF-fixdate>\r\n" for now, formatted once a second per worker. */
+const char *sl_request_date_line(size_t *len);
+
+#endif
