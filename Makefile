@@ -25,7 +25,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -D_LGPL_SOURCE \
            -fno-strict-aliasing $(SANFLAGS) \
-           -Icommon -Iruntime -Ipolicies -Icontroller -I$(BUILD)/gen $(PKG_CFLAGS)
+           -Icommon $(RUNTIME_DIRS:%=-I%) -Ipolicies -Icontroller -I$(BUILD)/gen $(PKG_CFLAGS)
 LDFLAGS += $(SANFLAGS)
 LDLIBS  += $(PKG_LIBS) $(GRPC_LIBS) -lpthread -lm
 
@@ -34,7 +34,12 @@ PROTO_C     := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTOS))
 PROTO_H     := $(PROTO_C:.c=.h)
 
 COMMON_SRC  := $(wildcard common/*.c)
-RUNTIME_SRC := $(filter-out runtime/main.c,$(wildcard runtime/*.c))
+# The runtime by layer (DESIGN.md "Layout"): net/ listeners and TLS, http/
+# codecs, proxy/ the protocol-independent request and its upstream side,
+# control/ generations, the config stream and admin. Headers are included by
+# name, so every layer's folder is on the include path.
+RUNTIME_DIRS := runtime runtime/net runtime/http runtime/proxy runtime/control
+RUNTIME_SRC := $(filter-out runtime/main.c,$(wildcard $(RUNTIME_DIRS:%=%/*.c)))
 POLICY_SRC  := $(wildcard policies/*.c policies/*/*.c)
 CTRL_SRC    := $(filter-out controller/main.c,$(wildcard controller/*.c))
 
@@ -48,7 +53,7 @@ RUNTIME_BIN := $(BUILD)/bin/sluice-runtime
 LIBCTRL     := $(BUILD)/lib/libsl-controller.a
 CTRL_BIN    := $(BUILD)/bin/sluice-controller
 
-UNIT_SRC    := $(wildcard tests/unit/*/test_*.c)
+UNIT_SRC    := $(wildcard tests/unit/*/test_*.c tests/unit/*/*/test_*.c)
 UNIT_BIN    := $(UNIT_SRC:%.c=$(BUILD)/%)
 
 .PHONY: all deps run test unit integration bench fuzz clean format perf-tools

@@ -40,7 +40,7 @@ build() {
     pkgs="libevent libevent_pthreads jansson yaml-0.1 libpcre2-8 liburcu-qsbr libprotobuf-c openssl sqlite3"
     # shellcheck disable=SC2086 # $pkgs is a list of package names
     cflags="-std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -D_LGPL_SOURCE -fno-strict-aliasing
-        -Icommon -Iruntime -Ipolicies -Icontroller -Itests/fuzz -I$FUZZ_BUILD/gen
+        -Icommon -Iruntime -Iruntime/net -Iruntime/http -Iruntime/proxy -Iruntime/control -Ipolicies -Icontroller -Itests/fuzz -I$FUZZ_BUILD/gen
         $(pkg-config --cflags $pkgs)"
     # shellcheck disable=SC2086
     libs="$FUZZ_BUILD/lib/libsl-runtime.a $FUZZ_BUILD/lib/libsl-controller.a
