@@ -1,7 +1,8 @@
 /*
- * Regression tests for what fuzzing (tests/fuzz/fuzz_snapshot_apply.c) found
- * in the runtime's handling of config-stream pushes (runtime/xds.c, included
- * to reach handle_response). One test per finding, named after what broke.
+ * Regression tests for what fuzzing (tests/fuzz/fuzz_snapshot_apply.c) and
+ * an independent gRPC peer (issue 7) found in the runtime's handling of
+ * config-stream pushes (runtime/xds.c, included to reach handle_response and
+ * the back-off). One test per finding, named after what broke.
  *
  * Leaks are checked two ways: LeakSanitizer reports them at exit in the
  * sanitized build, and in every build the strings xds.c strdup()s are
@@ -126,10 +127,81 @@ static void test_undecodable_resource_does_not_leak_its_name(void **state)
                  (const char *)tracked[0]);
 }
 
+static void push_empty_clusters(sl_xds_t *x, const char *version)
+{
+    Sluice__V1__DiscoveryResponse resp = SLUICE__V1__DISCOVERY_RESPONSE__INIT;
+    resp.version_info = (char *)version;
+    resp.type_url = (char *)SL_TYPE_CLUSTER;
+    resp.nonce = "n";
+    handle_response(x, 1, &resp);
+}
+
+/*
+ * Issue 7.8: a pushed version_info that is not a number was read as 0 and
+ * applied (then "abc" was the running version, and any later version
+ * compared against 0). It is NACKed, naming the version.
+ */
+static void test_non_numeric_version_is_nacked(void **state)
+{
+    (void)state;
+    sl_log_set_level(SL_LOG_ALERT);
+    static const char *const bad[] = {
+        "abc", "-1", "1e3", "0x10", "007", " 7", "9007199254740992", "18446744073709551616", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        sl_xds_t *x = new_state();
+        push_empty_clusters(x, bad[i]);
+        if (x->updates_nacked != 1 || x->updates_acked != 0)
+            fail_msg("version \"%s\": %llu ACKed, %llu NACKed", bad[i],
+                     (unsigned long long)x->updates_acked, (unsigned long long)x->updates_nacked);
+        assert_non_null(strstr(x->last_error, "is not a version"));
+        assert_null(x->types[SL_XDS_CLUSTER].version);
+        free_state(x);
+    }
+    sl_xds_t *x = new_state();
+    push_empty_clusters(x, "9007199254740991");
+    assert_int_equal(x->updates_acked, 1);
+    assert_string_equal(x->types[SL_XDS_CLUSTER].version, "9007199254740991");
+    free_state(x);
+}
+
+/*
+ * Issue 7.7: the reconnect wait was drawn from [cap/2, cap] ("equal
+ * jitter"), while the docs promise full jitter, [0, cap]: a fleet that
+ * lost its controller came back in a tighter wave, and never sooner than
+ * half the cap. The cap doubles from 250 ms to 10 s.
+ */
+static void test_backoff_is_full_jitter(void **state)
+{
+    (void)state;
+    unsigned cap = BACKOFF_BASE_MS;
+    assert_int_equal(backoff_wait_ms(&cap, 0), 0); /* the low end is reachable */
+    assert_int_equal(cap, 500);
+    assert_int_equal(backoff_wait_ms(&cap, 500), 500); /* and the high end */
+    assert_int_equal(cap, 1000);
+    assert_int_equal(backoff_wait_ms(&cap, 1001), 0); /* uniform modulo cap + 1 */
+    assert_int_equal(cap, 2000);
+    unsigned caps[] = {4000, 8000, 10000, 10000};
+    for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++) {
+        unsigned before = cap;
+        unsigned w = backoff_wait_ms(&cap, 123456789u);
+        assert_true(w <= before);
+        assert_int_equal(cap, caps[i]);
+    }
+    /* Over many draws the waits cover [0, cap], not only its upper half. */
+    unsigned seed = 7, below_half = 0;
+    for (int i = 0; i < 1000; i++) {
+        cap = BACKOFF_BASE_MS;
+        below_half += backoff_wait_ms(&cap, (unsigned)rand_r(&seed)) < BACKOFF_BASE_MS / 2;
+    }
+    assert_true(below_half > 400 && below_half < 600);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_undecodable_resource_does_not_leak_its_name),
+        cmocka_unit_test(test_non_numeric_version_is_nacked),
+        cmocka_unit_test(test_backoff_is_full_jitter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
