@@ -4,7 +4,7 @@
 The same byte strings (framing edge cases: Content-Length / Transfer-Encoding
 combinations, chunk sizes and extensions, pipelined pairs, odd whitespace) go
 to a private nginx (own prefix in a temp dir, free loopback port, `return 200`
-for every request, keep-alive) and through runtime/http1.c via a small shared
+for every request, keep-alive) and through runtime/http/http1.c via a small shared
 library (tests/fuzz/diff_helper.c, loaded with ctypes). nginx's access log
 says, per request, its status and $request_length (bytes of that request,
 body included), so both sides give "where each message ends". They must
@@ -41,16 +41,16 @@ FINAL_NAMES = {END: "end", INCOMPLETE: "incomplete", REJECTED: "rejected", CLOSE
 
 
 def build_helper():
-    """Compiles diff_helper.c + runtime/http1.c into a shared library."""
+    """Compiles diff_helper.c + runtime/http/http1.c into a shared library."""
     out_dir = os.path.join(BUILD, "diff")
     os.makedirs(out_dir, exist_ok=True)
     lib = os.path.join(out_dir, "libsldiff.so")
-    srcs = [os.path.join(ROOT, "tests/fuzz/diff_helper.c"), os.path.join(ROOT, "runtime/http1.c")]
+    srcs = [os.path.join(ROOT, "tests/fuzz/diff_helper.c"), os.path.join(ROOT, "runtime/http/http1.c")]
     if not os.path.exists(lib) or any(os.path.getmtime(s) > os.path.getmtime(lib) for s in srcs):
         cc = os.environ.get("CC", "cc")
         subprocess.run([cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-g",
                         "-D_GNU_SOURCE", "-fPIC", "-shared",
-                        "-I" + os.path.join(ROOT, "common"), "-I" + os.path.join(ROOT, "runtime"),
+                        "-I" + os.path.join(ROOT, "common"), "-I" + os.path.join(ROOT, "runtime"), "-I" + os.path.join(ROOT, "runtime/http"),
                         "-o", lib] + srcs, check=True)
     so = ctypes.CDLL(lib)
     so.sl_diff_frame.restype = ctypes.c_int

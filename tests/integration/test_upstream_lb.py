@@ -2,7 +2,7 @@
 header hashing (test_upstream.py): consistent hashing on a cookie and on the
 client address, least-request steering away from a slow endpoint, random
 spreading. The algorithms themselves are unit-tested in
-tests/unit/runtime/test_lb.c; these check the proxy feeds them the right key
+tests/unit/runtime/proxy/test_lb.c; these check the proxy feeds them the right key
 and state."""
 
 import collections

@@ -16,7 +16,7 @@
 
 #include "sl_types.h"
 
-#include "../../../runtime/health.c"
+#include "../../../../runtime/proxy/health.c"
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>

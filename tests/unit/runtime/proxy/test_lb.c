@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "../../../runtime/lb.c"
+#include "../../../../runtime/proxy/lb.c"
 
 #define DRAWS 100000
 

@@ -49,7 +49,7 @@ static void tracking_code_free(pcre2_code *re)
 #undef pcre2_code_free
 #define pcre2_compile tracking_compile
 #define pcre2_code_free tracking_code_free
-#include "../../../runtime/router.c"
+#include "../../../../runtime/proxy/router.c"
 #undef pcre2_compile
 #undef pcre2_code_free
 

@@ -28,7 +28,7 @@ struct sl_generation;
 static void on_free(struct sl_generation *gen);
 #define SL_GENERATION_TEST_ON_FREE(gen) on_free(gen)
 
-#include "../../../runtime/generation.c"
+#include "../../../../runtime/control/generation.c"
 
 /* ---- free accounting ---- */
 

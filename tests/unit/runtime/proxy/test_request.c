@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "../../../runtime/request.c"
+#include "../../../../runtime/proxy/request.c"
 
 #include "compiler.h"
 #include "model.h"

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "../../../runtime/router.c"
+#include "../../../../runtime/proxy/router.c"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "../../../runtime/endpoint.c"
+#include "../../../../runtime/proxy/endpoint.c"
 
 static size_t registry_count(void)
 {
