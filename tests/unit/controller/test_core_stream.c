@@ -1,0 +1,468 @@
+/*
+ * The controller's side of the config stream protocol (controller/core.c,
+ * included to reach its stream hooks and statics), driven request by
+ * request over fake streams: the regressions of issue 7 at the unit level.
+ * The same defects are tested end to end, from an independent gRPC peer, in
+ * tests/integration/test_stream_controller.py.
+ *
+ * The fake stream (below) replaces stream.c: it decodes what the core sends
+ * and records how the core closed it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "../../../controller/core.c"
+
+#include <event2/event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_SENT 64
+
+struct sl_stream {
+    char peer[64];
+    void *user;
+    int closed;
+    grpc_status_code code;
+    char message[512];
+    Sluice__V1__DiscoveryResponse *sent[MAX_SENT];
+    int nsent, nread;
+};
+
+void sl_stream_send(sl_stream_t *s, grpc_byte_buffer *bb)
+{
+    Sluice__V1__DiscoveryResponse *r = (Sluice__V1__DiscoveryResponse *)sl_grpc_unpack(
+        &sluice__v1__discovery_response__descriptor, bb);
+    grpc_byte_buffer_destroy(bb);
+    assert_non_null(r);
+    assert_true(s->nsent < MAX_SENT);
+    s->sent[s->nsent++] = r;
+}
+
+void sl_stream_close(sl_stream_t *s, grpc_status_code code, const char *msg)
+{
+    if (s->closed)
+        return;
+    s->closed = 1;
+    s->code = code;
+    snprintf(s->message, sizeof(s->message), "%s", msg);
+}
+
+unsigned sl_stream_queued(const sl_stream_t *s)
+{
+    (void)s;
+    return 0;
+}
+
+const char *sl_stream_peer(const sl_stream_t *s)
+{
+    return s->peer;
+}
+
+void sl_stream_set_user(sl_stream_t *s, void *user)
+{
+    s->user = user;
+}
+
+void *sl_stream_user(const sl_stream_t *s)
+{
+    return s->user;
+}
+
+/* ---- fixture ------------------------------------------------------------- */
+
+typedef struct {
+    char dir[64];
+    sl_store_t *st;
+    struct event_base *base;
+    sl_controller_t *ctl;
+    sl_stream_hooks_t hooks;
+    sl_stream_t *streams[32];
+    int nstreams;
+} fx_t;
+
+static int setup(void **state)
+{
+    sl_log_set_level(SL_LOG_ALERT);
+    fx_t *f = calloc(1, sizeof(*f));
+    snprintf(f->dir, sizeof(f->dir), "/tmp/sl-core-stream-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    char err[512];
+    f->st = sl_store_open(f->dir, err, sizeof(err));
+    assert_non_null(f->st);
+    f->base = event_base_new();
+    f->ctl = sl_controller_new(f->base, f->st, NULL);
+    assert_non_null(f->ctl);
+    sl_controller_compile_now(f->ctl); /* empty config: every type at version 1 */
+    f->hooks = sl_controller_stream_hooks(f->ctl);
+    memset(&sl_ctrl_metrics, 0, sizeof(sl_ctrl_metrics));
+    *state = f;
+    return 0;
+}
+
+static void stream_free(sl_stream_t *s)
+{
+    for (int i = 0; i < s->nsent; i++)
+        protobuf_c_message_free_unpacked(&s->sent[i]->base, NULL);
+    free(s);
+}
+
+static int teardown(void **state)
+{
+    fx_t *f = *state;
+    for (int i = 0; i < f->nstreams; i++) {
+        if (sl_stream_user(f->streams[i]))
+            f->hooks.on_close(f->hooks.ctx, f->streams[i]);
+        stream_free(f->streams[i]);
+    }
+    sl_controller_free(f->ctl);
+    event_base_free(f->base);
+    sl_store_close(f->st);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", f->dir);
+    assert_int_equal(system(cmd), 0);
+    free(f);
+    return 0;
+}
+
+static sl_stream_t *open_stream(fx_t *f, const char *peer)
+{
+    sl_stream_t *s = calloc(1, sizeof(*s));
+    snprintf(s->peer, sizeof(s->peer), "%s", peer);
+    f->streams[f->nstreams++] = s;
+    f->hooks.on_open(f->hooks.ctx, s);
+    return s;
+}
+
+static void close_stream(fx_t *f, sl_stream_t *s)
+{
+    f->hooks.on_close(f->hooks.ctx, s);
+}
+
+/* One request as the stream thread delivers it: heap-allocated, owned by
+ * the core. node_id NULL = no node; nack NULL = not a NACK. */
+static void request(fx_t *f, sl_stream_t *s, const char *node_id, int type, const char *version,
+                    const char *nonce, const char *nack)
+{
+    Sluice__V1__DiscoveryRequest req = SLUICE__V1__DISCOVERY_REQUEST__INIT;
+    Sluice__V1__Node node = SLUICE__V1__NODE__INIT;
+    Sluice__V1__Status st = SLUICE__V1__STATUS__INIT;
+    if (node_id) {
+        node.id = (char *)node_id;
+        node.fleet = "default";
+        req.node = &node;
+    }
+    req.type_url = (char *)(type >= 0 ? sl_xds_type_urls[type] : "type.example/unknown");
+    req.version_info = (char *)version;
+    req.response_nonce = (char *)(nonce ? nonce : "");
+    if (nack) {
+        st.code = 3;
+        st.message = (char *)nack;
+        req.error_detail = &st;
+    }
+    size_t len = protobuf_c_message_get_packed_size(&req.base);
+    uint8_t *buf = malloc(len ? len : 1);
+    protobuf_c_message_pack(&req.base, buf);
+    Sluice__V1__DiscoveryRequest *heap = sluice__v1__discovery_request__unpack(NULL, len, buf);
+    free(buf);
+    assert_non_null(heap);
+    f->hooks.on_request(f->hooks.ctx, s, heap);
+}
+
+static void subscribe_all(fx_t *f, sl_stream_t *s, const char *node_id)
+{
+    for (int t = 0; t < SL_XDS__COUNT; t++)
+        request(f, s, t == 0 ? node_id : NULL, t, "", NULL, NULL);
+}
+
+/* The next response the core sent on s that the test has not looked at. */
+static Sluice__V1__DiscoveryResponse *next_sent(sl_stream_t *s)
+{
+    if (s->nread >= s->nsent)
+        return NULL;
+    return s->sent[s->nread++];
+}
+
+static runtime_rec_t *record(fx_t *f, const char *node_id)
+{
+    for (runtime_rec_t *rt = f->ctl->runtimes; rt; rt = rt->next)
+        if (strcmp(rt->node_id, node_id) == 0)
+            return rt;
+    return NULL;
+}
+
+static void ack(fx_t *f, sl_stream_t *s, const Sluice__V1__DiscoveryResponse *r)
+{
+    request(f, s, NULL, sl_xds_type_from_url(r->type_url), r->version_info, r->nonce, NULL);
+}
+
+/* ---- 1: NACK parking ------------------------------------------------------ */
+
+static void test_nack_stops_resending_only_on_its_stream(void **state)
+{
+    fx_t *f = *state;
+    sl_stream_t *a = open_stream(f, "ipv4:127.0.0.1:1001");
+    subscribe_all(f, a, "node");
+    Sluice__V1__DiscoveryResponse *r;
+    for (int t = 0; t < SL_XDS_LISTENER; t++) {
+        r = next_sent(a);
+        assert_non_null(r);
+        ack(f, a, r);
+    }
+    r = next_sent(a);
+    assert_string_equal(r->type_url, SL_TYPE_LISTENER);
+    request(f, a, NULL, SL_XDS_LISTENER, "", r->nonce, "port busy");
+    assert_null(next_sent(a));                            /* no NACK loop */
+    request(f, a, NULL, SL_XDS_LISTENER, "", NULL, NULL); /* same version again */
+    assert_null(next_sent(a));
+    close_stream(f, a);
+
+    /* The runtime restarts (same node id): a new stream starts fresh. */
+    sl_stream_t *b = open_stream(f, "ipv4:127.0.0.1:1002");
+    subscribe_all(f, b, "node");
+    int listeners = 0;
+    while ((r = next_sent(b))) {
+        listeners += strcmp(r->type_url, SL_TYPE_LISTENER) == 0;
+        ack(f, b, r);
+    }
+    assert_int_equal(listeners, 1);
+    assert_int_equal(atomic_load(&sl_ctrl_metrics.nacks), 1);
+}
+
+/* ---- 2 and 8: versions from runtimes, versions that cannot be persisted -- */
+
+static void test_versions_from_runtimes_are_checked(void **state)
+{
+    fx_t *f = *state;
+    static const char *const bad[] = {
+        "18446744073709551615", "9007199254740992", "abc", "-1", " 7", "007",
+        "9007199254740991" /* far ahead */};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char peer[32];
+        snprintf(peer, sizeof(peer), "ipv4:10.0.0.1:%zu", i);
+        sl_stream_t *s = open_stream(f, peer);
+        request(f, s, "stray", SL_XDS_CLUSTER, bad[i], NULL, NULL);
+        assert_true(s->closed);
+        assert_int_equal(s->code, GRPC_STATUS_INVALID_ARGUMENT);
+        assert_non_null(strstr(s->message, bad[i]));
+        assert_int_equal(s->nsent, 0);
+        /* Later requests of a refused stream are ignored. */
+        request(f, s, NULL, SL_XDS_CLUSTER, "", NULL, NULL);
+        assert_int_equal(s->nsent, 0);
+    }
+    assert_null(record(f, "stray"));
+    assert_true(f->ctl->version_floor == 0);
+    assert_int_equal(f->ctl->config_version, 1);
+    /* Versions still move. */
+    sl_controller_compile_now(f->ctl);
+    assert_string_equal(f->ctl->version_error, "");
+}
+
+static void test_unpersistable_version_fails_the_compile_and_is_retried(void **state)
+{
+    fx_t *f = *state;
+    sl_stream_t *s = open_stream(f, "ipv4:127.0.0.1:1003");
+    subscribe_all(f, s, "node");
+    Sluice__V1__DiscoveryResponse *r;
+    while ((r = next_sent(s)))
+        ack(f, s, r);
+    char err[256];
+    assert_int_equal(
+        sl_store_counter_set(f->st, "config_version", SL_XDS_VERSION_MAX, err, sizeof(err)), 0);
+    /* A change: the fleet's hash no longer matches (as after a write). */
+    fleet_t *fl = fleet_find(f->ctl, "default");
+    fl->t[SL_XDS_ROUTE].hash ^= 1;
+    uint64_t before = fl->t[SL_XDS_ROUTE].version;
+    sl_controller_compile_now(f->ctl);
+    assert_non_null(strstr(f->ctl->version_error, "cannot persist the config version"));
+    assert_non_null(strstr(f->ctl->version_error, "9007199254740991"));
+    char why[600];
+    assert_int_equal(sl_controller_ready(f->ctl, why, sizeof(why)), 0);
+    assert_string_equal(why, f->ctl->version_error);
+    json_t *st = sl_controller_status_json(f->ctl);
+    assert_string_equal(json_string_value(json_object_get(st, "error")), f->ctl->version_error);
+    json_decref(st);
+    assert_true(fl->t[SL_XDS_ROUTE].version == before); /* nothing swapped in */
+    assert_null(next_sent(s));                          /* nothing pushed */
+    assert_true(evtimer_pending(f->ctl->retry_ev, NULL));
+
+    /* The store takes versions again: the retry pushes and clears it all. */
+    assert_int_equal(sl_store_counter_set(f->st, "config_version", 41, err, sizeof(err)), 0);
+    retry_cb(-1, 0, f->ctl);
+    assert_string_equal(f->ctl->version_error, "");
+    assert_int_equal(sl_controller_ready(f->ctl, why, sizeof(why)), 1);
+    assert_int_equal(fl->t[SL_XDS_ROUTE].version, 42);
+    r = next_sent(s);
+    assert_non_null(r);
+    assert_string_equal(r->version_info, "42");
+}
+
+/* ---- 4: one stream per node id ---------------------------------------------- */
+
+static void test_newer_stream_of_a_node_closes_the_older(void **state)
+{
+    fx_t *f = *state;
+    sl_stream_t *a = open_stream(f, "ipv4:10.0.0.7:40312");
+    subscribe_all(f, a, "twin");
+    sl_stream_t *b = open_stream(f, "ipv4:10.0.0.9:51200");
+    subscribe_all(f, b, "twin");
+    assert_true(a->closed);
+    assert_int_equal(a->code, GRPC_STATUS_ALREADY_EXISTS);
+    assert_non_null(strstr(a->message, "replaced by a newer stream from ipv4:10.0.0.9:51200"));
+    assert_false(b->closed);
+    runtime_rec_t *rt = record(f, "twin");
+    assert_ptr_equal(rt->stream, b);
+    assert_int_equal(rt->streams_replaced, 1);
+    assert_string_equal(rt->replaced_address, "ipv4:10.0.0.7:40312");
+    assert_int_equal(atomic_load(&sl_ctrl_metrics.streams_replaced), 1);
+    assert_int_equal(atomic_load(&sl_ctrl_metrics.runtimes_connected), 1);
+    /* The old stream's close does not disconnect the new one. */
+    close_stream(f, a);
+    assert_ptr_equal(rt->stream, b);
+    assert_int_equal(atomic_load(&sl_ctrl_metrics.runtimes_connected), 1);
+}
+
+/* ---- 5: nonces ---------------------------------------------------------------- */
+
+static void test_nonces_are_unique_and_matched_with_their_type(void **state)
+{
+    fx_t *f = *state;
+    sl_stream_t *a = open_stream(f, "ipv4:127.0.0.1:2001");
+    sl_stream_t *b = open_stream(f, "ipv4:127.0.0.1:2002");
+    subscribe_all(f, a, "n1");
+    subscribe_all(f, b, "n2");
+    Sluice__V1__DiscoveryResponse *ra = next_sent(a), *rb = next_sent(b);
+    assert_string_equal(ra->version_info, rb->version_info);
+    assert_string_not_equal(ra->nonce, rb->nonce);
+    /* The right nonce with another type is stale. */
+    request(f, a, NULL, SL_XDS_LISTENER, ra->version_info, ra->nonce, NULL);
+    assert_null(next_sent(a));
+    runtime_rec_t *n1 = record(f, "n1");
+    assert_string_equal(n1->acked[SL_XDS_LISTENER], "");
+    assert_string_equal(n1->acked[SL_XDS_CLUSTER], "");
+    /* An ACK settles the type and version that were sent. */
+    request(f, a, NULL, SL_XDS_CLUSTER, "777", ra->nonce, NULL);
+    assert_string_equal(n1->acked[SL_XDS_CLUSTER], ra->version_info);
+    Sluice__V1__DiscoveryResponse *next = next_sent(a);
+    assert_string_equal(next->type_url, SL_TYPE_SETTINGS);
+    assert_string_not_equal(next->nonce, ra->nonce);
+    assert_string_not_equal(next->nonce, rb->nonce);
+}
+
+/* ---- 6: bounded state ----------------------------------------------------- */
+
+static void test_state_of_unauthenticated_peers_is_bounded(void **state)
+{
+    fx_t *f = *state;
+    sl_controller_set_runtime_limits(f->ctl, 2, 60000);
+    /* Unknown types register nothing. */
+    sl_stream_t *junk = open_stream(f, "ipv4:10.0.0.2:1");
+    request(f, junk, "junk", -1, "", NULL, NULL);
+    request(f, junk, NULL, -1, "", NULL, NULL);
+    assert_null(record(f, "junk"));
+    assert_false(junk->closed);
+    /* A NACK reason is cut to 4 KiB. */
+    sl_stream_t *big = open_stream(f, "ipv4:10.0.0.3:1");
+    request(f, big, "big", SL_XDS_CLUSTER, "", NULL, NULL);
+    Sluice__V1__DiscoveryResponse *r = next_sent(big);
+    char *huge = malloc(1 << 20);
+    memset(huge, 'x', (1 << 20) - 1);
+    huge[(1 << 20) - 1] = '\0';
+    request(f, big, NULL, SL_XDS_CLUSTER, "", r->nonce, huge);
+    free(huge);
+    runtime_rec_t *rt = record(f, "big");
+    assert_true(strlen(rt->nack[SL_XDS_CLUSTER].message) <= NACK_MESSAGE_MAX);
+    close_stream(f, big);
+    /* At most 2 records: the one disconnected longest ago makes room. */
+    sl_stream_t *c = open_stream(f, "ipv4:10.0.0.4:1");
+    request(f, c, "c", SL_XDS_CLUSTER, "", NULL, NULL);
+    sl_stream_t *d = open_stream(f, "ipv4:10.0.0.5:1");
+    request(f, d, "d", SL_XDS_CLUSTER, "", NULL, NULL);
+    assert_null(record(f, "big"));
+    assert_int_equal(f->ctl->n_runtimes, 2);
+    /* Both connected: a third node is refused. */
+    sl_stream_t *e = open_stream(f, "ipv4:10.0.0.6:1");
+    request(f, e, "e", SL_XDS_CLUSTER, "", NULL, NULL);
+    assert_true(e->closed);
+    assert_int_equal(e->code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_null(record(f, "e"));
+    /* Records of disconnected runtimes expire. */
+    close_stream(f, c);
+    record(f, "c")->disconnected_ms -= 60001;
+    sweep_runtimes(f->ctl);
+    assert_null(record(f, "c"));
+    assert_non_null(record(f, "d"));
+    assert_int_equal(f->ctl->n_runtimes, 1);
+}
+
+/* ---- the nonce rides after the shared body ---------------------------------- */
+
+static void test_nonce_appended_to_the_shared_encoding(void **state)
+{
+    (void)state;
+    grpc_slice body = encode_response(NULL, 0, SL_XDS_ROUTE, "12");
+    grpc_byte_buffer *bb = response_with_nonce(body, "34");
+    Sluice__V1__DiscoveryResponse *r = (Sluice__V1__DiscoveryResponse *)sl_grpc_unpack(
+        &sluice__v1__discovery_response__descriptor, bb);
+    assert_non_null(r);
+    assert_string_equal(r->version_info, "12");
+    assert_string_equal(r->type_url, SL_TYPE_ROUTE);
+    assert_string_equal(r->nonce, "34");
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    grpc_byte_buffer_destroy(bb);
+    grpc_slice_unref(body);
+}
+
+static void test_version_parse(void **state)
+{
+    (void)state;
+    uint64_t v = 99;
+    assert_int_equal(sl_xds_version_parse("", &v), 0);
+    assert_int_equal(v, 0);
+    assert_int_equal(sl_xds_version_parse("0", &v), 0);
+    assert_int_equal(sl_xds_version_parse("9007199254740991", &v), 0);
+    assert_true(v == SL_XDS_VERSION_MAX);
+    static const char *const bad[] = {"9007199254740992",
+                                      "18446744073709551615",
+                                      "abc",
+                                      "-1",
+                                      "+1",
+                                      " 1",
+                                      "1 ",
+                                      "01",
+                                      "1e3",
+                                      "0x1",
+                                      "99999999999999999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        if (sl_xds_version_parse(bad[i], &v) != -1)
+            fail_msg("\"%s\" parsed as a version", bad[i]);
+}
+
+int main(void)
+{
+    grpc_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_nack_stops_resending_only_on_its_stream, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_versions_from_runtimes_are_checked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unpersistable_version_fails_the_compile_and_is_retried,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_newer_stream_of_a_node_closes_the_older, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_nonces_are_unique_and_matched_with_their_type, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_state_of_unauthenticated_peers_is_bounded, setup,
+                                        teardown),
+        cmocka_unit_test(test_nonce_appended_to_the_shared_encoding),
+        cmocka_unit_test(test_version_parse),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    grpc_shutdown();
+    return rc;
+}
