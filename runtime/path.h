@@ -52,11 +52,12 @@
  * output again returns SL_PATH_UNCHANGED (the rules are idempotent).
  *
  * Cost: an already-normal path (no escape to rewrite, no dot segment, no `\`
- * or `//` to act on) is recognised by one scan with a byte-class table and
- * returns SL_PATH_UNCHANGED without writing anything, so the request path
- * pays a few nanoseconds and no copy for the common case.
+ * or `//` to act on) is recognised by one scan that stops only at `%`, `.`,
+ * `\` and NUL (and `/` when merging), 16 bytes at a time with SSE2, and
+ * returns SL_PATH_UNCHANGED without writing anything: about 5 ns for
+ * `/petstore/v1/pets/12345` on the 2-vCPU development VM, and no copy.
  *
- * Not here: calling it (runtime/proxy.c normalises before routing and
+ * Not here: calling it (runtime/proxy/request.c normalises before routing and
  * forwards the result), the query string (never touched), case folding
  * (paths are case-sensitive), Unicode normalisation, or escaping characters
  * that RFC 3986 would want escaped (the codec has already accepted them).
