@@ -28,11 +28,13 @@
 
 #include "validate.h"
 
+#include <ctype.h>
 #include <protobuf-c/protobuf-c.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* Defaults; docs/configuration.md lists the same values. */
 #define DEF_MAX_REQUEST_LINE_BYTES 8192
@@ -566,6 +568,58 @@ static char *upper_dup(cctx_t *c, const char *s)
     return d;
 }
 
+/* Default idle timeout of an upgraded (tunnelled) connection: an hour, as
+ * Envoy's; 60 s (nginx, Kong) closes quiet WebSockets that users expect to
+ * stay open. */
+#define DEF_TUNNEL_IDLE_MS 3600000u
+
+/*
+ * The upgrade tokens a route tunnels: websocket unless disabled, then the
+ * Api's `upgrades` entries, then the operation's, each adding
+ * (`enabled: true`, the default) or removing a token. Tokens compare
+ * case-insensitively and are stored in lower case.
+ */
+static void apply_upgrades(json_t *list, char **tokens, bool *on, size_t *n, size_t cap)
+{
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        json_t *u = json_array_get(list, i);
+        const char *type = jstr(u, "type", "");
+        bool enabled = jbool(u, "enabled", true);
+        size_t k;
+        for (k = 0; k < *n; k++)
+            if (strcasecmp(tokens[k], type) == 0)
+                break;
+        if (k == *n) {
+            if (*n == cap)
+                continue;
+            tokens[(*n)++] = (char *)type;
+        }
+        on[k] = enabled;
+    }
+}
+
+static void compile_upgrades(cctx_t *c, Sluice__V1__Route *rt, json_t *api_list, json_t *op_list)
+{
+    char *tokens[33] = {"websocket"};
+    bool on[33] = {true};
+    size_t n = 1;
+    apply_upgrades(api_list, tokens, on, &n, 33);
+    apply_upgrades(op_list, tokens, on, &n, 33);
+    size_t enabled = 0;
+    for (size_t i = 0; i < n; i++)
+        enabled += on[i];
+    rt->upgrades = (char **)carray(c, enabled, sizeof(*rt->upgrades));
+    for (size_t i = 0; rt->upgrades && i < n; i++) {
+        if (!on[i])
+            continue;
+        char *t = cstr(c, tokens[i]);
+        if (t != protobuf_c_empty_string)
+            for (char *p = t; *p; p++)
+                *p = (char)tolower((unsigned char)*p);
+        rt->upgrades[rt->n_upgrades++] = t;
+    }
+}
+
 static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t *api, json_t *op,
                           size_t index, const Sluice__V1__RouteTable *table)
 {
@@ -640,6 +694,10 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
     }
     rt->retry = compile_retry(c, table->retry, jget(op, "retries"));
     rt->max_request_body_bytes = jint(op, "maxRequestBodyBytes", table->max_request_body_bytes);
+    json_t *spec = jget(api->obj, "spec");
+    compile_upgrades(c, rt, jget(spec, "upgrades"), jget(op, "upgrades"));
+    rt->tunnel_idle_ms = jdur(to, "tunnelIdle",
+                              jdur(jget(spec, "timeouts"), "tunnelIdle", DEF_TUNNEL_IDLE_MS));
 }
 
 static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resource_t *api,

@@ -429,6 +429,7 @@ static const sl_vfield_t op_timeout_fields[] = {
     {"request", sl_vcheck_duration, &dur_positive, 0},
     {"upstreamConnect", sl_vcheck_duration, &dur_positive, 0},
     {"upstreamResponse", sl_vcheck_duration, &dur_positive, 0},
+    {"tunnelIdle", sl_vcheck_duration, &dur_positive, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t op_timeout_schema = {op_timeout_fields, NULL};
@@ -437,9 +438,49 @@ static const sl_vfield_t api_timeout_fields[] = {
     {"request", sl_vcheck_duration, &dur_any, 0},
     {"upstreamConnect", sl_vcheck_duration, &dur_positive, 0},
     {"upstreamResponse", sl_vcheck_duration, &dur_positive, 0},
+    {"tunnelIdle", sl_vcheck_duration, &dur_positive, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t api_timeout_schema = {api_timeout_fields, NULL};
+
+/*
+ * An upgrade token a route may tunnel (`Upgrade: websocket`). h2c is never
+ * one: an h2c upgrade turns the connection into HTTP/2 that the gateway
+ * would pass through unseen, so later requests on it would bypass every
+ * route and policy (Traefik's GHSA-w4v4-9rw7-5326).
+ */
+static void check_upgrade_type(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!json_is_string(v)) {
+        sl_validate_error(c, "expected a string (an upgrade token such as websocket)");
+        return;
+    }
+    const char *t = json_string_value(v);
+    size_t n = strlen(t);
+    if (n == 0 || n > 64) {
+        sl_validate_error(c, "expected an upgrade token of 1..64 characters");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)t[i];
+        if (!(isalnum(ch) || strchr("!#$%&'*+-.^_`|~/", ch))) {
+            sl_validate_error(c, "invalid character in upgrade token '%s' (an RFC 9110 token)", t);
+            return;
+        }
+    }
+    if (strcasecmp(t, "h2c") == 0)
+        sl_validate_error(c, "h2c upgrades are never tunnelled: the HTTP/2 inside would bypass "
+                             "the gateway's routes and policies (use an h2c listener)");
+}
+
+static const sl_vfield_t upgrade_fields[] = {
+    {"type", check_upgrade_type, NULL, SL_VFIELD_REQUIRED},
+    {"enabled", sl_vcheck_bool, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t upgrade_schema = {upgrade_fields, NULL};
+static const sl_varray_t upgrades_array = {sl_vcheck_object, &upgrade_schema, 0, 16};
 
 static void operation_extra(sl_vctx_t *c, json_t *op)
 {
@@ -503,6 +544,7 @@ static const sl_vfield_t operation_fields[] = {
     {"timeouts", sl_vcheck_object, &op_timeout_schema, 0},
     {"retries", sl_vcheck_object, &retry_schema, 0},
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
+    {"upgrades", sl_vcheck_array, &upgrades_array, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t operation_schema = {operation_fields, operation_extra};
@@ -677,6 +719,7 @@ static const sl_vfield_t api_fields[] = {
     {"timeouts", sl_vcheck_object, &api_timeout_schema, 0},
     {"retries", sl_vcheck_object, &retry_schema, 0},
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
+    {"upgrades", sl_vcheck_array, &upgrades_array, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_api = {api_fields, api_extra};

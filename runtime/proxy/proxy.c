@@ -46,6 +46,7 @@ enum conn_state {
     CS_HEAD = 0, /* waiting for / reading a request head */
     CS_PROXY,    /* a request is in progress */
     CS_RESPOND,  /* writing a response the gateway generated itself */
+    CS_TUNNEL,   /* upgraded (101): bytes are relayed both ways, see tunnel_pump */
     CS_CLOSED,   /* conn_close ran; memory lives until the callback unwinds */
 };
 
@@ -107,6 +108,14 @@ typedef struct sl_conn {
     uint8_t up_drained; /* the last upstream read found the socket empty */
     uint8_t up_want_write;
     uint8_t dechunk; /* HTTP/1.0 client, chunked upstream: strip framing */
+    uint8_t upgrade; /* the route tunnels this request's Upgrade token */
+
+    /* CS_TUNNEL: each direction ends with its sender's EOF, relayed as a
+     * shutdown(SHUT_WR) once the bytes before it are written. */
+    uint8_t tun_client_eof, tun_up_eof;
+    uint8_t tun_client_shut, tun_up_shut;
+    uint32_t tun_idle_ms;
+    uint64_t tun_last_ms; /* last byte relayed, for the idle timeout */
 } sl_conn_t;
 
 /* Parse space for header slices. Per worker, not per connection: slices are
@@ -125,6 +134,9 @@ static void start_upstream(sl_conn_t *c);
 static void upstream_failed(sl_conn_t *c, enum sl_upstream_error kind, int during_send);
 static void client_flush(sl_conn_t *c);
 static void retry_upstream(sl_conn_t *c);
+static void tunnel_pump(sl_conn_t *c);
+struct sl_http1_response;
+static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t head_len);
 static void pump_request_body(sl_conn_t *c);
 
 static size_t headers_cap_for(const sl_generation_t *gen)
@@ -208,6 +220,7 @@ static void reset_request(sl_conn_t *c)
     c->interim_sent = 0;
     c->resp_done = 0;
     c->dechunk = 0;
+    c->upgrade = 0;
     c->up_reusable = 0;
     c->up_paused = 0;
     c->expect_continue = 0;
@@ -547,6 +560,11 @@ static void client_event_cb(evutil_socket_t fd, short what, void *arg)
         c->rdhup = 1;
     if (what & (EV_READ | EV_CLOSED))
         c->read_ready = 1;
+    if (c->state == CS_TUNNEL) {
+        tunnel_pump(c);
+        cb_leave(c);
+        return;
+    }
     if ((what & EV_WRITE) && c->want_write)
         client_flush(c);
     if (!c->dead && c->want_read && (c->read_ready || c->pending_input)) {
@@ -590,6 +608,15 @@ static void timer_expired(sl_conn_t *c)
     case CS_RESPOND:
         conn_close(c); /* client does not read its error response */
         return;
+    case CS_TUNNEL: {
+        uint64_t idle = now - c->tun_last_ms;
+        if (idle >= c->tun_idle_ms) {
+            conn_close(c); /* both sides quiet for tunnelIdle */
+            return;
+        }
+        arm_timer(c, (uint32_t)(c->tun_idle_ms - idle));
+        return;
+    }
     case CS_PROXY:
         break;
     case CS_CLOSED:
@@ -813,7 +840,7 @@ static int is_hop_by_hop(const sl_http1_header_t *h, const conn_opts_t *co)
  * forwarding fields set. `body` is the client's framing, kept as is.
  */
 static int build_upstream_head(sl_conn_t *c, const sl_req_head_t *req, sl_str_t req_path,
-                               enum sl_http1_body body)
+                               enum sl_http1_body body, sl_str_t upgrade)
 {
     sl_buf_t *b = &c->uout;
     conn_opts_t co;
@@ -890,11 +917,51 @@ static int build_upstream_head(sl_conn_t *c, const sl_req_head_t *req, sl_str_t 
     } else if (body == SL_HTTP1_BODY_CHUNKED) {
         sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
     }
-    if (req->version == 10)
+    if (upgrade.len) {
+        sl_buf_append(b, "Upgrade: ", 9);
+        sl_buf_append(b, upgrade.ptr, upgrade.len);
+        sl_buf_append(b, "\r\nConnection: upgrade\r\n\r\n", 25);
+    } else if (req->version == 10) {
         sl_buf_append(b, "Connection: keep-alive\r\n\r\n", 26);
-    else
+    } else {
         sl_buf_append(b, "\r\n", 2);
+    }
     return 0;
+}
+
+/*
+ * The protocol this request may upgrade to, or an empty slice: the first
+ * element of its Upgrade header (RFC 9110 7.8), when Connection names
+ * "upgrade" and the route tunnels that token (Api/operation `upgrades`;
+ * websocket by default). Only that element is forwarded, so an origin can
+ * never switch to a protocol the route did not allow (such as h2c).
+ */
+static sl_str_t allowed_upgrade(sl_conn_t *c, const sl_http1_request_t *req)
+{
+    sl_str_t none = {NULL, 0};
+    const sl_http1_header_t *u = sl_http1_find_header(req->headers, req->num_headers, "upgrade", 7);
+    if (!u)
+        return none;
+    conn_opts_t co;
+    conn_opts_collect(&co, req->headers, req->num_headers);
+    if (!conn_opts_name(&co, "upgrade", 7))
+        return none;
+    const char *p = u->value.ptr, *end = p + u->value.len;
+    while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
+        p++;
+    const char *s = p;
+    while (p < end && *p != ',' && *p != ' ' && *p != '\t')
+        p++;
+    sl_str_t elem = {s, (size_t)(p - s)};
+    /* "websocket" or "protocol/version": the route lists protocol names. */
+    const char *slash = memchr(elem.ptr, '/', elem.len);
+    size_t name_len = slash ? (size_t)(slash - elem.ptr) : elem.len;
+    const Sluice__V1__Route *pb = c->r.route->pb;
+    for (size_t i = 0; i < pb->n_upgrades; i++)
+        if (strlen(pb->upgrades[i]) == name_len &&
+            strncasecmp(pb->upgrades[i], elem.ptr, name_len) == 0)
+            return elem;
+    return none;
 }
 
 /* The codec's view of a parsed HTTP/1.1 head, for the request's life. */
@@ -981,12 +1048,17 @@ static void process_input(sl_conn_t *c)
         return;
     }
     c->expect_continue = (req.flags & SL_HTTP1_F_EXPECT_CONTINUE) && !c->req_body_done;
+    sl_str_t upgrade = {NULL, 0};
+    if ((req.flags & SL_HTTP1_F_UPGRADE) && req.minor_version == 1 &&
+        req.body == SL_HTTP1_BODY_NONE)
+        upgrade = allowed_upgrade(c, &req);
+    c->upgrade = upgrade.len != 0;
 
     if (sl_worker_buf_get(c->w, &c->uout) != 0) {
         send_error(c, 503, "overloaded", "out of memory", 1, 0);
         return;
     }
-    build_upstream_head(c, &head, path, req.body);
+    build_upstream_head(c, &head, path, req.body, upgrade);
     sl_buf_consume(&c->in, req.head_len);
     evtimer_del(c->timer);
     /* Body bytes that came with the head. */
@@ -1306,6 +1378,10 @@ void sl_proxy_upstream_event(struct sl_conn *c, short what)
         c->up_rdhup = 1;
     if (what & (EV_READ | EV_CLOSED))
         c->up_read_ready = 1;
+    if (c->state == CS_TUNNEL) {
+        tunnel_pump(c);
+        goto out;
+    }
     if (c->phase == UP_CONNECTING && (what & (EV_WRITE | EV_READ))) {
         int err = 0;
         socklen_t len = sizeof(err);
@@ -1489,6 +1565,154 @@ static void abort_response(sl_conn_t *c, const char *code, enum sl_upstream_erro
     conn_close(c);
 }
 
+/* ---- upgraded connections (101): a byte tunnel ---------------------------- */
+
+/*
+ * The origin switched protocols: relay the 101 (its fields, without hop-by-hop
+ * ones, plus our Upgrade/Connection pair) and turn the connection into a
+ * tunnel. The exchange is over for the gateway: it is counted and logged now
+ * (status 101), and the tunnel holds no generation, so config changes never
+ * touch it; it lives until either side closes or both are quiet for
+ * `timeouts.tunnelIdle`.
+ */
+static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t head_len)
+{
+    const sl_http1_header_t *u =
+        sl_http1_find_header(resp->headers, resp->num_headers, "upgrade", 7);
+    if (!u || u->value.len == 0)
+        return SL_ERROR;
+    /* The origin may only switch to a protocol the route allows. */
+    const char *slash = memchr(u->value.ptr, '/', u->value.len);
+    size_t name_len = slash ? (size_t)(slash - u->value.ptr) : u->value.len;
+    const Sluice__V1__Route *pb = c->r.route->pb;
+    int allowed = 0;
+    for (size_t i = 0; i < pb->n_upgrades && !allowed; i++)
+        allowed = strlen(pb->upgrades[i]) == name_len &&
+                  strncasecmp(pb->upgrades[i], u->value.ptr, name_len) == 0;
+    if (!allowed)
+        return SL_ERROR;
+    if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0)
+        return SL_ERROR;
+    sl_request_note_outcome(&c->r, 1);
+    c->r.status = 101;
+    append_status_line(&c->out, resp);
+    append_response_fields(c, &c->out, resp);
+    if (c->r.m_reqid.len) {
+        sl_buf_append(&c->out, "X-Request-Id: ", 14);
+        sl_buf_append(&c->out, c->r.m_reqid.ptr, c->r.m_reqid.len);
+        sl_buf_append(&c->out, "\r\n", 2);
+    }
+    sl_buf_append(&c->out, "Upgrade: ", 9);
+    sl_buf_append(&c->out, u->value.ptr, u->value.len);
+    sl_buf_append(&c->out, "\r\nConnection: upgrade\r\n\r\n", 25);
+    /* Bytes of the new protocol that came with the head. */
+    sl_buf_consume(&c->uin, head_len);
+    sl_buf_append(&c->out, sl_buf_head(&c->uin), sl_buf_len(&c->uin));
+    sl_worker_buf_put(c->w, &c->uin);
+    sl_worker_buf_put(c->w, &c->uout);
+    c->tun_idle_ms = pb->tunnel_idle_ms ? pb->tunnel_idle_ms : 3600000u;
+    sl_request_log(&c->r);
+    sl_request_reset(&c->r); /* the pool counters and the generation hold */
+    c->state = CS_TUNNEL;
+    c->phase = UP_NONE;
+    c->keep_alive = 0;
+    c->tun_client_eof = c->tun_up_eof = c->tun_client_shut = c->tun_up_shut = 0;
+    c->tun_last_ms = sl_endpoint_now_ms();
+    arm_timer(c, c->tun_idle_ms);
+    c->read_ready = 1;
+    c->up_read_ready = 1;
+    tunnel_pump(c);
+    return SL_OK;
+}
+
+/* Moves bytes src_fd -> buf -> dst_fd for one direction of the tunnel.
+ * Returns 1 on progress, 0 when blocked, -1 when the tunnel must close. */
+static int tunnel_relay(sl_conn_t *c, int src_fd, uint8_t *src_ready, uint8_t *src_eof,
+                        sl_buf_t *buf, int dst_fd, uint8_t *dst_shut)
+{
+    int progress = 0;
+    for (;;) {
+        while (sl_buf_len(buf)) {
+            ssize_t n = write(dst_fd, sl_buf_head(buf), sl_buf_len(buf));
+            if (n > 0) {
+                sl_buf_consume(buf, (size_t)n);
+                progress = 1;
+                continue;
+            }
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return progress; /* the destination's write edge resumes us */
+            return -1;
+        }
+        if (*src_eof) {
+            if (!*dst_shut) {
+                /* Relay the EOF: the other side may still answer. */
+                shutdown(dst_fd, SHUT_WR);
+                *dst_shut = 1;
+                progress = 1;
+            }
+            return progress;
+        }
+        if (!*src_ready)
+            return progress;
+        if (!buf->data && sl_worker_buf_get(c->w, buf) != 0)
+            return -1;
+        buf->start = buf->end = 0;
+        ssize_t n = read(src_fd, sl_buf_tail(buf), sl_buf_space(buf));
+        if (n > 0) {
+            buf->end += (size_t)n;
+            progress = 1;
+            continue;
+        }
+        if (n == 0) {
+            *src_eof = 1;
+            continue;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            *src_ready = 0;
+            return progress;
+        }
+        return -1;
+    }
+}
+
+static void tunnel_pump(sl_conn_t *c)
+{
+    if (!c->up) {
+        conn_close(c);
+        return;
+    }
+    /* A client buffer that is still the small head buffer is swapped for a
+     * block, like a request body: tunnels move bulk data. */
+    if (c->in.data && c->in.cap < SL_WORKER_BLOCK_SIZE && sl_buf_len(&c->in) == 0)
+        sl_worker_buf_put(c->w, &c->in);
+    int moved = 0;
+    for (;;) {
+        int down = tunnel_relay(c, c->up->fd, &c->up_read_ready, &c->tun_up_eof, &c->out, c->fd,
+                                &c->tun_client_shut);
+        if (down < 0)
+            break;
+        int upw = tunnel_relay(c, c->fd, &c->read_ready, &c->tun_client_eof, &c->in, c->up->fd,
+                               &c->tun_up_shut);
+        if (upw < 0)
+            break;
+        if (c->tun_client_shut && c->tun_up_shut) {
+            conn_close(c); /* both directions ended */
+            return;
+        }
+        if (!down && !upw) {
+            if (moved)
+                c->tun_last_ms = sl_endpoint_now_ms();
+            return;
+        }
+        moved = 1;
+    }
+    conn_close(c); /* a reset or an error on either side */
+}
+
 static void read_response_head(sl_conn_t *c)
 {
     sl_upconn_t *up = c->up;
@@ -1539,6 +1763,10 @@ static void read_response_head(sl_conn_t *c)
         }
         if (resp.status >= 100 && resp.status < 200) {
             if (resp.status == 101) {
+                if (c->upgrade && tunnel_start(c, &resp, (size_t)r) == SL_OK)
+                    return;
+                /* 101 to a request that did not ask for it, or to another
+                 * protocol than the route allows: never relayed. */
                 upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
                 return;
             }

@@ -404,6 +404,48 @@ static void test_gateway_path_normalization(void **state)
     sl_resource_set_free(&set);
 }
 
+static void test_upgrades_resolved_per_route(void **state)
+{
+    (void)state;
+    sl_resource_set_t set;
+    sl_resource_set_init(&set);
+    parse(&set, "a.yaml",
+          HEAD "kind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: 127.0.0.1, "
+               "port: 1}]\n---\n" HEAD
+               "kind: Api\nmetadata: {name: a}\nspec:\n  backendRefs: [{name: b}]\n"
+               "  upgrades: [{type: My-Proto}]\n  timeouts: {tunnelIdle: 30s}\n"
+               "  operations:\n"
+               "  - {name: plain, method: GET, path: /plain, upgrades: [{type: websocket, "
+               "enabled: false}]}\n"
+               "  - {name: all, method: GET, path: /all, timeouts: {tunnelIdle: 5s}}\n"
+               "  - {name: noproto, method: GET, path: /np, upgrades: [{type: my-proto, enabled: "
+               "false}]}\n");
+    Sluice__V1__Snapshot *snap = compile_ok(&set, "default");
+    Sluice__V1__RouteTable *t = snap->route_tables[0];
+    assert_int_equal(t->n_routes, 3);
+    /* websocket off, the Api's my-proto (lower-cased) on */
+    assert_int_equal(t->routes[0]->n_upgrades, 1);
+    assert_string_equal(t->routes[0]->upgrades[0], "my-proto");
+    assert_int_equal(t->routes[0]->tunnel_idle_ms, 30000);
+    assert_int_equal(t->routes[1]->n_upgrades, 2);
+    assert_string_equal(t->routes[1]->upgrades[0], "websocket");
+    assert_string_equal(t->routes[1]->upgrades[1], "my-proto");
+    assert_int_equal(t->routes[1]->tunnel_idle_ms, 5000);
+    assert_int_equal(t->routes[2]->n_upgrades, 1);
+    assert_string_equal(t->routes[2]->upgrades[0], "websocket");
+    sl_snapshot_free(snap);
+    sl_resource_set_free(&set);
+    /* Defaults: websocket only, an hour of idle. */
+    sl_resource_set_init(&set);
+    load(&set, "examples/quickstart.yaml");
+    snap = compile_ok(&set, "default");
+    assert_int_equal(snap->route_tables[0]->routes[0]->n_upgrades, 1);
+    assert_string_equal(snap->route_tables[0]->routes[0]->upgrades[0], "websocket");
+    assert_int_equal(snap->route_tables[0]->routes[0]->tunnel_idle_ms, 3600000);
+    sl_snapshot_free(snap);
+    sl_resource_set_free(&set);
+}
+
 static void test_missing_backend_reference(void **state)
 {
     (void)state;
@@ -521,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_quickstart_field_by_field),
         cmocka_unit_test(test_full_example_and_precedence),
         cmocka_unit_test(test_gateway_path_normalization),
+        cmocka_unit_test(test_upgrades_resolved_per_route),
         cmocka_unit_test(test_missing_backend_reference),
         cmocka_unit_test(test_unsupported_protocol),
         cmocka_unit_test(test_gateways_of_a_fleet_merge),

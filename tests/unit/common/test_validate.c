@@ -307,6 +307,25 @@ static void test_gateway_rules(void **state)
     expect_valid(GATEWAY("  listeners: [{name: tls, port: 8443, protocol: https}]\n"));
 }
 
+static void test_upgrades(void **state)
+{
+    (void)state;
+    expect_valid(API("  - {method: GET, path: /ws, upgrades: [{type: websocket, enabled: false}]}\n"
+                     "  upgrades: [{type: my-proto}]\n  timeouts: {tunnelIdle: 30s}\n"));
+    expect_error(API("  - {method: GET, path: /ws, upgrades: [{type: h2c}]}\n"),
+                 "t.yaml doc 1: spec.operations[0].upgrades[0].type: h2c upgrades are never "
+                 "tunnelled: the HTTP/2 inside would bypass the gateway's routes and policies (use "
+                 "an h2c listener)\n");
+    expect_error(API("  - {method: GET, path: /ws, upgrades: [{type: \"web socket\"}]}\n"),
+                 "t.yaml doc 1: spec.operations[0].upgrades[0].type: invalid character in upgrade "
+                 "token 'web socket' (an RFC 9110 token)\n");
+    expect_error(API("  - {method: GET, path: /ws, upgrades: [{enabled: true}]}\n"),
+                 "t.yaml doc 1: spec.operations[0].upgrades[0].type: required field missing\n");
+    expect_error(API("  - {method: GET, path: /ws, timeouts: {tunnelIdle: 0s}}\n"),
+                 "t.yaml doc 1: spec.operations[0].timeouts.tunnelIdle: duration 0ms is out of "
+                 "range 1ms..4294967295ms\n");
+}
+
 static void test_gateway_path_normalization(void **state)
 {
     (void)state;
@@ -456,6 +475,7 @@ int main(void)
         cmocka_unit_test(test_api_rules),
         cmocka_unit_test(test_gateway_rules),
         cmocka_unit_test(test_gateway_path_normalization),
+        cmocka_unit_test(test_upgrades),
         cmocka_unit_test(test_backend_rules),
         cmocka_unit_test(test_consumer_and_certificate_rules),
         cmocka_unit_test(test_envelope),
