@@ -541,6 +541,17 @@ out_workers:
     rcu_thread_online();
     rcu_barrier(); /* every call_rcu callback (generation frees) has run */
     rcu_thread_offline();
+    /* After a clean stop every hold is gone (workers drop theirs as they
+     * exit): a generation still alive here is a leaked hold, which the
+     * leak checkers cannot always see (liburcu's helper thread may keep a
+     * stale pointer to it). */
+    if (exit_code == 0) {
+        int64_t alive = atomic_load(&sl_metrics_gauges.generations_alive);
+        if (alive != 0)
+            sl_log_alert("%lld config generation(s) still alive at exit: a hold on a "
+                         "generation was never released",
+                         (long long)alive);
+    }
     if (rt.workers)
         sl_workers_destroy(rt.workers, rt.opt.workers);
 out_log:

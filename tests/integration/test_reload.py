@@ -178,3 +178,22 @@ def test_reload_adds_and_removes_listener(backends, runtimes):
                    what="removed listener %d to stop accepting" % p1)
     finally:
         s.close()
+
+
+def test_idle_workers_release_old_generations(backends, runtimes):
+    """Every worker served a request on the first generation, then the
+    config changes three times with no traffic at all: idle workers drop
+    their holds on retired generations at their once-a-second tick, so only
+    the current one stays alive (generation.h, "Worker holds")."""
+    b = backends("a")
+    port = free_port()
+    docs = [gateway(port), backend("echo", [b.port]), api("t", "/t", "echo")]
+    rt = runtimes(docs, workers=4)
+    # Enough connections that every worker (SO_REUSEPORT) takes some.
+    for _ in range(64):
+        assert request(port, "GET", "/t/echo").status == 200
+    for i in range(3):
+        rt.reload(docs + [api("v%d" % i, "/v%d" % i, "echo")])
+    wait_until(lambda: rt.metric("sluice_generations_alive") == 1, 5,
+               what=lambda: "sluice_generations_alive == 1 (is %r)"
+               % rt.metric("sluice_generations_alive"))
