@@ -8,7 +8,8 @@
  * so the filter can never make a path pass that the full pass would refuse.
  * The test suite checks that the two agree (tests/unit/runtime/test_path.c).
  *
- * Not here: anything about routing or forwarding (proxy/request.c), the query string.
+ * Not here: anything about routing or forwarding (proxy/request.c), the
+ * query string.
  */
 #include "path.h"
 
