@@ -4,9 +4,11 @@
  * Responsible for: choosing the fleet's Gateways and merging their
  * listeners; applying every default so that the runtime never has to guess
  * (precedence operation > Api > Gateway, documented in
- * docs/configuration.md); resolving backendRefs to Clusters; refusing what
- * this runtime cannot serve yet (https, h2c listeners). Also the snapshot's
- * wire helpers (pack, unpack, free).
+ * docs/configuration.md); resolving backendRefs to Clusters and a https
+ * listener's certificateRefs to the Certificates the snapshot carries (only
+ * the referenced ones: they hold private keys); refusing what this runtime
+ * cannot serve yet (h2c listeners, secretRef Certificates). Also the
+ * snapshot's wire helpers (pack, unpack, free).
  *
  * Not responsible for checking single documents (validate.c already did, so
  * this file reads fields without re-checking their types) nor for turning a
@@ -26,6 +28,7 @@
  */
 #include "compiler.h"
 
+#include "tls_pem.h"
 #include "validate.h"
 
 #include <ctype.h>
@@ -65,6 +68,7 @@ typedef struct {
     sl_errors_t *errs;
     bool failed;
     bool oom;
+    Sluice__V1__Snapshot *snap; /* for the certificates listeners add */
 } cctx_t;
 
 /* --- reading validated documents ----------------------------------------- */
@@ -179,6 +183,140 @@ static void place(char *buf, size_t len, const sl_resource_t *r)
         snprintf(buf, len, "doc %d", r->doc);
 }
 
+/* --- listener TLS and Certificates ---------------------------------------- */
+
+/* Defaults of a listener's tls (docs/configuration.md, "Listener TLS"): the
+ * TLS 1.3 suites are OpenSSL's; the TLS 1.2 list is Mozilla's "intermediate"
+ * (forward secrecy and AEAD only); groups put X25519 first, as browsers do. */
+#define DEF_TLS_CIPHER_SUITES                                                                      \
+    "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+#define DEF_TLS_CIPHERS                                                                            \
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"     \
+    "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
+#define DEF_TLS_GROUPS "X25519:P-256:P-384"
+#define DEF_TLS_TICKET_ROTATION_MS (12u * 3600u * 1000u)
+#define DEF_TLS_SESSION_CACHE_SIZE 20480
+#define DEF_TLS_VERIFY_DEPTH 3
+
+static const sl_resource_t *find_certificate(const sl_resource_set_t *set, const char *ns,
+                                             const char *name)
+{
+    for (size_t i = 0; i < set->count; i++) {
+        const sl_resource_t *r = &set->items[i];
+        if (r->kind == SL_KIND_CERTIFICATE && strcmp(r->ns, ns) == 0 && strcmp(r->name, name) == 0)
+            return r;
+    }
+    return NULL;
+}
+
+/* Adds the Certificate `r` (compiled name `full`) to the snapshot once,
+ * however many listeners name it; errors are reported at the Certificate. */
+static void add_certificate(cctx_t *c, const sl_resource_t *r, const char *full)
+{
+    Sluice__V1__Snapshot *snap = c->snap;
+    for (size_t i = 0; i < snap->n_certificates; i++)
+        if (strcmp(snap->certificates[i]->name, full) == 0)
+            return;
+    if (!snap->certificates)
+        return; /* allocation failed earlier; c->oom is set */
+    Sluice__V1__TlsCertificate *t = cnew(c, sizeof(*t));
+    if (!t)
+        return;
+    sluice__v1__tls_certificate__init(t);
+    snap->certificates[snap->n_certificates++] = t;
+    t->name = cstr(c, full);
+    json_t *spec = jget(r->obj, "spec");
+    json_t *file = jget(spec, "file");
+    if (file) {
+        t->chain_file = cstr(c, jstr(file, "certificate", ""));
+        t->private_key_file = cstr(c, jstr(file, "privateKey", ""));
+        return;
+    }
+    json_t *cv = jget(spec, "certificate"), *kv = jget(spec, "privateKey");
+    /* Validation checked the pair when it was written; the facts are read
+     * again here without the clock, so a stored Certificate that has since
+     * expired still compiles and the runtime, not the compiler, refuses it
+     * (with the expiry metric and the Expiring condition warning first). */
+    sl_pem_cert_t pc;
+    sl_pem_field_t f;
+    char msg[512], field[64];
+    if (sl_pem_load(&pc, json_string_value(cv), json_string_length(cv), json_string_value(kv),
+                    json_string_length(kv), 0, 0, &f, msg, sizeof(msg)) != 0) {
+        snprintf(field, sizeof(field), "spec.%s", sl_pem_field_name(f));
+        cerr(c, r, field, "%s%s", msg, "");
+        return;
+    }
+    t->chain_pem = cstr(c, json_string_value(cv));
+    t->private_key_pem = cstr(c, json_string_value(kv));
+    t->not_after_unix = pc.not_after_unix;
+    t->sha256_fingerprint = cstr(c, pc.sha256_hex);
+    t->names = (char **)carray(c, pc.n_names, sizeof(*t->names));
+    for (size_t i = 0; t->names && i < pc.n_names; i++)
+        t->names[t->n_names++] = cstr(c, pc.names[i]);
+    sl_pem_free(&pc);
+}
+
+static Sluice__V1__ListenerTls *compile_listener_tls(cctx_t *c, const sl_resource_t *gw,
+                                                     json_t *tls, size_t index)
+{
+    Sluice__V1__ListenerTls *t = cnew(c, sizeof(*t));
+    if (!t)
+        return NULL;
+    sluice__v1__listener_tls__init(t);
+    json_t *refs = jget(tls, "certificateRefs");
+    size_t n = json_array_size(refs);
+    t->certificates = (char **)carray(c, n, sizeof(*t->certificates));
+    for (size_t i = 0; t->certificates && i < n; i++) {
+        const char *name = jstr(json_array_get(refs, i), "name", "");
+        char field[128], full[600];
+        snprintf(field, sizeof(field), "spec.listeners[%zu].tls.certificateRefs[%zu].name", index,
+                 i);
+        snprintf(full, sizeof(full), "%s/%s", gw->ns, name);
+        const sl_resource_t *cert = find_certificate(c->set, gw->ns, name);
+        if (!cert) {
+            cerr(c, gw, field, "Certificate \"%s\" not found%s", full, "");
+            continue;
+        }
+        if (jget(jget(cert->obj, "spec"), "secretRef")) {
+            cerr(c, gw, field,
+                 "Certificate \"%s\" uses secretRef, which this runtime cannot load yet%s", full,
+                 " (use certificate + privateKey, or file)");
+            continue;
+        }
+        add_certificate(c, cert, full);
+        t->certificates[t->n_certificates++] = cstr(c, full);
+    }
+    const char *minv = jstr(tls, "minVersion", "1.2");
+    t->min_version = strcmp(minv, "1.3") == 0 ? SLUICE__V1__LISTENER_TLS__VERSION__TLS1_3
+                                              : SLUICE__V1__LISTENER_TLS__VERSION__TLS1_2;
+    t->cipher_suites = cstr(c, jstr(tls, "cipherSuites", DEF_TLS_CIPHER_SUITES));
+    t->ciphers = cstr(c, jstr(tls, "ciphers", DEF_TLS_CIPHERS));
+    t->groups = cstr(c, jstr(tls, "groups", DEF_TLS_GROUPS));
+    json_t *alpn = jget(tls, "alpn");
+    static const char *const def_alpn[] = {"h2", "http/1.1"};
+    size_t na = alpn ? json_array_size(alpn) : 2;
+    t->alpn = (char **)carray(c, na, sizeof(*t->alpn));
+    for (size_t i = 0; t->alpn && i < na; i++)
+        t->alpn[t->n_alpn++] =
+            cstr(c, alpn ? json_string_value(json_array_get(alpn, i)) : def_alpn[i]);
+    json_t *tk = jget(tls, "sessionTickets");
+    t->session_tickets = jbool(tk, "enabled", true);
+    t->ticket_rotation_s = jdur(tk, "rotation", DEF_TLS_TICKET_ROTATION_MS) / 1000;
+    json_t *sc = jget(tls, "sessionCache");
+    t->session_cache = jbool(sc, "enabled", true);
+    t->session_cache_size = (uint32_t)jint(sc, "size", DEF_TLS_SESSION_CACHE_SIZE);
+    t->ocsp_staple_file = cstr(c, jstr(tls, "ocspStapleFile", ""));
+    json_t *ca = jget(tls, "clientAuth");
+    t->client_ca_pem = cstr(c, jstr(ca, "caBundle", ""));
+    t->client_ca_file = cstr(c, jstr(ca, "caFile", ""));
+    t->verify_depth = (uint32_t)jint(ca, "verifyDepth", DEF_TLS_VERIFY_DEPTH);
+    if (ca)
+        t->client_auth = strcmp(jstr(ca, "mode", "required"), "optional") == 0
+                             ? SLUICE__V1__LISTENER_TLS__CLIENT_AUTH__CLIENT_AUTH_OPTIONAL
+                             : SLUICE__V1__LISTENER_TLS__CLIENT_AUTH__CLIENT_AUTH_REQUIRED;
+    return t;
+}
+
 static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *gws, size_t ngw)
 {
     size_t total = 0;
@@ -203,7 +341,7 @@ static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *g
             const char *name = jstr(l, "name", "");
             const char *addr = listener_address(l);
             uint32_t port = (uint32_t)jint(l, "port", 0);
-            if (strcmp(proto, "http") != 0) {
+            if (strcmp(proto, "http") != 0 && strcmp(proto, "https") != 0) {
                 snprintf(field, sizeof(field), "spec.listeners[%zu].protocol", i);
                 cerr(c, r, field, "protocol %s is not supported by this runtime yet%s", proto,
                      " (use http)");
@@ -244,6 +382,10 @@ static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *g
             out->address = cstr(c, addr);
             out->port = port;
             out->protocol = SLUICE__V1__LISTENER__PROTOCOL__HTTP;
+            if (strcmp(proto, "https") == 0) {
+                out->protocol = SLUICE__V1__LISTENER__PROTOCOL__HTTPS;
+                out->tls = compile_listener_tls(c, r, jget(l, "tls"), i);
+            }
         }
     }
     free(owner);
@@ -766,7 +908,7 @@ Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const ch
     snap->version = version;
     snap->fleet = cstr(&c, fleet);
 
-    size_t ngw = 0, napi = 0, nbackend = 0;
+    size_t ngw = 0, napi = 0, nbackend = 0, ncert = 0;
     for (size_t i = 0; i < set->count; i++) {
         const sl_resource_t *r = &set->items[i];
         if (r->kind == SL_KIND_GATEWAY &&
@@ -774,7 +916,11 @@ Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const ch
             gws[ngw++].r = r;
         napi += r->kind == SL_KIND_API;
         nbackend += r->kind == SL_KIND_BACKEND;
+        ncert += r->kind == SL_KIND_CERTIFICATE;
     }
+    c.snap = snap;
+    snap->certificates =
+        (Sluice__V1__TlsCertificate **)carray(&c, ncert, sizeof(*snap->certificates));
     /* Several Gateways of one fleet: listeners merged, settings from the
      * first by name, so the result does not depend on file order. */
     qsort(gws, ngw, sizeof(*gws), cmp_gateways);

@@ -11,6 +11,7 @@
 #include "validate.h"
 
 #include "pathtpl.h"
+#include "tls_pem.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <arpa/inet.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 /* --- ranges and small tables --------------------------------------------- */
 
@@ -726,14 +728,161 @@ const sl_vschema_t sl_validate_spec_api = {api_fields, api_extra};
 
 /* --- Gateway -------------------------------------------------------------- */
 
+/* --- listener TLS (runtime/net/tls.h applies these; docs/configuration.md
+ * lists defaults and bounds) ------------------------------------------------ */
+
+static const char *const tls_versions[] = {"1.2", "1.3", NULL};
+static const char *const client_auth_modes[] = {"required", "optional", NULL};
+static const sl_vrange_t verify_depth_range = {1, 10};
+static const sl_vrange_t session_cache_range = {1, 1000000};
+static const sl_vrange_t ticket_rotation_range = {60000, 7 * 24 * 3600000LL};
+
+/* OpenSSL list syntax ("TLS_AES_128_GCM_SHA256:...", "ECDHE+AESGCM",
+ * "X25519:P-256"): printable, no spaces; whether OpenSSL accepts the names is
+ * known only where it is loaded (the runtime NACKs a list it refuses). */
+static void check_openssl_list(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    size_t n = strlen(s);
+    bool ok = n > 0 && n <= 1024;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = isalnum((unsigned char)s[i]) || strchr(":_-+!@=.", s[i]);
+    if (!ok)
+        sl_validate_error(c, "expected an OpenSSL list of 1..1024 characters such as "
+                             "\"TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256\" (names "
+                             "separated by ':', no spaces)");
+}
+
+/* ALPN protocol ids this gateway speaks (RFC 7301 registry names). */
+static const char *const alpn_protocols[] = {"h2", "http/1.1", NULL};
+
+static void check_alpn_list(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    sl_vcheck_array(c, v, &(const sl_varray_t){sl_vcheck_enum, alpn_protocols, 1, 2});
+    if (json_array_size(v) == 2 && json_equal(json_array_get(v, 0), json_array_get(v, 1))) {
+        size_t saved = sl_validate_push_index(c, 1);
+        sl_validate_error(c, "listed twice");
+        sl_validate_pop(c, saved);
+    }
+}
+
+static const sl_vfield_t cert_ref_fields[] = {
+    {"name", sl_vcheck_dns_subdomain, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t cert_ref_schema = {cert_ref_fields, NULL};
+
+static const sl_vfield_t tickets_fields[] = {
+    {"enabled", sl_vcheck_bool, NULL, 0},
+    {"rotation", sl_vcheck_duration, &ticket_rotation_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tickets_schema = {tickets_fields, NULL};
+
+static const sl_vfield_t session_cache_fields[] = {
+    {"enabled", sl_vcheck_bool, NULL, 0},
+    {"size", sl_vcheck_int, &session_cache_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t session_cache_schema = {session_cache_fields, NULL};
+
+static void check_file_path(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (want_string(c, v) && json_string_value(v)[0] != '/')
+        sl_validate_error(c, "must be an absolute path on the runtime's machine");
+    else if (json_is_string(v) && json_string_length(v) > 4096)
+        sl_validate_error(c, "longer than 4096 characters");
+}
+
+static void client_auth_extra(sl_vctx_t *c, json_t *ca)
+{
+    bool bundle = sl_validate_get(ca, "caBundle") != NULL;
+    bool file = sl_validate_get(ca, "caFile") != NULL;
+    if (bundle == file)
+        sl_validate_error(c, "set exactly one of caBundle (PEM) or caFile (a path)");
+}
+
+static const sl_vfield_t client_auth_fields[] = {
+    {"caBundle", check_pem_cert, NULL, 0},
+    {"caFile", check_file_path, NULL, 0},
+    {"mode", sl_vcheck_enum, client_auth_modes, 0},
+    {"verifyDepth", sl_vcheck_int, &verify_depth_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t client_auth_schema = {client_auth_fields, client_auth_extra};
+
+static void listener_tls_extra(sl_vctx_t *c, json_t *tls)
+{
+    json_t *refs = json_object_get(tls, "certificateRefs");
+    for (size_t i = 0; i < json_array_size(refs); i++) {
+        const char *a = json_string_value(json_object_get(json_array_get(refs, i), "name"));
+        for (size_t j = 0; j < i; j++) {
+            const char *b = json_string_value(json_object_get(json_array_get(refs, j), "name"));
+            if (strcmp(a, b) == 0) {
+                size_t s1 = sl_validate_push_key(c, "certificateRefs");
+                size_t s2 = sl_validate_push_index(c, i);
+                sl_validate_error(c,
+                                  "Certificate '%s' is already referenced by "
+                                  "certificateRefs[%zu]",
+                                  a, j);
+                sl_validate_pop(c, s2);
+                sl_validate_pop(c, s1);
+                break;
+            }
+        }
+    }
+    json_t *minv = sl_validate_get(tls, "minVersion");
+    if (minv && strcmp(json_string_value(minv), "1.3") == 0 && sl_validate_get(tls, "ciphers"))
+        at_key(c, "ciphers", report,
+               "TLS 1.2 ciphers have no effect with minVersion 1.3 (use cipherSuites)");
+}
+
+static const sl_vfield_t listener_tls_fields[] = {
+    {"certificateRefs", sl_vcheck_array,
+     &(const sl_varray_t){sl_vcheck_object, &cert_ref_schema, 1, 64}, SL_VFIELD_REQUIRED},
+    {"minVersion", sl_vcheck_enum, tls_versions, 0},
+    {"cipherSuites", check_openssl_list, NULL, 0},
+    {"ciphers", check_openssl_list, NULL, 0},
+    {"groups", check_openssl_list, NULL, 0},
+    {"alpn", check_alpn_list, NULL, 0},
+    {"sessionTickets", sl_vcheck_object, &tickets_schema, 0},
+    {"sessionCache", sl_vcheck_object, &session_cache_schema, 0},
+    {"ocspStapleFile", check_file_path, NULL, 0},
+    {"clientAuth", sl_vcheck_object, &client_auth_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t listener_tls_schema = {listener_tls_fields, listener_tls_extra};
+
+/* https needs tls (its certificates); http and h2c are plaintext. */
+static void listener_extra(sl_vctx_t *c, json_t *l)
+{
+    json_t *p = sl_validate_get(l, "protocol");
+    const char *proto = p ? json_string_value(p) : "http";
+    bool has_tls = sl_validate_get(l, "tls") != NULL;
+    if (strcmp(proto, "https") == 0 && !has_tls)
+        at_key(c, "tls", report,
+               "required field missing (an https listener needs tls.certificateRefs)");
+    else if (strcmp(proto, "https") != 0 && has_tls)
+        sl_validate_error(c,
+                          "tls is only for protocol https (this listener is %s, which is "
+                          "plaintext)",
+                          proto);
+}
+
 static const sl_vfield_t listener_fields[] = {
     {"name", sl_vcheck_dns_label, NULL, SL_VFIELD_REQUIRED},
     {"port", sl_vcheck_int, &port_range, SL_VFIELD_REQUIRED},
     {"protocol", sl_vcheck_enum, protocols, 0},
     {"address", sl_vcheck_ip, NULL, 0},
+    {"tls", sl_vcheck_object, &listener_tls_schema, 0},
     {NULL, NULL, NULL, 0},
 };
-static const sl_vschema_t listener_schema = {listener_fields, NULL};
+static const sl_vschema_t listener_schema = {listener_fields, listener_extra};
 
 static const sl_vfield_t limits_fields[] = {
     {"maxRequestLineBytes", sl_vcheck_int, &request_line_range, 0},
@@ -1034,10 +1183,26 @@ static void certificate_extra(sl_vctx_t *c, json_t *spec)
                              "secretRef");
         return;
     }
-    if (inline_cert && !inline_key)
+    if (inline_cert && !inline_key) {
         at_key(c, "privateKey", report, "required field missing (with certificate)");
-    else if (inline_key && !inline_cert)
+    } else if (inline_key && !inline_cert) {
         at_key(c, "certificate", report, "required field missing (with privateKey)");
+    } else if (inline_cert) {
+        /* The deep checks (tls_pem.h): a runtime would refuse this pair, so
+         * the API refuses it first. File-based pairs are checked where the
+         * files are, by the runtime that loads them. */
+        json_t *cv = json_object_get(spec, "certificate");
+        json_t *kv = json_object_get(spec, "privateKey");
+        sl_pem_cert_t pc;
+        sl_pem_field_t f;
+        char msg[512];
+        if (sl_pem_load(&pc, json_string_value(cv), json_string_length(cv), json_string_value(kv),
+                        json_string_length(kv), SL_PEM_CHECK_VALIDITY, (int64_t)time(NULL), &f, msg,
+                        sizeof(msg)) != 0)
+            at_key(c, sl_pem_field_name(f), report, msg);
+        else
+            sl_pem_free(&pc);
+    }
 }
 
 static const sl_vfield_t certificate_fields[] = {

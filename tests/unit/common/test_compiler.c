@@ -12,6 +12,8 @@
 
 #include "compiler.h"
 
+#include "common/tls_testcerts.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -476,11 +478,12 @@ static void test_unsupported_protocol(void **state)
     (void)state;
     sl_resource_set_t set;
     sl_resource_set_init(&set);
+    /* h2c waits for the HTTP/2 codec; https compiles (test_https_listener). */
     parse(&set, "gw.yaml",
           HEAD "kind: Gateway\nmetadata: {name: g}\nspec:\n"
-               "  listeners: [{name: a, port: 80}, {name: b, port: 443, protocol: https}]\n");
+               "  listeners: [{name: a, port: 80}, {name: b, port: 8081, protocol: h2c}]\n");
     char *s = compile_error(&set, "default");
-    assert_string_equal(s, "gw.yaml doc 1: spec.listeners[1].protocol: protocol https is not "
+    assert_string_equal(s, "gw.yaml doc 1: spec.listeners[1].protocol: protocol h2c is not "
                            "supported by this runtime yet (use http)\n");
     free(s);
     sl_resource_set_free(&set);
@@ -557,6 +560,128 @@ static void test_pack_unpack_round_trip(void **state)
     sl_resource_set_free(&set);
 }
 
+/* The issue's example: an https listener naming two Certificates. The
+ * snapshot carries exactly the referenced ones, every tls default applied. */
+static void test_https_listener(void **state)
+{
+    (void)state;
+    tc_pair_t a, b, c;
+    tc_make(&a, TC_EC256, "a.example", "a.example", -3600, 86400, NULL, false);
+    tc_make(&b, TC_RSA2048, "b.example", "b.example,*.b.example", -3600, 86400, NULL, false);
+    tc_make(&c, TC_EC256, "c.example", "c.example", -3600, 86400, NULL, false);
+    char *da = tc_certificate_doc("a-example", a.cert_pem, a.key_pem);
+    char *db = tc_certificate_doc("b-example", b.cert_pem, b.key_pem);
+    char *dc = tc_certificate_doc("unused", c.cert_pem, c.key_pem);
+    sl_resource_set_t set;
+    sl_resource_set_init(&set);
+    parse(&set, "gw.yaml",
+          HEAD "kind: Gateway\nmetadata: {name: default}\nspec:\n  listeners:\n"
+               "  - name: https\n    port: 8443\n    protocol: https\n    tls:\n"
+               "      certificateRefs: [{name: a-example}, {name: b-example}]\n"
+               "  - name: mtls\n    port: 9443\n    protocol: https\n    tls:\n"
+               "      certificateRefs: [{name: b-example}]\n      minVersion: \"1.3\"\n"
+               "      alpn: [http/1.1]\n      sessionTickets: {enabled: false, rotation: 1h}\n"
+               "      sessionCache: {size: 100}\n      ocspStapleFile: /o.der\n"
+               "      clientAuth: {caFile: /ca.pem, mode: optional, verifyDepth: 5}\n");
+    parse(&set, "a.yaml", da);
+    parse(&set, "b.yaml", db);
+    parse(&set, "c.yaml", dc);
+    Sluice__V1__Snapshot *snap = compile_ok(&set, "default");
+    assert_int_equal(snap->n_listeners, 2);
+    Sluice__V1__Listener *l = snap->listeners[0];
+    assert_int_equal(l->protocol, SLUICE__V1__LISTENER__PROTOCOL__HTTPS);
+    assert_non_null(l->tls);
+    assert_int_equal(l->tls->n_certificates, 2);
+    assert_string_equal(l->tls->certificates[0], "default/a-example");
+    assert_string_equal(l->tls->certificates[1], "default/b-example");
+    assert_int_equal(l->tls->min_version, SLUICE__V1__LISTENER_TLS__VERSION__TLS1_2);
+    assert_int_equal(l->tls->n_alpn, 2);
+    assert_string_equal(l->tls->alpn[0], "h2");
+    assert_string_equal(l->tls->alpn[1], "http/1.1");
+    assert_true(l->tls->session_tickets);
+    assert_int_equal(l->tls->ticket_rotation_s, 12 * 3600);
+    assert_true(l->tls->session_cache);
+    assert_int_equal(l->tls->session_cache_size, 20480);
+    assert_int_equal(l->tls->client_auth, SLUICE__V1__LISTENER_TLS__CLIENT_AUTH__CLIENT_AUTH_NONE);
+    assert_string_equal(l->tls->groups, "X25519:P-256:P-384");
+    assert_non_null(strstr(l->tls->cipher_suites, "TLS_AES_128_GCM_SHA256"));
+    assert_non_null(strstr(l->tls->ciphers, "ECDHE-ECDSA-AES128-GCM-SHA256"));
+
+    Sluice__V1__ListenerTls *m = snap->listeners[1]->tls;
+    assert_int_equal(m->min_version, SLUICE__V1__LISTENER_TLS__VERSION__TLS1_3);
+    assert_int_equal(m->n_alpn, 1);
+    assert_false(m->session_tickets);
+    assert_int_equal(m->ticket_rotation_s, 3600);
+    assert_int_equal(m->session_cache_size, 100);
+    assert_string_equal(m->ocsp_staple_file, "/o.der");
+    assert_int_equal(m->client_auth, SLUICE__V1__LISTENER_TLS__CLIENT_AUTH__CLIENT_AUTH_OPTIONAL);
+    assert_string_equal(m->client_ca_file, "/ca.pem");
+    assert_int_equal(m->verify_depth, 5);
+
+    /* Two certificates, not three: "unused" is named by no listener and its
+     * key must not travel. b-example is named twice but carried once. */
+    assert_int_equal(snap->n_certificates, 2);
+    Sluice__V1__TlsCertificate *ca = snap->certificates[0], *cb = snap->certificates[1];
+    assert_string_equal(ca->name, "default/a-example");
+    assert_string_equal(cb->name, "default/b-example");
+    assert_string_equal(ca->chain_pem, a.cert_pem);
+    assert_string_equal(ca->private_key_pem, a.key_pem);
+    assert_int_equal(cb->n_names, 2);
+    assert_string_equal(cb->names[1], "*.b.example");
+    assert_int_equal(strlen(ca->sha256_fingerprint), 64);
+    assert_true(ca->not_after_unix > 0);
+    sl_snapshot_free(snap);
+    sl_resource_set_free(&set);
+    free(da);
+    free(db);
+    free(dc);
+    tc_free(&a);
+    tc_free(&b);
+    tc_free(&c);
+}
+
+static void test_https_certificate_refs(void **state)
+{
+    (void)state;
+    sl_resource_set_t set;
+    sl_resource_set_init(&set);
+    parse(&set, "gw.yaml",
+          HEAD "kind: Gateway\nmetadata: {name: g, namespace: edge}\nspec:\n  listeners:\n"
+               "  - {name: web, port: 8443, protocol: https, tls: {certificateRefs: "
+               "[{name: missing}, {name: k8s}, {name: from-file}]}}\n");
+    parse(&set, "c.yaml",
+          HEAD "kind: Certificate\nmetadata: {name: k8s, namespace: edge}\n"
+               "spec: {secretRef: {name: tls}}\n---\n" HEAD
+               "kind: Certificate\nmetadata: {name: from-file, namespace: edge}\n"
+               "spec: {file: {certificate: /c.pem, privateKey: /k.pem}}\n---\n" HEAD
+               "kind: Certificate\nmetadata: {name: missing, namespace: other}\n"
+               "spec: {file: {certificate: /c.pem, privateKey: /k.pem}}\n");
+    char *s = compile_error(&set, "default");
+    assert_string_equal(s, "gw.yaml doc 1: spec.listeners[0].tls.certificateRefs[0].name: "
+                           "Certificate \"edge/missing\" not found\n"
+                           "gw.yaml doc 1: spec.listeners[0].tls.certificateRefs[1].name: "
+                           "Certificate \"edge/k8s\" uses secretRef, which this runtime cannot "
+                           "load yet (use certificate + privateKey, or file)\n");
+    free(s);
+    sl_resource_set_free(&set);
+
+    /* File-based Certificates compile to paths the runtime reads. */
+    sl_resource_set_init(&set);
+    parse(&set, "gw.yaml",
+          HEAD "kind: Gateway\nmetadata: {name: g}\nspec:\n  listeners:\n"
+               "  - {name: web, port: 8443, protocol: https, tls: {certificateRefs: "
+               "[{name: from-file}]}}\n---\n" HEAD
+               "kind: Certificate\nmetadata: {name: from-file}\n"
+               "spec: {file: {certificate: /c.pem, privateKey: /k.pem}}\n");
+    Sluice__V1__Snapshot *snap = compile_ok(&set, "default");
+    assert_int_equal(snap->n_certificates, 1);
+    assert_string_equal(snap->certificates[0]->chain_file, "/c.pem");
+    assert_string_equal(snap->certificates[0]->private_key_file, "/k.pem");
+    assert_string_equal(snap->certificates[0]->private_key_pem, "");
+    sl_snapshot_free(snap);
+    sl_resource_set_free(&set);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -566,6 +691,8 @@ int main(void)
         cmocka_unit_test(test_upgrades_resolved_per_route),
         cmocka_unit_test(test_missing_backend_reference),
         cmocka_unit_test(test_unsupported_protocol),
+        cmocka_unit_test(test_https_listener),
+        cmocka_unit_test(test_https_certificate_refs),
         cmocka_unit_test(test_gateways_of_a_fleet_merge),
         cmocka_unit_test(test_pack_unpack_round_trip),
     };
