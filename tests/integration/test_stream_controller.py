@@ -21,8 +21,9 @@ import socket
 import sqlite3
 import time
 
-import grpc
 import pytest
+
+grpc = pytest.importorskip("grpc", reason="python3-grpcio is not installed (make deps)")
 
 from controller_env import (TYPE_ORDER, TYPE_URLS, FakeRuntime, grpc_peer_available,
                             log_lines, quickstart)
