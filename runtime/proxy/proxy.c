@@ -1,22 +1,23 @@
 /*
- * HTTP/1.1 reverse proxy, one downstream connection at a time (proxy.h).
+ * The HTTP/1.1 side of a client connection (proxy.h): read and parse request
+ * heads, hand each request to the protocol-independent request (request.c)
+ * and its upstream exchange (exchange.c), carry the request body into the
+ * exchange, and write what the exchange answers in HTTP/1.1 framing, with
+ * keep-alive, pipelining and upgrades (a 101 turns the connection into a
+ * byte tunnel).
  *
  * Buffers (bounded, from the worker's block cache):
  *   in    client bytes: the request head, chunked body bytes, pipelined
- *         requests that wait their turn;
- *   uout  the rewritten request for the upstream: head + body bytes. It is
- *         kept until the response head arrives while it fits, so a request
- *         can be replayed on another endpoint (retries); a body larger than
- *         the buffer streams and is then not retried;
- *   uin   the upstream response head;
- *   out   the rewritten response head and response body bytes to the client.
- *         Body bytes are read from the upstream straight into it; when it is
- *         full, reading from the upstream stops (backpressure) until the
- *         client drains it.
+ *         requests that wait their turn, tunnel bytes;
+ *   out   the response head and body bytes to the client. The exchange reads
+ *         body bytes from the upstream straight into it (exchange.h, ops
+ *         body_buf); when it is full, the exchange stops reading from the
+ *         upstream (backpressure) until the client drains it.
+ *   The upstream's buffers (uout, uin) are the exchange's.
  *
- * Every request holds a reference on the generation it was routed with, so a
- * config swap never changes the rules of a request in flight, and a retired
- * generation lives until its last request ends.
+ * Every request holds its generation (sl_request_begin), so a config swap
+ * never changes the rules of a request in flight, and a retired generation
+ * lives until its last request ends.
  */
 #include "proxy.h"
 
@@ -24,6 +25,7 @@
 #include "generation.h"
 #include "http1.h"
 #include "log.h"
+#include "exchange.h"
 #include "metrics.h"
 #include "request.h"
 #include "upstream.h"
@@ -39,8 +41,6 @@
 #include <unistd.h>
 
 #define MAX_HEADERS_CAP 1000
-#define MAX_RESPONSE_HEAD (64 * 1024)
-#define READ_LOW_WATER 4096
 
 enum conn_state {
     CS_HEAD = 0, /* waiting for / reading a request head */
@@ -50,14 +50,10 @@ enum conn_state {
     CS_CLOSED,   /* conn_close ran; memory lives until the callback unwinds */
 };
 
-enum up_phase {
-    UP_NONE = 0,
-    UP_CONNECTING,
-    UP_WAIT_HEAD, /* sending the request and/or waiting for the response head */
-    UP_BODY,      /* streaming the response body */
-};
-
 typedef struct sl_conn {
+    /* The request in progress and its upstream side (exchange.h); first, so
+     * that an exchange pointer is the connection's. */
+    sl_exchange_t x;
     sl_worker_t *w;
     sl_listener_sock_t *ls;
     int fd;
@@ -80,35 +76,11 @@ typedef struct sl_conn {
     uint8_t depth;                 /* pipelining recursion guard */
     unsigned requests;
 
-    /* current request: what every protocol shares (request.h) ... */
-    sl_request_t r;
-    /* ... and how HTTP/1.1 carries it */
-    sl_upconn_t *up;
-    enum up_phase phase;
-    sl_buf_t uout, uin;
-    size_t uout_sent;
     int minor_version;
     uint8_t keep_alive;
-    uint8_t expect_continue;
     enum sl_http1_body req_body;
     uint64_t req_remaining;
     sl_http1_chunked_t req_chunk;
-    uint8_t req_body_done;
-
-    enum sl_http1_body resp_body;
-    uint64_t resp_remaining;
-    sl_http1_chunked_t resp_chunk;
-    uint8_t resp_head_sent;
-    uint8_t interim_sent; /* 1xx heads were queued for the client */
-    uint8_t resp_done;
-    uint8_t up_reusable;
-    uint8_t up_paused; /* backpressure: client slower than upstream */
-    uint8_t up_read_ready;
-    uint8_t up_rdhup;
-    uint8_t up_drained; /* the last upstream read found the socket empty */
-    uint8_t up_want_write;
-    uint8_t dechunk; /* HTTP/1.0 client, chunked upstream: strip framing */
-    uint8_t upgrade; /* the route tunnels this request's Upgrade token */
 
     /* CS_TUNNEL: each direction ends with its sender's EOF, relayed as a
      * shutdown(SHUT_WR) once the bytes before it are written. */
@@ -126,18 +98,20 @@ static __thread sl_http1_header_t worker_headers[MAX_HEADERS_CAP];
 static void client_event_cb(evutil_socket_t fd, short what, void *arg);
 static void timer_cb(evutil_socket_t fd, short what, void *arg);
 static void read_head(sl_conn_t *c);
-static void drive_request(sl_conn_t *c);
-static void read_response_body(sl_conn_t *c);
 static void process_input(sl_conn_t *c);
 static void conn_close(sl_conn_t *c);
-static void start_upstream(sl_conn_t *c);
-static void upstream_failed(sl_conn_t *c, enum sl_upstream_error kind, int during_send);
 static void client_flush(sl_conn_t *c);
-static void retry_upstream(sl_conn_t *c);
+static int client_write_some(sl_conn_t *c);
 static void tunnel_pump(sl_conn_t *c);
-struct sl_http1_response;
 static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t head_len);
 static void pump_request_body(sl_conn_t *c);
+static const sl_exchange_ops_t h1_exchange_ops;
+
+/* The connection of an exchange: the exchange is its first member. */
+static inline sl_conn_t *conn_of(sl_exchange_t *x)
+{
+    return (sl_conn_t *)x;
+}
 
 static size_t headers_cap_for(const sl_generation_t *gen)
 {
@@ -172,9 +146,9 @@ static inline void cb_leave(sl_conn_t *c)
 
 static void arm_timer(sl_conn_t *c, uint32_t ms)
 {
-    if (c->r.deadline_ms) {
+    if (c->x.r.deadline_ms) {
         uint64_t now = sl_endpoint_now_ms();
-        uint64_t left = c->r.deadline_ms > now ? c->r.deadline_ms - now : 0;
+        uint64_t left = c->x.r.deadline_ms > now ? c->x.r.deadline_ms - now : 0;
         if (ms == 0 || left < ms)
             ms = (uint32_t)left;
     }
@@ -186,62 +160,22 @@ static void arm_timer(sl_conn_t *c, uint32_t ms)
     evtimer_add(c->timer, &tv);
 }
 
-/* ---- per-request strings -------------------------------------------------- */
-
 /* ---- request bookkeeping -------------------------------------------------- */
-
-static void put_upconn(sl_conn_t *c, int reusable)
-{
-    sl_request_leave_pool(&c->r);
-    sl_upconn_t *up = c->up;
-    if (!up)
-        return;
-    c->up = NULL;
-    if (reusable && c->r.cluster)
-        sl_upstream_release(c->w, up, c->r.cluster->pool_max_idle,
-                            c->r.cluster->pool_idle_timeout_ms);
-    else
-        sl_upstream_close(c->w, up);
-}
 
 static void reset_request(sl_conn_t *c)
 {
-    sl_request_reset(&c->r);
-    c->phase = UP_NONE;
-    sl_worker_buf_put(c->w, &c->uout);
-    sl_worker_buf_put(c->w, &c->uin);
-    c->uout_sent = 0;
+    sl_request_reset(&c->x.r);
+    sl_exchange_reset(&c->x);
     c->req_body = SL_HTTP1_BODY_NONE;
     c->req_remaining = 0;
-    c->req_body_done = 0;
-    c->resp_body = SL_HTTP1_BODY_NONE;
-    c->resp_remaining = 0;
-    c->resp_head_sent = 0;
-    c->interim_sent = 0;
-    c->resp_done = 0;
-    c->dechunk = 0;
-    c->upgrade = 0;
-    c->up_reusable = 0;
-    c->up_paused = 0;
-    c->expect_continue = 0;
 }
 
 /* The response is complete and flushed: log it, recycle, go on. */
 static void request_done(sl_conn_t *c)
 {
-    /*
-     * A connection whose FIN (or error) was already seen goes no further: with
-     * edge-triggered events, the idle watcher would never hear of it again.
-     * Neither does one that may hold unread bytes or a FIN whose edge we
-     * consumed: unless the last read proved the socket empty (a short read,
-     * the common case), it is peeked once here (nginx checks its keep-alive
-     * connections the same way when it frees them).
-     */
-    if (c->up)
-        put_upconn(c, c->up_reusable && c->req_body_done && c->resp_done && !c->up_rdhup &&
-                          (c->up_drained || sl_upstream_idle_usable(c->up)));
-    sl_request_log(&c->r);
-    int keep = c->keep_alive && !c->closing && !c->w->draining && c->req_body_done;
+    sl_exchange_finish(&c->x, 1);
+    sl_request_log(&c->x.r);
+    int keep = c->keep_alive && !c->closing && !c->w->draining && c->x.req_body_done;
     reset_request(c);
     if (!keep) {
         conn_close(c);
@@ -309,37 +243,36 @@ static void append_allow(sl_buf_t *b, unsigned allow)
 static void send_error(sl_conn_t *c, int status, const char *code, const char *message,
                        int close_after, unsigned allow)
 {
-    c->r.error_code = code;
-    if (c->up)
-        put_upconn(c, 0);
-    if (c->resp_head_sent) {
-        c->r.status = c->r.status ? c->r.status : status;
-        sl_request_log(&c->r);
+    c->x.r.error_code = code;
+    sl_exchange_finish(&c->x, 0);
+    if (c->x.resp_head_sent) {
+        c->x.r.status = c->x.r.status ? c->x.r.status : status;
+        sl_request_log(&c->x.r);
         reset_request(c);
         conn_close(c);
         return;
     }
-    if (!c->req_body_done)
+    if (!c->x.req_body_done)
         close_after = 1; /* the rest of the body is still on the wire */
-    c->r.status = status;
+    c->x.r.status = status;
     c->state = CS_RESPOND;
-    c->phase = UP_NONE;
+    c->x.phase = SL_XP_NONE;
     if (close_after)
         c->closing = 1;
     if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
         conn_close(c);
         return;
     }
-    if (!c->interim_sent)
+    if (!c->x.interim_sent)
         c->out.start = c->out.end = 0; /* else append after the interim heads */
     char body[900];
-    int blen = (int)sl_request_error_body(&c->r, status, code, message, body, sizeof(body));
+    int blen = (int)sl_request_error_body(&c->x.r, status, code, message, body, sizeof(body));
     char head[512];
     int hlen =
         snprintf(head, sizeof(head),
                  "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
                  "Content-Length: %d\r\nX-Request-Id: %.*s\r\n%s",
-                 status, sl_http1_reason(status), blen, (int)c->r.m_reqid.len, c->r.m_reqid.ptr,
+                 status, sl_http1_reason(status), blen, (int)c->x.r.m_reqid.len, c->x.r.m_reqid.ptr,
                  c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
     sl_buf_append(&c->out, head, (size_t)hlen);
     size_t dl;
@@ -348,10 +281,10 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
     if (allow)
         append_allow(&c->out, allow);
     sl_buf_append(&c->out, "\r\n", 2);
-    if (c->r.method_bit != SL_METHOD_HEAD)
+    if (c->x.r.method_bit != SL_METHOD_HEAD)
         sl_buf_append(&c->out, body, (size_t)blen);
-    c->resp_head_sent = 1;
-    c->resp_done = 1;
+    c->x.resp_head_sent = 1;
+    c->x.resp_done = 1;
     evtimer_del(c->timer);
     client_rev(c, 0);
     client_flush(c);
@@ -362,16 +295,15 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
 static void conn_close(sl_conn_t *c)
 {
     sl_worker_t *w = c->w;
-    if (c->up)
-        put_upconn(c, 0);
-    sl_request_reset(&c->r);
+    sl_exchange_finish(&c->x, 0);
+    sl_request_reset(&c->x.r);
     event_free(c->ev);
     event_free(c->timer);
     close(c->fd);
     sl_worker_buf_put(w, &c->in);
     sl_worker_buf_put(w, &c->out);
-    sl_worker_buf_put(w, &c->uout);
-    sl_worker_buf_put(w, &c->uin);
+    sl_worker_buf_put(w, &c->x.uout);
+    sl_worker_buf_put(w, &c->x.uin);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -421,7 +353,8 @@ void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr
     c->ls = ls;
     c->fd = fd;
     c->first_request = 1;
-    sl_request_init(&c->r, w, c->client_ip);
+    sl_request_init(&c->x.r, w, c->client_ip);
+    c->x.ops = &h1_exchange_ops;
     c->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_CLOSED | EV_ET | EV_PERSIST,
                       client_event_cb, c);
     c->timer = evtimer_new(w->base, timer_cb, c);
@@ -471,7 +404,7 @@ void sl_proxy_drain(sl_worker_t *w)
     sl_conn_t *c = w->conns;
     while (c) {
         sl_conn_t *next = c->next;
-        if (c->state == CS_HEAD && sl_buf_len(&c->in) == 0 && !c->r.gen)
+        if (c->state == CS_HEAD && sl_buf_len(&c->in) == 0 && !c->x.r.gen)
             conn_close(c);
         else
             c->closing = 1;
@@ -487,7 +420,6 @@ void sl_proxy_close_all(sl_worker_t *w)
 
 /* ---- client side I/O ------------------------------------------------------ */
 
-/* Writes `out`; when it empties, moves the exchange on. */
 /*
  * Writes as much of `out` as the socket takes. Returns 1 when `out` is
  * empty, 0 when the socket is full (the write edge resumes us), -1 when the
@@ -499,7 +431,7 @@ static int client_write_some(sl_conn_t *c)
         ssize_t n = write(c->fd, sl_buf_head(&c->out), sl_buf_len(&c->out));
         if (n > 0) {
             sl_buf_consume(&c->out, (size_t)n);
-            c->r.bytes_sent += (uint64_t)n;
+            c->x.r.bytes_sent += (uint64_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -507,19 +439,18 @@ static int client_write_some(sl_conn_t *c)
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             client_wev(c, 1);
             /* A client that stops reading gets the idle timeout, not forever. */
-            if (c->resp_done || c->phase == UP_BODY) {
-                uint32_t ms = c->r.gen ? c->r.gen->idle_timeout_ms : 60000;
+            if (c->x.resp_done || c->x.phase == SL_XP_BODY) {
+                uint32_t ms = c->x.r.gen ? c->x.r.gen->idle_timeout_ms : 60000;
                 arm_timer(c, ms);
             }
             return 0;
         }
         /* The client went away. */
-        c->r.error_code = c->r.error_code ? c->r.error_code : "client_closed";
-        if (!c->r.status)
-            c->r.status = 499;
-        if (c->up)
-            put_upconn(c, 0);
-        sl_request_log(&c->r);
+        c->x.r.error_code = c->x.r.error_code ? c->x.r.error_code : "client_closed";
+        if (!c->x.r.status)
+            c->x.r.status = 499;
+        sl_exchange_finish(&c->x, 0);
+        sl_request_log(&c->x.r);
         reset_request(c);
         conn_close(c);
         return -1;
@@ -533,8 +464,8 @@ static void client_flush(sl_conn_t *c)
 {
     if (client_write_some(c) != 1)
         return;
-    if (c->state == CS_RESPOND || (c->state == CS_PROXY && c->resp_done)) {
-        if (c->state == CS_PROXY && !c->req_body_done) {
+    if (c->state == CS_RESPOND || (c->state == CS_PROXY && c->x.resp_done)) {
+        if (c->state == CS_PROXY && !c->x.req_body_done) {
             /* Upstream answered before the whole body arrived: the unread
              * rest of the body makes the connection unusable. */
             c->keep_alive = 0;
@@ -542,11 +473,8 @@ static void client_flush(sl_conn_t *c)
         request_done(c);
         return;
     }
-    if (c->state == CS_PROXY && c->phase == UP_BODY && c->up_paused && c->up) {
-        c->up_paused = 0;
-        arm_timer(c, c->r.route->timeouts.response_ms);
-        read_response_body(c);
-    }
+    if (c->state == CS_PROXY)
+        sl_exchange_resume(&c->x);
 }
 
 static void client_event_cb(evutil_socket_t fd, short what, void *arg)
@@ -569,7 +497,7 @@ static void client_event_cb(evutil_socket_t fd, short what, void *arg)
         client_flush(c);
     if (!c->dead && c->want_read && (c->read_ready || c->pending_input)) {
         if (c->state == CS_PROXY)
-            drive_request(c);
+            sl_exchange_drive(&c->x);
         else if (c->state == CS_HEAD)
             read_head(c);
     }
@@ -591,7 +519,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 static void timer_expired(sl_conn_t *c)
 {
     uint64_t now = sl_endpoint_now_ms();
-    int request_expired = c->r.deadline_ms && now >= c->r.deadline_ms;
+    int request_expired = c->x.r.deadline_ms && now >= c->x.r.deadline_ms;
     switch (c->state) {
     case CS_HEAD:
         if (sl_buf_len(&c->in) == 0) {
@@ -601,7 +529,7 @@ static void timer_expired(sl_conn_t *c)
             return;
         }
         c->keep_alive = 0;
-        c->req_body_done = 1;
+        c->x.req_body_done = 1;
         send_error(c, 408, "request_header_timeout", "the request head did not arrive in time", 1,
                    0);
         return;
@@ -626,29 +554,8 @@ static void timer_expired(sl_conn_t *c)
         send_error(c, 504, "request_timeout", "the request did not complete in time", 1, 0);
         return;
     }
-    switch (c->phase) {
-    case UP_CONNECTING:
-        upstream_failed(c, SL_UPSTREAM_ERR_CONNECT, 0);
-        return;
-    case UP_WAIT_HEAD:
-        upstream_failed(c, SL_UPSTREAM_ERR_TIMEOUT, 0);
-        return;
-    case UP_BODY:
-    default:
-        if (c->want_write) {
-            /* Client stopped reading the response. */
-            c->r.error_code = "client_write_timeout";
-        } else {
-            c->r.error_code = "upstream_read_timeout";
-            sl_request_count_error(&c->r, SL_UPSTREAM_ERR_TIMEOUT);
-        }
-        if (c->up)
-            put_upconn(c, 0);
-        sl_request_log(&c->r);
-        reset_request(c);
-        conn_close(c);
-        return;
-    }
+    /* Connect or response timeout, or a client that stopped reading. */
+    sl_exchange_timeout(&c->x, c->want_write);
 }
 
 /* A connection waiting for a request head starts with a small buffer and
@@ -714,7 +621,7 @@ static void read_head(sl_conn_t *c)
              * READ|WRITE, without CLOSED), so whoever still needs bytes reads
              * on until EAGAIN or the error.
              */
-            if (short_read && !c->rdhup && !c->dead && c->state != CS_HEAD && c->req_body_done)
+            if (short_read && !c->rdhup && !c->dead && c->state != CS_HEAD && c->x.req_body_done)
                 c->read_ready = 0;
             continue;
         }
@@ -731,204 +638,6 @@ static void read_head(sl_conn_t *c)
 
 /* ---- request head --------------------------------------------------------- */
 
-static int token_in_list(sl_str_t list, const char *tok, size_t toklen)
-{
-    const char *p = list.ptr, *end = list.ptr + list.len;
-    while (p < end) {
-        while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
-            p++;
-        const char *s = p;
-        while (p < end && *p != ',')
-            p++;
-        const char *e = p;
-        while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
-            e--;
-        if ((size_t)(e - s) == toklen && strncasecmp(s, tok, toklen) == 0)
-            return 1;
-    }
-    return 0;
-}
-
-static int name_is(const sl_http1_header_t *h, const char *lit, size_t len)
-{
-    return h->name.len == len && strncasecmp(h->name.ptr, lit, len) == 0;
-}
-
-/*
- * The options of every Connection header line of a message (RFC 9110 7.6.1:
- * a sender may split the list over several lines, and each named field is
- * hop-by-hop). Nearly every message has at most one line; past the inline
- * slots the message's headers are scanned again, which is slow but exact.
- */
-#define CONN_LINES_INLINE 4
-typedef struct {
-    sl_str_t line[CONN_LINES_INLINE];
-    unsigned n;
-    const sl_http1_header_t *all; /* set when there are more lines than slots */
-    size_t num_all;
-} conn_opts_t;
-
-static void conn_opts_collect(conn_opts_t *co, const sl_http1_header_t *hs, size_t n)
-{
-    co->n = 0;
-    co->all = NULL;
-    co->num_all = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (hs[i].name.len != 10 || strncasecmp(hs[i].name.ptr, "connection", 10) != 0)
-            continue;
-        if (co->n == CONN_LINES_INLINE) {
-            co->all = hs;
-            co->num_all = n;
-            return;
-        }
-        co->line[co->n++] = hs[i].value;
-    }
-}
-
-static int conn_opts_name(const conn_opts_t *co, const char *name, size_t len)
-{
-    if (co->all) {
-        for (size_t i = 0; i < co->num_all; i++) {
-            const sl_http1_header_t *h = &co->all[i];
-            if (h->name.len == 10 && strncasecmp(h->name.ptr, "connection", 10) == 0 &&
-                token_in_list(h->value, name, len))
-                return 1;
-        }
-        return 0;
-    }
-    for (unsigned i = 0; i < co->n; i++)
-        if (token_in_list(co->line[i], name, len))
-            return 1;
-    return 0;
-}
-
-/* Trailer is not here: it is end-to-end (RFC 9110 6.6.2); the client needs
- * it to expect the trailer fields that are forwarded with the body. */
-static int is_hop_by_hop(const sl_http1_header_t *h, const conn_opts_t *co)
-{
-    int hop = 0;
-    switch (h->name.len) {
-    case 2:
-        hop = name_is(h, "te", 2);
-        break;
-    case 7:
-        hop = name_is(h, "upgrade", 7);
-        break;
-    case 10:
-        hop = name_is(h, "connection", 10) || name_is(h, "keep-alive", 10);
-        break;
-    case 16:
-        hop = name_is(h, "proxy-connection", 16);
-        break;
-    case 17:
-        hop = name_is(h, "transfer-encoding", 17);
-        break;
-    case 19:
-        hop = name_is(h, "proxy-authorization", 19);
-        break;
-    default:
-        break;
-    }
-    /* Any header the sender named in Connection is hop-by-hop too. */
-    return hop || (co->n && conn_opts_name(co, h->name.ptr, h->name.len));
-}
-
-/*
- * Serialises the HTTP/1.1 request head for the upstream into uout, from the
- * protocol-independent head: origin-form target with the forwarded (routed,
- * normalised, base-path-stripped) path, hop-by-hop fields removed, the
- * forwarding fields set. `body` is the client's framing, kept as is.
- */
-static int build_upstream_head(sl_conn_t *c, const sl_req_head_t *req, sl_str_t req_path,
-                               enum sl_http1_body body, sl_str_t upgrade)
-{
-    sl_buf_t *b = &c->uout;
-    conn_opts_t co;
-    conn_opts_collect(&co, req->headers, req->num_headers);
-
-    sl_buf_append(b, req->method.ptr, req->method.len);
-    sl_buf_append(b, " ", 1);
-    const char *path = req_path.ptr;
-    size_t path_len = req_path.len;
-    if (path_len == 0 || path[0] != '/')
-        sl_buf_append(b, "/", 1);
-    sl_buf_append(b, path, path_len);
-    if (req->has_query) {
-        sl_buf_append(b, "?", 1);
-        sl_buf_append(b, req->query.ptr, req->query.len);
-    }
-    /* HTTP/1.0 clients are forwarded as 1.0 so the upstream never answers
-     * chunked, which such a client could not read. */
-    if (req->version == 10)
-        sl_buf_append(b, " HTTP/1.0\r\n", 11);
-    else
-        sl_buf_append(b, " HTTP/1.1\r\n", 11);
-
-    /* Host, X-Request-Id and the X-Forwarded-* fields are the gateway's to
-     * write; Expect is answered by the gateway itself. */
-    const sl_header_t *xff = NULL;
-    for (size_t i = 0; i < req->num_headers; i++) {
-        const sl_header_t *h = &req->headers[i];
-        if (is_hop_by_hop(h, &co))
-            continue;
-        if (name_is(h, "x-forwarded-for", 15)) {
-            xff = h;
-            continue;
-        }
-        if (name_is(h, "host", 4) || name_is(h, "x-request-id", 12) ||
-            name_is(h, "x-forwarded-proto", 17) || name_is(h, "x-forwarded-host", 16) ||
-            name_is(h, "expect", 6) || name_is(h, "content-length", 14))
-            continue;
-        sl_buf_append(b, h->name.ptr, h->name.len);
-        sl_buf_append(b, ": ", 2);
-        sl_buf_append(b, h->value.ptr, h->value.len);
-        sl_buf_append(b, "\r\n", 2);
-    }
-    sl_str_t host_value = req->authority;
-    sl_buf_append(b, "Host: ", 6);
-    if (c->r.cluster->host_rewrite.len)
-        sl_buf_append(b, c->r.cluster->host_rewrite.ptr, c->r.cluster->host_rewrite.len);
-    else if (host_value.len)
-        sl_buf_append(b, host_value.ptr, host_value.len);
-    else
-        sl_buf_append(b, "localhost", 9);
-    sl_buf_append(b, "\r\nX-Forwarded-For: ", 19);
-    if (xff && xff->value.len) {
-        sl_buf_append(b, xff->value.ptr, xff->value.len);
-        sl_buf_append(b, ", ", 2);
-    }
-    sl_buf_append(b, c->client_ip, strlen(c->client_ip));
-    sl_buf_append(b, "\r\nX-Forwarded-Proto: http\r\n", 27);
-    if (host_value.len) {
-        sl_buf_append(b, "X-Forwarded-Host: ", 18);
-        sl_buf_append(b, host_value.ptr, host_value.len);
-        sl_buf_append(b, "\r\n", 2);
-    }
-    sl_buf_append(b, "X-Request-Id: ", 14);
-    sl_buf_append(b, c->r.m_reqid.ptr, c->r.m_reqid.len);
-    sl_buf_append(b, "\r\n", 2);
-    if (c->r.gen->add_via)
-        sl_buf_append(b, req->version == 10 ? "Via: 1.0 sluice\r\n" : "Via: 1.1 sluice\r\n", 17);
-    if (body == SL_HTTP1_BODY_LENGTH) {
-        char cl[48];
-        int n = snprintf(cl, sizeof(cl), "Content-Length: %llu\r\n",
-                         (unsigned long long)req->content_length);
-        sl_buf_append(b, cl, (size_t)n);
-    } else if (body == SL_HTTP1_BODY_CHUNKED) {
-        sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
-    }
-    if (upgrade.len) {
-        sl_buf_append(b, "Upgrade: ", 9);
-        sl_buf_append(b, upgrade.ptr, upgrade.len);
-        sl_buf_append(b, "\r\nConnection: upgrade\r\n\r\n", 25);
-    } else if (req->version == 10) {
-        sl_buf_append(b, "Connection: keep-alive\r\n\r\n", 26);
-    } else {
-        sl_buf_append(b, "\r\n", 2);
-    }
-    return 0;
-}
-
 /*
  * The protocol this request may upgrade to, or an empty slice: the first
  * element of its Upgrade header (RFC 9110 7.8), when Connection names
@@ -942,9 +651,9 @@ static sl_str_t allowed_upgrade(sl_conn_t *c, const sl_http1_request_t *req)
     const sl_http1_header_t *u = sl_http1_find_header(req->headers, req->num_headers, "upgrade", 7);
     if (!u)
         return none;
-    conn_opts_t co;
-    conn_opts_collect(&co, req->headers, req->num_headers);
-    if (!conn_opts_name(&co, "upgrade", 7))
+    sl_conn_opts_t co;
+    sl_conn_opts_collect(&co, req->headers, req->num_headers);
+    if (!sl_conn_opts_name(&co, "upgrade", 7))
         return none;
     const char *p = u->value.ptr, *end = p + u->value.len;
     while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
@@ -956,7 +665,7 @@ static sl_str_t allowed_upgrade(sl_conn_t *c, const sl_http1_request_t *req)
     /* "websocket" or "protocol/version": the route lists protocol names. */
     const char *slash = memchr(elem.ptr, '/', elem.len);
     size_t name_len = slash ? (size_t)(slash - elem.ptr) : elem.len;
-    const Sluice__V1__Route *pb = c->r.route->pb;
+    const Sluice__V1__Route *pb = c->x.r.route->pb;
     for (size_t i = 0; i < pb->n_upgrades; i++)
         if (strlen(pb->upgrades[i]) == name_len &&
             strncasecmp(pb->upgrades[i], elem.ptr, name_len) == 0)
@@ -996,8 +705,8 @@ static void head_from_http1(sl_req_head_t *h, const sl_http1_request_t *req)
 /* Parses and dispatches the request at the front of `in`. */
 static void process_input(sl_conn_t *c)
 {
-    sl_request_begin(&c->r);
-    sl_generation_t *gen = c->r.gen;
+    sl_request_begin(&c->x.r);
+    sl_generation_t *gen = c->x.r.gen;
     sl_http1_limits_t limits = gen ? gen->limits : (sl_http1_limits_t){8192, 32768, 100};
     sl_http1_request_t req;
     memset(&req, 0, sizeof(req));
@@ -1012,7 +721,7 @@ static void process_input(sl_conn_t *c)
     }
     client_rev(c, 0);
     c->state = CS_PROXY;
-    c->req_body_done = 1; /* until we know there is a body */
+    c->x.req_body_done = 1; /* until we know there is a body */
     if (r < 0) {
         c->minor_version = 1;
         c->keep_alive = 0;
@@ -1030,50 +739,54 @@ static void process_input(sl_conn_t *c)
     head_from_http1(&head, &req);
     c->minor_version = req.minor_version;
     c->keep_alive = (req.flags & SL_HTTP1_F_KEEP_ALIVE) != 0;
-    sl_request_set_head(&c->r, &head);
+    sl_request_set_head(&c->x.r, &head);
     c->req_body = req.body;
     if (req.body == SL_HTTP1_BODY_LENGTH) {
         c->req_remaining = req.content_length;
-        c->req_body_done = req.content_length == 0;
+        c->x.req_body_done = req.content_length == 0;
     } else if (req.body == SL_HTTP1_BODY_CHUNKED) {
         sl_http1_chunked_init(&c->req_chunk);
-        c->req_body_done = 0;
+        c->x.req_body_done = 0;
     }
 
     sl_str_t path;
     sl_request_error_t err;
-    if (sl_request_route(&c->r, &head, &path, &err) != SL_OK) {
+    if (sl_request_route(&c->x.r, &head, &path, &err) != SL_OK) {
         sl_buf_consume(&c->in, req.head_len);
         send_error(c, err.status, err.code, err.message, err.close, err.allow);
         return;
     }
-    c->expect_continue = (req.flags & SL_HTTP1_F_EXPECT_CONTINUE) && !c->req_body_done;
+    c->x.expect_continue = (req.flags & SL_HTTP1_F_EXPECT_CONTINUE) && !c->x.req_body_done;
     sl_str_t upgrade = {NULL, 0};
     if ((req.flags & SL_HTTP1_F_UPGRADE) && req.minor_version == 1 &&
         req.body == SL_HTTP1_BODY_NONE)
         upgrade = allowed_upgrade(c, &req);
-    c->upgrade = upgrade.len != 0;
+    c->x.upgrade = upgrade.len != 0;
+    /* No interim responses for HTTP/1.0 clients (RFC 9110 15.2); their
+     * chunked responses are de-chunked (they end with the connection). */
+    c->x.interim_ok = req.minor_version == 1;
+    c->x.dechunk = req.minor_version == 0;
 
-    if (sl_worker_buf_get(c->w, &c->uout) != 0) {
+    if (sl_exchange_build_head(&c->x, &head, path, req.body, req.content_length, upgrade) !=
+        SL_OK) {
         send_error(c, 503, "overloaded", "out of memory", 1, 0);
         return;
     }
-    build_upstream_head(c, &head, path, req.body, upgrade);
     sl_buf_consume(&c->in, req.head_len);
     evtimer_del(c->timer);
     /* Body bytes that came with the head. */
     pump_request_body(c);
     if (c->state != CS_PROXY)
         return;
-    start_upstream(c);
+    sl_exchange_start(&c->x);
 }
 
 /* ---- request body ---------------------------------------------------------- */
 
 static int body_over_limit(sl_conn_t *c)
 {
-    return c->r.route->max_request_body_bytes &&
-           c->r.bytes_received > c->r.route->max_request_body_bytes;
+    return c->x.r.route->max_request_body_bytes &&
+           c->x.r.bytes_received > c->x.r.route->max_request_body_bytes;
 }
 
 /*
@@ -1082,21 +795,21 @@ static int body_over_limit(sl_conn_t *c)
  */
 static void pump_request_body(sl_conn_t *c)
 {
-    if (c->req_body_done) {
+    if (c->x.req_body_done) {
         client_rev(c, 0);
         return;
     }
     for (;;) {
         /* Room in uout: drop what was sent if the buffer is full. */
-        if (sl_buf_space(&c->uout) < 1024) {
-            if (c->uout_sent > 0 && c->phase != UP_CONNECTING) {
-                size_t sent = c->uout_sent;
-                c->uout.start += sent;
-                c->uout_sent = 0;
-                sl_buf_compact(&c->uout);
-                c->r.replayable = 0;
+        if (sl_buf_space(&c->x.uout) < 1024) {
+            if (c->x.uout_sent > 0 && c->x.phase != SL_XP_CONNECTING) {
+                size_t sent = c->x.uout_sent;
+                c->x.uout.start += sent;
+                c->x.uout_sent = 0;
+                sl_buf_compact(&c->x.uout);
+                c->x.r.replayable = 0;
             }
-            if (sl_buf_space(&c->uout) < 1024) {
+            if (sl_buf_space(&c->x.uout) < 1024) {
                 client_rev(c, 0); /* backpressure: wait for the upstream */
                 return;
             }
@@ -1104,18 +817,18 @@ static void pump_request_body(sl_conn_t *c)
         if (sl_buf_len(&c->in) == 0) {
             if (c->req_body == SL_HTTP1_BODY_LENGTH && c->in.data == NULL) {
                 /* Fixed length: read straight into uout, never past the body. */
-                size_t want = sl_buf_space(&c->uout);
+                size_t want = sl_buf_space(&c->x.uout);
                 if (want > c->req_remaining)
                     want = (size_t)c->req_remaining;
                 if (!c->read_ready)
                     break;
-                ssize_t n = read(c->fd, sl_buf_tail(&c->uout), want);
+                ssize_t n = read(c->fd, sl_buf_tail(&c->x.uout), want);
                 if (n > 0) {
-                    c->uout.end += (size_t)n;
+                    c->x.uout.end += (size_t)n;
                     c->req_remaining -= (uint64_t)n;
-                    c->r.bytes_received += (uint64_t)n;
+                    c->x.r.bytes_received += (uint64_t)n;
                     if (c->req_remaining == 0) {
-                        c->req_body_done = 1;
+                        c->x.req_body_done = 1;
                         break;
                     }
                     continue;
@@ -1149,18 +862,18 @@ static void pump_request_body(sl_conn_t *c)
             }
         }
         size_t avail = sl_buf_len(&c->in);
-        size_t room = sl_buf_space(&c->uout);
+        size_t room = sl_buf_space(&c->x.uout);
         size_t take = avail < room ? avail : room;
         if (c->req_body == SL_HTTP1_BODY_LENGTH) {
             if (take > c->req_remaining)
                 take = (size_t)c->req_remaining;
-            memcpy(sl_buf_tail(&c->uout), sl_buf_head(&c->in), take);
-            c->uout.end += take;
+            memcpy(sl_buf_tail(&c->x.uout), sl_buf_head(&c->in), take);
+            c->x.uout.end += take;
             sl_buf_consume(&c->in, take);
             c->req_remaining -= take;
-            c->r.bytes_received += take;
+            c->x.r.bytes_received += take;
             if (c->req_remaining == 0) {
-                c->req_body_done = 1;
+                c->x.req_body_done = 1;
                 break;
             }
         } else {
@@ -1172,12 +885,12 @@ static void pump_request_body(sl_conn_t *c)
                            c->req_chunk.error ? c->req_chunk.error : "invalid chunked body", 1, 0);
                 return;
             }
-            memcpy(sl_buf_tail(&c->uout), sl_buf_head(&c->in), (size_t)used);
-            c->uout.end += (size_t)used;
+            memcpy(sl_buf_tail(&c->x.uout), sl_buf_head(&c->in), (size_t)used);
+            c->x.uout.end += (size_t)used;
             sl_buf_consume(&c->in, (size_t)used);
-            c->r.bytes_received = c->req_chunk.data_bytes;
+            c->x.r.bytes_received = c->req_chunk.data_bytes;
             if (done) {
-                c->req_body_done = 1;
+                c->x.req_body_done = 1;
                 break;
             }
         }
@@ -1196,222 +909,15 @@ static void pump_request_body(sl_conn_t *c)
                    0);
         return;
     }
-    client_rev(c, !c->req_body_done);
+    client_rev(c, !c->x.req_body_done);
     return;
 client_gone:
-    c->r.error_code = "client_closed";
-    c->r.status = 499;
-    if (c->up)
-        put_upconn(c, 0);
-    sl_request_log(&c->r);
+    c->x.r.error_code = "client_closed";
+    c->x.r.status = 499;
+    sl_exchange_finish(&c->x, 0);
+    sl_request_log(&c->x.r);
     reset_request(c);
     conn_close(c);
-}
-
-/* ---- upstream ------------------------------------------------------------- */
-
-static void upstream_failed(sl_conn_t *c, enum sl_upstream_error kind, int status)
-{
-    sl_request_count_error(&c->r, kind);
-    /* A pooled connection that still failed before any response byte: the
-     * origin closed it meanwhile. */
-    if (kind == SL_UPSTREAM_ERR_RESET && c->up && c->up->requests > 1 && !c->resp_head_sent)
-        sl_request_count_reuse_failure(&c->r);
-    sl_request_note_outcome(&c->r, 0);
-    if (c->up)
-        put_upconn(c, 0);
-    if (sl_request_retry_allowed(&c->r, kind, status, c->resp_head_sent)) {
-        retry_upstream(c);
-        return;
-    }
-    switch (kind) {
-    case SL_UPSTREAM_ERR_CONNECT:
-        send_error(c, 502, "upstream_connect_failed", "could not connect to the backend", 0, 0);
-        return;
-    case SL_UPSTREAM_ERR_TIMEOUT:
-        send_error(c, 504, "upstream_timeout", "the backend did not answer in time", 0, 0);
-        return;
-    case SL_UPSTREAM_ERR_RESET:
-        send_error(c, 502, "upstream_reset", "the backend closed the connection", 0, 0);
-        return;
-    default:
-        send_error(c, 502, "bad_upstream_response", "the backend sent an invalid response", 0, 0);
-        return;
-    }
-}
-
-/* Another attempt after a failure that the retry policy allows. */
-static void retry_upstream(sl_conn_t *c)
-{
-    sl_request_count_retry(&c->r);
-    c->uout_sent = 0;
-    start_upstream(c);
-    if (c->state == CS_PROXY)
-        sl_request_retry_started(&c->r);
-}
-
-static void attach_upconn(sl_conn_t *c, sl_upconn_t *up)
-{
-    c->up = up;
-    up->owner = c;
-    up->requests++;
-    c->up_read_ready = 0;
-    c->up_rdhup = 0;
-    c->up_drained = 0;
-    c->up_want_write = 0;
-    c->up_paused = 0;
-}
-
-static int up_send(sl_conn_t *c);
-
-/*
- * Moves the request forward: client bytes into uout, uout to the upstream,
- * until neither side makes progress. A loop, not mutual recursion, so a
- * large streamed body never deepens the stack.
- */
-static void drive_request(sl_conn_t *c)
-{
-    for (;;) {
-        uint64_t before = c->r.bytes_received;
-        size_t sent_before = c->uout_sent;
-        if (!c->req_body_done)
-            pump_request_body(c);
-        if (c->dead || c->state != CS_PROXY)
-            return;
-        if (c->up && c->phase != UP_CONNECTING && !c->up_want_write) {
-            if (up_send(c) != 0)
-                return;
-        }
-        if (c->dead || c->state != CS_PROXY)
-            return;
-        if (c->req_body_done && (c->up_want_write || !c->up || c->phase == UP_CONNECTING ||
-                                 c->uout_sent == sl_buf_len(&c->uout)))
-            return;
-        if (c->r.bytes_received == before && c->uout_sent == sent_before)
-            return;
-    }
-}
-
-static void start_upstream(sl_conn_t *c)
-{
-    sl_request_error_t err;
-    if (sl_request_pick_endpoint(&c->r, &err) != SL_OK) {
-        send_error(c, err.status, err.code, err.message, err.close, 0);
-        return;
-    }
-    if (c->expect_continue) {
-        /* We are ready for the body now; the upstream never sees Expect. */
-        if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
-            send_error(c, 503, "overloaded", "out of memory", 1, 0);
-            return;
-        }
-        sl_buf_append(&c->out, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-        c->expect_continue = 0;
-        ssize_t n = write(c->fd, sl_buf_head(&c->out), sl_buf_len(&c->out));
-        if (n > 0)
-            sl_buf_consume(&c->out, (size_t)n);
-        if (sl_buf_len(&c->out))
-            client_wev(c, 1);
-        client_rev(c, 1);
-    }
-    /* A request that is not retried if its connection turns out dead is only
-     * sent on one that is checked at hand-over (a peek: a system call, so
-     * idempotent requests, which a failure on reuse retries, skip it). */
-    sl_upconn_t *up = sl_upstream_take_idle(c->r.pool, !sl_request_retried_on_reset(&c->r));
-    if (up) {
-        attach_upconn(c, up);
-        c->phase = UP_WAIT_HEAD;
-        arm_timer(c, c->r.route->timeouts.response_ms);
-        drive_request(c);
-        return;
-    }
-    up = sl_upstream_connect(c->w, c->r.pool);
-    if (!up) {
-        upstream_failed(c, SL_UPSTREAM_ERR_CONNECT, 0);
-        return;
-    }
-    attach_upconn(c, up);
-    c->phase = UP_CONNECTING;
-    arm_timer(c, c->r.route->timeouts.connect_ms ? c->r.route->timeouts.connect_ms
-                                                 : c->r.cluster->connect_timeout_ms);
-    /* The connection's first writable edge tells us it is established. */
-}
-
-/* Writes pending uout bytes. Returns -1 when the request failed over (the
- * caller must not touch the upstream state any more). */
-static int up_send(sl_conn_t *c)
-{
-    sl_upconn_t *up = c->up;
-    for (;;) {
-        size_t pending = sl_buf_len(&c->uout) - c->uout_sent;
-        if (pending == 0)
-            break;
-        ssize_t n = write(up->fd, sl_buf_head(&c->uout) + c->uout_sent, pending);
-        if (n > 0) {
-            c->uout_sent += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            c->up_want_write = 1;
-            return 0;
-        }
-        /* A reused connection the upstream closed meanwhile, or a reset. */
-        upstream_failed(c, SL_UPSTREAM_ERR_RESET, 0);
-        return -1;
-    }
-    c->up_want_write = 0;
-    if (c->req_body_done && c->phase == UP_WAIT_HEAD && !c->resp_head_sent)
-        arm_timer(c, c->r.route->timeouts.response_ms);
-    return 0;
-}
-
-static void read_response_head(sl_conn_t *c);
-
-/* Event on the upstream connection owned by c (called by upstream.c). */
-void sl_proxy_upstream_event(struct sl_conn *c, short what)
-{
-    cb_enter(c);
-    sl_upconn_t *up = c->up;
-    if (what & EV_CLOSED)
-        c->up_rdhup = 1;
-    if (what & (EV_READ | EV_CLOSED))
-        c->up_read_ready = 1;
-    if (c->state == CS_TUNNEL) {
-        tunnel_pump(c);
-        goto out;
-    }
-    if (c->phase == UP_CONNECTING && (what & (EV_WRITE | EV_READ))) {
-        int err = 0;
-        socklen_t len = sizeof(err);
-        if (getsockopt(up->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
-            upstream_failed(c, SL_UPSTREAM_ERR_CONNECT, 0);
-            goto out;
-        }
-        up->connected = 1;
-        c->phase = UP_WAIT_HEAD;
-        arm_timer(c, c->r.route->timeouts.response_ms);
-        drive_request(c);
-    } else if ((what & EV_WRITE) && c->up_want_write) {
-        c->up_want_write = 0;
-        drive_request(c);
-    }
-    if (c->dead || c->up != up || !up)
-        goto out;
-    if (c->up_read_ready && !c->up_paused) {
-        if (c->phase == UP_WAIT_HEAD)
-            read_response_head(c);
-        else if (c->phase == UP_BODY)
-            read_response_body(c);
-    }
-out:
-    cb_leave(c);
-}
-
-static int response_is_keepalive(const sl_http1_response_t *resp)
-{
-    return (resp->flags & SL_HTTP1_F_KEEP_ALIVE) != 0 && resp->body != SL_HTTP1_BODY_CLOSE;
 }
 
 /*
@@ -1420,17 +926,22 @@ static int response_is_keepalive(const sl_http1_response_t *resp)
  */
 #define HAS_DATE 1u
 #define HAS_REQID 2u
+static int name_is(const sl_http1_header_t *h, const char *lit, size_t len)
+{
+    return h->name.len == len && strncasecmp(h->name.ptr, lit, len) == 0;
+}
+
 static unsigned append_response_fields(sl_conn_t *c, sl_buf_t *b, const sl_http1_response_t *resp)
 {
-    conn_opts_t co;
-    conn_opts_collect(&co, resp->headers, resp->num_headers);
+    sl_conn_opts_t co;
+    sl_conn_opts_collect(&co, resp->headers, resp->num_headers);
     /* RFC 9110 8.6: no Content-Length in 1xx and 204 responses; an origin
      * that sends one anyway does not get it past us (HAProxy does the same). */
     int drop_length = resp->status < 200 || resp->status == 204;
     unsigned has = 0;
     for (size_t i = 0; i < resp->num_headers; i++) {
         const sl_http1_header_t *h = &resp->headers[i];
-        if (is_hop_by_hop(h, &co))
+        if (sl_http_is_hop_by_hop(h, &co))
             continue;
         switch (h->name.len) {
         case 4:
@@ -1439,7 +950,7 @@ static unsigned append_response_fields(sl_conn_t *c, sl_buf_t *b, const sl_http1
             break;
         case 7:
             /* A de-chunked body loses its trailer fields with its framing. */
-            if (c->dechunk && name_is(h, "trailer", 7))
+            if (c->x.dechunk && name_is(h, "trailer", 7))
                 continue;
             break;
         case 12:
@@ -1492,18 +1003,18 @@ static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
     sl_buf_t *b = &c->out;
     append_status_line(b, resp);
     int has_reqid = (append_response_fields(c, b, resp) & HAS_REQID) != 0;
-    if (!has_reqid && c->r.m_reqid.len) {
+    if (!has_reqid && c->x.r.m_reqid.len) {
         sl_buf_append(b, "X-Request-Id: ", 14);
-        sl_buf_append(b, c->r.m_reqid.ptr, c->r.m_reqid.len);
+        sl_buf_append(b, c->x.r.m_reqid.ptr, c->x.r.m_reqid.len);
         sl_buf_append(b, "\r\n", 2);
     }
-    if (c->r.gen->add_via)
+    if (c->x.r.gen->add_via)
         sl_buf_append(b, "Via: 1.1 sluice\r\n", 17);
-    if (c->resp_body == SL_HTTP1_BODY_CHUNKED && !c->dechunk)
+    if (c->x.resp_body == SL_HTTP1_BODY_CHUNKED && !c->x.dechunk)
         sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
     /* A de-chunked body has no length: it ends with the connection. */
     int close_client = !c->keep_alive || c->closing || c->w->draining ||
-                       c->resp_body == SL_HTTP1_BODY_CLOSE || !c->req_body_done || c->dechunk;
+                       c->x.resp_body == SL_HTTP1_BODY_CLOSE || !c->x.req_body_done || c->x.dechunk;
     if (close_client) {
         c->keep_alive = 0;
         sl_buf_append(b, "Connection: close\r\n", 19);
@@ -1511,58 +1022,6 @@ static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
         sl_buf_append(b, "Connection: keep-alive\r\n", 24);
     }
     sl_buf_append(b, "\r\n", 2);
-}
-
-/* Accounts n new body bytes at `p`; returns how many belong to the body
- * (the rest would be bytes past the response), or -1 on bad framing. *keep
- * is how many bytes at p go to the client: fewer than the body bytes when
- * chunked framing is stripped for an HTTP/1.0 client. */
-static ssize_t account_response_body(sl_conn_t *c, char *p, size_t n, size_t *keep)
-{
-    switch (c->resp_body) {
-    case SL_HTTP1_BODY_LENGTH:
-        if (n > c->resp_remaining)
-            n = (size_t)c->resp_remaining;
-        c->resp_remaining -= n;
-        if (c->resp_remaining == 0)
-            c->resp_done = 1;
-        *keep = n;
-        return (ssize_t)n;
-    case SL_HTTP1_BODY_CHUNKED: {
-        int done = 0;
-        ssize_t used;
-        if (c->dechunk) {
-            used = sl_http1_chunked_decode(&c->resp_chunk, p, n, keep, &done);
-        } else {
-            used = sl_http1_chunked_scan(&c->resp_chunk, p, n, &done);
-            *keep = used > 0 ? (size_t)used : 0;
-        }
-        if (used < 0)
-            return -1;
-        if (done)
-            c->resp_done = 1;
-        return used;
-    }
-    case SL_HTTP1_BODY_CLOSE:
-        *keep = n;
-        return (ssize_t)n;
-    default:
-        c->resp_done = 1;
-        *keep = 0;
-        return 0;
-    }
-}
-
-static void abort_response(sl_conn_t *c, const char *code, enum sl_upstream_error kind)
-{
-    c->r.error_code = code;
-    sl_request_count_error(&c->r, kind);
-    sl_request_note_outcome(&c->r, 0);
-    if (c->up)
-        put_upconn(c, 0);
-    sl_request_log(&c->r);
-    reset_request(c);
-    conn_close(c);
 }
 
 /* ---- upgraded connections (101): a byte tunnel ---------------------------- */
@@ -1584,7 +1043,7 @@ static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t he
     /* The origin may only switch to a protocol the route allows. */
     const char *slash = memchr(u->value.ptr, '/', u->value.len);
     size_t name_len = slash ? (size_t)(slash - u->value.ptr) : u->value.len;
-    const Sluice__V1__Route *pb = c->r.route->pb;
+    const Sluice__V1__Route *pb = c->x.r.route->pb;
     int allowed = 0;
     for (size_t i = 0; i < pb->n_upgrades && !allowed; i++)
         allowed = strlen(pb->upgrades[i]) == name_len &&
@@ -1593,34 +1052,34 @@ static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t he
         return SL_ERROR;
     if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0)
         return SL_ERROR;
-    sl_request_note_outcome(&c->r, 1);
-    c->r.status = 101;
+    sl_request_note_outcome(&c->x.r, 1);
+    c->x.r.status = 101;
     append_status_line(&c->out, resp);
     append_response_fields(c, &c->out, resp);
-    if (c->r.m_reqid.len) {
+    if (c->x.r.m_reqid.len) {
         sl_buf_append(&c->out, "X-Request-Id: ", 14);
-        sl_buf_append(&c->out, c->r.m_reqid.ptr, c->r.m_reqid.len);
+        sl_buf_append(&c->out, c->x.r.m_reqid.ptr, c->x.r.m_reqid.len);
         sl_buf_append(&c->out, "\r\n", 2);
     }
     sl_buf_append(&c->out, "Upgrade: ", 9);
     sl_buf_append(&c->out, u->value.ptr, u->value.len);
     sl_buf_append(&c->out, "\r\nConnection: upgrade\r\n\r\n", 25);
     /* Bytes of the new protocol that came with the head. */
-    sl_buf_consume(&c->uin, head_len);
-    sl_buf_append(&c->out, sl_buf_head(&c->uin), sl_buf_len(&c->uin));
-    sl_worker_buf_put(c->w, &c->uin);
-    sl_worker_buf_put(c->w, &c->uout);
+    sl_buf_consume(&c->x.uin, head_len);
+    sl_buf_append(&c->out, sl_buf_head(&c->x.uin), sl_buf_len(&c->x.uin));
+    sl_worker_buf_put(c->w, &c->x.uin);
+    sl_worker_buf_put(c->w, &c->x.uout);
     c->tun_idle_ms = pb->tunnel_idle_ms ? pb->tunnel_idle_ms : 3600000u;
-    sl_request_log(&c->r);
-    sl_request_reset(&c->r); /* the pool counters and the generation hold */
+    sl_request_log(&c->x.r);
+    sl_request_reset(&c->x.r); /* the pool counters and the generation hold */
     c->state = CS_TUNNEL;
-    c->phase = UP_NONE;
+    c->x.phase = SL_XP_NONE;
     c->keep_alive = 0;
     c->tun_client_eof = c->tun_up_eof = c->tun_client_shut = c->tun_up_shut = 0;
     c->tun_last_ms = sl_endpoint_now_ms();
     arm_timer(c, c->tun_idle_ms);
     c->read_ready = 1;
-    c->up_read_ready = 1;
+    c->x.up_read_ready = 1;
     tunnel_pump(c);
     return SL_OK;
 }
@@ -1681,7 +1140,7 @@ static int tunnel_relay(sl_conn_t *c, int src_fd, uint8_t *src_ready, uint8_t *s
 
 static void tunnel_pump(sl_conn_t *c)
 {
-    if (!c->up) {
+    if (!c->x.up) {
         conn_close(c);
         return;
     }
@@ -1691,11 +1150,11 @@ static void tunnel_pump(sl_conn_t *c)
         sl_worker_buf_put(c->w, &c->in);
     int moved = 0;
     for (;;) {
-        int down = tunnel_relay(c, c->up->fd, &c->up_read_ready, &c->tun_up_eof, &c->out, c->fd,
+        int down = tunnel_relay(c, c->x.up->fd, &c->x.up_read_ready, &c->tun_up_eof, &c->out, c->fd,
                                 &c->tun_client_shut);
         if (down < 0)
             break;
-        int upw = tunnel_relay(c, c->fd, &c->read_ready, &c->tun_client_eof, &c->in, c->up->fd,
+        int upw = tunnel_relay(c, c->fd, &c->read_ready, &c->tun_client_eof, &c->in, c->x.up->fd,
                                &c->tun_up_shut);
         if (upw < 0)
             break;
@@ -1713,219 +1172,123 @@ static void tunnel_pump(sl_conn_t *c)
     conn_close(c); /* a reset or an error on either side */
 }
 
-static void read_response_head(sl_conn_t *c)
+/* ---- what the exchange asks of an HTTP/1.1 client connection --------------- */
+
+static void h1_enter(sl_exchange_t *x)
 {
-    sl_upconn_t *up = c->up;
-    if (!c->uin.data && sl_worker_buf_get(c->w, &c->uin) != 0) {
+    cb_enter(conn_of(x));
+}
+
+static void h1_leave(sl_exchange_t *x)
+{
+    cb_leave(conn_of(x));
+}
+
+static int h1_alive(sl_exchange_t *x)
+{
+    sl_conn_t *c = conn_of(x);
+    return !c->dead && c->state == CS_PROXY;
+}
+
+static int h1_head(sl_exchange_t *x, const sl_http1_response_t *resp, int interim)
+{
+    sl_conn_t *c = conn_of(x);
+    if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0)
+        return SL_ERROR;
+    if (interim)
+        build_interim_head(c, resp);
+    else
+        build_client_head(c, resp);
+    return SL_OK;
+}
+
+static sl_buf_t *h1_body_buf(sl_exchange_t *x)
+{
+    return &conn_of(x)->out;
+}
+
+static int h1_body_flush(sl_exchange_t *x)
+{
+    return client_write_some(conn_of(x));
+}
+
+static void h1_complete(sl_exchange_t *x)
+{
+    sl_conn_t *c = conn_of(x);
+    evtimer_del(c->timer);
+    client_flush(c); /* completes the request once written */
+}
+
+static void h1_error(sl_exchange_t *x, int status, const char *code, const char *message, int close)
+{
+    send_error(conn_of(x), status, code, message, close, 0);
+}
+
+/* A response cut after its head: closing the connection at once is the only
+ * signal HTTP/1.1 has (the client sees fewer bytes than announced, or no
+ * last chunk), never a response that looks complete. */
+static void h1_abort(sl_exchange_t *x, const char *code)
+{
+    sl_conn_t *c = conn_of(x);
+    c->x.r.error_code = code;
+    sl_request_log(&c->x.r);
+    reset_request(c);
+    conn_close(c);
+}
+
+static void h1_arm_timer(sl_exchange_t *x, uint32_t ms)
+{
+    arm_timer(conn_of(x), ms);
+}
+
+static void h1_pump_body(sl_exchange_t *x)
+{
+    pump_request_body(conn_of(x));
+}
+
+/* Expect: 100-continue: the gateway says go on once it has an endpoint; the
+ * upstream never sees Expect. */
+static void h1_send_continue(sl_exchange_t *x)
+{
+    sl_conn_t *c = conn_of(x);
+    if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
         send_error(c, 503, "overloaded", "out of memory", 1, 0);
         return;
     }
-    for (;;) {
-        if (sl_buf_space(&c->uin) == 0) {
-            sl_buf_compact(&c->uin);
-            if (sl_buf_space(&c->uin) == 0) {
-                if (c->uin.cap >= MAX_RESPONSE_HEAD ||
-                    sl_buf_reserve(&c->uin, MAX_RESPONSE_HEAD) != 0) {
-                    upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
-                    return;
-                }
-            }
-        }
-        size_t space = sl_buf_space(&c->uin);
-        ssize_t n = read(up->fd, sl_buf_tail(&c->uin), space);
-        if (n > 0) {
-            c->uin.end += (size_t)n;
-            c->up_drained = (size_t)n < space;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            c->up_read_ready = 0;
-            c->up_drained = 1;
-            return;
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else {
-            /* Closed or reset before a complete head. */
-            upstream_failed(c, SL_UPSTREAM_ERR_RESET, 0);
-            return;
-        }
-    parse:;
-        sl_http1_header_t rh[128];
-        sl_http1_response_t resp;
-        memset(&resp, 0, sizeof(resp));
-        resp.headers = rh;
-        resp.num_headers = SL_ARRAY_LEN(rh);
-        ssize_t r = sl_http1_parse_response(sl_buf_head(&c->uin), sl_buf_len(&c->uin),
-                                            c->r.method_bit, MAX_RESPONSE_HEAD, &resp);
-        if (r == SL_AGAIN)
-            continue;
-        if (r < 0) {
-            upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
-            return;
-        }
-        if (resp.status >= 100 && resp.status < 200) {
-            if (resp.status == 101) {
-                if (c->upgrade && tunnel_start(c, &resp, (size_t)r) == SL_OK)
-                    return;
-                /* 101 to a request that did not ask for it, or to another
-                 * protocol than the route allows: never relayed. */
-                upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
-                return;
-            }
-            /* Interim responses other than 100 (103 Early Hints, ...) go to
-             * the client ahead of the final one (RFC 9110 15.2), except to
-             * an HTTP/1.0 client, which must never get one. 100 Continue is
-             * ours to send: the gateway answered Expect itself. */
-            if (resp.status != 100 && c->minor_version == 1) {
-                if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
-                    upstream_failed(c, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
-                    return;
-                }
-                build_interim_head(c, &resp);
-                c->interim_sent = 1;
-                sl_buf_consume(&c->uin, (size_t)r);
-                if (client_write_some(c) < 0)
-                    return;
-                if (sl_buf_len(&c->uin))
-                    goto parse;
-                continue;
-            }
-            sl_buf_consume(&c->uin, (size_t)r); /* interim response: skip */
-            if (sl_buf_len(&c->uin))
-                goto parse;
-            continue;
-        }
-        if (resp.status >= 500 && sl_request_retry_allowed(&c->r, SL_UPSTREAM_ERR__COUNT,
-                                                           resp.status, c->resp_head_sent)) {
-            sl_buf_consume(&c->uin, sl_buf_len(&c->uin));
-            sl_request_note_outcome(&c->r, 0);
-            put_upconn(c, 0);
-            retry_upstream(c);
-            return;
-        }
-        sl_request_note_outcome(&c->r, resp.status < 500);
-        c->r.status = resp.status;
-        c->resp_body = resp.body;
-        c->resp_remaining = resp.content_length;
-        c->up_reusable = response_is_keepalive(&resp);
-        if (resp.body == SL_HTTP1_BODY_CHUNKED) {
-            sl_http1_chunked_init(&c->resp_chunk);
-            c->dechunk = c->minor_version == 0;
-        }
-        if (resp.body == SL_HTTP1_BODY_NONE ||
-            (resp.body == SL_HTTP1_BODY_LENGTH && resp.content_length == 0))
-            c->resp_done = 1;
-        if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0) {
-            abort_response(c, "out_of_memory", SL_UPSTREAM_ERR_RESET);
-            return;
-        }
-        build_client_head(c, &resp);
-        sl_buf_consume(&c->uin, (size_t)r);
-        c->resp_head_sent = 1;
-        c->phase = UP_BODY;
-        /* Body bytes that came with the head. */
-        size_t extra = sl_buf_len(&c->uin);
-        if (extra && !c->resp_done) {
-            size_t keep = 0;
-            ssize_t used = account_response_body(c, sl_buf_head(&c->uin), extra, &keep);
-            if (used < 0) {
-                abort_response(c, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
-                return;
-            }
-            sl_buf_append(&c->out, sl_buf_head(&c->uin), keep);
-            if ((size_t)used < extra)
-                c->up_reusable = 0; /* bytes past the response: never reuse */
-        } else if (extra) {
-            c->up_reusable = 0;
-        }
-        sl_worker_buf_put(c->w, &c->uin);
-        if (c->resp_done) {
-            evtimer_del(c->timer);
-            client_flush(c);
-        } else {
-            /* Go on with the body (it also writes the head out). */
-            arm_timer(c, c->r.route->timeouts.response_ms);
-            read_response_body(c);
-        }
-        return;
-    }
+    sl_buf_append(&c->out, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    ssize_t n = write(c->fd, sl_buf_head(&c->out), sl_buf_len(&c->out));
+    if (n > 0)
+        sl_buf_consume(&c->out, (size_t)n);
+    if (sl_buf_len(&c->out))
+        client_wev(c, 1);
+    client_rev(c, 1);
 }
 
-/*
- * Streams the response body: read from the upstream into `out`, write it to
- * the client, repeat. A loop rather than callbacks calling each other, so a
- * body of any size never deepens the stack. Stops when the client's socket
- * is full (its write edge resumes us through client_flush) or the upstream
- * has nothing more for now (its read edge resumes us).
- */
-static void read_response_body(sl_conn_t *c)
+static int h1_upgraded(sl_exchange_t *x, const sl_http1_response_t *resp, size_t head_len)
 {
-    for (;;) {
-        sl_upconn_t *up = c->up;
-        while (!c->resp_done) {
-            if (sl_buf_space(&c->out) < READ_LOW_WATER) {
-                sl_buf_compact(&c->out);
-                if (sl_buf_space(&c->out) < READ_LOW_WATER)
-                    break; /* write first */
-            }
-            if (!c->up_read_ready)
-                break;
-            /* Not capped at the bytes the body still needs: a short read then
-             * proves the socket empty (up_drained), and bytes past the body
-             * are a broken upstream whose connection is not reused anyway. */
-            size_t want = sl_buf_space(&c->out);
-            ssize_t n = read(up->fd, sl_buf_tail(&c->out), want);
-            if (n > 0) {
-                c->up_drained = (size_t)n < want;
-                size_t keep = 0;
-                ssize_t used = account_response_body(c, sl_buf_tail(&c->out), (size_t)n, &keep);
-                /* Short read and nothing more expected: skip the EAGAIN read
-                 * (see read_head for why only then). */
-                if ((size_t)n < want && c->resp_done && !c->up_rdhup)
-                    c->up_read_ready = 0;
-                if (used < 0) {
-                    abort_response(c, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
-                    return;
-                }
-                c->out.end += keep;
-                if (used < n)
-                    c->up_reusable = 0;
-                /* Write as we go: keeps latency low and the buffer small. */
-                if (sl_buf_len(&c->out) >= SL_WORKER_BLOCK_SIZE / 2)
-                    break;
-                continue;
-            }
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                c->up_read_ready = 0;
-                c->up_drained = 1;
-                break;
-            }
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (c->resp_body == SL_HTTP1_BODY_CLOSE && n == 0) {
-                c->resp_done = 1;
-                c->up_reusable = 0;
-                break;
-            }
-            /* Upstream died mid-body: the client sees a truncated response. */
-            if (client_write_some(c) < 0)
-                return;
-            abort_response(c, "upstream_reset_mid_body", SL_UPSTREAM_ERR_RESET);
-            return;
-        }
-        if (c->resp_done) {
-            evtimer_del(c->timer);
-            client_flush(c); /* completes the request once written */
-            return;
-        }
-        int w = client_write_some(c);
-        if (w < 0)
-            return;
-        if (w == 0) {
-            c->up_paused = 1; /* resumed by the client's write edge */
-            return;
-        }
-        if (!c->up_read_ready) {
-            arm_timer(c, c->r.route->timeouts.response_ms);
-            return; /* resumed by the upstream's read edge */
-        }
-    }
+    return tunnel_start(conn_of(x), resp, head_len);
 }
+
+static void h1_tunnel_event(sl_exchange_t *x)
+{
+    sl_conn_t *c = conn_of(x);
+    if (c->state == CS_TUNNEL)
+        tunnel_pump(c);
+}
+
+static const sl_exchange_ops_t h1_exchange_ops = {
+    .enter = h1_enter,
+    .leave = h1_leave,
+    .alive = h1_alive,
+    .head = h1_head,
+    .body_buf = h1_body_buf,
+    .body_flush = h1_body_flush,
+    .complete = h1_complete,
+    .error = h1_error,
+    .abort = h1_abort,
+    .arm_timer = h1_arm_timer,
+    .pump_body = h1_pump_body,
+    .send_continue = h1_send_continue,
+    .upgraded = h1_upgraded,
+    .tunnel_event = h1_tunnel_event,
+};

@@ -24,11 +24,6 @@ void sl_proxy_refuse(sl_worker_t *w, int fd);
  * current response. */
 void sl_proxy_drain(sl_worker_t *w);
 
-/* Readiness on an upstream connection owned by a request (upstream.c
- * dispatches it here). */
-struct sl_conn;
-void sl_proxy_upstream_event(struct sl_conn *c, short what);
-
 /* Closes every connection at once (drain timeout expired). */
 void sl_proxy_close_all(sl_worker_t *w);
 

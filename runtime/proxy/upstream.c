@@ -12,7 +12,7 @@
 
 #include "log.h"
 #include "metrics.h"
-#include "proxy.h"
+#include "exchange.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -185,7 +185,7 @@ static void upconn_event_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     sl_upconn_t *uc = arg;
     if (uc->owner) {
-        sl_proxy_upstream_event(uc->owner, what);
+        sl_exchange_upstream_event(uc->owner, what);
         return;
     }
     /* Readable while idle: EOF from the upstream (its keep-alive timeout) or

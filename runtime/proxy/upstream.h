@@ -16,7 +16,7 @@
 #include "worker.h"
 
 struct event;
-struct sl_conn;
+struct sl_exchange;
 
 typedef struct sl_upconn {
     int fd;
@@ -24,7 +24,7 @@ typedef struct sl_upconn {
      * owning request, or close the connection while it is idle. */
     struct event *ev;
     struct sl_pool *pool;
-    struct sl_conn *owner; /* NULL while idle in the pool */
+    struct sl_exchange *owner; /* the exchange using it; NULL while idle in the pool */
     struct sl_upconn *idle_next, *idle_prev;
     uint64_t idle_since_ms;
     uint32_t idle_timeout_ms;
