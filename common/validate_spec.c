@@ -904,7 +904,7 @@ static const sl_vfield_t gateway_timeout_fields[] = {
 };
 static const sl_vschema_t gateway_timeout_schema = {gateway_timeout_fields, NULL};
 
-/* runtime/path.h has what each does; docs/routing.md why reject is the default. */
+/* runtime/http/path.h has what each does; docs/routing.md why reject is the default. */
 static const sl_vfield_t path_normalization_fields[] = {
     {"mergeSlashes", sl_vcheck_bool, NULL, 0},
     {"encodedSlashes", sl_vcheck_enum, encoded_slashes_modes, 0},

@@ -11,7 +11,7 @@
  *  - types go out in make-before-break order: clusters, settings, routes,
  *    listeners. Removals come last by construction: a runtime keeps a removed
  *    cluster while the routes it still runs reference it, until the new
- *    routes arrive (runtime/xds.c);
+ *    routes arrive (runtime/control/xds.c);
  *  - a NACKed (type, version) is not sent again on the stream that NACKed
  *    it; the next config change produces a new version, which is. A new
  *    stream (a restarted runtime), or a subscription reporting another

@@ -1,5 +1,5 @@
 /*
- * libFuzzer driver: runtime/path.c's sl_path_normalize on client paths.
+ * libFuzzer driver: runtime/http/path.c's sl_path_normalize on client paths.
  *
  * Input: byte 0 chooses the options (bit 0: merge_slashes; bits 1..7: the
  * encoded-slashes mode, 0..2 the three modes and anything else an unknown

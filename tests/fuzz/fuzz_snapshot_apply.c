@@ -9,7 +9,7 @@
  *    metrics) and sl_generation_discard;
  *  - odd: the rest is a config stream: records [type][len lo][len hi][len
  *    bytes of a packed DiscoveryResponse]. Each goes through the runtime's
- *    own handle_response (runtime/xds.c, #included here to reach it): decode
+ *    own handle_response (runtime/control/xds.c, #included here to reach it): decode
  *    of every Resource as its type, the make-before-break cluster merge,
  *    apply_state's re-encode and sl_generation_build. State carries over
  *    between the records of one input, like pushes on one stream. The type
@@ -30,7 +30,7 @@
  * rename keeps config.o's definition out of the way when the archive pulls
  * it in for another symbol. */
 #define sl_config_apply fuzz_config_apply
-#include "../../runtime/xds.c"
+#include "../../runtime/control/xds.c"
 #undef sl_config_apply
 
 #include "fuzz_util.h"

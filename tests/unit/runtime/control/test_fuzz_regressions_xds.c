@@ -1,7 +1,7 @@
 /*
  * Regression tests for what fuzzing (tests/fuzz/fuzz_snapshot_apply.c) and
  * an independent gRPC peer (issue 7) found in the runtime's handling of
- * config-stream pushes (runtime/xds.c, included to reach handle_response and
+ * config-stream pushes (runtime/control/xds.c, included to reach handle_response and
  * the back-off). One test per finding, named after what broke.
  *
  * Leaks are checked two ways: LeakSanitizer reports them at exit in the
@@ -44,7 +44,7 @@ static void tracking_free(void *p)
 
 #define strdup tracking_strdup
 #define free tracking_free
-#include "../../../runtime/xds.c"
+#include "../../../../runtime/control/xds.c"
 #undef strdup
 #undef free
 

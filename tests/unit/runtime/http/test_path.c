@@ -1,5 +1,5 @@
 /*
- * Unit tests of runtime/path.c: RFC 3986 §5.4 dot-segment examples, the
+ * Unit tests of runtime/http/path.c: RFC 3986 §5.4 dot-segment examples, the
  * cases of issue 8, encoded slashes in the three modes, merging slashes,
  * escapes (malformed, %00, hex case, unreserved decoding), the "unchanged"
  * result of an already-normal path, long paths, and properties over random
