@@ -22,6 +22,7 @@
 
 #include "hostport.h"
 #include "log.h"
+#include "tls_pem.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -42,6 +43,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Headers of an admin request are small; a long Authorization header is the
@@ -161,9 +163,90 @@ static int dump_cb(const char *buf, size_t size, void *data)
     return evbuffer_add(data, buf, size);
 }
 
+/* Within this many seconds of notAfter a Certificate's status says Expiring. */
+#define CERT_EXPIRING_S (30 * 86400)
+
+/*
+ * A Certificate as the API shows it: the private key is accepted on write
+ * and never returned; status.certificate says what the certificate is
+ * (subject, SANs, issuer, validity, SHA-256), with an Expiring condition
+ * (status True) from 30 days before notAfter. File-based Certificates are
+ * read by the runtimes, not here: their status has no certificate facts.
+ */
+static void certificate_view(json_t *obj)
+{
+    json_t *spec = json_object_get(obj, "spec");
+    json_t *cv = json_object_get(spec, "certificate");
+    json_object_del(spec, "privateKey");
+    if (!json_is_string(cv))
+        return;
+    sl_pem_cert_t pc;
+    sl_pem_field_t f;
+    char msg[256];
+    if (sl_pem_load(&pc, json_string_value(cv), json_string_length(cv), NULL, 0, 0, 0, &f, msg,
+                    sizeof(msg)) != 0)
+        return;
+    char nb[32], na[32];
+    sl_pem_format_time(pc.not_before_unix, nb, sizeof(nb));
+    sl_pem_format_time(pc.not_after_unix, na, sizeof(na));
+    json_t *sans = json_array();
+    for (size_t i = 0; sans && i < pc.n_names; i++)
+        json_array_append_new(sans, json_string(pc.names[i]));
+    json_t *facts =
+        json_pack("{s:s, s:o, s:s, s:s, s:s, s:s, s:s}", "subject", pc.subject, "dnsNames",
+                  sans ? sans : json_array(), "issuer", pc.issuer, "notBefore", nb, "notAfter", na,
+                  "sha256Fingerprint", pc.sha256_hex, "keyType", sl_pem_key_type_name(pc.key_type));
+    json_t *status = json_object_get(obj, "status");
+    if (!json_is_object(status)) {
+        status = json_object();
+        json_object_set_new(obj, "status", status);
+    }
+    if (facts && status)
+        json_object_set_new(status, "certificate", facts);
+    int64_t left = pc.not_after_unix - (int64_t)time(NULL);
+    json_t *conds = json_object_get(status, "conditions");
+    if (status && !json_is_array(conds)) {
+        conds = json_array();
+        json_object_set_new(status, "conditions", conds);
+    }
+    char text[160];
+    if (left < 0)
+        snprintf(text, sizeof(text), "expired at %s; runtimes refuse it: renew it", na);
+    else
+        snprintf(text, sizeof(text), "expires at %s, in %lld days", na, (long long)(left / 86400));
+    json_array_append_new(conds, json_pack("{s:s, s:s, s:s, s:s}", "type", "Expiring", "status",
+                                           left < CERT_EXPIRING_S ? "True" : "False", "reason",
+                                           left < 0                 ? "Expired"
+                                           : left < CERT_EXPIRING_S ? "ExpiresSoon"
+                                                                    : "Valid",
+                                           "message", text));
+    sl_pem_free(&pc);
+}
+
+/* Every document that leaves the API passes here: a Certificate, or the
+ * items of a list. */
+static void public_view(json_t *doc)
+{
+    if (!json_is_object(doc))
+        return;
+    const char *kind = json_string_value(json_object_get(doc, "kind"));
+    if (kind && strcmp(kind, "Certificate") == 0)
+        certificate_view(doc);
+    json_t *items = json_object_get(doc, "items");
+    size_t i;
+    json_t *it;
+    json_array_foreach(items, i, it)
+    {
+        const char *k = json_string_value(json_object_get(it, "kind"));
+        if (k && strcmp(k, "Certificate") == 0)
+            certificate_view(it);
+    }
+}
+
 /* Sends `doc` (stolen) as JSON. */
 static void send_json(struct evhttp_request *req, int status, json_t *doc)
 {
+    public_view(doc);
     struct evbuffer *body = evbuffer_new();
     if (!doc || !body ||
         json_dump_callback(doc, dump_cb, body, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) != 0 ||

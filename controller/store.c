@@ -21,6 +21,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -32,6 +33,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define STORE_DB_NAME "sluice.db"
 /* How long a write waits for a lock held by another connection (a backup
@@ -189,7 +191,7 @@ static int mkdir_p(const char *dir, char *err, size_t errlen)
             continue;
         char saved = buf[i];
         buf[i] = '\0';
-        if (mkdir(buf, 0750) != 0 && errno != EEXIST) {
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST) {
             set_err(err, errlen,
                     "data dir %s: cannot create %s: %s (create it, fix its permissions or choose "
                     "another --data-dir)",
@@ -330,6 +332,25 @@ sl_store_t *sl_store_open(const char *data_dir, char *err, size_t errlen)
         goto fail_st;
     }
     snprintf(st->path, plen, "%s/%s", data_dir, STORE_DB_NAME);
+
+    /* The store holds Certificates' private keys: the directory is 0700 and
+     * the database 0600 whatever the umask (SQLite gives the -wal and -shm
+     * files the database's mode). An existing looser directory or file is
+     * tightened, not refused: it was ours to begin with. */
+    if (chmod(data_dir, 0700) != 0) {
+        set_err(err, errlen, "data dir %s: cannot set mode 0700: %s (is it yours?)", data_dir,
+                strerror(errno));
+        goto fail_db; /* st->db is NULL: sqlite3_close(NULL) is a no-op */
+    }
+    int dbfd = open(st->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (dbfd < 0 || fchmod(dbfd, 0600) != 0) {
+        set_err(err, errlen, "store %s: cannot create it with mode 0600: %s", st->path,
+                strerror(errno));
+        if (dbfd >= 0)
+            close(dbfd);
+        goto fail_db; /* st->db is NULL: sqlite3_close(NULL) is a no-op */
+    }
+    close(dbfd);
 
     int rc = sqlite3_open_v2(
         st->path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);

@@ -125,9 +125,34 @@ static int dump_to_evbuffer(const char *buf, size_t size, void *data)
     return evbuffer_add(data, buf, size);
 }
 
+/* Private keys travel in the snapshot (the stream is the secret channel);
+ * the admin listener is not one, so they never leave through it. */
+void sl_admin_redact_secrets(json_t *doc)
+{
+    const char *key;
+    json_t *v;
+    size_t i;
+    if (json_is_object(doc)) {
+        json_object_foreach(doc, key, v)
+        {
+            if (strcmp(key, "private_key_pem") == 0 && json_is_string(v) &&
+                json_string_length(v) > 0)
+                json_object_set_new(doc, key, json_string("[redacted]"));
+            else
+                sl_admin_redact_secrets(v);
+        }
+    } else if (json_is_array(doc)) {
+        json_array_foreach(doc, i, v)
+        {
+            sl_admin_redact_secrets(v);
+        }
+    }
+}
+
 static void handle_config_dump(sl_admin_t *admin, struct evhttp_request *req)
 {
     json_t *doc = admin->hooks.config_dump ? admin->hooks.config_dump(admin->hooks.ctx) : NULL;
+    sl_admin_redact_secrets(doc);
     if (!doc) {
         reply_error(req, 503, "Service Unavailable", "no_config",
                     "no active configuration generation");

@@ -27,6 +27,12 @@ typedef struct sl_admin sl_admin_t;
  * (e.g. "admin 127.0.0.1:9901: address in use"). */
 sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_admin_hooks_t *hooks,
                            char *err, size_t errlen);
+/* Replaces, anywhere in doc, the value of every "private_key_pem" member
+ * (TlsCertificate) by "[redacted]" (an empty one stays empty: nothing to
+ * hide). /config_dump runs every document through it, whatever the hook
+ * returned. */
+void sl_admin_redact_secrets(json_t *doc);
+
 /* Port actually bound (for ":0"). */
 int sl_admin_port(const sl_admin_t *admin);
 void sl_admin_free(sl_admin_t *admin);

@@ -25,9 +25,11 @@
 #include <event2/buffer.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 const uint64_t sl_metrics_latency_bounds_us[SL_METRICS_LATENCY_BUCKETS - 1] = {
     500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000, 5000000,
@@ -568,6 +570,61 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
                         sl_accesslog_dropped());
 }
 
+/* ---- certificate expiry ---------------------------------------------------- */
+
+static pthread_mutex_t cert_lock = PTHREAD_MUTEX_INITIALIZER;
+static char **cert_names;
+static int64_t *cert_not_after;
+static size_t cert_count;
+
+int sl_metrics_set_certificates(const char *const *names, const int64_t *not_after_unix, size_t n)
+{
+    char **nn = calloc(n ? n : 1, sizeof(*nn));
+    int64_t *na = calloc(n ? n : 1, sizeof(*na));
+    bool ok = nn && na;
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = (nn[i] = strdup(names[i])) != NULL;
+        na[i] = not_after_unix[i];
+    }
+    if (!ok) {
+        for (size_t i = 0; nn && i < n; i++)
+            free(nn[i]);
+        free(nn);
+        free(na);
+        return -1;
+    }
+    pthread_mutex_lock(&cert_lock);
+    char **old = cert_names;
+    int64_t *old_na = cert_not_after;
+    size_t old_n = cert_count;
+    cert_names = nn;
+    cert_not_after = na;
+    cert_count = n;
+    pthread_mutex_unlock(&cert_lock);
+    for (size_t i = 0; i < old_n; i++)
+        free(old[i]);
+    free(old);
+    free(old_na);
+    return 0;
+}
+
+static void render_certificates(struct evbuffer *out)
+{
+    pthread_mutex_lock(&cert_lock);
+    if (cert_count) {
+        int64_t now = (int64_t)time(NULL);
+        add_header(out, "sluice_certificate_expiry_seconds", "gauge",
+                   "Seconds until the certificate's notAfter (negative once expired), for the "
+                   "certificates of the active configuration.");
+        for (size_t i = 0; i < cert_count; i++) {
+            evbuffer_add_printf(out, "sluice_certificate_expiry_seconds{certificate=\"");
+            add_label_value(out, cert_names[i]);
+            evbuffer_add_printf(out, "\"} %" PRId64 "\n", cert_not_after[i] - now);
+        }
+    }
+    pthread_mutex_unlock(&cert_lock);
+}
+
 void sl_metrics_render(struct evbuffer *out)
 {
     unsigned nworkers = metrics_nworkers;
@@ -576,4 +633,5 @@ void sl_metrics_render(struct evbuffer *out)
     render_clusters(out, nworkers);
     pthread_mutex_unlock(&registry_lock);
     render_process(out, nworkers);
+    render_certificates(out);
 }

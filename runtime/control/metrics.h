@@ -11,6 +11,7 @@
 #define SL_METRICS_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define SL_MAX_WORKERS 64
@@ -84,6 +85,13 @@ sl_worker_stats_t *sl_metrics_worker(unsigned worker);
 #define SL_STAT_ADD(field, n)                                                                      \
     atomic_store_explicit(&(field), atomic_load_explicit(&(field), memory_order_relaxed) + (n),    \
                           memory_order_relaxed)
+
+/* The certificates of the active generation, rendered as
+ * sluice_certificate_expiry_seconds{certificate} (seconds until notAfter,
+ * negative once expired). Replaces the previous set; copies the names.
+ * Main thread, at publish (runtime/net/tls.h: sl_tls_publish_expiry).
+ * 0, or -1 on allocation failure (the previous set stays). */
+int sl_metrics_set_certificates(const char *const *names, const int64_t *not_after_unix, size_t n);
 
 /* Records one response of a route (worker's own slot). */
 void sl_metrics_observe(sl_route_stats_t *s, unsigned worker, int status, uint64_t latency_us);

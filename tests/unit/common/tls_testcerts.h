@@ -135,7 +135,7 @@ static void tc_free(tc_pair_t *p)
 
 /* `text` with every line indented by `indent` spaces, for YAML block
  * scalars. Caller frees. */
-static char *tc_indent(const char *text, int indent)
+static __attribute__((unused)) char *tc_indent(const char *text, int indent)
 {
     size_t lines = 1;
     for (const char *p = text; *p; p++)
@@ -155,7 +155,8 @@ static char *tc_indent(const char *text, int indent)
 }
 
 /* A Certificate document (YAML) for name with the pair inline. Caller frees. */
-static char *tc_certificate_doc(const char *name, const char *cert_pem, const char *key_pem)
+static __attribute__((unused)) char *tc_certificate_doc(const char *name, const char *cert_pem,
+                                                        const char *key_pem)
 {
     char *c = tc_indent(cert_pem, 4), *k = tc_indent(key_pem, 4);
     char *doc = NULL;

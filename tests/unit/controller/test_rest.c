@@ -18,6 +18,8 @@
 
 #include "rest.h"
 
+#include "common/tls_testcerts.h"
+
 #include <errno.h>
 #include <event2/event.h>
 #include <poll.h>
@@ -1242,6 +1244,122 @@ static void test_load_token(void **state)
     assert_non_null(strstr(err, "No such file"));
 }
 
+/* ---- Certificates: the key goes in, never out ---------------------------- */
+
+/* True when any line of the key's base64 body appears in text. */
+static bool leaks_key(const char *text, const char *key_pem)
+{
+    const char *p = strchr(key_pem, '\n');
+    while (p && p[1] && strncmp(p + 1, "-----", 5) != 0) {
+        char line[80];
+        size_t n = strcspn(p + 1, "\n");
+        snprintf(line, sizeof(line), "%.*s", (int)(n < 40 ? n : 40), p + 1);
+        if (n >= 16 && strstr(text, line))
+            return true;
+        p = strchr(p + 1, '\n');
+    }
+    return false;
+}
+
+static json_t *cond_of(json_t *obj, const char *type)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(json_object_get(obj, "status"), "conditions"), i, c)
+    {
+        if (strcmp(json_string_value(json_object_get(c, "type")), type) == 0)
+            return c;
+    }
+    return NULL;
+}
+
+static void test_certificate_private_key_never_returned(void **state)
+{
+    fixture_t *f = *state;
+    tc_pair_t ok, soon, other;
+    tc_make(&ok, TC_EC256, "a.example", "a.example,*.a.example", -3600, 90 * 86400, NULL, false);
+    tc_make(&soon, TC_EC256, "s.example", "s.example", -3600, 10 * 86400, NULL, false);
+    tc_make(&other, TC_EC256, "a.example", "a.example", -3600, 86400, NULL, false);
+    char *doc = tc_certificate_doc("a-example", ok.cert_pem, ok.key_pem);
+    resp_t r = req(f, "POST", "/api/v1/certificates", YAML_CT, doc);
+    expect_status(&r, 201);
+    assert_false(leaks_key(r.raw, ok.key_pem));
+    assert_null(json_object_get(json_object_get(r.json, "spec"), "privateKey"));
+    assert_non_null(json_object_get(json_object_get(r.json, "spec"), "certificate"));
+    resp_free(&r);
+
+    r = req(f, "GET", "/api/v1/certificates/a-example", NULL, NULL);
+    expect_status(&r, 200);
+    assert_false(leaks_key(r.raw, ok.key_pem));
+    assert_null(strstr(r.raw, "privateKey"));
+    json_t *facts = json_object_get(json_object_get(r.json, "status"), "certificate");
+    assert_string_equal(json_string_value(json_object_get(facts, "subject")), "CN=a.example");
+    assert_string_equal(json_string_value(json_object_get(facts, "issuer")), "CN=a.example");
+    json_t *dns = json_object_get(facts, "dnsNames");
+    assert_int_equal(json_array_size(dns), 2);
+    assert_string_equal(json_string_value(json_array_get(dns, 1)), "*.a.example");
+    assert_int_equal(strlen(json_string_value(json_object_get(facts, "sha256Fingerprint"))), 64);
+    assert_string_equal(json_string_value(json_object_get(facts, "keyType")), "ECDSA P-256");
+    assert_non_null(json_string_value(json_object_get(facts, "notAfter")));
+    assert_non_null(json_string_value(json_object_get(facts, "notBefore")));
+    assert_string_equal(json_string_value(json_object_get(cond_of(r.json, "Expiring"), "status")),
+                        "False");
+    resp_free(&r);
+
+    /* Ten days left: the warning condition, still accepted. */
+    char *doc2 = tc_certificate_doc("soon", soon.cert_pem, soon.key_pem);
+    r = req(f, "POST", "/api/v1/certificates", YAML_CT, doc2);
+    expect_status(&r, 201);
+    resp_free(&r);
+    r = req(f, "GET", "/api/v1/certificates/soon", NULL, NULL);
+    json_t *exp = cond_of(r.json, "Expiring");
+    assert_string_equal(json_string_value(json_object_get(exp, "status")), "True");
+    assert_string_equal(json_string_value(json_object_get(exp, "reason")), "ExpiresSoon");
+    const char *m = json_string_value(json_object_get(exp, "message"));
+    assert_true(strstr(m, ", in 9 days") || strstr(m, ", in 10 days"));
+    resp_free(&r);
+
+    /* Lists, across namespaces and in one. */
+    r = req(f, "GET", "/api/v1/certificates", NULL, NULL);
+    expect_status(&r, 200);
+    assert_int_equal(json_array_size(json_object_get(r.json, "items")), 2);
+    assert_null(strstr(r.raw, "privateKey"));
+    assert_false(leaks_key(r.raw, ok.key_pem) || leaks_key(r.raw, soon.key_pem));
+    resp_free(&r);
+    r = req(f, "GET", "/api/v1/namespaces/default/certificates", NULL, NULL);
+    expect_status(&r, 200);
+    assert_null(strstr(r.raw, "privateKey"));
+    resp_free(&r);
+
+    /* A key that does not match: 400 with the field, without the key. */
+    char *bad = tc_certificate_doc("bad", ok.cert_pem, other.key_pem);
+    r = req(f, "POST", "/api/v1/certificates", YAML_CT, bad);
+    expect_status(&r, 400);
+    assert_non_null(strstr(r.raw, "spec.privateKey"));
+    assert_non_null(strstr(r.raw, "does not match the certificate"));
+    assert_false(leaks_key(r.raw, other.key_pem));
+    resp_free(&r);
+
+    /* The store that holds the key is private to the controller's user. */
+    struct stat sb;
+    assert_int_equal(stat(f->dir, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0700);
+    char db[300];
+    snprintf(db, sizeof(db), "%s/sluice.db", f->dir);
+    assert_int_equal(stat(db, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
+    snprintf(db, sizeof(db), "%s/sluice.db-wal", f->dir);
+    if (stat(db, &sb) == 0)
+        assert_int_equal(sb.st_mode & 0777, 0600);
+
+    free(doc);
+    free(doc2);
+    free(bad);
+    tc_free(&ok);
+    tc_free(&soon);
+    tc_free(&other);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1260,6 +1378,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_browser_requests_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_token, setup, teardown),
         cmocka_unit_test_setup_teardown(test_admission_refusal, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_certificate_private_key_never_returned, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
