@@ -7,7 +7,7 @@
  * docs/configuration.md); resolving backendRefs to Clusters and a https
  * listener's certificateRefs to the Certificates the snapshot carries (only
  * the referenced ones: they hold private keys); refusing what this runtime
- * cannot serve yet (h2c listeners, secretRef Certificates). Also the
+ * cannot serve yet (secretRef Certificates). Also the
  * snapshot's wire helpers (pack, unpack, free).
  *
  * Not responsible for checking single documents (validate.c already did, so
@@ -341,7 +341,8 @@ static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *g
             const char *name = jstr(l, "name", "");
             const char *addr = listener_address(l);
             uint32_t port = (uint32_t)jint(l, "port", 0);
-            if (strcmp(proto, "http") != 0 && strcmp(proto, "https") != 0) {
+            if (strcmp(proto, "http") != 0 && strcmp(proto, "https") != 0 &&
+                strcmp(proto, "h2c") != 0) {
                 snprintf(field, sizeof(field), "spec.listeners[%zu].protocol", i);
                 cerr(c, r, field, "protocol %s is not supported by this runtime yet%s", proto,
                      " (use http)");
@@ -382,6 +383,8 @@ static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *g
             out->address = cstr(c, addr);
             out->port = port;
             out->protocol = SLUICE__V1__LISTENER__PROTOCOL__HTTP;
+            if (strcmp(proto, "h2c") == 0)
+                out->protocol = SLUICE__V1__LISTENER__PROTOCOL__H2C;
             if (strcmp(proto, "https") == 0) {
                 out->protocol = SLUICE__V1__LISTENER__PROTOCOL__HTTPS;
                 out->tls = compile_listener_tls(c, r, jget(l, "tls"), i);

@@ -20,8 +20,9 @@
 #include <unistd.h>
 
 typedef struct cfg_listener {
-    char *key;  /* "address:port" */
+    char *key; /* "address:port" */
     uint32_t max_connections;
+    uint8_t h2c;
     int seen;
     struct cfg_listener *next;
 } cfg_listener_t;
@@ -47,8 +48,7 @@ int sl_config_check(const sl_config_t *cfg, const Sluice__V1__Snapshot *snap, ch
     for (size_t i = 0; i < snap->n_route_tables; i++)
         routes += snap->route_tables[i]->n_routes;
     if (cfg->max_routes && routes > cfg->max_routes) {
-        snprintf(err, errlen,
-                 "config has %llu routes, more than this runtime's --max-routes %llu",
+        snprintf(err, errlen, "config has %llu routes, more than this runtime's --max-routes %llu",
                  (unsigned long long)routes, (unsigned long long)cfg->max_routes);
         return -1;
     }
@@ -141,8 +141,8 @@ fail:
     snprintf(err, errlen, "listener %s %s:%u: %s%s", l->name,
              l->address && *l->address ? l->address : "0.0.0.0", l->port, strerror(errno),
              errno == EADDRINUSE ? " (is another runtime or server running on that port?)"
-             : errno == EACCES  ? " (ports below 1024 need privileges)"
-                                : "");
+             : errno == EACCES   ? " (ports below 1024 need privileges)"
+                                 : "");
     return -1;
 }
 
@@ -164,8 +164,10 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
         return -1;
     }
     for (size_t i = 0; i < snap->n_listeners; i++) {
-        if (snap->listeners[i]->protocol != SLUICE__V1__LISTENER__PROTOCOL__HTTP) {
-            snprintf(err, errlen, "listener %s: only protocol http is supported by this runtime",
+        if (snap->listeners[i]->protocol == SLUICE__V1__LISTENER__PROTOCOL__HTTPS) {
+            snprintf(err, errlen,
+                     "listener %s: protocol https is not served by this runtime yet (use http "
+                     "or h2c)",
                      snap->listeners[i]->name);
             sl_snapshot_free(snap);
             return -1;
@@ -178,7 +180,7 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
 
     size_t nl = snap->n_listeners;
     int *fds = calloc(nl ? nl * cfg->nworkers : 1, sizeof(int));
-    char (*keys)[80] = calloc(nl ? nl : 1, sizeof(*keys));
+    char(*keys)[80] = calloc(nl ? nl : 1, sizeof(*keys));
     uint8_t *is_new = calloc(nl ? nl : 1, 1);
     if (!fds || !keys || !is_new) {
         snprintf(err, errlen, "out of memory");
@@ -198,8 +200,8 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
         }
         for (size_t j = 0; j < i; j++) {
             if (strcmp(keys[j], keys[i]) == 0) {
-                snprintf(err, errlen, "listeners %s and %s both use %s",
-                         snap->listeners[j]->name, snap->listeners[i]->name, keys[i]);
+                snprintf(err, errlen, "listeners %s and %s both use %s", snap->listeners[j]->name,
+                         snap->listeners[i]->name, keys[i]);
                 goto fail_close;
             }
         }
@@ -217,10 +219,15 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
 
     uint32_t max_conns = per_worker(gen->max_connections, cfg->nworkers);
     for (size_t i = 0; i < nl; i++) {
+        uint8_t h2c = snap->listeners[i]->protocol == SLUICE__V1__LISTENER__PROTOCOL__H2C;
         if (!is_new[i]) {
+            /* Same address: the socket stays; limits and protocol apply to
+             * new connections at once. */
             for (cfg_listener_t *cl = cfg->listeners; cl; cl = cl->next) {
-                if (strcmp(cl->key, keys[i]) == 0 && cl->max_connections != max_conns) {
+                if (strcmp(cl->key, keys[i]) == 0 &&
+                    (cl->max_connections != max_conns || cl->h2c != h2c)) {
                     cl->max_connections = max_conns;
+                    cl->h2c = h2c;
                     for (unsigned w = 0; w < cfg->nworkers; w++) {
                         sl_worker_cmd_t *cmd = calloc(1, sizeof(*cmd));
                         if (!cmd)
@@ -228,6 +235,7 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
                         cmd->kind = SL_WCMD_LIMITS;
                         cmd->key = strdup(keys[i]);
                         cmd->max_connections = max_conns;
+                        cmd->h2c = h2c;
                         sl_worker_send(&cfg->workers[w], cmd);
                     }
                 }
@@ -238,6 +246,7 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
         if (cl) {
             cl->key = strdup(keys[i]);
             cl->max_connections = max_conns;
+            cl->h2c = h2c;
             cl->seen = 1;
             cl->next = cfg->listeners;
             cfg->listeners = cl;
@@ -255,6 +264,7 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
             cmd->key = strdup(keys[i]);
             cmd->name = strdup(snap->listeners[i]->name);
             cmd->max_connections = max_conns;
+            cmd->h2c = h2c;
             sl_worker_send(&cfg->workers[w], cmd);
         }
     }

@@ -132,6 +132,7 @@ static void handle_cmd(sl_worker_t *w, sl_worker_cmd_t *cmd)
         cmd->key = cmd->name = NULL;
         ls->fd = cmd->fd;
         ls->max_connections = cmd->max_connections;
+        ls->h2c = cmd->h2c;
         ls->ev = event_new(w->base, ls->fd, EV_READ | EV_PERSIST, accept_cb, ls);
         if (!ls->ev || event_add(ls->ev, NULL) != 0) {
             sl_log_alert("worker %u: cannot watch listener %s", w->id, ls->key);
@@ -152,8 +153,10 @@ static void handle_cmd(sl_worker_t *w, sl_worker_cmd_t *cmd)
         break;
     case SL_WCMD_LIMITS:
         for (sl_listener_sock_t *ls = w->listeners; ls; ls = ls->next)
-            if (ls->fd >= 0 && strcmp(ls->key, cmd->key) == 0)
+            if (ls->fd >= 0 && strcmp(ls->key, cmd->key) == 0) {
                 ls->max_connections = cmd->max_connections;
+                ls->h2c = cmd->h2c;
+            }
         break;
     case SL_WCMD_DRAIN: {
         w->draining = 1;

@@ -42,19 +42,20 @@ struct sl_generation;
 
 typedef struct sl_listener_sock {
     struct sl_worker *worker;
-    char *key;                 /* "0.0.0.0:8080", the listener's identity */
+    char *key; /* "0.0.0.0:8080", the listener's identity */
     char *name;
     int fd;
     struct event *ev;
-    uint32_t max_connections;  /* this worker's share, 0 = unlimited */
+    uint32_t max_connections; /* this worker's share, 0 = unlimited */
     uint32_t active;
+    uint8_t h2c; /* HTTP/2 with prior knowledge (HTTP/1.1 accepted too) */
     struct sl_listener_sock *next;
 } sl_listener_sock_t;
 
 enum sl_worker_cmd_kind {
     SL_WCMD_LISTEN = 0, /* fd, key, name, max_connections */
     SL_WCMD_UNLISTEN,   /* key: stop accepting, existing connections go on */
-    SL_WCMD_LIMITS,     /* key, max_connections */
+    SL_WCMD_LIMITS,     /* key, max_connections, h2c */
     SL_WCMD_DRAIN,      /* drain_ms: close listeners and idle conns, exit when empty */
 };
 
@@ -65,6 +66,7 @@ typedef struct sl_worker_cmd {
     char *name;
     uint32_t max_connections;
     uint32_t drain_ms;
+    uint8_t h2c; /* LISTEN, LIMITS: the listener speaks h2c */
     struct sl_worker_cmd *next;
 } sl_worker_cmd_t;
 
@@ -83,18 +85,19 @@ typedef struct sl_worker {
 
     pthread_mutex_t cmd_lock;
     sl_worker_cmd_t *cmd_head, *cmd_tail;
-    int cmd_fd;                /* eventfd */
+    int cmd_fd; /* eventfd */
     struct event *cmd_ev;
 
     sl_listener_sock_t *listeners;
-    struct sl_conn *conns;     /* all downstream connections (doubly linked) */
+    struct sl_conn *conns;  /* HTTP/1.1 client connections (doubly linked) */
+    struct sl_h2c *h2conns; /* HTTP/2 client connections (doubly linked) */
     size_t num_conns;
-    uint32_t max_connections;  /* this worker's share of --max-connections, 0 = none */
+    uint32_t max_connections; /* this worker's share of --max-connections, 0 = none */
 
     /* upstream pools keyed by endpoint state pointer (open addressing) */
     struct sl_pool **pools;
     size_t pools_cap, pools_used;
-    struct event *sweep_ev;    /* closes idle upstream connections past their timeout */
+    struct event *sweep_ev; /* closes idle upstream connections past their timeout */
 
     char *blocks[SL_WORKER_BLOCK_CACHE];
     unsigned num_blocks;

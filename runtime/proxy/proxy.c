@@ -26,6 +26,7 @@
 #include "http1.h"
 #include "log.h"
 #include "exchange.h"
+#include "h2.h"
 #include "metrics.h"
 #include "request.h"
 #include "upstream.h"
@@ -74,6 +75,7 @@ typedef struct sl_conn {
     uint8_t dead;                  /* closed; freed when the callback unwinds */
     uint8_t in_cb;                 /* callback nesting depth */
     uint8_t depth;                 /* pipelining recursion guard */
+    uint8_t sniffed;               /* h2c listener: the first bytes were not the preface */
     unsigned requests;
 
     int minor_version;
@@ -105,6 +107,7 @@ static int client_write_some(sl_conn_t *c);
 static void tunnel_pump(sl_conn_t *c);
 static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t head_len);
 static void pump_request_body(sl_conn_t *c);
+static void h2_takeover(sl_conn_t *c);
 static const sl_exchange_ops_t h1_exchange_ops;
 
 /* The connection of an exchange: the exchange is its first member. */
@@ -292,14 +295,16 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
 
 /* ---- connection life ------------------------------------------------------ */
 
-static void conn_close(sl_conn_t *c)
+/* Frees the connection's state; the socket itself is the caller's. */
+static void conn_release(sl_conn_t *c)
 {
     sl_worker_t *w = c->w;
     sl_exchange_finish(&c->x, 0);
     sl_request_reset(&c->x.r);
-    event_free(c->ev);
+    if (c->ev)
+        event_free(c->ev);
+    c->ev = NULL;
     event_free(c->timer);
-    close(c->fd);
     sl_worker_buf_put(w, &c->in);
     sl_worker_buf_put(w, &c->out);
     sl_worker_buf_put(w, &c->x.uout);
@@ -310,11 +315,34 @@ static void conn_close(sl_conn_t *c)
         w->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    c->dead = 1;
+    c->state = CS_CLOSED; /* every "state != ..." check upstream of us now stops */
+}
+
+/* The client sent the HTTP/2 preface on an h2c listener: the socket, the
+ * bytes read so far and the connection's accounting go to proxy_h2.c. */
+static void h2_takeover(sl_conn_t *c)
+{
+    event_free(c->ev); /* the HTTP/2 side watches the socket from now on */
+    c->ev = NULL;
+    if (sl_proxy_h2_start(c->ls, c->fd, c->client_ip, sl_buf_head(&c->in), sl_buf_len(&c->in)) !=
+        SL_OK) {
+        conn_close(c);
+        return;
+    }
+    conn_release(c);
+    if (c->in_cb == 0)
+        free(c);
+}
+
+static void conn_close(sl_conn_t *c)
+{
+    sl_worker_t *w = c->w;
+    conn_release(c);
+    close(c->fd);
     if (c->ls && c->ls->active)
         c->ls->active--;
     SL_STAT_ADD(sl_metrics_worker(w->id)->connections_active, -1);
-    c->dead = 1;
-    c->state = CS_CLOSED; /* every "state != ..." check upstream of us now stops */
     if (c->in_cb == 0)
         free(c);
     sl_worker_conn_closed(w);
@@ -410,12 +438,14 @@ void sl_proxy_drain(sl_worker_t *w)
             c->closing = 1;
         c = next;
     }
+    sl_proxy_h2_drain(w);
 }
 
 void sl_proxy_close_all(sl_worker_t *w)
 {
     while (w->conns)
         conn_close(w->conns);
+    sl_proxy_h2_close_all(w);
 }
 
 /* ---- client side I/O ------------------------------------------------------ */
@@ -602,6 +632,18 @@ static void read_head(sl_conn_t *c)
         if (n > 0) {
             int short_read = (size_t)n < space;
             c->in.end += (size_t)n;
+            if (c->ls->h2c && c->first_request && c->requests == 0 && !c->sniffed) {
+                /* An h2c listener: HTTP/2 with prior knowledge when the
+                 * first bytes are the client preface, else HTTP/1.1. */
+                int p = sl_h2_is_preface((const uint8_t *)sl_buf_head(&c->in), sl_buf_len(&c->in));
+                if (p == SL_AGAIN)
+                    continue;
+                if (p == SL_OK) {
+                    h2_takeover(c);
+                    return;
+                }
+                c->sniffed = 1;
+            }
             if (sl_buf_len(&c->in) == (size_t)n && !c->first_request) {
                 /* First byte of a keep-alive request: the header timeout starts. */
                 uint32_t header_ms = 10000;

@@ -473,19 +473,21 @@ static void test_missing_backend_reference(void **state)
     sl_resource_set_free(&set);
 }
 
-static void test_unsupported_protocol(void **state)
+static void test_h2c_listener(void **state)
 {
     (void)state;
     sl_resource_set_t set;
     sl_resource_set_init(&set);
-    /* h2c waits for the HTTP/2 codec; https compiles (test_https_listener). */
+    /* h2c: HTTP/2 with prior knowledge (and HTTP/1.1) on a plain port. */
     parse(&set, "gw.yaml",
           HEAD "kind: Gateway\nmetadata: {name: g}\nspec:\n"
                "  listeners: [{name: a, port: 80}, {name: b, port: 8081, protocol: h2c}]\n");
-    char *s = compile_error(&set, "default");
-    assert_string_equal(s, "gw.yaml doc 1: spec.listeners[1].protocol: protocol h2c is not "
-                           "supported by this runtime yet (use http)\n");
-    free(s);
+    Sluice__V1__Snapshot *snap = compile_ok(&set, "default");
+    assert_int_equal(snap->n_listeners, 2);
+    assert_int_equal(snap->listeners[0]->protocol, SLUICE__V1__LISTENER__PROTOCOL__HTTP);
+    assert_int_equal(snap->listeners[1]->protocol, SLUICE__V1__LISTENER__PROTOCOL__H2C);
+    assert_null(snap->listeners[1]->tls);
+    sl_snapshot_free(snap);
     sl_resource_set_free(&set);
 }
 
@@ -690,7 +692,7 @@ int main(void)
         cmocka_unit_test(test_gateway_path_normalization),
         cmocka_unit_test(test_upgrades_resolved_per_route),
         cmocka_unit_test(test_missing_backend_reference),
-        cmocka_unit_test(test_unsupported_protocol),
+        cmocka_unit_test(test_h2c_listener),
         cmocka_unit_test(test_https_listener),
         cmocka_unit_test(test_https_certificate_refs),
         cmocka_unit_test(test_gateways_of_a_fleet_merge),

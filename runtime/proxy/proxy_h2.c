@@ -1,0 +1,856 @@
+/*
+ * The HTTP/2 side of a client connection: the glue between a socket, the
+ * HTTP/2 codec (http/h2.c, I/O-free) and, per stream, the protocol-
+ * independent request and its upstream exchange (request.c, exchange.c).
+ * Every stream is one sl_request_t + sl_exchange_t, exactly as an HTTP/1.1
+ * request is, so routing, limits, errors, retries, metrics and the access
+ * log are the same code for both protocols; only the framing differs.
+ *
+ * Per connection: `in` (bytes read, fed to the codec at once) and `out`
+ * (frames for the client; while the client does not read it, the
+ * connection stops reading too, so neither side grows memory).
+ * Per stream: `pending`, request body bytes from DATA frames that wait for
+ * room in the exchange's uout (bounded by the stream's flow-control window:
+ * the codec credits the client only when sl_h2_consume says they moved on),
+ * and `out`, response body bytes the exchange read from the upstream for
+ * sl_h2_stream_write (bounded by the codec's per-stream send buffer: when it
+ * is full the exchange pauses until on_stream_writable).
+ *
+ * Request bodies go to HTTP/1.1 upstreams with Content-Length when the
+ * client sent one, else chunked (framed here); response bodies reach the
+ * codec as payload only (the exchange de-chunks).
+ *
+ * Worker-thread only. Memory: a stream or connection is freed only when no
+ * callback of it is on the stack (in_cb), as in proxy.c.
+ */
+#include "proxy.h"
+
+#include "exchange.h"
+#include "generation.h"
+#include "h2.h"
+#include "log.h"
+#include "metrics.h"
+#include "request.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct h2s h2s_t;
+
+typedef struct sl_h2c {
+    sl_worker_t *w;
+    sl_listener_sock_t *ls;
+    int fd;
+    struct event *ev, *timer;
+    sl_h2_conn_t *h2;
+    sl_buf_t in, out;
+    char client_ip[INET6_ADDRSTRLEN];
+    uint8_t read_ready;
+    uint8_t write_blocked; /* the socket took less than we had */
+    uint8_t fatal;         /* a connection error: flush what is pending, then close */
+    uint8_t dead;          /* closed; freed when the last callback unwinds */
+    unsigned in_cb;
+    uint64_t idle_since_ms;
+    h2s_t *streams;
+    struct sl_h2c *prev, *next;
+} h2c_t;
+
+struct h2s {
+    sl_exchange_t x; /* first: an exchange pointer is its stream */
+    h2c_t *hc;
+    int32_t id;
+    struct event *timer;
+    sl_buf_t pending;    /* request body bytes not yet in uout */
+    sl_buf_t out;        /* response body bytes not yet taken by the codec */
+    uint8_t body_end;    /* the client's END_STREAM arrived */
+    uint8_t chunked;     /* the request body goes upstream chunked */
+    uint8_t started;     /* routed; the exchange runs */
+    uint8_t ended;       /* our response ended (END_STREAM queued) */
+    uint8_t end_pending; /* complete() waits for room to write the rest */
+    uint8_t done;        /* logged and counted; the upstream side is released */
+    uint8_t closed;      /* the codec closed the stream: its id is invalid */
+    unsigned in_cb;
+    h2s_t *prev, *next;
+};
+
+static const sl_exchange_ops_t h2_exchange_ops;
+static void conn_pump(h2c_t *hc);
+static void conn_close(h2c_t *hc);
+static void stream_free(h2s_t *s);
+
+static inline h2s_t *stream_of(sl_exchange_t *x)
+{
+    return (h2s_t *)x;
+}
+
+static h2s_t *find_stream(h2c_t *hc, int32_t id)
+{
+    for (h2s_t *s = hc->streams; s; s = s->next)
+        if (s->id == id)
+            return s;
+    return NULL;
+}
+
+static uint64_t now_ms(void *user)
+{
+    (void)user;
+    return sl_endpoint_now_ms();
+}
+
+/* ---- stream life ------------------------------------------------------------ */
+
+/* The request is over for the gateway: release the upstream side, count
+ * and log it once. */
+static void stream_done(h2s_t *s, int ok)
+{
+    if (s->done)
+        return;
+    s->done = 1;
+    sl_exchange_finish(&s->x, ok);
+    if (!s->x.r.status)
+        s->x.r.status = 499;
+    sl_request_log(&s->x.r);
+    evtimer_del(s->timer);
+}
+
+static void stream_free(h2s_t *s)
+{
+    h2c_t *hc = s->hc;
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        hc->streams = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    sl_request_reset(&s->x.r);
+    sl_exchange_reset(&s->x);
+    sl_worker_buf_put(hc->w, &s->pending);
+    sl_worker_buf_put(hc->w, &s->out);
+    if (s->timer)
+        event_free(s->timer);
+    free(s);
+}
+
+static void stream_enter(h2s_t *s)
+{
+    s->in_cb++;
+    s->hc->in_cb++;
+}
+
+static void stream_leave(h2s_t *s)
+{
+    h2c_t *hc = s->hc;
+    if (--s->in_cb == 0 && s->closed)
+        stream_free(s);
+    if (--hc->in_cb == 0 && !hc->dead) {
+        /* Outermost callback of the connection: send what it queued. */
+        hc->in_cb++;
+        conn_pump(hc);
+        hc->in_cb--;
+    }
+    if (hc->in_cb == 0 && hc->dead)
+        free(hc);
+}
+
+/* Response fields from the upstream's, for the codec: hop-by-hop ones and
+ * Content-Length of 1xx/204 removed (the codec drops connection-specific
+ * ones and lower-cases names); Date and X-Request-Id added when missing. */
+static size_t response_fields(h2s_t *s, const sl_http1_response_t *resp, sl_header_t *f, size_t cap,
+                              char *date_buf, size_t date_cap)
+{
+    sl_conn_opts_t co;
+    sl_conn_opts_collect(&co, resp->headers, resp->num_headers);
+    int drop_length = resp->status < 200 || resp->status == 204;
+    int has_date = 0, has_reqid = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < resp->num_headers && n + 3 < cap; i++) {
+        const sl_header_t *h = &resp->headers[i];
+        if (sl_http_is_hop_by_hop(h, &co))
+            continue;
+        if (h->name.len == 14 && strncasecmp(h->name.ptr, "content-length", 14) == 0 && drop_length)
+            continue;
+        /* Trailer fields are not forwarded over HTTP/2 yet: no Trailer. */
+        if (h->name.len == 7 && strncasecmp(h->name.ptr, "trailer", 7) == 0)
+            continue;
+        if (h->name.len == 4 && strncasecmp(h->name.ptr, "date", 4) == 0)
+            has_date = 1;
+        if (h->name.len == 12 && strncasecmp(h->name.ptr, "x-request-id", 12) == 0)
+            has_reqid = 1;
+        f[n++] = *h;
+    }
+    if (!has_date) {
+        size_t dl;
+        const char *d = sl_request_date_line(&dl); /* "Date: ...\r\n" */
+        if (dl > 8 && dl - 8 < date_cap) {
+            memcpy(date_buf, d + 6, dl - 8);
+            f[n++] = (sl_header_t){{"date", 4}, {date_buf, dl - 8}};
+        }
+    }
+    if (!has_reqid && s->x.r.m_reqid.len)
+        f[n++] = (sl_header_t){{"x-request-id", 12}, s->x.r.m_reqid};
+    if (s->x.r.gen && s->x.r.gen->add_via)
+        f[n++] = (sl_header_t){{"via", 3}, {"1.1 sluice", 10}};
+    return n;
+}
+
+/* A gateway error as an HTTP/2 response (JSON body, as for HTTP/1.1). */
+static void stream_error(h2s_t *s, int status, const char *code, const char *message,
+                         unsigned allow)
+{
+    h2c_t *hc = s->hc;
+    s->x.r.error_code = code;
+    s->x.r.status = status;
+    char body[900], clen[24], allow_buf[96], date_buf[48];
+    size_t blen = sl_request_error_body(&s->x.r, status, code, message, body, sizeof(body));
+    snprintf(clen, sizeof(clen), "%zu", blen);
+    sl_header_t f[6];
+    size_t n = 0;
+    f[n++] = (sl_header_t){{"content-type", 12}, {"application/json", 16}};
+    f[n++] = (sl_header_t){{"content-length", 14}, {clen, strlen(clen)}};
+    f[n++] = (sl_header_t){{"x-request-id", 12}, s->x.r.m_reqid};
+    size_t dl;
+    const char *d = sl_request_date_line(&dl);
+    if (dl > 8 && dl - 8 < sizeof(date_buf)) {
+        memcpy(date_buf, d + 6, dl - 8);
+        f[n++] = (sl_header_t){{"date", 4}, {date_buf, dl - 8}};
+    }
+    if (allow) {
+        static const struct {
+            unsigned bit;
+            const char *name;
+        } methods[] = {{SL_METHOD_GET, "GET"},         {SL_METHOD_HEAD, "HEAD"},
+                       {SL_METHOD_POST, "POST"},       {SL_METHOD_PUT, "PUT"},
+                       {SL_METHOD_DELETE, "DELETE"},   {SL_METHOD_PATCH, "PATCH"},
+                       {SL_METHOD_OPTIONS, "OPTIONS"}, {SL_METHOD_TRACE, "TRACE"},
+                       {SL_METHOD_CONNECT, "CONNECT"}};
+        size_t o = 0;
+        for (size_t i = 0; i < SL_ARRAY_LEN(methods); i++) {
+            if (!(allow & methods[i].bit))
+                continue;
+            o += (size_t)snprintf(allow_buf + o, sizeof(allow_buf) - o, "%s%s", o ? ", " : "",
+                                  methods[i].name);
+        }
+        f[n++] = (sl_header_t){{"allow", 5}, {allow_buf, o}};
+    }
+    int head_only = s->x.r.method_bit == SL_METHOD_HEAD;
+    if (sl_h2_submit_response(hc->h2, s->id, status, f, n, head_only) == SL_OK) {
+        if (!head_only)
+            sl_h2_stream_write(hc->h2, s->id, (const uint8_t *)body, blen, 1);
+        s->ended = 1;
+        /* The rest of a request body is not wanted (RFC 9113 8.1). */
+        if (!s->body_end)
+            sl_h2_reset_stream(hc->h2, s->id, SL_H2_NO_ERROR);
+    }
+    stream_done(s, 0);
+}
+
+/* ---- codec callbacks ---------------------------------------------------------- */
+
+static void stream_timer_cb(evutil_socket_t fd, short what, void *arg);
+
+static void on_request(void *user, int32_t id, const sl_req_head_t *head,
+                       const sl_h2_req_info_t *info)
+{
+    h2c_t *hc = user;
+    h2s_t *s = calloc(1, sizeof(*s));
+    if (!s || !(s->timer = evtimer_new(hc->w->base, stream_timer_cb, s))) {
+        free(s);
+        sl_h2_reset_stream(hc->h2, id, SL_H2_REFUSED_STREAM);
+        return;
+    }
+    s->hc = hc;
+    s->id = id;
+    s->next = hc->streams;
+    if (hc->streams)
+        hc->streams->prev = s;
+    hc->streams = s;
+    stream_enter(s);
+    sl_request_init(&s->x.r, hc->w, hc->client_ip);
+    s->x.ops = &h2_exchange_ops;
+    s->x.interim_ok = 1;
+    s->x.dechunk = 1; /* the codec frames payload itself */
+    sl_request_begin(&s->x.r);
+    sl_request_set_head(&s->x.r, head);
+    s->body_end = (info->flags & SL_H2_REQ_END_STREAM) != 0;
+    s->x.req_body_done = s->body_end;
+    if (info->flags & SL_H2_REQ_EXTENDED_CONNECT) {
+        stream_error(s, 501, "not_implemented", "extended CONNECT is not supported yet", 0);
+        goto out;
+    }
+    sl_str_t path;
+    sl_request_error_t err;
+    if (sl_request_route(&s->x.r, head, &path, &err) != SL_OK) {
+        stream_error(s, err.status, err.code, err.message, err.allow);
+        goto out;
+    }
+    enum sl_http1_body body = s->body_end        ? SL_HTTP1_BODY_NONE
+                              : head->has_length ? SL_HTTP1_BODY_LENGTH
+                                                 : SL_HTTP1_BODY_CHUNKED;
+    s->chunked = body == SL_HTTP1_BODY_CHUNKED;
+    if (sl_exchange_build_head(&s->x, head, path, body, head->content_length,
+                               (sl_str_t){NULL, 0}) != SL_OK) {
+        stream_error(s, 503, "overloaded", "out of memory", 0);
+        goto out;
+    }
+    s->started = 1;
+    sl_exchange_start(&s->x);
+out:
+    stream_leave(s);
+}
+
+static int body_over_limit(h2s_t *s)
+{
+    uint64_t max = s->x.r.route ? s->x.r.route->max_request_body_bytes : 0;
+    return max && s->x.r.bytes_received > max;
+}
+
+static void on_data(void *user, int32_t id, const uint8_t *p, size_t n, int end_stream)
+{
+    h2c_t *hc = user;
+    h2s_t *s = find_stream(hc, id);
+    if (!s || s->done || !s->started) {
+        /* Nobody wants these bytes: let the client's window recover. */
+        if (n)
+            sl_h2_consume(hc->h2, id, n);
+        return;
+    }
+    stream_enter(s);
+    if (n) {
+        s->x.r.bytes_received += n;
+        if (body_over_limit(s)) {
+            sl_h2_consume(hc->h2, id, n);
+            if (s->x.resp_head_sent) {
+                s->x.r.error_code = "payload_too_large";
+                stream_done(s, 0);
+                sl_h2_reset_stream(hc->h2, id, SL_H2_CANCEL);
+            } else {
+                stream_error(s, 413, "payload_too_large",
+                             "the request body exceeds the limit of this API", 0);
+            }
+            goto out;
+        }
+        if (sl_buf_append(&s->pending, p, n) != 0) {
+            stream_error(s, 503, "overloaded", "out of memory", 0);
+            goto out;
+        }
+    }
+    if (end_stream)
+        s->body_end = 1;
+    sl_exchange_drive(&s->x);
+out:
+    stream_leave(s);
+}
+
+static void on_stream_close(void *user, int32_t id, uint32_t error_code)
+{
+    h2c_t *hc = user;
+    h2s_t *s = find_stream(hc, id);
+    if (!s)
+        return;
+    if (!s->done) {
+        /* The client reset the stream, or the connection went away. */
+        s->x.r.error_code = error_code == SL_H2_NO_ERROR ? "client_closed" : "client_reset";
+        stream_done(s, 0);
+    }
+    s->closed = 1;
+    if (s->in_cb == 0)
+        stream_free(s);
+}
+
+static void stream_write_out(h2s_t *s);
+
+static void on_stream_writable(void *user, int32_t id)
+{
+    h2c_t *hc = user;
+    h2s_t *s = find_stream(hc, id);
+    if (!s || s->done)
+        return;
+    stream_enter(s);
+    if (s->end_pending)
+        stream_write_out(s);
+    else
+        sl_exchange_resume(&s->x);
+    stream_leave(s);
+}
+
+/* ---- exchange ops -------------------------------------------------------------- */
+
+static void x_enter(sl_exchange_t *x)
+{
+    stream_enter(stream_of(x));
+}
+
+static void x_leave(sl_exchange_t *x)
+{
+    stream_leave(stream_of(x));
+}
+
+static int x_alive(sl_exchange_t *x)
+{
+    h2s_t *s = stream_of(x);
+    return !s->done && !s->closed && !s->hc->dead;
+}
+
+static int x_head(sl_exchange_t *x, const sl_http1_response_t *resp, int interim)
+{
+    h2s_t *s = stream_of(x);
+    sl_header_t f[136];
+    char date_buf[48];
+    size_t n = response_fields(s, resp, f, SL_ARRAY_LEN(f), date_buf, sizeof(date_buf));
+    int end = !interim && x->resp_done;
+    int rc = sl_h2_submit_response(s->hc->h2, s->id, resp->status, f, n, end);
+    if (rc == SL_DECLINED) {
+        /* The stream is gone: on_stream_close ends the request. */
+        return SL_OK;
+    }
+    if (rc != SL_OK)
+        return SL_ERROR;
+    if (end)
+        s->ended = 1;
+    return SL_OK;
+}
+
+static sl_buf_t *x_body_buf(sl_exchange_t *x)
+{
+    h2s_t *s = stream_of(x);
+    if (!s->out.data)
+        sl_worker_buf_get(s->hc->w, &s->out);
+    return &s->out;
+}
+
+/* Hands `out` to the codec. 1 all taken, 0 the stream's buffer is full, -1
+ * the stream is gone. */
+static int hand_out(h2s_t *s, int end)
+{
+    h2c_t *hc = s->hc;
+    for (;;) {
+        size_t len = sl_buf_len(&s->out);
+        ssize_t n =
+            sl_h2_stream_write(hc->h2, s->id, (const uint8_t *)sl_buf_head(&s->out), len, end);
+        if (n < 0) {
+            if (!s->done) {
+                s->x.r.error_code = "client_closed";
+                stream_done(s, 0);
+            }
+            return -1;
+        }
+        s->x.r.bytes_sent += (uint64_t)n;
+        sl_buf_consume(&s->out, (size_t)n);
+        if ((size_t)n < len)
+            return 0;
+        return 1;
+    }
+}
+
+static int x_body_flush(sl_exchange_t *x)
+{
+    h2s_t *s = stream_of(x);
+    if (sl_buf_len(&s->out) == 0)
+        return 1;
+    return hand_out(s, 0);
+}
+
+/* The last bytes and END_STREAM; then the request is done. */
+static void stream_write_out(h2s_t *s)
+{
+    if (!s->ended) {
+        int r = hand_out(s, 1);
+        if (r < 0)
+            return;
+        if (r == 0) {
+            s->end_pending = 1; /* on_stream_writable comes back here */
+            return;
+        }
+        s->ended = 1;
+    }
+    s->end_pending = 0;
+    stream_done(s, 1);
+}
+
+static void x_complete(sl_exchange_t *x)
+{
+    h2s_t *s = stream_of(x);
+    evtimer_del(s->timer);
+    stream_write_out(s);
+}
+
+static void x_error(sl_exchange_t *x, int status, const char *code, const char *message, int close)
+{
+    (void)close; /* a stream has nothing to close but itself */
+    stream_error(stream_of(x), status, code, message, 0);
+}
+
+/* A response cut after its head: RST_STREAM tells the client it is not
+ * complete (HTTP/2 has no other way, and needs no more). */
+static void x_abort(sl_exchange_t *x, const char *code)
+{
+    h2s_t *s = stream_of(x);
+    s->x.r.error_code = code;
+    stream_done(s, 0);
+    if (!s->closed)
+        sl_h2_reset_stream(s->hc->h2, s->id, SL_H2_INTERNAL_ERROR);
+}
+
+static void x_arm_timer(sl_exchange_t *x, uint32_t ms)
+{
+    h2s_t *s = stream_of(x);
+    if (x->r.deadline_ms) {
+        uint64_t now = sl_endpoint_now_ms();
+        uint64_t left = x->r.deadline_ms > now ? x->r.deadline_ms - now : 0;
+        if (ms == 0 || left < ms)
+            ms = (uint32_t)left;
+    }
+    if (ms == 0) {
+        evtimer_del(s->timer);
+        return;
+    }
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(s->timer, &tv);
+}
+
+/* Moves request body bytes from `pending` to uout (chunk-framed when the
+ * upstream gets no length), crediting the client's window as they move. */
+static void x_pump_body(sl_exchange_t *x)
+{
+    h2s_t *s = stream_of(x);
+    while (sl_buf_len(&s->pending) || (s->body_end && !x->req_body_done)) {
+        /* Room in uout: drop what was sent if the buffer is full. */
+        if (sl_buf_space(&x->uout) < 1024) {
+            if (x->uout_sent > 0 && x->phase != SL_XP_CONNECTING) {
+                x->uout.start += x->uout_sent;
+                x->uout_sent = 0;
+                sl_buf_compact(&x->uout);
+                x->r.replayable = 0;
+            }
+            if (sl_buf_space(&x->uout) < 1024)
+                return; /* backpressure: the upstream takes it first */
+        }
+        size_t len = sl_buf_len(&s->pending);
+        if (len == 0) {
+            if (s->chunked)
+                sl_buf_append(&x->uout, "0\r\n\r\n", 5);
+            x->req_body_done = 1;
+            sl_worker_buf_put(s->hc->w, &s->pending);
+            return;
+        }
+        size_t room = sl_buf_space(&x->uout) - (s->chunked ? 24 : 0);
+        size_t take = len < room ? len : room;
+        if (s->chunked) {
+            char line[24];
+            int h = snprintf(line, sizeof(line), "%zx\r\n", take);
+            sl_buf_append(&x->uout, line, (size_t)h);
+        }
+        memcpy(sl_buf_tail(&x->uout), sl_buf_head(&s->pending), take);
+        x->uout.end += take;
+        if (s->chunked)
+            sl_buf_append(&x->uout, "\r\n", 2);
+        sl_buf_consume(&s->pending, take);
+        sl_h2_consume(s->hc->h2, s->id, take);
+    }
+}
+
+/* Expect: 100-continue over HTTP/2: an interim 100 once an endpoint is
+ * chosen. */
+static void x_send_continue(sl_exchange_t *x)
+{
+    h2s_t *s = stream_of(x);
+    sl_h2_submit_response(s->hc->h2, s->id, 100, NULL, 0, 0);
+}
+
+static const sl_exchange_ops_t h2_exchange_ops = {
+    .enter = x_enter,
+    .leave = x_leave,
+    .alive = x_alive,
+    .head = x_head,
+    .body_buf = x_body_buf,
+    .body_flush = x_body_flush,
+    .complete = x_complete,
+    .error = x_error,
+    .abort = x_abort,
+    .arm_timer = x_arm_timer,
+    .pump_body = x_pump_body,
+    .send_continue = x_send_continue,
+    .upgraded = NULL,
+    .tunnel_event = NULL,
+};
+
+static void stream_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    h2s_t *s = arg;
+    if (s->done)
+        return;
+    stream_enter(s);
+    uint64_t now = sl_endpoint_now_ms();
+    if (s->x.r.deadline_ms && now >= s->x.r.deadline_ms) {
+        if (!s->x.resp_head_sent) {
+            sl_exchange_finish(&s->x, 0);
+            stream_error(s, 504, "request_timeout", "the request did not complete in time", 0);
+        } else {
+            s->x.r.error_code = "request_timeout";
+            stream_done(s, 0);
+            sl_h2_reset_stream(s->hc->h2, s->id, SL_H2_CANCEL);
+        }
+    } else {
+        /* A client that stopped taking the response shows as a stalled
+         * stream or a paused exchange. */
+        int client_blocked = s->x.up_paused || sl_h2_stream_stalled_ms(s->hc->h2, s->id) > 0;
+        sl_exchange_timeout(&s->x, client_blocked);
+    }
+    stream_leave(s);
+}
+
+/* ---- connection I/O ------------------------------------------------------------ */
+
+/* Writes `out`, refills it from the codec, until the codec has nothing more
+ * or the socket is full; then decides whether the connection is over. */
+static void conn_pump(h2c_t *hc)
+{
+    if (hc->dead)
+        return;
+    for (;;) {
+        while (sl_buf_len(&hc->out)) {
+            ssize_t n = write(hc->fd, sl_buf_head(&hc->out), sl_buf_len(&hc->out));
+            if (n > 0) {
+                sl_buf_consume(&hc->out, (size_t)n);
+                continue;
+            }
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                hc->write_blocked = 1;
+                return; /* the write edge resumes us */
+            }
+            conn_close(hc); /* the client is gone */
+            return;
+        }
+        hc->write_blocked = 0;
+        size_t before = sl_buf_len(&hc->out);
+        if (sl_h2_conn_flush_into(hc->h2, &hc->out) == SL_ERROR) {
+            conn_close(hc);
+            return;
+        }
+        if (sl_buf_len(&hc->out) == before)
+            break;
+    }
+    /* After a connection error the GOAWAY went out above: done. */
+    if (hc->fatal || (!sl_h2_conn_want_read(hc->h2) && !sl_h2_conn_want_write(hc->h2))) {
+        conn_close(hc);
+        return;
+    }
+    hc->idle_since_ms = sl_h2_conn_idle(hc->h2)
+                            ? (hc->idle_since_ms ? hc->idle_since_ms : sl_endpoint_now_ms())
+                            : 0;
+}
+
+/* Reads and feeds the codec while the socket has bytes, unless the client
+ * does not read what we already have for it (then it waits: bounded). */
+static void conn_read(h2c_t *hc)
+{
+    while (!hc->dead && !hc->fatal && hc->read_ready && !hc->write_blocked) {
+        if (!hc->in.data && sl_worker_buf_get(hc->w, &hc->in) != 0) {
+            conn_close(hc);
+            return;
+        }
+        hc->in.start = hc->in.end = 0;
+        ssize_t n = read(hc->fd, sl_buf_tail(&hc->in), sl_buf_space(&hc->in));
+        if (n > 0) {
+            if (sl_h2_conn_feed(hc->h2, (const uint8_t *)hc->in.data, (size_t)n) == SL_ERROR)
+                hc->fatal = 1; /* a GOAWAY is pending: flush it, then close */
+            conn_pump(hc);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            hc->read_ready = 0;
+            break;
+        }
+        conn_close(hc); /* EOF or error: the streams end with it */
+        return;
+    }
+    if (!hc->dead && hc->in.data)
+        sl_worker_buf_put(hc->w, &hc->in);
+}
+
+static void conn_event_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    h2c_t *hc = arg;
+    hc->in_cb++;
+    if (what & (EV_READ | EV_CLOSED))
+        hc->read_ready = 1;
+    if (what & EV_WRITE)
+        conn_pump(hc);
+    if (!hc->dead)
+        conn_read(hc);
+    if (!hc->dead)
+        conn_pump(hc);
+    if (--hc->in_cb == 0 && hc->dead)
+        free(hc);
+}
+
+/* Once a second: the idle timeout (no stream open), the header timeout (a
+ * header block left unfinished), and streams stalled on a zero window past
+ * the idle timeout. */
+static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    h2c_t *hc = arg;
+    hc->in_cb++;
+    uint32_t idle_ms = 60000, header_ms = 10000;
+    rcu_thread_online();
+    sl_generation_t *g = sl_generation_current();
+    if (g) {
+        idle_ms = g->idle_timeout_ms;
+        header_ms = g->request_header_timeout_ms;
+    }
+    rcu_thread_offline();
+    uint64_t now = sl_endpoint_now_ms();
+    uint64_t since = sl_h2_conn_header_block_since(hc->h2);
+    uint64_t stall_since = 0;
+    int32_t stalled = sl_h2_conn_oldest_stall(hc->h2, &stall_since);
+    if (since && now - since >= header_ms) {
+        sl_h2_goaway(hc->h2, 0);
+        hc->fatal = 1;
+    } else if (hc->idle_since_ms && now - hc->idle_since_ms >= idle_ms) {
+        sl_h2_goaway(hc->h2, 0);
+        hc->fatal = 1;
+    } else if (stalled && now - stall_since >= idle_ms) {
+        h2s_t *s = find_stream(hc, stalled);
+        if (s && !s->done) {
+            s->x.r.error_code = "client_write_timeout";
+            stream_done(s, 0);
+        }
+        sl_h2_reset_stream(hc->h2, stalled, SL_H2_CANCEL);
+    }
+    conn_pump(hc);
+    if (!hc->dead) {
+        struct timeval tv = {1, 0};
+        evtimer_add(hc->timer, &tv);
+    }
+    if (--hc->in_cb == 0 && hc->dead)
+        free(hc);
+}
+
+static void conn_close(h2c_t *hc)
+{
+    if (hc->dead)
+        return;
+    sl_worker_t *w = hc->w;
+    hc->in_cb++;             /* the stream callbacks below must not free hc */
+    sl_h2_conn_free(hc->h2); /* on_stream_close(CANCEL) for every open stream */
+    hc->h2 = NULL;
+    while (hc->streams) {
+        h2s_t *s = hc->streams;
+        if (!s->done) {
+            s->x.r.error_code = "client_closed";
+            stream_done(s, 0);
+        }
+        s->closed = 1;
+        if (s->in_cb)
+            break; /* freed when its callback unwinds; cannot happen today */
+        stream_free(s);
+    }
+    hc->in_cb--;
+    event_free(hc->ev);
+    event_free(hc->timer);
+    close(hc->fd);
+    sl_worker_buf_put(w, &hc->in);
+    sl_worker_buf_put(w, &hc->out);
+    if (hc->prev)
+        hc->prev->next = hc->next;
+    else
+        w->h2conns = hc->next;
+    if (hc->next)
+        hc->next->prev = hc->prev;
+    if (hc->ls && hc->ls->active)
+        hc->ls->active--;
+    SL_STAT_ADD(sl_metrics_worker(w->id)->connections_active, -1);
+    hc->dead = 1;
+    if (hc->in_cb == 0)
+        free(hc);
+    sl_worker_conn_closed(w);
+}
+
+/* ---- entry points ---------------------------------------------------------------- */
+
+int sl_proxy_h2_start(sl_listener_sock_t *ls, int fd, const char *client_ip, const char *bytes,
+                      size_t n)
+{
+    sl_worker_t *w = ls->worker;
+    h2c_t *hc = calloc(1, sizeof(*hc));
+    if (!hc)
+        return SL_ERROR;
+    static const sl_h2_callbacks_t cbs = {
+        .on_request = on_request,
+        .on_data = on_data,
+        .on_stream_close = on_stream_close,
+        .on_stream_writable = on_stream_writable,
+        .now_ms = now_ms,
+    };
+    hc->w = w;
+    hc->ls = ls;
+    hc->fd = fd;
+    snprintf(hc->client_ip, sizeof(hc->client_ip), "%s", client_ip);
+    hc->h2 = sl_h2_conn_new(NULL, &cbs, hc);
+    hc->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_CLOSED | EV_ET | EV_PERSIST,
+                       conn_event_cb, hc);
+    hc->timer = evtimer_new(w->base, conn_timer_cb, hc);
+    if (!hc->h2 || !hc->ev || !hc->timer || sl_worker_buf_get(w, &hc->out) != 0 ||
+        event_add(hc->ev, NULL) != 0) {
+        if (hc->ev)
+            event_free(hc->ev);
+        if (hc->timer)
+            event_free(hc->timer);
+        sl_h2_conn_free(hc->h2);
+        sl_worker_buf_put(w, &hc->out);
+        free(hc);
+        return SL_ERROR;
+    }
+    /* The connection now counts as ours (the caller's accounting moves). */
+    hc->next = w->h2conns;
+    if (w->h2conns)
+        w->h2conns->prev = hc;
+    w->h2conns = hc;
+    struct timeval tv = {1, 0};
+    evtimer_add(hc->timer, &tv);
+    hc->idle_since_ms = sl_endpoint_now_ms();
+    hc->read_ready = 1;
+    hc->in_cb++;
+    if (n && sl_h2_conn_feed(hc->h2, (const uint8_t *)bytes, n) == SL_ERROR)
+        hc->fatal = 1;
+    conn_pump(hc);
+    if (!hc->dead)
+        conn_read(hc);
+    if (!hc->dead)
+        conn_pump(hc);
+    if (--hc->in_cb == 0 && hc->dead)
+        free(hc);
+    return SL_OK;
+}
+
+void sl_proxy_h2_drain(sl_worker_t *w)
+{
+    for (h2c_t *hc = w->h2conns, *next; hc; hc = next) {
+        next = hc->next;
+        sl_h2_goaway(hc->h2, 1);
+        hc->in_cb++;
+        conn_pump(hc);
+        if (--hc->in_cb == 0 && hc->dead)
+            free(hc);
+    }
+}
+
+void sl_proxy_h2_close_all(sl_worker_t *w)
+{
+    while (w->h2conns)
+        conn_close(w->h2conns);
+}
