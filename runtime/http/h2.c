@@ -108,6 +108,8 @@ struct sl_h2_conn {
     uint64_t abort_since_ms;
     uint32_t abort_count;
     uint32_t empty_data_run;
+    uint64_t window_updates; /* received, over the connection's life */
+    uint64_t data_frames_sent;
 
     sl_h2_stats_t st;
 };
@@ -693,7 +695,15 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
             return 0;
         return count_ctrl(c);
     case NGHTTP2_PRIORITY:
+    case NGHTTP2_GOAWAY:
         return count_ctrl(c);
+    case NGHTTP2_WINDOW_UPDATE:
+        /* A client reading our DATA sends WINDOW_UPDATEs in proportion to
+         * it (as Envoy bounds them); beyond that they are a free flood. */
+        if (++c->window_updates >
+            64 + (uint64_t)c->set.window_updates_per_data_frame * (c->data_frames_sent + 1))
+            return conn_fail(c, SL_H2_ENHANCE_YOUR_CALM);
+        return 0;
     default:
         return 0;
     }
@@ -846,6 +856,8 @@ static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *
 {
     (void)ng;
     sl_h2_conn_t *c = user;
+    if (frame->hd.type == NGHTTP2_DATA)
+        c->data_frames_sent++;
     if (frame->hd.type == NGHTTP2_GOAWAY) {
         c->st.goaway_sent = 1;
         c->st.goaway_code = frame->goaway.error_code;
@@ -891,6 +903,7 @@ static void settings_fill(sl_h2_settings_t *s)
     DEF(aborted_streams_max, 200);
     DEF(aborted_window_ms, 10000);
     DEF(empty_data_max, 100);
+    DEF(window_updates_per_data_frame, 10);
     DEF(stream_send_buffer_bytes, 65536);
     DEF(conn_send_buffer_bytes, 524288);
     DEF(max_response_header_bytes, 65536);

@@ -44,10 +44,12 @@
  *     SETTINGS ACKs) and by the aborted-stream limit (RST_STREAM).
  *
  * Threading: one connection, one worker thread; nothing is shared.
- * Re-entrancy: callbacks run inside sl_h2_conn_feed (requests, data, closes)
- * and sl_h2_conn_flush_into (on_stream_writable). From a callback the glue
- * may submit, write, consume, reset and GOAWAY; it must not feed, flush or
- * free the connection (feed and flush then return SL_AGAIN).
+ * Re-entrancy: callbacks run inside sl_h2_conn_feed (requests, data,
+ * trailers, closes), sl_h2_conn_flush_into (closes, once our END_STREAM or
+ * RST_STREAM has been framed; on_stream_writable) and sl_h2_conn_free
+ * (closes). From a callback the glue may submit, write, consume, reset and
+ * GOAWAY; it must not feed, flush or free the connection (feed and flush
+ * then return SL_AGAIN).
  *
  * What the glue does
  *   1. feed every byte read (the first bytes may be tested with
@@ -94,44 +96,48 @@
 
 /*
  * Limits. A zero field takes its default (in brackets); every one is enforced
- * by the codec and has a unit test (docs/security.md, "HTTP/2").
+ * by the codec and has a unit test (docs/security.md, "HTTP/2"). Frames of
+ * unknown types are ignored uncounted: they cost the client what they cost
+ * us and ask for nothing back.
  */
 typedef struct {
-    uint32_t max_concurrent_streams;    /* [100] SETTINGS; the 101st: REFUSED_STREAM */
-    uint32_t stream_window_bytes;       /* [65535] request body bytes per stream we let in
-                                         * before sl_h2_consume */
-    uint32_t conn_window_bytes;         /* [1 MiB] the same over all streams */
-    uint32_t max_header_list_bytes;     /* [65536] RFC 9113 size (name+value+32 each) of a
-                                         * request's fields: over it, 431 and the stream ends;
-                                         * a block whose encoded size passes it by 16 KiB
-                                         * is a connection error (ENHANCE_YOUR_CALM) */
-    uint32_t max_header_fields;         /* [100] fields of a block, pseudo-fields included */
-    uint32_t max_continuations;         /* [8] CONTINUATION frames per block: more is a
-                                         * connection error */
-    uint32_t header_table_bytes;        /* [4096] HPACK decoder table the client may use;
-                                         * a larger size update: COMPRESSION_ERROR */
-    uint32_t deflate_table_bytes;       /* [4096] our encoder's table, whatever the client
-                                         * allows */
-    uint32_t max_settings_entries;      /* [32] per SETTINGS frame */
-    uint32_t max_outbound_ack;          /* [128] PING/SETTINGS ACKs queued while the client
-                                         * does not read: more is a connection error */
-    uint32_t ctrl_frames_max;           /* [1000] PING, SETTINGS, PRIORITY frames and
-                                         * RST_STREAM of finished streams per window */
-    uint32_t ctrl_window_ms;            /* [10000] */
-    uint32_t aborted_streams_max;       /* [200] streams the client ended early (RST_STREAM
-                                         * before our response ended) or made us reset
-                                         * (stream errors, 431) per window: rapid reset,
-                                         * CVE-2023-44487, and CVE-2025-8671 */
-    uint32_t aborted_window_ms;         /* [10000] */
-    uint32_t empty_data_max;            /* [100] consecutive DATA frames with no payload and
-                                         * no END_STREAM */
-    uint32_t stream_send_buffer_bytes;  /* [65536] response body bytes held per stream */
-    uint32_t conn_send_buffer_bytes;    /* [524288] the same over all streams (raised to
-                                         * stream_send_buffer_bytes if lower) */
-    uint32_t max_response_header_bytes; /* [65536] fields of one submit_response/trailers */
-    uint32_t drain_stream_id;           /* [0x7fff0000] a request at or above this id starts
-                                         * a graceful GOAWAY: ids end at 2^31-1 */
-    uint8_t enable_connect_protocol;    /* [0] RFC 8441 extended CONNECT (:protocol) */
+    uint32_t max_concurrent_streams;        /* [100] SETTINGS; the 101st: REFUSED_STREAM */
+    uint32_t stream_window_bytes;           /* [65535] request body bytes per stream we let in
+                                             * before sl_h2_consume */
+    uint32_t conn_window_bytes;             /* [1 MiB] the same over all streams */
+    uint32_t max_header_list_bytes;         /* [65536] RFC 9113 size (name+value+32 each) of a
+                                             * request's fields: over it, 431 and the stream ends;
+                                             * a block whose encoded size passes it by 16 KiB
+                                             * is a connection error (ENHANCE_YOUR_CALM) */
+    uint32_t max_header_fields;             /* [100] fields of a block, pseudo-fields included */
+    uint32_t max_continuations;             /* [8] CONTINUATION frames per block: more is a
+                                             * connection error */
+    uint32_t header_table_bytes;            /* [4096] HPACK decoder table the client may use;
+                                             * a larger size update: COMPRESSION_ERROR */
+    uint32_t deflate_table_bytes;           /* [4096] our encoder's table, whatever the client
+                                             * allows */
+    uint32_t max_settings_entries;          /* [32] per SETTINGS frame */
+    uint32_t max_outbound_ack;              /* [128] PING/SETTINGS ACKs queued while the client
+                                             * does not read: more is a connection error */
+    uint32_t ctrl_frames_max;               /* [1000] PING, SETTINGS, PRIORITY, GOAWAY frames
+                                             * and RST_STREAM of finished streams per window */
+    uint32_t ctrl_window_ms;                /* [10000] */
+    uint32_t aborted_streams_max;           /* [200] streams the client ended early (RST_STREAM
+                                             * before our response ended) or made us reset
+                                             * (stream errors, 431) per window: rapid reset,
+                                             * CVE-2023-44487, and CVE-2025-8671 */
+    uint32_t aborted_window_ms;             /* [10000] */
+    uint32_t empty_data_max;                /* [100] consecutive DATA frames with no payload and
+                                             * no END_STREAM */
+    uint32_t window_updates_per_data_frame; /* [10] WINDOW_UPDATEs received: at most
+                                             * 64 + this x (DATA frames sent + 1) */
+    uint32_t stream_send_buffer_bytes;      /* [65536] response body bytes held per stream */
+    uint32_t conn_send_buffer_bytes;        /* [524288] the same over all streams (raised to
+                                             * stream_send_buffer_bytes if lower) */
+    uint32_t max_response_header_bytes;     /* [65536] fields of one submit_response/trailers */
+    uint32_t drain_stream_id;               /* [0x7fff0000] a request at or above this id starts
+                                             * a graceful GOAWAY: ids end at 2^31-1 */
+    uint8_t enable_connect_protocol;        /* [0] RFC 8441 extended CONNECT (:protocol) */
 } sl_h2_settings_t;
 
 /* What on_request says besides the head. */

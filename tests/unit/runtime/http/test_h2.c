@@ -1547,6 +1547,74 @@ static void test_empty_data_flood(void **state)
     raw_close(&r);
 }
 
+static void test_window_update_flood(void **state)
+{
+    (void)state;
+    raw_t r;
+    raw_open(&r, NULL);
+    const uint8_t inc[4] = {0, 0, 0, 1};
+    /* Before any DATA from us: 64 + 10 are tolerated. */
+    for (int i = 0; i < 74; i++)
+        frame(&r.w, NGHTTP2_WINDOW_UPDATE, 0, 0, inc, 4);
+    assert_true(raw_exchange(r.c, &r.srv, &r.w, &r.seen) >= 0);
+    assert_int_equal(r.seen.goaway, 0);
+    /* Each DATA frame we send allows 10 more. */
+    headers(&r.w, r.d, 1, 1, base_get, 4);
+    raw_exchange(r.c, &r.srv, &r.w, &r.seen);
+    assert_int_equal(sl_h2_submit_response(r.c, 1, 200, NULL, 0, 0), SL_OK);
+    assert_int_equal(sl_h2_stream_write(r.c, 1, (const uint8_t *)"x", 1, 1), 1);
+    raw_exchange(r.c, &r.srv, &r.w, &r.seen);
+    for (int i = 0; i < 10; i++)
+        frame(&r.w, NGHTTP2_WINDOW_UPDATE, 0, 0, inc, 4);
+    assert_true(raw_exchange(r.c, &r.srv, &r.w, &r.seen) >= 0);
+    assert_int_equal(r.seen.goaway, 0);
+    frame(&r.w, NGHTTP2_WINDOW_UPDATE, 0, 0, inc, 4);
+    assert_int_equal(raw_exchange(r.c, &r.srv, &r.w, &r.seen), SL_ERROR);
+    assert_int_equal(r.seen.goaway_code, NGHTTP2_ENHANCE_YOUR_CALM);
+    raw_close(&r);
+}
+
+static void test_goaway_frames_count_as_control(void **state)
+{
+    (void)state;
+    sl_h2_settings_t set = {.ctrl_frames_max = 10};
+    raw_t r;
+    raw_open(&r, &set);
+    const uint8_t ga[8] = {0};
+    /* A stream in flight keeps the connection readable after a GOAWAY (with
+     * none, nghttp2 stops reading and the glue closes). The preface's
+     * SETTINGS is the first control frame. */
+    headers(&r.w, r.d, 1, 1, base_get, 4);
+    for (int i = 0; i < 9; i++)
+        frame(&r.w, NGHTTP2_GOAWAY, 0, 0, ga, 8);
+    assert_true(raw_exchange(r.c, &r.srv, &r.w, &r.seen) >= 0);
+    assert_int_equal(r.seen.goaway, 0);
+    frame(&r.w, NGHTTP2_GOAWAY, 0, 0, ga, 8);
+    assert_int_equal(raw_exchange(r.c, &r.srv, &r.w, &r.seen), SL_ERROR);
+    assert_int_equal(r.seen.goaway_code, NGHTTP2_ENHANCE_YOUR_CALM);
+    raw_close(&r);
+}
+
+static void test_immediate_goaway(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_open(&p, NULL, 0, 65536);
+    int32_t id = get(&p, "/x");
+    pump(&p);
+    sl_h2_goaway(p.c, 0);
+    pump(&p);
+    assert_int_equal(p.cli.goaway, 1);
+    assert_int_equal(p.cli.goaway_code, NGHTTP2_NO_ERROR);
+    assert_false(sl_h2_conn_want_read(p.c));
+    assert_false(sl_h2_conn_want_write(p.c));
+    sl_h2_conn_free(p.c);
+    assert_int_equal(p.srv.closed[slot(id)], 1);
+    assert_int_equal(p.srv.close_code[slot(id)], SL_H2_CANCEL);
+    p.c = sl_h2_conn_new(NULL, &srv_cb, &p.srv);
+    pair_close(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1578,6 +1646,9 @@ int main(void)
         cmocka_unit_test(test_settings_flood),
         cmocka_unit_test(test_ping_flood),
         cmocka_unit_test(test_empty_data_flood),
+        cmocka_unit_test(test_window_update_flood),
+        cmocka_unit_test(test_goaway_frames_count_as_control),
+        cmocka_unit_test(test_immediate_goaway),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
