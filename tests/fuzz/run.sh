@@ -26,7 +26,7 @@ FUZZ_JOBS=${FUZZ_JOBS:-1}
 # One input taking this long is a finding (a hang), not slowness.
 FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-25}
 CLANG=${CLANG:-clang}
-DRIVERS_ALL="fuzz_http1_request fuzz_http1_response fuzz_router fuzz_model fuzz_snapshot_apply fuzz_rest_body fuzz_path fuzz_h2_frames"
+DRIVERS_ALL="fuzz_http1_request fuzz_http1_response fuzz_router fuzz_model fuzz_snapshot_apply fuzz_rest_body fuzz_path fuzz_h2_frames fuzz_pem"
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 # Library objects get coverage instrumentation without libFuzzer's main();
