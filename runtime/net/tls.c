@@ -1152,7 +1152,7 @@ int sl_tls_publish_expiry(sl_tls_server_t *const *servers, size_t n)
 {
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
-        total += servers[i]->ncerts;
+        total += servers[i] ? servers[i]->ncerts : 0; /* NULL: a listener without TLS */
     const char **names = calloc(total ? total : 1, sizeof(*names));
     int64_t *not_after = calloc(total ? total : 1, sizeof(*not_after));
     size_t k = 0;
@@ -1160,7 +1160,7 @@ int sl_tls_publish_expiry(sl_tls_server_t *const *servers, size_t n)
     if (!names || !not_after)
         goto out;
     for (size_t i = 0; i < n; i++) {
-        for (size_t j = 0; j < servers[i]->ncerts; j++) {
+        for (size_t j = 0; servers[i] && j < servers[i]->ncerts; j++) {
             const cert_t *c = &servers[i]->certs[j];
             size_t m = 0;
             while (m < k && strcmp(names[m], c->name) != 0)

@@ -82,6 +82,23 @@
  * Clean close: sl_tls_shutdown sends close_notify once (SL_OK or SL_AGAIN;
  * a caller closing anyway may ignore SL_AGAIN) and does not wait for the
  * peer's. Calling it before SSL_free also keeps a cached session resumable.
+ * OpenSSL writes with write(2): the process must ignore SIGPIPE (main.c
+ * does). Never call sl_tls_shutdown after SL_ERROR or a fatal -1.
+ *
+ * ---- Wiring checklist (the connection code) --------------------------------
+ *
+ *  1. Generation build: one server per https listener, flags SL_TLS_NO_H2
+ *     while no HTTP/2 codec serves the connection; a NULL is a refused
+ *     snapshot with err as the NACK detail. After publishing the generation,
+ *     sl_tls_publish_expiry(its servers) (n = 0 clears the metric).
+ *  2. Accept: take the server from the generation current at accept time;
+ *     the SSL keeps it alive, so the connection need not hold the
+ *     generation. Bound the handshake by the listener's header timeout.
+ *  3. Handshake done: sl_tls_alpn() picks the codec (NONE = HTTP/1.1);
+ *     sl_tls_peer() once, kept with the connection, becomes
+ *     X-Client-Cert-Subject / -SANs / -SHA256 on every request, after
+ *     removing whatever the client sent under those names.
+ *  4. I/O as above; close: sl_tls_shutdown, SSL_free, close(fd).
  */
 #ifndef SL_TLS_H
 #define SL_TLS_H
@@ -171,8 +188,10 @@ size_t sl_tls_server_certificates(const sl_tls_server_t *srv, sl_tls_cert_expiry
                                   size_t cap);
 
 /* Publishes the certificates of a generation's servers (each name once) as
- * sluice_certificate_expiry_seconds{certificate} (control/metrics.h). Main
- * thread, when the generation is published. SL_OK or SL_ERROR (memory). */
+ * sluice_certificate_expiry_seconds{certificate} (control/metrics.h),
+ * replacing the previous set; NULL entries (plaintext listeners) are
+ * skipped, n = 0 clears it. Main thread, when the generation is published.
+ * SL_OK or SL_ERROR (memory; the previous set stays). */
 int sl_tls_publish_expiry(sl_tls_server_t *const *servers, size_t n);
 
 /* Makes a new current ticket key for the listener now (the oldest key is

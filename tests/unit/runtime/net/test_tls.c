@@ -811,12 +811,13 @@ static void test_expiry_metric(void **state)
     tc_pair_t *p2[] = {&a_ec};
     snap_init(&s1, "m1", p1, 2);
     snap_init(&s2, "m2", p2, 1);
-    sl_tls_server_t *srv[2] = {build_ok(&s1, 0), build_ok(&s2, 0)};
+    /* As a generation holds them: NULL for its plaintext listeners. */
+    sl_tls_server_t *srv[3] = {build_ok(&s1, 0), NULL, build_ok(&s2, 0)};
     sl_tls_cert_expiry_t info[4];
     assert_int_equal(sl_tls_server_certificates(srv[0], info, 4), 2);
     assert_string_equal(info[1].name, "default/c1");
     assert_true(info[1].not_after_unix > (int64_t)time(NULL) + 89 * 86400);
-    assert_int_equal(sl_tls_publish_expiry(srv, 2), SL_OK);
+    assert_int_equal(sl_tls_publish_expiry(srv, 3), SL_OK);
     struct evbuffer *out = evbuffer_new();
     sl_metrics_render(out);
     size_t len = evbuffer_get_length(out);
@@ -835,8 +836,17 @@ static void test_expiry_metric(void **state)
     free(text);
     evbuffer_free(out);
     sl_tls_server_free(srv[0]);
-    sl_tls_server_free(srv[1]);
-    assert_int_equal(sl_metrics_set_certificates(NULL, NULL, 0), 0);
+    sl_tls_server_free(srv[2]);
+    assert_int_equal(sl_tls_publish_expiry(srv, 0), SL_OK);
+    out = evbuffer_new();
+    sl_metrics_render(out);
+    len = evbuffer_get_length(out);
+    text = malloc(len + 1);
+    evbuffer_copyout(out, text, len);
+    text[len] = '\0';
+    assert_null(strstr(text, "sluice_certificate_expiry_seconds")); /* cleared */
+    free(text);
+    evbuffer_free(out);
     snap_done(&s1);
     snap_done(&s2);
 }
