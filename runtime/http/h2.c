@@ -699,9 +699,10 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
         return count_ctrl(c);
     case NGHTTP2_WINDOW_UPDATE:
         /* A client reading our DATA sends WINDOW_UPDATEs in proportion to
-         * it (as Envoy bounds them); beyond that they are a free flood. */
-        if (++c->window_updates >
-            64 + (uint64_t)c->set.window_updates_per_data_frame * (c->data_frames_sent + 1))
+         * it (as Envoy bounds them), some clients one more per stream they
+         * open; beyond that they are a free flood. */
+        if (++c->window_updates > 64 + (uint64_t)c->set.window_updates_per_data_frame *
+                                           (c->data_frames_sent + c->st.requests + 1))
             return conn_fail(c, SL_H2_ENHANCE_YOUR_CALM);
         return 0;
     default:

@@ -130,7 +130,8 @@ typedef struct {
     uint32_t empty_data_max;                /* [100] consecutive DATA frames with no payload and
                                              * no END_STREAM */
     uint32_t window_updates_per_data_frame; /* [10] WINDOW_UPDATEs received: at most
-                                             * 64 + this x (DATA frames sent + 1) */
+                                             * 64 + this x (DATA frames sent + requests
+                                             * + 1) */
     uint32_t stream_send_buffer_bytes;      /* [65536] response body bytes held per stream */
     uint32_t conn_send_buffer_bytes;        /* [524288] the same over all streams (raised to
                                              * stream_send_buffer_bytes if lower) */
