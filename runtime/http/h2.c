@@ -239,6 +239,30 @@ static void stream_free(sl_h2_conn_t *c, h2_stream_t *s)
 
 /* ---- the header block --------------------------------------------------- */
 
+/*
+ * The field arrays exist only while the connection has streams: an idle
+ * keep-alive connection then holds nghttp2's session and this struct only.
+ */
+static int hb_arrays(sl_h2_conn_t *c)
+{
+    if (!c->hb.f)
+        c->hb.f = malloc(c->set.max_header_fields * sizeof(*c->hb.f));
+    if (!c->fields_out)
+        c->fields_out = malloc(c->set.max_header_fields * sizeof(*c->fields_out));
+    return c->hb.f && c->fields_out ? SL_OK : SL_ERROR;
+}
+
+static void hb_release(sl_h2_conn_t *c)
+{
+    free(c->hb.f);
+    free(c->fields_out);
+    free(c->hb.mem);
+    c->hb.f = NULL;
+    c->fields_out = NULL;
+    c->hb.mem = NULL;
+    c->hb.cap = c->hb.len = 0;
+}
+
 static void hb_begin(sl_h2_conn_t *c, int32_t stream_id, int trailers)
 {
     c->hb.stream_id = stream_id;
@@ -592,7 +616,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
             nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, id, SL_H2_REFUSED_STREAM);
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
         }
-        h2_stream_t *s = calloc(1, sizeof(*s));
+        h2_stream_t *s = hb_arrays(c) == SL_OK ? calloc(1, sizeof(*s)) : NULL;
         if (!s)
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
         s->id = id;
@@ -604,6 +628,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
         nghttp2_session_set_stream_user_data(ng, id, s);
         hb_begin(c, id, 0);
     } else if (frame->headers.cat == NGHTTP2_HCAT_HEADERS) {
+        /* A stream exists, so the arrays do. */
         hb_begin(c, stream_get(c, id) ? id : 0, 1);
     }
     return 0;
@@ -756,6 +781,8 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t error_code,
         c->hb.stream_id = 0;
     int announced = s->announced;
     stream_free(c, s);
+    if (c->nstreams == 0 && c->hb.stream_id == 0)
+        hb_release(c);
     if (announced && c->cb.on_stream_close)
         c->cb.on_stream_close(c->user, id, error_code);
     return 0;
@@ -940,11 +967,6 @@ sl_h2_conn_t *sl_h2_conn_new(const sl_h2_settings_t *set, const sl_h2_callbacks_
     if (cb)
         c->cb = *cb;
     c->user = user;
-
-    c->hb.f = calloc(c->set.max_header_fields, sizeof(*c->hb.f));
-    c->fields_out = calloc(c->set.max_header_fields, sizeof(*c->fields_out));
-    if (!c->hb.f || !c->fields_out)
-        goto fail_conn;
 
     if (nghttp2_session_callbacks_new(&cbs) != 0)
         goto fail_conn;

@@ -29,8 +29,9 @@
  *
  * Memory bounds (all per connection; defaults in sl_h2_settings_t)
  *   - request header block: max_header_list_bytes of copied fields (+ the
- *     joined cookie), max_header_fields entries; freed when it grows past 8 KiB
- *     and the block was delivered;
+ *     joined cookie), max_header_fields entries; the copy is freed after its
+ *     block if it grew past 8 KiB, everything once no stream is open (an idle
+ *     connection holds ~26 KB, nearly all of it nghttp2's session);
  *   - request bodies: never buffered here. on_data passes slices of the input;
  *     what the glue holds is bounded by the flow-control windows we advertise
  *     (stream_window_bytes per stream, conn_window_bytes in all), because no
