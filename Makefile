@@ -123,7 +123,8 @@ DEB_PKGS := build-essential pkg-config libevent-dev libnghttp2-dev \
     libssl-dev liburcu-dev libsqlite3-dev libhiredis-dev libpcre2-dev \
     libcmocka-dev python3 python3-pytest python3-yaml curl nginx haproxy \
     wrk nghttp2-client redis-server clang libclang-rt-14-dev iproute2 util-linux \
-    valgrind python3-grpcio python3-protobuf protobuf-compiler python3-websockets python3-h2
+    valgrind python3-grpcio python3-protobuf protobuf-compiler python3-websockets python3-h2 \
+    openssl
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \

@@ -23,6 +23,7 @@ typedef struct cfg_listener {
     char *key; /* "address:port" */
     uint32_t max_connections;
     uint8_t h2c;
+    uint8_t tls;
     int seen;
     struct cfg_listener *next;
 } cfg_listener_t;
@@ -163,16 +164,6 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
         sl_snapshot_free(snap);
         return -1;
     }
-    for (size_t i = 0; i < snap->n_listeners; i++) {
-        if (snap->listeners[i]->protocol == SLUICE__V1__LISTENER__PROTOCOL__HTTPS) {
-            snprintf(err, errlen,
-                     "listener %s: protocol https is not served by this runtime yet (use http "
-                     "or h2c)",
-                     snap->listeners[i]->name);
-            sl_snapshot_free(snap);
-            return -1;
-        }
-    }
     sl_generation_t *gen = sl_generation_build(snap, source, cfg->nworkers, err, errlen);
     if (!gen)
         return -1;
@@ -220,14 +211,16 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
     uint32_t max_conns = per_worker(gen->max_connections, cfg->nworkers);
     for (size_t i = 0; i < nl; i++) {
         uint8_t h2c = snap->listeners[i]->protocol == SLUICE__V1__LISTENER__PROTOCOL__H2C;
+        uint8_t tls = snap->listeners[i]->protocol == SLUICE__V1__LISTENER__PROTOCOL__HTTPS;
         if (!is_new[i]) {
             /* Same address: the socket stays; limits and protocol apply to
              * new connections at once. */
             for (cfg_listener_t *cl = cfg->listeners; cl; cl = cl->next) {
                 if (strcmp(cl->key, keys[i]) == 0 &&
-                    (cl->max_connections != max_conns || cl->h2c != h2c)) {
+                    (cl->max_connections != max_conns || cl->h2c != h2c || cl->tls != tls)) {
                     cl->max_connections = max_conns;
                     cl->h2c = h2c;
+                    cl->tls = tls;
                     for (unsigned w = 0; w < cfg->nworkers; w++) {
                         sl_worker_cmd_t *cmd = calloc(1, sizeof(*cmd));
                         if (!cmd)
@@ -236,6 +229,7 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
                         cmd->key = strdup(keys[i]);
                         cmd->max_connections = max_conns;
                         cmd->h2c = h2c;
+                        cmd->tls = tls;
                         sl_worker_send(&cfg->workers[w], cmd);
                     }
                 }
@@ -247,6 +241,7 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
             cl->key = strdup(keys[i]);
             cl->max_connections = max_conns;
             cl->h2c = h2c;
+            cl->tls = tls;
             cl->seen = 1;
             cl->next = cfg->listeners;
             cfg->listeners = cl;
@@ -265,6 +260,7 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
             cmd->name = strdup(snap->listeners[i]->name);
             cmd->max_connections = max_conns;
             cmd->h2c = h2c;
+            cmd->tls = tls;
             sl_worker_send(&cfg->workers[w], cmd);
         }
     }

@@ -9,7 +9,10 @@
 
 #include "compiler.h"
 #include "log.h"
+#include "tls.h"
 #include "worker.h"
+
+#include <inttypes.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +62,11 @@ static sl_gen_cluster_t *find_cluster(sl_generation_t *gen, const char *name)
 
 static void free_generation(sl_generation_t *gen)
 {
+    if (gen->tls) {
+        for (size_t i = 0; i < gen->snap->n_listeners; i++)
+            sl_tls_server_free(gen->tls[i]);
+        free(gen->tls);
+    }
     if (gen->routes) {
         for (size_t t = 0; t < gen->snap->n_route_tables; t++) {
             sl_gen_route_t *routes = gen->routes[t];
@@ -120,8 +128,8 @@ static int build_clusters(sl_generation_t *gen, char *err, size_t errlen)
         for (size_t e = 0; e < pb->n_endpoints; e++) {
             const Sluice__V1__Endpoint *ep = pb->endpoints[e];
             char eperr[256];
-            c->endpoints[e] =
-                sl_endpoint_acquire(pb->name, ep->address, (uint16_t)ep->port, eperr, sizeof(eperr));
+            c->endpoints[e] = sl_endpoint_acquire(pb->name, ep->address, (uint16_t)ep->port, eperr,
+                                                  sizeof(eperr));
             if (!c->endpoints[e]) {
                 snprintf(err, errlen, "backend %s endpoint %s:%u: %s", pb->name, ep->address,
                          ep->port, eperr);
@@ -142,8 +150,8 @@ static int build_clusters(sl_generation_t *gen, char *err, size_t errlen)
                              pb->endpoints[e]->port);
             }
             if (ok)
-                c->ring = sl_lb_ring_build_keyed(c->weights, (const char *const *)ids,
-                                                 pb->n_endpoints);
+                c->ring =
+                    sl_lb_ring_build_keyed(c->weights, (const char *const *)ids, pb->n_endpoints);
             for (size_t e = 0; ids && e < pb->n_endpoints; e++)
                 free(ids[e]);
             free(ids);
@@ -223,11 +231,10 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 def.on_status = (uint32_t *)statuses;
                 compile_retry(&route->retry, &def);
             }
-            route->max_request_body_bytes = pb->max_request_body_bytes
-                                                ? pb->max_request_body_bytes
-                                                : table->max_request_body_bytes
-                                                      ? table->max_request_body_bytes
-                                                      : gen->max_request_body_bytes;
+            route->max_request_body_bytes = pb->max_request_body_bytes ? pb->max_request_body_bytes
+                                            : table->max_request_body_bytes
+                                                ? table->max_request_body_bytes
+                                                : gen->max_request_body_bytes;
             Sluice__V1__BackendRef **refs = pb->n_backends ? pb->backends : table->backends;
             size_t nrefs = pb->n_backends ? pb->n_backends : table->n_backends;
             route->num_backends = nrefs;
@@ -254,6 +261,50 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
 nomem:
     snprintf(err, errlen, "out of memory building routes");
     return -1;
+}
+
+static void listener_key(const Sluice__V1__Listener *l, char *key, size_t keylen)
+{
+    snprintf(key, keylen, "%s:%u", l->address && *l->address ? l->address : "0.0.0.0", l->port);
+}
+
+/* One TLS server per https listener; any certificate that does not load
+ * fails the build with the listener and Certificate named. */
+static int build_tls(sl_generation_t *gen, char *err, size_t errlen)
+{
+    Sluice__V1__Snapshot *snap = gen->snap;
+    int any = 0;
+    for (size_t i = 0; i < snap->n_listeners; i++)
+        any |= snap->listeners[i]->protocol == SLUICE__V1__LISTENER__PROTOCOL__HTTPS;
+    if (!any)
+        return 0;
+    gen->tls = calloc(snap->n_listeners, sizeof(*gen->tls));
+    if (!gen->tls) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < snap->n_listeners; i++) {
+        const Sluice__V1__Listener *l = snap->listeners[i];
+        if (l->protocol != SLUICE__V1__LISTENER__PROTOCOL__HTTPS)
+            continue;
+        gen->tls[i] = sl_tls_server_build(l, snap, 0, err, errlen);
+        if (!gen->tls[i])
+            return -1;
+    }
+    return 0;
+}
+
+struct sl_tls_server *sl_generation_tls(const sl_generation_t *gen, const char *key)
+{
+    if (!gen || !gen->tls)
+        return NULL;
+    for (size_t i = 0; i < gen->snap->n_listeners; i++) {
+        char k[80];
+        listener_key(gen->snap->listeners[i], k, sizeof(k));
+        if (gen->tls[i] && strcmp(k, key) == 0)
+            return gen->tls[i];
+    }
+    return NULL;
 }
 
 sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *source,
@@ -295,8 +346,7 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
     gen->limits.max_header_count = lim && lim->max_header_count ? lim->max_header_count : 100;
     gen->max_request_body_bytes = lim ? lim->max_request_body_bytes : 0;
     gen->max_connections = lim ? lim->max_connections : 0;
-    gen->request_header_timeout_ms =
-        to && to->request_header_ms ? to->request_header_ms : 10000;
+    gen->request_header_timeout_ms = to && to->request_header_ms ? to->request_header_ms : 10000;
     gen->idle_timeout_ms = to && to->idle_ms ? to->idle_ms : 60000;
     gen->add_via = gs ? gs->add_via : 0;
     /* Absent (an older controller): zero, which is path.h's default. */
@@ -331,6 +381,8 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
         goto fail;
     gen->router = sl_router_build(snap, err, errlen);
     if (!gen->router)
+        goto fail;
+    if (build_tls(gen, err, errlen) != 0)
         goto fail;
     return gen;
 fail:
@@ -496,6 +548,11 @@ sl_generation_t *sl_generation_publish(sl_generation_t *gen)
     atomic_fetch_add_explicit(&sl_metrics_gauges.generations_alive, 1, memory_order_relaxed);
     atomic_store(&sl_metrics_gauges.generation_version, gen->version);
     atomic_fetch_add(&sl_metrics_gauges.generation_swaps, 1);
+    /* sluice_certificate_expiry_seconds follows what is served. */
+    if (sl_tls_publish_expiry(gen->tls, gen->tls ? gen->snap->n_listeners : 0) != SL_OK)
+        sl_log_warn("generation %" PRIu64
+                    ": certificate expiry metrics not updated (out of memory)",
+                    gen->version);
     if (old)
         sl_generation_retire(old);
     return old;

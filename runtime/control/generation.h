@@ -75,11 +75,11 @@ typedef struct {
 
 typedef struct sl_gen_cluster {
     const Sluice__V1__Cluster *pb;
-    uint32_t index;                 /* in generation->clusters */
+    uint32_t index; /* in generation->clusters */
     size_t num_endpoints;
     sl_endpoint_state_t **endpoints; /* shared, refcounted */
     uint32_t *weights;
-    sl_lb_ring_t *ring;             /* CONSISTENT_HASH only */
+    sl_lb_ring_t *ring; /* CONSISTENT_HASH only */
     sl_cluster_stats_t *stats;
     /* Per-worker load-balancer state, written only by that worker:
      * swrr_current[worker * num_endpoints + i]. */
@@ -97,8 +97,8 @@ typedef struct sl_gen_cluster {
 typedef struct sl_gen_route {
     const Sluice__V1__RouteTable *table;
     const Sluice__V1__Route *pb;
-    sl_str_t api;                   /* table name */
-    sl_str_t operation;             /* route name */
+    sl_str_t api;       /* table name */
+    sl_str_t operation; /* route name */
     uint8_t strip_base_path;
     size_t num_backends;
     sl_gen_cluster_t **backends;
@@ -119,15 +119,15 @@ typedef struct sl_gen_worker_slot {
 
 typedef struct sl_generation {
     struct rcu_head rcu;
-    atomic_long refs;               /* holders, not requests (see "Worker holds") */
-    atomic_int retired;             /* unpublished: main thread stores 1, once */
+    atomic_long refs;                   /* holders, not requests (see "Worker holds") */
+    atomic_int retired;                 /* unpublished: main thread stores 1, once */
     sl_gen_worker_slot_t *worker_slots; /* [nworkers], one per worker */
     uint64_t version;
-    char *source;                   /* where it came from: file list or controller */
+    char *source; /* where it came from: file list or controller */
     uint64_t built_unix_ms;
-    Sluice__V1__Snapshot *snap;     /* owned */
+    Sluice__V1__Snapshot *snap; /* owned */
     sl_router_t *router;
-    sl_gen_route_t **routes;        /* routes[table][route] */
+    sl_gen_route_t **routes; /* routes[table][route] */
     size_t num_clusters;
     sl_gen_cluster_t *clusters;
     sl_http1_limits_t limits;
@@ -138,7 +138,17 @@ typedef struct sl_generation {
     uint8_t add_via;
     sl_path_opts_t path_opts; /* Gateway pathNormalization, for sl_path_normalize */
     unsigned nworkers;
+    /* The TLS servers of the https listeners, [snap->n_listeners] (NULL for
+     * the others): built with the generation, so a certificate that cannot
+     * be loaded refuses the whole config (fail closed), and new handshakes
+     * take the new certificates as soon as it is published while
+     * established connections keep theirs (net/tls.h, "Life cycle"). */
+    struct sl_tls_server **tls;
 } sl_generation_t;
+
+/* The TLS server of the https listener `key` ("address:port"), or NULL.
+ * Inside an RCU read-side section, like the generation itself. */
+struct sl_tls_server *sl_generation_tls(const sl_generation_t *gen, const char *key);
 
 /* Compiles `snap` (taking ownership of it on success and on failure) into a
  * generation. Returns NULL with a message in err (e.g. a regex PCRE2 rejects). */

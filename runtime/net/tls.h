@@ -159,7 +159,7 @@ sl_tls_alpn_t sl_tls_alpn(const SSL *ssl);
  * ASCII (controls, non-ASCII, ',' inside a SAN and '"' escaped as \xHH), so
  * it can go into a header value as is; too long a value is cut and
  * `truncated` set. */
-typedef struct {
+typedef struct sl_tls_peer {
     char subject[512];   /* RFC 2253: "CN=client-1,O=Example" */
     char sans[1024];     /* "DNS:a.example,URI:spiffe://x/y,email:a@b,IP:10.0.0.1" */
     char sha256_hex[65]; /* of the certificate's DER, lower-case hex */

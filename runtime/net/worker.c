@@ -85,7 +85,10 @@ static void accept_cb(evutil_socket_t fd, short what, void *arg)
         }
         if ((ls->max_connections && ls->active >= ls->max_connections) ||
             (ls->worker->max_connections && ls->worker->num_conns >= ls->worker->max_connections)) {
-            sl_proxy_refuse(ls->worker, cfd);
+            if (ls->tls)
+                close(cfd); /* a plaintext 503 means nothing to a TLS client */
+            else
+                sl_proxy_refuse(ls->worker, cfd);
             continue;
         }
         sl_proxy_accept(ls, cfd, (struct sockaddr *)&ss);
@@ -133,6 +136,7 @@ static void handle_cmd(sl_worker_t *w, sl_worker_cmd_t *cmd)
         ls->fd = cmd->fd;
         ls->max_connections = cmd->max_connections;
         ls->h2c = cmd->h2c;
+        ls->tls = cmd->tls;
         ls->ev = event_new(w->base, ls->fd, EV_READ | EV_PERSIST, accept_cb, ls);
         if (!ls->ev || event_add(ls->ev, NULL) != 0) {
             sl_log_alert("worker %u: cannot watch listener %s", w->id, ls->key);
@@ -156,6 +160,7 @@ static void handle_cmd(sl_worker_t *w, sl_worker_cmd_t *cmd)
             if (ls->fd >= 0 && strcmp(ls->key, cmd->key) == 0) {
                 ls->max_connections = cmd->max_connections;
                 ls->h2c = cmd->h2c;
+                ls->tls = cmd->tls;
             }
         break;
     case SL_WCMD_DRAIN: {

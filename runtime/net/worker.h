@@ -49,13 +49,14 @@ typedef struct sl_listener_sock {
     uint32_t max_connections; /* this worker's share, 0 = unlimited */
     uint32_t active;
     uint8_t h2c; /* HTTP/2 with prior knowledge (HTTP/1.1 accepted too) */
+    uint8_t tls; /* https: TLS with the generation's certificates */
     struct sl_listener_sock *next;
 } sl_listener_sock_t;
 
 enum sl_worker_cmd_kind {
     SL_WCMD_LISTEN = 0, /* fd, key, name, max_connections */
     SL_WCMD_UNLISTEN,   /* key: stop accepting, existing connections go on */
-    SL_WCMD_LIMITS,     /* key, max_connections, h2c */
+    SL_WCMD_LIMITS,     /* key, max_connections, h2c, tls */
     SL_WCMD_DRAIN,      /* drain_ms: close listeners and idle conns, exit when empty */
 };
 
@@ -67,6 +68,7 @@ typedef struct sl_worker_cmd {
     uint32_t max_connections;
     uint32_t drain_ms;
     uint8_t h2c; /* LISTEN, LIMITS: the listener speaks h2c */
+    uint8_t tls; /* LISTEN, LIMITS: the listener is https */
     struct sl_worker_cmd *next;
 } sl_worker_cmd_t;
 

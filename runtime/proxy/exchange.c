@@ -7,6 +7,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "tls.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -166,6 +167,11 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
             name_is(h, "x-forwarded-proto", 17) || name_is(h, "x-forwarded-host", 16) ||
             name_is(h, "expect", 6) || name_is(h, "content-length", 14))
             continue;
+        /* The client certificate fields are the gateway's alone: a client
+         * never forges them, whether or not it presented a certificate. */
+        if ((h->name.len > 14 && strncasecmp(h->name.ptr, "x-client-cert-", 14) == 0) ||
+            name_is(h, "x-forwarded-client-cert", 23))
+            continue;
         sl_buf_append(b, h->name.ptr, h->name.len);
         sl_buf_append(b, ": ", 2);
         sl_buf_append(b, h->value.ptr, h->value.len);
@@ -186,7 +192,20 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
         sl_buf_append(b, ", ", 2);
     }
     sl_buf_append(b, x->r.client_ip, strlen(x->r.client_ip));
-    sl_buf_append(b, "\r\nX-Forwarded-Proto: http\r\n", 27);
+    if (x->r.https)
+        sl_buf_append(b, "\r\nX-Forwarded-Proto: https\r\n", 28);
+    else
+        sl_buf_append(b, "\r\nX-Forwarded-Proto: http\r\n", 27);
+    if (x->r.peer) {
+        const sl_tls_peer_t *p = x->r.peer;
+        sl_buf_append(b, "X-Client-Cert-Subject: ", 23);
+        sl_buf_append(b, p->subject, strlen(p->subject));
+        sl_buf_append(b, "\r\nX-Client-Cert-SAN: ", 21);
+        sl_buf_append(b, p->sans, strlen(p->sans));
+        sl_buf_append(b, "\r\nX-Client-Cert-SHA256: ", 24);
+        sl_buf_append(b, p->sha256_hex, strlen(p->sha256_hex));
+        sl_buf_append(b, "\r\n", 2);
+    }
     if (host_value.len) {
         sl_buf_append(b, "X-Forwarded-Host: ", 18);
         sl_buf_append(b, host_value.ptr, host_value.len);

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "exchange.h"
 #include "h2.h"
+#include "tls.h"
 #include "metrics.h"
 #include "request.h"
 #include "upstream.h"
@@ -44,11 +45,12 @@
 #define MAX_HEADERS_CAP 1000
 
 enum conn_state {
-    CS_HEAD = 0, /* waiting for / reading a request head */
-    CS_PROXY,    /* a request is in progress */
-    CS_RESPOND,  /* writing a response the gateway generated itself */
-    CS_TUNNEL,   /* upgraded (101): bytes are relayed both ways, see tunnel_pump */
-    CS_CLOSED,   /* conn_close ran; memory lives until the callback unwinds */
+    CS_HANDSHAKE, /* https: the TLS handshake is under way */
+    CS_HEAD,      /* waiting for / reading a request head */
+    CS_PROXY,     /* a request is in progress */
+    CS_RESPOND,   /* writing a response the gateway generated itself */
+    CS_TUNNEL,    /* upgraded (101): bytes are relayed both ways, see tunnel_pump */
+    CS_CLOSED,    /* conn_close ran; memory lives until the callback unwinds */
 };
 
 typedef struct sl_conn {
@@ -76,6 +78,10 @@ typedef struct sl_conn {
     uint8_t in_cb;                 /* callback nesting depth */
     uint8_t depth;                 /* pipelining recursion guard */
     uint8_t sniffed;               /* h2c listener: the first bytes were not the preface */
+    SSL *ssl;                      /* https listener: the connection's TLS, else NULL */
+    uint8_t tls_read_wants_write;  /* a TLS read waits for the socket to take bytes */
+    uint8_t tls_write_wants_read;  /* a TLS write waits for bytes from the socket */
+    sl_tls_peer_t *peer;           /* the verified client certificate (mTLS), else NULL */
     unsigned requests;
 
     int minor_version;
@@ -108,12 +114,39 @@ static void tunnel_pump(sl_conn_t *c);
 static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t head_len);
 static void pump_request_body(sl_conn_t *c);
 static void h2_takeover(sl_conn_t *c);
+static void tls_handshake(sl_conn_t *c);
 static const sl_exchange_ops_t h1_exchange_ops;
 
 /* The connection of an exchange: the exchange is its first member. */
 static inline sl_conn_t *conn_of(sl_exchange_t *x)
 {
     return (sl_conn_t *)x;
+}
+
+/*
+ * Client socket I/O, plain or TLS, with read(2)/write(2) results (-1 and
+ * errno EAGAIN when the socket has nothing / takes nothing now). Over TLS,
+ * a read may need the socket to be writable first and a write readable
+ * (net/tls.h): the flag makes the other edge resume the operation.
+ */
+static ssize_t client_read(sl_conn_t *c, void *buf, size_t n)
+{
+    if (!c->ssl)
+        return read(c->fd, buf, n);
+    int want = 0;
+    ssize_t r = sl_tls_read(c->ssl, buf, n, &want);
+    c->tls_read_wants_write = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_WRITE;
+    return r;
+}
+
+static ssize_t client_write(sl_conn_t *c, const void *buf, size_t n)
+{
+    if (!c->ssl)
+        return write(c->fd, buf, n);
+    int want = 0;
+    ssize_t r = sl_tls_write(c->ssl, buf, n, &want);
+    c->tls_write_wants_read = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_READ;
+    return r;
 }
 
 static size_t headers_cap_for(const sl_generation_t *gen)
@@ -309,6 +342,8 @@ static void conn_release(sl_conn_t *c)
     sl_worker_buf_put(w, &c->out);
     sl_worker_buf_put(w, &c->x.uout);
     sl_worker_buf_put(w, &c->x.uin);
+    free(c->peer);
+    c->peer = NULL;
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -325,11 +360,13 @@ static void h2_takeover(sl_conn_t *c)
 {
     event_free(c->ev); /* the HTTP/2 side watches the socket from now on */
     c->ev = NULL;
-    if (sl_proxy_h2_start(c->ls, c->fd, c->client_ip, sl_buf_head(&c->in), sl_buf_len(&c->in)) !=
-        SL_OK) {
+    if (sl_proxy_h2_start(c->ls, c->fd, c->ssl, c->peer, c->client_ip, sl_buf_head(&c->in),
+                          sl_buf_len(&c->in)) != SL_OK) {
         conn_close(c);
         return;
     }
+    c->ssl = NULL; /* both are the HTTP/2 connection's now */
+    c->peer = NULL;
     conn_release(c);
     if (c->in_cb == 0)
         free(c);
@@ -339,6 +376,13 @@ static void conn_close(sl_conn_t *c)
 {
     sl_worker_t *w = c->w;
     conn_release(c);
+    if (c->ssl) {
+        /* close_notify, best effort (also keeps the session resumable). */
+        int want;
+        sl_tls_shutdown(c->ssl, &want);
+        SSL_free(c->ssl);
+        c->ssl = NULL;
+    }
     close(c->fd);
     if (c->ls && c->ls->active)
         c->ls->active--;
@@ -420,11 +464,64 @@ void sl_proxy_accept(sl_listener_sock_t *ls, int fd, const struct sockaddr *addr
     sl_generation_t *g = sl_generation_current();
     if (g)
         header_ms = g->request_header_timeout_ms;
+    if (ls->tls) {
+        c->x.r.https = 1;
+        /* The current generation's certificates for the handshake; the SSL
+         * keeps its server alive after that generation is gone. */
+        sl_tls_server_t *srv = sl_generation_tls(g, ls->key);
+        c->ssl = srv ? sl_tls_server_ssl_new(srv, fd) : NULL;
+    }
     rcu_thread_offline();
+    /* The handshake and the whole first head share the header timeout. */
     arm_timer(c, header_ms);
     cb_enter(c);
-    read_head(c);
+    if (ls->tls && !c->ssl)
+        conn_close(c); /* no TLS server for this listener now (or no memory) */
+    else if (c->ssl) {
+        c->state = CS_HANDSHAKE;
+        tls_handshake(c);
+    } else {
+        read_head(c);
+    }
     cb_leave(c);
+}
+
+/*
+ * Drives the TLS handshake; when done, the connection speaks what ALPN
+ * chose: HTTP/2 goes to proxy_h2.c, anything else is HTTP/1.1 here. The
+ * verified client certificate (mTLS) is read once and kept for the
+ * X-Client-Cert-* headers of every request of the connection.
+ */
+static void tls_handshake(sl_conn_t *c)
+{
+    int want = 0;
+    int rc = sl_tls_handshake(c->ssl, &want);
+    if (rc == SL_AGAIN) {
+        if (want == SL_TLS_WANT_READ)
+            c->read_ready = 0;
+        return; /* the socket's next edge resumes us */
+    }
+    if (rc != SL_OK) {
+        conn_close(c);
+        return;
+    }
+    sl_tls_peer_t peer;
+    if (sl_tls_peer(c->ssl, &peer) == SL_OK) {
+        c->peer = malloc(sizeof(*c->peer));
+        if (!c->peer) {
+            conn_close(c);
+            return;
+        }
+        *c->peer = peer;
+    }
+    c->x.r.peer = c->peer;
+    if (sl_tls_alpn(c->ssl) == SL_TLS_ALPN_H2) {
+        h2_takeover(c);
+        return;
+    }
+    c->state = CS_HEAD;
+    c->read_ready = 1; /* OpenSSL may already hold the first request */
+    read_head(c);
 }
 
 void sl_proxy_drain(sl_worker_t *w)
@@ -458,7 +555,7 @@ void sl_proxy_close_all(sl_worker_t *w)
 static int client_write_some(sl_conn_t *c)
 {
     while (sl_buf_len(&c->out) > 0) {
-        ssize_t n = write(c->fd, sl_buf_head(&c->out), sl_buf_len(&c->out));
+        ssize_t n = client_write(c, sl_buf_head(&c->out), sl_buf_len(&c->out));
         if (n > 0) {
             sl_buf_consume(&c->out, (size_t)n);
             c->x.r.bytes_sent += (uint64_t)n;
@@ -518,6 +615,18 @@ static void client_event_cb(evutil_socket_t fd, short what, void *arg)
         c->rdhup = 1;
     if (what & (EV_READ | EV_CLOSED))
         c->read_ready = 1;
+    if (c->ssl) {
+        /* TLS may need the other direction's edge (net/tls.h). */
+        if ((what & EV_WRITE) && c->tls_read_wants_write)
+            c->read_ready = 1;
+        if ((what & (EV_READ | EV_CLOSED)) && c->tls_write_wants_read)
+            what |= EV_WRITE;
+        if (c->state == CS_HANDSHAKE) {
+            tls_handshake(c);
+            cb_leave(c);
+            return;
+        }
+    }
     if (c->state == CS_TUNNEL) {
         tunnel_pump(c);
         cb_leave(c);
@@ -551,6 +660,9 @@ static void timer_expired(sl_conn_t *c)
     uint64_t now = sl_endpoint_now_ms();
     int request_expired = c->x.r.deadline_ms && now >= c->x.r.deadline_ms;
     switch (c->state) {
+    case CS_HANDSHAKE:
+        conn_close(c); /* the TLS handshake did not finish within the header timeout */
+        return;
     case CS_HEAD:
         if (sl_buf_len(&c->in) == 0) {
             /* Not a byte of a request: an idle keep-alive connection, or one
@@ -628,9 +740,10 @@ static void read_head(sl_conn_t *c)
             }
         }
         size_t space = sl_buf_space(&c->in);
-        ssize_t n = read(c->fd, sl_buf_tail(&c->in), space);
+        ssize_t n = client_read(c, sl_buf_tail(&c->in), space);
         if (n > 0) {
-            int short_read = (size_t)n < space;
+            /* Over TLS a short read proves nothing: OpenSSL may hold more. */
+            int short_read = (size_t)n < space && !c->ssl;
             c->in.end += (size_t)n;
             if (c->ls->h2c && c->first_request && c->requests == 0 && !c->sniffed) {
                 /* An h2c listener: HTTP/2 with prior knowledge when the
@@ -864,7 +977,7 @@ static void pump_request_body(sl_conn_t *c)
                     want = (size_t)c->req_remaining;
                 if (!c->read_ready)
                     break;
-                ssize_t n = read(c->fd, sl_buf_tail(&c->x.uout), want);
+                ssize_t n = client_read(c, sl_buf_tail(&c->x.uout), want);
                 if (n > 0) {
                     c->x.uout.end += (size_t)n;
                     c->req_remaining -= (uint64_t)n;
@@ -891,7 +1004,7 @@ static void pump_request_body(sl_conn_t *c)
                 goto client_gone;
             sl_buf_compact(&c->in);
             size_t space = sl_buf_space(&c->in);
-            ssize_t n = read(c->fd, sl_buf_tail(&c->in), space);
+            ssize_t n = client_read(c, sl_buf_tail(&c->in), space);
             if (n > 0) {
                 c->in.end += (size_t)n;
             } else if (n < 0 && errno == EINTR) {
@@ -1128,13 +1241,16 @@ static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t he
 
 /* Moves bytes src_fd -> buf -> dst_fd for one direction of the tunnel.
  * Returns 1 on progress, 0 when blocked, -1 when the tunnel must close. */
-static int tunnel_relay(sl_conn_t *c, int src_fd, uint8_t *src_ready, uint8_t *src_eof,
-                        sl_buf_t *buf, int dst_fd, uint8_t *dst_shut)
+static int tunnel_relay(sl_conn_t *c, int to_client, uint8_t *src_ready, uint8_t *src_eof,
+                        sl_buf_t *buf, uint8_t *dst_shut)
 {
+    int src_fd = to_client ? c->x.up->fd : c->fd;
+    int dst_fd = to_client ? c->fd : c->x.up->fd;
     int progress = 0;
     for (;;) {
         while (sl_buf_len(buf)) {
-            ssize_t n = write(dst_fd, sl_buf_head(buf), sl_buf_len(buf));
+            ssize_t n = to_client ? client_write(c, sl_buf_head(buf), sl_buf_len(buf))
+                                  : write(dst_fd, sl_buf_head(buf), sl_buf_len(buf));
             if (n > 0) {
                 sl_buf_consume(buf, (size_t)n);
                 progress = 1;
@@ -1148,7 +1264,13 @@ static int tunnel_relay(sl_conn_t *c, int src_fd, uint8_t *src_ready, uint8_t *s
         }
         if (*src_eof) {
             if (!*dst_shut) {
-                /* Relay the EOF: the other side may still answer. */
+                /* Relay the EOF: the other side may still answer. Over
+                 * TLS that is close_notify (it has no half-close of its
+                 * own), then the socket's FIN. */
+                if (to_client && c->ssl) {
+                    int want;
+                    sl_tls_shutdown(c->ssl, &want);
+                }
                 shutdown(dst_fd, SHUT_WR);
                 *dst_shut = 1;
                 progress = 1;
@@ -1160,7 +1282,8 @@ static int tunnel_relay(sl_conn_t *c, int src_fd, uint8_t *src_ready, uint8_t *s
         if (!buf->data && sl_worker_buf_get(c->w, buf) != 0)
             return -1;
         buf->start = buf->end = 0;
-        ssize_t n = read(src_fd, sl_buf_tail(buf), sl_buf_space(buf));
+        ssize_t n = to_client ? read(src_fd, sl_buf_tail(buf), sl_buf_space(buf))
+                              : client_read(c, sl_buf_tail(buf), sl_buf_space(buf));
         if (n > 0) {
             buf->end += (size_t)n;
             progress = 1;
@@ -1192,12 +1315,11 @@ static void tunnel_pump(sl_conn_t *c)
         sl_worker_buf_put(c->w, &c->in);
     int moved = 0;
     for (;;) {
-        int down = tunnel_relay(c, c->x.up->fd, &c->x.up_read_ready, &c->tun_up_eof, &c->out, c->fd,
-                                &c->tun_client_shut);
+        int down =
+            tunnel_relay(c, 1, &c->x.up_read_ready, &c->tun_up_eof, &c->out, &c->tun_client_shut);
         if (down < 0)
             break;
-        int upw = tunnel_relay(c, c->fd, &c->read_ready, &c->tun_client_eof, &c->in, c->x.up->fd,
-                               &c->tun_up_shut);
+        int upw = tunnel_relay(c, 0, &c->read_ready, &c->tun_client_eof, &c->in, &c->tun_up_shut);
         if (upw < 0)
             break;
         if (c->tun_client_shut && c->tun_up_shut) {
@@ -1298,7 +1420,7 @@ static void h1_send_continue(sl_exchange_t *x)
         return;
     }
     sl_buf_append(&c->out, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-    ssize_t n = write(c->fd, sl_buf_head(&c->out), sl_buf_len(&c->out));
+    ssize_t n = client_write(c, sl_buf_head(&c->out), sl_buf_len(&c->out));
     if (n > 0)
         sl_buf_consume(&c->out, (size_t)n);
     if (sl_buf_len(&c->out))

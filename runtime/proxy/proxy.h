@@ -29,12 +29,16 @@ void sl_proxy_close_all(sl_worker_t *w);
 
 /*
  * HTTP/2 (proxy_h2.c). sl_proxy_h2_start takes over an accepted socket whose
- * first bytes (`bytes`, n, already read) are the HTTP/2 client preface; the
- * connection's accounting (worker and listener counts, metrics) moves with
- * it. SL_OK, or SL_ERROR (out of memory: the caller still owns fd).
+ * first bytes (`bytes`, n, already read) are the HTTP/2 client preface (h2c
+ * with prior knowledge), or a TLS connection whose ALPN chose h2 (`ssl`,
+ * with the verified client certificate `peer` or NULL, both handed over);
+ * the connection's accounting (worker and listener counts, metrics) moves
+ * with it. SL_OK, or SL_ERROR (out of memory: the caller still owns all).
  */
-int sl_proxy_h2_start(sl_listener_sock_t *ls, int fd, const char *client_ip, const char *bytes,
-                      size_t n);
+struct ssl_st;
+struct sl_tls_peer;
+int sl_proxy_h2_start(sl_listener_sock_t *ls, int fd, struct ssl_st *ssl, struct sl_tls_peer *peer,
+                      const char *client_ip, const char *bytes, size_t n);
 void sl_proxy_h2_drain(sl_worker_t *w);
 void sl_proxy_h2_close_all(sl_worker_t *w);
 

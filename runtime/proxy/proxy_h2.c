@@ -31,6 +31,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "request.h"
+#include "tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -58,6 +59,9 @@ typedef struct sl_h2c {
     uint64_t idle_since_ms;
     h2s_t *streams;
     struct sl_h2c *prev, *next;
+    SSL *ssl;            /* h2 over TLS (ALPN), else NULL */
+    sl_tls_peer_t *peer; /* its verified client certificate, or NULL */
+    uint8_t tls_read_wants_write, tls_write_wants_read;
 } h2c_t;
 
 struct h2s {
@@ -86,6 +90,27 @@ static void stream_free(h2s_t *s);
 static inline h2s_t *stream_of(sl_exchange_t *x)
 {
     return (h2s_t *)x;
+}
+
+/* Socket I/O, plain or TLS, with read(2)/write(2) results (see proxy.c). */
+static ssize_t conn_recv(h2c_t *hc, void *buf, size_t n)
+{
+    if (!hc->ssl)
+        return read(hc->fd, buf, n);
+    int want = 0;
+    ssize_t r = sl_tls_read(hc->ssl, buf, n, &want);
+    hc->tls_read_wants_write = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_WRITE;
+    return r;
+}
+
+static ssize_t conn_send(h2c_t *hc, const void *buf, size_t n)
+{
+    if (!hc->ssl)
+        return write(hc->fd, buf, n);
+    int want = 0;
+    ssize_t r = sl_tls_write(hc->ssl, buf, n, &want);
+    hc->tls_write_wants_read = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_READ;
+    return r;
 }
 
 static h2s_t *find_stream(h2c_t *hc, int32_t id)
@@ -271,6 +296,8 @@ static void on_request(void *user, int32_t id, const sl_req_head_t *head,
     hc->streams = s;
     stream_enter(s);
     sl_request_init(&s->x.r, hc->w, hc->client_ip);
+    s->x.r.https = hc->ssl != NULL;
+    s->x.r.peer = hc->peer;
     s->x.ops = &h2_exchange_ops;
     s->x.interim_ok = 1;
     s->x.dechunk = 1; /* the codec frames payload itself */
@@ -616,7 +643,7 @@ static void conn_pump(h2c_t *hc)
         return;
     for (;;) {
         while (sl_buf_len(&hc->out)) {
-            ssize_t n = write(hc->fd, sl_buf_head(&hc->out), sl_buf_len(&hc->out));
+            ssize_t n = conn_send(hc, sl_buf_head(&hc->out), sl_buf_len(&hc->out));
             if (n > 0) {
                 sl_buf_consume(&hc->out, (size_t)n);
                 continue;
@@ -659,7 +686,7 @@ static void conn_read(h2c_t *hc)
             return;
         }
         hc->in.start = hc->in.end = 0;
-        ssize_t n = read(hc->fd, sl_buf_tail(&hc->in), sl_buf_space(&hc->in));
+        ssize_t n = conn_recv(hc, sl_buf_tail(&hc->in), sl_buf_space(&hc->in));
         if (n > 0) {
             if (sl_h2_conn_feed(hc->h2, (const uint8_t *)hc->in.data, (size_t)n) == SL_ERROR)
                 hc->fatal = 1; /* a GOAWAY is pending: flush it, then close */
@@ -686,6 +713,11 @@ static void conn_event_cb(evutil_socket_t fd, short what, void *arg)
     hc->in_cb++;
     if (what & (EV_READ | EV_CLOSED))
         hc->read_ready = 1;
+    /* TLS may need the other direction's edge (net/tls.h). */
+    if ((what & EV_WRITE) && hc->tls_read_wants_write)
+        hc->read_ready = 1;
+    if ((what & (EV_READ | EV_CLOSED)) && hc->tls_write_wants_read)
+        what |= EV_WRITE;
     if (what & EV_WRITE)
         conn_pump(hc);
     if (!hc->dead)
@@ -762,6 +794,14 @@ static void conn_close(h2c_t *hc)
     hc->in_cb--;
     event_free(hc->ev);
     event_free(hc->timer);
+    if (hc->ssl) {
+        int want;
+        sl_tls_shutdown(hc->ssl, &want);
+        SSL_free(hc->ssl);
+        hc->ssl = NULL;
+    }
+    free(hc->peer);
+    hc->peer = NULL;
     close(hc->fd);
     sl_worker_buf_put(w, &hc->in);
     sl_worker_buf_put(w, &hc->out);
@@ -782,8 +822,8 @@ static void conn_close(h2c_t *hc)
 
 /* ---- entry points ---------------------------------------------------------------- */
 
-int sl_proxy_h2_start(sl_listener_sock_t *ls, int fd, const char *client_ip, const char *bytes,
-                      size_t n)
+int sl_proxy_h2_start(sl_listener_sock_t *ls, int fd, SSL *ssl, sl_tls_peer_t *peer,
+                      const char *client_ip, const char *bytes, size_t n)
 {
     sl_worker_t *w = ls->worker;
     h2c_t *hc = calloc(1, sizeof(*hc));
@@ -816,6 +856,8 @@ int sl_proxy_h2_start(sl_listener_sock_t *ls, int fd, const char *client_ip, con
         return SL_ERROR;
     }
     /* The connection now counts as ours (the caller's accounting moves). */
+    hc->ssl = ssl;
+    hc->peer = peer;
     hc->next = w->h2conns;
     if (w->h2conns)
         w->h2conns->prev = hc;

@@ -69,9 +69,14 @@ typedef struct {
     uint8_t close;  /* the connection cannot be reused after it */
 } sl_request_error_t;
 
+struct sl_tls_peer;
+
 typedef struct sl_request {
     sl_worker_t *w;
     const char *client_ip; /* the connection's, outlives the request */
+    /* The connection's, set once by the codec and kept across requests: */
+    uint8_t https;                  /* the client connection is TLS */
+    const struct sl_tls_peer *peer; /* its verified client certificate, or NULL */
 
     sl_generation_t *gen; /* held (sl_generation_acquire) while set */
     sl_gen_route_t *route;
