@@ -575,6 +575,28 @@ static void test_client_auth(void **state)
     conn_close(&c);
     sl_tls_server_free(srv);
 
+    /* On a certificate chosen by SNI (another SSL_CTX) the same rules hold. */
+    snap_t two;
+    tc_pair_t *both[] = {&a_ec, &b_ec};
+    snap_init(&two, "mtls-sni", both, 2);
+    two.tls.client_auth = SLUICE__V1__LISTENER_TLS__CLIENT_AUTH__CLIENT_AUTH_REQUIRED;
+    two.tls.client_ca_pem = ca.cert_pem;
+    two.tls.client_ca_file = "";
+    sl_tls_server_t *srv2 = build_ok(&two, 0);
+    conn_open(&c, srv2, &(client_opts_t){.sni = "b.example"});
+    assert_false(handshake(&c));
+    conn_close(&c);
+    conn_open(&c, srv2, &(client_opts_t){.sni = "b.example", .client_cert = &client_bad});
+    assert_false(handshake(&c));
+    conn_close(&c);
+    conn_open(&c, srv2, &(client_opts_t){.sni = "b.example", .client_cert = &client_ok});
+    assert_true(handshake(&c));
+    assert_true(served(&c, &b_ec));
+    assert_int_equal(sl_tls_peer(c.server, &peer), SL_OK);
+    conn_close(&c);
+    sl_tls_server_free(srv2);
+    snap_done(&two);
+
     /* No client auth configured: a presented certificate is not asked for. */
     s.tls.client_auth = SLUICE__V1__LISTENER_TLS__CLIENT_AUTH__CLIENT_AUTH_NONE;
     srv = build_ok(&s, 0);
