@@ -256,6 +256,71 @@ static void add_certificate(cctx_t *c, const sl_resource_t *r, const char *full)
     sl_pem_free(&pc);
 }
 
+/* The key "slot" of a certificate: a listener holds one certificate per
+ * slot and name set (OpenSSL keeps one per key type; P-256 and P-384 are
+ * both ECDSA). */
+static int key_slot(sl_pem_key_type_t t)
+{
+    return t == SL_PEM_KEY_EC_P384 ? SL_PEM_KEY_EC_P256 : (int)t;
+}
+
+static bool same_names(const sl_pem_cert_t *a, const sl_pem_cert_t *b)
+{
+    if (a->n_names != b->n_names)
+        return false;
+    for (size_t i = 0; i < a->n_names; i++) {
+        bool found = false;
+        for (size_t j = 0; j < b->n_names && !found; j++)
+            found = strcmp(a->names[i], b->names[j]) == 0;
+        if (!found)
+            return false;
+    }
+    return true;
+}
+
+/* Two inline certificates of one listener with the same names and key type:
+ * one would never be served. The runtime refuses it too (runtime/net/tls.c,
+ * also for file-based ones); here the error names the field. */
+static void check_cert_slots(cctx_t *c, const sl_resource_t *gw, json_t *refs, size_t index)
+{
+    size_t n = json_array_size(refs);
+    sl_pem_cert_t *pcs = calloc(n ? n : 1, sizeof(*pcs));
+    bool *ok = calloc(n ? n : 1, sizeof(*ok));
+    if (!pcs || !ok) {
+        c->oom = true;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const sl_resource_t *cert =
+            find_certificate(c->set, gw->ns, jstr(json_array_get(refs, i), "name", ""));
+        json_t *cv = cert ? jget(jget(cert->obj, "spec"), "certificate") : NULL;
+        sl_pem_field_t f;
+        char msg[256];
+        ok[i] = cv && sl_pem_load(&pcs[i], json_string_value(cv), json_string_length(cv), NULL, 0,
+                                  0, 0, &f, msg, sizeof(msg)) == 0;
+        for (size_t j = 0; ok[i] && j < i; j++) {
+            if (ok[j] && key_slot(pcs[j].key_type) == key_slot(pcs[i].key_type) &&
+                same_names(&pcs[j], &pcs[i])) {
+                char field[128], other[64];
+                snprintf(field, sizeof(field), "spec.listeners[%zu].tls.certificateRefs[%zu].name",
+                         index, i);
+                snprintf(other, sizeof(other), "certificateRefs[%zu]", j);
+                cerr(c, gw, field,
+                     "same names and key type as %s: a listener serves one certificate per key "
+                     "type and name (remove one, or pair RSA with ECDSA)%s",
+                     other, "");
+                break;
+            }
+        }
+    }
+out:
+    for (size_t i = 0; pcs && i < n; i++)
+        if (ok && ok[i])
+            sl_pem_free(&pcs[i]);
+    free(pcs);
+    free(ok);
+}
+
 static Sluice__V1__ListenerTls *compile_listener_tls(cctx_t *c, const sl_resource_t *gw,
                                                      json_t *tls, size_t index)
 {
@@ -286,6 +351,7 @@ static Sluice__V1__ListenerTls *compile_listener_tls(cctx_t *c, const sl_resourc
         add_certificate(c, cert, full);
         t->certificates[t->n_certificates++] = cstr(c, full);
     }
+    check_cert_slots(c, gw, refs, index);
     const char *minv = jstr(tls, "minVersion", "1.2");
     t->min_version = strcmp(minv, "1.3") == 0 ? SLUICE__V1__LISTENER_TLS__VERSION__TLS1_3
                                               : SLUICE__V1__LISTENER_TLS__VERSION__TLS1_2;

@@ -667,6 +667,48 @@ static void test_https_certificate_refs(void **state)
     free(s);
     sl_resource_set_free(&set);
 
+    /* Two certificates for the same names and key type: one would never be
+     * served. RSA next to ECDSA for the same names is the supported pair. */
+    tc_pair_t e1, e2, r1;
+    tc_make(&e1, TC_EC256, "d.example", "d.example", -3600, 86400, NULL, false);
+    tc_make(&e2, TC_EC384, "d.example", "d.example", -3600, 86400, NULL, false);
+    tc_make(&r1, TC_RSA2048, "d.example", "d.example", -3600, 86400, NULL, false);
+    char *d1 = tc_certificate_doc("e1", e1.cert_pem, e1.key_pem);
+    char *d2 = tc_certificate_doc("e2", e2.cert_pem, e2.key_pem);
+    char *d3 = tc_certificate_doc("r1", r1.cert_pem, r1.key_pem);
+    sl_resource_set_init(&set);
+    parse(&set, "gw.yaml",
+          HEAD "kind: Gateway\nmetadata: {name: g}\nspec:\n  listeners:\n"
+               "  - {name: web, port: 8443, protocol: https, tls: {certificateRefs: "
+               "[{name: e1}, {name: r1}, {name: e2}]}}\n");
+    parse(&set, "1.yaml", d1);
+    parse(&set, "2.yaml", d2);
+    parse(&set, "3.yaml", d3);
+    s = compile_error(&set, "default");
+    assert_string_equal(s, "gw.yaml doc 1: spec.listeners[0].tls.certificateRefs[2].name: same "
+                           "names and key type as certificateRefs[0]: a listener serves one "
+                           "certificate per key type and name (remove one, or pair RSA with "
+                           "ECDSA)\n");
+    free(s);
+    sl_resource_set_free(&set);
+    sl_resource_set_init(&set);
+    parse(&set, "gw.yaml",
+          HEAD "kind: Gateway\nmetadata: {name: g}\nspec:\n  listeners:\n"
+               "  - {name: web, port: 8443, protocol: https, tls: {certificateRefs: "
+               "[{name: e1}, {name: r1}]}}\n");
+    parse(&set, "1.yaml", d1);
+    parse(&set, "3.yaml", d3);
+    Sluice__V1__Snapshot *pair = compile_ok(&set, "default");
+    assert_int_equal(pair->n_certificates, 2);
+    sl_snapshot_free(pair);
+    sl_resource_set_free(&set);
+    free(d1);
+    free(d2);
+    free(d3);
+    tc_free(&e1);
+    tc_free(&e2);
+    tc_free(&r1);
+
     /* File-based Certificates compile to paths the runtime reads. */
     sl_resource_set_init(&set);
     parse(&set, "gw.yaml",
