@@ -612,6 +612,36 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
     out->connect_timeout_ms =
         jdur(jget(spec, "timeouts"), "connect", d->timeouts.upstream_connect_ms);
     out->host_rewrite = cstr(c, jstr(spec, "hostRewrite", ""));
+    json_t *tls = jget(spec, "tls");
+    if (tls) {
+        Sluice__V1__UpstreamTls *t = cnew(c, sizeof(*t));
+        if (t) {
+            sluice__v1__upstream_tls__init(t);
+            out->tls = t;
+            t->sni = cstr(c, jstr(tls, "sni", ""));
+            t->ca_pem = cstr(c, jstr(tls, "caBundle", ""));
+            t->ca_file = cstr(c, jstr(tls, "caFile", ""));
+            json_t *ref = jget(tls, "clientCertificateRef");
+            if (ref) {
+                const char *name = jstr(ref, "name", "");
+                char full[600];
+                snprintf(full, sizeof(full), "%s/%s", r->ns, name);
+                const sl_resource_t *cert = find_certificate(c->set, r->ns, name);
+                if (!cert) {
+                    cerr(c, r, "spec.tls.clientCertificateRef.name",
+                         "Certificate \"%s\" not found%s", full, "");
+                } else if (jget(jget(cert->obj, "spec"), "secretRef")) {
+                    cerr(c, r, "spec.tls.clientCertificateRef.name",
+                         "Certificate \"%s\" uses secretRef, which this runtime cannot load "
+                         "yet%s",
+                         full, " (use certificate + privateKey, or file)");
+                } else {
+                    add_certificate(c, cert, full);
+                    t->client_certificate = cstr(c, full);
+                }
+            }
+        }
+    }
 }
 
 /* --- Apis -> RouteTables ------------------------------------------------- */

@@ -1103,6 +1103,27 @@ static void backend_extra(sl_vctx_t *c, json_t *spec)
     }
 }
 
+/*
+ * TLS to the upstream: verification is always on (there is no "insecure"
+ * switch: an origin with a private CA names it in caBundle/caFile), against
+ * the system's CAs unless one is given; the name checked and sent as SNI is
+ * `sni`, else each endpoint's address.
+ */
+static void backend_tls_extra(sl_vctx_t *c, json_t *tls)
+{
+    if (sl_validate_get(tls, "caBundle") && sl_validate_get(tls, "caFile"))
+        sl_validate_error(c, "set at most one of caBundle (PEM) or caFile (a path)");
+}
+
+static const sl_vfield_t backend_tls_fields[] = {
+    {"sni", check_host_header, NULL, 0},
+    {"caBundle", check_pem_cert, NULL, 0},
+    {"caFile", check_file_path, NULL, 0},
+    {"clientCertificateRef", sl_vcheck_object, &cert_ref_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t backend_tls_schema = {backend_tls_fields, backend_tls_extra};
+
 static const sl_vfield_t backend_fields[] = {
     {"endpoints", sl_vcheck_array,
      &(const sl_varray_t){sl_vcheck_object, &endpoint_schema, 1, 1024}, SL_VFIELD_REQUIRED},
@@ -1112,6 +1133,7 @@ static const sl_vfield_t backend_fields[] = {
     {"connectionPool", sl_vcheck_object, &pool_schema, 0},
     {"timeouts", sl_vcheck_object, &backend_timeout_schema, 0},
     {"hostRewrite", check_host_header, NULL, 0},
+    {"tls", sl_vcheck_object, &backend_tls_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_backend = {backend_fields, backend_extra};

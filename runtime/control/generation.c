@@ -10,6 +10,7 @@
 #include "compiler.h"
 #include "log.h"
 #include "tls.h"
+#include "tls_client.h"
 #include "worker.h"
 
 #include <inttypes.h>
@@ -62,6 +63,8 @@ static sl_gen_cluster_t *find_cluster(sl_generation_t *gen, const char *name)
 
 static void free_generation(sl_generation_t *gen)
 {
+    for (size_t i = 0; gen->clusters && i < gen->num_clusters; i++)
+        SSL_CTX_free(gen->clusters[i].tls);
     if (gen->tls) {
         for (size_t i = 0; i < gen->snap->n_listeners; i++)
             sl_tls_server_free(gen->tls[i]);
@@ -268,11 +271,21 @@ static void listener_key(const Sluice__V1__Listener *l, char *key, size_t keylen
     snprintf(key, keylen, "%s:%u", l->address && *l->address ? l->address : "0.0.0.0", l->port);
 }
 
-/* One TLS server per https listener; any certificate that does not load
- * fails the build with the listener and Certificate named. */
+/* One TLS server per https listener and one client context per Backend
+ * with `tls`; any certificate or CA that does not load fails the build with
+ * the listener or Backend named (fail closed: the old config keeps serving). */
 static int build_tls(sl_generation_t *gen, char *err, size_t errlen)
 {
     Sluice__V1__Snapshot *snap = gen->snap;
+    for (size_t i = 0; i < gen->num_clusters; i++) {
+        sl_gen_cluster_t *cl = &gen->clusters[i];
+        if (!cl->pb->tls)
+            continue;
+        cl->tls = sl_tls_client_ctx_build(cl->pb, snap, err, errlen);
+        if (!cl->tls)
+            return -1;
+        cl->tls_name = cl->pb->tls->sni && *cl->pb->tls->sni ? cl->pb->tls->sni : NULL;
+    }
     int any = 0;
     for (size_t i = 0; i < snap->n_listeners; i++)
         any |= snap->listeners[i]->protocol == SLUICE__V1__LISTENER__PROTOCOL__HTTPS;

@@ -92,6 +92,10 @@ typedef struct sl_gen_cluster {
     uint32_t pool_idle_timeout_ms;
     uint32_t connect_timeout_ms;
     sl_str_t host_rewrite;
+    /* TLS to the endpoints (Backend `tls`), NULL for plaintext; owned. The
+     * name verified and sent as SNI: tls_name, else the endpoint's address. */
+    struct ssl_ctx_st *tls;
+    const char *tls_name;
 } sl_gen_cluster_t;
 
 typedef struct sl_gen_route {

@@ -402,7 +402,7 @@ static void start_attempt(sl_exchange_t *x)
         sl_exchange_drive(x);
         return;
     }
-    up = sl_upstream_connect(x->r.w, x->r.pool);
+    up = sl_upstream_connect(x->r.w, x->r.pool, x->r.cluster->tls, x->r.cluster->tls_name);
     if (!up) {
         upstream_failed(x, SL_UPSTREAM_ERR_CONNECT, 0);
         return;
@@ -428,7 +428,7 @@ static int up_send(sl_exchange_t *x)
         size_t pending = sl_buf_len(&x->uout) - x->uout_sent;
         if (pending == 0)
             break;
-        ssize_t n = write(up->fd, sl_buf_head(&x->uout) + x->uout_sent, pending);
+        ssize_t n = sl_upstream_write(up, sl_buf_head(&x->uout) + x->uout_sent, pending);
         if (n > 0) {
             x->uout_sent += (size_t)n;
             continue;
@@ -463,14 +463,34 @@ void sl_exchange_upstream_event(sl_exchange_t *x, short what)
             x->ops->tunnel_event(x);
         goto out;
     }
+    /* TLS may need the other direction's edge (net/tls.h). */
+    if ((what & EV_WRITE) && up->tls_read_wants_write)
+        x->up_read_ready = 1;
+    if ((what & (EV_READ | EV_CLOSED)) && up->tls_write_wants_read && x->up_want_write)
+        what |= EV_WRITE;
     if (x->phase == SL_XP_CONNECTING && (what & (EV_WRITE | EV_READ))) {
-        int err = 0;
-        socklen_t len = sizeof(err);
-        if (getsockopt(up->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+        if (!up->connected) {
+            int err = 0;
+            socklen_t len = sizeof(err);
+            if (getsockopt(up->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+                upstream_failed(x, SL_UPSTREAM_ERR_CONNECT, 0);
+                goto out;
+            }
+            up->connected = 1;
+        }
+        /* TLS: the handshake is part of connecting; a failure (the
+         * certificate does not verify, no shared protocol) is a connect
+         * failure: no request byte was sent, so even a POST may retry. */
+        int hs = sl_upstream_handshake(up);
+        if (hs == SL_AGAIN)
+            goto out;
+        if (hs != SL_OK) {
+            sl_log_warn("backend %s endpoint %s: TLS handshake failed (check the Backend's "
+                        "tls.caBundle/caFile and sni against the endpoint's certificate)",
+                        x->r.cluster->pb->name, x->r.upstream_addr);
             upstream_failed(x, SL_UPSTREAM_ERR_CONNECT, 0);
             goto out;
         }
-        up->connected = 1;
         x->phase = SL_XP_WAIT_HEAD;
         x->ops->arm_timer(x, x->r.route->timeouts.response_ms);
         sl_exchange_drive(x);
@@ -589,10 +609,11 @@ static void read_response_head(sl_exchange_t *x)
             }
         }
         size_t space = sl_buf_space(&x->uin);
-        ssize_t n = read(up->fd, sl_buf_tail(&x->uin), space);
+        ssize_t n = sl_upstream_read(up, sl_buf_tail(&x->uin), space);
         if (n > 0) {
             x->uin.end += (size_t)n;
-            x->up_drained = (size_t)n < space;
+            /* Over TLS a short read proves nothing: OpenSSL may hold more. */
+            x->up_drained = (size_t)n < space && !up->ssl;
         } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             x->up_read_ready = 0;
             x->up_drained = 1;
@@ -728,9 +749,9 @@ static void read_response_body(sl_exchange_t *x)
              * proves the socket empty (up_drained), and bytes past the body
              * are a broken upstream whose connection is not reused anyway. */
             size_t want = sl_buf_space(out);
-            ssize_t n = read(up->fd, sl_buf_tail(out), want);
+            ssize_t n = sl_upstream_read(up, sl_buf_tail(out), want);
             if (n > 0) {
-                x->up_drained = (size_t)n < want;
+                x->up_drained = (size_t)n < want && !up->ssl;
                 size_t keep = 0;
                 ssize_t used = account_response_body(x, sl_buf_tail(out), (size_t)n, &keep);
                 /* Short read and nothing more expected: skip the EAGAIN read

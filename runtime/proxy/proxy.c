@@ -1244,13 +1244,12 @@ static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t he
 static int tunnel_relay(sl_conn_t *c, int to_client, uint8_t *src_ready, uint8_t *src_eof,
                         sl_buf_t *buf, uint8_t *dst_shut)
 {
-    int src_fd = to_client ? c->x.up->fd : c->fd;
     int dst_fd = to_client ? c->fd : c->x.up->fd;
     int progress = 0;
     for (;;) {
         while (sl_buf_len(buf)) {
             ssize_t n = to_client ? client_write(c, sl_buf_head(buf), sl_buf_len(buf))
-                                  : write(dst_fd, sl_buf_head(buf), sl_buf_len(buf));
+                                  : sl_upstream_write(c->x.up, sl_buf_head(buf), sl_buf_len(buf));
             if (n > 0) {
                 sl_buf_consume(buf, (size_t)n);
                 progress = 1;
@@ -1267,9 +1266,10 @@ static int tunnel_relay(sl_conn_t *c, int to_client, uint8_t *src_ready, uint8_t
                 /* Relay the EOF: the other side may still answer. Over
                  * TLS that is close_notify (it has no half-close of its
                  * own), then the socket's FIN. */
-                if (to_client && c->ssl) {
+                SSL *dst_ssl = to_client ? c->ssl : c->x.up->ssl;
+                if (dst_ssl) {
                     int want;
-                    sl_tls_shutdown(c->ssl, &want);
+                    sl_tls_shutdown(dst_ssl, &want);
                 }
                 shutdown(dst_fd, SHUT_WR);
                 *dst_shut = 1;
@@ -1282,7 +1282,7 @@ static int tunnel_relay(sl_conn_t *c, int to_client, uint8_t *src_ready, uint8_t
         if (!buf->data && sl_worker_buf_get(c->w, buf) != 0)
             return -1;
         buf->start = buf->end = 0;
-        ssize_t n = to_client ? read(src_fd, sl_buf_tail(buf), sl_buf_space(buf))
+        ssize_t n = to_client ? sl_upstream_read(c->x.up, sl_buf_tail(buf), sl_buf_space(buf))
                               : client_read(c, sl_buf_tail(buf), sl_buf_space(buf));
         if (n > 0) {
             buf->end += (size_t)n;

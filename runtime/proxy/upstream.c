@@ -12,6 +12,8 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "tls.h"
+#include "tls_client.h"
 #include "exchange.h"
 
 #include <errno.h>
@@ -180,6 +182,8 @@ out:
     return idx;
 }
 
+static int idle_tls_usable(const sl_upconn_t *uc);
+
 static void upconn_event_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -191,7 +195,7 @@ static void upconn_event_cb(evutil_socket_t fd, short what, void *arg)
     /* Readable while idle: EOF from the upstream (its keep-alive timeout) or
      * unsolicited bytes; either way the connection is done. Writable edges
      * of an idle connection mean nothing. */
-    if (what & (EV_READ | EV_CLOSED))
+    if ((what & (EV_READ | EV_CLOSED)) && !(uc->ssl && idle_tls_usable(uc)))
         sl_upstream_close(sl_worker_self, uc);
 }
 
@@ -208,8 +212,24 @@ static void idle_unlink(sl_upconn_t *uc)
     p->num_idle--;
 }
 
+/*
+ * Over TLS, bytes on an idle connection may be the server's own records
+ * (TLS 1.3 session tickets, sent after the handshake): only a read through
+ * OpenSSL tells them from data or a close_notify. A byte of data still
+ * means the connection is unusable (and it is closed: losing it is fine).
+ */
+static int idle_tls_usable(const sl_upconn_t *uc)
+{
+    char byte;
+    int want = 0;
+    ssize_t n = sl_tls_read(uc->ssl, &byte, 1, &want);
+    return n < 0 && errno == EAGAIN && want == SL_TLS_WANT_READ;
+}
+
 int sl_upstream_idle_usable(const sl_upconn_t *uc)
 {
+    if (uc->ssl)
+        return idle_tls_usable(uc);
     char byte;
     ssize_t n = recv(uc->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR)
@@ -230,7 +250,49 @@ sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool, int check)
     return NULL;
 }
 
-sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool)
+ssize_t sl_upstream_read(sl_upconn_t *uc, void *buf, size_t n)
+{
+    if (!uc->ssl)
+        return read(uc->fd, buf, n);
+    int want = 0;
+    ssize_t r = sl_tls_read(uc->ssl, buf, n, &want);
+    uc->tls_read_wants_write = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_WRITE;
+    return r;
+}
+
+ssize_t sl_upstream_write(sl_upconn_t *uc, const void *buf, size_t n)
+{
+    if (!uc->ssl)
+        return write(uc->fd, buf, n);
+    int want = 0;
+    ssize_t r = sl_tls_write(uc->ssl, buf, n, &want);
+    uc->tls_write_wants_read = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_READ;
+    return r;
+}
+
+int sl_upstream_handshake(sl_upconn_t *uc)
+{
+    if (!uc->ssl || uc->handshaken)
+        return SL_OK;
+    int want = 0;
+    int rc = sl_tls_handshake(uc->ssl, &want);
+    if (rc == SL_OK)
+        uc->handshaken = 1;
+    return rc;
+}
+
+static void tls_free(sl_upconn_t *uc)
+{
+    if (uc->ssl) {
+        int want;
+        sl_tls_shutdown(uc->ssl, &want);
+        SSL_free(uc->ssl);
+        uc->ssl = NULL;
+    }
+}
+
+sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool, struct ssl_ctx_st *tls,
+                                 const char *tls_name)
 {
     sl_endpoint_state_t *ep = pool->ep;
     int fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -254,6 +316,16 @@ sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool)
         goto fail;
     uc->fd = fd;
     uc->pool = pool;
+    if (tls) {
+        uc->ssl = sl_tls_client_ssl_new(tls, fd, tls_name ? tls_name : ep->address);
+        if (!uc->ssl) {
+            event_free(uc->ev);
+            free(uc);
+            close(fd);
+            errno = ENOMEM;
+            return NULL;
+        }
+    }
     pool->num_busy++;
     return uc;
 fail:
@@ -276,6 +348,7 @@ void sl_upstream_close(sl_worker_t *w, sl_upconn_t *uc)
     else if (p->num_busy)
         p->num_busy--;
     event_free(uc->ev);
+    tls_free(uc);
     close(uc->fd);
     free(uc);
 }
@@ -289,6 +362,7 @@ void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle,
         if (p->num_busy)
             p->num_busy--;
         event_free(uc->ev);
+        tls_free(uc);
         close(uc->fd);
         free(uc);
         return;

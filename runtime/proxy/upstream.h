@@ -30,6 +30,11 @@ typedef struct sl_upconn {
     uint32_t idle_timeout_ms;
     unsigned requests; /* requests started on it; > 0 = reused */
     uint8_t connected;
+    /* TLS to the upstream (Backend `tls`), else NULL; the handshake runs
+     * after the TCP connect and before the first request byte. */
+    struct ssl_st *ssl;
+    uint8_t handshaken;
+    uint8_t tls_read_wants_write, tls_write_wants_read;
 } sl_upconn_t;
 
 typedef struct sl_pool {
@@ -66,8 +71,19 @@ sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool, int check);
  * one non-blocking MSG_PEEK, a system call. */
 int sl_upstream_idle_usable(const sl_upconn_t *uc);
 /* A new non-blocking connection being established (counted busy), or NULL
- * with errno set. */
-sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool);
+ * with errno set. With `tls` (the cluster's client context) the connection
+ * will speak TLS, verifying `tls_name` (NULL: the endpoint's address). */
+sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool, struct ssl_ctx_st *tls,
+                                 const char *tls_name);
+
+/* The connection's I/O, plain or TLS, with read(2)/write(2) results (-1 and
+ * errno EAGAIN: wait for the socket's edge; a TLS operation that needs the
+ * other direction sets tls_read_wants_write / tls_write_wants_read). */
+ssize_t sl_upstream_read(sl_upconn_t *uc, void *buf, size_t n);
+ssize_t sl_upstream_write(sl_upconn_t *uc, const void *buf, size_t n);
+/* Drives the TLS handshake of a connected socket: SL_OK (done, or no TLS),
+ * SL_AGAIN (wait for the socket), SL_ERROR (failed: verification, protocol). */
+int sl_upstream_handshake(sl_upconn_t *uc);
 /* Returns a healthy keep-alive connection to its pool (or closes it when the
  * pool is full). */
 void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle,

@@ -122,8 +122,13 @@ class BodyStats:
 
 
 class Backend:
-    def __init__(self, port=0, name=None, host="127.0.0.1"):
+    def __init__(self, port=0, name=None, host="127.0.0.1", ssl_context=None):
         self.host = host
+        # With an ssl.SSLContext (server side) every connection is TLS; failed
+        # handshakes are recorded in tls_errors (and are not protocol errors).
+        self.ssl_context = ssl_context
+        self.tls_errors = []
+        self.tls_peers = []  # the client certificate of each TLS connection, or None
         self.requested_port = port
         self.name = name
         self.requests = []  # list of dicts, in arrival order
@@ -221,6 +226,16 @@ class Backend:
             threading.Thread(target=self._serve, args=(s, addr, conn_id), daemon=True).start()
 
     def _serve(self, s, addr, conn_id):
+        if self.ssl_context is not None:
+            try:
+                s = self.ssl_context.wrap_socket(s, server_side=True)
+            except (OSError, ValueError) as e:
+                with self.lock:
+                    self.tls_errors.append(str(e))
+                s.close()
+                return
+            with self.lock:
+                self.tls_peers.append(s.getpeercert())
         conn = _Conn(s)
         try:
             while not self._stop.is_set():
