@@ -224,12 +224,61 @@ static size_t response_fields(h2s_t *s, const sl_http1_response_t *resp, sl_head
 }
 
 /* A gateway error as an HTTP/2 response (JSON body, as for HTTP/1.1). */
+/*
+ * A gateway error for a gRPC client: a Trailers-Only response (HTTP 200,
+ * grpc-status, grpc-message percent-encoded as the protocol says), which
+ * every gRPC client turns into a status, where a JSON body would only be a
+ * protocol error to it. The log and metrics keep the HTTP status it stands
+ * for (with the error code).
+ */
+static void stream_grpc_error(h2s_t *s, int status, const char *code, const char *message)
+{
+    h2c_t *hc = s->hc;
+    char gs[8], msg[600], date_buf[48];
+    snprintf(gs, sizeof(gs), "%d", sl_request_grpc_status(status, code));
+    size_t o = 0;
+    for (const char *p = message; *p && o + 4 < sizeof(msg); p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch >= 0x20 && ch <= 0x7e && ch != '%') {
+            msg[o++] = (char)ch;
+        } else {
+            static const char hex[] = "0123456789ABCDEF";
+            msg[o++] = '%';
+            msg[o++] = hex[ch >> 4];
+            msg[o++] = hex[ch & 15];
+        }
+    }
+    sl_header_t f[6];
+    size_t n = 0;
+    f[n++] = (sl_header_t){{"content-type", 12}, {"application/grpc", 16}};
+    f[n++] = (sl_header_t){{"grpc-status", 11}, {gs, strlen(gs)}};
+    f[n++] = (sl_header_t){{"grpc-message", 12}, {msg, o}};
+    f[n++] = (sl_header_t){{"x-request-id", 12}, s->x.r.m_reqid};
+    size_t dl;
+    const char *d = sl_request_date_line(&dl);
+    if (dl > 8 && dl - 8 < sizeof(date_buf)) {
+        memcpy(date_buf, d + 6, dl - 8);
+        f[n++] = (sl_header_t){{"date", 4}, {date_buf, dl - 8}};
+    }
+    if (sl_h2_submit_response(hc->h2, s->id, 200, f, n, 1) == SL_OK) {
+        s->ended = 1;
+        if (!s->body_end)
+            sl_h2_reset_stream(hc->h2, s->id, SL_H2_NO_ERROR);
+    }
+    stream_done(s, 0);
+}
+
 static void stream_error(h2s_t *s, int status, const char *code, const char *message,
                          unsigned allow)
 {
     h2c_t *hc = s->hc;
     s->x.r.error_code = code;
     s->x.r.status = status;
+    if (s->x.r.grpc) {
+        sl_request_ensure_id(&s->x.r);
+        stream_grpc_error(s, status, code, message);
+        return;
+    }
     char body[900], clen[24], allow_buf[96], date_buf[48];
     size_t blen = sl_request_error_body(&s->x.r, status, code, message, body, sizeof(body));
     snprintf(clen, sizeof(clen), "%zu", blen);

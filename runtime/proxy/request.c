@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /* The normalised path of the request being routed, when it differs from the
@@ -97,8 +98,57 @@ static const sl_header_t *find_header(const sl_req_head_t *h, const char *name, 
     return sl_http1_find_header(h->headers, h->num_headers, name, len);
 }
 
+/*
+ * grpc-timeout: 1..8 digits and a unit (H M S m u n), as the gRPC HTTP/2
+ * protocol defines it; anything else is ignored (the route's deadline
+ * applies). Rounded up to whole milliseconds, at least 1.
+ */
+static uint32_t parse_grpc_timeout(sl_str_t v)
+{
+    if (v.len < 2 || v.len > 9)
+        return 0;
+    uint64_t n = 0;
+    for (size_t i = 0; i + 1 < v.len; i++) {
+        if (v.ptr[i] < '0' || v.ptr[i] > '9')
+            return 0;
+        n = n * 10 + (uint64_t)(v.ptr[i] - '0');
+    }
+    uint64_t ms;
+    switch (v.ptr[v.len - 1]) {
+    case 'H':
+        ms = n * 3600000u;
+        break;
+    case 'M':
+        ms = n * 60000u;
+        break;
+    case 'S':
+        ms = n * 1000u;
+        break;
+    case 'm':
+        ms = n;
+        break;
+    case 'u':
+        ms = (n + 999) / 1000;
+        break;
+    case 'n':
+        ms = (n + 999999) / 1000000;
+        break;
+    default:
+        return 0;
+    }
+    if (ms == 0)
+        ms = 1;
+    return ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
+}
+
 void sl_request_set_head(sl_request_t *r, const sl_req_head_t *h)
 {
+    const sl_header_t *ct = find_header(h, "content-type", 12);
+    r->grpc = ct && ct->value.len >= 16 && strncasecmp(ct->value.ptr, "application/grpc", 16) == 0;
+    if (r->grpc) {
+        const sl_header_t *gt = find_header(h, "grpc-timeout", 12);
+        r->grpc_timeout_ms = gt ? parse_grpc_timeout(gt->value) : 0;
+    }
     /* The request id first: errors answered before routing carry it too. */
     const sl_header_t *xrid = find_header(h, "x-request-id", 12);
     if (xrid && valid_request_id(xrid->value))
@@ -167,6 +217,8 @@ void sl_request_reset(sl_request_t *r)
     r->deadline_ms = 0;
     r->method_bit = 0;
     r->status = 0;
+    r->grpc = 0;
+    r->grpc_timeout_ms = 0;
     r->error_code = NULL;
     r->bytes_received = 0;
     r->bytes_sent = 0;
@@ -369,6 +421,12 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
     hash_key(r, h);
     if (r->route->timeouts.request_ms)
         r->deadline_ms = sl_endpoint_now_ms() + r->route->timeouts.request_ms;
+    /* A gRPC client's deadline is the request's, when it is the shorter. */
+    if (r->grpc_timeout_ms) {
+        uint64_t d = sl_endpoint_now_ms() + r->grpc_timeout_ms;
+        if (!r->deadline_ms || d < r->deadline_ms)
+            r->deadline_ms = d;
+    }
     return SL_OK;
 }
 
@@ -494,6 +552,26 @@ void sl_request_note_outcome(sl_request_t *r, int success)
 }
 
 /* ---- the gateway's own answers -------------------------------------------- */
+
+int sl_request_grpc_status(int http_status, const char *code)
+{
+    if (strcmp(code, "request_timeout") == 0 || strcmp(code, "upstream_timeout") == 0 ||
+        http_status == 504 || http_status == 408)
+        return 4; /* DEADLINE_EXCEEDED */
+    if (http_status == 413 || http_status == 431 || http_status == 429 ||
+        strcmp(code, "upstream_pool_full") == 0 || strcmp(code, "connection_limit") == 0 ||
+        strcmp(code, "overloaded") == 0)
+        return 8; /* RESOURCE_EXHAUSTED */
+    if (http_status == 404 || http_status == 405 || http_status == 501)
+        return 12; /* UNIMPLEMENTED */
+    if (http_status == 401)
+        return 16; /* UNAUTHENTICATED */
+    if (http_status == 403)
+        return 7; /* PERMISSION_DENIED */
+    if (http_status == 502 || http_status == 503)
+        return 14; /* UNAVAILABLE */
+    return 13;     /* INTERNAL */
+}
 
 static size_t json_escape(char *dst, size_t cap, const char *src, size_t len)
 {

@@ -93,11 +93,13 @@ typedef struct sl_request {
     uint64_t start_unix_us;
 
     unsigned method_bit;
-    int version;             /* 10, 11, 20 */
-    int status;              /* sent or about to be; 0 = none yet */
-    const char *error_code;  /* gateway error code for the log, static */
-    uint64_t bytes_received; /* request body bytes */
-    uint64_t bytes_sent;     /* response bytes, head included */
+    int version;              /* 10, 11, 20 */
+    int status;               /* sent or about to be; 0 = none yet */
+    uint8_t grpc;             /* content-type application/grpc: gateway errors are gRPC */
+    uint32_t grpc_timeout_ms; /* the client's grpc-timeout, 0 = none */
+    const char *error_code;   /* gateway error code for the log, static */
+    uint64_t bytes_received;  /* request body bytes */
+    uint64_t bytes_sent;      /* response bytes, head included */
 
     /* Strings kept for the access log and errors, copied out of the head. */
     char meta[1024];
@@ -175,6 +177,15 @@ void sl_request_log(sl_request_t *r);
 /* Releases the generation and the pool counters and clears the per-request
  * state; the request is ready for sl_request_begin again. */
 void sl_request_reset(sl_request_t *r);
+
+/*
+ * The gRPC status for an error the gateway answers itself (gRPC's HTTP to
+ * status mapping, with the gateway's own causes made precise): timeouts are
+ * DEADLINE_EXCEEDED (4), limits RESOURCE_EXHAUSTED (8), no route or method
+ * UNIMPLEMENTED (12), upstream failures UNAVAILABLE (14), 401/403
+ * UNAUTHENTICATED (16) / PERMISSION_DENIED (7), anything else INTERNAL (13).
+ */
+int sl_request_grpc_status(int http_status, const char *code);
 
 /* "Date: <IMF-fixdate>\r\n" for now, formatted once a second per worker. */
 const char *sl_request_date_line(size_t *len);

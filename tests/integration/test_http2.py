@@ -327,3 +327,66 @@ def test_idle_h2_connection_gets_goaway(h2env):
     c.pump(lambda: c.closed, timeout=5)
     assert 0.8 <= time.monotonic() - t0 <= 3.5
     assert c.goaway == 0
+
+
+# --- gRPC clients: the gateway's own errors are gRPC statuses ------------------
+
+GRPC_HEADERS = [("content-type", "application/grpc"), ("te", "trailers")]
+
+
+def grpc_call(c, path, timeout=None, body=b"\x00\x00\x00\x00\x00"):
+    headers = list(GRPC_HEADERS)
+    if timeout:
+        headers.append(("grpc-timeout", timeout))
+    sid = c.send("POST", path, headers=headers, body=body, content_length=False)
+    return c.response(sid, timeout=10)
+
+
+def test_grpc_errors_are_trailers_only_responses(h2env, runtimes):
+    rt, port, b = h2env(api_kw={"operations": [
+        {"name": "svc", "method": "POST", "path": "/", "pathType": "prefix"}]})
+    c = H2Client(port)
+    # No route: UNIMPLEMENTED, as a Trailers-Only response (HTTP 200).
+    r = grpc_call(c, "/pkg.Missing/Method")
+    assert status(r) == 200 and r["headers"]["content-type"] == "application/grpc"
+    assert r["headers"]["grpc-status"] == "12", r["headers"]
+    assert "no%20route" in r["headers"]["grpc-message"] or "no route" in \
+        r["headers"]["grpc-message"]
+    assert bytes(r["body"]) == b""
+    c.close()
+    # An unreachable backend: UNAVAILABLE.
+    port2 = free_port()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead = closed.getsockname()[1]
+    closed.close()
+    runtimes([h2c_gateway(port2), backend("dead", [dead]), api("g", "/", "dead")])
+    c = H2Client(port2)
+    r = grpc_call(c, "/pkg.Svc/Call")
+    assert r["headers"]["grpc-status"] == "14", r["headers"]
+    c.close()
+
+
+def test_grpc_timeout_is_the_request_deadline(h2env):
+    rt, port, b = h2env()
+    c = H2Client(port)
+    t0 = time.monotonic()
+    r = grpc_call(c, "/t/delay/3000", timeout="300m")
+    took = time.monotonic() - t0
+    assert r["headers"]["grpc-status"] == "4", r["headers"]  # DEADLINE_EXCEEDED
+    assert 0.25 <= took < 1.5, took
+    # Without grpc-timeout the route's own timeouts apply: the slow call completes.
+    r = grpc_call(c, "/t/delay/300")
+    assert status(r) == 200 and "grpc-status" not in r["headers"]
+    c.close()
+
+
+def test_grpcio_client_sees_the_gateway_status(h2env):
+    grpc = pytest.importorskip("grpc")
+    rt, port, b = h2env(api_kw={"operations": [
+        {"name": "svc", "method": "POST", "path": "/known.Svc/", "pathType": "prefix"}]})
+    with grpc.insecure_channel("127.0.0.1:%d" % port) as ch:
+        call = ch.unary_unary("/pkg.Unknown/Method")
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"", timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED, e.value

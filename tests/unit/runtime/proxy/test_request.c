@@ -298,6 +298,46 @@ static void test_date_line(void **state)
     assert_true(t <= now && now - t <= 2);
 }
 
+static void test_grpc_status_and_timeout(void **state)
+{
+    (void)state;
+    assert_int_equal(sl_request_grpc_status(404, "no_route"), 12);
+    assert_int_equal(sl_request_grpc_status(405, "method_not_allowed"), 12);
+    assert_int_equal(sl_request_grpc_status(502, "upstream_connect_failed"), 14);
+    assert_int_equal(sl_request_grpc_status(503, "no_healthy_upstream"), 14);
+    assert_int_equal(sl_request_grpc_status(503, "upstream_pool_full"), 8);
+    assert_int_equal(sl_request_grpc_status(413, "payload_too_large"), 8);
+    assert_int_equal(sl_request_grpc_status(504, "request_timeout"), 4);
+    assert_int_equal(sl_request_grpc_status(504, "upstream_timeout"), 4);
+    assert_int_equal(sl_request_grpc_status(400, "bad_path"), 13);
+    struct {
+        const char *v;
+        uint32_t ms;
+    } cases[] = {{"1S", 1000},      {"250m", 250}, {"2M", 120000}, {"1H", 3600000},
+                 {"1500u", 2},      {"1n", 1},     {"0m", 1},      {"99999999m", 99999999},
+                 {"123456789m", 0}, {"m", 0},      {"10x", 0},     {"-1S", 0},
+                 {"1.5S", 0}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        sl_str_t v = {cases[i].v, strlen(cases[i].v)};
+        if (parse_grpc_timeout(v) != cases[i].ms)
+            fail_msg("grpc-timeout %s: %u, want %u", cases[i].v, parse_grpc_timeout(v),
+                     cases[i].ms);
+    }
+    /* The shorter of the route's deadline and the client's wins. */
+    sl_request_t r;
+    begin(&r);
+    sl_header_t h[] = {{{"content-type", 12}, {"application/grpc+proto", 22}},
+                       {{"grpc-timeout", 12}, {"100m", 4}}};
+    sl_req_head_t hd = head("GET", "/pets/1", h, 2);
+    sl_request_set_head(&r, &hd);
+    assert_true(r.grpc);
+    sl_str_t path;
+    sl_request_error_t err;
+    assert_int_equal(sl_request_route(&r, &hd, &path, &err), SL_OK);
+    assert_true(r.deadline_ms <= sl_endpoint_now_ms() + 100);
+    end(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -309,6 +349,7 @@ int main(void)
         cmocka_unit_test(test_retry_decisions),
         cmocka_unit_test(test_error_body_is_json_with_the_id),
         cmocka_unit_test(test_date_line),
+        cmocka_unit_test(test_grpc_status_and_timeout),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
