@@ -15,7 +15,7 @@ SANFLAGS := -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=unde
 endif
 comma := ,
 
-PKGS    := libevent libevent_pthreads jansson yaml-0.1 libpcre2-8 liburcu-qsbr \
+PKGS    := libevent libevent_pthreads libevent_openssl jansson yaml-0.1 libpcre2-8 liburcu-qsbr \
            libprotobuf-c openssl sqlite3 libnghttp2
 # gRPC core: shared libraries pull in their own dependencies.
 GRPC_LIBS  := -lgrpc -lgpr

@@ -868,6 +868,12 @@ static void on_open(void *arg, sl_stream_t *s)
     (void)arg;
     stream_ctx_t *sc = calloc(1, sizeof(*sc));
     sl_stream_set_user(s, sc);
+    /* --stream-client-ca: the handshake verified any certificate sent, but
+     * a runtime without one gets here (stream.c says why) and no further. */
+    if (sc && sl_stream_client_auth(s) && !sl_stream_peer_has_certificate(s))
+        refuse(s, sc, GRPC_STATUS_UNAUTHENTICATED,
+               "no client certificate: this controller requires one (--stream-client-ca); start "
+               "the runtime with --cert and --key, a certificate whose SAN is its --node-id");
 }
 
 static void stream_ctx_free(stream_ctx_t *sc)
@@ -1048,8 +1054,10 @@ static runtime_rec_t *runtime_attach(sl_controller_t *ctl, sl_stream_t *s, strea
     memset(rt->subscribed, 0, sizeof(rt->subscribed));
     memset(rt->parked, 0, sizeof(rt->parked));
     atomic_fetch_add(&sl_ctrl_metrics.runtimes_connected, 1);
-    sl_log_notice("runtime %s (fleet %s) connected from %s", rt->node_id, rt->fleet_name,
-                  rt->address);
+    sl_log_notice("runtime %s (fleet %s) connected from %s%s%s%s", rt->node_id, rt->fleet_name,
+                  rt->address, sl_stream_client_auth(s) ? " (client certificate " : "",
+                  sl_stream_client_auth(s) ? sl_stream_peer_certificate_text(s) : "",
+                  sl_stream_client_auth(s) ? ")" : "");
     if (!fleet_find(ctl, rt->fleet_name)) {
         fleet_get(ctl, rt->fleet_name);
         sl_controller_changed(ctl); /* compile for the new fleet */
@@ -1066,6 +1074,20 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
         goto out;
     if (!sc->rt && take_node(sc, req->node, msg, sizeof(msg)) != 0) {
         refuse(s, sc, GRPC_STATUS_INVALID_ARGUMENT, msg);
+        goto out;
+    }
+    /* Under mTLS a node is who its certificate says: a runtime cannot take
+     * another node's stream, nor the snapshot (with private keys) of
+     * another node's fleet. Checked before anything is registered. */
+    if (!sc->rt && sl_stream_client_auth(s) &&
+        !sl_stream_peer_certificate_matches(s, sc->node_id)) {
+        snprintf(msg, sizeof(msg),
+                 "node id %s does not match the client certificate (%s%s); run the runtime "
+                 "with --node-id set to a name of its certificate, or give it a certificate "
+                 "issued for %s",
+                 sc->node_id, sl_stream_peer_certificate_uses_cn(s) ? "no SAN, " : "SANs: ",
+                 sl_stream_peer_certificate_text(s), sc->node_id);
+        refuse(s, sc, GRPC_STATUS_PERMISSION_DENIED, msg);
         goto out;
     }
     int t = sl_xds_type_from_url(req->type_url ? req->type_url : "");

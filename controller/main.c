@@ -10,6 +10,7 @@
 #include "rest.h"
 #include "store.h"
 #include "stream.h"
+#include "tls_files.h"
 
 #include <event2/event.h>
 #include <getopt.h>
@@ -27,11 +28,18 @@ static void usage(FILE *out)
             "usage: sluice-controller [options]\n"
             "  --rest ADDR              REST admin API, default 127.0.0.1:9090\n"
             "  --stream ADDR            config stream for runtimes, default 127.0.0.1:18000\n"
+            "  --stream-tls-cert FILE   serve the config stream over TLS with this PEM chain\n"
+            "  --stream-tls-key FILE    ... and this PEM key (both or neither)\n"
+            "  --stream-client-ca FILE  require runtimes' client certificates issued by this CA;\n"
+            "                           a runtime's --node-id must be a SAN of its certificate\n"
+            "                           (its CN when it has no SAN)\n"
             "  --data-dir DIR           durable store, default ./sluice-data\n"
             "  --resources PATH         serve these files (repeatable); the REST API is then\n"
             "                           read-only (GitOps mode)\n"
             "  --admin-token-file FILE  require 'Authorization: Bearer <token>' on /api/\n"
             "  --insecure-admin         allow a non-loopback --rest without a token\n"
+            "  --rest-tls-cert FILE     serve the REST admin API over HTTPS with this PEM chain\n"
+            "  --rest-tls-key FILE      ... and this PEM key (both or neither)\n"
             "  --log-level LEVEL        debug, info, notice, warn, error (default info)\n"
             "  --max-routes N           refuse writes that make a fleet's config exceed N\n"
             "                           routes (default 200000)\n"
@@ -62,12 +70,19 @@ int main(int argc, char **argv)
         {"max-routes", required_argument, NULL, 'M'},
         {"max-runtimes", required_argument, NULL, 'N'},
         {"runtime-expiry", required_argument, NULL, 'E'},
+        {"stream-tls-cert", required_argument, NULL, 'c'},
+        {"stream-tls-key", required_argument, NULL, 'k'},
+        {"stream-client-ca", required_argument, NULL, 'a'},
+        {"rest-tls-cert", required_argument, NULL, 'C'},
+        {"rest-tls-key", required_argument, NULL, 'K'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *rest_addr = "127.0.0.1:9090", *stream_addr = "127.0.0.1:18000";
     const char *data_dir = "./sluice-data", *token_file = NULL;
+    const char *stream_cert = NULL, *stream_key = NULL, *stream_ca = NULL;
+    const char *rest_cert = NULL, *rest_key = NULL;
     const char **resources = calloc((size_t)argc, sizeof(char *));
     size_t nresources = 0;
     int insecure = 0, ch;
@@ -92,6 +107,21 @@ int main(int argc, char **argv)
             break;
         case 'I':
             insecure = 1;
+            break;
+        case 'c':
+            stream_cert = optarg;
+            break;
+        case 'k':
+            stream_key = optarg;
+            break;
+        case 'a':
+            stream_ca = optarg;
+            break;
+        case 'C':
+            rest_cert = optarg;
+            break;
+        case 'K':
+            rest_key = optarg;
             break;
         case 'M': {
             char *end;
@@ -146,11 +176,30 @@ int main(int argc, char **argv)
         fprintf(stderr, "sluice-controller: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
+    if (!stream_cert != !stream_key) {
+        fprintf(stderr, "sluice-controller: --stream-tls-cert and --stream-tls-key go together "
+                        "(the stream's certificate chain and its private key)\n");
+        return 2;
+    }
+    if (stream_ca && !stream_cert) {
+        fprintf(stderr,
+                "sluice-controller: --stream-client-ca needs --stream-tls-cert and "
+                "--stream-tls-key (client certificates are checked in the TLS handshake)\n");
+        return 2;
+    }
+    if (!rest_cert != !rest_key) {
+        fprintf(stderr, "sluice-controller: --rest-tls-cert and --rest-tls-key go together "
+                        "(the REST API's certificate chain and its private key)\n");
+        return 2;
+    }
     signal(SIGPIPE, SIG_IGN);
 
     int exit_code = 1;
     char err[1024];
     char *token = NULL;
+    /* PEM texts, wiped and freed once the servers copied what they need. */
+    char *stream_cert_pem = NULL, *stream_key_pem = NULL, *stream_ca_pem = NULL;
+    char *rest_cert_pem = NULL, *rest_key_pem = NULL;
     sl_store_t *store = NULL;
     sl_controller_t *ctl = NULL;
     sl_stream_server_t *srv = NULL;
@@ -160,6 +209,17 @@ int main(int argc, char **argv)
     sl_resource_set_init(&files);
 
     if (token_file && !(token = sl_rest_load_token(token_file, err, sizeof(err)))) {
+        sl_log_error("%s", err);
+        goto out;
+    }
+    if ((stream_cert &&
+         sl_tls_files_read_pair("--stream-tls-cert", stream_cert, "--stream-tls-key", stream_key,
+                                &stream_cert_pem, &stream_key_pem, err, sizeof(err)) != 0) ||
+        (stream_ca && sl_tls_files_read_ca("--stream-client-ca", stream_ca, &stream_ca_pem, err,
+                                           sizeof(err)) != 0) ||
+        (rest_cert &&
+         sl_tls_files_read_pair("--rest-tls-cert", rest_cert, "--rest-tls-key", rest_key,
+                                &rest_cert_pem, &rest_key_pem, err, sizeof(err)) != 0)) {
         sl_log_error("%s", err);
         goto out;
     }
@@ -196,7 +256,9 @@ int main(int argc, char **argv)
     sl_controller_set_runtime_limits(ctl, (size_t)max_runtimes, runtime_expiry_s * 1000);
     sl_controller_compile_now(ctl);
     sl_stream_hooks_t hooks = sl_controller_stream_hooks(ctl);
-    srv = sl_stream_server_start(base, stream_addr, &hooks, err, sizeof(err));
+    sl_stream_tls_t stream_tls = {
+        .cert_pem = stream_cert_pem, .key_pem = stream_key_pem, .client_ca_pem = stream_ca_pem};
+    srv = sl_stream_server_start(base, stream_addr, &stream_tls, &hooks, err, sizeof(err));
     if (!srv) {
         sl_log_error("%s", err);
         goto out_grpc;
@@ -210,18 +272,28 @@ int main(int argc, char **argv)
          * the 503). */
         .is_ready = sl_controller_ready,
         .ready_ctx = ctl,
+        .tls_cert_pem = rest_cert_pem,
+        .tls_key_pem = rest_key_pem,
     };
     rest = sl_rest_start(base, rest_addr, store, ctl, &ropt, err, sizeof(err));
     if (!rest) {
         sl_log_error("%s", err);
         goto out_grpc;
     }
+    /* Both servers hold their own copies now. */
+    sl_tls_files_free(stream_key_pem);
+    sl_tls_files_free(rest_key_pem);
+    stream_key_pem = rest_key_pem = NULL;
     struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, base);
     struct event *sigint = evsignal_new(base, SIGINT, on_signal, base);
     event_add(sigterm, NULL);
     event_add(sigint, NULL);
-    sl_log_notice("sluice-controller %s started: REST %s (port %d), stream %s (port %d), data %s%s",
-                  SL_VERSION, rest_addr, sl_rest_port(rest), stream_addr,
+    sl_log_notice("sluice-controller %s started: REST %s %s(port %d), stream %s %s(port %d), data "
+                  "%s%s",
+                  SL_VERSION, rest_addr, rest_cert ? "HTTPS " : "", sl_rest_port(rest), stream_addr,
+                  stream_ca     ? "TLS, client certificates required "
+                  : stream_cert ? "TLS "
+                                : "",
                   sl_stream_server_port(srv), data_dir,
                   nresources ? ", serving --resources files (read-only)" : "");
     event_base_dispatch(base);
@@ -243,6 +315,11 @@ out:
     if (base)
         event_base_free(base);
     sl_resource_set_free(&files);
+    sl_tls_files_free(stream_cert_pem);
+    sl_tls_files_free(stream_key_pem);
+    sl_tls_files_free(stream_ca_pem);
+    sl_tls_files_free(rest_cert_pem);
+    sl_tls_files_free(rest_key_pem);
     free(token);
     free(resources);
     return exit_code;

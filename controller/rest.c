@@ -9,7 +9,10 @@
  * metadata.resourceVersion in the body -> 409), mapping store results to
  * status codes, merging the controller's status into GETs, the immutable
  * (--resources) mode, /healthz, /readyz and the Prometheus text of
- * /metrics, and JSON errors for everything that goes wrong.
+ * /metrics, and JSON errors for everything that goes wrong. With
+ * --rest-tls-cert, the same API over HTTPS: evhttp gets an OpenSSL
+ * bufferevent per accepted connection (evhttp_set_bevcb), so nothing above
+ * the socket knows about TLS.
  *
  * Not responsible for: durability and server-set metadata (store.c), status
  * and compilation (core.c: we only tell it that something changed), nor the
@@ -28,6 +31,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -35,7 +39,10 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +74,7 @@ struct sl_rest {
     bool have_token;
     unsigned char token_sha256[32];
     int port;
+    SSL_CTX *ssl_ctx; /* HTTPS; NULL = plain HTTP */
 };
 
 static bool is_loopback(const char *host);
@@ -1453,6 +1461,88 @@ static int bound_port(struct evhttp_bound_socket *bound)
     return -1;
 }
 
+static int no_password(char *buf, int size, int rwflag, void *u)
+{
+    (void)buf;
+    (void)size;
+    (void)rwflag;
+    (void)u;
+    return -1;
+}
+
+/*
+ * The HTTPS context from PEM texts that sl_tls_files_read_pair checked
+ * already (so failures here are out-of-memory class): TLS 1.2 minimum,
+ * OpenSSL's default suites, no renegotiation, no ALPN (evhttp speaks
+ * HTTP/1.1, which clients then use). NULL with err.
+ */
+static SSL_CTX *https_context(const char *addr, const char *cert_pem, const char *key_pem,
+                              char *err, size_t errlen)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    BIO *b = NULL;
+    EVP_PKEY *key = NULL;
+    X509 *x = NULL;
+    if (!ctx)
+        goto fail;
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    if (!(b = BIO_new_mem_buf(cert_pem, -1)) ||
+        !(x = PEM_read_bio_X509(b, NULL, no_password, NULL)) ||
+        SSL_CTX_use_certificate(ctx, x) != 1)
+        goto fail;
+    X509_free(x);
+    /* The rest of the chain, in order (add0 takes ownership on success). */
+    while ((x = PEM_read_bio_X509(b, NULL, no_password, NULL))) {
+        if (SSL_CTX_add0_chain_cert(ctx, x) != 1)
+            goto fail;
+    }
+    BIO_free(b);
+    if (!(b = BIO_new_mem_buf(key_pem, -1)) ||
+        !(key = PEM_read_bio_PrivateKey(b, NULL, no_password, NULL)) ||
+        SSL_CTX_use_PrivateKey(ctx, key) != 1 || SSL_CTX_check_private_key(ctx) != 1)
+        goto fail;
+    EVP_PKEY_free(key);
+    BIO_free(b);
+    ERR_clear_error();
+    return ctx;
+fail:
+    X509_free(x);
+    EVP_PKEY_free(key);
+    BIO_free(b);
+    SSL_CTX_free(ctx);
+    ERR_clear_error(); /* may name parts of the key: never logged */
+    set_err(err, errlen,
+            "--rest %s: cannot load --rest-tls-cert/--rest-tls-key into OpenSSL (out of memory?)",
+            addr);
+    return NULL;
+}
+
+/* evhttp's connection factory under HTTPS: the accepted socket is set on
+ * the bufferevent by evhttp. A NULL answer would make evhttp fall back to a
+ * plain socket, serving the API unencrypted; an SSL that cannot be
+ * allocated is out of memory in the controller, where failing fast is
+ * better than that. */
+static struct bufferevent *https_bufferevent(struct event_base *base, void *arg)
+{
+    sl_rest_t *r = arg;
+    SSL *ssl = SSL_new(r->ssl_ctx);
+    struct bufferevent *bev =
+        ssl ? bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                             BEV_OPT_CLOSE_ON_FREE)
+            : NULL;
+    if (!bev) {
+        sl_log_alert("admin API: out of memory for a TLS connection; exiting rather than "
+                     "answer in plain text");
+        abort();
+    }
+    /* A client that closes without close_notify after its answer (curl
+     * does at times) is not an error worth a log line. */
+    bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+    return bev;
+}
+
 /* On success the caller owns the returned object (sl_rest_free); opt is
  * copied (the token is digested, the static set stays borrowed). On failure
  * nothing is left allocated or bound. */
@@ -1478,6 +1568,8 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
     if (opt)
         r->opt = *opt;
     r->opt.admin_token = NULL; /* digested below, never kept */
+    /* Loaded into an SSL_CTX below, never kept. */
+    r->opt.tls_cert_pem = r->opt.tls_key_pem = NULL;
     if (!r->opt.max_body_bytes)
         r->opt.max_body_bytes = SL_REST_DEFAULT_MAX_BODY_BYTES;
     r->st = st;
@@ -1500,11 +1592,17 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
         goto fail_rest;
     }
 
+    if (opt && opt->tls_cert_pem && opt->tls_key_pem &&
+        !(r->ssl_ctx = https_context(addr, opt->tls_cert_pem, opt->tls_key_pem, err, errlen)))
+        goto fail_rest;
+
     r->http = evhttp_new(base);
     if (!r->http) {
         set_err(err, errlen, "--rest %s: out of memory", addr);
         goto fail_rest;
     }
+    if (r->ssl_ctx)
+        evhttp_set_bevcb(r->http, https_bufferevent, r);
     /* Every method reaches on_request, so that a PATCH gets our JSON 405
      * rather than evhttp's HTML 501. */
     evhttp_set_allowed_methods(r->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST |
@@ -1538,14 +1636,15 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
         goto fail_http;
     }
     r->port = bound_port(r->bound);
-    sl_log_info("admin API listening on %s (port %d)%s%s", addr, r->port,
-                r->have_token ? ", bearer token required" : "",
+    sl_log_info("admin API listening on %s (port %d)%s%s%s", addr, r->port,
+                r->ssl_ctx ? ", HTTPS" : "", r->have_token ? ", bearer token required" : "",
                 r->opt.read_only ? ", read-only (--resources)" : "");
     return r;
 
 fail_http:
     evhttp_free(r->http);
 fail_rest:
+    SSL_CTX_free(r->ssl_ctx);
     OPENSSL_cleanse(r->token_sha256, sizeof(r->token_sha256));
     free(r);
     return NULL;
@@ -1562,6 +1661,7 @@ void sl_rest_free(sl_rest_t *rest)
         return;
     if (rest->http)
         evhttp_free(rest->http);
+    SSL_CTX_free(rest->ssl_ctx);
     OPENSSL_cleanse(rest->token_sha256, sizeof(rest->token_sha256));
     free(rest);
 }

@@ -49,6 +49,11 @@ typedef struct {
     void *ready_ctx;
     /* 0 = SL_REST_DEFAULT_MAX_BODY_BYTES. */
     size_t max_body_bytes;
+    /* --rest-tls-cert/--rest-tls-key: serve HTTPS (TLS 1.2 and 1.3) with
+     * this PEM chain (leaf first) and key, as read and checked by
+     * sl_tls_files_read_pair. Loaded into the API's SSL_CTX by
+     * sl_rest_start, not kept. NULL = plain HTTP. */
+    const char *tls_cert_pem, *tls_key_pem;
 } sl_rest_options_t;
 
 /*

@@ -9,6 +9,18 @@
  * Lifetime of a stream: one reference per started batch (released by its
  * completion) and one for the main thread (released after on_close ran).
  * The call is unref'd and the struct freed at zero.
+ *
+ * TLS (sl_stream_tls_t): gRPC's SSL server credentials. With a client CA
+ * the handshake asks for a client certificate and verifies any that is
+ * presented against the CA (an untrusted one never gets a connection), but
+ * does not insist on one (GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+ * rather than ..._REQUIRE_...): a runtime without a certificate then gets
+ * a call, which the core ends at once with UNAUTHENTICATED saying why, and
+ * counts; a failed handshake would reach neither the runtime's log nor our
+ * counters as anything but "handshake failed". Nothing such a call sends
+ * is read (no RECV_MESSAGE is posted). The peer's certificate names are
+ * read from the call's auth context when the call starts, on the queue
+ * thread, before EV_OPEN; after that they are read-only.
  */
 #include "stream.h"
 
@@ -23,10 +35,13 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define PENDING_CALLS 8 /* accepts posted ahead, so connection bursts queue in gRPC */
+#define PENDING_CALLS 8     /* accepts posted ahead, so connection bursts queue in gRPC */
+#define PEER_NAMES_MAX 32   /* certificate names kept per stream */
+#define PEER_NAMES_TEXT 512 /* their description in messages */
 
 enum tag_kind {
     TAG_NEW_CALL = 1,
@@ -66,6 +81,13 @@ struct sl_stream {
     char *peer;
     void *user;
     tag_t t_new, t_recv, t_send, t_close, t_start, t_status;
+    /* the client certificate (TLS with a client CA only) */
+    int has_cert;
+    int names_are_cn; /* no SAN at all: names[] holds the CN */
+    size_t n_names;   /* DNS and URI SANs, or the CN */
+    char *names[PEER_NAMES_MAX];
+    int name_is_dns[PEER_NAMES_MAX];
+    char names_text[PEER_NAMES_TEXT];
 };
 
 enum ev_kind { EV_OPEN = 1, EV_REQUEST, EV_CLOSE };
@@ -82,6 +104,7 @@ struct sl_stream_server {
     grpc_completion_queue *cq;
     void *method;
     int port;
+    int tls, client_auth;
     pthread_t thread;
     int thread_started;
     atomic_int shutting_down;
@@ -113,6 +136,8 @@ static void stream_unref(sl_stream_t *s)
     }
     if (s->peer)
         gpr_free(s->peer);
+    for (size_t i = 0; i < s->n_names; i++)
+        free(s->names[i]);
     pthread_mutex_destroy(&s->lock);
     int was_call = s->t_start.kind == TAG_START;
     free(s);
@@ -241,12 +266,77 @@ static void send_status_locked(sl_stream_t *s, grpc_status_code code, const char
     grpc_slice_unref(details);
 }
 
+/* Appends to the stream's certificate names and to their description
+ * ("DNS:a, URI:b"). */
+static void add_name(sl_stream_t *s, const grpc_auth_property *p, const char *kind, int is_dns)
+{
+    if (s->n_names >= PEER_NAMES_MAX || !p->value)
+        return;
+    char *v = strndup(p->value, p->value_length);
+    if (!v)
+        return;
+    s->name_is_dns[s->n_names] = is_dns;
+    s->names[s->n_names++] = v;
+    /* The description, for messages and logs: printable ASCII only. */
+    char shown[128];
+    size_t k = 0, vlen = strlen(v);
+    for (; k < vlen && k < sizeof(shown) - 4; k++)
+        shown[k] = v[k] > ' ' && v[k] <= '~' ? v[k] : '?';
+    if (k < vlen) {
+        memcpy(shown + k, "...", 3);
+        k += 3;
+    }
+    shown[k] = '\0';
+    size_t len = strlen(s->names_text);
+    if (len < sizeof(s->names_text))
+        snprintf(s->names_text + len, sizeof(s->names_text) - len, "%s%s:%s", len ? ", " : "", kind,
+                 shown);
+}
+
+static int has_property(const grpc_auth_context *ctx, const char *name)
+{
+    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, name);
+    return grpc_auth_property_iterator_next(&it) != NULL;
+}
+
+/* The names of the peer's certificate, from the call's auth context: its
+ * DNS and URI SANs, or its CN when it has no SAN at all (RFC 6125: a CN
+ * counts only without SANs). */
+static void read_peer_certificate(sl_stream_t *s)
+{
+    grpc_auth_context *ctx = grpc_call_auth_context(s->call);
+    if (!ctx)
+        return;
+    s->has_cert = has_property(ctx, GRPC_X509_PEM_CERT_PROPERTY_NAME) ||
+                  has_property(ctx, GRPC_X509_SUBJECT_PROPERTY_NAME);
+    const grpc_auth_property *p;
+    if (has_property(ctx, GRPC_X509_SAN_PROPERTY_NAME)) {
+        grpc_auth_property_iterator it =
+            grpc_auth_context_find_properties_by_name(ctx, GRPC_PEER_DNS_PROPERTY_NAME);
+        while ((p = grpc_auth_property_iterator_next(&it)))
+            add_name(s, p, "DNS", 1);
+        it = grpc_auth_context_find_properties_by_name(ctx, GRPC_PEER_URI_PROPERTY_NAME);
+        while ((p = grpc_auth_property_iterator_next(&it)))
+            add_name(s, p, "URI", 0);
+    } else {
+        grpc_auth_property_iterator it =
+            grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_CN_PROPERTY_NAME);
+        if ((p = grpc_auth_property_iterator_next(&it))) {
+            s->names_are_cn = 1;
+            add_name(s, p, "CN", 0);
+        }
+    }
+    grpc_auth_context_release(ctx);
+}
+
 static void start_call(sl_stream_server_t *srv, sl_stream_t *s)
 {
     atomic_fetch_add(&srv->live_streams, 1);
     s->t_start.kind = TAG_START;
     s->t_start.s = s;
     s->peer = grpc_call_get_peer(s->call);
+    if (srv->client_auth)
+        read_peer_certificate(s);
     /* The accept reference becomes the main thread's reference. */
     grpc_op ops[2];
     memset(ops, 0, sizeof(ops));
@@ -264,7 +354,10 @@ static void start_call(sl_stream_server_t *srv, sl_stream_t *s)
         return;
     }
     post_event(srv, EV_OPEN, s, NULL);
-    arm_recv(s);
+    /* Without a certificate nothing the peer sends is read: the core
+     * refuses the stream on open. */
+    if (!srv->client_auth || s->has_cert)
+        arm_recv(s);
 }
 
 static void start_send_locked(sl_stream_t *s)
@@ -337,6 +430,38 @@ unsigned sl_stream_queued(const sl_stream_t *s)
 const char *sl_stream_peer(const sl_stream_t *s)
 {
     return s->peer ? s->peer : "";
+}
+
+int sl_stream_client_auth(const sl_stream_t *s)
+{
+    return s->srv->client_auth;
+}
+
+int sl_stream_peer_has_certificate(const sl_stream_t *s)
+{
+    return s->has_cert;
+}
+
+int sl_stream_peer_certificate_matches(const sl_stream_t *s, const char *id)
+{
+    for (size_t i = 0; i < s->n_names; i++)
+        if (s->name_is_dns[i] ? strcasecmp(s->names[i], id) == 0 : strcmp(s->names[i], id) == 0)
+            return 1;
+    return 0;
+}
+
+const char *sl_stream_peer_certificate_text(const sl_stream_t *s)
+{
+    if (!s->has_cert)
+        return "no client certificate";
+    if (!s->n_names)
+        return "the certificate has no DNS or URI SAN and no CN";
+    return s->names_text;
+}
+
+int sl_stream_peer_certificate_uses_cn(const sl_stream_t *s)
+{
+    return s->names_are_cn;
 }
 
 void sl_stream_set_user(sl_stream_t *s, void *user)
@@ -435,7 +560,23 @@ static void *cq_thread(void *arg)
     return NULL;
 }
 
+/* The port's credentials: insecure, or SSL with our certificate and, with a
+ * client CA, client certificates asked for and verified (see the top). */
+static grpc_server_credentials *server_credentials(const sl_stream_tls_t *tls)
+{
+    if (!tls || !tls->cert_pem)
+        return grpc_insecure_server_credentials_create();
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = tls->key_pem, .cert_chain = tls->cert_pem};
+    /* gRPC copies the PEM texts. */
+    return grpc_ssl_server_credentials_create_ex(
+        tls->client_ca_pem, &pair, 1,
+        tls->client_ca_pem ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+                           : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        NULL);
+}
+
 sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *addr,
+                                           const sl_stream_tls_t *tls,
                                            const sl_stream_hooks_t *hooks, char *err, size_t errlen)
 {
     sl_stream_server_t *srv = calloc(1, sizeof(*srv));
@@ -444,6 +585,8 @@ sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *
         return NULL;
     }
     srv->hooks = *hooks;
+    srv->tls = tls && tls->cert_pem;
+    srv->client_auth = srv->tls && tls->client_ca_pem;
     srv->t_shutdown = (tag_t){TAG_SHUTDOWN, NULL};
     pthread_mutex_init(&srv->ev_lock, NULL);
     srv->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -474,12 +617,19 @@ sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *
     grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
     srv->method = grpc_server_register_method(srv->server, SL_GRPC_STREAM_METHOD, NULL,
                                               GRPC_SRM_PAYLOAD_NONE, 0);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    srv->port = grpc_server_add_http2_port(srv->server, addr, creds);
-    grpc_server_credentials_release(creds);
+    grpc_server_credentials *creds = server_credentials(tls);
+    srv->port = creds ? grpc_server_add_http2_port(srv->server, addr, creds) : 0;
+    if (creds)
+        grpc_server_credentials_release(creds);
     if (srv->port <= 0) {
-        snprintf(err, errlen, "--stream %s: cannot listen (address in use, or not host:port?)",
-                 addr);
+        if (!creds)
+            snprintf(err, errlen,
+                     "--stream %s: gRPC refused the TLS credentials (check --stream-tls-cert, "
+                     "--stream-tls-key and --stream-client-ca)",
+                     addr);
+        else
+            snprintf(err, errlen, "--stream %s: cannot listen (address in use, or not host:port?)",
+                     addr);
         grpc_server_destroy(srv->server);
         grpc_completion_queue_shutdown(srv->cq);
         while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=

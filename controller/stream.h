@@ -29,8 +29,19 @@ typedef struct {
     void *ctx;
 } sl_stream_hooks_t;
 
-/* addr "127.0.0.1:18000" (":0" picks a port). NULL with err set. */
+/* TLS of the stream port; PEM texts, copied by sl_stream_server_start. */
+typedef struct {
+    const char *cert_pem, *key_pem; /* server chain and key; NULL cert_pem = plaintext */
+    /* CA of the runtimes' client certificates; NULL = none asked for. With
+     * it, every stream is either refused on open (no certificate) or
+     * carries the certificate's names (sl_stream_peer_certificate_*). */
+    const char *client_ca_pem;
+} sl_stream_tls_t;
+
+/* addr "127.0.0.1:18000" (":0" picks a port); tls NULL = plaintext. NULL
+ * with err set. */
 sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *addr,
+                                           const sl_stream_tls_t *tls,
                                            const sl_stream_hooks_t *hooks, char *err,
                                            size_t errlen);
 int sl_stream_server_port(const sl_stream_server_t *srv);
@@ -53,6 +64,22 @@ unsigned sl_stream_queued(const sl_stream_t *s);
 
 /* Peer address ("ipv4:127.0.0.1:53412"). */
 const char *sl_stream_peer(const sl_stream_t *s);
+
+/* 1 when the server was started with a client CA: every stream must come
+ * with a client certificate, whose names are below. */
+int sl_stream_client_auth(const sl_stream_t *s);
+/* 1 when the peer presented a certificate (verified against the client CA
+ * by the handshake). */
+int sl_stream_peer_has_certificate(const sl_stream_t *s);
+/* 1 when `id` is one of the certificate's DNS SANs (ASCII case-insensitive)
+ * or URI SANs (exact), or its CN when the certificate has no SAN at all.
+ * Wildcards are not expanded: "*.example" matches only "*.example". */
+int sl_stream_peer_certificate_matches(const sl_stream_t *s, const char *id);
+/* 1 when the names are the CN (the certificate has no SAN). */
+int sl_stream_peer_certificate_uses_cn(const sl_stream_t *s);
+/* The names for messages and logs: "DNS:node-a, URI:spiffe://x/node-a",
+ * "CN:node-a", or why there are none. Printable ASCII. */
+const char *sl_stream_peer_certificate_text(const sl_stream_t *s);
 
 void sl_stream_set_user(sl_stream_t *s, void *user);
 void *sl_stream_user(const sl_stream_t *s);

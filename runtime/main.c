@@ -13,6 +13,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "pbjson.h"
+#include "tls_files.h"
 #include "worker.h"
 #include "xds.h"
 
@@ -39,6 +40,7 @@ typedef struct {
     enum sl_accesslog_format access_log_format;
     const char *fleet;
     const char *controller;
+    const char *controller_ca, *cert, *key; /* TLS on the config stream */
     const char *node_id;
     char node_id_buf[256];
     uint64_t drain_ms;
@@ -68,6 +70,10 @@ static void usage(FILE *out)
             "  --config PATH          resource file or directory (*.yaml, *.yml, *.json)\n"
             "  --controller HOST:PORT take the config from a sluice-controller instead\n"
             "  --node-id ID           this runtime's id on the controller (default: host name)\n"
+            "  --controller-ca FILE   reach the controller over TLS, trusting this CA (PEM)\n"
+            "  --cert FILE            client certificate (PEM chain) for a controller that\n"
+            "                         requires one; its SAN must be the --node-id\n"
+            "  --key FILE             the client certificate's private key (PEM)\n"
             "  --workers N            worker threads (default: number of CPUs)\n"
             "  --admin ADDR           admin listener, default 127.0.0.1:9901, or 'off'\n"
             "  --access-log TARGET    file path, 'stdout' or 'off' (default off)\n"
@@ -103,6 +109,9 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"fleet", required_argument, NULL, 'f'},
         {"controller", required_argument, NULL, 'C'},
         {"node-id", required_argument, NULL, 'N'},
+        {"controller-ca", required_argument, NULL, 1001},
+        {"cert", required_argument, NULL, 1002},
+        {"key", required_argument, NULL, 1003},
         {"drain-timeout", required_argument, NULL, 'd'},
         {"log-level", required_argument, NULL, 'L'},
         {"check", no_argument, NULL, 't'},
@@ -165,6 +174,15 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'N':
             o->node_id = optarg;
             break;
+        case 1001:
+            o->controller_ca = optarg;
+            break;
+        case 1002:
+            o->cert = optarg;
+            break;
+        case 1003:
+            o->key = optarg;
+            break;
         case 'd':
             if (parse_duration_arg(optarg, &o->drain_ms) != 0) {
                 fprintf(stderr, "sluice-runtime: --drain-timeout %s: use a duration like 10s\n",
@@ -226,6 +244,22 @@ static int parse_options(int argc, char **argv, options_t *o)
     if (o->num_config_paths && o->controller) {
         fprintf(stderr, "sluice-runtime: --config and --controller exclude each other (files "
                         "for a standalone runtime, the controller for a managed one)\n");
+        return -1;
+    }
+    if ((o->controller_ca || o->cert || o->key) && !o->controller) {
+        fprintf(stderr, "sluice-runtime: --controller-ca, --cert and --key are for the config "
+                        "stream: they need --controller\n");
+        return -1;
+    }
+    if (!o->cert != !o->key) {
+        fprintf(stderr, "sluice-runtime: --cert and --key go together (the client certificate "
+                        "and its private key)\n");
+        return -1;
+    }
+    if (o->cert && !o->controller_ca) {
+        fprintf(stderr, "sluice-runtime: --cert and --key need --controller-ca (client "
+                        "certificates are sent over TLS; give the CA of the controller's "
+                        "certificate)\n");
         return -1;
     }
     if (o->controller && o->check_only) {
@@ -475,11 +509,27 @@ int main(int argc, char **argv)
     if (rt.opt.controller) {
         grpc_init();
         atomic_store(&sl_metrics_gauges.controller_mode, 1);
+        char *ca_pem = NULL, *cert_pem = NULL, *key_pem = NULL;
+        if ((rt.opt.controller_ca && sl_tls_files_read_ca("--controller-ca", rt.opt.controller_ca,
+                                                          &ca_pem, err, sizeof(err)) != 0) ||
+            (rt.opt.cert && sl_tls_files_read_pair("--cert", rt.opt.cert, "--key", rt.opt.key,
+                                                   &cert_pem, &key_pem, err, sizeof(err)) != 0)) {
+            sl_log_error("%s", err);
+            sl_tls_files_free(ca_pem);
+            goto out_workers;
+        }
         sl_xds_options_t xo = {.controller = rt.opt.controller,
                                .node_id = rt.opt.node_id,
                                .fleet = rt.opt.fleet,
-                               .build_version = SL_VERSION};
+                               .build_version = SL_VERSION,
+                               .ca_pem = ca_pem,
+                               .cert_pem = cert_pem,
+                               .key_pem = key_pem};
         rt.xds = sl_xds_start(rt.base, &xo, rt.config, err, sizeof(err));
+        /* The stream's credentials hold their own copies. */
+        sl_tls_files_free(ca_pem);
+        sl_tls_files_free(cert_pem);
+        sl_tls_files_free(key_pem);
         if (!rt.xds) {
             sl_log_error("%s", err);
             goto out_workers;

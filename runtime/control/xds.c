@@ -20,6 +20,15 @@
  * waiting for them would leave both sides waiting forever. It applies
  * responses and queues the ACK or NACK.
  *
+ * TLS (--controller-ca, --cert/--key): one set of gRPC SSL channel
+ * credentials, made at start from the checked PEM texts and shared by every
+ * call's channel; the controller's certificate must name the host of
+ * --controller (a DNS or IP SAN). A controller that refuses our identity
+ * (UNAUTHENTICATED: no client certificate; PERMISSION_DENIED: the node id is
+ * not the certificate's) is logged as an error with the fix every time and
+ * retried slowly, like a node id taken by another runtime: retrying fast
+ * cannot help until a person changes a flag or a certificate.
+ *
  * Make before break at the receiver: a cluster that a cluster update removes
  * stays while the active routes still reference it, and goes with the route
  * update that stops using it, so no request is routed to a backend that does
@@ -89,7 +98,9 @@ typedef struct {
 struct sl_xds {
     sl_xds_options_t opt;
     sl_config_t *cfg;
-    grpc_channel *channel; /* the current call's, queue thread only */
+    grpc_channel *channel;           /* the current call's, queue thread only */
+    grpc_channel_credentials *creds; /* every call's; read-only after start */
+    int tls, client_cert;
     grpc_completion_queue *cq;
     pthread_t thread;
     atomic_int stopping;
@@ -124,6 +135,7 @@ struct sl_xds {
     int connected;
     uint64_t connected_call;
     char *last_error;
+    int failure_logged; /* since the last time a call came up */
     uint64_t updates_acked, updates_nacked;
     uint64_t last_update_ms;
     int synced;
@@ -222,7 +234,7 @@ static int arm_recv(sl_xds_t *x)
  * REFERENCE.md); the reconnect back-off set to ours, though a call's
  * channel never reconnects (it lives for one attempt); a local subchannel
  * pool, so a new channel never inherits an old one's back-off state. */
-static grpc_channel *new_channel(const char *target)
+static grpc_channel *new_channel(const sl_xds_t *x)
 {
     grpc_arg args[] = {
         {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 5000}},
@@ -235,10 +247,8 @@ static grpc_channel *new_channel(const char *target)
         {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = 512 * 1024 * 1024}},
     };
     grpc_channel_args cargs = {sizeof(args) / sizeof(args[0]), args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(target, creds, &cargs);
-    grpc_channel_credentials_release(creds);
-    return ch;
+    /* The channel takes its own reference on the credentials. */
+    return grpc_channel_create(x->opt.controller, x->creds, &cargs);
 }
 
 /*
@@ -250,7 +260,7 @@ static grpc_status_code run_call(sl_xds_t *x, uint64_t *up_ms, int *served)
 {
     *up_ms = 0;
     *served = 0;
-    x->channel = new_channel(x->opt.controller);
+    x->channel = new_channel(x);
     void *method = grpc_channel_register_call(x->channel, SL_GRPC_STREAM_METHOD, NULL, NULL);
     pthread_mutex_lock(&x->lock);
     x->call = grpc_channel_create_registered_call(x->channel, NULL, GRPC_PROPAGATE_DEFAULTS, x->cq,
@@ -418,7 +428,8 @@ static void *xds_thread(void *arg)
         /* Replaced by a newer stream of our node id: another runtime uses
          * it. Come back slowly (5 to 10 s) rather than take its stream at
          * once; both keep getting config, and the conflict stays visible. */
-        if (st == GRPC_STATUS_ALREADY_EXISTS) {
+        if (st == GRPC_STATUS_ALREADY_EXISTS || st == GRPC_STATUS_UNAUTHENTICATED ||
+            st == GRPC_STATUS_PERMISSION_DENIED) {
             cap_ms = BACKOFF_MAX_MS;
             wait = BACKOFF_MAX_MS / 2 + (unsigned)rand_r(&seed) % (BACKOFF_MAX_MS / 2 + 1);
         }
@@ -822,6 +833,7 @@ static void events_cb(evutil_socket_t fd, short what, void *arg)
             if (e->call_id != x->connected_call)
                 break;
             x->connected = 1;
+            x->failure_logged = 0;
             atomic_store(&sl_metrics_gauges.controller_connected, 1);
             sl_log_notice("connected to controller %s as %s (fleet %s)", x->opt.controller,
                           x->opt.node_id, x->opt.fleet);
@@ -832,7 +844,16 @@ static void events_cb(evutil_socket_t fd, short what, void *arg)
             protobuf_c_message_free_unpacked(&e->resp->base, NULL);
             break;
         case XEV_DOWN:
-            if (e->code == GRPC_STATUS_ALREADY_EXISTS)
+            if (e->code == GRPC_STATUS_UNAUTHENTICATED || e->code == GRPC_STATUS_PERMISSION_DENIED)
+                /* The controller's message says what to change. */
+                sl_log_error("controller %s refused this runtime (%s): %s%s. Serving the last "
+                             "good config, retrying in 5 to %d s",
+                             x->opt.controller,
+                             e->code == GRPC_STATUS_UNAUTHENTICATED ? "UNAUTHENTICATED"
+                                                                    : "PERMISSION_DENIED",
+                             e->message, x->client_cert ? "" : " (this runtime has no --cert)",
+                             BACKOFF_MAX_MS / 1000);
+            else if (e->code == GRPC_STATUS_ALREADY_EXISTS)
                 sl_log_error("controller %s: %s; another runtime connected with node id %s: "
                              "give each runtime its own --node-id. Serving the last good config, "
                              "reconnecting in up to %d s",
@@ -840,6 +861,16 @@ static void events_cb(evutil_socket_t fd, short what, void *arg)
             else if (x->connected)
                 sl_log_warn("controller %s: %s; serving the last good config, reconnecting",
                             x->opt.controller, e->message);
+            else if (!x->failure_logged)
+                /* Once per outage: a controller that is down is no news
+                 * after the first line; a TLS mismatch looks the same. */
+                sl_log_warn("controller %s: cannot connect: %s; retrying with back-off (%s)",
+                            x->opt.controller, e->message,
+                            x->tls ? "with --controller-ca: check that the controller serves "
+                                     "TLS, that its certificate is issued by that CA and names "
+                                     "the host of --controller"
+                                   : "if the controller serves TLS, give --controller-ca");
+            x->failure_logged = 1;
             x->connected = 0;
             atomic_store(&sl_metrics_gauges.controller_connected, 0);
             free(x->last_error);
@@ -876,9 +907,28 @@ sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_
         snprintf(err, errlen, "controller client: %s", strerror(errno));
         goto fail;
     }
+    /* gRPC copies the PEM texts; the caller wipes its own. */
+    x->tls = opt->ca_pem != NULL;
+    x->client_cert = x->tls && opt->cert_pem && opt->key_pem;
+    if (x->tls) {
+        grpc_ssl_pem_key_cert_pair pair = {.private_key = opt->key_pem,
+                                           .cert_chain = opt->cert_pem};
+        x->creds =
+            grpc_ssl_credentials_create(opt->ca_pem, x->client_cert ? &pair : NULL, NULL, NULL);
+    } else {
+        x->creds = grpc_insecure_credentials_create();
+    }
+    x->opt.ca_pem = x->opt.cert_pem = x->opt.key_pem = NULL;
+    if (!x->creds) {
+        snprintf(err, errlen,
+                 "--controller %s: gRPC refused the TLS credentials (check "
+                 "--controller-ca, --cert and --key)",
+                 opt->controller);
+        goto fail;
+    }
     /* The target is checked here, so a bad --controller fails at start-up;
      * the calls use channels of their own (run_call). */
-    grpc_channel *probe = new_channel(opt->controller);
+    grpc_channel *probe = new_channel(x);
     if (!probe) {
         snprintf(err, errlen, "--controller %s: cannot create a channel", opt->controller);
         goto fail;
@@ -891,6 +941,8 @@ sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_
     }
     return x;
 fail:
+    if (x->creds)
+        grpc_channel_credentials_release(x->creds);
     if (x->cq)
         grpc_completion_queue_destroy(x->cq);
     if (x->ev)
@@ -913,10 +965,14 @@ json_t *sl_xds_status_json(sl_xds_t *x)
         json_object_set_new(versions, sl_xds_type_names[t],
                             json_string(x->types[t].version ? x->types[t].version : ""));
     return json_pack(
-        "{s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:I, s:s}", "controller", x->opt.controller, "node_id",
-        x->opt.node_id, "fleet", x->opt.fleet, "connected", x->connected, "synced", x->synced,
-        "versions", versions, "updates_acked", (json_int_t)x->updates_acked, "updates_nacked",
-        (json_int_t)x->updates_nacked, "last_error", x->last_error ? x->last_error : "");
+        "{s:s, s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:I, s:s}", "controller", x->opt.controller,
+        "node_id", x->opt.node_id, "fleet", x->opt.fleet, "transport",
+        x->client_cert ? "mtls"
+        : x->tls       ? "tls"
+                       : "plaintext",
+        "connected", x->connected, "synced", x->synced, "versions", versions, "updates_acked",
+        (json_int_t)x->updates_acked, "updates_nacked", (json_int_t)x->updates_nacked, "last_error",
+        x->last_error ? x->last_error : "");
 }
 
 void sl_xds_stop(sl_xds_t *x)
@@ -934,6 +990,7 @@ void sl_xds_stop(sl_xds_t *x)
            GRPC_QUEUE_SHUTDOWN)
         ;
     grpc_completion_queue_destroy(x->cq);
+    grpc_channel_credentials_release(x->creds);
     events_cb(x->ev_fd, EV_READ, x); /* free queued events */
     event_free(x->ev);
     close(x->ev_fd);

@@ -25,6 +25,11 @@ typedef struct {
     const char *node_id;
     const char *fleet;
     const char *build_version;
+    /* TLS (--controller-ca, --cert/--key): PEM texts checked by
+     * tls_files.h, copied into the stream's credentials by sl_xds_start
+     * (the pointers are not kept). ca_pem NULL = plaintext; cert_pem and
+     * key_pem NULL = no client certificate. */
+    const char *ca_pem, *cert_pem, *key_pem;
 } sl_xds_options_t;
 
 sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_config_t *cfg,

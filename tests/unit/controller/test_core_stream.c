@@ -33,6 +33,10 @@ struct sl_stream {
     char message[512];
     Sluice__V1__DiscoveryResponse *sent[MAX_SENT];
     int nsent, nread;
+    /* the client certificate, as stream.c reads it under --stream-client-ca */
+    int client_auth, has_cert, uses_cn;
+    const char *names[4];
+    int n_names;
 };
 
 void sl_stream_send(sl_stream_t *s, grpc_byte_buffer *bb)
@@ -63,6 +67,34 @@ unsigned sl_stream_queued(const sl_stream_t *s)
 const char *sl_stream_peer(const sl_stream_t *s)
 {
     return s->peer;
+}
+
+int sl_stream_client_auth(const sl_stream_t *s)
+{
+    return s->client_auth;
+}
+
+int sl_stream_peer_has_certificate(const sl_stream_t *s)
+{
+    return s->has_cert;
+}
+
+int sl_stream_peer_certificate_matches(const sl_stream_t *s, const char *id)
+{
+    for (int i = 0; i < s->n_names; i++)
+        if (strcmp(s->names[i], id) == 0)
+            return 1;
+    return 0;
+}
+
+int sl_stream_peer_certificate_uses_cn(const sl_stream_t *s)
+{
+    return s->uses_cn;
+}
+
+const char *sl_stream_peer_certificate_text(const sl_stream_t *s)
+{
+    return s->n_names ? s->names[0] : "none";
 }
 
 void sl_stream_set_user(sl_stream_t *s, void *user)
@@ -401,6 +433,66 @@ static void test_state_of_unauthenticated_peers_is_bounded(void **state)
     assert_int_equal(f->ctl->n_runtimes, 1);
 }
 
+/* ---- mTLS: a node is who its certificate says ---------------------------- */
+
+/* A stream under --stream-client-ca; names NULL = no certificate. */
+static sl_stream_t *open_mtls_stream(fx_t *f, const char *peer, const char *name, int uses_cn)
+{
+    sl_stream_t *s = calloc(1, sizeof(*s));
+    snprintf(s->peer, sizeof(s->peer), "%s", peer);
+    s->client_auth = 1;
+    s->has_cert = name != NULL;
+    s->uses_cn = uses_cn;
+    if (name)
+        s->names[s->n_names++] = name;
+    f->streams[f->nstreams++] = s;
+    f->hooks.on_open(f->hooks.ctx, s);
+    return s;
+}
+
+static void test_client_certificate_must_name_the_node(void **state)
+{
+    fx_t *f = *state;
+    /* No certificate: refused on open, before any request is looked at. */
+    sl_stream_t *none = open_mtls_stream(f, "ipv4:10.0.0.1:1", NULL, 0);
+    assert_true(none->closed);
+    assert_int_equal(none->code, GRPC_STATUS_UNAUTHENTICATED);
+    assert_non_null(strstr(none->message, "--cert"));
+    subscribe_all(f, none, "node-a");
+    assert_int_equal(none->nsent, 0);
+    assert_null(record(f, "node-a"));
+
+    /* node-a's certificate, node id node-b: refused, never registered,
+     * and node-b's record (if any) untouched. */
+    sl_stream_t *rogue = open_mtls_stream(f, "ipv4:10.0.0.2:2", "node-a", 0);
+    assert_false(rogue->closed);
+    subscribe_all(f, rogue, "node-b");
+    assert_true(rogue->closed);
+    assert_int_equal(rogue->code, GRPC_STATUS_PERMISSION_DENIED);
+    assert_non_null(strstr(rogue->message, "node id node-b does not match the client "
+                                           "certificate (SANs: node-a)"));
+    assert_int_equal(rogue->nsent, 0);
+    assert_null(record(f, "node-b"));
+    assert_int_equal(f->ctl->n_runtimes, 0);
+    assert_int_equal(atomic_load(&sl_ctrl_metrics.streams_refused), 2);
+
+    /* The matching certificate is served; a CN counts when there is no
+     * SAN. */
+    sl_stream_t *a = open_mtls_stream(f, "ipv4:10.0.0.3:3", "node-a", 0);
+    subscribe_all(f, a, "node-a");
+    assert_false(a->closed);
+    assert_non_null(record(f, "node-a"));
+    assert_true(a->nsent > 0);
+    sl_stream_t *c = open_mtls_stream(f, "ipv4:10.0.0.4:4", "node-c", 1);
+    subscribe_all(f, c, "node-c");
+    assert_false(c->closed);
+    assert_non_null(record(f, "node-c"));
+    /* A stream that matched keeps its node: later requests carry none. */
+    request(f, a, "node-b", SL_XDS_ROUTE, "", NULL, NULL);
+    assert_false(a->closed);
+    assert_null(record(f, "node-b"));
+}
+
 /* ---- the nonce rides after the shared body ---------------------------------- */
 
 static void test_nonce_appended_to_the_shared_encoding(void **state)
@@ -458,6 +550,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_nonces_are_unique_and_matched_with_their_type, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_state_of_unauthenticated_peers_is_bounded, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_client_certificate_must_name_the_node, setup,
                                         teardown),
         cmocka_unit_test(test_nonce_appended_to_the_shared_encoding),
         cmocka_unit_test(test_version_parse),
