@@ -612,6 +612,10 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
     out->connect_timeout_ms =
         jdur(jget(spec, "timeouts"), "connect", d->timeouts.upstream_connect_ms);
     out->host_rewrite = cstr(c, jstr(spec, "hostRewrite", ""));
+    const char *proto = jstr(spec, "protocol", "http1");
+    out->protocol = strcmp(proto, "h2") == 0    ? SLUICE__V1__CLUSTER__PROTOCOL__H2
+                    : strcmp(proto, "h2c") == 0 ? SLUICE__V1__CLUSTER__PROTOCOL__H2C
+                                                : SLUICE__V1__CLUSTER__PROTOCOL__HTTP1;
     json_t *tls = jget(spec, "tls");
     if (tls) {
         Sluice__V1__UpstreamTls *t = cnew(c, sizeof(*t));

@@ -1078,8 +1078,23 @@ static const sl_vfield_t backend_timeout_fields[] = {
 };
 static const sl_vschema_t backend_timeout_schema = {backend_timeout_fields, NULL};
 
+static const char *const backend_protocols[] = {"http1", "h2", "h2c", NULL};
+
 static void backend_extra(sl_vctx_t *c, json_t *spec)
 {
+    /* h2 is HTTP/2 over TLS (ALPN h2); h2c is HTTP/2 in plaintext. */
+    json_t *proto = json_object_get(spec, "protocol");
+    const char *pv = json_is_string(proto) ? json_string_value(proto) : "http1";
+    int has_tls = json_object_get(spec, "tls") != NULL;
+    if (strcmp(pv, "h2") == 0 && !has_tls) {
+        size_t saved = sl_validate_push_key(c, "protocol");
+        sl_validate_error(c, "h2 is HTTP/2 over TLS: add tls (or use h2c for plaintext HTTP/2)");
+        sl_validate_pop(c, saved);
+    } else if (strcmp(pv, "h2c") == 0 && has_tls) {
+        size_t saved = sl_validate_push_key(c, "protocol");
+        sl_validate_error(c, "h2c is plaintext HTTP/2: remove tls (or use h2 for HTTP/2 over TLS)");
+        sl_validate_pop(c, saved);
+    }
     json_t *eps = json_object_get(spec, "endpoints");
     for (size_t i = 0; i < json_array_size(eps); i++) {
         json_t *e = json_array_get(eps, i);
@@ -1134,6 +1149,7 @@ static const sl_vfield_t backend_fields[] = {
     {"timeouts", sl_vcheck_object, &backend_timeout_schema, 0},
     {"hostRewrite", check_host_header, NULL, 0},
     {"tls", sl_vcheck_object, &backend_tls_schema, 0},
+    {"protocol", sl_vcheck_enum, backend_protocols, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_backend = {backend_fields, backend_extra};

@@ -84,8 +84,14 @@ SSL_CTX *sl_tls_client_ctx_build(const Sluice__V1__Cluster *cl, const Sluice__V1
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
     /* Renegotiation is never wanted on a proxy's upstream connections. */
     SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
-    static const unsigned char alpn[] = "\x08http/1.1";
-    SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
+    /* The protocol the Backend speaks, and only that: an HTTP/2 Backend
+     * that cannot agree on h2 is a failed handshake, not HTTP/1.1. */
+    static const unsigned char alpn_h1[] = "\x08http/1.1";
+    static const unsigned char alpn_h2[] = "\x02h2";
+    if (cl->protocol == SLUICE__V1__CLUSTER__PROTOCOL__H2)
+        SSL_CTX_set_alpn_protos(ctx, alpn_h2, sizeof(alpn_h2) - 1);
+    else
+        SSL_CTX_set_alpn_protos(ctx, alpn_h1, sizeof(alpn_h1) - 1);
     if (t->ca_pem && *t->ca_pem) {
         if (load_ca_pem(ctx, t->ca_pem) != 0) {
             snprintf(err, errlen, "backend %s: spec.tls.caBundle: no certificate could be loaded",

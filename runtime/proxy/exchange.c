@@ -8,6 +8,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "tls.h"
+#include "upstream_h2.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -133,6 +134,8 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
     sl_buf_t *b = &x->uout;
     if (!b->data && sl_worker_buf_get(x->r.w, b) != 0)
         return SL_ERROR;
+    /* The codecs frame the body for this: raw payload for HTTP/2. */
+    x->up_h2 = x->r.cluster->pb->protocol != SLUICE__V1__CLUSTER__PROTOCOL__HTTP1;
     sl_conn_opts_t co;
     sl_conn_opts_collect(&co, req->headers, req->num_headers);
 
@@ -255,11 +258,20 @@ void sl_exchange_reset(sl_exchange_t *x)
     x->resp_done = 0;
     x->up_reusable = 0;
     x->up_paused = 0;
+    x->up_h2 = 0;
+    x->h2_status_seen = 0;
+    x->h2_status = 0;
+    x->h2 = NULL;
+    x->h2_stream = 0;
+    x->h2_next = NULL;
+    sl_worker_buf_put(x->r.w, &x->trailers);
 }
 
 /* Gives the upstream connection back (to its pool when reusable). */
 static void put_upconn(sl_exchange_t *x, int reusable)
 {
+    if (x->h2)
+        sl_h2up_detach(x); /* the connection stays for its other streams */
     sl_request_leave_pool(&x->r);
     sl_upconn_t *up = x->up;
     if (!up)
@@ -286,7 +298,7 @@ void sl_exchange_finish(sl_exchange_t *x, int ok)
         put_upconn(x, ok && x->up_reusable && x->req_body_done && x->resp_done && !x->up_rdhup &&
                           (x->up_drained || sl_upstream_idle_usable(x->up)));
     else
-        sl_request_leave_pool(&x->r);
+        put_upconn(x, 0); /* HTTP/2: detach the stream, if any */
 }
 
 static void attach_upconn(sl_exchange_t *x, sl_upconn_t *up)
@@ -319,7 +331,7 @@ static void upstream_failed(sl_exchange_t *x, enum sl_upstream_error kind, int s
     if (kind == SL_UPSTREAM_ERR_RESET && x->up && x->up->requests > 1 && !x->resp_head_sent)
         sl_request_count_reuse_failure(&x->r);
     sl_request_note_outcome(&x->r, 0);
-    if (x->up)
+    if (x->up || x->h2)
         put_upconn(x, 0);
     if (sl_request_retry_allowed(&x->r, kind, status, x->resp_head_sent)) {
         retry_attempt(x);
@@ -347,9 +359,19 @@ static void abort_response(sl_exchange_t *x, const char *code, enum sl_upstream_
     x->r.error_code = code;
     sl_request_count_error(&x->r, kind);
     sl_request_note_outcome(&x->r, 0);
-    if (x->up)
+    if (x->up || x->h2)
         put_upconn(x, 0);
     x->ops->abort(x, code);
+}
+
+void sl_exchange_failed(sl_exchange_t *x, enum sl_upstream_error kind, int status)
+{
+    upstream_failed(x, kind, status);
+}
+
+void sl_exchange_cut(sl_exchange_t *x, const char *code, enum sl_upstream_error kind)
+{
+    abort_response(x, code, kind);
 }
 
 void sl_exchange_drive(sl_exchange_t *x)
@@ -364,6 +386,10 @@ void sl_exchange_drive(sl_exchange_t *x)
         if (x->up && x->phase != SL_XP_CONNECTING && !x->up_want_write) {
             if (up_send(x) != 0)
                 return;
+        }
+        if (x->up_h2) {
+            sl_h2up_resume_send(x); /* DATA from uout, as the windows allow */
+            return;
         }
         if (!alive(x))
             return;
@@ -390,6 +416,10 @@ static void start_attempt(sl_exchange_t *x)
             if (!alive(x))
                 return;
         }
+    }
+    if (x->up_h2) {
+        sl_h2up_start(x);
+        return;
     }
     /* A request that is not retried if its connection turns out dead is only
      * sent on one that is checked at hand-over (a peek: a system call, so
@@ -512,6 +542,10 @@ out:
 
 void sl_exchange_resume(sl_exchange_t *x)
 {
+    if (x->h2 && x->up_paused) {
+        sl_h2up_resume_recv(x);
+        return;
+    }
     if (x->phase == SL_XP_BODY && x->up_paused && x->up) {
         x->up_paused = 0;
         x->ops->arm_timer(x, x->r.route->timeouts.response_ms);

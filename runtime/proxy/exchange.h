@@ -114,6 +114,18 @@ typedef struct sl_exchange {
     uint8_t up_rdhup;
     uint8_t up_drained; /* the last upstream read found the socket empty */
     uint8_t up_want_write;
+
+    /* HTTP/2 to the upstream (upstream_h2.h), instead of `up`. uout_sent is
+     * then how far DATA has taken uout; uin holds the response's fields,
+     * then body bytes waiting for the client; trailers keeps the response
+     * trailers ("name\0value\0"...) until the body has gone out. */
+    uint8_t up_h2; /* the cluster speaks HTTP/2 */
+    uint8_t h2_status_seen;
+    int h2_status;
+    struct sl_h2up *h2;          /* the connection carrying the stream, or NULL */
+    int32_t h2_stream;           /* its stream id, 0 before submission */
+    struct sl_exchange *h2_next; /* waiting for the connection to be ready */
+    sl_buf_t trailers;
 } sl_exchange_t;
 
 /* Clears the per-request state (buffers go back to the worker). */
@@ -150,6 +162,15 @@ void sl_exchange_finish(sl_exchange_t *x, int ok);
 
 /* Readiness on the upstream connection owned by x (upstream.c). */
 void sl_exchange_upstream_event(sl_exchange_t *x, short what);
+
+/* For upstream_h2.c: the failure paths of an attempt (retry when allowed,
+ * else the gateway's error) and of a response cut after its head. */
+void sl_exchange_failed(sl_exchange_t *x, enum sl_upstream_error kind, int status);
+void sl_exchange_cut(sl_exchange_t *x, const char *code, enum sl_upstream_error kind);
+
+/* The response trailers an HTTP/2 upstream sent, as fields (slices into
+ * x->trailers); how many, at most cap. */
+size_t sl_exchange_trailers(const sl_exchange_t *x, sl_header_t *out, size_t cap);
 
 /* Hop-by-hop rules shared with the codecs (RFC 9110 7.6.1): the options of
  * every Connection line of a message, and whether a field is hop-by-hop. */

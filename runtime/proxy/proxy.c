@@ -1033,15 +1033,23 @@ static void pump_request_body(sl_conn_t *c)
             }
         } else {
             int done = 0;
-            ssize_t used = sl_http1_chunked_scan(&c->req_chunk, sl_buf_head(&c->in), take, &done);
+            /* An HTTP/2 upstream takes the payload only: the framing is
+             * stripped in place (the payload moves to the front of `in`). */
+            size_t payload = 0;
+            ssize_t used =
+                c->x.up_h2 ? sl_http1_chunked_decode(&c->req_chunk, sl_buf_head(&c->in), take,
+                                                     &payload, &done)
+                           : sl_http1_chunked_scan(&c->req_chunk, sl_buf_head(&c->in), take, &done);
+            if (!c->x.up_h2 && used > 0)
+                payload = (size_t)used;
             if (used < 0) {
                 c->keep_alive = 0;
                 send_error(c, 400, "bad_request",
                            c->req_chunk.error ? c->req_chunk.error : "invalid chunked body", 1, 0);
                 return;
             }
-            memcpy(sl_buf_tail(&c->x.uout), sl_buf_head(&c->in), (size_t)used);
-            c->x.uout.end += (size_t)used;
+            memcpy(sl_buf_tail(&c->x.uout), sl_buf_head(&c->in), payload);
+            c->x.uout.end += payload;
             sl_buf_consume(&c->in, (size_t)used);
             c->x.r.bytes_received = c->req_chunk.data_bytes;
             if (done) {

@@ -531,9 +531,28 @@ static int x_body_flush(sl_exchange_t *x)
     return hand_out(s, 0);
 }
 
-/* The last bytes and END_STREAM; then the request is done. */
+/* The last bytes and END_STREAM (or the upstream's trailers, as gRPC's
+ * grpc-status); then the request is done. */
 static void stream_write_out(h2s_t *s)
 {
+    if (!s->ended && sl_buf_len(&s->x.trailers)) {
+        int r = hand_out(s, 0);
+        if (r < 0)
+            return;
+        if (r == 0) {
+            s->end_pending = 1;
+            return;
+        }
+        sl_header_t f[64];
+        size_t n = sl_exchange_trailers(&s->x, f, SL_ARRAY_LEN(f));
+        if (sl_h2_submit_trailers(s->hc->h2, s->id, f, n) != SL_OK) {
+            s->x.r.error_code = "bad_upstream_trailers";
+            stream_done(s, 0);
+            sl_h2_reset_stream(s->hc->h2, s->id, SL_H2_INTERNAL_ERROR);
+            return;
+        }
+        s->ended = 1;
+    }
     if (!s->ended) {
         int r = hand_out(s, 1);
         if (r < 0)
@@ -606,24 +625,26 @@ static void x_pump_body(sl_exchange_t *x)
             if (sl_buf_space(&x->uout) < 1024)
                 return; /* backpressure: the upstream takes it first */
         }
+        /* An HTTP/2 upstream frames the body itself: payload only. */
+        int frame = s->chunked && !x->up_h2;
         size_t len = sl_buf_len(&s->pending);
         if (len == 0) {
-            if (s->chunked)
+            if (frame)
                 sl_buf_append(&x->uout, "0\r\n\r\n", 5);
             x->req_body_done = 1;
             sl_worker_buf_put(s->hc->w, &s->pending);
             return;
         }
-        size_t room = sl_buf_space(&x->uout) - (s->chunked ? 24 : 0);
+        size_t room = sl_buf_space(&x->uout) - (frame ? 24 : 0);
         size_t take = len < room ? len : room;
-        if (s->chunked) {
+        if (frame) {
             char line[24];
             int h = snprintf(line, sizeof(line), "%zx\r\n", take);
             sl_buf_append(&x->uout, line, (size_t)h);
         }
         memcpy(sl_buf_tail(&x->uout), sl_buf_head(&s->pending), take);
         x->uout.end += take;
-        if (s->chunked)
+        if (frame)
             sl_buf_append(&x->uout, "\r\n", 2);
         sl_buf_consume(&s->pending, take);
         sl_h2_consume(s->hc->h2, s->id, take);
@@ -796,21 +817,26 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
     rcu_thread_offline();
     uint64_t now = sl_endpoint_now_ms();
     uint64_t since = sl_h2_conn_header_block_since(hc->h2);
-    uint64_t stall_since = 0;
-    int32_t stalled = sl_h2_conn_oldest_stall(hc->h2, &stall_since);
     if (since && now - since >= header_ms) {
         sl_h2_goaway(hc->h2, 0);
         hc->fatal = 1;
     } else if (hc->idle_since_ms && now - hc->idle_since_ms >= idle_ms) {
         sl_h2_goaway(hc->h2, 0);
         hc->fatal = 1;
-    } else if (stalled && now - stall_since >= idle_ms) {
-        h2s_t *s = find_stream(hc, stalled);
-        if (s && !s->done) {
-            s->x.r.error_code = "client_write_timeout";
-            stream_done(s, 0);
+    } else {
+        /* Every stream stalled past the idle timeout, not only the oldest:
+         * one per tick would hold the 100th of a client's stalled streams
+         * for 99 s more (test_http2_attacks.py, zero-window stall). */
+        for (h2s_t *s = hc->streams; s; s = s->next) {
+            uint64_t stalled_ms = s->closed ? 0 : sl_h2_stream_stalled_ms(hc->h2, s->id);
+            if (stalled_ms == 0 || stalled_ms < idle_ms)
+                continue;
+            if (!s->done) {
+                s->x.r.error_code = "client_write_timeout";
+                stream_done(s, 0);
+            }
+            sl_h2_reset_stream(hc->h2, s->id, SL_H2_CANCEL);
         }
-        sl_h2_reset_stream(hc->h2, stalled, SL_H2_CANCEL);
     }
     conn_pump(hc);
     if (!hc->dead) {

@@ -14,6 +14,7 @@
 #include "metrics.h"
 #include "tls.h"
 #include "tls_client.h"
+#include "upstream_h2.h"
 #include "exchange.h"
 
 #include <errno.h>
@@ -188,6 +189,10 @@ static void upconn_event_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     sl_upconn_t *uc = arg;
+    if (uc->h2) {
+        sl_h2up_event(uc->h2, what);
+        return;
+    }
     if (uc->owner) {
         sl_exchange_upstream_event(uc->owner, what);
         return;
@@ -386,12 +391,16 @@ void sl_upstream_sweep(sl_worker_t *w, uint64_t now_ms)
         if (!p)
             continue;
         sl_upconn_t *uc = p->idle;
+        uint32_t idle_ms = 60000;
         while (uc) {
             sl_upconn_t *next = uc->idle_next;
+            idle_ms = uc->idle_timeout_ms;
             if (now_ms - uc->idle_since_ms >= uc->idle_timeout_ms)
                 sl_upstream_close(w, uc);
             uc = next;
         }
+        if (p->h2)
+            sl_h2up_sweep(p, now_ms, idle_ms);
     }
     /* Drop empty pools: they only pin endpoint states of old configs. A pool
      * still in use is recreated on the next request anyway. */
@@ -414,6 +423,7 @@ void sl_upstream_shutdown(sl_worker_t *w)
         sl_pool_t *p = w->pools[i];
         if (!p)
             continue;
+        sl_h2up_close_all(p);
         while (p->idle)
             sl_upstream_close(w, p->idle);
         sl_endpoint_release(p->ep);

@@ -35,6 +35,7 @@ typedef struct sl_upconn {
     struct ssl_st *ssl;
     uint8_t handshaken;
     uint8_t tls_read_wants_write, tls_write_wants_read;
+    struct sl_h2up *h2; /* an HTTP/2 connection's socket: its events go there */
 } sl_upconn_t;
 
 typedef struct sl_pool {
@@ -44,6 +45,7 @@ typedef struct sl_pool {
     uint32_t num_busy;        /* connections owned by a request or connecting */
     uint32_t active_requests; /* for least-request balancing */
     uint32_t retries_active;
+    struct sl_h2up *h2; /* HTTP/2 connections (upstream_h2.c) */
 } sl_pool_t;
 
 /* The pool of `ep` on worker w, created on first use. NULL on OOM. */
