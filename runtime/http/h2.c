@@ -473,6 +473,13 @@ static int deliver_request(sl_h2_conn_t *c, h2_stream_t *s, int end_stream)
     sl_req_head_t h;
     sl_h2_req_info_t info = {0};
     memset(&h, 0, sizeof(h));
+    /* First: joining cookies may move the scratch area, so no slice of it
+     * may be taken before (a fuzz_h2_frames finding). */
+    ssize_t nf = build_fields(c, 1);
+    if (nf < 0)
+        return stream_error(c, s, SL_H2_INTERNAL_ERROR);
+    h.headers = c->fields_out;
+    h.num_headers = (size_t)nf;
     if (!c->hb.have[P_METHOD])
         return stream_error(c, s, SL_H2_PROTOCOL_ERROR);
     h.method = hb_str(c, c->hb.pseudo[P_METHOD].value_off, c->hb.pseudo[P_METHOD].value_len);
@@ -489,12 +496,6 @@ static int deliver_request(sl_h2_conn_t *c, h2_stream_t *s, int end_stream)
     }
     if (end_stream)
         info.flags |= SL_H2_REQ_END_STREAM;
-
-    ssize_t nf = build_fields(c, 1);
-    if (nf < 0)
-        return stream_error(c, s, SL_H2_INTERNAL_ERROR);
-    h.headers = c->fields_out;
-    h.num_headers = (size_t)nf;
 
     /* :authority wins over Host; Host alone stands in for it. One Host at
      * most, as for HTTP/1.1. */
