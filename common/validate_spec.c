@@ -102,8 +102,9 @@ static void report(sl_vctx_t *c, const char *msg)
 static void check_regex_text(sl_vctx_t *c, const char *re)
 {
     if (strlen(re) > SL_REGEX_MAX_LEN) {
-        sl_validate_error(c, "regular expression longer than %d characters (%zu); split the "
-                             "operation or use a template",
+        sl_validate_error(c,
+                          "regular expression longer than %d characters (%zu); split the "
+                          "operation or use a template",
                           SL_REGEX_MAX_LEN, strlen(re));
         return;
     }
@@ -1093,6 +1094,19 @@ static void backend_extra(sl_vctx_t *c, json_t *spec)
     } else if (strcmp(pv, "h2c") == 0 && has_tls) {
         size_t saved = sl_validate_push_key(c, "protocol");
         sl_validate_error(c, "h2c is plaintext HTTP/2: remove tls (or use h2 for HTTP/2 over TLS)");
+        sl_validate_pop(c, saved);
+    }
+    /* Active checks speak plaintext HTTP/1.1 today: against a TLS or an
+     * HTTP/2 endpoint every probe would fail and eject a healthy backend.
+     * Refused rather than served wrong; passive outlier detection works
+     * for every protocol. */
+    if (json_object_get(spec, "healthCheck") && (has_tls || strcmp(pv, "http1") != 0)) {
+        size_t saved = sl_validate_push_key(c, "healthCheck");
+        sl_validate_error(c,
+                          "active health checks are plaintext HTTP/1.1 only for now: remove "
+                          "healthCheck from a Backend with tls or protocol %s (outlierDetection "
+                          "still ejects failing endpoints)",
+                          strcmp(pv, "http1") ? pv : "http1 over tls");
         sl_validate_pop(c, saved);
     }
     json_t *eps = json_object_get(spec, "endpoints");

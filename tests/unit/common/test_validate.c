@@ -330,6 +330,48 @@ static void test_upgrades(void **state)
                  "range 1ms..4294967295ms\n");
 }
 
+static void test_backend_protocols(void **state)
+{
+    (void)state;
+    expect_valid(BACKEND("  endpoints: [{address: 127.0.0.1, port: 9}]\n  protocol: h2c\n"));
+    expect_valid(BACKEND("  endpoints: [{address: a.example, port: 443}]\n  protocol: h2\n"
+                         "  tls: {sni: a.example}\n"));
+    expect_error(BACKEND("  endpoints: [{address: a.example, port: 443}]\n  protocol: h2\n"),
+                 "t.yaml doc 1: spec.protocol: h2 is HTTP/2 over TLS: add tls (or use h2c for "
+                 "plaintext HTTP/2)\n");
+    expect_error(BACKEND("  endpoints: [{address: a.example, port: 443}]\n  protocol: h2c\n"
+                         "  tls: {sni: a.example}\n"),
+                 "t.yaml doc 1: spec.protocol: h2c is plaintext HTTP/2: remove tls (or use h2 "
+                 "for HTTP/2 over TLS)\n");
+    expect_error(BACKEND("  endpoints: [{address: a.example, port: 443}]\n  protocol: h3\n"),
+                 "t.yaml doc 1: spec.protocol: 'h3' is not one of http1, h2, h2c (did you mean "
+                 "'h2'?)\n");
+    expect_error(BACKEND("  endpoints: [{address: 127.0.0.1, port: 9}]\n  protocol: h2c\n"
+                         "  healthCheck: {path: /health}\n"),
+                 "t.yaml doc 1: spec.healthCheck: active health checks are plaintext HTTP/1.1 "
+                 "only for now: remove healthCheck from a Backend with tls or protocol h2c "
+                 "(outlierDetection still ejects failing endpoints)\n");
+    char *e = errors_of(BACKEND("  endpoints: [{address: a.example, port: 443}]\n"
+                                "  tls: {caBundle: x}\n"));
+    assert_non_null(strstr(e, "spec.tls.caBundle: expected a PEM certificate"));
+    free(e);
+    /* A real CA certificate in caBundle, and caFile too: one source only. */
+    tc_pair_t ca;
+    tc_make(&ca, TC_EC256, "Test CA", "ca.example", -3600, 86400, NULL, true);
+    json_t *doc = json_pack("{s:s,s:s,s:{s:s},s:{s:[{s:s,s:i}],s:{s:s,s:s}}}", "apiVersion",
+                            "gateway.sluice.dev/v1alpha1", "kind", "Backend", "metadata", "name",
+                            "b", "spec", "endpoints", "address", "a.example", "port", 443, "tls",
+                            "caBundle", ca.cert_pem, "caFile", "/etc/ca.pem");
+    char *text = json_dumps(doc, 0);
+    e = errors_of(text);
+    assert_string_equal(e, "t.yaml doc 1: spec.tls: set at most one of caBundle (PEM) or caFile "
+                           "(a path)\n");
+    free(e);
+    free(text);
+    json_decref(doc);
+    tc_free(&ca);
+}
+
 static void test_gateway_path_normalization(void **state)
 {
     (void)state;
@@ -674,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_api_rules),
         cmocka_unit_test(test_gateway_rules),
         cmocka_unit_test(test_gateway_path_normalization),
+        cmocka_unit_test(test_backend_protocols),
         cmocka_unit_test(test_upgrades),
         cmocka_unit_test(test_backend_rules),
         cmocka_unit_test(test_consumer_and_certificate_rules),
