@@ -23,6 +23,7 @@
 #define STREAM_WINDOW (64 * 1024)
 #define CONN_WINDOW (1024 * 1024)
 #define MAX_FIELDS 128
+#define MAX_HEAD_BYTES (64 * 1024)
 #define READ_CHUNK 16384
 
 typedef struct sl_h2up {
@@ -217,6 +218,10 @@ static int on_header_cb(nghttp2_session *sess, const nghttp2_frame *frame, const
         return 0;
     sl_buf_t *b = x->resp_head_sent ? &x->trailers : &x->uin;
     if (!b->data && sl_worker_buf_get(x->r.w, b) != 0)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    /* A response head or trailer block is bounded like an HTTP/1.1 one;
+     * past it the stream is reset (and the request fails over). */
+    if (sl_buf_len(b) + namelen + valuelen + 2 > MAX_HEAD_BYTES)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     if (sl_buf_append(b, name, namelen) != 0 || sl_buf_append(b, "", 1) != 0 ||
         sl_buf_append(b, value, valuelen) != 0 || sl_buf_append(b, "", 1) != 0)
@@ -495,6 +500,7 @@ static void conn_ready(sl_h2up_t *h)
     nghttp2_settings_entry iv[] = {
         {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEAD_BYTES},
     };
     nghttp2_submit_settings(h->sess, NGHTTP2_FLAG_NONE, iv, SL_ARRAY_LEN(iv));
     nghttp2_session_set_local_window_size(h->sess, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);
