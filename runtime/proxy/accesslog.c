@@ -266,6 +266,10 @@ static void civil_from_unix_us(uint64_t unix_us, civil_time_t *t)
 
 static void put_protocol(out_t *o, int minor_version)
 {
+    if (minor_version < 0) {
+        PUT_LIT(o, "HTTP/2.0");
+        return;
+    }
     PUT_LIT(o, "HTTP/1.");
     put_c(o, (minor_version >= 0 && minor_version <= 9) ? (char)('0' + minor_version) : '1');
 }

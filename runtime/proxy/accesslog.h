@@ -20,7 +20,7 @@ typedef struct {
     sl_str_t client_addr;      /* "1.2.3.4" */
     sl_str_t method;
     sl_str_t path;             /* as received, with query */
-    int minor_version;
+    int minor_version;         /* HTTP/1.x: x; -1 for HTTP/2 */
     int status;
     uint64_t bytes_received;   /* request body bytes */
     uint64_t bytes_sent;       /* response bytes incl. head */

@@ -247,7 +247,7 @@ void sl_request_log(sl_request_t *r)
         .client_addr = {r->client_ip, strlen(r->client_ip)},
         .method = r->m_method,
         .path = r->m_target,
-        .minor_version = r->version == 10 ? 0 : 1,
+        .minor_version = r->version == 10 ? 0 : r->version == 20 ? -1 : 1,
         .status = status,
         .bytes_received = r->bytes_received,
         .bytes_sent = r->bytes_sent,

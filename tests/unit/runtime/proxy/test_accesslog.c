@@ -107,6 +107,11 @@ static void test_json_line_exact(void **state)
     line[n] = '\0';
     assert_non_null(strstr(line, "\"duration_ms\":0.007,"));
     assert_non_null(strstr(line, "\"protocol\":\"HTTP/1.0\""));
+    e.minor_version = -1; /* an HTTP/2 request */
+    n = format_json(line, sizeof(line), &e);
+    line[n] = '\0';
+    assert_non_null(strstr(line, "\"protocol\":\"HTTP/2.0\""));
+    e.minor_version = 0;
     e.duration_us = 12345678;
     n = format_json(line, sizeof(line), &e);
     line[n] = '\0';
