@@ -1177,3 +1177,23 @@ out:
     free(not_after);
     return rc;
 }
+
+ssize_t sl_io_read(int fd, SSL *ssl, void *buf, size_t len, uint8_t *other_way)
+{
+    if (!ssl)
+        return read(fd, buf, len);
+    int want = 0;
+    ssize_t r = sl_tls_read(ssl, buf, len, &want);
+    *other_way = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_WRITE;
+    return r;
+}
+
+ssize_t sl_io_write(int fd, SSL *ssl, const void *buf, size_t len, uint8_t *other_way)
+{
+    if (!ssl)
+        return write(fd, buf, len);
+    int want = 0;
+    ssize_t r = sl_tls_write(ssl, buf, len, &want);
+    *other_way = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_READ;
+    return r;
+}

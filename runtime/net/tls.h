@@ -145,6 +145,17 @@ ssize_t sl_tls_read(SSL *ssl, void *buf, size_t len, int *want);
 ssize_t sl_tls_write(SSL *ssl, const void *buf, size_t len, int *want);
 int sl_tls_shutdown(SSL *ssl, int *want);
 
+/*
+ * A connection's socket I/O, plain (ssl NULL) or TLS, with read(2)/write(2)
+ * results: -1 with errno EAGAIN means "wait for the socket's edge". Over TLS
+ * a read may need the socket writable first (and a write readable): then
+ * *other_way is set, and the caller's event handler must treat the other
+ * direction's edge as this one's. Every client and upstream connection of
+ * the proxy does its I/O through these two.
+ */
+ssize_t sl_io_read(int fd, SSL *ssl, void *buf, size_t len, uint8_t *other_way);
+ssize_t sl_io_write(int fd, SSL *ssl, const void *buf, size_t len, uint8_t *other_way);
+
 /* True when OpenSSL holds bytes a read would return without the socket. */
 bool sl_tls_has_pending(const SSL *ssl);
 

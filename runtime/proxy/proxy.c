@@ -131,22 +131,12 @@ static inline sl_conn_t *conn_of(sl_exchange_t *x)
  */
 static ssize_t client_read(sl_conn_t *c, void *buf, size_t n)
 {
-    if (!c->ssl)
-        return read(c->fd, buf, n);
-    int want = 0;
-    ssize_t r = sl_tls_read(c->ssl, buf, n, &want);
-    c->tls_read_wants_write = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_WRITE;
-    return r;
+    return sl_io_read(c->fd, c->ssl, buf, n, &c->tls_read_wants_write);
 }
 
 static ssize_t client_write(sl_conn_t *c, const void *buf, size_t n)
 {
-    if (!c->ssl)
-        return write(c->fd, buf, n);
-    int want = 0;
-    ssize_t r = sl_tls_write(c->ssl, buf, n, &want);
-    c->tls_write_wants_read = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_READ;
-    return r;
+    return sl_io_write(c->fd, c->ssl, buf, n, &c->tls_write_wants_read);
 }
 
 static size_t headers_cap_for(const sl_generation_t *gen)

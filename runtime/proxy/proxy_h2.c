@@ -52,9 +52,10 @@ typedef struct sl_h2c {
     sl_buf_t in, out;
     char client_ip[INET6_ADDRSTRLEN];
     uint8_t read_ready;
-    uint8_t write_blocked; /* the socket took less than we had */
-    uint8_t fatal;         /* a connection error: flush what is pending, then close */
-    uint8_t dead;          /* closed; freed when the last callback unwinds */
+    uint8_t write_blocked;     /* the socket took less than we had */
+    uint64_t blocked_since_ms; /* ...and has taken nothing more since */
+    uint8_t fatal;             /* a connection error: flush what is pending, then close */
+    uint8_t dead;              /* closed; freed when the last callback unwinds */
     unsigned in_cb;
     uint64_t idle_since_ms;
     h2s_t *streams;
@@ -95,22 +96,12 @@ static inline h2s_t *stream_of(sl_exchange_t *x)
 /* Socket I/O, plain or TLS, with read(2)/write(2) results (see proxy.c). */
 static ssize_t conn_recv(h2c_t *hc, void *buf, size_t n)
 {
-    if (!hc->ssl)
-        return read(hc->fd, buf, n);
-    int want = 0;
-    ssize_t r = sl_tls_read(hc->ssl, buf, n, &want);
-    hc->tls_read_wants_write = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_WRITE;
-    return r;
+    return sl_io_read(hc->fd, hc->ssl, buf, n, &hc->tls_read_wants_write);
 }
 
 static ssize_t conn_send(h2c_t *hc, const void *buf, size_t n)
 {
-    if (!hc->ssl)
-        return write(hc->fd, buf, n);
-    int want = 0;
-    ssize_t r = sl_tls_write(hc->ssl, buf, n, &want);
-    hc->tls_write_wants_read = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_READ;
-    return r;
+    return sl_io_write(hc->fd, hc->ssl, buf, n, &hc->tls_write_wants_read);
 }
 
 static h2s_t *find_stream(h2c_t *hc, int32_t id)
@@ -711,16 +702,20 @@ static void conn_pump(h2c_t *hc)
 {
     if (hc->dead)
         return;
+    int wrote = 0;
     for (;;) {
         while (sl_buf_len(&hc->out)) {
             ssize_t n = conn_send(hc, sl_buf_head(&hc->out), sl_buf_len(&hc->out));
             if (n > 0) {
                 sl_buf_consume(&hc->out, (size_t)n);
+                wrote = 1;
                 continue;
             }
             if (n < 0 && errno == EINTR)
                 continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                if (!hc->write_blocked || wrote)
+                    hc->blocked_since_ms = sl_endpoint_now_ms();
                 hc->write_blocked = 1;
                 return; /* the write edge resumes us */
             }
@@ -817,7 +812,18 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
     rcu_thread_offline();
     uint64_t now = sl_endpoint_now_ms();
     uint64_t since = sl_h2_conn_header_block_since(hc->h2);
-    if (since && now - since >= header_ms) {
+    if (hc->write_blocked && now - hc->blocked_since_ms >= idle_ms) {
+        /* The client stopped reading: nothing reaches it any more, not even
+         * a GOAWAY. Close, as HTTP/1.1 does after the idle timeout
+         * (test_http2_attacks.py, a client that stops reading). */
+        for (h2s_t *s = hc->streams; s; s = s->next) {
+            if (!s->done) {
+                s->x.r.error_code = "client_write_timeout";
+                stream_done(s, 0);
+            }
+        }
+        conn_close(hc);
+    } else if (since && now - since >= header_ms) {
         sl_h2_goaway(hc->h2, 0);
         hc->fatal = 1;
     } else if (hc->idle_since_ms && now - hc->idle_since_ms >= idle_ms) {

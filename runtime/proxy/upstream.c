@@ -257,22 +257,12 @@ sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool, int check)
 
 ssize_t sl_upstream_read(sl_upconn_t *uc, void *buf, size_t n)
 {
-    if (!uc->ssl)
-        return read(uc->fd, buf, n);
-    int want = 0;
-    ssize_t r = sl_tls_read(uc->ssl, buf, n, &want);
-    uc->tls_read_wants_write = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_WRITE;
-    return r;
+    return sl_io_read(uc->fd, uc->ssl, buf, n, &uc->tls_read_wants_write);
 }
 
 ssize_t sl_upstream_write(sl_upconn_t *uc, const void *buf, size_t n)
 {
-    if (!uc->ssl)
-        return write(uc->fd, buf, n);
-    int want = 0;
-    ssize_t r = sl_tls_write(uc->ssl, buf, n, &want);
-    uc->tls_write_wants_read = r < 0 && errno == EAGAIN && want == SL_TLS_WANT_READ;
-    return r;
+    return sl_io_write(uc->fd, uc->ssl, buf, n, &uc->tls_write_wants_read);
 }
 
 int sl_upstream_handshake(sl_upconn_t *uc)
