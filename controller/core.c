@@ -1077,8 +1077,9 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
         goto out;
     }
     /* Under mTLS a node is who its certificate says: a runtime cannot take
-     * another node's stream, nor the snapshot (with private keys) of
-     * another node's fleet. Checked before anything is registered. */
+     * another node's stream, nor (with fleet SANs in the certificates) the
+     * snapshot of another fleet, whose private keys it carries. Checked
+     * before anything is registered. */
     if (!sc->rt && sl_stream_client_auth(s) &&
         !sl_stream_peer_certificate_matches(s, sc->node_id)) {
         snprintf(msg, sizeof(msg),
@@ -1087,6 +1088,16 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
                  "issued for %s",
                  sc->node_id, sl_stream_peer_certificate_uses_cn(s) ? "no SAN, " : "SANs: ",
                  sl_stream_peer_certificate_text(s), sc->node_id);
+        refuse(s, sc, GRPC_STATUS_PERMISSION_DENIED, msg);
+        goto out;
+    }
+    if (!sc->rt && sl_stream_client_auth(s) &&
+        !sl_stream_peer_certificate_allows_fleet(s, sc->fleet)) {
+        snprintf(msg, sizeof(msg),
+                 "node %s: fleet %s is not a fleet of its client certificate (SANs: %s); run the "
+                 "runtime with --fleet set to one of its " SL_STREAM_FLEET_URI_PREFIX
+                 " SANs, or give it a certificate for fleet %s",
+                 sc->node_id, sc->fleet, sl_stream_peer_certificate_text(s), sc->fleet);
         refuse(s, sc, GRPC_STATUS_PERMISSION_DENIED, msg);
         goto out;
     }

@@ -84,9 +84,10 @@ struct sl_stream {
     /* the client certificate (TLS with a client CA only) */
     int has_cert;
     int names_are_cn; /* no SAN at all: names[] holds the CN */
+    int has_fleets;   /* some names are SL_STREAM_FLEET_URI_PREFIX URIs */
     size_t n_names;   /* DNS and URI SANs, or the CN */
     char *names[PEER_NAMES_MAX];
-    int name_is_dns[PEER_NAMES_MAX];
+    enum name_kind { NAME_EXACT, NAME_DNS, NAME_FLEET } name_kind[PEER_NAMES_MAX];
     char names_text[PEER_NAMES_TEXT];
 };
 
@@ -268,14 +269,20 @@ static void send_status_locked(sl_stream_t *s, grpc_status_code code, const char
 
 /* Appends to the stream's certificate names and to their description
  * ("DNS:a, URI:b"). */
-static void add_name(sl_stream_t *s, const grpc_auth_property *p, const char *kind, int is_dns)
+static void add_name(sl_stream_t *s, const grpc_auth_property *p, const char *kind,
+                     enum name_kind nk)
 {
     if (s->n_names >= PEER_NAMES_MAX || !p->value)
         return;
     char *v = strndup(p->value, p->value_length);
     if (!v)
         return;
-    s->name_is_dns[s->n_names] = is_dns;
+    if (nk == NAME_EXACT && !s->names_are_cn &&
+        strncmp(v, SL_STREAM_FLEET_URI_PREFIX, strlen(SL_STREAM_FLEET_URI_PREFIX)) == 0) {
+        nk = NAME_FLEET;
+        s->has_fleets = 1;
+    }
+    s->name_kind[s->n_names] = nk;
     s->names[s->n_names++] = v;
     /* The description, for messages and logs: printable ASCII only. */
     char shown[128];
@@ -314,16 +321,16 @@ static void read_peer_certificate(sl_stream_t *s)
         grpc_auth_property_iterator it =
             grpc_auth_context_find_properties_by_name(ctx, GRPC_PEER_DNS_PROPERTY_NAME);
         while ((p = grpc_auth_property_iterator_next(&it)))
-            add_name(s, p, "DNS", 1);
+            add_name(s, p, "DNS", NAME_DNS);
         it = grpc_auth_context_find_properties_by_name(ctx, GRPC_PEER_URI_PROPERTY_NAME);
         while ((p = grpc_auth_property_iterator_next(&it)))
-            add_name(s, p, "URI", 0);
+            add_name(s, p, "URI", NAME_EXACT);
     } else {
         grpc_auth_property_iterator it =
             grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_CN_PROPERTY_NAME);
         if ((p = grpc_auth_property_iterator_next(&it))) {
             s->names_are_cn = 1;
-            add_name(s, p, "CN", 0);
+            add_name(s, p, "CN", NAME_EXACT);
         }
     }
     grpc_auth_context_release(ctx);
@@ -445,7 +452,19 @@ int sl_stream_peer_has_certificate(const sl_stream_t *s)
 int sl_stream_peer_certificate_matches(const sl_stream_t *s, const char *id)
 {
     for (size_t i = 0; i < s->n_names; i++)
-        if (s->name_is_dns[i] ? strcasecmp(s->names[i], id) == 0 : strcmp(s->names[i], id) == 0)
+        if ((s->name_kind[i] == NAME_DNS && strcasecmp(s->names[i], id) == 0) ||
+            (s->name_kind[i] == NAME_EXACT && strcmp(s->names[i], id) == 0))
+            return 1;
+    return 0;
+}
+
+int sl_stream_peer_certificate_allows_fleet(const sl_stream_t *s, const char *fleet)
+{
+    if (!s->has_fleets)
+        return 1;
+    size_t plen = strlen(SL_STREAM_FLEET_URI_PREFIX);
+    for (size_t i = 0; i < s->n_names; i++)
+        if (s->name_kind[i] == NAME_FLEET && strcmp(s->names[i] + plen, fleet) == 0)
             return 1;
     return 0;
 }

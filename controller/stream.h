@@ -72,9 +72,15 @@ int sl_stream_client_auth(const sl_stream_t *s);
  * by the handshake). */
 int sl_stream_peer_has_certificate(const sl_stream_t *s);
 /* 1 when `id` is one of the certificate's DNS SANs (ASCII case-insensitive)
- * or URI SANs (exact), or its CN when the certificate has no SAN at all.
- * Wildcards are not expanded: "*.example" matches only "*.example". */
+ * or URI SANs (exact; fleet URIs below excepted), or its CN when the
+ * certificate has no SAN at all. Wildcards are not expanded: "*.example"
+ * matches only "*.example". */
 int sl_stream_peer_certificate_matches(const sl_stream_t *s, const char *id);
+/* URI SANs "sluice:fleet:NAME" bind a certificate to fleets: with any of
+ * them, a node may only join one of those fleets (1 when `fleet` is one, or
+ * when the certificate names no fleet at all). */
+#define SL_STREAM_FLEET_URI_PREFIX "sluice:fleet:"
+int sl_stream_peer_certificate_allows_fleet(const sl_stream_t *s, const char *fleet);
 /* 1 when the names are the CN (the certificate has no SAN). */
 int sl_stream_peer_certificate_uses_cn(const sl_stream_t *s);
 /* The names for messages and logs: "DNS:node-a, URI:spiffe://x/node-a",

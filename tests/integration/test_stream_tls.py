@@ -8,7 +8,8 @@ b. with --stream-client-ca: a runtime without a client certificate never
    gets config (the controller counts the refusal), a runtime with
    node-a's certificate and --node-id node-b is refused with
    PERMISSION_DENIED and never registered, node-a with its own certificate
-   is served; a certificate from another CA gets no connection at all;
+   is served; a certificate from another CA gets no connection at all; a
+   CN counts only without SANs; a sluice:fleet: URI SAN binds the fleet;
 c. a plaintext runtime against a TLS controller fails cleanly and retries
    with back-off;
 d. the REST API over HTTPS (--rest-tls-cert/--rest-tls-key) with curl
@@ -74,6 +75,7 @@ def pki(tmp_path_factory):
     make_cert(d, "ca", "node-a", "node-a", "DNS:node-a", "clientAuth")
     make_cert(d, "ca", "node-b", "node-b", "DNS:node-b", "clientAuth")
     make_cert(d, "ca", "cn-only", "node-cn", None, "clientAuth")
+    make_cert(d, "ca", "edge-a", "edge-a", "DNS:edge-a,URI:sluice:fleet:edge", "clientAuth")
     make_ca(d, "stranger-ca")
     make_cert(d, "stranger-ca", "stranger-a", "node-a", "DNS:node-a", "clientAuth")
     return lambda name: os.path.join(d, name)
@@ -99,14 +101,14 @@ class Env:
             self.ctl.start()
         return self.ctl
 
-    def runtime(self, node_id, cert=None, ca=True, dirname=None):
+    def runtime(self, node_id, cert=None, ca=True, dirname=None, fleet="default"):
         args = []
         if ca:
             args += ["--controller-ca", self.pki("ca.crt")]
         if cert:
             args += ["--cert", self.pki(cert + ".crt"), "--key", self.pki(cert + ".key")]
         rt = ManagedRuntime(self.tmp / (dirname or node_id), self.ctl.stream_addr, node_id,
-                            extra_args=args)
+                            fleet=fleet, extra_args=args)
         self.rts.append(rt)
         rt.start(wait_ready=False)
         return rt
@@ -185,7 +187,10 @@ def test_client_certificates_decide_the_node(env):
     bare = env.runtime("node-a", dirname="bare")
     wait_until(lambda: ctl.metric("sluice_controller_streams_refused_total") >= 1, 10,
                what=lambda: "a refusal counted; controller log:\n" + ctl.log()[-2000:])
-    assert "UNAUTHENTICATED" in bare.log() and "--cert and --key" in bare.log(), bare.log()
+    # The runtime logs the refusal a moment after the controller counted it.
+    wait_until(lambda: "UNAUTHENTICATED" in bare.log(), 10,
+               what=lambda: "UNAUTHENTICATED in the log:\n" + bare.log()[-2000:])
+    assert "--cert and --key" in bare.log(), bare.log()
     # node-a's certificate, --node-id node-b: PERMISSION_DENIED, never registered.
     rogue = env.runtime("node-b", cert="node-a")
     wait_until(lambda: "PERMISSION_DENIED" in rogue.log(), 10,
@@ -230,6 +235,22 @@ def test_cn_counts_when_the_certificate_has_no_san(env):
     rt = env.runtime("node-cn", cert="cn-only")
     wait_served(rt, port)
     assert "node-cn" in ctl.runtimes()
+
+
+def test_fleet_san_binds_the_fleet(env):
+    """A certificate with a URI SAN sluice:fleet:edge may join fleet edge
+    only: its holder cannot pull another fleet's snapshot."""
+    ctl = env.controller(client_ca=True)
+    wrong = env.runtime("edge-a", cert="edge-a", dirname="wrong", fleet="default")
+    wait_until(lambda: "PERMISSION_DENIED" in wrong.log(), 10,
+               what=lambda: "PERMISSION_DENIED in the log:\n" + wrong.log()[-2000:])
+    assert "fleet default is not a fleet of its client certificate" in wrong.log(), wrong.log()
+    assert ctl.runtimes() == {}
+    wrong.stop()
+    right = env.runtime("edge-a", cert="edge-a", dirname="right", fleet="edge")
+    wait_until(lambda: "edge-a" in ctl.runtimes(), 10,
+               what=lambda: "edge-a registered; log:\n" + right.log()[-2000:])
+    assert ctl.runtimes()["edge-a"]["fleet"] == "edge"
 
 
 # --- c --------------------------------------------------------------------------------

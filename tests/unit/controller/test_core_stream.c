@@ -37,6 +37,7 @@ struct sl_stream {
     int client_auth, has_cert, uses_cn;
     const char *names[4];
     int n_names;
+    const char *fleet; /* the certificate's one fleet SAN; NULL = none */
 };
 
 void sl_stream_send(sl_stream_t *s, grpc_byte_buffer *bb)
@@ -85,6 +86,11 @@ int sl_stream_peer_certificate_matches(const sl_stream_t *s, const char *id)
         if (strcmp(s->names[i], id) == 0)
             return 1;
     return 0;
+}
+
+int sl_stream_peer_certificate_allows_fleet(const sl_stream_t *s, const char *fleet)
+{
+    return !s->fleet || strcmp(s->fleet, fleet) == 0;
 }
 
 int sl_stream_peer_certificate_uses_cn(const sl_stream_t *s)
@@ -491,6 +497,25 @@ static void test_client_certificate_must_name_the_node(void **state)
     request(f, a, "node-b", SL_XDS_ROUTE, "", NULL, NULL);
     assert_false(a->closed);
     assert_null(record(f, "node-b"));
+
+    /* A certificate bound to fleet edge cannot join fleet default (the
+     * requests' fleet); bound to default, it can. */
+    sl_stream_t *e = calloc(1, sizeof(*e));
+    e->client_auth = e->has_cert = 1;
+    e->names[e->n_names++] = "node-e";
+    e->fleet = "edge";
+    f->streams[f->nstreams++] = e;
+    f->hooks.on_open(f->hooks.ctx, e);
+    subscribe_all(f, e, "node-e");
+    assert_true(e->closed);
+    assert_int_equal(e->code, GRPC_STATUS_PERMISSION_DENIED);
+    assert_non_null(strstr(e->message, "fleet default is not a fleet of its client certificate"));
+    assert_null(record(f, "node-e"));
+    sl_stream_t *d = open_mtls_stream(f, "ipv4:10.0.0.5:5", "node-d", 0);
+    d->fleet = "default";
+    subscribe_all(f, d, "node-d");
+    assert_false(d->closed);
+    assert_non_null(record(f, "node-d"));
 }
 
 /* ---- the nonce rides after the shared body ---------------------------------- */
