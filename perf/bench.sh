@@ -12,6 +12,20 @@
 # /proc/PID/stat over the measured run / completed requests), errors
 # (non-2xx + socket errors) and ratios to nginx. Writes docs/benchmarks.md.
 #
+# TLS and HTTP/2 (opt-in: TESTS=all, or name them): every proxy also listens
+# with TLS 1.3 (one ECDSA P-256 certificate made here with the openssl CLI,
+# ALPN h2 and http/1.1) and with h2c (HTTP/2 prior knowledge), and
+#   https_get          wrk over https, keep-alive GET
+#   h2c / h2tls        h2load -c 50 -m 10, h2c and h2 over TLS
+#   handshake_new      h2load --h1 -H 'Connection: close': a new connection
+#                      and a full handshake per GET ($HANDSHAKE_CLIENTS at once)
+#   handshake_resumed  wrk -H 'Connection: close' over https: the same with
+#                      TLS 1.3 ticket resumption (checked with s_time -reuse)
+#   h2_slow_reader     perf/h2_slow_reader.py downloads $SLOW_BYTES over h2
+#                      at $SLOW_RATE bytes/s; reports the proxy's idle and
+#                      peak RSS (limit: peak within 64 MB of idle)
+# (perf/README.md says why these tools.)
+#
 # What it does not do: build anything (run `make bench`, or build first and
 # point BUILD at the tree), run as root, or touch paths outside a mktemp dir.
 #
@@ -19,7 +33,10 @@
 #   BUILD=build          where bin/sluice-runtime is
 #   DURATION=10s WARMUP=2s CONNECTIONS=50 WRK_THREADS=1
 #   PROXIES="sluice nginx haproxy"   which proxies to measure
-#   TESTS="get post1k post5k"
+#   TESTS="get post1k post5k"       or "all", or any of $ALL_TESTS below
+#   HANDSHAKE_CLIENTS=50             concurrent connections of the handshake tests
+#   H2_CLIENTS=50 H2_STREAMS=10      h2load -c / -m of h2c and h2tls
+#   SLOW_BYTES=1073741824 SLOW_RATE=67108864   h2_slow_reader size and rate
 #   PROXY_CPU=0 LOAD_CPU=1
 #   OUT=docs/benchmarks.md            ("-" = only print the table)
 #   BASELINE=path/to/sluice-runtime   also measure this binary, as proxy
@@ -38,6 +55,17 @@ CONNECTIONS=${CONNECTIONS:-50}
 WRK_THREADS=${WRK_THREADS:-1}
 PROXIES=${PROXIES:-"sluice nginx haproxy"}
 TESTS=${TESTS:-"get post1k post5k"}
+ALL_TESTS="get post1k post5k https_get h2c h2tls handshake_new handshake_resumed h2_slow_reader"
+[ "$TESTS" != all ] || TESTS=$ALL_TESTS
+HANDSHAKE_CLIENTS=${HANDSHAKE_CLIENTS:-50}
+H2_CLIENTS=${H2_CLIENTS:-50}
+H2_STREAMS=${H2_STREAMS:-10}
+SLOW_BYTES=${SLOW_BYTES:-1073741824}
+SLOW_RATE=${SLOW_RATE:-67108864}
+SLOW_LIMIT_KB=$((64 * 1024)) # the target of issue 9: peak RSS within 64 MB of idle
+# TLS 1.3 suites given to all three proxies, in sluice-runtime's default order
+# (each proxy picks by server preference, so all three negotiate the same one).
+SUITES=TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256
 PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 OUT=${OUT:-docs/benchmarks.md}
@@ -52,10 +80,21 @@ PY=/usr/bin/python3
 
 die() { echo "bench: $*" >&2; exit 1; }
 
-for tool in nginx haproxy wrk taskset curl getconf; do
+wants() { case " $TESTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+NEED_TLS=""
+for test in $TESTS; do
+    case " $ALL_TESTS " in *" $test "*) ;; *) die "unknown test $test (known: $ALL_TESTS)" ;; esac
+    case $test in get | post1k | post5k) ;; *) NEED_TLS=1 ;; esac
+done
+tools="nginx haproxy wrk taskset curl getconf openssl"
+if wants h2c || wants h2tls || wants handshake_new; then tools="$tools h2load"; fi
+for tool in $tools; do
     command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] ||
         die "$tool not found (make deps installs it)"
 done
+if wants h2_slow_reader; then
+    $PY -c 'import h2' 2>/dev/null || die "python3-h2 not found (make deps installs it)"
+fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 case " $PROXIES " in *" sluice "*)
@@ -91,6 +130,16 @@ free_port() {
     $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# N distinct free ports on one line (held open together, so never the same twice).
+free_ports() {
+    $PY -c '
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+}
+
 # Waits until GET http://127.0.0.1:$1/ answers 200 (the process $2 must live).
 wait_http() {
     local port=$1 pid=$2 name=$3 code
@@ -116,6 +165,20 @@ cpu_ticks() {
         total=$((total + ${12} + ${13}))
     done
     echo "$total"
+}
+
+# "10s" -> 10, "2m" -> 120, at least 1 (sizes handshake_new's h2load -n).
+seconds_of() {
+    local d=$1 n
+    case $d in
+    *ms) n=$(( ${d%ms} / 1000 )) ;;
+    *s) n=${d%s} ;;
+    *m) n=$(( ${d%m} * 60 )) ;;
+    *h) n=$(( ${d%h} * 3600 )) ;;
+    *) n=$d ;;
+    esac
+    [ "$n" -ge 1 ] 2>/dev/null || n=1
+    echo "$n"
 }
 
 fill() { # template out [KEY=VALUE...]
@@ -144,17 +207,37 @@ http {
     uwsgi_temp_path $TMP/origin/uwsgi;
     scgi_temp_path $TMP/origin/scgi;
     keepalive_requests 1000000;
+    sendfile on;
     server {
         listen 127.0.0.1:$ORIGIN_PORT;
         location / { default_type text/plain; return 200 "hello from the origin\n"; }
+        # h2_slow_reader's download: a sparse file, so no disk or page cache
+        # is spent on it.
+        location = /big { default_type application/octet-stream; alias $TMP/origin/big; }
     }
 }
 EOF
+truncate -s "$SLOW_BYTES" "$TMP/origin/big"
+# Started by root, nginx workers run as "nobody": let them reach this one file.
+chmod a+x "$TMP" "$TMP/origin"
+chmod a+r "$TMP/origin/big"
 taskset -c "$LOAD_CPU" "$NGINX" -p "$TMP/origin" -c "$TMP/origin/nginx.conf" \
     >"$TMP/origin/stdout" 2>&1 &
 ORIGIN_PID=$!
 PIDS+=("$ORIGIN_PID")
 wait_http "$ORIGIN_PORT" "$ORIGIN_PID" "origin nginx"
+
+# --- the certificate all three proxies serve -----------------------------------
+# ECDSA P-256, self-signed (no client here verifies the chain; every client
+# still checks the handshake signature with its key). Made per run in $TMP, so
+# no key is ever committed.
+mkdir -m 700 "$TMP/tls" # the key stays private even though $TMP is now a+x
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj /CN=bench.example -addext subjectAltName=DNS:bench.example \
+    -keyout "$TMP/tls/key.pem" -out "$TMP/tls/cert.pem" >"$TMP/tls/openssl.log" 2>&1 ||
+    die "openssl req failed: $(cat "$TMP/tls/openssl.log")"
+cat "$TMP/tls/cert.pem" "$TMP/tls/key.pem" >"$TMP/tls/haproxy.pem" # HAProxy's crt: both in one file
+CERT_SHA256=$(openssl x509 -in "$TMP/tls/cert.pem" -noout -fingerprint -sha256 | sed 's/.*=//')
 
 # --- wrk scripts -------------------------------------------------------------
 for size in 1024 5120; do
@@ -165,13 +248,30 @@ wrk.headers["Content-Type"] = "application/octet-stream"
 EOF
 done
 
-start_proxy() { # name port -> sets PROXY_PID
-    local name=$1 port=$2 dir="$TMP/$1"
+# Starts proxy $1 listening on $PORT (HTTP/1.1), $TLS_PORT (TLS 1.3, h2 and
+# http/1.1) and $H2C_PORT (h2c) and checks each answers; sets PROXY_PID.
+start_proxy() { # name
+    local name=$1 port=$PORT dir="$TMP/$1"
     mkdir -p "$dir"
     case $name in
     sluice | sluice-base)
         local bin=$RUNTIME
         [ "$name" = sluice ] || bin=$BASELINE
+        # The TLS and h2c listeners only when a test needs them, so that the
+        # default run also works with a BASELINE built before they existed.
+        local tls_listeners=""
+        [ -z "$NEED_TLS" ] || tls_listeners="  - name: https
+    port: $TLS_PORT
+    protocol: https
+    address: 127.0.0.1
+    tls: {certificateRefs: [{name: bench}], minVersion: \"1.3\", cipherSuites: \"$SUITES\"}
+  - {name: h2c, port: $H2C_PORT, protocol: h2c, address: 127.0.0.1}
+---
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Certificate
+metadata: {name: bench}
+spec:
+  file: {certificate: $TMP/tls/cert.pem, privateKey: $TMP/tls/key.pem}"
         cat >"$dir/sluice.yaml" <<EOF
 apiVersion: gateway.sluice.dev/v1alpha1
 kind: Gateway
@@ -179,6 +279,7 @@ metadata: {name: bench}
 spec:
   listeners:
   - {name: http, port: $port, protocol: http, address: 127.0.0.1}
+$tls_listeners
 ---
 apiVersion: gateway.sluice.dev/v1alpha1
 kind: Backend
@@ -201,13 +302,16 @@ EOF
         ;;
     nginx)
         fill "$REPO/perf/nginx.conf.tmpl" "$dir/nginx.conf" PREFIX="$dir" \
-            LISTEN_PORT="$port" ORIGIN_PORT="$ORIGIN_PORT"
+            LISTEN_PORT="$port" TLS_PORT="$TLS_PORT" H2C_PORT="$H2C_PORT" \
+            ORIGIN_PORT="$ORIGIN_PORT" CERT="$TMP/tls/cert.pem" KEY="$TMP/tls/key.pem" \
+            SUITES="$SUITES"
         taskset -c "$PROXY_CPU" "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
             >"$dir/stdout" 2>"$dir/stderr" &
         ;;
     haproxy)
         fill "$REPO/perf/haproxy.cfg.tmpl" "$dir/haproxy.cfg" \
-            LISTEN_PORT="$port" ORIGIN_PORT="$ORIGIN_PORT"
+            LISTEN_PORT="$port" TLS_PORT="$TLS_PORT" H2C_PORT="$H2C_PORT" \
+            ORIGIN_PORT="$ORIGIN_PORT" CERT_PEM="$TMP/tls/haproxy.pem" SUITES="$SUITES"
         taskset -c "$PROXY_CPU" "$HAPROXY" -db -f "$dir/haproxy.cfg" \
             >"$dir/stdout" 2>"$dir/stderr" &
         ;;
@@ -220,6 +324,44 @@ EOF
     local body
     body=$(curl -s -X POST --data-binary @"$TMP/post1024.lua" "http://127.0.0.1:$port/x")
     [ "$body" = "hello from the origin" ] || die "$name: POST through the proxy answered '$body'"
+    [ -z "$NEED_TLS" ] || check_tls_h2 "$name"
+}
+
+# The TLS and h2c listeners answer through the proxy, with the run's
+# certificate, TLS 1.3 and the same suite for every proxy; records
+# "name protocol suite group" in $TMP/tls/params.
+check_tls_h2() {
+    local name=$1 body v s_out
+    for v in --http1.1 --http2; do
+        body=$(curl -sk "$v" "https://127.0.0.1:$TLS_PORT/x" || true)
+        [ "$body" = "hello from the origin" ] || die "$name: GET over TLS ($v) answered '$body'"
+    done
+    body=$(curl -s --http2-prior-knowledge "http://127.0.0.1:$H2C_PORT/x" || true)
+    [ "$body" = "hello from the origin" ] || die "$name: GET over h2c answered '$body'"
+    # What openssl s_time (probe_resumption) sends: HTTP/1.0 without Host.
+    s_out=$(printf 'GET /bench HTTP/1.0\r\n\r\n' |
+        timeout 10 openssl s_client -connect "127.0.0.1:$TLS_PORT" -servername bench.example \
+            -ign_eof 2>/dev/null || true)
+    case $s_out in
+    *"HTTP/1."?" 200"*"hello from the origin"*) ;;
+    *) die "$name: HTTP/1.0 GET over TLS did not answer 200: $(echo "$s_out" | grep -m1 '^HTTP' || echo none)" ;;
+    esac
+    s_out=$(timeout 10 openssl s_client -connect "127.0.0.1:$TLS_PORT" -servername bench.example \
+        </dev/null 2>&1 || true)
+    local fp
+    fp=$(echo "$s_out" | openssl x509 -noout -fingerprint -sha256 2>/dev/null | sed 's/.*=//')
+    [ "$fp" = "$CERT_SHA256" ] || die "$name: serves another certificate ($fp)"
+    echo "$s_out" >"$TMP/tls/s_client-$name.txt"
+    $PY - "$name" "$TMP/tls/s_client-$name.txt" >>"$TMP/tls/params" <<'EOF' ||
+import re, sys
+t = open(sys.argv[2]).read()
+proto = re.search(r"^New, (\S+), Cipher is (\S+)", t, re.M)
+group = re.search(r"^(?:Server|Peer) Temp Key: ([^,\n]+)", t, re.M)
+if not proto or proto.group(1) != "TLSv1.3":
+    sys.exit(1)
+print(sys.argv[1], proto.group(1), proto.group(2), group.group(1) if group else "?")
+EOF
+        die "$name: not TLS 1.3 (see $TMP/tls/s_client-$name.txt)"
 }
 
 stop_proxy() {
@@ -229,96 +371,254 @@ stop_proxy() {
     wait "$PROXY_PID" 2>/dev/null || true
 }
 
-run_wrk() { # port test duration outfile
-    local port=$1 test=$2 dur=$3 out=$4 script=()
+# Runs load $1 against the proxy for $2, output in $3: wrk (HTTP/1.1, plain
+# or TLS) or h2load (HTTP/2, and full handshakes).
+run_load() { # test duration outfile [count: handshake_new's number of connections]
+    local test=$1 dur=$2 out=$3 count=${4:-$((HANDSHAKE_CLIENTS * 20))} script=()
+    local url="http://127.0.0.1:$PORT/bench"
     case $test in
-    get) ;;
-    post1k) script=(-s "$TMP/post1024.lua") ;;
-    post5k) script=(-s "$TMP/post5120.lua") ;;
+    get | post1k | post5k | https_get)
+        case $test in
+        post1k) script=(-s "$TMP/post1024.lua") ;;
+        post5k) script=(-s "$TMP/post5120.lua") ;;
+        https_get) url="https://127.0.0.1:$TLS_PORT/bench" ;; # wrk sends no ALPN: HTTP/1.1
+        esac
+        taskset -c "$LOAD_CPU" wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"$dur" "${script[@]}" \
+            "$url" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
+        ;;
+    h2c | h2tls)
+        url="http://127.0.0.1:$H2C_PORT/bench"
+        [ "$test" = h2c ] || url="https://127.0.0.1:$TLS_PORT/bench"
+        taskset -c "$LOAD_CPU" h2load -c"$H2_CLIENTS" -m"$H2_STREAMS" -D"$dur" "$url" \
+            >"$out" 2>&1 || die "h2load failed: $(tail -20 "$out")"
+        ;;
+    handshake_new)
+        # A new connection per request: "Connection: close" makes the proxy
+        # close after each answer and h2load reconnect. h2load (1.52) never
+        # offers a session, so every connection is a full handshake. -D stalls
+        # when connections close, so the count comes from the caller.
+        timeout 600 taskset -c "$LOAD_CPU" h2load --h1 -H 'Connection: close' \
+            -c"$HANDSHAKE_CLIENTS" -n"$count" "https://127.0.0.1:$TLS_PORT/bench" \
+            >"$out" 2>&1 || die "h2load failed: $(tail -20 "$out")"
+        ;;
+    handshake_resumed)
+        # The same with wrk, which keeps each connection's SSL object across
+        # reconnects (SSL_shutdown + SSL_clear): every new connection offers
+        # the TLS 1.3 ticket of the one before and is resumed
+        # (probe_resumption checks that the proxy takes such tickets).
+        taskset -c "$LOAD_CPU" wrk -t"$WRK_THREADS" -c"$HANDSHAKE_CLIENTS" -d"$dur" \
+            -H 'Connection: close' "https://127.0.0.1:$TLS_PORT/bench" \
+            >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
+        ;;
     *) die "unknown test $test" ;;
     esac
-    taskset -c "$LOAD_CPU" wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"$dur" "${script[@]}" \
-        "http://127.0.0.1:$port/bench" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
 }
 
-# Parses wrk output: "requests rps errors"
-parse_wrk() {
-    $PY - "$1" <<'EOF'
+# Prints "resumed/connections" of a short "openssl s_time -reuse" run: each
+# connection offers the ticket of the one before, as wrk's reconnects do, so
+# this says whether handshake_resumed really measures resumed handshakes
+# (wrk cannot tell). Outside the measured run.
+probe_resumption() {
+    local out="$TMP/$1-s_time-reuse.txt"
+    timeout 30 taskset -c "$LOAD_CPU" openssl s_time -connect "127.0.0.1:$TLS_PORT" \
+        -www /bench -reuse -time 1 >"$out" 2>&1 || true
+    # one character per timed connection: "r" resumed, anything else full
+    grep -E '^[*r]+$' "$out" | tr -d '\n' | awk '{n = length($0); r = gsub(/r/, ""); print r "/" n}'
+}
+
+# Parses a load's output: "requests rps errors".
+parse_load() { # test outfile
+    $PY - "$1" "$2" <<'EOF'
 import re, sys
-t = open(sys.argv[1]).read()
-m = re.search(r"(\d+) requests in", t)
-rps = re.search(r"Requests/sec:\s+([\d.]+)", t)
-if not m or not rps:
-    sys.exit("cannot parse wrk output:\n" + t)
-errors = sum(int(x) for x in re.findall(r"Non-2xx or 3xx responses: (\d+)", t))
-s = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", t)
-if s:
-    errors += sum(int(x) for x in s.groups())
-print(m.group(1), rps.group(1), errors)
+test, path = sys.argv[1], sys.argv[2]
+t = open(path).read()
+if test in ("get", "post1k", "post5k", "https_get", "handshake_resumed"):  # wrk
+    m = re.search(r"(\d+) requests in", t)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", t)
+    if not m or not rps:
+        sys.exit("cannot parse wrk output:\n" + t)
+    errors = sum(int(x) for x in re.findall(r"Non-2xx or 3xx responses: (\d+)", t))
+    s = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", t)
+    if s:
+        errors += sum(int(x) for x in s.groups())
+    print(m.group(1), rps.group(1), errors)
+else:  # h2load
+    proto = re.search(r"Application protocol: (\S+)", t)
+    want = {"h2c": "h2c", "h2tls": "h2", "handshake_new": "http/1.1"}[test]
+    if not proto or proto.group(1) != want:
+        sys.exit("h2load did not speak %s:\n%s" % (want, t))
+    rps = re.search(r"finished in [\d.]+\w*, ([\d.]+) req/s", t)
+    req = re.search(r"requests: \d+ total, \d+ started, (\d+) done, \d+ succeeded, "
+                    r"(\d+) failed", t)
+    codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", t)
+    if not rps or not req or not codes:
+        sys.exit("cannot parse h2load output:\n" + t)
+    errors = int(req.group(2)) + sum(int(x) for x in codes.groups()[1:])
+    print(req.group(1), rps.group(1), errors)
 EOF
 }
 
+# h2_slow_reader for the running proxy: one row in $SLOW_RESULTS,
+# "proxy idle_kb peak_kb seconds bytes verdict".
+slow_reader() { # proxy
+    local proxy=$1 out="$TMP/$1-h2_slow_reader.json" p args=()
+    for p in $PROXY_PID $(pgrep -P "$PROXY_PID" || true); do args+=(--pid "$p"); done
+    if taskset -c "$LOAD_CPU" "$PY" "$REPO/perf/h2_slow_reader.py" --port "$TLS_PORT" \
+        --expect "$SLOW_BYTES" --rate "$SLOW_RATE" "${args[@]}" >"$out" 2>"$out.err"; then
+        :
+    fi
+    $PY - "$proxy" "$out" "$out.err" "$SLOW_LIMIT_KB" >>"$SLOW_RESULTS" <<'EOF'
+import json, sys
+proxy, out, err, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+try:
+    r = json.loads(open(out).read())
+except ValueError:
+    why = (open(err).read().strip().splitlines() or ["no output"])[-1]
+    print(proxy, 0, 0, 0, 0, "failed:" + why.replace(" ", "_"))
+    sys.exit(0)
+if r["status"] != 200 or r["bytes"] != r["expect"]:
+    verdict = "failed:status_%s,_%d_bytes" % (r["status"], r["bytes"])
+else:
+    verdict = "yes" if r["peak_kb"] - r["idle_kb"] <= limit else "no"
+print(proxy, r["idle_kb"], r["peak_kb"], r["seconds"], r["bytes"], verdict)
+EOF
+    tail -1 "$SLOW_RESULTS" | awk '{printf "%-8s h2_slow_reader idle %d KB, peak %d KB, %s s, %s bytes, within limit: %s\n", $1, $2, $3, $4, $5, $6}'
+}
+
 RESULTS="$TMP/results"
+SLOW_RESULTS="$TMP/slow_results"
 : >"$RESULTS"
+: >"$SLOW_RESULTS"
+: >"$TMP/tls/params"
 for proxy in $PROXIES; do
-    port=$(free_port)
-    start_proxy "$proxy" "$port"
+    read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
+    start_proxy "$proxy"
     for test in $TESTS; do
-        run_wrk "$port" "$test" "$WARMUP" "$TMP/$proxy-$test-warmup.txt"
+        if [ "$test" = h2_slow_reader ]; then
+            slow_reader "$proxy"
+            continue
+        fi
+        resumed=-
+        case $test in
+        handshake_new) resumed=0 ;; # h2load offers no session
+        handshake_resumed) resumed=$(probe_resumption "$proxy") ;;
+        esac
+        run_load "$test" "$WARMUP" "$TMP/$proxy-$test-warmup.txt"
+        count=""
+        if [ "$test" = handshake_new ]; then
+            # as many connections as the warm-up's rate makes in $DURATION
+            count=$(parse_load "$test" "$TMP/$proxy-$test-warmup.txt" |
+                awk -v s="$(seconds_of "$DURATION")" '{n = int($2 * s); print (n < 500 ? 500 : n)}')
+        fi
         before=$(cpu_ticks "$PROXY_PID")
-        run_wrk "$port" "$test" "$DURATION" "$TMP/$proxy-$test.txt"
+        run_load "$test" "$DURATION" "$TMP/$proxy-$test.txt" "$count"
         after=$(cpu_ticks "$PROXY_PID")
         kill -0 "$PROXY_PID" 2>/dev/null || die "$proxy died during $test: $(tail -5 "$TMP/$proxy/stderr")"
-        read -r requests rps errors < <(parse_wrk "$TMP/$proxy-$test.txt")
+        read -r requests rps errors < <(parse_load "$test" "$TMP/$proxy-$test.txt")
         cpu_us=$($PY -c "print('%.2f' % (($after - $before) * 1e6 / $CLK_TCK / max($requests, 1)))")
-        echo "$proxy $test $requests $rps $cpu_us $errors" >>"$RESULTS"
-        printf '%-8s %-7s %10s req/s %8s us/req  errors %s\n' "$proxy" "$test" "$rps" "$cpu_us" "$errors"
+        echo "$proxy $test $requests $rps $cpu_us $errors $resumed" >>"$RESULTS"
+        printf '%-8s %-17s %10s req/s %8s us/req  errors %s%s\n' "$proxy" "$test" "$rps" \
+            "$cpu_us" "$errors" "$([ "$resumed" = - ] || echo ", resumed $resumed")"
     done
     stop_proxy
 done
 
 # --- report --------------------------------------------------------------------
 CPU_MODEL=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
-CMD="make bench  (BUILD=$BUILD${BASELINE:+ BASELINE=$BASELINE} DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS WRK_THREADS=$WRK_THREADS PROXIES=\"$PROXIES\" TESTS=\"$TESTS\" perf/bench.sh)"
-TABLE=$($PY - "$RESULTS" <<'EOF'
+COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+# The binary is built from the work tree: say when it differs from the commit.
+if ! git -C "$REPO" diff --quiet HEAD -- runtime common proto 2>/dev/null; then
+    COMMIT="$COMMIT + uncommitted changes in runtime/, common/ or proto/"
+fi
+KNOBS="BUILD=$BUILD${BASELINE:+ BASELINE=$BASELINE} DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS WRK_THREADS=$WRK_THREADS PROXIES=\"$PROXIES\" TESTS=\"$TESTS\""
+if wants h2c || wants h2tls; then KNOBS="$KNOBS H2_CLIENTS=$H2_CLIENTS H2_STREAMS=$H2_STREAMS"; fi
+if wants handshake_new || wants handshake_resumed; then KNOBS="$KNOBS HANDSHAKE_CLIENTS=$HANDSHAKE_CLIENTS"; fi
+if wants h2_slow_reader; then KNOBS="$KNOBS SLOW_BYTES=$SLOW_BYTES SLOW_RATE=$SLOW_RATE"; fi
+CMD="make bench  ($KNOBS perf/bench.sh)"
+TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" <<'EOF'
 import sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+slow = [l.split() for l in open(sys.argv[2]) if l.strip()]
+limit_kb = int(sys.argv[3])
 by = {(r[0], r[1]): r for r in rows}
-names = {"get": "GET", "post1k": "POST 1 KB", "post5k": "POST 5 KB"}
-print("| test | proxy | requests/s | CPU µs/request | errors | req/s vs nginx | CPU/req vs nginx |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+names = {"get": "GET", "post1k": "POST 1 KB", "post5k": "POST 5 KB",
+         "https_get": "HTTPS GET", "h2c": "h2c", "h2tls": "h2 (TLS)",
+         "handshake_new": "TLS full handshake", "handshake_resumed": "TLS resumed handshake"}
 tests = []
 for r in rows:
     if r[1] not in tests:
         tests.append(r[1])
-for t in tests:
-    for r in rows:
-        if r[1] != t:
-            continue
-        proxy, _, req, rps, cpu, err = r
-        ng = by.get(("nginx", t))
-        if ng and float(ng[3]) > 0 and float(ng[4]) > 0:
-            rr = "%.2f" % (float(rps) / float(ng[3]))
-            cr = "%.2f" % (float(cpu) / float(ng[4]))
-        else:
-            rr = cr = "n/a"
-        print("| %s | %s | %.0f | %s | %s | %s | %s |" % (names.get(t, t), proxy, float(rps),
-                                                       cpu, err, rr, cr))
+
+def ratio(a, b):
+    return "%.2f" % (a / b) if b > 0 else "n/a"
+
+if rows:
+    print("| test | proxy | requests/s | CPU µs/request | errors | req/s vs nginx | CPU/req vs nginx |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for t in tests:
+        for r in rows:
+            if r[1] != t:
+                continue
+            proxy, _, req, rps, cpu, err, _ = r
+            ng = by.get(("nginx", t))
+            rr = ratio(float(rps), float(ng[3])) if ng else "n/a"
+            cr = ratio(float(cpu), float(ng[4])) if ng else "n/a"
+            print("| %s | %s | %.0f | %s | %s | %s | %s |" % (names.get(t, t), proxy, float(rps),
+                                                           cpu, err, rr, cr))
+hs = [t for t in tests if t.startswith("handshake_")]
+if hs:
+    print()
+    print("TLS handshakes, one request per connection (target: per CPU second at least nginx's):")
+    print()
+    print("| handshake | proxy | handshakes/s | CPU µs/handshake | handshakes per CPU second | resumed | errors | per CPU s vs nginx |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for t in hs:
+        for r in rows:
+            if r[1] != t:
+                continue
+            proxy, _, req, rps, cpu, err, resumed = r
+            per_cpu_s = 1e6 / float(cpu) if float(cpu) > 0 else 0
+            ng = by.get(("nginx", t))
+            ng_per = 1e6 / float(ng[4]) if ng and float(ng[4]) > 0 else 0
+            if t == "handshake_new":
+                resumed = "none (h2load)"
+            else:
+                resumed = "%s (s_time probe)" % resumed
+            print("| %s | %s | %.0f | %s | %.0f | %s | %s | %s |" % (
+                "full" if t == "handshake_new" else "resumed", proxy, float(rps), cpu,
+                per_cpu_s, resumed, err, ratio(per_cpu_s, ng_per)))
+if slow:
+    print()
+    print("h2 download with a slow reader (target: peak RSS within %d MB of idle):" % (limit_kb // 1024))
+    print()
+    print("| proxy | idle RSS MB | peak RSS MB | growth MB | bytes received | seconds | within %d MB |" % (limit_kb // 1024))
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for proxy, idle, peak, secs, got, verdict in slow:
+        idle, peak = int(idle), int(peak)
+        print("| %s | %.1f | %.1f | %.1f | %s | %s | %s |" % (
+            proxy, idle / 1024, peak / 1024, (peak - idle) / 1024, got, secs,
+            verdict.replace("_", " ")))
 EOF
 )
+# "TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 (all three)" or one entry per proxy.
+TLS_PARAMS=$(awk '{k = $2 ", " $3 ", " $4; n[k] = n[k] (n[k] ? " " : "") $1}
+    END {for (k in n) printf "%s%s (%s)", (i++ ? "; " : ""), k, n[k]}' "$TMP/tls/params")
 echo
-echo "$TABLE"
+[ ! -s "$TMP/tls/params" ] || printf 'TLS negotiated: %s\n\n' "$TLS_PARAMS"
+echo "$TABLES"
 
 if [ "$OUT" != "-" ]; then
     mkdir -p "$(dirname "$OUT")"
-    cat >"$OUT" <<EOF
+    {
+        cat <<EOF
 # Benchmarks
 
 Written by \`perf/bench.sh\`; do not edit by hand, run it again.
 
 - Date: $(date -u '+%Y-%m-%d %H:%M UTC')
+- Commit: $COMMIT
 - Machine: $NCPU CPUs, $CPU_MODEL, Linux $(uname -r)
-- Peers: $("$NGINX" -v 2>&1 | sed 's/.*: //'), $("$HAPROXY" -v 2>&1 | head -1 | awk '{print "HAProxy", $3}'), $(wrk -v 2>&1 | head -1 | awk '{print "wrk", $2}')
+- Peers: $("$NGINX" -v 2>&1 | sed 's/.*: //'), $("$HAPROXY" -v 2>&1 | head -1 | awk '{print "HAProxy", $3}'), $(wrk -v 2>&1 | head -1 | awk '{print "wrk", $2}'), $(h2load --version 2>/dev/null | awk '{print "h2load", $2}'), $(openssl version | awk '{print "OpenSSL", $2}')
 - Command: \`$CMD\`
 - Set-up: origin = nginx \`return 200\` (22-byte body) on CPU $LOAD_CPU; the proxy
   under test pinned to CPU $PROXY_CPU with one worker (sluice-runtime
@@ -331,9 +631,23 @@ Written by \`perf/bench.sh\`; do not edit by hand, run it again.
   Errors = wrk non-2xx responses + socket errors.
 - A shared 2-core machine gives noisy absolute numbers: compare the rows of
   one run, not runs of different days.
-
-$TABLE
 EOF
+        if [ -s "$TMP/tls/params" ]; then
+            cat <<EOF
+- TLS and HTTP/2 tests (perf/README.md): one ECDSA P-256 certificate made
+  for the run, TLS 1.3 only, negotiated: $TLS_PARAMS. HTTPS GET = wrk over TLS
+  (HTTP/1.1, keep-alive); h2c and h2 (TLS) = h2load \`-c $H2_CLIENTS -m $H2_STREAMS\`
+  (errors: failed + non-2xx); handshakes: $HANDSHAKE_CLIENTS concurrent
+  connections, each one GET with \`Connection: close\`, full = h2load \`--h1\`
+  (never resumes), resumed = wrk (offers the previous connection's ticket;
+  "resumed" = share of \`openssl s_time -reuse\` connections the proxy resumed in
+  a 1 s probe before the run); h2 slow reader = perf/h2_slow_reader.py
+  reading $SLOW_BYTES bytes over h2 (TLS) at most $SLOW_RATE bytes/s.
+EOF
+        fi
+        echo
+        echo "$TABLES"
+    } >"$OUT"
     echo
     echo "wrote $OUT"
 fi
