@@ -383,13 +383,12 @@ void sl_exchange_drive(sl_exchange_t *x)
             x->ops->pump_body(x);
         if (!alive(x))
             return;
-        if (x->up && x->phase != SL_XP_CONNECTING && !x->up_want_write) {
+        if (x->up_h2) {
+            if (x->h2_stream)
+                sl_h2up_resume_send(x); /* DATA from uout, as the windows allow */
+        } else if (x->up && x->phase != SL_XP_CONNECTING && !x->up_want_write) {
             if (up_send(x) != 0)
                 return;
-        }
-        if (x->up_h2) {
-            sl_h2up_resume_send(x); /* DATA from uout, as the windows allow */
-            return;
         }
         if (!alive(x))
             return;

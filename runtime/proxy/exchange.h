@@ -125,6 +125,7 @@ typedef struct sl_exchange {
     struct sl_h2up *h2;          /* the connection carrying the stream, or NULL */
     int32_t h2_stream;           /* its stream id, 0 before submission */
     struct sl_exchange *h2_next; /* waiting for the connection to be ready */
+    uint8_t h2_wants_body;       /* DATA took uout's bytes: refill it from the client */
     sl_buf_t trailers;
 } sl_exchange_t;
 

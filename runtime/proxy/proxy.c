@@ -96,6 +96,12 @@ typedef struct sl_conn {
     uint8_t tun_client_shut, tun_up_shut;
     uint32_t tun_idle_ms;
     uint64_t tun_last_ms; /* last byte relayed, for the idle timeout */
+
+    /* An HTTP/2 upstream's body without a length, for an HTTP/1.1 client:
+     * the codec frames it chunked (with the trailers at the end), so the
+     * connection stays reusable. The upstream's bytes land in `stage`. */
+    uint8_t frame_chunked;
+    sl_buf_t stage;
 } sl_conn_t;
 
 /* Parse space for header slices. Per worker, not per connection: slices are
@@ -192,6 +198,8 @@ static void reset_request(sl_conn_t *c)
 {
     sl_request_reset(&c->x.r);
     sl_exchange_reset(&c->x);
+    c->frame_chunked = 0;
+    sl_worker_buf_put(c->w, &c->stage);
     c->req_body = SL_HTTP1_BODY_NONE;
     c->req_remaining = 0;
 }
@@ -332,6 +340,8 @@ static void conn_release(sl_conn_t *c)
     sl_worker_buf_put(w, &c->out);
     sl_worker_buf_put(w, &c->x.uout);
     sl_worker_buf_put(w, &c->x.uin);
+    sl_worker_buf_put(w, &c->x.trailers);
+    sl_worker_buf_put(w, &c->stage);
     free(c->peer);
     c->peer = NULL;
     if (c->prev)
@@ -1165,9 +1175,15 @@ static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
         sl_buf_append(b, "Via: 1.1 sluice\r\n", 17);
     if (c->x.resp_body == SL_HTTP1_BODY_CHUNKED && !c->x.dechunk)
         sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
+    /* HTTP/2 has no close-delimited bodies: one without a length is framed
+     * chunked for an HTTP/1.1 client, so its connection stays reusable. */
+    c->frame_chunked = c->x.up_h2 && c->x.resp_body == SL_HTTP1_BODY_CLOSE && c->minor_version;
+    if (c->frame_chunked)
+        sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
     /* A de-chunked body has no length: it ends with the connection. */
     int close_client = !c->keep_alive || c->closing || c->w->draining ||
-                       c->x.resp_body == SL_HTTP1_BODY_CLOSE || !c->x.req_body_done || c->x.dechunk;
+                       (c->x.resp_body == SL_HTTP1_BODY_CLOSE && !c->frame_chunked) ||
+                       !c->x.req_body_done || c->x.dechunk;
     if (close_client) {
         c->keep_alive = 0;
         sl_buf_append(b, "Connection: close\r\n", 19);
@@ -1366,18 +1382,61 @@ static int h1_head(sl_exchange_t *x, const sl_http1_response_t *resp, int interi
 
 static sl_buf_t *h1_body_buf(sl_exchange_t *x)
 {
-    return &conn_of(x)->out;
+    sl_conn_t *c = conn_of(x);
+    if (c->frame_chunked && !c->stage.data)
+        sl_worker_buf_get(c->w, &c->stage);
+    return c->frame_chunked ? &c->stage : &c->out;
+}
+
+/* Moves the staged bytes into `out` as one chunk. */
+static void frame_stage(sl_conn_t *c)
+{
+    size_t n = sl_buf_len(&c->stage);
+    if (!n)
+        return;
+    char line[24];
+    int h = snprintf(line, sizeof(line), "%zx\r\n", n);
+    if (!c->out.data)
+        sl_worker_buf_get(c->w, &c->out);
+    sl_buf_append(&c->out, line, (size_t)h);
+    sl_buf_append(&c->out, sl_buf_head(&c->stage), n);
+    sl_buf_append(&c->out, "\r\n", 2);
+    sl_buf_consume(&c->stage, n);
 }
 
 static int h1_body_flush(sl_exchange_t *x)
 {
-    return client_write_some(conn_of(x));
+    sl_conn_t *c = conn_of(x);
+    if (c->frame_chunked) {
+        /* Bounded: a chunk goes into `out` only once `out` has drained. */
+        int w = client_write_some(c);
+        if (w != 1)
+            return w;
+        frame_stage(c);
+    }
+    return client_write_some(c);
 }
 
 static void h1_complete(sl_exchange_t *x)
 {
     sl_conn_t *c = conn_of(x);
     evtimer_del(c->timer);
+    if (c->frame_chunked) {
+        /* The last chunk, and the upstream's trailers (RFC 9112 7.1.2). */
+        frame_stage(c);
+        sl_buf_append(&c->out, "0\r\n", 3);
+        sl_header_t f[64];
+        size_t n = sl_exchange_trailers(x, f, SL_ARRAY_LEN(f));
+        for (size_t i = 0; i < n; i++) {
+            sl_buf_append(&c->out, f[i].name.ptr, f[i].name.len);
+            sl_buf_append(&c->out, ": ", 2);
+            sl_buf_append(&c->out, f[i].value.ptr, f[i].value.len);
+            sl_buf_append(&c->out, "\r\n", 2);
+        }
+        sl_buf_append(&c->out, "\r\n", 2);
+        c->frame_chunked = 0;
+        sl_worker_buf_put(c->w, &c->stage);
+    }
     client_flush(c); /* completes the request once written */
 }
 

@@ -37,6 +37,7 @@ typedef struct sl_h2up {
     uint8_t goaway;   /* no new streams */
     uint8_t dead;
     uint8_t write_blocked;
+    uint8_t pumping, repump; /* conn_pump is on the stack / must go round again */
     unsigned in_cb;
     uint64_t idle_since_ms; /* no stream open since, 0 while busy */
     sl_exchange_t *waiting; /* exchanges queued until ready (x->h2_next) */
@@ -113,6 +114,9 @@ static ssize_t data_read_cb(nghttp2_session *sess, int32_t stream_id, uint8_t *b
     size_t n = avail < length ? avail : length;
     memcpy(buf, sl_buf_head(&x->uout) + x->uout_sent, n);
     x->uout_sent += n;
+    /* Room for more of the body: conn_pump asks the codec for it. */
+    if (!x->req_body_done)
+        x->h2_wants_body = 1;
     if (x->req_body_done && x->uout_sent == sl_buf_len(&x->uout))
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     return (ssize_t)n;
@@ -459,10 +463,51 @@ static ssize_t send_cb(nghttp2_session *sess, const uint8_t *data, size_t len, i
     return (ssize_t)len;
 }
 
+/* The next exchange whose body DATA took bytes, so that the client side
+ * refills uout (streams that wait for body bytes would otherwise wait for a
+ * client edge that backpressure has already consumed). */
+static sl_exchange_t *next_wanting_body(sl_h2up_t *h)
+{
+    for (sl_exchange_t *x = h->active; x; x = x->h2_next)
+        if (x->h2_wants_body)
+            return x;
+    return NULL;
+}
+
+static void conn_send(sl_h2up_t *h);
+
+/* Sends what the session has, refills request bodies, and again, until
+ * neither makes progress; never nested (a resume from a refill just asks
+ * for another round). */
 static void conn_pump(sl_h2up_t *h)
 {
     if (h->dead || !h->ready)
         return;
+    if (h->pumping) {
+        h->repump = 1;
+        return;
+    }
+    h->pumping = 1;
+    do {
+        h->repump = 0;
+        conn_send(h);
+        sl_exchange_t *x;
+        while (!h->dead && (x = next_wanting_body(h)) != NULL) {
+            x->h2_wants_body = 0;
+            x->ops->enter(x);
+            if (x->ops->alive(x))
+                sl_exchange_drive(x);
+            x->ops->leave(x);
+        }
+    } while (h->repump && !h->dead);
+    h->pumping = 0;
+    if (!h->dead && !nghttp2_session_want_read(h->sess) && !nghttp2_session_want_write(h->sess) &&
+        h->streams == 0)
+        conn_fail(h);
+}
+
+static void conn_send(sl_h2up_t *h)
+{
     for (;;) {
         while (sl_buf_len(&h->out)) {
             ssize_t n = sl_upstream_write(h->uc, sl_buf_head(&h->out), sl_buf_len(&h->out));
@@ -489,9 +534,6 @@ static void conn_pump(sl_h2up_t *h)
         if (sl_buf_len(&h->out) == 0)
             break;
     }
-    if (!nghttp2_session_want_read(h->sess) && !nghttp2_session_want_write(h->sess) &&
-        h->streams == 0)
-        conn_fail(h);
 }
 
 static void conn_ready(sl_h2up_t *h)
