@@ -192,6 +192,7 @@ struct head_facts {
     unsigned upgrade : 1;
     uint64_t content_length;
     sl_str_t host;
+    sl_str_t host_value; /* the Host field as sent, port included */
 };
 
 enum line_result { LINE_FIELD = 1, LINE_END = 0 };
@@ -690,8 +691,10 @@ static int finish_request(sl_http1_request_t *req, const struct head_facts *f)
         req->flags |= SL_HTTP1_F_CONN_CLOSE;
     if (f->upgrade)
         req->flags |= SL_HTTP1_F_UPGRADE;
-    if (!(req->flags & SL_HTTP1_F_ABSOLUTE_FORM))
+    if (!(req->flags & SL_HTTP1_F_ABSOLUTE_FORM)) {
         req->host = f->host;
+        req->authority = f->host_value;
+    }
     return SL_OK;
 }
 
@@ -781,6 +784,7 @@ ssize_t sl_http1_parse_request(const char *buf, size_t len, const sl_http1_limit
             if (f.host_seen)
                 return req_fail(req, 400, "several Host headers");
             f.host_seen = 1;
+            f.host_value = h->value;
             if (parse_host(&h->value, &f.host, &err) != SL_OK)
                 return req_fail(req, 400, err);
         } else if (h->name.len == 6 && EQ_LIT(h->name.ptr, 6, "expect")) {

@@ -69,7 +69,8 @@ typedef struct {
     sl_str_t host;              /* Host header value (required for 1.1), without port; for an
                                  * absolute-form target, the target's host instead (RFC 9112
                                  * 3.2.2: the Host header is then ignored) */
-    sl_str_t authority;         /* absolute-form only: host[:port] of the target */
+    sl_str_t authority;         /* host[:port]: an absolute-form target's, else the Host
+                                 * field as sent (empty without one) */
     enum sl_http1_body body;
     uint64_t content_length;
     unsigned flags;  /* SL_HTTP1_F_* */

@@ -58,8 +58,9 @@ static int name_is(const sl_header_t *h, const char *lit, size_t len)
 /*
  * The options of every Connection header line of a message: a sender may
  * split the list over several lines, and each named field is hop-by-hop.
- * Nearly every message has at most one line; past the inline slots the
- * message's headers are scanned again, which is slow but exact.
+ * Parsed once per message, so that the check per field is a length compare
+ * (and nothing at all for the usual "Connection: keep-alive"). Past the
+ * inline slots the message's headers are scanned again: slow but exact.
  */
 void sl_conn_opts_collect(sl_conn_opts_t *co, const sl_header_t *hs, size_t n)
 {
@@ -69,12 +70,27 @@ void sl_conn_opts_collect(sl_conn_opts_t *co, const sl_header_t *hs, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (hs[i].name.len != 10 || strncasecmp(hs[i].name.ptr, "connection", 10) != 0)
             continue;
-        if (co->n == SL_CONN_LINES_INLINE) {
-            co->all = hs;
-            co->num_all = n;
-            return;
+        const char *p = hs[i].value.ptr, *end = p + hs[i].value.len;
+        while (p < end) {
+            while (p < end && (*p == ' ' || *p == '\t' || *p == ','))
+                p++;
+            const char *s = p;
+            while (p < end && *p != ',')
+                p++;
+            const char *e = p;
+            while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+                e--;
+            size_t len = (size_t)(e - s);
+            if (len == 0 || (len == 5 && strncasecmp(s, "close", 5) == 0) ||
+                (len == 10 && strncasecmp(s, "keep-alive", 10) == 0))
+                continue;
+            if (co->n == SL_CONN_TOKENS_INLINE) {
+                co->all = hs;
+                co->num_all = n;
+                return;
+            }
+            co->tok[co->n++] = (sl_str_t){s, len};
         }
-        co->line[co->n++] = hs[i].value;
     }
 }
 
@@ -90,7 +106,7 @@ int sl_conn_opts_name(const sl_conn_opts_t *co, const char *name, size_t len)
         return 0;
     }
     for (unsigned i = 0; i < co->n; i++)
-        if (sl_http_token_in_list(co->line[i], name, len))
+        if (co->tok[i].len == len && strncasecmp(co->tok[i].ptr, name, len) == 0)
             return 1;
     return 0;
 }
@@ -123,7 +139,7 @@ int sl_http_is_hop_by_hop(const sl_header_t *h, const sl_conn_opts_t *co)
         break;
     }
     /* Any header the sender named in Connection is hop-by-hop too. */
-    return hop || (co->n && sl_conn_opts_name(co, h->name.ptr, h->name.len));
+    return hop || ((co->n || co->all) && sl_conn_opts_name(co, h->name.ptr, h->name.len));
 }
 
 /* ---- the request head for the upstream ----------------------------------- */

@@ -175,11 +175,13 @@ size_t sl_exchange_trailers(const sl_exchange_t *x, sl_header_t *out, size_t cap
 
 /* Hop-by-hop rules shared with the codecs (RFC 9110 7.6.1): the options of
  * every Connection line of a message, and whether a field is hop-by-hop. */
-#define SL_CONN_LINES_INLINE 4
+#define SL_CONN_TOKENS_INLINE 8
 typedef struct {
-    sl_str_t line[SL_CONN_LINES_INLINE];
+    /* The options that name fields ("close" and "keep-alive" name none that
+     * is not hop-by-hop already, so the usual message has none at all). */
+    sl_str_t tok[SL_CONN_TOKENS_INLINE];
     unsigned n;
-    const sl_header_t *all; /* set when there are more lines than slots */
+    const sl_header_t *all; /* set when there are more options than slots */
     size_t num_all;
 } sl_conn_opts_t;
 void sl_conn_opts_collect(sl_conn_opts_t *co, const sl_header_t *hs, size_t n);

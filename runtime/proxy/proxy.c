@@ -846,15 +846,8 @@ static void head_from_http1(sl_req_head_t *h, const sl_http1_request_t *req)
         .content_length = req->body == SL_HTTP1_BODY_LENGTH ? req->content_length : 0,
     };
     /* The origin's Host: an absolute-form target's authority replaces the
-     * Host header (RFC 9112 3.2.2). */
-    if (req->flags & SL_HTTP1_F_ABSOLUTE_FORM) {
-        h->authority = req->authority;
-    } else {
-        const sl_http1_header_t *host =
-            sl_http1_find_header(req->headers, req->num_headers, "host", 4);
-        if (host)
-            h->authority = host->value;
-    }
+     * Host header (RFC 9112 3.2.2); the parser chose. */
+    h->authority = req->authority;
 }
 
 /* Parses and dispatches the request at the front of `in`. */

@@ -146,6 +146,7 @@ static void test_parses_simple_get(void **state)
     assert_str(req.headers[1].value, "curl/8.0");
     assert_str(req.headers[2].value, "*/*");
     assert_str(req.host, "api.example.com");
+    assert_str(req.authority, "api.example.com"); /* the Host field as sent */
     assert_int_equal(req.body, SL_HTTP1_BODY_NONE);
     assert_int_equal(req.flags, SL_HTTP1_F_KEEP_ALIVE | SL_HTTP1_F_HAS_QUERY);
     /* zero-copy: slices point into the caller's buffer */
