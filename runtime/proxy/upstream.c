@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,13 +243,31 @@ int sl_upstream_idle_usable(const sl_upconn_t *uc)
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+/*
+ * The connection's event fired in the loop's current batch and its callback
+ * has not run yet (the batch is being processed): the socket has news, EOF
+ * or bytes, that the idle watcher would act on next. Free to ask: libevent
+ * keeps it in the event itself (event_struct.h, stable through 2.1).
+ */
+static int event_fired(const struct event *ev)
+{
+    return (ev->ev_evcallback.evcb_flags & (EVLIST_ACTIVE | EVLIST_ACTIVE_LATER)) != 0 &&
+           (ev->ev_res & (EV_READ | EV_CLOSED)) != 0;
+}
+
 sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool, int check)
 {
     sl_upconn_t *uc;
     while ((uc = pool->idle) != NULL) {
         idle_unlink(uc);
         pool->num_busy++;
-        if (!check || sl_upstream_idle_usable(uc))
+        int dead = event_fired(uc->ev);
+        /* The system call only where an origin's idle close is likely: a
+         * connection that has sat in the pool for a while. One reused at
+         * once (under load, every one) was watched until just now. */
+        if (!dead && check && sl_endpoint_now_ms() - uc->idle_since_ms >= SL_POOL_PEEK_AFTER_MS)
+            dead = !sl_upstream_idle_usable(uc);
+        if (!dead)
             return uc;
         sl_upstream_close(sl_worker_self, uc); /* EOF, error or stray bytes */
     }

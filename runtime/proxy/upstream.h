@@ -61,13 +61,15 @@ int sl_upstream_pick(sl_worker_t *w, sl_gen_cluster_t *c, uint64_t hash, int exc
 
 /*
  * An idle connection of the pool, or NULL. The connection is taken out of
- * the idle list and counted busy. With `check`, each candidate is first
- * asked whether anything is pending on it (sl_upstream_idle_usable) and
- * closed if so: for requests that cannot be retried when a connection turns
- * out dead. The idle watcher closes connections whose EOF or bytes arrive
- * while they sit in the pool, but an edge that is harvested in the same loop
- * iteration that hands the connection out is only seen by asking.
+ * the idle list and counted busy. The idle watcher closes connections whose
+ * EOF or bytes arrive while they sit in the pool; one whose event fired in
+ * the loop's current batch (its callback not run yet) is closed here, for
+ * free. With `check` (requests that are not retried when a connection turns
+ * out dead), a candidate idle for SL_POOL_PEEK_AFTER_MS or more is also
+ * asked (sl_upstream_idle_usable, a system call): an origin's keep-alive
+ * timeout closes connections that sat idle, not ones reused at once.
  */
+#define SL_POOL_PEEK_AFTER_MS 1000
 sl_upconn_t *sl_upstream_take_idle(sl_pool_t *pool, int check);
 /* 1 when nothing (no byte, no EOF, no error) is pending on the connection:
  * one non-blocking MSG_PEEK, a system call. */
