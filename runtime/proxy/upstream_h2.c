@@ -38,6 +38,9 @@ typedef struct sl_h2up {
     uint8_t dead;
     uint8_t write_blocked;
     uint8_t pumping, repump; /* conn_pump is on the stack / must go round again */
+    /* Inside nghttp2 (mem_recv, send): the session must not be sent on or
+     * deleted from its own callbacks; both wait until it returns. */
+    uint8_t in_session, fail_pending;
     unsigned in_cb;
     uint64_t idle_since_ms; /* no stream open since, 0 while busy */
     sl_exchange_t *waiting; /* exchanges queued until ready (x->h2_next) */
@@ -404,6 +407,10 @@ static void conn_fail(sl_h2up_t *h)
 {
     if (h->dead)
         return;
+    if (h->in_session) {
+        h->fail_pending = 1;
+        return;
+    }
     h->dead = 1;
     conn_unlink(h);
     h->in_cb++;
@@ -483,7 +490,7 @@ static void conn_pump(sl_h2up_t *h)
 {
     if (h->dead || !h->ready)
         return;
-    if (h->pumping) {
+    if (h->pumping || h->in_session) {
         h->repump = 1;
         return;
     }
@@ -527,7 +534,10 @@ static void conn_send(sl_h2up_t *h)
         h->write_blocked = 0;
         if (!nghttp2_session_want_write(h->sess))
             break;
-        if (nghttp2_session_send(h->sess) != 0) {
+        h->in_session++;
+        int rc = nghttp2_session_send(h->sess);
+        h->in_session--;
+        if (rc != 0 || h->fail_pending) {
             conn_fail(h);
             return;
         }
@@ -595,7 +605,10 @@ void sl_h2up_event(sl_h2up_t *h, short what)
         for (;;) {
             ssize_t n = sl_upstream_read(uc, buf, sizeof(buf));
             if (n > 0) {
-                if (nghttp2_session_mem_recv(h->sess, (const uint8_t *)buf, (size_t)n) < 0) {
+                h->in_session++;
+                ssize_t rc = nghttp2_session_mem_recv(h->sess, (const uint8_t *)buf, (size_t)n);
+                h->in_session--;
+                if (rc < 0 || h->fail_pending) {
                     conn_fail(h);
                     goto out;
                 }

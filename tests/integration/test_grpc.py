@@ -163,3 +163,21 @@ def test_many_concurrent_calls_share_upstream_connections(grpc_env):
     futs = [call.future(b"m%d" % i, timeout=20) for i in range(200)]
     assert [f.result() for f in futs] == [b"m%d" % i for i in range(200)]
     ch.close()
+
+
+def test_backend_dying_mid_stream_ends_the_call(grpc_env):
+    """The server dies after a few messages of a server stream: the client
+    gets the messages sent so far and then an error, never a hang and never
+    an OK that looks complete."""
+    rt, s, ch = grpc_env()
+    stream = ch.unary_stream("/pkg.Echo/ServerStream")(b"1000000", timeout=10)
+    got = []
+    with pytest.raises(grpc.RpcError) as e:
+        for item in stream:
+            got.append(item)
+            if len(got) == 5:
+                s.stop()
+    assert len(got) >= 5
+    assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
+                              grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN), e.value
+    ch.close()
