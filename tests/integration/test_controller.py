@@ -391,13 +391,15 @@ def test_runtime_started_before_controller_waits_unready(env):
     ctl.stop()  # the config stays in its data dir
 
     rt = env.runtime("rt-early")
+    # How soon the admin port opens depends on the machine's load; once it
+    # answers, every answer while the controller is away must be "not ready".
+    wait_until(lambda: rt.ready_status() is not None, 15.0, what="runtime admin port")
     deadline = time.monotonic() + 1.5
     seen = []
     while time.monotonic() < deadline:
         seen.append(rt.ready_status())
         time.sleep(0.05)
-    assert seen and all(s == 503 for s in seen[3:]), seen
-    assert seen[-1] == 503
+    assert len(seen) >= 5 and all(s == 503 for s in seen), seen
     assert rt.metric("sluice_controller_connected") == 0
     assert rt.controller_state()["synced"] is False
 
