@@ -24,6 +24,10 @@
 #   h2_slow_reader     perf/h2_slow_reader.py downloads $SLOW_BYTES over h2
 #                      at $SLOW_RATE bytes/s; reports the proxy's idle and
 #                      peak RSS (limit: peak within 64 MB of idle)
+#   grpc_unary         perf/grpc_latency.py: $GRPC_CALLS sequential unary calls
+#                      to a grpcio server directly and through each proxy
+#                      (h2c, nginx grpc_pass, HAProxy proto h2): p50/p99,
+#                      latency added, proxy CPU per call
 # (perf/README.md says why these tools.)
 #
 # What it does not do: build anything (run `make bench`, or build first and
@@ -37,6 +41,7 @@
 #   HANDSHAKE_CLIENTS=50             concurrent connections of the handshake tests
 #   H2_CLIENTS=50 H2_STREAMS=10      h2load -c / -m of h2c and h2tls
 #   SLOW_BYTES=1073741824 SLOW_RATE=67108864   h2_slow_reader size and rate
+#   GRPC_CALLS=10000                  calls per path of grpc_unary
 #   PROXY_CPU=0 LOAD_CPU=1
 #   OUT=docs/benchmarks.md            ("-" = only print the table)
 #   BASELINE=path/to/sluice-runtime   also measure this binary, as proxy
@@ -55,7 +60,7 @@ CONNECTIONS=${CONNECTIONS:-50}
 WRK_THREADS=${WRK_THREADS:-1}
 PROXIES=${PROXIES:-"sluice nginx haproxy"}
 TESTS=${TESTS:-"get post1k post5k"}
-ALL_TESTS="get post1k post5k https_get h2c h2tls handshake_new handshake_resumed h2_slow_reader"
+ALL_TESTS="get post1k post5k https_get h2c h2tls handshake_new handshake_resumed h2_slow_reader grpc_unary"
 [ "$TESTS" != all ] || TESTS=$ALL_TESTS
 HANDSHAKE_CLIENTS=${HANDSHAKE_CLIENTS:-50}
 H2_CLIENTS=${H2_CLIENTS:-50}
@@ -84,7 +89,7 @@ wants() { case " $TESTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 NEED_TLS=""
 for test in $TESTS; do
     case " $ALL_TESTS " in *" $test "*) ;; *) die "unknown test $test (known: $ALL_TESTS)" ;; esac
-    case $test in get | post1k | post5k) ;; *) NEED_TLS=1 ;; esac
+    case $test in get | post1k | post5k | grpc_unary) ;; *) NEED_TLS=1 ;; esac
 done
 tools="nginx haproxy wrk taskset curl getconf openssl"
 if wants h2c || wants h2tls || wants handshake_new; then tools="$tools h2load"; fi
@@ -95,6 +100,10 @@ done
 if wants h2_slow_reader; then
     $PY -c 'import h2' 2>/dev/null || die "python3-h2 not found (make deps installs it)"
 fi
+if wants grpc_unary; then
+    $PY -c 'import grpc' 2>/dev/null || die "python3-grpcio not found (make deps installs it)"
+fi
+GRPC_CALLS=${GRPC_CALLS:-10000}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 case " $PROXIES " in *" sluice "*)
@@ -498,6 +507,7 @@ for proxy in $PROXIES; do
             slow_reader "$proxy"
             continue
         fi
+        [ "$test" != grpc_unary ] || continue # its own run, below
         resumed=-
         case $test in
         handshake_new) resumed=0 ;; # h2load offers no session
@@ -523,6 +533,21 @@ for proxy in $PROXIES; do
     stop_proxy
 done
 
+# grpc_unary: its own servers (a grpcio server and each proxy in front of
+# it), the same CPUs; rows "path p50 p99 added_p50 added_p99 cpu errors".
+GRPC_RESULTS="$TMP/grpc_results"
+: >"$GRPC_RESULTS"
+if wants grpc_unary; then
+    grpc_proxies=""
+    for proxy in $PROXIES; do
+        case $proxy in sluice | nginx | haproxy) grpc_proxies="$grpc_proxies $proxy" ;; esac
+    done
+    taskset -c "$LOAD_CPU" "$PY" "$REPO/perf/grpc_latency.py" --build "$BUILD" \
+        --calls "$GRPC_CALLS" --proxies "$grpc_proxies" --proxy-cpu "$PROXY_CPU" \
+        --rows "$GRPC_RESULTS" || die "grpc_unary failed"
+    awk '{printf "%-8s grpc_unary p50 %s us, p99 %s us, added p50 %s us, p99 %s us, %s us CPU/call, errors %s\n", $1, $2, $3, $4, $5, $6, $7}' "$GRPC_RESULTS"
+fi
+
 # --- report --------------------------------------------------------------------
 CPU_MODEL=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
 COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -534,12 +559,15 @@ KNOBS="BUILD=$BUILD${BASELINE:+ BASELINE=$BASELINE} DURATION=$DURATION WARMUP=$W
 if wants h2c || wants h2tls; then KNOBS="$KNOBS H2_CLIENTS=$H2_CLIENTS H2_STREAMS=$H2_STREAMS"; fi
 if wants handshake_new || wants handshake_resumed; then KNOBS="$KNOBS HANDSHAKE_CLIENTS=$HANDSHAKE_CLIENTS"; fi
 if wants h2_slow_reader; then KNOBS="$KNOBS SLOW_BYTES=$SLOW_BYTES SLOW_RATE=$SLOW_RATE"; fi
+if wants grpc_unary; then KNOBS="$KNOBS GRPC_CALLS=$GRPC_CALLS"; fi
 CMD="make bench  ($KNOBS perf/bench.sh)"
-TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" <<'EOF'
+TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" "$GRPC_RESULTS" "$GRPC_CALLS" <<'EOF'
 import sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
 slow = [l.split() for l in open(sys.argv[2]) if l.strip()]
 limit_kb = int(sys.argv[3])
+grpc_rows = [l.split() for l in open(sys.argv[4]) if l.strip()]
+grpc_calls = sys.argv[5]
 by = {(r[0], r[1]): r for r in rows}
 names = {"get": "GET", "post1k": "POST 1 KB", "post5k": "POST 5 KB",
          "https_get": "HTTPS GET", "h2c": "h2c", "h2tls": "h2 (TLS)",
@@ -598,6 +626,18 @@ if slow:
         print("| %s | %.1f | %.1f | %.1f | %s | %s | %s |" % (
             proxy, idle / 1024, peak / 1024, (peak - idle) / 1024, got, secs,
             verdict.replace("_", " ")))
+if grpc_rows:
+    print()
+    print("gRPC unary calls, %s sequential 64-byte calls per path, h2c to a grpcio server "
+          "(perf/grpc_latency.py; added = p50/p99 minus the direct call's):" % grpc_calls)
+    print()
+    print("| path | p50 µs | p99 µs | added p50 µs | added p99 µs | proxy CPU µs/call | errors | CPU/call vs nginx |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ng = [float(r[5]) for r in grpc_rows if r[0] == "nginx"]
+    for path, p50, p99, a50, a99, cpu, err in grpc_rows:
+        vs = "" if path == "direct" else ratio(float(cpu), ng[0]) if ng else "n/a"
+        cpu = "" if path == "direct" else cpu
+        print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (path, p50, p99, a50, a99, cpu, err, vs))
 EOF
 )
 # "TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 (all three)" or one entry per proxy.
@@ -622,7 +662,7 @@ Written by \`perf/bench.sh\`; do not edit by hand, run it again.
 - Command: \`$CMD\`
 - Set-up: origin = nginx \`return 200\` (22-byte body) on CPU $LOAD_CPU; the proxy
   under test pinned to CPU $PROXY_CPU with one worker (sluice-runtime
-  \`--workers 1\`, nginx \`worker_processes 1\` with upstream \`keepalive 64\`,
+  \`--workers 1\`, nginx \`worker_processes 1\` with upstream \`keepalive 1024\`,
   HAProxy \`nbthread 1\` with \`http-reuse always\`), no access logs; wrk
   ($WRK_THREADS thread, $CONNECTIONS connections) on CPU $LOAD_CPU, $WARMUP warm-up
   (discarded) then $DURATION measured per test.

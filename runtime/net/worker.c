@@ -221,6 +221,45 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
     sl_generation_tick(w);
 }
 
+void sl_worker_run_deferred(sl_worker_t *w)
+{
+    w->flush_active = 1; /* what the runs queue joins this pass */
+    while (w->deferred) {
+        sl_deferred_t *d = w->deferred;
+        w->deferred = d->next;
+        if (!w->deferred)
+            w->deferred_tail = &w->deferred;
+        d->next = NULL;
+        d->queued = 0;
+        d->run(d);
+    }
+    w->flush_active = 0;
+}
+
+static void flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sl_worker_run_deferred(arg);
+}
+
+int sl_worker_defer(sl_worker_t *w, sl_deferred_t *d)
+{
+    if (d->queued)
+        return 0;
+    if (!w->flush_ev)
+        return -1; /* a worker made by hand (unit tests): write now */
+    d->queued = 1;
+    d->next = NULL;
+    *w->deferred_tail = d;
+    w->deferred_tail = &d->next;
+    if (!w->flush_active) {
+        w->flush_active = 1;
+        event_active(w->flush_ev, EV_WRITE, 0);
+    }
+    return 1;
+}
+
 void sl_worker_conn_closed(sl_worker_t *w)
 {
     w->num_conns--;
@@ -269,7 +308,9 @@ sl_worker_t *sl_workers_create(unsigned nworkers)
         w->cmd_ev = event_new(w->base, w->cmd_fd, EV_READ | EV_PERSIST, cmd_cb, w);
         w->drain_ev = evtimer_new(w->base, drain_timeout_cb, w);
         w->sweep_ev = event_new(w->base, -1, EV_PERSIST, sweep_cb, w);
-        if (!w->cmd_ev || !w->drain_ev || !w->sweep_ev)
+        w->flush_ev = event_new(w->base, -1, 0, flush_cb, w);
+        w->deferred_tail = &w->deferred;
+        if (!w->cmd_ev || !w->drain_ev || !w->sweep_ev || !w->flush_ev)
             return NULL;
         event_add(w->cmd_ev, NULL);
         struct timeval one_s = {1, 0};
@@ -290,8 +331,11 @@ static void *worker_main(void *arg)
      * idle worker never holds up a grace period (REFERENCE.md, QSBR). */
     rcu_thread_offline();
     event_base_dispatch(w->base);
+    /* Queued flushes hold their connections: run them before closing. */
+    sl_worker_run_deferred(w);
     sl_proxy_close_all(w);
     sl_upstream_shutdown(w);
+    sl_worker_run_deferred(w);
     /* After the last request: the current generation's reference too, or
      * it would outlive the runtime's final retire. */
     sl_generation_release_all(w);
@@ -346,6 +390,7 @@ void sl_workers_destroy(sl_worker_t *ws, unsigned nworkers)
         event_free(w->cmd_ev);
         event_free(w->drain_ev);
         event_free(w->sweep_ev);
+        event_free(w->flush_ev);
         close(w->cmd_fd);
         event_base_free(w->base);
         pthread_mutex_destroy(&w->cmd_lock);

@@ -72,6 +72,14 @@ typedef struct sl_worker_cmd {
     struct sl_worker_cmd *next;
 } sl_worker_cmd_t;
 
+/* A connection's socket writes put off to the end of the worker's current
+ * batch of events (sl_worker_defer). */
+typedef struct sl_deferred {
+    struct sl_deferred *next;
+    void (*run)(struct sl_deferred *d);
+    uint8_t queued;
+} sl_deferred_t;
+
 /* Cached 32 KiB blocks for connection buffers, so keep-alive connections do
  * not hold buffers while idle and busy ones do not call malloc per request. */
 #define SL_WORKER_BLOCK_SIZE (32 * 1024)
@@ -110,6 +118,10 @@ typedef struct sl_worker {
     struct event *drain_ev;
     uint64_t request_counter;
 
+    /* sl_worker_defer's queue, run by flush_ev: FIFO. */
+    sl_deferred_t *deferred, **deferred_tail;
+    struct event *flush_ev;
+    uint8_t flush_active;
     /* Worker thread only; see generation.h "Worker holds". */
     struct sl_generation *gens_held[SL_WORKER_GENS_HELD];
     unsigned num_gens_held;
@@ -129,6 +141,24 @@ void sl_workers_destroy(sl_worker_t *workers, unsigned nworkers);
 int sl_worker_buf_get(sl_worker_t *w, sl_buf_t *b);
 int sl_worker_small_buf_get(sl_worker_t *w, sl_buf_t *b);
 void sl_worker_buf_put(sl_worker_t *w, sl_buf_t *b);
+
+/*
+ * Write batching (worker thread only). An HTTP/2 connection that has frames
+ * to send because of some other connection's event (an upstream's response
+ * for a client stream, a client's request for an upstream stream) queues
+ * its flush here instead of writing at once. The queue runs from an event
+ * activated at the default priority, which libevent appends behind the
+ * events of the batch it is running: what one epoll batch produces for a
+ * connection (a response's HEADERS, DATA and trailers, the responses of
+ * ten streams, a request's HEADERS, DATA and END_STREAM) leaves in one
+ * write(2), as h2o and HAProxy do, instead of one per frame. Returns 1 if d
+ * is queued now (the caller holds its object until d->run), 0 if it already
+ * was, -1 if this worker does not batch (write now). d->run runs in FIFO
+ * order; what it queues runs in the same pass.
+ */
+int sl_worker_defer(sl_worker_t *w, sl_deferred_t *d);
+/* Runs the queue now (the loop has ended: nothing may stay queued). */
+void sl_worker_run_deferred(sl_worker_t *w);
 
 /* Called by proxy.c when a connection closes; stops the loop when draining
  * and nothing is left. */

@@ -37,6 +37,7 @@
 #include <errno.h>
 #include <event2/event.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -63,6 +64,7 @@ typedef struct sl_h2c {
     SSL *ssl;            /* h2 over TLS (ALPN), else NULL */
     sl_tls_peer_t *peer; /* its verified client certificate, or NULL */
     uint8_t tls_read_wants_write, tls_write_wants_read;
+    sl_deferred_t flush; /* conn_pump at the end of the event batch */
 } h2c_t;
 
 struct h2s {
@@ -86,6 +88,15 @@ struct h2s {
 static const sl_exchange_ops_t h2_exchange_ops;
 static void conn_pump(h2c_t *hc);
 static void conn_close(h2c_t *hc);
+
+static void deferred_pump(sl_deferred_t *d)
+{
+    h2c_t *hc = (h2c_t *)((char *)d - offsetof(h2c_t, flush));
+    if (!hc->dead)
+        conn_pump(hc);
+    if (--hc->in_cb == 0 && hc->dead)
+        free(hc);
+}
 static void stream_free(h2s_t *s);
 
 static inline h2s_t *stream_of(sl_exchange_t *x)
@@ -164,10 +175,18 @@ static void stream_leave(h2s_t *s)
     if (--s->in_cb == 0 && s->closed)
         stream_free(s);
     if (--hc->in_cb == 0 && !hc->dead) {
-        /* Outermost callback of the connection: send what it queued. */
-        hc->in_cb++;
-        conn_pump(hc);
-        hc->in_cb--;
+        /* Outermost callback of the connection (an upstream's event or a
+         * timer, not this connection's own): send what it queued with what
+         * the rest of the event batch adds (worker.h, "Write batching"). */
+        hc->flush.run = deferred_pump;
+        int r = sl_worker_defer(hc->w, &hc->flush);
+        if (r > 0) {
+            hc->in_cb++; /* held until deferred_pump */
+        } else if (r < 0) {
+            hc->in_cb++;
+            conn_pump(hc);
+            hc->in_cb--;
+        }
     }
     if (hc->in_cb == 0 && hc->dead)
         free(hc);

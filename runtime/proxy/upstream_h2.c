@@ -13,6 +13,7 @@
 #include <nghttp2/nghttp2.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@ typedef struct sl_h2up {
     uint64_t idle_since_ms; /* no stream open since, 0 while busy */
     sl_exchange_t *waiting; /* exchanges queued until ready (x->h2_next) */
     sl_exchange_t *active;  /* exchanges with a stream on it (x->h2_next) */
+    sl_deferred_t flush;    /* conn_pump at the end of the event batch */
     struct sl_h2up *next;
 } sl_h2up_t;
 
@@ -57,6 +59,7 @@ static sl_h2up_t **pool_list(sl_pool_t *p)
 
 static void conn_pump(sl_h2up_t *h);
 static void conn_fail(sl_h2up_t *h);
+static void conn_pump_soon(sl_h2up_t *h);
 
 static int alpn_is_h2(SSL *ssl)
 {
@@ -513,6 +516,27 @@ static void conn_pump(sl_h2up_t *h)
         conn_fail(h);
 }
 
+static void deferred_pump(sl_deferred_t *d)
+{
+    sl_h2up_t *h = (sl_h2up_t *)((char *)d - offsetof(sl_h2up_t, flush));
+    conn_pump(h);
+    if (--h->in_cb == 0 && h->dead)
+        free(h);
+}
+
+/* conn_pump at the end of the worker's event batch (worker.h, "Write
+ * batching"), holding h until then; at once where the worker does not
+ * batch. */
+static void conn_pump_soon(sl_h2up_t *h)
+{
+    h->flush.run = deferred_pump;
+    int r = sl_worker_defer(h->w, &h->flush);
+    if (r > 0)
+        h->in_cb++;
+    else if (r < 0)
+        conn_pump(h);
+}
+
 static void conn_send(sl_h2up_t *h)
 {
     for (;;) {
@@ -568,7 +592,7 @@ static void conn_ready(sl_h2up_t *h)
         x->ops->leave(x);
     }
     h->in_cb--;
-    conn_pump(h); /* the caller (sl_h2up_event) holds h */
+    conn_pump_soon(h); /* SETTINGS and the queued requests, in one write */
 }
 
 void sl_h2up_event(sl_h2up_t *h, short what)
@@ -624,7 +648,7 @@ void sl_h2up_event(sl_h2up_t *h, short what)
             goto out;
         }
     }
-    conn_pump(h);
+    conn_pump_soon(h); /* acks and window updates, with what the batch adds */
 out:
     if (--h->in_cb == 0 && h->dead)
         free(h);
@@ -704,7 +728,7 @@ void sl_h2up_start(sl_exchange_t *x)
         sl_exchange_failed(x, SL_UPSTREAM_ERR_CONNECT, 0);
         return;
     }
-    conn_pump(h);
+    conn_pump_soon(h); /* with the body that follows in this batch */
     if (--h->in_cb == 0 && h->dead)
         free(h);
 }
@@ -716,7 +740,7 @@ void sl_h2up_resume_send(sl_exchange_t *x)
         return;
     nghttp2_session_resume_data(h->sess, x->h2_stream);
     h->in_cb++;
-    conn_pump(h);
+    conn_pump_soon(h);
     if (--h->in_cb == 0 && h->dead)
         free(h);
 }
@@ -729,7 +753,7 @@ void sl_h2up_resume_recv(sl_exchange_t *x)
     h->in_cb++;
     x->up_paused = 0;
     move_body(h, x);
-    conn_pump(h); /* the window updates */
+    conn_pump_soon(h); /* the window updates */
     if (--h->in_cb == 0 && h->dead)
         free(h);
 }
@@ -754,10 +778,15 @@ void sl_h2up_detach(sl_exchange_t *x)
         return;
     unlink_active(h, x);
     nghttp2_session_set_stream_user_data(h->sess, x->h2_stream, NULL);
-    nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, x->h2_stream, NGHTTP2_CANCEL);
+    /* A complete response to a complete request (detached from the frame
+     * that ended it, before nghttp2 closes the stream): both ends are
+     * closed, so a RST_STREAM would only cost a frame and a write per
+     * call. Otherwise the backend must stop: CANCEL. */
+    if (!x->resp_done || nghttp2_session_get_stream_local_close(h->sess, x->h2_stream) != 1)
+        nghttp2_submit_rst_stream(h->sess, NGHTTP2_FLAG_NONE, x->h2_stream, NGHTTP2_CANCEL);
     x->h2_stream = 0;
     h->in_cb++;
-    conn_pump(h);
+    conn_pump_soon(h);
     if (--h->in_cb == 0 && h->dead)
         free(h);
 }
