@@ -31,6 +31,8 @@ class H2Origin:
         self.port = self.sock.getsockname()[1]
         self.connections = 0
         self.requests = []
+        self.resets = []      # (stream id, error code) of RST_STREAMs received
+        self.empty_ends = 0   # DATA frames with no payload that only ended a stream
         self.stop = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -57,7 +59,11 @@ class H2Origin:
                 for ev in conn.receive_data(data):
                     if isinstance(ev, h2.events.RequestReceived):
                         streams[ev.stream_id] = {"headers": dict(ev.headers), "body": b""}
+                    elif isinstance(ev, h2.events.StreamReset):
+                        self.resets.append((ev.stream_id, ev.error_code))
                     elif isinstance(ev, h2.events.DataReceived):
+                        if not ev.data and ev.stream_ended is not None:
+                            self.empty_ends += 1
                         streams[ev.stream_id]["body"] += ev.data
                         conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                     elif isinstance(ev, h2.events.StreamEnded):
@@ -157,6 +163,35 @@ def test_request_bodies_to_h2_backend(runtimes, h2origin):
         assert r.body.decode() == "%d %d" % (len(body), zlib.crc32(body))
     finally:
         s.close()
+
+
+def test_complete_exchanges_cost_no_extra_frames(runtimes, h2origin):
+    # A request that arrives whole leaves as HEADERS and DATA carrying
+    # END_STREAM (not a separate empty DATA frame), and a complete exchange
+    # is not followed by a RST_STREAM: both used to cost the backend an
+    # extra frame (and the gateway a write) per call.
+    port = start(runtimes, h2origin, h2c_listener=True)
+    c = H2Client(port)
+    for i in range(10):
+        # HEADERS, then DATA with END_STREAM, in one write (H2Client.send
+        # ends a body with an empty DATA frame of its own).
+        sid = c.conn.get_next_available_stream_id()
+        c.conn.send_headers(sid, [(":method", "POST"), (":path", "/t/echo"), (":scheme", "http"),
+                                  (":authority", "example.com"), ("content-length", "100")])
+        c.conn.send_data(sid, b"x" * 100, end_stream=True)
+        c.responses[sid] = {"headers": None, "body": bytearray(), "ended": False,
+                            "reset": None, "interim": [], "trailers": None}
+        c.sock.sendall(c.conn.data_to_send())
+        assert status(c.response(sid)) == 200
+        sid = c.send("GET", "/t/nolen/%d" % (100 + i))
+        r = c.response(sid)
+        assert status(r) == 200 and r["trailers"]
+    r = request(port, "POST", "/t/echo", body=b"y" * 100)
+    assert r.status == 200
+    c.close()
+    assert len(h2origin.requests) == 21
+    assert h2origin.empty_ends == 0
+    assert h2origin.resets == []
 
 
 def test_http2_client_to_h2_backend_gets_trailers(runtimes, h2origin):
