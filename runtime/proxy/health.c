@@ -546,7 +546,7 @@ static void h2_drive(hc_target_t *t)
         return;
     }
     short events = EV_READ;
-    if (t->out_len > 0 || t->read_wants_write)
+    if (t->out_len > 0 || t->read_wants_write || nghttp2_session_want_write(t->sess))
         events |= EV_WRITE;
     arm_io(t, events);
 }
