@@ -1096,19 +1096,9 @@ static void backend_extra(sl_vctx_t *c, json_t *spec)
         sl_validate_error(c, "h2c is plaintext HTTP/2: remove tls (or use h2 for HTTP/2 over TLS)");
         sl_validate_pop(c, saved);
     }
-    /* Active checks speak plaintext HTTP/1.1 today: against a TLS or an
-     * HTTP/2 endpoint every probe would fail and eject a healthy backend.
-     * Refused rather than served wrong; passive outlier detection works
-     * for every protocol. */
-    if (json_object_get(spec, "healthCheck") && (has_tls || strcmp(pv, "http1") != 0)) {
-        size_t saved = sl_validate_push_key(c, "healthCheck");
-        sl_validate_error(c,
-                          "active health checks are plaintext HTTP/1.1 only for now: remove "
-                          "healthCheck from a Backend with tls or protocol %s (outlierDetection "
-                          "still ejects failing endpoints)",
-                          strcmp(pv, "http1") ? pv : "http1 over tls");
-        sl_validate_pop(c, saved);
-    }
+    /* healthCheck needs no rule of its own here: a probe speaks what the
+     * Backend speaks (runtime/proxy/health.c), and the only combinations
+     * it cannot speak, h2 without tls and h2c with tls, are refused above. */
     json_t *eps = json_object_get(spec, "endpoints");
     for (size_t i = 0; i < json_array_size(eps); i++) {
         json_t *e = json_array_get(eps, i);

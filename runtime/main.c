@@ -318,6 +318,14 @@ static Sluice__V1__Snapshot *load_snapshot(runtime_t *rt, uint64_t version, char
     return snap;
 }
 
+/* The generation's client TLS context of a cluster, for the health checks
+ * (they probe with the context traffic uses). */
+static struct ssl_ctx_st *generation_cluster_tls(void *arg, size_t cluster_index)
+{
+    const sl_generation_t *gen = arg;
+    return cluster_index < gen->num_clusters ? gen->clusters[cluster_index].tls : NULL;
+}
+
 static int reload(runtime_t *rt, const char *why)
 {
     char source[1024];
@@ -340,7 +348,7 @@ static int reload(runtime_t *rt, const char *why)
     rcu_thread_online();
     sl_generation_t *gen = rcu_dereference(sl_generation_published);
     if (rt->health && gen)
-        sl_health_update(rt->health, gen->snap);
+        sl_health_update(rt->health, gen->snap, generation_cluster_tls, gen);
     size_t nroutes = 0;
     for (size_t i = 0; gen && i < gen->snap->n_route_tables; i++)
         nroutes += gen->snap->route_tables[i]->n_routes;

@@ -3,10 +3,20 @@
  *
  * Responsible for: one check target per (cluster, address, port) of every
  * cluster that has a health_check; a timer per target; a fresh non-blocking
- * connection per check that sends
- *     GET <path> HTTP/1.1 / Host / User-Agent: sluice-health-check /
- *     Connection: close
- * and judges only the status line; counting consecutive results and flipping
+ * connection per check that speaks the Backend's protocol:
+ *     http1  GET <path> HTTP/1.1 / Host / User-Agent: sluice-health-check /
+ *            Connection: close; only the status line is judged
+ *     h2c    HTTP/2 with prior knowledge: one GET stream (:scheme http,
+ *            :authority, :path, user-agent); its final :status is judged
+ *     tls    first the TLS handshake with the context traffic uses (the
+ *            generation's: CA bundle or system CAs, client certificate),
+ *            verifying and sending as SNI the Backend's sni or the address
+ *            (net/tls_client.h); then http1, or for h2 the HTTP/2 exchange
+ *            above with :scheme https once ALPN chose h2. A handshake that
+ *            fails, a certificate that does not verify, or an h2 Backend
+ *            whose endpoint does not select ALPN h2 is a failed check whose
+ *            reason says which;
+ * counting consecutive results and flipping
  * the shared endpoint state's hc_healthy (endpoint.h) at the thresholds, with
  * one notice line per flip; following config changes by key so that checks
  * of endpoints that stay keep their counters and schedule.
@@ -26,11 +36,23 @@
  *     so a fleet restarting or a big config push does not hit every backend
  *     at the same instant; afterwards one check per interval, counted from
  *     the end of the previous check (checks never overlap).
- *   - timeout_ms bounds the whole check: connect, send and status line.
- *   - Host: the configured host, else the endpoint's address, with ":port"
- *     unless it is 80 (RFC 9110 7.2; bracketed for IPv6 literals).
- *   - Only the status line is read (at most 1 KiB); the rest of the response
- *     is not waited for.
+ *   - timeout_ms bounds the whole check: connect, TLS handshake, send and
+ *     status.
+ *   - Host (:authority for HTTP/2): the configured host, else the endpoint's
+ *     address, with ":port" unless it is the scheme's default, 80 or 443
+ *     with TLS (RFC 9110 7.2; bracketed for IPv6 literals).
+ *   - Only the status is read (the status line, at most 1 KiB, or the
+ *     response HEADERS); the rest of the response is not waited for. An
+ *     HTTP/2 check is one stream on its own connection, closed afterwards
+ *     (a TLS one with close_notify).
+ *   - Why not upstream_h2.c's sessions: they are per worker, carry
+ *     exchanges of client requests and live in connection pools; a check
+ *     must run on the main thread, on a fresh connection whose failure is
+ *     the verdict. The minimal client session here (SETTINGS, one HEADERS,
+ *     read until :status) is smaller than an adapter would be.
+ *   - Failures are logged with their reason at notice level only when they
+ *     flip the endpoint (once per flip, so a dead endpoint does not flood the
+ *     log), every failed check at debug level.
  *   - An endpoint nobody checks is healthy: when a target stops (endpoint or
  *     cluster removed, health_check removed, checker freed) its hc_healthy
  *     goes back to 1.
@@ -43,9 +65,15 @@
 #include "endpoint.h"
 #include "lb.h"
 #include "log.h"
+#include "sl_types.h"
+#include "tls.h"
+#include "tls_client.h"
 
 #include <errno.h>
 #include <event2/event.h>
+#include <nghttp2/nghttp2.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,8 +92,11 @@
 #define SL_HEALTH_MAX_HOST_LEN 255
 #define SL_HEALTH_MAX_STATUS_LINE 1024
 #define SL_HEALTH_MIN_BUCKETS 64
+/* HTTP/2 frames not yet taken by the socket: a check sends the preface,
+ * SETTINGS, one HEADERS and a few acknowledgements, far below this. */
+#define SL_HEALTH_MAX_H2_OUT (64 * 1024)
 
-enum hc_phase { HC_IDLE, HC_CONNECTING, HC_SENDING, HC_READING };
+enum hc_phase { HC_IDLE, HC_CONNECTING, HC_HANDSHAKE, HC_SENDING, HC_READING, HC_H2 };
 
 typedef struct hc_target hc_target_t;
 struct hc_target {
@@ -78,15 +109,20 @@ struct hc_target {
     char *name;              /* "backend X endpoint A:P", for logs */
 
     /* config, copied from the snapshot */
-    char *request;
+    char *request; /* HTTP/1.1 */
     size_t request_len;
+    char *path, *authority; /* HTTP/2 */
+    SSL_CTX *tls;           /* one reference, NULL = plaintext */
+    char *tls_name;         /* verified and sent as SNI; NULL = the address */
+    uint8_t h2;             /* HTTP/2: h2 (with tls) or h2c */
     uint32_t interval_ms, timeout_ms;
     uint32_t healthy_threshold, unhealthy_threshold;
     uint32_t status_min, status_max;
 
     struct event *timer; /* next check */
 
-    /* the check in flight */
+    /* the check in flight (its protocol is fixed when it starts: a config
+     * change applies from the next check) */
     enum hc_phase phase;
     int fd;
     struct event *io;
@@ -94,6 +130,17 @@ struct hc_target {
     size_t sent;
     size_t resp_len;
     char resp[SL_HEALTH_MAX_STATUS_LINE];
+    SSL *ssl;          /* NULL for plaintext */
+    uint8_t tls_clean; /* handshake done, no fatal I/O error: close_notify */
+    uint8_t check_h2;  /* this check speaks HTTP/2 */
+    uint8_t read_wants_write, write_wants_read; /* TLS (net/tls.h sl_io_*) */
+    nghttp2_session *sess;
+    int32_t stream_id;
+    int h2_status;     /* final :status of the stream, 0 before */
+    uint8_t h2_closed; /* the stream closed (reset or ended) */
+    uint32_t h2_error; /* its error code */
+    uint8_t *out;      /* HTTP/2 frames not yet written, [out_sent, out_len) */
+    size_t out_len, out_sent;
 
     /* verdict */
     int healthy;
@@ -102,6 +149,7 @@ struct hc_target {
 
 struct sl_health {
     struct event_base *base;
+    nghttp2_session_callbacks *h2_callbacks; /* shared by every HTTP/2 check */
     hc_target_t **buckets;
     size_t n_buckets; /* power of two, or 0 */
     size_t count;
@@ -148,10 +196,12 @@ static int is_token_text(const char *s, size_t max_len)
     return n > 0;
 }
 
-/* The check's request, built once per config. NULL with err set when the
- * path or host cannot be sent as is. */
-static char *build_request(const Sluice__V1__HealthCheck *cfg, const char *address, uint16_t port,
-                           size_t *len, char *err, size_t errlen)
+/* The path and the Host (or :authority) of the checks, validated. The
+ * default Host leaves out the scheme's default port. 0, or -1 with err set
+ * when the path or host cannot be sent as is. */
+static int check_target(const Sluice__V1__HealthCheck *cfg, const char *address, uint16_t port,
+                        uint16_t default_port, const char **path_out, char *host, size_t hostlen,
+                        char *err, size_t errlen)
 {
     const char *path = cfg->path != NULL && cfg->path[0] != '\0' ? cfg->path : "/";
     if (path[0] != '/' || !is_token_text(path, SL_HEALTH_MAX_PATH_LEN)) {
@@ -159,25 +209,38 @@ static char *build_request(const Sluice__V1__HealthCheck *cfg, const char *addre
                  "health_check.path must start with '/', be at most %d bytes and contain no "
                  "spaces or control characters",
                  SL_HEALTH_MAX_PATH_LEN);
-        return NULL;
+        return -1;
     }
-    char host[SL_HEALTH_MAX_HOST_LEN + 16];
     if (cfg->host != NULL && cfg->host[0] != '\0') {
         if (!is_token_text(cfg->host, SL_HEALTH_MAX_HOST_LEN)) {
             snprintf(err, errlen,
                      "health_check.host must be at most %d bytes with no spaces or control "
                      "characters",
                      SL_HEALTH_MAX_HOST_LEN);
-            return NULL;
+            return -1;
         }
-        snprintf(host, sizeof(host), "%s", cfg->host);
+        snprintf(host, hostlen, "%s", cfg->host);
     } else {
         int v6 = strchr(address, ':') != NULL && address[0] != '[';
-        if (port == 80)
-            snprintf(host, sizeof(host), v6 ? "[%s]" : "%s", address);
+        if (port == default_port)
+            snprintf(host, hostlen, v6 ? "[%s]" : "%s", address);
         else
-            snprintf(host, sizeof(host), v6 ? "[%s]:%u" : "%s:%u", address, (unsigned)port);
+            snprintf(host, hostlen, v6 ? "[%s]:%u" : "%s:%u", address, (unsigned)port);
     }
+    *path_out = path;
+    return 0;
+}
+
+/* The HTTP/1.1 check's request, built once per config; the default Host
+ * leaves out default_port (80, or 443 over TLS). NULL with err set when the path or host cannot
+ * be sent as is. */
+static char *build_request(const Sluice__V1__HealthCheck *cfg, const char *address, uint16_t port,
+                           uint16_t default_port, size_t *len, char *err, size_t errlen)
+{
+    const char *path;
+    char host[SL_HEALTH_MAX_HOST_LEN + 16];
+    if (check_target(cfg, address, port, default_port, &path, host, sizeof(host), err, errlen) != 0)
+        return NULL;
     static const char fmt[] = "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: sluice-health-check\r\n"
                               "Connection: close\r\n\r\n";
     int n = snprintf(NULL, 0, fmt, path, host);
@@ -205,10 +268,25 @@ static void close_check(hc_target_t *t)
         event_free(t->io);
         t->io = NULL;
     }
+    if (t->sess != NULL) {
+        nghttp2_session_del(t->sess);
+        t->sess = NULL;
+    }
+    if (t->ssl != NULL) {
+        int want;
+        if (t->tls_clean)
+            sl_tls_shutdown(t->ssl, &want); /* not waited for (net/tls.h) */
+        SSL_free(t->ssl);
+        t->ssl = NULL;
+    }
     if (t->fd >= 0) {
         close(t->fd);
         t->fd = -1;
     }
+    free(t->out);
+    t->out = NULL;
+    t->out_len = t->out_sent = 0;
+    t->tls_clean = 0;
     t->phase = HC_IDLE;
 }
 
@@ -242,6 +320,13 @@ static void finish_check(hc_target_t *t, int ok, const char *reason)
     schedule(t, t->interval_ms);
 }
 
+/* A failed check after a fatal socket or TLS error: no close_notify. */
+static void fail_io(hc_target_t *t, const char *reason)
+{
+    t->tls_clean = 0;
+    finish_check(t, 0, reason);
+}
+
 static const char *connect_error(int err, char *buf, size_t len)
 {
     switch (err) {
@@ -256,6 +341,22 @@ static const char *connect_error(int err, char *buf, size_t len)
         snprintf(buf, len, "connect failed: %s", strerror(err));
         return buf;
     }
+}
+
+/* read(2)/write(2) results over plaintext or TLS (net/tls.h sl_io_*); a
+ * plaintext write never raises SIGPIPE. */
+static ssize_t check_read(hc_target_t *t, void *buf, size_t len)
+{
+    if (t->ssl == NULL)
+        return recv(t->fd, buf, len, 0);
+    return sl_io_read(t->fd, t->ssl, buf, len, &t->read_wants_write);
+}
+
+static ssize_t check_write(hc_target_t *t, const void *buf, size_t len)
+{
+    if (t->ssl == NULL)
+        return send(t->fd, buf, len, MSG_NOSIGNAL);
+    return sl_io_write(t->fd, t->ssl, buf, len, &t->write_wants_read);
 }
 
 static void io_cb(evutil_socket_t fd, short what, void *arg);
@@ -282,6 +383,18 @@ static int arm_io(hc_target_t *t, short events)
     return 0;
 }
 
+/* Judges a response status against the expected range. */
+static void judge_status(hc_target_t *t, unsigned status)
+{
+    if (status < t->status_min || status > t->status_max) {
+        char reason[32];
+        snprintf(reason, sizeof(reason), "status %u", status);
+        finish_check(t, 0, reason);
+        return;
+    }
+    finish_check(t, 1, NULL);
+}
+
 /* Judges the status line line[0, len), LF excluded: "HTTP/x.y SSS ...". */
 static void judge_status_line(hc_target_t *t, const char *line, size_t len)
 {
@@ -292,15 +405,237 @@ static void judge_status_line(hc_target_t *t, const char *line, size_t len)
         finish_check(t, 0, "bad status line");
         return;
     }
-    unsigned status = (unsigned)(line[9] - '0') * 100 + (unsigned)(line[10] - '0') * 10 +
-                      (unsigned)(line[11] - '0');
-    if (status < t->status_min || status > t->status_max) {
-        char reason[32];
-        snprintf(reason, sizeof(reason), "status %u", status);
-        finish_check(t, 0, reason);
+    judge_status(t, (unsigned)(line[9] - '0') * 100 + (unsigned)(line[10] - '0') * 10 +
+                        (unsigned)(line[11] - '0'));
+}
+
+/* ---- HTTP/2 (h2c, and h2 after ALPN) ---- */
+
+static ssize_t h2_send_cb(nghttp2_session *sess, const uint8_t *data, size_t len, int flags,
+                          void *user)
+{
+    (void)sess;
+    (void)flags;
+    hc_target_t *t = user;
+    if (t->out_len + len > SL_HEALTH_MAX_H2_OUT)
+        return NGHTTP2_ERR_WOULDBLOCK; /* written first, then nghttp2 goes on */
+    if (t->out == NULL) {
+        t->out = malloc(SL_HEALTH_MAX_H2_OUT);
+        if (t->out == NULL)
+            return NGHTTP2_ERR_CALLBACK_FAILURE;
+    }
+    memcpy(t->out + t->out_len, data, len);
+    t->out_len += len;
+    return (ssize_t)len;
+}
+
+/* Only the final :status of our stream matters; the rest is not kept. */
+static int h2_header_cb(nghttp2_session *sess, const nghttp2_frame *frame, const uint8_t *name,
+                        size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
+                        void *user)
+{
+    (void)sess;
+    (void)flags;
+    hc_target_t *t = user;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->hd.stream_id != t->stream_id ||
+        t->h2_status != 0 || namelen != 7 || memcmp(name, ":status", 7) != 0 || valuelen != 3)
+        return 0;
+    int status = 0;
+    for (size_t i = 0; i < 3; i++) {
+        if (value[i] < '0' || value[i] > '9')
+            return 0; /* nghttp2 refuses such a :status before we see it */
+        status = status * 10 + (value[i] - '0');
+    }
+    if (status >= 200) /* 1xx are interim: the final status follows */
+        t->h2_status = status;
+    return 0;
+}
+
+static int h2_stream_close_cb(nghttp2_session *sess, int32_t stream_id, uint32_t error_code,
+                              void *user)
+{
+    (void)sess;
+    hc_target_t *t = user;
+    if (stream_id == t->stream_id) {
+        t->h2_closed = 1;
+        t->h2_error = error_code;
+    }
+    return 0;
+}
+
+/* Writes the pending frames. 0 when all are out or the socket is full; -1
+ * after finishing the check on an error. */
+static int h2_flush(hc_target_t *t)
+{
+    char buf[128];
+    while (t->out_sent < t->out_len) {
+        ssize_t n = check_write(t, t->out + t->out_sent, t->out_len - t->out_sent);
+        if (n > 0) {
+            t->out_sent += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return 0;
+        snprintf(buf, sizeof(buf), "send failed: %s", n < 0 ? strerror(errno) : "no progress");
+        fail_io(t, buf);
+        return -1;
+    }
+    t->out_len = t->out_sent = 0;
+    return 0;
+}
+
+/* Moves the HTTP/2 exchange as far as the socket allows, judges the status
+ * once it is known, else waits for the socket. */
+static void h2_drive(hc_target_t *t)
+{
+    char buf[160];
+    uint8_t in[8192];
+    int eof = 0;
+    t->read_wants_write = t->write_wants_read = 0;
+    for (;;) {
+        ssize_t n = check_read(t, in, sizeof(in));
+        if (n > 0) {
+            ssize_t rv = nghttp2_session_mem_recv(t->sess, in, (size_t)n);
+            if (rv < 0) {
+                snprintf(buf, sizeof(buf), "HTTP/2 protocol error: %s", nghttp2_strerror((int)rv));
+                fail_io(t, buf);
+                return;
+            }
+            if (t->h2_status != 0 || t->h2_closed)
+                break;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            break;
+        if (n < 0) {
+            snprintf(buf, sizeof(buf), "read failed: %s", strerror(errno));
+            fail_io(t, buf);
+            return;
+        }
+        eof = 1;
+        break;
+    }
+    if (t->h2_status != 0) {
+        judge_status(t, (unsigned)t->h2_status);
         return;
     }
-    finish_check(t, 1, NULL);
+    if (t->h2_closed) {
+        snprintf(buf, sizeof(buf), "HTTP/2 stream closed without a response (%s)",
+                 nghttp2_http2_strerror(t->h2_error));
+        finish_check(t, 0, buf);
+        return;
+    }
+    if (eof) {
+        fail_io(t, "connection closed before the response");
+        return;
+    }
+    int rv = nghttp2_session_send(t->sess);
+    if (rv != 0) {
+        snprintf(buf, sizeof(buf), "HTTP/2 session: %s", nghttp2_strerror(rv));
+        fail_io(t, buf);
+        return;
+    }
+    if (h2_flush(t) != 0)
+        return;
+    if (!nghttp2_session_want_read(t->sess) && t->out_len == 0) {
+        finish_check(t, 0, "the endpoint ended the HTTP/2 session (GOAWAY) before the response");
+        return;
+    }
+    short events = EV_READ;
+    if (t->out_len > 0 || t->read_wants_write || nghttp2_session_want_write(t->sess))
+        events |= EV_WRITE;
+    arm_io(t, events);
+}
+
+/* Opens the client session on the connected (and handshaken) socket and
+ * queues SETTINGS and the check's GET. */
+static void h2_start(hc_target_t *t)
+{
+    char buf[128];
+    t->h2_status = 0;
+    t->h2_closed = 0;
+    t->h2_error = 0;
+    int rv = nghttp2_session_client_new(&t->sess, t->hc->h2_callbacks, t);
+    if (rv != 0) {
+        snprintf(buf, sizeof(buf), "HTTP/2 session: %s", nghttp2_strerror(rv));
+        finish_check(t, 0, buf);
+        return;
+    }
+    nghttp2_settings_entry settings[] = {{NGHTTP2_SETTINGS_ENABLE_PUSH, 0}};
+    int https = t->ssl != NULL;
+#define HC_NV(n, v, vl) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE}
+    nghttp2_nv nva[] = {
+        HC_NV(":method", "GET", 3),
+        HC_NV(":scheme", https ? "https" : "http", https ? 5 : 4),
+        HC_NV(":authority", t->authority, strlen(t->authority)),
+        HC_NV(":path", t->path, strlen(t->path)),
+        HC_NV("user-agent", "sluice-health-check", sizeof("sluice-health-check") - 1),
+    };
+#undef HC_NV
+    rv = nghttp2_submit_settings(t->sess, NGHTTP2_FLAG_NONE, settings, SL_ARRAY_LEN(settings));
+    if (rv == 0) {
+        t->stream_id = nghttp2_submit_request(t->sess, NULL, nva, SL_ARRAY_LEN(nva), NULL, NULL);
+        rv = t->stream_id < 0 ? t->stream_id : 0;
+    }
+    if (rv != 0) {
+        snprintf(buf, sizeof(buf), "HTTP/2 request: %s", nghttp2_strerror(rv));
+        finish_check(t, 0, buf);
+        return;
+    }
+    t->phase = HC_H2;
+    h2_drive(t);
+}
+
+/* ---- connect, TLS, HTTP/1.1 ---- */
+
+static void on_writable(hc_target_t *t);
+
+/* Connected (and handshaken): the request goes in the check's protocol. */
+static void start_request(hc_target_t *t)
+{
+    if (t->check_h2) {
+        h2_start(t);
+        return;
+    }
+    t->phase = HC_SENDING;
+    on_writable(t);
+}
+
+static void on_handshake(hc_target_t *t)
+{
+    char buf[256];
+    int want = 0;
+    int rc = sl_tls_handshake(t->ssl, &want);
+    if (rc == SL_AGAIN) {
+        arm_io(t, want == SL_TLS_WANT_WRITE ? EV_WRITE : EV_READ);
+        return;
+    }
+    if (rc != SL_OK) {
+        /* The verification result outlives the error queue that
+         * sl_tls_handshake cleared: name the certificate problem. */
+        long v = SSL_get_verify_result(t->ssl);
+        if (v != X509_V_OK)
+            snprintf(buf, sizeof(buf),
+                     "TLS certificate verification failed: %s (check the Backend's "
+                     "tls.caBundle/caFile and tls.sni)",
+                     X509_verify_cert_error_string(v));
+        else
+            snprintf(buf, sizeof(buf), "TLS handshake failed");
+        fail_io(t, buf);
+        return;
+    }
+    t->tls_clean = 1;
+    if (t->check_h2 && sl_tls_alpn(t->ssl) != SL_TLS_ALPN_H2) {
+        finish_check(t, 0,
+                     "TLS ALPN did not select h2: the endpoint does not offer HTTP/2 over TLS "
+                     "(protocol h2 needs it; use protocol http1 for an HTTP/1.1 endpoint)");
+        return;
+    }
+    start_request(t);
 }
 
 static void on_writable(hc_target_t *t)
@@ -315,10 +650,16 @@ static void on_writable(hc_target_t *t)
             finish_check(t, 0, connect_error(soerr, buf, sizeof(buf)));
             return;
         }
-        t->phase = HC_SENDING;
+        if (t->ssl != NULL) {
+            t->phase = HC_HANDSHAKE;
+            on_handshake(t);
+            return;
+        }
+        start_request(t);
+        return;
     }
     while (t->sent < t->request_len) {
-        ssize_t n = send(t->fd, t->request + t->sent, t->request_len - t->sent, MSG_NOSIGNAL);
+        ssize_t n = check_write(t, t->request + t->sent, t->request_len - t->sent);
         if (n > 0) {
             t->sent += (size_t)n;
             continue;
@@ -326,17 +667,16 @@ static void on_writable(hc_target_t *t)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            arm_io(t, EV_WRITE);
+            arm_io(t, t->write_wants_read ? EV_READ : EV_WRITE);
             return;
         }
         snprintf(buf, sizeof(buf), "send failed: %s", n < 0 ? strerror(errno) : "no progress");
-        finish_check(t, 0, buf);
+        fail_io(t, buf);
         return;
     }
     t->phase = HC_READING;
     arm_io(t, EV_READ);
 }
-
 static void on_readable(hc_target_t *t)
 {
     for (;;) {
@@ -345,21 +685,21 @@ static void on_readable(hc_target_t *t)
             finish_check(t, 0, "status line longer than 1024 bytes");
             return;
         }
-        ssize_t n = recv(t->fd, t->resp + t->resp_len, room, 0);
+        ssize_t n = check_read(t, t->resp + t->resp_len, room);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            arm_io(t, EV_READ);
+            arm_io(t, t->read_wants_write ? EV_WRITE : EV_READ);
             return;
         }
         if (n < 0) {
             char buf[128];
             snprintf(buf, sizeof(buf), "read failed: %s", strerror(errno));
-            finish_check(t, 0, buf);
+            fail_io(t, buf);
             return;
         }
         if (n == 0) {
-            finish_check(t, 0, "connection closed before the status line");
+            fail_io(t, "connection closed before the status line");
             return;
         }
         size_t old = t->resp_len;
@@ -377,16 +717,27 @@ static void io_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     hc_target_t *t = arg;
     if (what & EV_TIMEOUT) {
-        finish_check(t, 0,
-                     t->phase == HC_CONNECTING ? "connect timeout"
-                     : t->phase == HC_SENDING  ? "timeout sending the request"
-                                               : "timeout waiting for the status line");
+        fail_io(t, t->phase == HC_CONNECTING  ? "connect timeout"
+                   : t->phase == HC_HANDSHAKE ? "TLS handshake timeout"
+                   : t->phase == HC_SENDING   ? "timeout sending the request"
+                   : t->phase == HC_H2        ? "timeout waiting for the HTTP/2 response"
+                                              : "timeout waiting for the status line");
         return;
     }
-    if (t->phase == HC_READING)
+    switch (t->phase) {
+    case HC_HANDSHAKE:
+        on_handshake(t);
+        break;
+    case HC_READING:
         on_readable(t);
-    else
+        break;
+    case HC_H2:
+        h2_drive(t);
+        break;
+    default:
         on_writable(t);
+        break;
+    }
 }
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -408,6 +759,16 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         snprintf(buf, sizeof(buf), "socket: %s", strerror(errno));
         finish_check(t, 0, buf);
         return;
+    }
+    t->check_h2 = t->h2;
+    t->read_wants_write = t->write_wants_read = 0;
+    if (t->tls != NULL) {
+        t->ssl = sl_tls_client_ssl_new(t->tls, t->fd,
+                                       t->tls_name != NULL ? t->tls_name : t->ep->address);
+        if (t->ssl == NULL) {
+            finish_check(t, 0, "out of memory for TLS");
+            return;
+        }
     }
     t->phase = HC_CONNECTING;
     int rc;
@@ -477,18 +838,87 @@ static void free_target(hc_target_t *t)
         sl_endpoint_release(t->ep);
     }
     free(t->request);
+    free(t->path);
+    free(t->authority);
+    SSL_CTX_free(t->tls);
+    free(t->tls_name);
     free(t->name);
     free(t);
 }
 
-/* Copies the check settings of cfg into t, defaults applied. Takes
- * ownership of request. */
-static void apply_config(hc_target_t *t, const Sluice__V1__HealthCheck *cfg, char *request,
-                         size_t request_len)
+/* What the checks of one endpoint speak and send, built per config. The
+ * strings are owned until apply_config takes them; tls and tls_name are
+ * borrowed from the caller. */
+typedef struct {
+    char *request; /* HTTP/1.1 */
+    size_t request_len;
+    char *path, *authority; /* HTTP/2 */
+    SSL_CTX *tls;
+    const char *tls_name;
+    uint8_t h2;
+} hc_probe_t;
+
+static void probe_free(hc_probe_t *p)
 {
+    free(p->request);
+    free(p->path);
+    free(p->authority);
+    p->request = p->path = p->authority = NULL;
+}
+
+/* Fills p for an endpoint of cl. 0, or -1 with err set. */
+static int build_probe(const Sluice__V1__Cluster *cl, const char *address, uint16_t port,
+                       SSL_CTX *tls, hc_probe_t *p, char *err, size_t errlen)
+{
+    const Sluice__V1__HealthCheck *cfg = cl->health_check;
+    memset(p, 0, sizeof(*p));
+    p->tls = tls;
+    p->tls_name =
+        cl->tls != NULL && cl->tls->sni != NULL && cl->tls->sni[0] != '\0' ? cl->tls->sni : NULL;
+    p->h2 = cl->protocol == SLUICE__V1__CLUSTER__PROTOCOL__H2 ||
+            cl->protocol == SLUICE__V1__CLUSTER__PROTOCOL__H2C;
+    uint16_t default_port = tls != NULL ? 443 : 80;
+    if (!p->h2) {
+        p->request = build_request(cfg, address, port, default_port, &p->request_len, err, errlen);
+        return p->request != NULL ? 0 : -1;
+    }
+    const char *path;
+    char host[SL_HEALTH_MAX_HOST_LEN + 16];
+    if (check_target(cfg, address, port, default_port, &path, host, sizeof(host), err, errlen) != 0)
+        return -1;
+    p->path = strdup(path);
+    p->authority = strdup(host);
+    if (p->path == NULL || p->authority == NULL) {
+        probe_free(p);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* Copies the check settings of cfg into t, defaults applied. Takes
+ * ownership of the probe's strings and a reference on its TLS context; a
+ * check in flight keeps its own SSL (which holds the old context). */
+static int apply_config(hc_target_t *t, const Sluice__V1__HealthCheck *cfg, hc_probe_t *p)
+{
+    char *tls_name = NULL;
+    if (p->tls_name != NULL && (tls_name = strdup(p->tls_name)) == NULL)
+        return -1;
     free(t->request);
-    t->request = request;
-    t->request_len = request_len;
+    free(t->path);
+    free(t->authority);
+    t->request = p->request;
+    t->request_len = p->request_len;
+    t->path = p->path;
+    t->authority = p->authority;
+    p->request = p->path = p->authority = NULL;
+    if (p->tls != NULL)
+        SSL_CTX_up_ref(p->tls);
+    SSL_CTX_free(t->tls);
+    t->tls = p->tls;
+    free(t->tls_name);
+    t->tls_name = tls_name;
+    t->h2 = p->h2;
     t->interval_ms = cfg->interval_ms != 0 ? cfg->interval_ms : SL_HEALTH_DEFAULT_INTERVAL_MS;
     if (t->interval_ms < SL_HEALTH_MIN_INTERVAL_MS)
         t->interval_ms = SL_HEALTH_MIN_INTERVAL_MS;
@@ -506,16 +936,18 @@ static void apply_config(hc_target_t *t, const Sluice__V1__HealthCheck *cfg, cha
                             ? cfg->expected_status_min
                             : cfg->expected_status_max;
     }
+    return 0;
 }
 
 /*
  * A new target for an endpoint of `cluster`. On success it owns a reference
- * on the endpoint state and the request; its first check is scheduled. On
- * failure (logged) nothing is kept and request is freed.
+ * on the endpoint state, the probe's strings and a reference on its TLS
+ * context; its first check is scheduled. On failure (logged) nothing is kept
+ * and the probe's strings are freed.
  */
 static hc_target_t *new_target(sl_health_t *hc, uint64_t hash, const char *cluster,
                                const Sluice__V1__Endpoint *pe, const Sluice__V1__HealthCheck *cfg,
-                               char *request, size_t request_len)
+                               hc_probe_t *probe)
 {
     char err[512];
     hc_target_t *t = calloc(1, sizeof(*t));
@@ -538,8 +970,8 @@ static hc_target_t *new_target(sl_health_t *hc, uint64_t hash, const char *clust
     snprintf(t->name, nlen, v6 ? "backend %s endpoint [%s]:%u" : "backend %s endpoint %s:%u",
              cluster, pe->address, (unsigned)pe->port);
     t->healthy = atomic_load_explicit(&t->ep->hc_healthy, memory_order_relaxed);
-    apply_config(t, cfg, request, request_len);
-    request = NULL;
+    if (apply_config(t, cfg, probe) != 0)
+        goto fail_alloc;
     if (insert_target(hc, t) != 0)
         goto fail_alloc;
     /* First check within one interval, spread at random (see the top). */
@@ -550,7 +982,7 @@ fail_alloc:
     sl_log_error("backend %s endpoint %s:%u: out of memory; it is not health-checked", cluster,
                  pe->address, (unsigned)pe->port);
 fail:
-    free(request);
+    probe_free(probe);
     if (t != NULL)
         free_target(t);
     return NULL;
@@ -564,6 +996,15 @@ sl_health_t *sl_health_new(struct event_base *base)
     if (hc == NULL)
         return NULL;
     hc->base = base;
+    nghttp2_session_callbacks *cbs;
+    if (nghttp2_session_callbacks_new(&cbs) != 0) {
+        free(hc);
+        return NULL;
+    }
+    nghttp2_session_callbacks_set_send_callback(cbs, h2_send_cb);
+    nghttp2_session_callbacks_set_on_header_callback(cbs, h2_header_cb);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, h2_stream_close_cb);
+    hc->h2_callbacks = cbs;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     /* Different per process, so that runtimes of a fleet started together
@@ -573,10 +1014,18 @@ sl_health_t *sl_health_new(struct event_base *base)
     return hc;
 }
 
-static void update_cluster(sl_health_t *hc, const Sluice__V1__Cluster *cl)
+static void update_cluster(sl_health_t *hc, const Sluice__V1__Cluster *cl, SSL_CTX *tls)
 {
     const Sluice__V1__HealthCheck *cfg = cl->health_check;
     const char *cluster = cl->name != NULL ? cl->name : "";
+    if (cl->tls != NULL && tls == NULL) {
+        /* Probing in plaintext would judge a protocol the endpoint does not
+         * speak; the generation always has the context, so this is a bug. */
+        sl_log_error("backend %s: no TLS context for its health checks; active health checks "
+                     "disabled",
+                     cluster);
+        return;
+    }
     for (size_t e = 0; e < cl->n_endpoints; e++) {
         const Sluice__V1__Endpoint *pe = cl->endpoints[e];
         if (pe == NULL || pe->address == NULL || pe->port == 0 || pe->port > 65535)
@@ -584,9 +1033,9 @@ static void update_cluster(sl_health_t *hc, const Sluice__V1__Cluster *cl)
                        * generation build reports it */
         uint16_t port = (uint16_t)pe->port;
         char err[256];
-        size_t request_len = 0;
-        char *request = build_request(cfg, pe->address, port, &request_len, err, sizeof(err));
-        if (request == NULL) {
+        hc_probe_t probe;
+        if (build_probe(cl, pe->address, port, cl->tls != NULL ? tls : NULL, &probe, err,
+                        sizeof(err)) != 0) {
             /* The same for every endpoint of the cluster: say it once. The
              * cluster's targets are not marked seen, so they stop. */
             sl_log_error("backend %s: %s; active health checks disabled", cluster, err);
@@ -596,11 +1045,16 @@ static void update_cluster(sl_health_t *hc, const Sluice__V1__Cluster *cl)
         hc_target_t *t = find_target(hc, hash, cluster, pe->address, port);
         if (t != NULL) {
             if (t->seen_round == hc->round) {
-                free(request); /* the same endpoint listed twice */
+                probe_free(&probe); /* the same endpoint listed twice */
                 continue;
             }
             uint32_t old_interval = t->interval_ms;
-            apply_config(t, cfg, request, request_len);
+            if (apply_config(t, cfg, &probe) != 0) {
+                /* Not marked seen: it stops, the endpoint counts as healthy. */
+                sl_log_error("%s: out of memory; it is not health-checked", t->name);
+                probe_free(&probe);
+                continue;
+            }
             t->seen_round = hc->round;
             /* Keep the schedule unless the interval changed; then the next
              * check is at most one new interval away. */
@@ -610,13 +1064,14 @@ static void update_cluster(sl_health_t *hc, const Sluice__V1__Cluster *cl)
             }
             continue;
         }
-        t = new_target(hc, hash, cluster, pe, cfg, request, request_len);
+        t = new_target(hc, hash, cluster, pe, cfg, &probe);
         if (t != NULL)
             t->seen_round = hc->round;
     }
 }
 
-void sl_health_update(sl_health_t *hc, const Sluice__V1__Snapshot *snap)
+void sl_health_update(sl_health_t *hc, const Sluice__V1__Snapshot *snap, sl_health_tls_fn tls_of,
+                      void *tls_arg)
 {
     if (hc == NULL)
         return;
@@ -624,7 +1079,7 @@ void sl_health_update(sl_health_t *hc, const Sluice__V1__Snapshot *snap)
     for (size_t c = 0; snap != NULL && c < snap->n_clusters; c++) {
         const Sluice__V1__Cluster *cl = snap->clusters[c];
         if (cl != NULL && cl->health_check != NULL)
-            update_cluster(hc, cl);
+            update_cluster(hc, cl, cl->tls != NULL && tls_of != NULL ? tls_of(tls_arg, c) : NULL);
     }
     /* Whatever this snapshot did not mention stops. */
     for (size_t b = 0; b < hc->n_buckets; b++) {
@@ -655,5 +1110,6 @@ void sl_health_free(sl_health_t *hc)
         }
     }
     free(hc->buckets);
+    nghttp2_session_callbacks_del(hc->h2_callbacks);
     free(hc);
 }

@@ -346,11 +346,18 @@ static void test_backend_protocols(void **state)
     expect_error(BACKEND("  endpoints: [{address: a.example, port: 443}]\n  protocol: h3\n"),
                  "t.yaml doc 1: spec.protocol: 'h3' is not one of http1, h2, h2c (did you mean "
                  "'h2'?)\n");
-    expect_error(BACKEND("  endpoints: [{address: 127.0.0.1, port: 9}]\n  protocol: h2c\n"
+    /* Active health checks speak the Backend's protocol, TLS included. */
+    expect_valid(BACKEND("  endpoints: [{address: 127.0.0.1, port: 9}]\n  protocol: h2c\n"
+                         "  healthCheck: {path: /health}\n"));
+    expect_valid(BACKEND("  endpoints: [{address: a.example, port: 443}]\n  protocol: h2\n"
+                         "  tls: {sni: a.example}\n  healthCheck: {path: /health}\n"));
+    expect_valid(BACKEND("  endpoints: [{address: a.example, port: 443}]\n"
+                         "  tls: {sni: a.example}\n  healthCheck: {path: /health}\n"));
+    /* A combination no probe can speak is refused once, for the protocol. */
+    expect_error(BACKEND("  endpoints: [{address: a.example, port: 443}]\n  protocol: h2\n"
                          "  healthCheck: {path: /health}\n"),
-                 "t.yaml doc 1: spec.healthCheck: active health checks are plaintext HTTP/1.1 "
-                 "only for now: remove healthCheck from a Backend with tls or protocol h2c "
-                 "(outlierDetection still ejects failing endpoints)\n");
+                 "t.yaml doc 1: spec.protocol: h2 is HTTP/2 over TLS: add tls (or use h2c for "
+                 "plaintext HTTP/2)\n");
     char *e = errors_of(BACKEND("  endpoints: [{address: a.example, port: 443}]\n"
                                 "  tls: {caBundle: x}\n"));
     assert_non_null(strstr(e, "spec.tls.caBundle: expected a PEM certificate"));

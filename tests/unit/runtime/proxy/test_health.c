@@ -302,7 +302,7 @@ static void test_request_format(void **state)
     char err[256];
     size_t len;
     hc.path = "/healthz?full=1";
-    char *r = build_request(&hc, "10.0.0.1", 8080, &len, err, sizeof(err));
+    char *r = build_request(&hc, "10.0.0.1", 8080, 80, &len, err, sizeof(err));
     assert_non_null(r);
     assert_string_equal(r, "GET /healthz?full=1 HTTP/1.1\r\nHost: 10.0.0.1:8080\r\n"
                            "User-Agent: sluice-health-check\r\nConnection: close\r\n\r\n");
@@ -310,13 +310,13 @@ static void test_request_format(void **state)
     free(r);
 
     hc.path = "";
-    r = build_request(&hc, "::1", 80, &len, err, sizeof(err));
+    r = build_request(&hc, "::1", 80, 80, &len, err, sizeof(err));
     assert_non_null(r);
     assert_non_null(strstr(r, "GET / HTTP/1.1\r\nHost: [::1]\r\n"));
     free(r);
 
     hc.host = "api.internal";
-    r = build_request(&hc, "10.0.0.1", 8080, &len, err, sizeof(err));
+    r = build_request(&hc, "10.0.0.1", 8080, 80, &len, err, sizeof(err));
     assert_non_null(r);
     assert_non_null(strstr(r, "\r\nHost: api.internal\r\n"));
     free(r);
@@ -324,15 +324,15 @@ static void test_request_format(void **state)
     /* nothing that could split the request gets through */
     hc.host = "";
     hc.path = "/x\r\nX-Injected: 1";
-    assert_null(build_request(&hc, "10.0.0.1", 80, &len, err, sizeof(err)));
+    assert_null(build_request(&hc, "10.0.0.1", 80, 80, &len, err, sizeof(err)));
     assert_non_null(strstr(err, "health_check.path"));
     hc.path = "/a b";
-    assert_null(build_request(&hc, "10.0.0.1", 80, &len, err, sizeof(err)));
+    assert_null(build_request(&hc, "10.0.0.1", 80, 80, &len, err, sizeof(err)));
     hc.path = "healthz";
-    assert_null(build_request(&hc, "10.0.0.1", 80, &len, err, sizeof(err)));
+    assert_null(build_request(&hc, "10.0.0.1", 80, 80, &len, err, sizeof(err)));
     hc.path = "/";
     hc.host = "evil\r\nX: y";
-    assert_null(build_request(&hc, "10.0.0.1", 80, &len, err, sizeof(err)));
+    assert_null(build_request(&hc, "10.0.0.1", 80, 80, &len, err, sizeof(err)));
     assert_non_null(strstr(err, "health_check.host"));
 }
 
@@ -348,7 +348,7 @@ static void test_unhealthy_after_n_failures_then_recovers(void **state)
 
     sl_health_t *hc = sl_health_new(base);
     assert_non_null(hc);
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     assert_true(run_until(base, is_unhealthy, ep, 2000));
     /* exactly unhealthy_threshold checks */
     assert_int_equal(srv.requests, 3);
@@ -395,7 +395,7 @@ static void test_connect_refused_logs_reason(void **state)
     s.hc.unhealthy_threshold = 2;
     sl_health_t *hc = sl_health_new(base);
     capture_start();
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     int ok = run_until(base, is_unhealthy, ep, 2000);
     const char *log = capture_stop();
     assert_true(ok);
@@ -438,7 +438,7 @@ static void test_failure_kinds(void **state)
         s.hc.timeout_ms = 60;
         sl_health_t *hc = sl_health_new(base);
         capture_start();
-        sl_health_update(hc, &s.snap);
+        sl_health_update(hc, &s.snap, NULL, NULL);
         int ok = run_until(base, is_unhealthy, ep, 2000);
         const char *log = capture_stop();
         assert_true(ok);
@@ -464,7 +464,7 @@ static void test_expected_status_range(void **state)
     s.hc.expected_status_min = 300;
     s.hc.expected_status_max = 399;
     sl_health_t *hc = sl_health_new(base);
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     run_for(base, 150);
     assert_true(srv.requests >= 2);
     assert_int_equal(atomic_load(&ep->hc_healthy), 1);
@@ -474,14 +474,14 @@ static void test_expected_status_range(void **state)
     /* 0/0 means the default 200-399; max < min means exactly min */
     s.hc.expected_status_min = 0;
     s.hc.expected_status_max = 0;
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     hc_target_t *t = target_of(hc, srv.port);
     assert_non_null(t);
     assert_int_equal(t->status_min, 200);
     assert_int_equal(t->status_max, 399);
     s.hc.expected_status_min = 204;
     s.hc.expected_status_max = 0;
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     assert_int_equal(t->status_min, 204);
     assert_int_equal(t->status_max, 204);
 
@@ -512,7 +512,7 @@ static void test_first_checks_are_spread_over_one_interval(void **state)
     sl_health_t *hc = sl_health_new(base);
     struct timeval before, after;
     gettimeofday(&before, NULL);
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     gettimeofday(&after, NULL);
     assert_int_equal(hc->count, N);
     int64_t lo = INT64_MAX, hi = INT64_MIN;
@@ -553,7 +553,7 @@ static void test_update_keeps_state_of_unchanged_endpoints(void **state)
     snap_t s1;
     snap_init(&s1, &a.port, 1);
     sl_health_t *hc = sl_health_new(base);
-    sl_health_update(hc, &s1.snap);
+    sl_health_update(hc, &s1.snap, NULL, NULL);
     hc_target_t *ta = target_of(hc, a.port);
     assert_non_null(ta);
     assert_true(run_until(base, failures_reached_2, ta, 2000));
@@ -565,7 +565,7 @@ static void test_update_keeps_state_of_unchanged_endpoints(void **state)
     uint16_t ports[2] = {b.port, a.port};
     snap_t s2;
     snap_init(&s2, ports, 2);
-    sl_health_update(hc, &s2.snap);
+    sl_health_update(hc, &s2.snap, NULL, NULL);
     assert_ptr_equal(target_of(hc, a.port), ta);
     assert_int_equal(ta->failures, 2);
     assert_ptr_equal(ta->timer, timer);
@@ -580,7 +580,7 @@ static void test_update_keeps_state_of_unchanged_endpoints(void **state)
 
     /* an interval change keeps counters but reschedules within the new one */
     s2.hc.interval_ms = 20;
-    sl_health_update(hc, &s2.snap);
+    sl_health_update(hc, &s2.snap, NULL, NULL);
     assert_ptr_equal(target_of(hc, a.port), ta);
     assert_int_equal(ta->interval_ms, 20);
     assert_int_equal(ta->healthy, 0);
@@ -605,7 +605,7 @@ static void test_removal_stops_checks(void **state)
     snap_init(&s, ports, 2);
     s.hc.unhealthy_threshold = 1;
     sl_health_t *hc = sl_health_new(base);
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     assert_true(run_until(base, is_unhealthy, ep_a, 2000));
     assert_int_equal(atomic_load(&ep_a->refs), 2); /* ours + the checker's */
 
@@ -613,7 +613,7 @@ static void test_removal_stops_checks(void **state)
     snap_t s2;
     snap_init(&s2, &b.port, 1);
     s2.hc.unhealthy_threshold = 1;
-    sl_health_update(hc, &s2.snap);
+    sl_health_update(hc, &s2.snap, NULL, NULL);
     assert_null(target_of(hc, a.port));
     assert_int_equal(hc->count, 1);
     assert_int_equal(atomic_load(&ep_a->refs), 1);
@@ -628,7 +628,7 @@ static void test_removal_stops_checks(void **state)
 
     /* the cluster loses its health check: b is no longer checked */
     s2.cl.health_check = NULL;
-    sl_health_update(hc, &s2.snap);
+    sl_health_update(hc, &s2.snap, NULL, NULL);
     assert_int_equal(hc->count, 0);
     run_for(base, 20);
     seen_b = b.accepted;
@@ -637,13 +637,13 @@ static void test_removal_stops_checks(void **state)
 
     /* it comes back: checks start again, a new target */
     s2.cl.health_check = &s2.hc;
-    sl_health_update(hc, &s2.snap);
+    sl_health_update(hc, &s2.snap, NULL, NULL);
     assert_int_equal(hc->count, 1);
     run_for(base, 100);
     assert_true(b.accepted > seen_b);
 
     /* an empty snapshot stops everything */
-    sl_health_update(hc, NULL);
+    sl_health_update(hc, NULL, NULL, NULL);
     assert_int_equal(hc->count, 0);
 
     sl_health_free(hc);
@@ -663,10 +663,10 @@ static void test_unhealthy_endpoint_reset_when_check_removed(void **state)
     snap_init(&s, &port, 1);
     s.hc.unhealthy_threshold = 1;
     sl_health_t *hc = sl_health_new(base);
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     assert_true(run_until(base, is_unhealthy, ep, 2000));
     s.cl.health_check = NULL;
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     assert_int_equal(atomic_load(&ep->hc_healthy), 1);
     sl_health_free(hc);
     sl_endpoint_release(ep);
@@ -682,13 +682,13 @@ static void test_bad_config_is_refused(void **state)
     snap_t s;
     snap_init(&s, &srv.port, 1);
     sl_health_t *hc = sl_health_new(base);
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     assert_int_equal(hc->count, 1);
 
     /* an injected header in the path disables this cluster's checks */
     s.hc.path = "/h HTTP/1.1\r\nX-Evil: 1\r\n\r\nGET /";
     capture_start();
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     const char *log = capture_stop();
     assert_non_null(strstr(log, "backend default/echo: health_check.path must start with '/'"));
     assert_int_equal(hc->count, 0);
@@ -713,7 +713,7 @@ static void test_bad_config_is_refused(void **state)
     s.cl.endpoints = eps;
     s.cl.n_endpoints = SL_ARRAY_LEN(eps);
     capture_start();
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     log = capture_stop();
     assert_non_null(strstr(log, "endpoint name.invalid:80: name does not resolve"));
     assert_int_equal(hc->count, 1);
@@ -723,7 +723,7 @@ static void test_bad_config_is_refused(void **state)
     /* defaults for fields left 0 */
     Sluice__V1__HealthCheck zeroes = SLUICE__V1__HEALTH_CHECK__INIT;
     s.cl.health_check = &zeroes;
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     hc_target_t *t = target_of(hc, srv.port);
     assert_non_null(t);
     assert_int_equal(t->interval_ms, 5000);
@@ -732,14 +732,14 @@ static void test_bad_config_is_refused(void **state)
     assert_int_equal(t->unhealthy_threshold, 3);
     assert_non_null(strstr(t->request, "GET / HTTP/1.1\r\n"));
     zeroes.interval_ms = 1;
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     assert_int_equal(t->interval_ms, 10);
 
     sl_health_free(hc);
     srv_stop(&srv);
     event_base_free(base);
     assert_null(sl_health_new(NULL));
-    sl_health_update(NULL, NULL);
+    sl_health_update(NULL, NULL, NULL, NULL);
     sl_health_free(NULL);
 }
 
@@ -759,15 +759,15 @@ static void test_free_with_check_in_flight(void **state)
     snap_init(&s, &srv.port, 1);
     s.hc.timeout_ms = 5000;
     sl_health_t *hc = sl_health_new(base);
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     hc_target_t *t = target_of(hc, srv.port);
     assert_true(run_until(base, check_in_flight, t, 1000));
     assert_true(t->fd >= 0);
     int fd = t->fd;
     /* removal with a connection open closes it (ASan/LSan check the rest) */
-    sl_health_update(hc, NULL);
+    sl_health_update(hc, NULL, NULL, NULL);
     assert_int_equal(fcntl(fd, F_GETFD), -1);
-    sl_health_update(hc, &s.snap);
+    sl_health_update(hc, &s.snap, NULL, NULL);
     t = target_of(hc, srv.port);
     assert_true(run_until(base, check_in_flight, t, 1000));
     sl_health_free(hc);
