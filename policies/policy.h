@@ -1,0 +1,157 @@
+/*
+ * The policy engine's contract (DESIGN.md "Policies", issue 10).
+ *
+ * A policy is a folder under policies/ that defines one sl_policy_def_t and
+ * is listed in registry.c's static table. It never sees a codec, a socket
+ * or a runtime type: the request reaches it through sl_policy_req_t (a view
+ * the runtime fills from its protocol-independent request, request.h), so
+ * the same code runs for HTTP/1.1, HTTP/2 and gRPC, and the whole folder
+ * links into the controller too, whose REST API runs the same validators
+ * and compile step (a bad policy config is a 400 with the field path there,
+ * never a surprise at the runtime).
+ *
+ * Life of a policy:
+ *   schema      its config's fields, checked by the model's validator
+ *               (common/validate.h): unknown fields with "did you mean",
+ *               types, ranges, field paths like
+ *               spec.policies[1].config.limits[0].period;
+ *   compile     config (already valid) -> immutable state for one
+ *               generation, shared by every worker; may fail (a key file
+ *               that does not parse, a JWKS that is not JSON): then the
+ *               Api's routes answer 503 policy_unavailable with the reason
+ *               in the Api's status, and every other Api keeps its chains
+ *               (fail closed, never open);
+ *   worker_state optional per-worker state (rate-limit buckets, caches),
+ *               made on a worker's first request of a generation;
+ *   on_request  at its phase, in chain order: continue, or short-circuit
+ *               with a status, headers and a JSON error body;
+ *   on_response the upstream's (or the gateway's) response head, before
+ *               the client gets it: header changes only;
+ *   free        when the generation goes.
+ *
+ * Chains: an Api's `spec.policies` applies to all its operations; an
+ * operation's `policies` adds a policy, replaces an inherited one's config
+ * (same name), or removes it (`disabled: true`). The compiler resolves
+ * this into one ordered chain per route; the runtime sorts it by phase
+ * (stable, so the written order holds within a phase). A `when` condition
+ * (methods, path prefix, header matches) skips a policy for requests it
+ * does not match.
+ */
+#ifndef SL_POLICY_H
+#define SL_POLICY_H
+
+#include "validate.h"
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Phases, in the order a request meets them. */
+enum sl_policy_phase {
+    SL_PHASE_ACCESS = 0, /* ip-filter */
+    SL_PHASE_AUTHN,      /* api-key, basic-auth, jwt: who is calling */
+    SL_PHASE_AUTHZ,      /* scopes, groups */
+    SL_PHASE_RATE_LIMIT, /* rate-limit */
+    SL_PHASE_REQUEST,    /* headers, rewrite, redirect, respond, cors preflight, validation */
+    SL_PHASE_COUNT
+};
+
+/* A short-circuit: what the gateway answers instead of the upstream. */
+#define SL_POLICY_MAX_REPLY_HEADERS 8
+typedef struct {
+    int status;        /* 401, 403, 429, ... */
+    const char *code;  /* JSON error code, static: "unauthorized", "rate_limited" */
+    char message[256]; /* for the JSON body and the log */
+    struct {
+        const char *name; /* static */
+        char value[192];
+    } headers[SL_POLICY_MAX_REPLY_HEADERS];
+    unsigned num_headers;
+    /* A body of the policy's own instead of the JSON error (respond,
+     * redirect): borrowed from the compiled state, lives as long as it. */
+    const char *body;
+    size_t body_len;
+    const char *content_type;
+} sl_policy_reply_t;
+
+/* A header edit the chain asks for, on the upstream request or on the
+ * response. Strings are borrowed from compiled state or from the request's
+ * arena: they live until the request ends. */
+typedef enum { SL_HDR_SET = 0, SL_HDR_ADD, SL_HDR_REMOVE } sl_hdr_op_t;
+typedef struct {
+    sl_hdr_op_t op;
+    const char *name;
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+} sl_hdr_edit_t;
+
+typedef struct sl_policy_str {
+    const char *ptr;
+    size_t len;
+} sl_policy_str_t;
+
+/* What the chain has learnt about the caller. */
+typedef struct {
+    const char *name;  /* Consumer name, NULL = anonymous */
+    const char *group; /* its group, NULL = none */
+    const char *credential; /* which of its credentials ("laptop"), NULL = n/a */
+} sl_policy_consumer_t;
+
+/* The request as a policy sees it: read-only fields filled by the runtime,
+ * and the outputs the chain fills. Worker thread only. */
+typedef struct sl_policy_req {
+    /* in */
+    sl_policy_str_t method, host, path, query;
+    const struct sl_policy_header *headers;
+    size_t num_headers;
+    const char *client_ip;
+    const char *request_id;
+    uint8_t grpc; /* application/grpc: the codec answers a short-circuit as a gRPC status */
+    uint64_t now_ms;
+    unsigned worker; /* index, for per-worker state */
+    /* in/out */
+    sl_policy_consumer_t consumer;
+    /* out: edits, applied by the codec when it writes the upstream request
+     * and the response head (bounded; over the bound the chain fails closed
+     * with 500 policy_error rather than dropping an edit) */
+    sl_hdr_edit_t *req_edits, *resp_edits;
+    unsigned num_req_edits, num_resp_edits, max_edits;
+    /* which policy of the chain rejected the request, for the log/metrics */
+    const char *rejected_by;
+} sl_policy_req_t;
+
+struct sl_policy_header {
+    sl_policy_str_t name, value;
+};
+
+#define SL_POLICY_CONTINUE 0
+#define SL_POLICY_REPLY 1
+
+typedef struct sl_policy_def {
+    const char *name;
+    enum sl_policy_phase phase;
+    const sl_vschema_t *schema; /* the `config` object's fields */
+    /* config is valid against schema. Returns the state, or NULL with a
+     * reason in err (then the Api fails closed). */
+    void *(*compile)(json_t *config, char *err, size_t errlen);
+    void (*free)(void *state);
+    int (*on_request)(const void *state, sl_policy_req_t *req, sl_policy_reply_t *reply);
+    void (*on_response)(const void *state, sl_policy_req_t *req, int status);
+} sl_policy_def_t;
+
+/* The registry (registry.c): every built-in policy, by name. */
+const sl_policy_def_t *sl_policy_find(const char *name);
+/* NULL-terminated list of names, for "did you mean" and the docs. */
+const char *const *sl_policy_names(void);
+
+/* Validator of a `policies` list (arg: "api" or "operation"), for the
+ * model's schema tables: names, unique names, `config` against the
+ * policy's schema, `disabled` (operations only), `when`. */
+void sl_policy_vcheck_list(sl_vctx_t *c, json_t *v, const void *arg);
+
+/* Adds an edit; -1 when the bound is reached (the caller fails closed). */
+int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char *name,
+                   size_t name_len, const char *value, size_t value_len);
+
+#endif
