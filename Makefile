@@ -43,8 +43,11 @@ RUNTIME_SRC := $(filter-out runtime/main.c,$(wildcard $(RUNTIME_DIRS:%=%/*.c)))
 POLICY_SRC  := $(wildcard policies/*.c policies/*/*.c)
 CTRL_SRC    := $(filter-out controller/main.c,$(wildcard controller/*.c))
 
-COMMON_OBJ  := $(COMMON_SRC:%.c=$(BUILD)/obj/%.o) $(PROTO_C:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)
-RUNTIME_OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/obj/%.o) $(POLICY_SRC:%.c=$(BUILD)/obj/%.o)
+# Policies link into both binaries: the controller runs their validators
+# and compile step (policies/policy.h), the runtime their hooks too.
+COMMON_OBJ  := $(COMMON_SRC:%.c=$(BUILD)/obj/%.o) $(PROTO_C:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o) \
+               $(POLICY_SRC:%.c=$(BUILD)/obj/%.o)
+RUNTIME_OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/obj/%.o)
 CTRL_OBJ    := $(CTRL_SRC:%.c=$(BUILD)/obj/%.o)
 
 LIBCOMMON   := $(BUILD)/lib/libsl-common.a
