@@ -10,15 +10,17 @@
 #include <stdio.h>
 
 #define F(field, yaml, dur, lo, hi, d)                                                             \
-    {yaml, #field, offsetof(Sluice__V1__ListenerHttp2, field), dur, lo, hi, d}
+    {                                                                                              \
+        yaml, #field, offsetof(Sluice__V1__ListenerHttp2, field), dur, lo, hi, d                   \
+    }
 
 const sl_listener_http2_field_t sl_listener_http2_fields[SL_LH2__COUNT] = {
     [SL_LH2_MAX_CONCURRENT_STREAMS] =
         F(max_concurrent_streams, "maxConcurrentStreams", false, 1, 10000, 100),
     [SL_LH2_STREAM_WINDOW] =
         F(initial_stream_window_bytes, "initialStreamWindowBytes", false, 1024, 16777216, 65535),
-    [SL_LH2_CONN_WINDOW] = F(initial_connection_window_bytes, "initialConnectionWindowBytes",
-                             false, 65535, 268435456, 1048576),
+    [SL_LH2_CONN_WINDOW] = F(initial_connection_window_bytes, "initialConnectionWindowBytes", false,
+                             65535, 268435456, 1048576),
     [SL_LH2_MAX_HEADER_LIST] =
         F(max_header_list_bytes, "maxHeaderListBytes", false, 1024, 1048576, 65536),
     [SL_LH2_MAX_HEADER_FIELDS] = F(max_header_fields, "maxHeaderFields", false, 8, 1000, 100),
@@ -34,8 +36,8 @@ const sl_listener_http2_field_t sl_listener_http2_fields[SL_LH2__COUNT] = {
     [SL_LH2_EMPTY_DATA_MAX] = F(max_empty_data_frames, "maxEmptyDataFrames", false, 1, 10000, 100),
     [SL_LH2_STREAM_SEND_BUFFER] =
         F(stream_send_buffer_bytes, "streamSendBufferBytes", false, 16384, 16777216, 65536),
-    [SL_LH2_CONN_SEND_BUFFER] = F(connection_send_buffer_bytes, "connectionSendBufferBytes",
-                                  false, 16384, 268435456, 524288),
+    [SL_LH2_CONN_SEND_BUFFER] = F(connection_send_buffer_bytes, "connectionSendBufferBytes", false,
+                                  16384, 268435456, 524288),
 };
 #undef F
 
@@ -78,8 +80,8 @@ int sl_listener_http2_check(const Sluice__V1__ListenerHttp2 *m, char *err, size_
         if (!s)
             s = fs->def;
         if (l < s) {
-            snprintf(err, errlen, "http2.%s: %u is less than %s (%u)", fl->pb_name, l,
-                     fs->pb_name, s);
+            snprintf(err, errlen, "http2.%s: %u is less than %s (%u)", fl->pb_name, l, fs->pb_name,
+                     s);
             return -1;
         }
     }
