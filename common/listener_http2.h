@@ -5,11 +5,13 @@
  * compiler (compiler.c) and the runtime's check of a pushed snapshot
  * (runtime/control/generation.c) all read this table, so the three cannot
  * disagree on a bound; docs/configuration.md ("Listener HTTP/2") lists the
- * same values, and test_validate.c holds them to it.
+ * same values (by hand: keep them in step). test_validate.c checks every
+ * field's name and bounds through the validator.
  *
  * Not here: applying the limits (runtime/http/h2.c enforces them, and its
  * settings_fill owns the defaults; `def` below repeats them for the
- * cross-field rules and the docs, and test_h2.c checks they agree).
+ * cross-field rules and the docs, and unit/runtime/control/test_generation.c
+ * checks they agree).
  */
 #ifndef SL_LISTENER_HTTP2_H
 #define SL_LISTENER_HTTP2_H
