@@ -101,7 +101,7 @@
  * unknown types are ignored uncounted: they cost the client what they cost
  * us and ask for nothing back.
  */
-typedef struct {
+typedef struct sl_h2_settings {
     uint32_t max_concurrent_streams;        /* [100] SETTINGS; the 101st: REFUSED_STREAM */
     uint32_t stream_window_bytes;           /* [65535] request body bytes per stream we let in
                                              * before sl_h2_consume */

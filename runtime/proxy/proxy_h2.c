@@ -940,7 +940,13 @@ int sl_proxy_h2_start(sl_listener_sock_t *ls, int fd, SSL *ssl, sl_tls_peer_t *p
     hc->ls = ls;
     hc->fd = fd;
     snprintf(hc->client_ip, sizeof(hc->client_ip), "%s", client_ip);
-    hc->h2 = sl_h2_conn_new(NULL, &cbs, hc);
+    /* The listener's http2 limits in the current generation; the codec
+     * copies them, so a reload applies to new connections only. */
+    sl_h2_settings_t set;
+    rcu_thread_online();
+    sl_generation_h2_settings(sl_generation_current(), ls->key, &set);
+    rcu_thread_offline();
+    hc->h2 = sl_h2_conn_new(&set, &cbs, hc);
     hc->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_CLOSED | EV_ET | EV_PERSIST,
                        conn_event_cb, hc);
     hc->timer = evtimer_new(w->base, conn_timer_cb, hc);
