@@ -123,7 +123,7 @@ static void test_quickstart_field_by_field(void **state)
     assert_int_equal(cl->outlier->max_ejection_percent, 50);
     assert_non_null(cl->pool);
     assert_int_equal(cl->pool->max_connections, 0);
-    assert_int_equal(cl->pool->max_idle, 64);
+    assert_int_equal(cl->pool->max_idle, 1024);
     assert_int_equal(cl->pool->idle_timeout_ms, 60000);
     assert_int_equal(cl->connect_timeout_ms, 5000);
     assert_string_equal(cl->host_rewrite, "");
