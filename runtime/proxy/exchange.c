@@ -289,8 +289,8 @@ int sl_exchange_tunnel_check(sl_exchange_t *x, const sl_http1_response_t *resp)
     if (x->ws_key[0]) {
         const sl_header_t *a =
             sl_http1_find_header(resp->headers, resp->num_headers, "sec-websocket-accept", 20);
-        if (!a || !sl_websocket_accept_ok(x->ws_key, SL_WEBSOCKET_KEY_LEN, a->value.ptr,
-                                          a->value.len))
+        if (!a ||
+            !sl_websocket_accept_ok(x->ws_key, SL_WEBSOCKET_KEY_LEN, a->value.ptr, a->value.len))
             return SL_ERROR;
     }
     return SL_OK;

@@ -89,19 +89,19 @@ struct h2s {
     h2c_t *hc;
     int32_t id;
     struct event *timer;
-    sl_buf_t pending;    /* request body bytes not yet in uout */
-    sl_buf_t out;        /* response body bytes not yet taken by the codec */
-    uint8_t body_end;    /* the client's END_STREAM arrived */
-    uint8_t chunked;     /* the request body goes upstream chunked */
-    uint8_t started;     /* routed; the exchange runs */
-    uint8_t ended;       /* our response ended (END_STREAM queued) */
-    uint8_t end_pending; /* complete() waits for room to write the rest */
-    uint8_t done;        /* logged and counted; the upstream side is released */
-    uint8_t closed;      /* the codec closed the stream: its id is invalid */
-    uint8_t tunnel;      /* an extended CONNECT: a 101 opens a tunnel */
-    uint8_t tun_open;    /* ...it did: bytes flow, see tunnel_pump */
-    uint8_t tun_up_eof;  /* the origin's EOF was read */
-    uint8_t tun_up_shut; /* the client's END_STREAM went on as shutdown(SHUT_WR) */
+    sl_buf_t pending;     /* request body bytes not yet in uout */
+    sl_buf_t out;         /* response body bytes not yet taken by the codec */
+    uint8_t body_end;     /* the client's END_STREAM arrived */
+    uint8_t chunked;      /* the request body goes upstream chunked */
+    uint8_t started;      /* routed; the exchange runs */
+    uint8_t ended;        /* our response ended (END_STREAM queued) */
+    uint8_t end_pending;  /* complete() waits for room to write the rest */
+    uint8_t done;         /* logged and counted; the upstream side is released */
+    uint8_t closed;       /* the codec closed the stream: its id is invalid */
+    uint8_t tunnel;       /* an extended CONNECT: a 101 opens a tunnel */
+    uint8_t tun_open;     /* ...it did: bytes flow, see tunnel_pump */
+    uint8_t tun_up_eof;   /* the origin's EOF was read */
+    uint8_t tun_up_shut;  /* the client's END_STREAM went on as shutdown(SHUT_WR) */
     uint8_t tun_down_end; /* the origin's EOF went on as END_STREAM */
     uint32_t tun_idle_ms;
     uint64_t tun_last_ms; /* last byte relayed, for the idle timeout */
@@ -761,8 +761,7 @@ static void tunnel_request(h2s_t *s, const sl_req_head_t *head, const sl_h2_req_
     s->x.upgrade_required = 1;
     s->x.interim_ok = 0; /* an interim head would reach the client before the 200 */
     s->x.req_body_done = 1;
-    if (sl_exchange_build_head(&s->x, &get, path, SL_HTTP1_BODY_NONE, 0, info->protocol) !=
-        SL_OK) {
+    if (sl_exchange_build_head(&s->x, &get, path, SL_HTTP1_BODY_NONE, 0, info->protocol) != SL_OK) {
         stream_error(s, 503, "overloaded", "out of memory", 0);
         return;
     }
@@ -798,8 +797,8 @@ static void tunnel_pump(h2s_t *s)
         while (!s->tun_down_end) {
             size_t len = sl_buf_len(&s->out);
             if (len) {
-                ssize_t n =
-                    sl_h2_stream_write(hc->h2, s->id, (const uint8_t *)sl_buf_head(&s->out), len, 0);
+                ssize_t n = sl_h2_stream_write(hc->h2, s->id, (const uint8_t *)sl_buf_head(&s->out),
+                                               len, 0);
                 if (n < 0) {
                     tunnel_fail(s);
                     return;
