@@ -605,6 +605,15 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
                 h->expected_status_max = k == 2 ? hi : lo;
             }
             h->host = cstr(c, jstr(hc, "host", ""));
+            json_t *grpc = jget(hc, "grpc");
+            if (grpc) {
+                h->grpc = cnew(c, sizeof(*h->grpc));
+                if (h->grpc) {
+                    sluice__v1__grpc_health_check__init(h->grpc);
+                    h->grpc->service = cstr(c, jstr(grpc, "service", ""));
+                    h->grpc->authority = cstr(c, jstr(grpc, "authority", ""));
+                }
+            }
         }
     }
 

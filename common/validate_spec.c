@@ -1122,7 +1122,7 @@ static const sl_vfield_t lb_fields[] = {
 };
 static const sl_vschema_t lb_schema = {lb_fields, lb_extra};
 
-static void health_extra(sl_vctx_t *c, json_t *hc)
+static void health_timing_extra(sl_vctx_t *c, json_t *hc)
 {
     uint64_t interval = 5000, timeout = 2000;
     if (sl_validate_get(hc, "interval"))
@@ -1133,8 +1133,55 @@ static void health_extra(sl_vctx_t *c, json_t *hc)
         at_key(c, "timeout", report, "must not be longer than interval");
 }
 
+/* A gRPC service name goes into the request message as is; printable
+ * ASCII keeps it readable in logs and /clusters. "" asks about the whole
+ * server (grpc.health.v1). */
+#define SL_GRPC_SERVICE_MAX_LEN 1024
+
+static void check_grpc_service(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    size_t n = strlen(s);
+    bool ok = n <= SL_GRPC_SERVICE_MAX_LEN;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (unsigned char)s[i] > ' ' && (unsigned char)s[i] < 0x7f;
+    if (!ok)
+        sl_validate_error(c,
+                          "must be a gRPC service name (e.g. \"pkg.Service\", or \"\" for the "
+                          "whole server): printable ASCII without spaces, at most %d characters",
+                          SL_GRPC_SERVICE_MAX_LEN);
+}
+
+static const sl_vfield_t grpc_health_fields[] = {
+    {"service", check_grpc_service, NULL, 0},
+    {"authority", check_host_header, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t grpc_health_schema = {grpc_health_fields, NULL};
+
+static void health_extra(sl_vctx_t *c, json_t *hc)
+{
+    bool has_path = sl_validate_get(hc, "path") != NULL;
+    bool has_grpc = sl_validate_get(hc, "grpc") != NULL;
+    if (has_path && has_grpc)
+        at_key(c, "grpc", report,
+               "grpc and path are mutually exclusive: remove path for a gRPC health check "
+               "(it always calls /grpc.health.v1.Health/Check), or remove grpc for an HTTP "
+               "GET of path");
+    else if (!has_path && !has_grpc) {
+        at_key(c, "path", report,
+               "required field missing (or set grpc: {service: ...} for a gRPC health check)");
+        return; /* one error for a check that does not say what it asks */
+    }
+    health_timing_extra(c, hc);
+}
+
 static const sl_vfield_t health_fields[] = {
-    {"path", check_abs_path, NULL, SL_VFIELD_REQUIRED},
+    {"path", check_abs_path, NULL, 0},
+    {"grpc", sl_vcheck_object, &grpc_health_schema, 0},
     {"interval", sl_vcheck_duration, &dur_positive, 0},
     {"timeout", sl_vcheck_duration, &dur_positive, 0},
     {"healthyThreshold", sl_vcheck_int, &threshold_range, 0},
@@ -1184,9 +1231,20 @@ static void backend_extra(sl_vctx_t *c, json_t *spec)
         sl_validate_error(c, "h2c is plaintext HTTP/2: remove tls (or use h2 for HTTP/2 over TLS)");
         sl_validate_pop(c, saved);
     }
-    /* healthCheck needs no rule of its own here: a probe speaks what the
-     * Backend speaks (runtime/proxy/health.c), and the only combinations
-     * it cannot speak, h2 without tls and h2c with tls, are refused above. */
+    /* A probe speaks what the Backend speaks (runtime/proxy/health.c); the
+     * combinations it cannot speak, h2 without tls and h2c with tls, are
+     * refused above. gRPC runs over HTTP/2 only. */
+    json_t *hc = json_object_get(spec, "healthCheck");
+    if (json_is_object(hc) && json_object_get(hc, "grpc") != NULL &&
+        strcmp(pv, "h2") != 0 && strcmp(pv, "h2c") != 0) {
+        size_t s1 = sl_validate_push_key(c, "healthCheck");
+        size_t s2 = sl_validate_push_key(c, "grpc");
+        sl_validate_error(c,
+                          "gRPC health checks need an HTTP/2 Backend: set protocol h2c (or h2 "
+                          "with tls), or use healthCheck.path for an HTTP/1.1 check");
+        sl_validate_pop(c, s2);
+        sl_validate_pop(c, s1);
+    }
     json_t *eps = json_object_get(spec, "endpoints");
     for (size_t i = 0; i < json_array_size(eps); i++) {
         json_t *e = json_array_get(eps, i);

@@ -229,6 +229,7 @@ static void test_full_example_and_precedence(void **state)
     assert_int_equal(pets->health_check->expected_status_min, 200);
     assert_int_equal(pets->health_check->expected_status_max, 299);
     assert_string_equal(pets->health_check->host, "health.local");
+    assert_null(pets->health_check->grpc); /* an HTTP check */
     assert_int_equal(pets->outlier->consecutive_failures, 7);
     assert_int_equal(pets->outlier->base_ejection_ms, 10000);
     assert_int_equal(pets->outlier->max_ejection_percent, 30);

@@ -451,7 +451,33 @@ static void test_backend_rules(void **state)
     expect_valid(BACKEND("  endpoints: [{address: a, port: 1}]\n"
                          "  healthCheck: {path: /h, expectedStatuses: 204}\n"));
     expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n  healthCheck: {interval: 1s}\n"),
-                 "t.yaml doc 1: spec.healthCheck.path: required field missing\n");
+                 "t.yaml doc 1: spec.healthCheck.path: required field missing (or set grpc: "
+                 "{service: ...} for a gRPC health check)\n");
+    /* gRPC health checks: HTTP/2 Backends only, instead of path. */
+    expect_valid(BACKEND("  endpoints: [{address: a, port: 1}]\n  protocol: h2c\n"
+                         "  healthCheck: {grpc: {service: \"\"}}\n"));
+    expect_valid(BACKEND("  endpoints: [{address: a.example, port: 443}]\n  protocol: h2\n"
+                         "  tls: {sni: a.example}\n"
+                         "  healthCheck: {grpc: {service: pkg.Svc, authority: a.example}}\n"));
+    expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n"
+                         "  healthCheck: {grpc: {service: pkg.Svc}}\n"),
+                 "t.yaml doc 1: spec.healthCheck.grpc: gRPC health checks need an HTTP/2 "
+                 "Backend: set protocol h2c (or h2 with tls), or use healthCheck.path for an "
+                 "HTTP/1.1 check\n");
+    expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n  protocol: h2c\n"
+                         "  healthCheck: {path: /h, grpc: {service: pkg.Svc}}\n"),
+                 "t.yaml doc 1: spec.healthCheck.grpc: grpc and path are mutually exclusive: "
+                 "remove path for a gRPC health check (it always calls "
+                 "/grpc.health.v1.Health/Check), or remove grpc for an HTTP GET of path\n");
+    expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n  protocol: h2c\n"
+                         "  healthCheck: {grpc: {service: \"bad name\"}}\n"),
+                 "t.yaml doc 1: spec.healthCheck.grpc.service: must be a gRPC service name "
+                 "(e.g. \"pkg.Service\", or \"\" for the whole server): printable ASCII "
+                 "without spaces, at most 1024 characters\n");
+    expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n  protocol: h2c\n"
+                         "  healthCheck: {grpc: {servce: x}}\n"),
+                 "t.yaml doc 1: spec.healthCheck.grpc.servce: unknown field (did you mean "
+                 "'service'?)\n");
 }
 
 static void test_consumer_and_certificate_rules(void **state)
