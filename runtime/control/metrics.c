@@ -584,7 +584,7 @@ static void add_endpoint_labels(struct evbuffer *out, const sl_endpoint_state_t 
 {
     char hp[300];
     sl_endpoint_format(ep, hp, sizeof(hp));
-    evbuffer_add(out, "backend=\"", 9);
+    evbuffer_add(out, "cluster=\"", 9);
     add_label_value(out, ep->cluster);
     evbuffer_add(out, "\",endpoint=\"", 12);
     add_label_value(out, hp);

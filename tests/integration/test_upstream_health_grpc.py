@@ -141,7 +141,7 @@ def endpoint_of(rt, backend_name, port):
 
 
 def health_metric(rt, name, backend_name, port, **labels):
-    samples = [x for x in rt.metrics() if x[0] == name and x[1].get("backend") == compiled(
+    samples = [x for x in rt.metrics() if x[0] == name and x[1].get("cluster") == compiled(
         backend_name) and x[1].get("endpoint") == "127.0.0.1:%d" % port and
         all(x[1].get(k) == v for k, v in labels.items())]
     assert len(samples) == 1, (name, backend_name, port, labels, samples)
