@@ -28,6 +28,7 @@
  */
 #include "compiler.h"
 
+#include "listener_http2.h"
 #include "tls_pem.h"
 #include "validate.h"
 
@@ -383,6 +384,22 @@ static Sluice__V1__ListenerTls *compile_listener_tls(cctx_t *c, const sl_resourc
     return t;
 }
 
+/* Only the fields written: 0 leaves each at the codec's default, so a
+ * runtime with other defaults applies its own (proto: ListenerHttp2). */
+static Sluice__V1__ListenerHttp2 *compile_listener_http2(cctx_t *c, json_t *h2)
+{
+    Sluice__V1__ListenerHttp2 *m = cnew(c, sizeof(*m));
+    if (!m)
+        return NULL;
+    sluice__v1__listener_http2__init(m);
+    for (int i = 0; i < SL_LH2__COUNT; i++) {
+        const sl_listener_http2_field_t *f = &sl_listener_http2_fields[i];
+        uint32_t v = f->duration ? jdur(h2, f->name, 0) : (uint32_t)jint(h2, f->name, 0);
+        sl_listener_http2_set(m, i, v);
+    }
+    return m;
+}
+
 static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *gws, size_t ngw)
 {
     size_t total = 0;
@@ -455,6 +472,8 @@ static void compile_listeners(cctx_t *c, Sluice__V1__Snapshot *snap, gw_ref_t *g
                 out->protocol = SLUICE__V1__LISTENER__PROTOCOL__HTTPS;
                 out->tls = compile_listener_tls(c, r, jget(l, "tls"), i);
             }
+            if (out->protocol != SLUICE__V1__LISTENER__PROTOCOL__HTTP && jget(l, "http2"))
+                out->http2 = compile_listener_http2(c, jget(l, "http2"));
         }
     }
     free(owner);
@@ -586,6 +605,15 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
                 h->expected_status_max = k == 2 ? hi : lo;
             }
             h->host = cstr(c, jstr(hc, "host", ""));
+            json_t *grpc = jget(hc, "grpc");
+            if (grpc) {
+                h->grpc = cnew(c, sizeof(*h->grpc));
+                if (h->grpc) {
+                    sluice__v1__grpc_health_check__init(h->grpc);
+                    h->grpc->service = cstr(c, jstr(grpc, "service", ""));
+                    h->grpc->authority = cstr(c, jstr(grpc, "authority", ""));
+                }
+            }
         }
     }
 

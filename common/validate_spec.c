@@ -10,6 +10,7 @@
  */
 #include "validate.h"
 
+#include "listener_http2.h"
 #include "pathtpl.h"
 #include "tls_pem.h"
 
@@ -859,12 +860,83 @@ static const sl_vfield_t listener_tls_fields[] = {
 };
 static const sl_vschema_t listener_tls_schema = {listener_tls_fields, listener_tls_extra};
 
-/* https needs tls (its certificates); http and h2c are plaintext. */
+/* --- listener HTTP/2 (bounds and defaults: common/listener_http2.c) ------- */
+
+static void check_http2_limit(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    const sl_listener_http2_field_t *f = arg;
+    const sl_vrange_t r = {f->min, f->max};
+    if (f->duration)
+        sl_vcheck_duration(c, v, &r);
+    else
+        sl_vcheck_int(c, v, &r);
+}
+
+/* The value written, else the codec's default (fields were checked). */
+static uint32_t http2_value(json_t *h2, int i)
+{
+    const sl_listener_http2_field_t *f = &sl_listener_http2_fields[i];
+    json_t *v = sl_validate_get(h2, f->name);
+    uint64_t ms;
+    if (!v)
+        return f->def;
+    if (f->duration)
+        return sl_parse_duration_ms(v, &ms) == 0 ? (uint32_t)ms : f->def;
+    return (uint32_t)json_integer_value(v);
+}
+
+static void listener_http2_extra(sl_vctx_t *c, json_t *h2)
+{
+    for (const sl_listener_http2_rule_t *r = sl_listener_http2_rules; r->larger >= 0; r++) {
+        const char *larger = sl_listener_http2_fields[r->larger].name;
+        const char *smaller = sl_listener_http2_fields[r->smaller].name;
+        uint32_t l = http2_value(h2, r->larger), s = http2_value(h2, r->smaller);
+        if (l >= s)
+            continue;
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%u%s is less than %s (%u): it must be at least as large", l,
+                 sl_validate_get(h2, larger) ? "" : " (the default)", smaller, s);
+        at_key(c, larger, report, msg);
+    }
+}
+
+/* The names repeat the table's (a schema needs constant names); test_validate.c
+ * checks that each entry points at the table entry of its own name. */
+static const sl_vfield_t listener_http2_fields[] = {
+    {"maxConcurrentStreams", check_http2_limit,
+     &sl_listener_http2_fields[SL_LH2_MAX_CONCURRENT_STREAMS], 0},
+    {"initialStreamWindowBytes", check_http2_limit, &sl_listener_http2_fields[SL_LH2_STREAM_WINDOW],
+     0},
+    {"initialConnectionWindowBytes", check_http2_limit,
+     &sl_listener_http2_fields[SL_LH2_CONN_WINDOW], 0},
+    {"maxHeaderListBytes", check_http2_limit, &sl_listener_http2_fields[SL_LH2_MAX_HEADER_LIST], 0},
+    {"maxHeaderFields", check_http2_limit, &sl_listener_http2_fields[SL_LH2_MAX_HEADER_FIELDS], 0},
+    {"maxContinuationFrames", check_http2_limit,
+     &sl_listener_http2_fields[SL_LH2_MAX_CONTINUATIONS], 0},
+    {"headerTableBytes", check_http2_limit, &sl_listener_http2_fields[SL_LH2_HEADER_TABLE], 0},
+    {"maxControlFramesPerWindow", check_http2_limit,
+     &sl_listener_http2_fields[SL_LH2_CTRL_FRAMES_MAX], 0},
+    {"controlWindow", check_http2_limit, &sl_listener_http2_fields[SL_LH2_CTRL_WINDOW], 0},
+    {"maxResetStreamsPerWindow", check_http2_limit, &sl_listener_http2_fields[SL_LH2_RESETS_MAX],
+     0},
+    {"resetWindow", check_http2_limit, &sl_listener_http2_fields[SL_LH2_RESET_WINDOW], 0},
+    {"maxEmptyDataFrames", check_http2_limit, &sl_listener_http2_fields[SL_LH2_EMPTY_DATA_MAX], 0},
+    {"streamSendBufferBytes", check_http2_limit,
+     &sl_listener_http2_fields[SL_LH2_STREAM_SEND_BUFFER], 0},
+    {"connectionSendBufferBytes", check_http2_limit,
+     &sl_listener_http2_fields[SL_LH2_CONN_SEND_BUFFER], 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t listener_http2_schema = {listener_http2_fields, listener_http2_extra};
+
+/* https needs tls (its certificates); http and h2c are plaintext. http2
+ * needs a listener that speaks it: h2c, or https offering "h2" in ALPN. */
 static void listener_extra(sl_vctx_t *c, json_t *l)
 {
     json_t *p = sl_validate_get(l, "protocol");
     const char *proto = p ? json_string_value(p) : "http";
-    bool has_tls = sl_validate_get(l, "tls") != NULL;
+    json_t *tls = sl_validate_get(l, "tls");
+    bool has_tls = tls != NULL;
     if (strcmp(proto, "https") == 0 && !has_tls)
         at_key(c, "tls", report,
                "required field missing (an https listener needs tls.certificateRefs)");
@@ -873,6 +945,21 @@ static void listener_extra(sl_vctx_t *c, json_t *l)
                           "tls is only for protocol https (this listener is %s, which is "
                           "plaintext)",
                           proto);
+    if (!sl_validate_get(l, "http2"))
+        return;
+    if (strcmp(proto, "http") == 0) {
+        at_key(c, "http2", report,
+               "http2 is only for protocol h2c or https (this listener is http, which serves "
+               "HTTP/1.1 only)");
+        return;
+    }
+    json_t *alpn = tls ? sl_validate_get(tls, "alpn") : NULL;
+    bool offers_h2 = alpn == NULL;
+    for (size_t i = 0; alpn && i < json_array_size(alpn); i++)
+        offers_h2 |= strcmp(json_string_value(json_array_get(alpn, i)), "h2") == 0;
+    if (!offers_h2)
+        at_key(c, "http2", report,
+               "has no effect: tls.alpn does not offer \"h2\" (add it, or remove http2)");
 }
 
 static const sl_vfield_t listener_fields[] = {
@@ -881,6 +968,7 @@ static const sl_vfield_t listener_fields[] = {
     {"protocol", sl_vcheck_enum, protocols, 0},
     {"address", sl_vcheck_ip, NULL, 0},
     {"tls", sl_vcheck_object, &listener_tls_schema, 0},
+    {"http2", sl_vcheck_object, &listener_http2_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t listener_schema = {listener_fields, listener_extra};
@@ -1034,7 +1122,7 @@ static const sl_vfield_t lb_fields[] = {
 };
 static const sl_vschema_t lb_schema = {lb_fields, lb_extra};
 
-static void health_extra(sl_vctx_t *c, json_t *hc)
+static void health_timing_extra(sl_vctx_t *c, json_t *hc)
 {
     uint64_t interval = 5000, timeout = 2000;
     if (sl_validate_get(hc, "interval"))
@@ -1045,8 +1133,55 @@ static void health_extra(sl_vctx_t *c, json_t *hc)
         at_key(c, "timeout", report, "must not be longer than interval");
 }
 
+/* A gRPC service name goes into the request message as is; printable
+ * ASCII keeps it readable in logs and /clusters. "" asks about the whole
+ * server (grpc.health.v1). */
+#define SL_GRPC_SERVICE_MAX_LEN 1024
+
+static void check_grpc_service(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    size_t n = strlen(s);
+    bool ok = n <= SL_GRPC_SERVICE_MAX_LEN;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (unsigned char)s[i] > ' ' && (unsigned char)s[i] < 0x7f;
+    if (!ok)
+        sl_validate_error(c,
+                          "must be a gRPC service name (e.g. \"pkg.Service\", or \"\" for the "
+                          "whole server): printable ASCII without spaces, at most %d characters",
+                          SL_GRPC_SERVICE_MAX_LEN);
+}
+
+static const sl_vfield_t grpc_health_fields[] = {
+    {"service", check_grpc_service, NULL, 0},
+    {"authority", check_host_header, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t grpc_health_schema = {grpc_health_fields, NULL};
+
+static void health_extra(sl_vctx_t *c, json_t *hc)
+{
+    bool has_path = sl_validate_get(hc, "path") != NULL;
+    bool has_grpc = sl_validate_get(hc, "grpc") != NULL;
+    if (has_path && has_grpc)
+        at_key(c, "grpc", report,
+               "grpc and path are mutually exclusive: remove path for a gRPC health check "
+               "(it always calls /grpc.health.v1.Health/Check), or remove grpc for an HTTP "
+               "GET of path");
+    else if (!has_path && !has_grpc) {
+        at_key(c, "path", report,
+               "required field missing (or set grpc: {service: ...} for a gRPC health check)");
+        return; /* one error for a check that does not say what it asks */
+    }
+    health_timing_extra(c, hc);
+}
+
 static const sl_vfield_t health_fields[] = {
-    {"path", check_abs_path, NULL, SL_VFIELD_REQUIRED},
+    {"path", check_abs_path, NULL, 0},
+    {"grpc", sl_vcheck_object, &grpc_health_schema, 0},
     {"interval", sl_vcheck_duration, &dur_positive, 0},
     {"timeout", sl_vcheck_duration, &dur_positive, 0},
     {"healthyThreshold", sl_vcheck_int, &threshold_range, 0},
@@ -1096,9 +1231,20 @@ static void backend_extra(sl_vctx_t *c, json_t *spec)
         sl_validate_error(c, "h2c is plaintext HTTP/2: remove tls (or use h2 for HTTP/2 over TLS)");
         sl_validate_pop(c, saved);
     }
-    /* healthCheck needs no rule of its own here: a probe speaks what the
-     * Backend speaks (runtime/proxy/health.c), and the only combinations
-     * it cannot speak, h2 without tls and h2c with tls, are refused above. */
+    /* A probe speaks what the Backend speaks (runtime/proxy/health.c); the
+     * combinations it cannot speak, h2 without tls and h2c with tls, are
+     * refused above. gRPC runs over HTTP/2 only. */
+    json_t *hc = json_object_get(spec, "healthCheck");
+    if (json_is_object(hc) && json_object_get(hc, "grpc") != NULL &&
+        strcmp(pv, "h2") != 0 && strcmp(pv, "h2c") != 0) {
+        size_t s1 = sl_validate_push_key(c, "healthCheck");
+        size_t s2 = sl_validate_push_key(c, "grpc");
+        sl_validate_error(c,
+                          "gRPC health checks need an HTTP/2 Backend: set protocol h2c (or h2 "
+                          "with tls), or use healthCheck.path for an HTTP/1.1 check");
+        sl_validate_pop(c, s2);
+        sl_validate_pop(c, s1);
+    }
     json_t *eps = json_object_get(spec, "endpoints");
     for (size_t i = 0; i < json_array_size(eps); i++) {
         json_t *e = json_array_get(eps, i);

@@ -1,9 +1,9 @@
 /*
- * Runtime admin listener: /live, /ready, /metrics, /config_dump over
- * libevent's evhttp on the main thread's event_base.
+ * Runtime admin listener: /live, /ready, /metrics, /config_dump, /clusters
+ * over libevent's evhttp on the main thread's event_base.
  *
  * Responsible for: parsing the --admin address, binding it with an error that
- * names the address and the fix, answering the four endpoints (GET and HEAD
+ * names the address and the fix, answering the five endpoints (GET and HEAD
  * only), JSON errors for everything else, and bounding what a client may send
  * (header bytes, body bytes, idle time).
  *
@@ -13,6 +13,7 @@
  * authentication, like Envoy's admin port.
  */
 #include "admin.h"
+#include "endpoint.h"
 #include "hostport.h"
 
 #include "metrics.h"
@@ -120,6 +121,11 @@ static void handle_metrics(sl_admin_t *admin, struct evhttp_request *req)
     evbuffer_free(body);
 }
 
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 static int dump_to_evbuffer(const char *buf, size_t size, void *data)
 {
     return evbuffer_add(data, buf, size);
@@ -173,14 +179,144 @@ static void handle_config_dump(sl_admin_t *admin, struct evhttp_request *req)
     evbuffer_free(body);
 }
 
+/* One endpoint of /clusters, added to its backend's array in `by_backend`
+ * (an object keyed by backend name). Runs under the endpoint registry lock:
+ * only reads the state. */
+static void add_endpoint_json(sl_endpoint_state_t *ep, void *arg)
+{
+    json_t *by_backend = arg;
+    json_t *list = json_object_get(by_backend, ep->cluster);
+    if (list == NULL) {
+        list = json_array();
+        if (list == NULL || json_object_set_new(by_backend, ep->cluster, list) != 0)
+            return;
+    }
+    char hp[300], reason[SL_ENDPOINT_MAX_REASON_LEN];
+    sl_endpoint_format(ep, hp, sizeof(hp));
+    sl_endpoint_hc_failure(ep, reason, sizeof(reason));
+    uint64_t now = sl_endpoint_now_ms();
+    uint64_t until = atomic_load_explicit(&ep->ejected_until_ms, memory_order_relaxed);
+    int checked = atomic_load_explicit(&ep->hc_checked, memory_order_relaxed);
+    json_t *o = json_object();
+    if (o == NULL)
+        return;
+    json_object_set_new(o, "endpoint", json_string(hp));
+    json_object_set_new(o, "address", json_string(ep->address));
+    json_object_set_new(o, "port", json_integer(ep->port));
+    json_object_set_new(o, "usable", json_boolean(sl_endpoint_usable(ep, now)));
+    json_t *hc = json_object();
+    if (hc != NULL) {
+        json_object_set_new(hc, "checked", json_boolean(checked));
+        json_object_set_new(
+            hc, "healthy",
+            json_boolean(atomic_load_explicit(&ep->hc_healthy, memory_order_relaxed)));
+        json_object_set_new(hc, "last_failure",
+                            reason[0] != '\0' ? json_string(reason) : json_null());
+        json_object_set_new(hc, "consecutive_successes",
+                            json_integer(atomic_load_explicit(&ep->hc_consecutive_successes,
+                                                              memory_order_relaxed)));
+        json_object_set_new(
+            hc, "consecutive_failures",
+            json_integer(atomic_load_explicit(&ep->hc_consecutive_failures, memory_order_relaxed)));
+        json_object_set_new(hc, "checks_succeeded",
+                            json_integer((json_int_t)atomic_load_explicit(&ep->hc_checks_succeeded,
+                                                                          memory_order_relaxed)));
+        json_object_set_new(hc, "checks_failed",
+                            json_integer((json_int_t)atomic_load_explicit(&ep->hc_checks_failed,
+                                                                          memory_order_relaxed)));
+        json_object_set_new(o, "health_check", hc);
+    }
+    json_t *od = json_object();
+    if (od != NULL) {
+        json_object_set_new(od, "ejected", json_boolean(until > now));
+        json_object_set_new(od, "ejected_for_ms",
+                            json_integer(until > now ? (json_int_t)(until - now) : 0));
+        json_object_set_new(
+            od, "ejections",
+            json_integer(atomic_load_explicit(&ep->ejections, memory_order_relaxed)));
+        json_object_set_new(o, "outlier_detection", od);
+    }
+    json_array_append_new(list, o);
+}
+
+static int compare_endpoint_json(const void *a, const void *b)
+{
+    json_t *const *x = a, *const *y = b;
+    return strcmp(json_string_value(json_object_get(*x, "endpoint")),
+                  json_string_value(json_object_get(*y, "endpoint")));
+}
+
+/* GET /clusters: every endpoint of the live generations by backend, sorted,
+ * with its active health state and outlier ejection. */
+static void handle_clusters(sl_admin_t *admin, struct evhttp_request *req)
+{
+    (void)admin;
+    json_t *by_backend = json_object();
+    json_t *doc = json_object();
+    json_t *backends = json_array();
+    struct evbuffer *body = evbuffer_new();
+    if (!by_backend || !doc || !backends || !body)
+        goto fail;
+    sl_endpoint_foreach(add_endpoint_json, by_backend);
+    /* jansson keeps insertion order; sort names and endpoints so that the
+     * document does not depend on hash order. */
+    size_t n = json_object_size(by_backend), i = 0;
+    const char **names = calloc(n ? n : 1, sizeof(*names));
+    if (names == NULL)
+        goto fail;
+    const char *key;
+    json_t *v;
+    json_object_foreach(by_backend, key, v) names[i++] = key;
+    qsort(names, n, sizeof(*names), compare_names);
+    for (i = 0; i < n; i++) {
+        json_t *eps = json_object_get(by_backend, names[i]);
+        size_t ne = json_array_size(eps);
+        json_t **items = calloc(ne ? ne : 1, sizeof(*items));
+        json_t *sorted = json_array();
+        if (items == NULL || sorted == NULL) {
+            free(items);
+            json_decref(sorted);
+            free(names);
+            goto fail;
+        }
+        for (size_t e = 0; e < ne; e++)
+            items[e] = json_array_get(eps, e);
+        qsort(items, ne, sizeof(*items), compare_endpoint_json);
+        for (size_t e = 0; e < ne; e++)
+            json_array_append(sorted, items[e]);
+        free(items);
+        json_array_append_new(backends,
+                              json_pack("{s:s,s:o}", "name", names[i], "endpoints", sorted));
+    }
+    free(names);
+    json_object_set_new(doc, "backends", backends);
+    backends = NULL;
+    if (json_dump_callback(doc, dump_to_evbuffer, body, JSON_INDENT(2)) != 0 ||
+        evbuffer_add(body, "\n", 1) != 0)
+        goto fail;
+    json_decref(doc);
+    json_decref(by_backend);
+    send_reply(req, 200, "OK", "application/json", body);
+    evbuffer_free(body);
+    return;
+
+fail:
+    json_decref(by_backend);
+    json_decref(doc);
+    json_decref(backends);
+    if (body)
+        evbuffer_free(body);
+    reply_error(req, 500, "Internal Server Error", "internal_error",
+                "could not build the clusters document");
+}
+
 static const struct {
     const char *path;
     void (*handler)(sl_admin_t *, struct evhttp_request *);
 } admin_routes[] = {
-    {"/live", handle_live},
-    {"/ready", handle_ready},
-    {"/metrics", handle_metrics},
-    {"/config_dump", handle_config_dump},
+    {"/live", handle_live},         {"/ready", handle_ready},
+    {"/metrics", handle_metrics},   {"/config_dump", handle_config_dump},
+    {"/clusters", handle_clusters},
 };
 
 static void admin_request(struct evhttp_request *req, void *arg)
@@ -203,7 +339,7 @@ static void admin_request(struct evhttp_request *req, void *arg)
         return;
     }
     reply_error(req, 404, "Not Found", "not_found",
-                "no such admin endpoint; try /live, /ready, /metrics or /config_dump");
+                "no such admin endpoint; try /live, /ready, /metrics, /config_dump or /clusters");
 }
 
 /* Error text for the caller; err may be NULL. vsnprintf truncates quietly

@@ -5,6 +5,9 @@
  *   GET /ready        200 when a generation is active and listeners are up, else 503
  *   GET /metrics      Prometheus text (metrics.h)
  *   GET /config_dump  the active snapshot as JSON (+ source/version/state)
+ *   GET /clusters     every upstream endpoint by backend: active health
+ *                     (healthy, last failure reason, consecutive counts)
+ *                     and outlier ejection, as JSON
  * Not for the public: it binds loopback by default.
  */
 #ifndef SL_ADMIN_H

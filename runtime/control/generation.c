@@ -8,6 +8,8 @@
 #include "generation.h"
 
 #include "compiler.h"
+#include "h2.h"
+#include "listener_http2.h"
 #include "log.h"
 #include "tls.h"
 #include "tls_client.h"
@@ -70,6 +72,7 @@ static void free_generation(sl_generation_t *gen)
             sl_tls_server_free(gen->tls[i]);
         free(gen->tls);
     }
+    free(gen->h2);
     if (gen->routes) {
         for (size_t t = 0; t < gen->snap->n_route_tables; t++) {
             sl_gen_route_t *routes = gen->routes[t];
@@ -320,6 +323,74 @@ struct sl_tls_server *sl_generation_tls(const sl_generation_t *gen, const char *
     return NULL;
 }
 
+/* The codec settings of each listener with an http2 block. The values are
+ * checked again here, not only by the validator: a controller of another
+ * build may push what this runtime's codec does not accept, and the push is
+ * then NACKed with the listener and field named. */
+static int build_http2(sl_generation_t *gen, char *err, size_t errlen)
+{
+    Sluice__V1__Snapshot *snap = gen->snap;
+    for (size_t i = 0; i < snap->n_listeners; i++) {
+        const Sluice__V1__Listener *l = snap->listeners[i];
+        const Sluice__V1__ListenerHttp2 *m = l->http2;
+        if (!m)
+            continue;
+        char what[512];
+        if (l->protocol == SLUICE__V1__LISTENER__PROTOCOL__HTTP) {
+            snprintf(err, errlen,
+                     "listener '%s': http2 is set but the listener's protocol is http (HTTP/1.1 "
+                     "only; use h2c or https)",
+                     l->name);
+            return -1;
+        }
+        if (sl_listener_http2_check(m, what, sizeof(what)) != 0) {
+            snprintf(err, errlen, "listener '%s': %s", l->name, what);
+            return -1;
+        }
+        if (!gen->h2) {
+            gen->h2 = calloc(snap->n_listeners, sizeof(*gen->h2));
+            if (!gen->h2) {
+                snprintf(err, errlen, "out of memory");
+                return -1;
+            }
+        }
+        sl_h2_settings_t *s = &gen->h2[i];
+        s->max_concurrent_streams = m->max_concurrent_streams;
+        s->stream_window_bytes = m->initial_stream_window_bytes;
+        s->conn_window_bytes = m->initial_connection_window_bytes;
+        s->max_header_list_bytes = m->max_header_list_bytes;
+        s->max_header_fields = m->max_header_fields;
+        s->max_continuations = m->max_continuation_frames;
+        s->header_table_bytes = m->header_table_bytes;
+        s->ctrl_frames_max = m->max_control_frames_per_window;
+        s->ctrl_window_ms = m->control_window_ms;
+        s->aborted_streams_max = m->max_reset_streams_per_window;
+        s->aborted_window_ms = m->reset_window_ms;
+        s->empty_data_max = m->max_empty_data_frames;
+        s->stream_send_buffer_bytes = m->stream_send_buffer_bytes;
+        s->conn_send_buffer_bytes = m->connection_send_buffer_bytes;
+    }
+    return 0;
+}
+
+int sl_generation_h2_settings(const sl_generation_t *gen, const char *key, sl_h2_settings_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!gen || !gen->h2)
+        return 0;
+    for (size_t i = 0; i < gen->snap->n_listeners; i++) {
+        char k[80];
+        if (!gen->snap->listeners[i]->http2)
+            continue;
+        listener_key(gen->snap->listeners[i], k, sizeof(k));
+        if (strcmp(k, key) == 0) {
+            *out = gen->h2[i];
+            return 1;
+        }
+    }
+    return 0;
+}
+
 sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *source,
                                      unsigned nworkers, char *err, size_t errlen)
 {
@@ -394,6 +465,8 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
         goto fail;
     gen->router = sl_router_build(snap, err, errlen);
     if (!gen->router)
+        goto fail;
+    if (build_http2(gen, err, errlen) != 0)
         goto fail;
     if (build_tls(gen, err, errlen) != 0)
         goto fail;

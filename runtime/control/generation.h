@@ -148,7 +148,20 @@ typedef struct sl_generation {
      * take the new certificates as soon as it is published while
      * established connections keep theirs (net/tls.h, "Life cycle"). */
     struct sl_tls_server **tls;
+    /* The HTTP/2 codec settings of the listeners with an http2 block,
+     * [snap->n_listeners] (zeroes, the codec's defaults, for the others), or
+     * NULL when no listener has one. Like tls: new connections take the
+     * current generation's, established ones keep what they started with. */
+    struct sl_h2_settings *h2;
 } sl_generation_t;
+
+/* Copies into *out the HTTP/2 settings of listener `key` ("address:port")
+ * and returns 1, or zeroes *out (the codec's defaults) and returns 0 when the
+ * listener has no http2 block or gen is NULL. Inside an RCU read-side
+ * section; *out is the caller's and outlives it. */
+struct sl_h2_settings;
+int sl_generation_h2_settings(const sl_generation_t *gen, const char *key,
+                              struct sl_h2_settings *out);
 
 /* The TLS server of the https listener `key` ("address:port"), or NULL.
  * Inside an RCU read-side section, like the generation itself. */

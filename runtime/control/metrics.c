@@ -20,6 +20,7 @@
 #include "metrics.h"
 
 #include "accesslog.h"
+#include "endpoint.h"
 #include "sl_types.h"
 
 #include <event2/buffer.h>
@@ -570,6 +571,59 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
                         sl_accesslog_dropped());
 }
 
+/* ---- active health checks -------------------------------------------------- */
+
+/* Series exist only for endpoints that are health-checked now: an endpoint
+ * without a healthCheck has no verdict to report (it counts as healthy). */
+typedef struct {
+    struct evbuffer *out;
+    int family; /* 0: checks_total, 1: endpoint_healthy */
+} health_render_t;
+
+static void add_endpoint_labels(struct evbuffer *out, const sl_endpoint_state_t *ep)
+{
+    char hp[300];
+    sl_endpoint_format(ep, hp, sizeof(hp));
+    evbuffer_add(out, "cluster=\"", 9);
+    add_label_value(out, ep->cluster);
+    evbuffer_add(out, "\",endpoint=\"", 12);
+    add_label_value(out, hp);
+    evbuffer_add(out, "\"", 1);
+}
+
+static void render_endpoint(sl_endpoint_state_t *ep, void *arg)
+{
+    health_render_t *r = arg;
+    if (!LOAD(ep->hc_checked))
+        return;
+    if (r->family == 0) {
+        static const char *const results[2] = {"success", "failure"};
+        uint64_t v[2] = {LOAD(ep->hc_checks_succeeded), LOAD(ep->hc_checks_failed)};
+        for (unsigned i = 0; i < 2; i++) {
+            evbuffer_add(r->out, "sluice_health_checks_total{", 27);
+            add_endpoint_labels(r->out, ep);
+            evbuffer_add_printf(r->out, ",result=\"%s\"} %" PRIu64 "\n", results[i], v[i]);
+        }
+    } else {
+        evbuffer_add(r->out, "sluice_endpoint_healthy{", 24);
+        add_endpoint_labels(r->out, ep);
+        evbuffer_add_printf(r->out, "} %d\n", LOAD(ep->hc_healthy) ? 1 : 0);
+    }
+}
+
+static void render_health(struct evbuffer *out)
+{
+    health_render_t r = {out, 0};
+    add_header(out, "sluice_health_checks_total", "counter",
+               "Active health checks of an endpoint, by result.");
+    sl_endpoint_foreach(render_endpoint, &r);
+    r.family = 1;
+    add_header(out, "sluice_endpoint_healthy", "gauge",
+               "1 when the endpoint passes its active health checks, 0 when they marked it "
+               "unhealthy; only health-checked endpoints.");
+    sl_endpoint_foreach(render_endpoint, &r);
+}
+
 /* ---- certificate expiry ---------------------------------------------------- */
 
 static pthread_mutex_t cert_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -633,5 +687,6 @@ void sl_metrics_render(struct evbuffer *out)
     render_clusters(out, nworkers);
     pthread_mutex_unlock(&registry_lock);
     render_process(out, nworkers);
+    render_health(out);
     render_certificates(out);
 }

@@ -937,6 +937,7 @@ static void settings_fill(sl_h2_settings_t *s)
     DEF(conn_send_buffer_bytes, 524288);
     DEF(max_response_header_bytes, 65536);
     DEF(drain_stream_id, 0x7fff0000u);
+    DEF(enable_connect_protocol, 1);
 #undef DEF
     /* RFC 9113 6.5.2 / 6.9.1 ranges. */
     if (s->stream_window_bytes > 0x7fffffffu)
@@ -1012,7 +1013,7 @@ sl_h2_conn_t *sl_h2_conn_new(const sl_h2_settings_t *set, const sl_h2_callbacks_
         (nghttp2_settings_entry){NGHTTP2_SETTINGS_HEADER_TABLE_SIZE, c->set.header_table_bytes};
     iv[niv++] = (nghttp2_settings_entry){NGHTTP2_SETTINGS_ENABLE_PUSH, 0};
     iv[niv++] = (nghttp2_settings_entry){NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1};
-    if (c->set.enable_connect_protocol)
+    if (c->set.enable_connect_protocol == 1)
         iv[niv++] = (nghttp2_settings_entry){NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL, 1};
     if (nghttp2_submit_settings(c->ng, NGHTTP2_FLAG_NONE, iv, niv) != 0 ||
         nghttp2_session_set_local_window_size(c->ng, NGHTTP2_FLAG_NONE, 0,

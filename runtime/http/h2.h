@@ -101,7 +101,7 @@
  * unknown types are ignored uncounted: they cost the client what they cost
  * us and ask for nothing back.
  */
-typedef struct {
+typedef struct sl_h2_settings {
     uint32_t max_concurrent_streams;        /* [100] SETTINGS; the 101st: REFUSED_STREAM */
     uint32_t stream_window_bytes;           /* [65535] request body bytes per stream we let in
                                              * before sl_h2_consume */
@@ -139,8 +139,13 @@ typedef struct {
     uint32_t max_response_header_bytes;     /* [65536] fields of one submit_response/trailers */
     uint32_t drain_stream_id;               /* [0x7fff0000] a request at or above this id starts
                                              * a graceful GOAWAY: ids end at 2^31-1 */
-    uint8_t enable_connect_protocol;        /* [0] RFC 8441 extended CONNECT (:protocol) */
+    uint8_t enable_connect_protocol;        /* [1] RFC 8441 extended CONNECT (:protocol,
+                                             * WebSocket over HTTP/2); SL_H2_OFF: not
+                                             * advertised, a :protocol is a stream error */
 } sl_h2_settings_t;
+
+/* A flag of sl_h2_settings_t whose default is on, turned off. */
+#define SL_H2_OFF 0xffu
 
 /* What on_request says besides the head. */
 #define SL_H2_REQ_END_STREAM 0x1u       /* no body follows */

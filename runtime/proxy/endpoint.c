@@ -16,7 +16,8 @@
  *
  * Threading: the registry (hash table + refcounts) is guarded by one mutex
  * and only touched while generations are built or freed (main thread,
- * call_rcu helper thread). The state fields are atomics written by the
+ * call_rcu helper thread) and when admin walks it for /metrics and
+ * /clusters. The state fields are atomics written by the
  * health checker and by any worker, lock-free on the request path.
  *
  * Bounds: cluster names up to 1024 bytes, addresses up to 255 (a DNS name is
@@ -49,6 +50,11 @@ static struct {
     size_t n_buckets; /* 0 until the first acquire; a power of two */
     size_t count;
 } registry = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Guards every state's hc_last_failure: a string cannot be one atomic.
+ * Taken once per failed check and per endpoint on a /clusters request;
+ * may be taken inside registry.lock, never the other way round. */
+static pthread_mutex_t reason_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t key_hash(const char *cluster, const char *address, uint16_t port)
 {
@@ -266,6 +272,11 @@ sl_endpoint_state_t *sl_endpoint_acquire(const char *cluster, const char *addres
     atomic_init(&fresh->ejected_until_ms, 0);
     atomic_init(&fresh->consecutive_failures, 0);
     atomic_init(&fresh->ejections, 0);
+    atomic_init(&fresh->hc_checked, 0);
+    atomic_init(&fresh->hc_consecutive_successes, 0);
+    atomic_init(&fresh->hc_consecutive_failures, 0);
+    atomic_init(&fresh->hc_checks_succeeded, 0);
+    atomic_init(&fresh->hc_checks_failed, 0);
     atomic_init(&fresh->refs, 1);
 
     pthread_mutex_lock(&registry.lock);
@@ -321,6 +332,36 @@ void sl_endpoint_release(sl_endpoint_state_t *ep)
         free(ep);
         return;
     }
+    pthread_mutex_unlock(&registry.lock);
+}
+
+void sl_endpoint_set_hc_failure(sl_endpoint_state_t *ep, const char *reason)
+{
+    pthread_mutex_lock(&reason_lock);
+    snprintf(ep->hc_last_failure, sizeof(ep->hc_last_failure), "%s", reason ? reason : "");
+    pthread_mutex_unlock(&reason_lock);
+}
+
+void sl_endpoint_hc_failure(sl_endpoint_state_t *ep, char *buf, size_t len)
+{
+    if (len == 0)
+        return;
+    pthread_mutex_lock(&reason_lock);
+    snprintf(buf, len, "%s", ep->hc_last_failure);
+    pthread_mutex_unlock(&reason_lock);
+}
+
+void sl_endpoint_format(const sl_endpoint_state_t *ep, char *buf, size_t len)
+{
+    format_hostport(buf, len, ep->address, ep->port);
+}
+
+void sl_endpoint_foreach(void (*fn)(sl_endpoint_state_t *ep, void *arg), void *arg)
+{
+    pthread_mutex_lock(&registry.lock);
+    for (size_t i = 0; i < registry.n_buckets; i++)
+        for (sl_endpoint_state_t *ep = registry.buckets[i]; ep != NULL; ep = ep->next)
+            fn(ep, arg);
     pthread_mutex_unlock(&registry.lock);
 }
 

@@ -13,9 +13,14 @@
 #define SL_ENDPOINT_H
 
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/socket.h>
+
+/* The reason of an endpoint's last failed health check is kept up to this
+ * many bytes, NUL included (longer ones are cut). */
+#define SL_ENDPOINT_MAX_REASON_LEN 192
 
 typedef struct sl_endpoint_state {
     char *cluster;
@@ -27,6 +32,14 @@ typedef struct sl_endpoint_state {
     atomic_uint_fast64_t ejected_until_ms; /* passive ejection, monotonic ms; 0 = not */
     atomic_uint consecutive_failures;
     atomic_uint ejections;             /* times ejected, for back-off */
+    /* Active health checks: written by health.c (main thread), read by
+     * /metrics and /clusters (admin). All 0 while nobody checks it. */
+    atomic_int hc_checked;                  /* 1 while a health check runs for it */
+    atomic_uint hc_consecutive_successes;
+    atomic_uint hc_consecutive_failures;
+    atomic_uint_fast64_t hc_checks_succeeded; /* totals, monotonic while the state lives */
+    atomic_uint_fast64_t hc_checks_failed;
+    char hc_last_failure[SL_ENDPOINT_MAX_REASON_LEN]; /* private: sl_endpoint_hc_failure */
     atomic_uint refs;                  /* private */
     struct sl_endpoint_state *next;    /* private: registry chain */
 } sl_endpoint_state_t;
@@ -38,6 +51,21 @@ typedef struct sl_endpoint_state {
 sl_endpoint_state_t *sl_endpoint_acquire(const char *cluster, const char *address, uint16_t port,
                                          char *err, size_t errlen);
 void sl_endpoint_release(sl_endpoint_state_t *ep);
+
+/* Records / copies out the reason of the last failed health check ("" =
+ * none yet). Any thread; a small lock of its own, never on the request
+ * path. */
+void sl_endpoint_set_hc_failure(sl_endpoint_state_t *ep, const char *reason);
+void sl_endpoint_hc_failure(sl_endpoint_state_t *ep, char *buf, size_t len);
+
+/* "address:port", "[v6]:port" for an IPv6 literal: the endpoint label of
+ * metrics and /clusters. */
+void sl_endpoint_format(const sl_endpoint_state_t *ep, char *buf, size_t len);
+
+/* Calls fn on every endpoint state alive (those of every generation not yet
+ * freed), under the registry lock: fn must not acquire or release
+ * endpoints. For /metrics and /clusters. */
+void sl_endpoint_foreach(void (*fn)(sl_endpoint_state_t *ep, void *arg), void *arg);
 
 /* Monotonic clock in ms (CLOCK_MONOTONIC). */
 uint64_t sl_endpoint_now_ms(void);

@@ -186,6 +186,10 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
             name_is(h, "x-forwarded-proto", 17) || name_is(h, "x-forwarded-host", 16) ||
             name_is(h, "expect", 6) || name_is(h, "content-length", 14))
             continue;
+        /* The handshake fields the gateway writes itself (ws_key). */
+        if (x->ws_key[0] &&
+            (name_is(h, "sec-websocket-key", 17) || name_is(h, "sec-websocket-version", 21)))
+            continue;
         /* The client certificate fields are the gateway's alone: a client
          * never forges them, whether or not it presented a certificate. */
         if ((h->name.len > 14 && strncasecmp(h->name.ptr, "x-client-cert-", 14) == 0) ||
@@ -243,6 +247,11 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
     } else if (body == SL_HTTP1_BODY_CHUNKED) {
         sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
     }
+    if (upgrade.len && x->ws_key[0]) {
+        sl_buf_append(b, "Sec-WebSocket-Key: ", 19);
+        sl_buf_append(b, x->ws_key, SL_WEBSOCKET_KEY_LEN);
+        sl_buf_append(b, "\r\nSec-WebSocket-Version: 13\r\n", 29);
+    }
     if (upgrade.len) {
         sl_buf_append(b, "Upgrade: ", 9);
         sl_buf_append(b, upgrade.ptr, upgrade.len);
@@ -253,6 +262,51 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
         sl_buf_append(b, "\r\n", 2);
     }
     return SL_OK;
+}
+
+/* ---- tunnels (exchange.h) ------------------------------------------------- */
+
+int sl_exchange_route_tunnels(const sl_gen_route_t *route, sl_str_t token)
+{
+    const char *slash = memchr(token.ptr, '/', token.len);
+    size_t name_len = slash ? (size_t)(slash - token.ptr) : token.len;
+    const Sluice__V1__Route *pb = route->pb;
+    if (name_len == 0)
+        return 0;
+    for (size_t i = 0; i < pb->n_upgrades; i++)
+        if (strlen(pb->upgrades[i]) == name_len &&
+            strncasecmp(pb->upgrades[i], token.ptr, name_len) == 0)
+            return 1;
+    return 0;
+}
+
+int sl_exchange_tunnel_check(sl_exchange_t *x, const sl_http1_response_t *resp)
+{
+    const sl_header_t *u = sl_http1_find_header(resp->headers, resp->num_headers, "upgrade", 7);
+    /* The origin may only switch to a protocol the route allows. */
+    if (!u || !x->r.route || !sl_exchange_route_tunnels(x->r.route, u->value))
+        return SL_ERROR;
+    if (x->ws_key[0]) {
+        const sl_header_t *a =
+            sl_http1_find_header(resp->headers, resp->num_headers, "sec-websocket-accept", 20);
+        if (!a ||
+            !sl_websocket_accept_ok(x->ws_key, SL_WEBSOCKET_KEY_LEN, a->value.ptr, a->value.len))
+            return SL_ERROR;
+    }
+    return SL_OK;
+}
+
+uint32_t sl_exchange_tunnel_opened(sl_exchange_t *x, int status)
+{
+    uint32_t idle_ms = x->r.route->pb->tunnel_idle_ms ? x->r.route->pb->tunnel_idle_ms : 3600000u;
+    sl_request_note_outcome(&x->r, 1);
+    x->r.status = status;
+    sl_request_log(&x->r);
+    sl_request_reset(&x->r); /* the pool counters and the generation hold */
+    x->phase = SL_XP_NONE;
+    sl_worker_buf_put(x->r.w, &x->uin);
+    sl_worker_buf_put(x->r.w, &x->uout);
+    return idle_ms;
 }
 
 /* ---- life ------------------------------------------------------------------ */
@@ -266,6 +320,8 @@ void sl_exchange_reset(sl_exchange_t *x)
     x->req_body_done = 0;
     x->expect_continue = 0;
     x->upgrade = 0;
+    x->upgrade_required = 0;
+    x->ws_key[0] = '\0';
     x->dechunk = 0;
     x->resp_body = SL_HTTP1_BODY_NONE;
     x->resp_remaining = 0;
@@ -719,6 +775,11 @@ static void read_response_head(sl_exchange_t *x)
             if (sl_buf_len(&x->uin))
                 goto parse;
             continue;
+        }
+        if (x->upgrade_required && resp.status >= 200 && resp.status < 300) {
+            /* Its client would take this for an open tunnel. */
+            upstream_failed(x, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
+            return;
         }
         if (resp.status >= 500 && sl_request_retry_allowed(&x->r, SL_UPSTREAM_ERR__COUNT,
                                                            resp.status, x->resp_head_sent)) {

@@ -37,6 +37,7 @@
 #include "http1.h"
 #include "request.h"
 #include "upstream.h"
+#include "websocket.h"
 
 enum sl_exchange_phase {
     SL_XP_NONE = 0,
@@ -101,6 +102,13 @@ typedef struct sl_exchange {
     uint8_t upgrade;         /* the route tunnels the request's Upgrade token */
     uint8_t interim_ok;      /* the client takes interim (1xx) responses */
     uint8_t dechunk;         /* the client takes payload only: strip chunked framing */
+    /* The client takes any 2xx as "tunnel open" (HTTP/2 extended CONNECT):
+     * only a 101 may succeed, another 2xx from the origin is a 502. */
+    uint8_t upgrade_required;
+    /* The Sec-WebSocket-Key the gateway sends the origin in place of the
+     * client's (an HTTP/2 client has none), "" when the client's own goes;
+     * the 101's Sec-WebSocket-Accept must answer it. */
+    char ws_key[SL_WEBSOCKET_KEY_LEN + 1];
 
     enum sl_http1_body resp_body;
     uint64_t resp_remaining;
@@ -141,6 +149,27 @@ void sl_exchange_reset(sl_exchange_t *x);
  */
 int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t path,
                            enum sl_http1_body body, uint64_t content_length, sl_str_t upgrade);
+
+/* Whether the route tunnels the upgrade `token` ("websocket", or
+ * "name/version": the route lists names; case-insensitive). */
+int sl_exchange_route_tunnels(const sl_gen_route_t *route, sl_str_t token);
+
+/*
+ * Tunnels, whatever the client's protocol (proxy.c for HTTP/1.1 upgrades,
+ * proxy_h2.c for HTTP/2 extended CONNECT). When the origin answers 101, the
+ * codec's ops->upgraded calls sl_exchange_tunnel_check: SL_OK when the 101
+ * switches to a protocol the route tunnels and, if the gateway made the
+ * key (ws_key), carries the matching Sec-WebSocket-Accept; else the codec
+ * returns SL_ERROR (502). Once the codec has answered its client,
+ * sl_exchange_tunnel_opened counts the attempt a success, logs the request
+ * with `status` (101 for HTTP/1.1, 200 for HTTP/2), releases the
+ * generation and the pool counters (a tunnel holds neither: config swaps
+ * never touch it) and returns the route's tunnel idle timeout in ms. The
+ * upstream connection stays in x->up, its events reach ops->tunnel_event
+ * (phase SL_XP_NONE), and sl_exchange_finish(x, 0) closes it.
+ */
+int sl_exchange_tunnel_check(sl_exchange_t *x, const sl_http1_response_t *resp);
+uint32_t sl_exchange_tunnel_opened(sl_exchange_t *x, int status);
 
 /* Starts the first attempt (the head is in uout, maybe body bytes too). */
 void sl_exchange_start(sl_exchange_t *x);

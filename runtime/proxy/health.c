@@ -16,9 +16,18 @@
  *            fails, a certificate that does not verify, or an h2 Backend
  *            whose endpoint does not select ALPN h2 is a failed check whose
  *            reason says which;
+ *     grpc   (healthCheck.grpc, h2/h2c Backends) instead of the GET, one
+ *            POST /grpc.health.v1.Health/Check stream carrying
+ *            HealthCheckRequest{service}; healthy only with :status 200,
+ *            grpc-status 0 (trailers, or headers for Trailers-Only) and
+ *            HealthCheckResponse{status: SERVING}. Anything else fails
+ *            with a reason naming what was wrong (NOT_SERVING,
+ *            SERVICE_UNKNOWN, grpc-status 12 ..., a malformed message);
  * counting consecutive results and flipping
  * the shared endpoint state's hc_healthy (endpoint.h) at the thresholds, with
- * one notice line per flip; following config changes by key so that checks
+ * one notice line per flip; publishing every verdict in the endpoint state
+ * (totals, consecutive counts, the last failure's reason) for /metrics and
+ * /clusters; following config changes by key so that checks
  * of endpoints that stay keep their counters and schedule.
  *
  * Not responsible for: passive failure detection (workers call
@@ -42,7 +51,10 @@
  *     address, with ":port" unless it is the scheme's default, 80 or 443
  *     with TLS (RFC 9110 7.2; bracketed for IPv6 literals).
  *   - Only the status is read (the status line, at most 1 KiB, or the
- *     response HEADERS); the rest of the response is not waited for. An
+ *     response HEADERS); the rest of the response is not waited for. A
+ *     gRPC check reads its whole stream instead (the verdict is in the
+ *     message and the trailers), at most SL_HEALTH_MAX_GRPC_RESPONSE bytes
+ *     of message: a HealthCheckResponse is a handful of bytes. An
  *     HTTP/2 check is one stream on its own connection, closed afterwards
  *     (a TLS one with close_notify).
  *   - Why not upstream_h2.c's sessions: they are per worker, carry
@@ -95,6 +107,11 @@
 /* HTTP/2 frames not yet taken by the socket: a check sends the preface,
  * SETTINGS, one HEADERS and a few acknowledgements, far below this. */
 #define SL_HEALTH_MAX_H2_OUT (64 * 1024)
+/* gRPC: the service name sent (validate_spec.c allows 1024) and the
+ * largest response message read; a HealthCheckResponse is 7 bytes framed. */
+#define SL_HEALTH_MAX_GRPC_SERVICE 1024
+#define SL_HEALTH_MAX_GRPC_RESPONSE 256
+#define SL_HEALTH_GRPC_PATH "/grpc.health.v1.Health/Check"
 
 enum hc_phase { HC_IDLE, HC_CONNECTING, HC_HANDSHAKE, HC_SENDING, HC_READING, HC_H2 };
 
@@ -115,6 +132,7 @@ struct hc_target {
     SSL_CTX *tls;           /* one reference, NULL = plaintext */
     char *tls_name;         /* verified and sent as SNI; NULL = the address */
     uint8_t h2;             /* HTTP/2: h2 (with tls) or h2c */
+    char *grpc_service;     /* gRPC health check of this service; NULL = HTTP */
     uint32_t interval_ms, timeout_ms;
     uint32_t healthy_threshold, unhealthy_threshold;
     uint32_t status_min, status_max;
@@ -141,6 +159,15 @@ struct hc_target {
     uint32_t h2_error; /* its error code */
     uint8_t *out;      /* HTTP/2 frames not yet written, [out_sent, out_len) */
     size_t out_len, out_sent;
+    /* gRPC check in flight */
+    uint8_t check_grpc;
+    uint8_t *grpc_req; /* the framed HealthCheckRequest, [grpc_req_sent, grpc_req_len) */
+    size_t grpc_req_len, grpc_req_sent;
+    int grpc_status;       /* grpc-status of the stream, -1 before */
+    char grpc_message[64]; /* its grpc-message, cut */
+    uint8_t grpc_resp[SL_HEALTH_MAX_GRPC_RESPONSE];
+    size_t grpc_resp_len;
+    uint8_t grpc_resp_too_long;
 
     /* verdict */
     int healthy;
@@ -203,7 +230,14 @@ static int check_target(const Sluice__V1__HealthCheck *cfg, const char *address,
                         uint16_t default_port, const char **path_out, char *host, size_t hostlen,
                         char *err, size_t errlen)
 {
-    const char *path = cfg->path != NULL && cfg->path[0] != '\0' ? cfg->path : "/";
+    const char *path = cfg->grpc != NULL                           ? SL_HEALTH_GRPC_PATH
+                       : cfg->path != NULL && cfg->path[0] != '\0' ? cfg->path
+                                                                   : "/";
+    /* A gRPC check's own authority wins over the check's host. */
+    const char *host_cfg =
+        cfg->grpc != NULL && cfg->grpc->authority != NULL && cfg->grpc->authority[0] != '\0'
+            ? cfg->grpc->authority
+            : cfg->host;
     if (path[0] != '/' || !is_token_text(path, SL_HEALTH_MAX_PATH_LEN)) {
         snprintf(err, errlen,
                  "health_check.path must start with '/', be at most %d bytes and contain no "
@@ -211,15 +245,15 @@ static int check_target(const Sluice__V1__HealthCheck *cfg, const char *address,
                  SL_HEALTH_MAX_PATH_LEN);
         return -1;
     }
-    if (cfg->host != NULL && cfg->host[0] != '\0') {
-        if (!is_token_text(cfg->host, SL_HEALTH_MAX_HOST_LEN)) {
+    if (host_cfg != NULL && host_cfg[0] != '\0') {
+        if (!is_token_text(host_cfg, SL_HEALTH_MAX_HOST_LEN)) {
             snprintf(err, errlen,
-                     "health_check.host must be at most %d bytes with no spaces or control "
-                     "characters",
+                     "health_check.host (or grpc.authority) must be at most %d bytes with no "
+                     "spaces or control characters",
                      SL_HEALTH_MAX_HOST_LEN);
             return -1;
         }
-        snprintf(host, hostlen, "%s", cfg->host);
+        snprintf(host, hostlen, "%s", host_cfg);
     } else {
         int v6 = strchr(address, ':') != NULL && address[0] != '[';
         if (port == default_port)
@@ -286,6 +320,9 @@ static void close_check(hc_target_t *t)
     free(t->out);
     t->out = NULL;
     t->out_len = t->out_sent = 0;
+    free(t->grpc_req);
+    t->grpc_req = NULL;
+    t->grpc_req_len = t->grpc_req_sent = 0;
     t->tls_clean = 0;
     t->phase = HC_IDLE;
 }
@@ -294,6 +331,13 @@ static void close_check(hc_target_t *t)
 static void finish_check(hc_target_t *t, int ok, const char *reason)
 {
     close_check(t);
+    sl_endpoint_state_t *ep = t->ep;
+    if (ok) {
+        atomic_fetch_add_explicit(&ep->hc_checks_succeeded, 1, memory_order_relaxed);
+    } else {
+        sl_endpoint_set_hc_failure(ep, reason);
+        atomic_fetch_add_explicit(&ep->hc_checks_failed, 1, memory_order_relaxed);
+    }
     if (ok) {
         t->failures = 0;
         if (t->successes < UINT32_MAX)
@@ -317,6 +361,8 @@ static void finish_check(hc_target_t *t, int ok, const char *reason)
             sl_log_debug("%s: health check failed (%s)", t->name, reason);
         }
     }
+    atomic_store_explicit(&ep->hc_consecutive_successes, t->successes, memory_order_relaxed);
+    atomic_store_explicit(&ep->hc_consecutive_failures, t->failures, memory_order_relaxed);
     schedule(t, t->interval_ms);
 }
 
@@ -429,7 +475,31 @@ static ssize_t h2_send_cb(nghttp2_session *sess, const uint8_t *data, size_t len
     return (ssize_t)len;
 }
 
-/* Only the final :status of our stream matters; the rest is not kept. */
+/* grpc-status and grpc-message of a gRPC check, from the trailers (or the
+ * headers of a Trailers-Only response). */
+static void grpc_header(hc_target_t *t, const uint8_t *name, size_t namelen, const uint8_t *value,
+                        size_t valuelen)
+{
+    if (namelen == 11 && memcmp(name, "grpc-status", 11) == 0) {
+        int code = 0;
+        for (size_t i = 0; i < valuelen && code <= 1000; i++) {
+            if (value[i] < '0' || value[i] > '9') {
+                code = 1000; /* not a number: reported as such */
+                break;
+            }
+            code = code * 10 + (value[i] - '0');
+        }
+        t->grpc_status = valuelen == 0 ? 1000 : code;
+    } else if (namelen == 12 && memcmp(name, "grpc-message", 12) == 0) {
+        size_t n = valuelen < sizeof(t->grpc_message) - 1 ? valuelen : sizeof(t->grpc_message) - 1;
+        for (size_t i = 0; i < n; i++) /* for a log line: printable only */
+            t->grpc_message[i] = value[i] >= 0x20 && value[i] < 0x7f ? (char)value[i] : '?';
+        t->grpc_message[n] = '\0';
+    }
+}
+
+/* The final :status of our stream, and for gRPC its grpc-status; the rest
+ * is not kept. */
 static int h2_header_cb(nghttp2_session *sess, const nghttp2_frame *frame, const uint8_t *name,
                         size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
                         void *user)
@@ -437,8 +507,11 @@ static int h2_header_cb(nghttp2_session *sess, const nghttp2_frame *frame, const
     (void)sess;
     (void)flags;
     hc_target_t *t = user;
-    if (frame->hd.type != NGHTTP2_HEADERS || frame->hd.stream_id != t->stream_id ||
-        t->h2_status != 0 || namelen != 7 || memcmp(name, ":status", 7) != 0 || valuelen != 3)
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->hd.stream_id != t->stream_id)
+        return 0;
+    if (t->check_grpc)
+        grpc_header(t, name, namelen, value, valuelen);
+    if (t->h2_status != 0 || namelen != 7 || memcmp(name, ":status", 7) != 0 || valuelen != 3)
         return 0;
     int status = 0;
     for (size_t i = 0; i < 3; i++) {
@@ -449,6 +522,193 @@ static int h2_header_cb(nghttp2_session *sess, const nghttp2_frame *frame, const
     if (status >= 200) /* 1xx are interim: the final status follows */
         t->h2_status = status;
     return 0;
+}
+
+/* The response message of a gRPC check; anything longer than a health
+ * response could be is only noted. */
+static int h2_data_cb(nghttp2_session *sess, uint8_t flags, int32_t stream_id, const uint8_t *data,
+                      size_t len, void *user)
+{
+    (void)sess;
+    (void)flags;
+    hc_target_t *t = user;
+    if (stream_id != t->stream_id || !t->check_grpc)
+        return 0;
+    if (len > sizeof(t->grpc_resp) - t->grpc_resp_len) {
+        t->grpc_resp_too_long = 1;
+        return 0;
+    }
+    memcpy(t->grpc_resp + t->grpc_resp_len, data, len);
+    t->grpc_resp_len += len;
+    return 0;
+}
+
+/* The framed HealthCheckRequest, as the body of the gRPC check's stream. */
+static ssize_t grpc_body_cb(nghttp2_session *sess, int32_t stream_id, uint8_t *buf, size_t len,
+                            uint32_t *data_flags, nghttp2_data_source *source, void *user)
+{
+    (void)sess;
+    (void)stream_id;
+    (void)source;
+    hc_target_t *t = user;
+    size_t n = t->grpc_req_len - t->grpc_req_sent;
+    if (n > len)
+        n = len;
+    memcpy(buf, t->grpc_req + t->grpc_req_sent, n);
+    t->grpc_req_sent += n;
+    if (t->grpc_req_sent == t->grpc_req_len)
+        *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    return (ssize_t)n;
+}
+
+/* protobuf varint at *p (< end); -1 when truncated or longer than 64 bits. */
+static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 64 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* HealthCheckResponse{ServingStatus status = 1} from a protobuf message:
+ * unknown fields are skipped as protobuf requires. 0, or -1 when the bytes
+ * are not a valid message. */
+static int parse_health_response(const uint8_t *p, size_t len, uint64_t *status)
+{
+    const uint8_t *end = p + len;
+    *status = 0; /* proto3 default: UNKNOWN */
+    while (p < end) {
+        uint64_t key, v;
+        if (read_varint(&p, end, &key) != 0)
+            return -1;
+        switch (key & 7) {
+        case 0:
+            if (read_varint(&p, end, &v) != 0)
+                return -1;
+            if (key >> 3 == 1)
+                *status = v;
+            break;
+        case 1:
+        case 5: {
+            size_t n = (key & 7) == 1 ? 8 : 4;
+            if ((size_t)(end - p) < n)
+                return -1;
+            p += n;
+            break;
+        }
+        case 2:
+            if (read_varint(&p, end, &v) != 0 || v > (uint64_t)(end - p))
+                return -1;
+            p += v;
+            break;
+        default:
+            return -1;
+        }
+        if (key >> 3 == 0)
+            return -1;
+    }
+    return 0;
+}
+
+static const char *const grpc_code_names[] = {
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+static const char *const serving_status_names[] = {"UNKNOWN", "SERVING", "NOT_SERVING",
+                                                   "SERVICE_UNKNOWN"};
+
+/* Judges a gRPC check once its stream closed (or its :status is not 200). */
+static void judge_grpc(hc_target_t *t)
+{
+    char reason[192];
+    const char *svc = t->grpc_service != NULL ? t->grpc_service : "";
+    if (t->h2_status == 0) {
+        snprintf(reason, sizeof(reason), "HTTP/2 stream closed without a response (%s)",
+                 nghttp2_http2_strerror(t->h2_error));
+        finish_check(t, 0, reason);
+        return;
+    }
+    if (t->h2_status != 200) {
+        snprintf(reason, sizeof(reason), "gRPC health check: HTTP status %d (want 200)",
+                 t->h2_status);
+        finish_check(t, 0, reason);
+        return;
+    }
+    if (t->grpc_status < 0) {
+        if (t->h2_error != NGHTTP2_NO_ERROR)
+            snprintf(reason, sizeof(reason),
+                     "gRPC health check: stream reset (%s) before the "
+                     "trailers",
+                     nghttp2_http2_strerror(t->h2_error));
+        else
+            snprintf(reason, sizeof(reason), "gRPC health check: no grpc-status in the response");
+        finish_check(t, 0, reason);
+        return;
+    }
+    if (t->grpc_status != 0) {
+        const char *name = t->grpc_status < (int)SL_ARRAY_LEN(grpc_code_names)
+                               ? grpc_code_names[t->grpc_status]
+                               : "not a gRPC code";
+        snprintf(reason, sizeof(reason), "gRPC health check: grpc-status %d (%s)%s%s",
+                 t->grpc_status, name, t->grpc_message[0] != '\0' ? ": " : "", t->grpc_message);
+        finish_check(t, 0, reason);
+        return;
+    }
+    /* One message: flag 0, its length, the HealthCheckResponse. */
+    const uint8_t *m = t->grpc_resp;
+    size_t mlen = t->grpc_resp_len;
+    uint64_t serving;
+    if (t->grpc_resp_too_long) {
+        finish_check(t, 0,
+                     "gRPC health check: response message too long for a "
+                     "HealthCheckResponse");
+        return;
+    }
+    if (mlen < 5 || m[0] > 1 ||
+        ((uint32_t)m[1] << 24 | (uint32_t)m[2] << 16 | (uint32_t)m[3] << 8 | m[4]) != mlen - 5) {
+        finish_check(t, 0,
+                     mlen == 0 ? "gRPC health check: grpc-status 0 without a response "
+                                 "message"
+                               : "gRPC health check: malformed response message framing");
+        return;
+    }
+    if (m[0] == 1) {
+        finish_check(t, 0, "gRPC health check: compressed response (none was offered)");
+        return;
+    }
+    if (parse_health_response(m + 5, mlen - 5, &serving) != 0) {
+        finish_check(t, 0, "gRPC health check: malformed HealthCheckResponse");
+        return;
+    }
+    if (serving == 1) {
+        finish_check(t, 1, NULL);
+        return;
+    }
+    snprintf(reason, sizeof(reason), "gRPC health check: service \"%.64s\" is %s", svc,
+             serving < SL_ARRAY_LEN(serving_status_names) ? serving_status_names[serving]
+                                                          : "in an unknown serving status");
+    finish_check(t, 0, reason);
 }
 
 static int h2_stream_close_cb(nghttp2_session *sess, int32_t stream_id, uint32_t error_code,
@@ -503,7 +763,7 @@ static void h2_drive(hc_target_t *t)
                 fail_io(t, buf);
                 return;
             }
-            if (t->h2_status != 0 || t->h2_closed)
+            if (t->h2_closed || (t->h2_status != 0 && (!t->check_grpc || t->h2_status != 200)))
                 break;
             continue;
         }
@@ -519,7 +779,11 @@ static void h2_drive(hc_target_t *t)
         eof = 1;
         break;
     }
-    if (t->h2_status != 0) {
+    if (t->check_grpc && (t->h2_closed || (t->h2_status != 0 && t->h2_status != 200))) {
+        judge_grpc(t);
+        return;
+    }
+    if (!t->check_grpc && t->h2_status != 0) {
         judge_status(t, (unsigned)t->h2_status);
         return;
     }
@@ -551,14 +815,56 @@ static void h2_drive(hc_target_t *t)
     arm_io(t, events);
 }
 
+/* The request of a gRPC check: HealthCheckRequest{string service = 1},
+ * hand-encoded (tag 0x0a, varint length, bytes; nothing for ""), framed as
+ * one uncompressed gRPC message (flag 0, 4-byte big-endian length). */
+static int build_grpc_request(hc_target_t *t)
+{
+    size_t slen = strlen(t->grpc_service); /* <= SL_HEALTH_MAX_GRPC_SERVICE */
+    uint8_t *b = malloc(5 + 1 + 2 + slen);
+    if (b == NULL)
+        return -1;
+    size_t n = 5;
+    if (slen > 0) {
+        b[n++] = 0x0a;
+        if (slen < 0x80) {
+            b[n++] = (uint8_t)slen;
+        } else {
+            b[n++] = (uint8_t)(0x80 | (slen & 0x7f));
+            b[n++] = (uint8_t)(slen >> 7);
+        }
+        memcpy(b + n, t->grpc_service, slen);
+        n += slen;
+    }
+    size_t msg = n - 5;
+    b[0] = 0;
+    b[1] = (uint8_t)(msg >> 24);
+    b[2] = (uint8_t)(msg >> 16);
+    b[3] = (uint8_t)(msg >> 8);
+    b[4] = (uint8_t)msg;
+    t->grpc_req = b;
+    t->grpc_req_len = n;
+    t->grpc_req_sent = 0;
+    return 0;
+}
+
 /* Opens the client session on the connected (and handshaken) socket and
- * queues SETTINGS and the check's GET. */
+ * queues SETTINGS and the check's GET (or gRPC POST). */
 static void h2_start(hc_target_t *t)
 {
     char buf[128];
     t->h2_status = 0;
     t->h2_closed = 0;
     t->h2_error = 0;
+    t->check_grpc = t->grpc_service != NULL;
+    t->grpc_status = -1;
+    t->grpc_message[0] = '\0';
+    t->grpc_resp_len = 0;
+    t->grpc_resp_too_long = 0;
+    if (t->check_grpc && build_grpc_request(t) != 0) {
+        finish_check(t, 0, "out of memory");
+        return;
+    }
     int rv = nghttp2_session_client_new(&t->sess, t->hc->h2_callbacks, t);
     if (rv != 0) {
         snprintf(buf, sizeof(buf), "HTTP/2 session: %s", nghttp2_strerror(rv));
@@ -575,9 +881,23 @@ static void h2_start(hc_target_t *t)
         HC_NV(":path", t->path, strlen(t->path)),
         HC_NV("user-agent", "sluice-health-check", sizeof("sluice-health-check") - 1),
     };
+    nghttp2_nv grpc_nva[] = {
+        HC_NV(":method", "POST", 4),
+        HC_NV(":scheme", https ? "https" : "http", https ? 5 : 4),
+        HC_NV(":authority", t->authority, strlen(t->authority)),
+        HC_NV(":path", SL_HEALTH_GRPC_PATH, sizeof(SL_HEALTH_GRPC_PATH) - 1),
+        HC_NV("content-type", "application/grpc", sizeof("application/grpc") - 1),
+        HC_NV("te", "trailers", 8),
+        HC_NV("user-agent", "sluice-health-check", sizeof("sluice-health-check") - 1),
+    };
 #undef HC_NV
     rv = nghttp2_submit_settings(t->sess, NGHTTP2_FLAG_NONE, settings, SL_ARRAY_LEN(settings));
-    if (rv == 0) {
+    if (rv == 0 && t->check_grpc) {
+        nghttp2_data_provider body = {.source = {.ptr = NULL}, .read_callback = grpc_body_cb};
+        t->stream_id =
+            nghttp2_submit_request(t->sess, NULL, grpc_nva, SL_ARRAY_LEN(grpc_nva), &body, NULL);
+        rv = t->stream_id < 0 ? t->stream_id : 0;
+    } else if (rv == 0) {
         t->stream_id = nghttp2_submit_request(t->sess, NULL, nva, SL_ARRAY_LEN(nva), NULL, NULL);
         rv = t->stream_id < 0 ? t->stream_id : 0;
     }
@@ -835,6 +1155,9 @@ static void free_target(hc_target_t *t)
         event_free(t->timer);
     if (t->ep != NULL) {
         atomic_store_explicit(&t->ep->hc_healthy, 1, memory_order_relaxed);
+        atomic_store_explicit(&t->ep->hc_checked, 0, memory_order_relaxed);
+        atomic_store_explicit(&t->ep->hc_consecutive_successes, 0, memory_order_relaxed);
+        atomic_store_explicit(&t->ep->hc_consecutive_failures, 0, memory_order_relaxed);
         sl_endpoint_release(t->ep);
     }
     free(t->request);
@@ -842,6 +1165,7 @@ static void free_target(hc_target_t *t)
     free(t->authority);
     SSL_CTX_free(t->tls);
     free(t->tls_name);
+    free(t->grpc_service);
     free(t->name);
     free(t);
 }
@@ -853,6 +1177,7 @@ typedef struct {
     char *request; /* HTTP/1.1 */
     size_t request_len;
     char *path, *authority; /* HTTP/2 */
+    char *grpc_service;     /* gRPC check; NULL = HTTP */
     SSL_CTX *tls;
     const char *tls_name;
     uint8_t h2;
@@ -863,7 +1188,8 @@ static void probe_free(hc_probe_t *p)
     free(p->request);
     free(p->path);
     free(p->authority);
-    p->request = p->path = p->authority = NULL;
+    free(p->grpc_service);
+    p->request = p->path = p->authority = p->grpc_service = NULL;
 }
 
 /* Fills p for an endpoint of cl. 0, or -1 with err set. */
@@ -878,17 +1204,36 @@ static int build_probe(const Sluice__V1__Cluster *cl, const char *address, uint1
     p->h2 = cl->protocol == SLUICE__V1__CLUSTER__PROTOCOL__H2 ||
             cl->protocol == SLUICE__V1__CLUSTER__PROTOCOL__H2C;
     uint16_t default_port = tls != NULL ? 443 : 80;
+    if (cfg->grpc != NULL && !p->h2) {
+        snprintf(err, errlen, "health_check.grpc needs an HTTP/2 backend (protocol h2 or h2c)");
+        return -1;
+    }
+    if (cfg->grpc != NULL) {
+        const char *svc = cfg->grpc->service != NULL ? cfg->grpc->service : "";
+        if (strlen(svc) > SL_HEALTH_MAX_GRPC_SERVICE) {
+            snprintf(err, errlen, "health_check.grpc.service longer than %d bytes",
+                     SL_HEALTH_MAX_GRPC_SERVICE);
+            return -1;
+        }
+        if ((p->grpc_service = strdup(svc)) == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
     if (!p->h2) {
         p->request = build_request(cfg, address, port, default_port, &p->request_len, err, errlen);
         return p->request != NULL ? 0 : -1;
     }
     const char *path;
     char host[SL_HEALTH_MAX_HOST_LEN + 16];
-    if (check_target(cfg, address, port, default_port, &path, host, sizeof(host), err, errlen) != 0)
+    if (check_target(cfg, address, port, default_port, &path, host, sizeof(host), err, errlen) !=
+        0) {
+        probe_free(p);
         return -1;
+    }
     p->path = strdup(path);
     p->authority = strdup(host);
-    if (p->path == NULL || p->authority == NULL) {
+    if (p->path == NULL || p->authority == NULL || (cfg->grpc != NULL && p->grpc_service == NULL)) {
         probe_free(p);
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -911,7 +1256,9 @@ static int apply_config(hc_target_t *t, const Sluice__V1__HealthCheck *cfg, hc_p
     t->request_len = p->request_len;
     t->path = p->path;
     t->authority = p->authority;
-    p->request = p->path = p->authority = NULL;
+    free(t->grpc_service);
+    t->grpc_service = p->grpc_service;
+    p->request = p->path = p->authority = p->grpc_service = NULL;
     if (p->tls != NULL)
         SSL_CTX_up_ref(p->tls);
     SSL_CTX_free(t->tls);
@@ -970,6 +1317,7 @@ static hc_target_t *new_target(sl_health_t *hc, uint64_t hash, const char *clust
     snprintf(t->name, nlen, v6 ? "backend %s endpoint [%s]:%u" : "backend %s endpoint %s:%u",
              cluster, pe->address, (unsigned)pe->port);
     t->healthy = atomic_load_explicit(&t->ep->hc_healthy, memory_order_relaxed);
+    atomic_store_explicit(&t->ep->hc_checked, 1, memory_order_relaxed);
     if (apply_config(t, cfg, probe) != 0)
         goto fail_alloc;
     if (insert_target(hc, t) != 0)
@@ -1003,6 +1351,7 @@ sl_health_t *sl_health_new(struct event_base *base)
     }
     nghttp2_session_callbacks_set_send_callback(cbs, h2_send_cb);
     nghttp2_session_callbacks_set_on_header_callback(cbs, h2_header_cb);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, h2_data_cb);
     nghttp2_session_callbacks_set_on_stream_close_callback(cbs, h2_stream_close_cb);
     hc->h2_callbacks = cbs;
     struct timespec ts;

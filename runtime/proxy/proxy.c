@@ -817,15 +817,7 @@ static sl_str_t allowed_upgrade(sl_conn_t *c, const sl_http1_request_t *req)
     while (p < end && *p != ',' && *p != ' ' && *p != '\t')
         p++;
     sl_str_t elem = {s, (size_t)(p - s)};
-    /* "websocket" or "protocol/version": the route lists protocol names. */
-    const char *slash = memchr(elem.ptr, '/', elem.len);
-    size_t name_len = slash ? (size_t)(slash - elem.ptr) : elem.len;
-    const Sluice__V1__Route *pb = c->x.r.route->pb;
-    for (size_t i = 0; i < pb->n_upgrades; i++)
-        if (strlen(pb->upgrades[i]) == name_len &&
-            strncasecmp(pb->upgrades[i], elem.ptr, name_len) == 0)
-            return elem;
-    return none;
+    return sl_exchange_route_tunnels(c->x.r.route, elem) ? elem : none;
 }
 
 /* The codec's view of a parsed HTTP/1.1 head, for the request's life. */
@@ -1198,24 +1190,12 @@ static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
  */
 static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t head_len)
 {
+    if (sl_exchange_tunnel_check(&c->x, resp) != SL_OK)
+        return SL_ERROR;
     const sl_http1_header_t *u =
         sl_http1_find_header(resp->headers, resp->num_headers, "upgrade", 7);
-    if (!u || u->value.len == 0)
-        return SL_ERROR;
-    /* The origin may only switch to a protocol the route allows. */
-    const char *slash = memchr(u->value.ptr, '/', u->value.len);
-    size_t name_len = slash ? (size_t)(slash - u->value.ptr) : u->value.len;
-    const Sluice__V1__Route *pb = c->x.r.route->pb;
-    int allowed = 0;
-    for (size_t i = 0; i < pb->n_upgrades && !allowed; i++)
-        allowed = strlen(pb->upgrades[i]) == name_len &&
-                  strncasecmp(pb->upgrades[i], u->value.ptr, name_len) == 0;
-    if (!allowed)
-        return SL_ERROR;
     if (!c->out.data && sl_worker_buf_get(c->w, &c->out) != 0)
         return SL_ERROR;
-    sl_request_note_outcome(&c->x.r, 1);
-    c->x.r.status = 101;
     append_status_line(&c->out, resp);
     append_response_fields(c, &c->out, resp);
     if (c->x.r.m_reqid.len) {
@@ -1229,13 +1209,8 @@ static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t he
     /* Bytes of the new protocol that came with the head. */
     sl_buf_consume(&c->x.uin, head_len);
     sl_buf_append(&c->out, sl_buf_head(&c->x.uin), sl_buf_len(&c->x.uin));
-    sl_worker_buf_put(c->w, &c->x.uin);
-    sl_worker_buf_put(c->w, &c->x.uout);
-    c->tun_idle_ms = pb->tunnel_idle_ms ? pb->tunnel_idle_ms : 3600000u;
-    sl_request_log(&c->x.r);
-    sl_request_reset(&c->x.r); /* the pool counters and the generation hold */
+    c->tun_idle_ms = sl_exchange_tunnel_opened(&c->x, 101);
     c->state = CS_TUNNEL;
-    c->x.phase = SL_XP_NONE;
     c->keep_alive = 0;
     c->tun_client_eof = c->tun_up_eof = c->tun_client_shut = c->tun_up_shut = 0;
     c->tun_last_ms = sl_endpoint_now_ms();

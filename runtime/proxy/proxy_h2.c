@@ -20,6 +20,23 @@
  * client sent one, else chunked (framed here); response bodies reach the
  * codec as payload only (the exchange de-chunks).
  *
+ * WebSocket over HTTP/2 (RFC 8441): an extended CONNECT with :protocol is
+ * routed as a GET of its :path (same router, same `upgrades` allow-list as
+ * an HTTP/1.1 Upgrade) and goes to the HTTP/1.1 origin as that GET with
+ * Upgrade, a Sec-WebSocket-Key of ours (exchange.c writes it) and version
+ * 13. A 101 whose Upgrade and Sec-WebSocket-Accept check out
+ * (sl_exchange_tunnel_check) is answered 200, and the stream becomes a byte
+ * tunnel (tunnel_pump): DATA payload -> the origin's socket, its bytes ->
+ * DATA. The same buffers bound it: `pending` holds client bytes the origin
+ * has not taken (credited with sl_h2_consume only once written, so the
+ * client's window is the bound), `out` origin bytes the codec has not taken
+ * (the origin is not read while the stream's send buffer is full). Each
+ * side's end is relayed as the other's: END_STREAM -> shutdown(SHUT_WR),
+ * the origin's EOF -> END_STREAM; a reset or error on either side ends
+ * both (RST_STREAM CANCEL to the client). Like an HTTP/1.1 tunnel, it is
+ * logged when it opens, holds no generation, and closes after the route's
+ * tunnelIdle without a byte either way.
+ *
  * Worker-thread only. Memory: a stream or connection is freed only when no
  * callback of it is on the stack (in_cb), as in proxy.c.
  */
@@ -32,6 +49,7 @@
 #include "metrics.h"
 #include "request.h"
 #include "tls.h"
+#include "websocket.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -40,6 +58,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 typedef struct h2s h2s_t;
@@ -72,15 +91,22 @@ struct h2s {
     h2c_t *hc;
     int32_t id;
     struct event *timer;
-    sl_buf_t pending;    /* request body bytes not yet in uout */
-    sl_buf_t out;        /* response body bytes not yet taken by the codec */
-    uint8_t body_end;    /* the client's END_STREAM arrived */
-    uint8_t chunked;     /* the request body goes upstream chunked */
-    uint8_t started;     /* routed; the exchange runs */
-    uint8_t ended;       /* our response ended (END_STREAM queued) */
-    uint8_t end_pending; /* complete() waits for room to write the rest */
-    uint8_t done;        /* logged and counted; the upstream side is released */
-    uint8_t closed;      /* the codec closed the stream: its id is invalid */
+    sl_buf_t pending;     /* request body bytes not yet in uout */
+    sl_buf_t out;         /* response body bytes not yet taken by the codec */
+    uint8_t body_end;     /* the client's END_STREAM arrived */
+    uint8_t chunked;      /* the request body goes upstream chunked */
+    uint8_t started;      /* routed; the exchange runs */
+    uint8_t ended;        /* our response ended (END_STREAM queued) */
+    uint8_t end_pending;  /* complete() waits for room to write the rest */
+    uint8_t done;         /* logged and counted; the upstream side is released */
+    uint8_t closed;       /* the codec closed the stream: its id is invalid */
+    uint8_t tunnel;       /* an extended CONNECT: a 101 opens a tunnel */
+    uint8_t tun_open;     /* ...it did: bytes flow, see tunnel_pump */
+    uint8_t tun_up_eof;   /* the origin's EOF was read */
+    uint8_t tun_up_shut;  /* the client's END_STREAM went on as shutdown(SHUT_WR) */
+    uint8_t tun_down_end; /* the origin's EOF went on as END_STREAM */
+    uint32_t tun_idle_ms;
+    uint64_t tun_last_ms; /* last byte relayed, for the idle timeout */
     unsigned in_cb;
     h2s_t *prev, *next;
 };
@@ -148,6 +174,8 @@ static void stream_done(h2s_t *s, int ok)
 static void stream_free(h2s_t *s)
 {
     h2c_t *hc = s->hc;
+    if (s->tun_open)
+        sl_exchange_finish(&s->x, 0); /* closes the origin's connection */
     if (s->prev)
         s->prev->next = s->next;
     else
@@ -336,6 +364,8 @@ static void stream_error(h2s_t *s, int status, const char *code, const char *mes
 /* ---- codec callbacks ---------------------------------------------------------- */
 
 static void stream_timer_cb(evutil_socket_t fd, short what, void *arg);
+static void tunnel_request(h2s_t *s, const sl_req_head_t *head, const sl_h2_req_info_t *info);
+static void tunnel_pump(h2s_t *s);
 
 static void on_request(void *user, int32_t id, const sl_req_head_t *head,
                        const sl_h2_req_info_t *info)
@@ -365,7 +395,7 @@ static void on_request(void *user, int32_t id, const sl_req_head_t *head,
     s->body_end = (info->flags & SL_H2_REQ_END_STREAM) != 0;
     s->x.req_body_done = s->body_end;
     if (info->flags & SL_H2_REQ_EXTENDED_CONNECT) {
-        stream_error(s, 501, "not_implemented", "extended CONNECT is not supported yet", 0);
+        tunnel_request(s, head, info);
         goto out;
     }
     sl_str_t path;
@@ -399,13 +429,26 @@ static void on_data(void *user, int32_t id, const uint8_t *p, size_t n, int end_
 {
     h2c_t *hc = user;
     h2s_t *s = find_stream(hc, id);
-    if (!s || s->done || !s->started) {
+    int tunnel_bytes = s && s->tunnel && (s->tun_open || (s->started && !s->done));
+    if (!s || ((s->done || !s->started) && !tunnel_bytes)) {
         /* Nobody wants these bytes: let the client's window recover. */
         if (n)
             sl_h2_consume(hc->h2, id, n);
         return;
     }
     stream_enter(s);
+    if (s->tunnel) {
+        /* Tunnel bytes (also before the 200: a client may be optimistic),
+         * held until the origin takes them; the stream window bounds them. */
+        if (n && sl_buf_append(&s->pending, p, n) != 0) {
+            stream_error(s, 503, "overloaded", "out of memory", 0);
+            goto out;
+        }
+        if (end_stream)
+            s->body_end = 1;
+        tunnel_pump(s);
+        goto out;
+    }
     if (n) {
         s->x.r.bytes_received += n;
         if (body_over_limit(s)) {
@@ -454,6 +497,12 @@ static void on_stream_writable(void *user, int32_t id)
 {
     h2c_t *hc = user;
     h2s_t *s = find_stream(hc, id);
+    if (s && s->tun_open) {
+        stream_enter(s);
+        tunnel_pump(s);
+        stream_leave(s);
+        return;
+    }
     if (!s || s->done)
         return;
     stream_enter(s);
@@ -575,6 +624,10 @@ static void stream_write_out(h2s_t *s)
     }
     s->end_pending = 0;
     stream_done(s, 1);
+    /* Not a tunnel after all: the client's side of the stream is not
+     * wanted (RFC 9113 8.1). */
+    if (s->tunnel && !s->body_end && !s->closed)
+        sl_h2_reset_stream(s->hc->h2, s->id, SL_H2_NO_ERROR);
 }
 
 static void x_complete(sl_exchange_t *x)
@@ -623,6 +676,8 @@ static void x_arm_timer(sl_exchange_t *x, uint32_t ms)
 static void x_pump_body(sl_exchange_t *x)
 {
     h2s_t *s = stream_of(x);
+    if (s->tunnel)
+        return; /* tunnel bytes wait for the 101, the GET has no body */
     while (sl_buf_len(&s->pending) || (s->body_end && !x->req_body_done)) {
         /* Room in uout: drop what was sent if the buffer is full. */
         if (sl_buf_space(&x->uout) < 1024) {
@@ -669,6 +724,234 @@ static void x_send_continue(sl_exchange_t *x)
     sl_h2_submit_response(s->hc->h2, s->id, 100, NULL, 0, 0);
 }
 
+/* ---- WebSocket over HTTP/2 (RFC 8441): a stream as a tunnel --------------------- */
+
+/*
+ * An extended CONNECT: routed as a GET of :path, then the exchange sends
+ * the origin that GET with the upgrade (exchange.c). Refused with the
+ * gateway's error when the route does not tunnel the :protocol, or its
+ * backend speaks HTTP/2 (extended CONNECT to an HTTP/2 origin is not done).
+ */
+static void tunnel_request(h2s_t *s, const sl_req_head_t *head, const sl_h2_req_info_t *info)
+{
+    sl_req_head_t get = *head;
+    get.method = (sl_str_t){"GET", 3};
+    get.method_bit = SL_METHOD_GET;
+    get.has_length = 1; /* the GET has no body: tunnel bytes wait for the 101 */
+    get.content_length = 0;
+    /* The log keeps CONNECT; the exchange reads the answer to a GET. */
+    s->x.r.method_bit = SL_METHOD_GET;
+    s->tunnel = 1;
+    int websocket = info->protocol.len == 9 && strncasecmp(info->protocol.ptr, "websocket", 9) == 0;
+    if (websocket) {
+        const sl_header_t *v =
+            sl_http1_find_header(head->headers, head->num_headers, "sec-websocket-version", 21);
+        if (!v || v->value.len != 2 || memcmp(v->value.ptr, "13", 2) != 0) {
+            stream_error(s, 400, "bad_request",
+                         "a WebSocket extended CONNECT needs sec-websocket-version: 13", 0);
+            return;
+        }
+    }
+    sl_str_t path;
+    sl_request_error_t err;
+    if (sl_request_route(&s->x.r, &get, &path, &err) != SL_OK) {
+        stream_error(s, err.status, err.code, err.message, err.allow);
+        return;
+    }
+    if (!sl_exchange_route_tunnels(s->x.r.route, info->protocol)) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "this route does not tunnel :protocol %.*s (upgrades)",
+                 (int)(info->protocol.len > 40 ? 40 : info->protocol.len), info->protocol.ptr);
+        stream_error(s, 501, "upgrade_not_allowed", msg, 0);
+        return;
+    }
+    if (s->x.r.cluster->pb->protocol != SLUICE__V1__CLUSTER__PROTOCOL__HTTP1) {
+        stream_error(s, 501, "not_implemented",
+                     "extended CONNECT (WebSocket over HTTP/2) needs an HTTP/1.1 backend; this "
+                     "route's backend speaks HTTP/2",
+                     0);
+        return;
+    }
+    if (websocket && sl_websocket_key_new(s->x.ws_key) != SL_OK) {
+        stream_error(s, 503, "overloaded", "no randomness for a WebSocket key", 0);
+        return;
+    }
+    s->x.upgrade = 1;
+    s->x.upgrade_required = 1;
+    s->x.interim_ok = 0; /* an interim head would reach the client before the 200 */
+    s->x.req_body_done = 1;
+    if (sl_exchange_build_head(&s->x, &get, path, SL_HTTP1_BODY_NONE, 0, info->protocol) != SL_OK) {
+        stream_error(s, 503, "overloaded", "out of memory", 0);
+        return;
+    }
+    s->started = 1;
+    sl_exchange_start(&s->x);
+}
+
+/* The origin's backend error: both sides end. */
+static void tunnel_fail(h2s_t *s)
+{
+    sl_exchange_finish(&s->x, 0);
+    if (!s->closed)
+        sl_h2_reset_stream(s->hc->h2, s->id, SL_H2_CANCEL);
+}
+
+/*
+ * Moves bytes both ways until neither moves: the origin's into `out` and on
+ * to the codec (the origin is read only once `out` is empty and the codec
+ * took all: backpressure, resumed by on_stream_writable), and the client's
+ * from `pending` to the origin's socket, credited to the client's window as
+ * they leave (resumed by the origin's write edge, x_tunnel_event).
+ */
+static void tunnel_pump(h2s_t *s)
+{
+    sl_exchange_t *x = &s->x;
+    h2c_t *hc = s->hc;
+    if (!s->tun_open || s->closed || hc->dead || !x->up)
+        return;
+    int moved = 0;
+    for (;;) {
+        int progress = 0;
+        /* origin -> client */
+        while (!s->tun_down_end) {
+            size_t len = sl_buf_len(&s->out);
+            if (len) {
+                ssize_t n = sl_h2_stream_write(hc->h2, s->id, (const uint8_t *)sl_buf_head(&s->out),
+                                               len, 0);
+                if (n < 0) {
+                    tunnel_fail(s);
+                    return;
+                }
+                sl_buf_consume(&s->out, (size_t)n);
+                progress |= n > 0;
+                if ((size_t)n < len)
+                    break; /* the stream's send buffer is full */
+                continue;
+            }
+            if (s->tun_up_eof) {
+                if (sl_h2_stream_write(hc->h2, s->id, NULL, 0, 1) < 0) {
+                    tunnel_fail(s);
+                    return;
+                }
+                s->tun_down_end = 1;
+                progress = 1;
+                break;
+            }
+            if (!x->up_read_ready)
+                break;
+            if (!s->out.data && sl_worker_buf_get(hc->w, &s->out) != 0) {
+                tunnel_fail(s);
+                return;
+            }
+            s->out.start = s->out.end = 0;
+            ssize_t n = sl_upstream_read(x->up, sl_buf_tail(&s->out), sl_buf_space(&s->out));
+            if (n > 0) {
+                s->out.end += (size_t)n;
+                progress = 1;
+            } else if (n == 0) {
+                s->tun_up_eof = 1;
+            } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                x->up_read_ready = 0;
+            } else if (errno != EINTR) {
+                tunnel_fail(s);
+                return;
+            }
+        }
+        /* client -> origin */
+        while (!s->tun_up_shut) {
+            size_t len = sl_buf_len(&s->pending);
+            if (len) {
+                ssize_t n = sl_upstream_write(x->up, sl_buf_head(&s->pending), len);
+                if (n > 0) {
+                    sl_buf_consume(&s->pending, (size_t)n);
+                    sl_h2_consume(hc->h2, s->id, (size_t)n);
+                    progress = 1;
+                    continue;
+                }
+                if (n < 0 && errno == EINTR)
+                    continue;
+                if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                    break; /* the origin's write edge resumes us */
+                tunnel_fail(s);
+                return;
+            }
+            if (s->body_end) {
+                /* Relay the client's end; the origin may still answer.
+                 * Over TLS that is close_notify first. */
+                if (x->up->ssl) {
+                    int want;
+                    sl_tls_shutdown(x->up->ssl, &want);
+                }
+                shutdown(x->up->fd, SHUT_WR);
+                s->tun_up_shut = 1;
+                progress = 1;
+            }
+            break;
+        }
+        if (!progress)
+            break;
+        moved = 1;
+    }
+    if (moved)
+        s->tun_last_ms = sl_endpoint_now_ms();
+    if (s->tun_down_end && s->tun_up_shut)
+        sl_exchange_finish(x, 0); /* both ways ended: the stream closes once sent */
+}
+
+/* A 101 to the extended CONNECT: check it, answer 200, open the tunnel. */
+static int x_upgraded(sl_exchange_t *x, const sl_http1_response_t *resp, size_t head_len)
+{
+    h2s_t *s = stream_of(x);
+    if (!s->tunnel || sl_exchange_tunnel_check(x, resp) != SL_OK)
+        return SL_ERROR;
+    /* The origin's fields (sec-websocket-protocol, -extensions, ...), not
+     * the answer to a key the client never sent. */
+    sl_header_t f[136];
+    char date_buf[48];
+    size_t n = response_fields(s, resp, f, SL_ARRAY_LEN(f), date_buf, sizeof(date_buf));
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(f[i].name.len == 20 && strncasecmp(f[i].name.ptr, "sec-websocket-accept", 20) == 0))
+            f[k++] = f[i];
+    if (sl_h2_submit_response(s->hc->h2, s->id, 200, f, k, 0) != SL_OK)
+        return SL_ERROR;
+    x->resp_head_sent = 1;
+    /* Bytes of the new protocol that came with the head. */
+    sl_buf_consume(&x->uin, head_len);
+    if (sl_buf_len(&x->uin)) {
+        if (!s->out.data && sl_worker_buf_get(s->hc->w, &s->out) != 0)
+            return SL_ERROR;
+        sl_buf_append(&s->out, sl_buf_head(&x->uin), sl_buf_len(&x->uin));
+    }
+    s->tun_idle_ms = sl_exchange_tunnel_opened(x, 200);
+    s->done = 1; /* counted and logged: the stream is a tunnel now */
+    s->tun_open = 1;
+    s->tun_last_ms = sl_endpoint_now_ms();
+    struct timeval tv = {s->tun_idle_ms / 1000, (s->tun_idle_ms % 1000) * 1000};
+    evtimer_add(s->timer, &tv);
+    x->up_read_ready = 1;
+    tunnel_pump(s);
+    return SL_OK;
+}
+
+static void x_tunnel_event(sl_exchange_t *x)
+{
+    tunnel_pump(stream_of(x));
+}
+
+/* Both sides quiet for tunnelIdle: the tunnel ends. */
+static void tunnel_timer(h2s_t *s)
+{
+    uint64_t idle = sl_endpoint_now_ms() - s->tun_last_ms;
+    if (idle >= s->tun_idle_ms) {
+        tunnel_fail(s);
+        return;
+    }
+    uint32_t left = (uint32_t)(s->tun_idle_ms - idle);
+    struct timeval tv = {left / 1000, (left % 1000) * 1000};
+    evtimer_add(s->timer, &tv);
+}
+
 static const sl_exchange_ops_t h2_exchange_ops = {
     .enter = x_enter,
     .leave = x_leave,
@@ -682,8 +965,8 @@ static const sl_exchange_ops_t h2_exchange_ops = {
     .arm_timer = x_arm_timer,
     .pump_body = x_pump_body,
     .send_continue = x_send_continue,
-    .upgraded = NULL,
-    .tunnel_event = NULL,
+    .upgraded = x_upgraded,
+    .tunnel_event = x_tunnel_event,
 };
 
 static void stream_timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -691,6 +974,12 @@ static void stream_timer_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     h2s_t *s = arg;
+    if (s->tun_open && !s->closed) {
+        stream_enter(s);
+        tunnel_timer(s);
+        stream_leave(s);
+        return;
+    }
     if (s->done)
         return;
     stream_enter(s);
@@ -940,7 +1229,13 @@ int sl_proxy_h2_start(sl_listener_sock_t *ls, int fd, SSL *ssl, sl_tls_peer_t *p
     hc->ls = ls;
     hc->fd = fd;
     snprintf(hc->client_ip, sizeof(hc->client_ip), "%s", client_ip);
-    hc->h2 = sl_h2_conn_new(NULL, &cbs, hc);
+    /* The listener's http2 limits in the current generation; the codec
+     * copies them, so a reload applies to new connections only. */
+    sl_h2_settings_t set;
+    rcu_thread_online();
+    sl_generation_h2_settings(sl_generation_current(), ls->key, &set);
+    rcu_thread_offline();
+    hc->h2 = sl_h2_conn_new(&set, &cbs, hc);
     hc->ev = event_new(w->base, fd, EV_READ | EV_WRITE | EV_CLOSED | EV_ET | EV_PERSIST,
                        conn_event_cb, hc);
     hc->timer = evtimer_new(w->base, conn_timer_cb, hc);

@@ -20,8 +20,9 @@ is what one connection can take from the others, not a flood of new
 connections (a per-connection defence does not bound that; the connection
 limits of test_exhaustion.py do).
 
-The limits are the codec's defaults (h2.h, sl_h2_settings_t): the Gateway
-has no fields for them yet; the timeouts are the Gateway's, set short here.
+The limits are the codec's defaults (h2.h, sl_h2_settings_t; the listener
+has no `http2` block here, test_http2_limits.py sets one); the timeouts are
+the Gateway's, set short here.
 Also here: a client that stops reading altogether, and the runtime's RSS
 under a slow reader of a 300 MB download.
 """

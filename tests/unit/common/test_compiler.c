@@ -123,7 +123,7 @@ static void test_quickstart_field_by_field(void **state)
     assert_int_equal(cl->outlier->max_ejection_percent, 50);
     assert_non_null(cl->pool);
     assert_int_equal(cl->pool->max_connections, 0);
-    assert_int_equal(cl->pool->max_idle, 64);
+    assert_int_equal(cl->pool->max_idle, 1024);
     assert_int_equal(cl->pool->idle_timeout_ms, 60000);
     assert_int_equal(cl->connect_timeout_ms, 5000);
     assert_string_equal(cl->host_rewrite, "");
@@ -229,6 +229,7 @@ static void test_full_example_and_precedence(void **state)
     assert_int_equal(pets->health_check->expected_status_min, 200);
     assert_int_equal(pets->health_check->expected_status_max, 299);
     assert_string_equal(pets->health_check->host, "health.local");
+    assert_null(pets->health_check->grpc); /* an HTTP check */
     assert_int_equal(pets->outlier->consecutive_failures, 7);
     assert_int_equal(pets->outlier->base_ejection_ms, 10000);
     assert_int_equal(pets->outlier->max_ejection_percent, 30);
@@ -491,6 +492,44 @@ static void test_h2c_listener(void **state)
     sl_resource_set_free(&set);
 }
 
+/* http2: the fields written, durations in ms, 0 for the rest (the codec's
+ * defaults); no http2 block, no message. */
+static void test_listener_http2(void **state)
+{
+    (void)state;
+    sl_resource_set_t set;
+    sl_resource_set_init(&set);
+    parse(&set, "gw.yaml",
+          HEAD "kind: Gateway\nmetadata: {name: g}\nspec:\n"
+               "  listeners:\n"
+               "  - {name: a, port: 8081, protocol: h2c}\n"
+               "  - name: b\n    port: 8082\n    protocol: h2c\n"
+               "    http2: {maxConcurrentStreams: 5, maxHeaderListBytes: 2048,\n"
+               "            maxResetStreamsPerWindow: 20, resetWindow: 2s, controlWindow: 1500,\n"
+               "            streamSendBufferBytes: 32768, connectionSendBufferBytes: 65536}\n");
+    Sluice__V1__Snapshot *snap = compile_ok(&set, "default");
+    assert_int_equal(snap->n_listeners, 2);
+    assert_null(snap->listeners[0]->http2);
+    const Sluice__V1__ListenerHttp2 *h = snap->listeners[1]->http2;
+    assert_non_null(h);
+    assert_int_equal(h->max_concurrent_streams, 5);
+    assert_int_equal(h->max_header_list_bytes, 2048);
+    assert_int_equal(h->max_reset_streams_per_window, 20);
+    assert_int_equal(h->reset_window_ms, 2000);
+    assert_int_equal(h->control_window_ms, 1500);
+    assert_int_equal(h->stream_send_buffer_bytes, 32768);
+    assert_int_equal(h->connection_send_buffer_bytes, 65536);
+    assert_int_equal(h->initial_stream_window_bytes, 0);
+    assert_int_equal(h->initial_connection_window_bytes, 0);
+    assert_int_equal(h->max_header_fields, 0);
+    assert_int_equal(h->max_continuation_frames, 0);
+    assert_int_equal(h->header_table_bytes, 0);
+    assert_int_equal(h->max_control_frames_per_window, 0);
+    assert_int_equal(h->max_empty_data_frames, 0);
+    sl_snapshot_free(snap);
+    sl_resource_set_free(&set);
+}
+
 static void test_gateways_of_a_fleet_merge(void **state)
 {
     (void)state;
@@ -735,6 +774,7 @@ int main(void)
         cmocka_unit_test(test_upgrades_resolved_per_route),
         cmocka_unit_test(test_missing_backend_reference),
         cmocka_unit_test(test_h2c_listener),
+        cmocka_unit_test(test_listener_http2),
         cmocka_unit_test(test_https_listener),
         cmocka_unit_test(test_https_certificate_refs),
         cmocka_unit_test(test_gateways_of_a_fleet_merge),

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "listener_http2.h"
 #include "model.h"
 #include "tls_pem.h"
 
@@ -450,7 +451,33 @@ static void test_backend_rules(void **state)
     expect_valid(BACKEND("  endpoints: [{address: a, port: 1}]\n"
                          "  healthCheck: {path: /h, expectedStatuses: 204}\n"));
     expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n  healthCheck: {interval: 1s}\n"),
-                 "t.yaml doc 1: spec.healthCheck.path: required field missing\n");
+                 "t.yaml doc 1: spec.healthCheck.path: required field missing (or set grpc: "
+                 "{service: ...} for a gRPC health check)\n");
+    /* gRPC health checks: HTTP/2 Backends only, instead of path. */
+    expect_valid(BACKEND("  endpoints: [{address: a, port: 1}]\n  protocol: h2c\n"
+                         "  healthCheck: {grpc: {service: \"\"}}\n"));
+    expect_valid(BACKEND("  endpoints: [{address: a.example, port: 443}]\n  protocol: h2\n"
+                         "  tls: {sni: a.example}\n"
+                         "  healthCheck: {grpc: {service: pkg.Svc, authority: a.example}}\n"));
+    expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n"
+                         "  healthCheck: {grpc: {service: pkg.Svc}}\n"),
+                 "t.yaml doc 1: spec.healthCheck.grpc: gRPC health checks need an HTTP/2 "
+                 "Backend: set protocol h2c (or h2 with tls), or use healthCheck.path for an "
+                 "HTTP/1.1 check\n");
+    expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n  protocol: h2c\n"
+                         "  healthCheck: {path: /h, grpc: {service: pkg.Svc}}\n"),
+                 "t.yaml doc 1: spec.healthCheck.grpc: grpc and path are mutually exclusive: "
+                 "remove path for a gRPC health check (it always calls "
+                 "/grpc.health.v1.Health/Check), or remove grpc for an HTTP GET of path\n");
+    expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n  protocol: h2c\n"
+                         "  healthCheck: {grpc: {service: \"bad name\"}}\n"),
+                 "t.yaml doc 1: spec.healthCheck.grpc.service: must be a gRPC service name "
+                 "(e.g. \"pkg.Service\", or \"\" for the whole server): printable ASCII "
+                 "without spaces, at most 1024 characters\n");
+    expect_error(BACKEND("  endpoints: [{address: a, port: 1}]\n  protocol: h2c\n"
+                         "  healthCheck: {grpc: {servce: x}}\n"),
+                 "t.yaml doc 1: spec.healthCheck.grpc.servce: unknown field (did you mean "
+                 "'service'?)\n");
 }
 
 static void test_consumer_and_certificate_rules(void **state)
@@ -708,6 +735,110 @@ static void test_listener_tls(void **state)
                  "listener is h2c, which is plaintext)\n");
 }
 
+#define H2C_LISTENER(h2)                                                                           \
+    GATEWAY("  listeners: [{name: h, port: 8080, protocol: h2c, http2: " h2 "}]\n")
+
+static void test_listener_http2(void **state)
+{
+    (void)state;
+    expect_valid(H2C_LISTENER("{}"));
+    expect_valid(H2C_LISTENER(
+        "{maxConcurrentStreams: 5, initialStreamWindowBytes: 131072, "
+        "initialConnectionWindowBytes: 4194304, maxHeaderListBytes: 16384, maxHeaderFields: 50, "
+        "maxContinuationFrames: 4, headerTableBytes: 8192, maxControlFramesPerWindow: 500, "
+        "controlWindow: 5s, maxResetStreamsPerWindow: 50, resetWindow: 2s, "
+        "maxEmptyDataFrames: 10, streamSendBufferBytes: 32768, "
+        "connectionSendBufferBytes: 262144}"));
+    /* https offering h2 (the default ALPN, or listed). */
+    expect_valid(
+        GATEWAY("  listeners: [{name: tls, port: 8443, protocol: https,\n"
+                "    tls: {certificateRefs: [{name: c}]}, http2: {maxHeaderFields: 20}}]\n"));
+    expect_valid(GATEWAY("  listeners: [{name: tls, port: 8443, protocol: https,\n"
+                         "    tls: {certificateRefs: [{name: c}], alpn: [h2]},\n"
+                         "    http2: {maxHeaderFields: 20}}]\n"));
+
+    expect_error(H2C_LISTENER("{maxConcurentStreams: 5}"),
+                 "t.yaml doc 1: spec.listeners[0].http2.maxConcurentStreams: unknown field (did "
+                 "you mean 'maxConcurrentStreams'?)\n");
+    expect_error(H2C_LISTENER("{maxConcurrentStreams: 0}"),
+                 "t.yaml doc 1: spec.listeners[0].http2.maxConcurrentStreams: 0 is out of range "
+                 "1..10000\n");
+    expect_error(H2C_LISTENER("{maxHeaderListBytes: 100}"),
+                 "t.yaml doc 1: spec.listeners[0].http2.maxHeaderListBytes: 100 is out of range "
+                 "1024..1048576\n");
+    expect_error(H2C_LISTENER("{resetWindow: 100ms}"),
+                 "t.yaml doc 1: spec.listeners[0].http2.resetWindow: duration 100ms is out of "
+                 "range 1000ms..600000ms\n");
+    expect_error(H2C_LISTENER("{controlWindow: soon}"),
+                 "t.yaml doc 1: spec.listeners[0].http2.controlWindow: invalid duration 'soon' "
+                 "(use a number and one unit: ms, s, m, h; like \"250ms\" or \"10s\")\n");
+    expect_error(H2C_LISTENER("{maxResetStreamsPerWindow: \"5\"}"),
+                 "t.yaml doc 1: spec.listeners[0].http2.maxResetStreamsPerWindow: expected "
+                 "integer, got string\n");
+    expect_error(GATEWAY("  listeners: [{name: h, port: 8080, protocol: h2c, http2: 5}]\n"),
+                 "t.yaml doc 1: spec.listeners[0].http2: expected object, got integer\n");
+
+    /* Every field, at each bound and one past it: the schema's names point
+     * at the table entries of the same name. */
+    for (int i = 0; i < SL_LH2__COUNT; i++) {
+        const sl_listener_http2_field_t *f = &sl_listener_http2_fields[i];
+        char text[512], want[512];
+        for (int edge = 0; edge < 2; edge++) {
+            uint32_t ok = edge ? f->max : f->min;
+            /* Only the rules' larger fields can be valid at their minimum
+             * with the defaults of the others: skip those combinations. */
+            snprintf(text, sizeof(text),
+                     GATEWAY("  listeners: [{name: h, port: 8080, "
+                             "protocol: h2c, http2: {%s: %u%s}}]\n"),
+                     f->name, ok, f->duration ? "ms" : "");
+            char *got = errors_of(text);
+            if (got[0] && !strstr(got, "is less than"))
+                fail_msg("%s: %u: %s", f->name, ok, got);
+            free(got);
+        }
+        snprintf(text, sizeof(text),
+                 GATEWAY("  listeners: [{name: h, port: 8080, protocol: "
+                         "h2c, http2: {%s: %llu%s}}]\n"),
+                 f->name, (unsigned long long)f->max + 1, f->duration ? "ms" : "");
+        if (f->duration)
+            snprintf(want, sizeof(want),
+                     "t.yaml doc 1: spec.listeners[0].http2.%s: duration %llums is out of "
+                     "range %ums..%ums\n",
+                     f->name, (unsigned long long)f->max + 1, f->min, f->max);
+        else
+            snprintf(want, sizeof(want),
+                     "t.yaml doc 1: spec.listeners[0].http2.%s: %llu is out of range %u..%u\n",
+                     f->name, (unsigned long long)f->max + 1, f->min, f->max);
+        expect_error(text, want);
+        assert_true(f->def >= f->min && f->def <= f->max);
+    }
+
+    /* Cross-field rules, with the default named when it is the culprit. */
+    expect_error(H2C_LISTENER("{initialStreamWindowBytes: 2097152}"),
+                 "t.yaml doc 1: spec.listeners[0].http2.initialConnectionWindowBytes: 1048576 "
+                 "(the default) is less than initialStreamWindowBytes (2097152): it must be at "
+                 "least as large\n");
+    expect_valid(H2C_LISTENER("{initialStreamWindowBytes: 2097152, "
+                              "initialConnectionWindowBytes: 2097152}"));
+    expect_error(H2C_LISTENER("{streamSendBufferBytes: 65536, connectionSendBufferBytes: 32768}"),
+                 "t.yaml doc 1: spec.listeners[0].http2.connectionSendBufferBytes: 32768 is less "
+                 "than streamSendBufferBytes (65536): it must be at least as large\n");
+
+    /* A listener that does not speak HTTP/2. */
+    expect_error(
+        GATEWAY("  listeners: [{name: h, port: 8080, http2: {maxConcurrentStreams: 5}}]\n"),
+        "t.yaml doc 1: spec.listeners[0].http2: http2 is only for protocol h2c or https "
+        "(this listener is http, which serves HTTP/1.1 only)\n");
+    expect_error(GATEWAY("  listeners: [{name: h, port: 8080, protocol: http, http2: {}}]\n"),
+                 "t.yaml doc 1: spec.listeners[0].http2: http2 is only for protocol h2c or https "
+                 "(this listener is http, which serves HTTP/1.1 only)\n");
+    expect_error(GATEWAY("  listeners: [{name: tls, port: 8443, protocol: https,\n"
+                         "    tls: {certificateRefs: [{name: c}], alpn: [http/1.1]},\n"
+                         "    http2: {maxHeaderFields: 20}}]\n"),
+                 "t.yaml doc 1: spec.listeners[0].http2: has no effect: tls.alpn does not offer "
+                 "\"h2\" (add it, or remove http2)\n");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -729,6 +860,7 @@ int main(void)
         cmocka_unit_test(test_consumer_and_certificate_rules),
         cmocka_unit_test(test_certificate_pem_checks),
         cmocka_unit_test(test_listener_tls),
+        cmocka_unit_test(test_listener_http2),
         cmocka_unit_test(test_envelope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

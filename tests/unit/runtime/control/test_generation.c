@@ -637,6 +637,115 @@ static int group_teardown(void **state)
     return 0;
 }
 
+/* ---- listener http2 settings ---- */
+
+static Sluice__V1__Snapshot *snap_with_listener(Sluice__V1__Listener__Protocol proto,
+                                                Sluice__V1__ListenerHttp2 **h2)
+{
+    Sluice__V1__Snapshot *snap = calloc(1, sizeof(*snap));
+    Sluice__V1__Listener *l = calloc(1, sizeof(*l));
+    *h2 = calloc(1, sizeof(**h2));
+    assert_true(snap && l && *h2);
+    sluice__v1__snapshot__init(snap);
+    sluice__v1__listener__init(l);
+    sluice__v1__listener_http2__init(*h2);
+    snap->version = next_version++;
+    snap->listeners = calloc(1, sizeof(*snap->listeners));
+    assert_non_null(snap->listeners);
+    snap->listeners[0] = l;
+    snap->n_listeners = 1;
+    l->name = strdup("a");
+    l->address = strdup("127.0.0.1");
+    l->port = 1000;
+    l->protocol = proto;
+    l->http2 = *h2;
+    return snap;
+}
+
+static void test_listener_http2_settings(void **state)
+{
+    (void)state;
+    char err[512] = "";
+    Sluice__V1__ListenerHttp2 *h2;
+    Sluice__V1__Snapshot *snap = snap_with_listener(SLUICE__V1__LISTENER__PROTOCOL__H2C, &h2);
+    h2->max_concurrent_streams = 5;
+    h2->max_reset_streams_per_window = 7;
+    h2->reset_window_ms = 2000;
+    h2->max_header_list_bytes = 4096;
+    h2->connection_send_buffer_bytes = 131072;
+    sl_generation_t *gen = sl_generation_build(snap, "test", 1, err, sizeof(err));
+    if (!gen)
+        fail_msg("%s", err);
+    sl_h2_settings_t set;
+    memset(&set, 0xff, sizeof(set));
+    assert_int_equal(sl_generation_h2_settings(gen, "127.0.0.1:1000", &set), 1);
+    assert_int_equal(set.max_concurrent_streams, 5);
+    assert_int_equal(set.aborted_streams_max, 7);
+    assert_int_equal(set.aborted_window_ms, 2000);
+    assert_int_equal(set.max_header_list_bytes, 4096);
+    assert_int_equal(set.conn_send_buffer_bytes, 131072);
+    assert_int_equal(set.stream_window_bytes, 0); /* unset: the codec's default */
+    assert_int_equal(set.enable_connect_protocol, 0);
+    memset(&set, 0xff, sizeof(set));
+    assert_int_equal(sl_generation_h2_settings(gen, "127.0.0.1:1001", &set), 0);
+    assert_int_equal(set.max_concurrent_streams, 0);
+    assert_int_equal(sl_generation_h2_settings(NULL, "127.0.0.1:1000", &set), 0);
+    sl_generation_discard(gen);
+
+    /* What a controller of another build may push: refused (a NACK), with
+     * the listener and the field named. */
+    snap = snap_with_listener(SLUICE__V1__LISTENER__PROTOCOL__H2C, &h2);
+    h2->max_concurrent_streams = 20000;
+    assert_null(sl_generation_build(snap, "test", 1, err, sizeof(err)));
+    assert_string_equal(err, "listener 'a': http2.max_concurrent_streams: 20000 is out of range "
+                             "1..10000 (0 = default 100)");
+    snap = snap_with_listener(SLUICE__V1__LISTENER__PROTOCOL__H2C, &h2);
+    h2->control_window_ms = 10;
+    assert_null(sl_generation_build(snap, "test", 1, err, sizeof(err)));
+    assert_string_equal(err, "listener 'a': http2.control_window_ms: 10 is out of range "
+                             "1000..600000 (0 = default 10000)");
+    snap = snap_with_listener(SLUICE__V1__LISTENER__PROTOCOL__H2C, &h2);
+    h2->initial_stream_window_bytes = 2097152;
+    assert_null(sl_generation_build(snap, "test", 1, err, sizeof(err)));
+    assert_string_equal(err, "listener 'a': http2.initial_connection_window_bytes: 1048576 is "
+                             "less than initial_stream_window_bytes (2097152)");
+    snap = snap_with_listener(SLUICE__V1__LISTENER__PROTOCOL__HTTP, &h2);
+    assert_null(sl_generation_build(snap, "test", 1, err, sizeof(err)));
+    assert_string_equal(err, "listener 'a': http2 is set but the listener's protocol is http "
+                             "(HTTP/1.1 only; use h2c or https)");
+}
+
+/* The defaults the validator and the docs state (common/listener_http2.c)
+ * are the codec's (runtime/http/h2.c, settings_fill). */
+static void test_listener_http2_defaults_are_the_codecs(void **state)
+{
+    (void)state;
+    sl_h2_conn_t *c = sl_h2_conn_new(NULL, NULL, NULL);
+    assert_non_null(c);
+    const sl_h2_settings_t *d = sl_h2_conn_settings(c);
+    const uint32_t codec[SL_LH2__COUNT] = {
+        [SL_LH2_MAX_CONCURRENT_STREAMS] = d->max_concurrent_streams,
+        [SL_LH2_STREAM_WINDOW] = d->stream_window_bytes,
+        [SL_LH2_CONN_WINDOW] = d->conn_window_bytes,
+        [SL_LH2_MAX_HEADER_LIST] = d->max_header_list_bytes,
+        [SL_LH2_MAX_HEADER_FIELDS] = d->max_header_fields,
+        [SL_LH2_MAX_CONTINUATIONS] = d->max_continuations,
+        [SL_LH2_HEADER_TABLE] = d->header_table_bytes,
+        [SL_LH2_CTRL_FRAMES_MAX] = d->ctrl_frames_max,
+        [SL_LH2_CTRL_WINDOW] = d->ctrl_window_ms,
+        [SL_LH2_RESETS_MAX] = d->aborted_streams_max,
+        [SL_LH2_RESET_WINDOW] = d->aborted_window_ms,
+        [SL_LH2_EMPTY_DATA_MAX] = d->empty_data_max,
+        [SL_LH2_STREAM_SEND_BUFFER] = d->stream_send_buffer_bytes,
+        [SL_LH2_CONN_SEND_BUFFER] = d->conn_send_buffer_bytes,
+    };
+    for (int i = 0; i < SL_LH2__COUNT; i++)
+        if (sl_listener_http2_fields[i].def != codec[i])
+            fail_msg("%s: table default %u, codec default %u", sl_listener_http2_fields[i].name,
+                     sl_listener_http2_fields[i].def, codec[i]);
+    sl_h2_conn_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -649,6 +758,8 @@ int main(void)
         cmocka_unit_test(test_worker_beyond_slots_uses_shared_refs),
         cmocka_unit_test(test_worker_exit_releases_current),
         cmocka_unit_test(test_concurrent_reloads),
+        cmocka_unit_test(test_listener_http2_settings),
+        cmocka_unit_test(test_listener_http2_defaults_are_the_codecs),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -791,10 +791,13 @@ static void test_request_trailers(void **state)
 /* One request per case, each on its own stream; what is expected: */
 enum { OK_REQ, STREAM_ERR };
 
+/* The codec's settings for the next cases (NULL: defaults). */
+static const sl_h2_settings_t *case_settings;
+
 static void check_case(const nghttp2_nv *nv, size_t n, int expect, const char *what)
 {
     raw_t r;
-    raw_open(&r, NULL);
+    raw_open(&r, case_settings);
     headers(&r.w, r.d, 1, 1, nv, n);
     assert_true(raw_exchange(r.c, &r.srv, &r.w, &r.seen) >= 0);
     if (expect == OK_REQ) {
@@ -850,8 +853,18 @@ static void test_rfc9113_request_rules(void **state)
     CASE(STREAM_ERR, NV(":method", "GET"), NV(":scheme", "https"), NV(":authority", "a"),
          NV(":path", "/a#frag"));
     /* :protocol without SETTINGS_ENABLE_CONNECT_PROTOCOL */
+    static const sl_h2_settings_t no_connect_protocol = {.enable_connect_protocol = SL_H2_OFF};
+    case_settings = &no_connect_protocol;
     CASE(STREAM_ERR, NV(":method", "CONNECT"), NV(":protocol", "websocket"), NV(":scheme", "https"),
          NV(":authority", "a"), NV(":path", "/chat"));
+    case_settings = NULL;
+    /* with it (the default), :protocol only on CONNECT, and with :path */
+    CASE(OK_REQ, NV(":method", "CONNECT"), NV(":protocol", "websocket"), NV(":scheme", "https"),
+         NV(":authority", "a"), NV(":path", "/chat"));
+    CASE(STREAM_ERR, NV(":method", "GET"), NV(":protocol", "websocket"), NV(":scheme", "https"),
+         NV(":authority", "a"), NV(":path", "/chat"));
+    CASE(STREAM_ERR, NV(":method", "CONNECT"), NV(":protocol", "websocket"), NV(":scheme", "https"),
+         NV(":authority", "a"));
     /* plain CONNECT: authority only */
     CASE(OK_REQ, NV(":method", "CONNECT"), NV(":authority", "a:443"));
     CASE(STREAM_ERR, NV(":method", "CONNECT"), NV(":authority", "a:443"), NV(":path", "/"));
@@ -991,6 +1004,26 @@ static void test_extended_connect(void **state)
     assert_int_equal(r.seen.status[0], 200);
     assert_int_equal(r.srv.data[0], 8);
     raw_close(&r);
+}
+
+/* SETTINGS_ENABLE_CONNECT_PROTOCOL is advertised by default (WebSocket over
+ * HTTP/2 is served), and not when turned off. */
+static void test_enable_connect_protocol_setting(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_open(&p, NULL, 0, 1 << 16);
+    pump(&p);
+    assert_int_equal(
+        nghttp2_session_get_remote_settings(p.ng, NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL), 1);
+    assert_int_equal(sl_h2_conn_settings(p.c)->enable_connect_protocol, 1);
+    pair_close(&p);
+    sl_h2_settings_t off = {.enable_connect_protocol = SL_H2_OFF};
+    pair_open(&p, &off, 0, 1 << 16);
+    pump(&p);
+    assert_int_equal(
+        nghttp2_session_get_remote_settings(p.ng, NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL), 0);
+    pair_close(&p);
 }
 
 /* ---- tests: concurrency, flow control, drain ----------------------------- */
@@ -1662,6 +1695,7 @@ int main(void)
         cmocka_unit_test(test_content_length_vs_data),
         cmocka_unit_test(test_connection_errors),
         cmocka_unit_test(test_extended_connect),
+        cmocka_unit_test(test_enable_connect_protocol_setting),
         cmocka_unit_test(test_concurrent_streams_limit),
         cmocka_unit_test(test_flow_control_per_stream),
         cmocka_unit_test(test_output_never_exceeds_buffer),

@@ -748,6 +748,61 @@ static int check_in_flight(void *t)
     return ((hc_target_t *)t)->phase == HC_READING;
 }
 
+/* The gRPC request is HealthCheckRequest{service} in one uncompressed gRPC
+ * frame; the varint length takes two bytes from 128 on. */
+static void test_grpc_request_encoding(void **state)
+{
+    (void)state;
+    hc_target_t t;
+    memset(&t, 0, sizeof(t));
+    t.grpc_service = "pkg.Svc";
+    assert_int_equal(build_grpc_request(&t), 0);
+    static const uint8_t want[] = {0, 0, 0, 0, 9, 0x0a, 7, 'p', 'k', 'g', '.', 'S', 'v', 'c'};
+    assert_int_equal(t.grpc_req_len, sizeof(want));
+    assert_memory_equal(t.grpc_req, want, sizeof(want));
+    free(t.grpc_req);
+
+    t.grpc_service = "";
+    assert_int_equal(build_grpc_request(&t), 0);
+    static const uint8_t empty[] = {0, 0, 0, 0, 0};
+    assert_int_equal(t.grpc_req_len, sizeof(empty));
+    assert_memory_equal(t.grpc_req, empty, sizeof(empty));
+    free(t.grpc_req);
+
+    char long_name[301];
+    memset(long_name, 'a', 300);
+    long_name[300] = '\0';
+    t.grpc_service = long_name;
+    assert_int_equal(build_grpc_request(&t), 0);
+    assert_int_equal(t.grpc_req_len, 5 + 1 + 2 + 300);
+    assert_int_equal(t.grpc_req[3] << 8 | t.grpc_req[4], 303); /* big-endian */
+    assert_int_equal(t.grpc_req[6], 0x80 | (300 & 0x7f));
+    assert_int_equal(t.grpc_req[7], 300 >> 7);
+    free(t.grpc_req);
+}
+
+static void test_grpc_response_parsing(void **state)
+{
+    (void)state;
+    uint64_t st;
+    assert_int_equal(parse_health_response((const uint8_t *)"\x08\x01", 2, &st), 0);
+    assert_int_equal(st, 1);
+    assert_int_equal(parse_health_response((const uint8_t *)"", 0, &st), 0);
+    assert_int_equal(st, 0); /* proto3 default: UNKNOWN */
+    /* Unknown fields of every wire type are skipped. */
+    static const uint8_t extra[] = {0x12, 2,    'h', 'i', 0x19, 1, 2,    3,    4,    5,    6,   7,
+                                    8,    0x25, 1,   2,   3,    4, 0x08, 0x02, 0x30, 0x96, 0x01};
+    assert_int_equal(parse_health_response(extra, sizeof(extra), &st), 0);
+    assert_int_equal(st, 2);
+    /* Truncated varint, length past the end, field 0, wire type 3. */
+    assert_int_equal(parse_health_response((const uint8_t *)"\x08", 1, &st), -1);
+    assert_int_equal(parse_health_response((const uint8_t *)"\x08\x80", 2, &st), -1);
+    static const uint8_t past_end[] = {0x12, 5, 'a', 'b'};
+    assert_int_equal(parse_health_response(past_end, sizeof(past_end), &st), -1);
+    assert_int_equal(parse_health_response((const uint8_t *)"\x00\x01", 2, &st), -1);
+    assert_int_equal(parse_health_response((const uint8_t *)"\x0b", 1, &st), -1);
+}
+
 static void test_free_with_check_in_flight(void **state)
 {
     (void)state;
@@ -789,6 +844,8 @@ int main(void)
         cmocka_unit_test(test_unhealthy_endpoint_reset_when_check_removed),
         cmocka_unit_test(test_bad_config_is_refused),
         cmocka_unit_test(test_free_with_check_in_flight),
+        cmocka_unit_test(test_grpc_request_encoding),
+        cmocka_unit_test(test_grpc_response_parsing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
