@@ -893,6 +893,84 @@ static void compile_upgrades(cctx_t *c, Sluice__V1__Route *rt, json_t *api_list,
     }
 }
 
+/* A policy list entry's `when`, compiled; NULL when absent. */
+static Sluice__V1__PolicyCondition *compile_condition(cctx_t *c, json_t *when)
+{
+    if (!when)
+        return NULL;
+    Sluice__V1__PolicyCondition *pc = cnew(c, sizeof(*pc));
+    if (!pc)
+        return NULL;
+    sluice__v1__policy_condition__init(pc);
+    json_t *methods = jget(when, "methods");
+    pc->methods = (char **)carray(c, json_array_size(methods), sizeof(*pc->methods));
+    for (size_t i = 0; pc->methods && i < json_array_size(methods); i++)
+        pc->methods[pc->n_methods++] = upper_dup(c, json_string_value(json_array_get(methods, i)));
+    json_t *prefixes = jget(when, "pathPrefixes");
+    pc->path_prefixes = (char **)carray(c, json_array_size(prefixes), sizeof(*pc->path_prefixes));
+    for (size_t i = 0; pc->path_prefixes && i < json_array_size(prefixes); i++)
+        pc->path_prefixes[pc->n_path_prefixes++] =
+            cstr(c, json_string_value(json_array_get(prefixes, i)));
+    pc->headers = compile_matches(c, jget(when, "headers"), &pc->n_headers);
+    return pc;
+}
+
+/*
+ * A route's policy chain (policies/policy.h): the Api's `policies` in
+ * order; then each of the operation's entries replaces the inherited one
+ * of the same name in place (config and when), removes it (`disabled:
+ * true`), or is appended. Validation has checked names and configs.
+ */
+static void compile_policies(cctx_t *c, Sluice__V1__Route *rt, json_t *api_list, json_t *op_list)
+{
+    size_t cap = json_array_size(api_list) + json_array_size(op_list);
+    if (cap == 0)
+        return;
+    json_t **chain = calloc(cap, sizeof(*chain));
+    if (!chain) {
+        c->oom = true;
+        return;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < json_array_size(api_list); i++)
+        chain[n++] = json_array_get(api_list, i);
+    for (size_t i = 0; i < json_array_size(op_list); i++) {
+        json_t *e = json_array_get(op_list, i);
+        const char *name = jstr(e, "name", "");
+        size_t k;
+        for (k = 0; k < n; k++)
+            if (strcmp(jstr(chain[k], "name", ""), name) == 0)
+                break;
+        if (jbool(e, "disabled", false)) {
+            if (k < n) {
+                memmove(&chain[k], &chain[k + 1], (n - k - 1) * sizeof(*chain));
+                n--;
+            }
+        } else if (k < n) {
+            chain[k] = e;
+        } else {
+            chain[n++] = e;
+        }
+    }
+    rt->policies = (Sluice__V1__Policy **)carray(c, n, sizeof(*rt->policies));
+    for (size_t i = 0; rt->policies && i < n; i++) {
+        Sluice__V1__Policy *p = cnew(c, sizeof(*p));
+        if (!p)
+            break;
+        sluice__v1__policy__init(p);
+        rt->policies[rt->n_policies++] = p;
+        p->name = cstr(c, jstr(chain[i], "name", ""));
+        json_t *config = jget(chain[i], "config");
+        char *js = config ? json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY)
+                          : strdup("{}");
+        if (!js)
+            c->oom = true;
+        p->config_json = js ? js : (char *)protobuf_c_empty_string;
+        p->when = compile_condition(c, jget(chain[i], "when"));
+    }
+    free(chain);
+}
+
 static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t *api, json_t *op,
                           size_t index, const Sluice__V1__RouteTable *table)
 {
@@ -971,6 +1049,7 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
     compile_upgrades(c, rt, jget(spec, "upgrades"), jget(op, "upgrades"));
     rt->tunnel_idle_ms = jdur(to, "tunnelIdle",
                               jdur(jget(spec, "timeouts"), "tunnelIdle", DEF_TUNNEL_IDLE_MS));
+    compile_policies(c, rt, jget(spec, "policies"), jget(op, "policies"));
 }
 
 static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resource_t *api,
@@ -1018,6 +1097,68 @@ static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resourc
     }
 }
 
+/* --- Consumers ------------------------------------------------------------- */
+
+static int hexval(int ch)
+{
+    return ch <= '9' ? ch - '0' : (ch | 0x20) - 'a' + 10;
+}
+
+static void compile_consumer(cctx_t *c, Sluice__V1__Consumer *out, const sl_resource_t *r)
+{
+    json_t *spec = jget(r->obj, "spec");
+    json_t *creds = jget(spec, "credentials");
+    out->name = cprintf(c, "%s/%s", r->ns, r->name);
+    out->group = cstr(c, jstr(spec, "group", ""));
+    json_t *keys = jget(creds, "apiKeys");
+    out->api_keys =
+        (Sluice__V1__Consumer__ApiKey **)carray(c, json_array_size(keys), sizeof(*out->api_keys));
+    for (size_t i = 0; out->api_keys && i < json_array_size(keys); i++) {
+        json_t *k = json_array_get(keys, i);
+        Sluice__V1__Consumer__ApiKey *ak = cnew(c, sizeof(*ak));
+        uint8_t *h = cnew(c, 32);
+        if (!ak || !h) {
+            free(ak);
+            free(h);
+            break;
+        }
+        sluice__v1__consumer__api_key__init(ak);
+        out->api_keys[out->n_api_keys++] = ak;
+        ak->name = cstr(c, jstr(k, "name", ""));
+        const char *hex = jstr(k, "keyHash", "") + 7; /* validated: "sha256:" + 64 hex */
+        for (size_t j = 0; j < 32; j++)
+            h[j] = (uint8_t)(hexval(hex[2 * j]) << 4 | hexval(hex[2 * j + 1]));
+        ak->sha256.data = h;
+        ak->sha256.len = 32;
+    }
+    json_t *users = jget(creds, "basicAuth");
+    out->basic_users = (Sluice__V1__Consumer__BasicUser **)carray(c, json_array_size(users),
+                                                                  sizeof(*out->basic_users));
+    for (size_t i = 0; out->basic_users && i < json_array_size(users); i++) {
+        json_t *u = json_array_get(users, i);
+        Sluice__V1__Consumer__BasicUser *bu = cnew(c, sizeof(*bu));
+        if (!bu)
+            break;
+        sluice__v1__consumer__basic_user__init(bu);
+        out->basic_users[out->n_basic_users++] = bu;
+        bu->username = cstr(c, jstr(u, "username", ""));
+        bu->password_hash = cstr(c, jstr(u, "passwordHash", ""));
+    }
+    json_t *subjects = jget(creds, "jwt");
+    out->jwt = (Sluice__V1__Consumer__JwtSubject **)carray(c, json_array_size(subjects),
+                                                           sizeof(*out->jwt));
+    for (size_t i = 0; out->jwt && i < json_array_size(subjects); i++) {
+        json_t *j = json_array_get(subjects, i);
+        Sluice__V1__Consumer__JwtSubject *js = cnew(c, sizeof(*js));
+        if (!js)
+            break;
+        sluice__v1__consumer__jwt_subject__init(js);
+        out->jwt[out->n_jwt++] = js;
+        js->issuer = cstr(c, jstr(j, "issuer", ""));
+        js->subject = cstr(c, jstr(j, "subject", ""));
+    }
+}
+
 /* --- entry points -------------------------------------------------------- */
 
 Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const char *fleet,
@@ -1039,7 +1180,7 @@ Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const ch
     snap->version = version;
     snap->fleet = cstr(&c, fleet);
 
-    size_t ngw = 0, napi = 0, nbackend = 0, ncert = 0;
+    size_t ngw = 0, napi = 0, nbackend = 0, ncert = 0, nconsumer = 0;
     for (size_t i = 0; i < set->count; i++) {
         const sl_resource_t *r = &set->items[i];
         if (r->kind == SL_KIND_GATEWAY &&
@@ -1048,6 +1189,7 @@ Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const ch
         napi += r->kind == SL_KIND_API;
         nbackend += r->kind == SL_KIND_BACKEND;
         ncert += r->kind == SL_KIND_CERTIFICATE;
+        nconsumer += r->kind == SL_KIND_CONSUMER;
     }
     c.snap = snap;
     snap->certificates =
@@ -1063,6 +1205,7 @@ Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const ch
 
     snap->clusters = (Sluice__V1__Cluster **)carray(&c, nbackend, sizeof(*snap->clusters));
     snap->route_tables = (Sluice__V1__RouteTable **)carray(&c, napi, sizeof(*snap->route_tables));
+    snap->consumers = (Sluice__V1__Consumer **)carray(&c, nconsumer, sizeof(*snap->consumers));
     for (size_t i = 0; i < set->count && !c.oom; i++) {
         const sl_resource_t *r = &set->items[i];
         if (r->kind == SL_KIND_BACKEND && snap->clusters) {
@@ -1079,6 +1222,13 @@ Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const ch
             sluice__v1__route_table__init(t);
             snap->route_tables[snap->n_route_tables++] = t;
             compile_table(&c, t, r, &d);
+        } else if (r->kind == SL_KIND_CONSUMER && snap->consumers) {
+            Sluice__V1__Consumer *cs = cnew(&c, sizeof(*cs));
+            if (!cs)
+                break;
+            sluice__v1__consumer__init(cs);
+            snap->consumers[snap->n_consumers++] = cs;
+            compile_consumer(&c, cs, r);
         }
     }
 

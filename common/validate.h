@@ -100,5 +100,7 @@ extern const sl_vschema_t sl_validate_spec_api;
 extern const sl_vschema_t sl_validate_spec_backend;
 extern const sl_vschema_t sl_validate_spec_consumer;
 extern const sl_vschema_t sl_validate_spec_certificate;
+/* A policy's `when` (policies/policy.h): methods, pathPrefixes, headers. */
+extern const sl_vschema_t sl_validate_policy_when;
 
 #endif

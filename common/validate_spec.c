@@ -8,6 +8,7 @@
  * Not responsible for references between documents (compiler.c) nor for
  * defaults (compiler.c applies them; this file only checks what is written).
  */
+#include "policy.h"
 #include "validate.h"
 
 #include "listener_http2.h"
@@ -292,6 +293,30 @@ static void check_sha256(sl_vctx_t *c, json_t *v, const void *arg)
                              "never the secret itself)");
 }
 
+/* A password hash crypt(3) verifies (libcrypt's crypt_r): bcrypt, yescrypt
+ * or SHA-crypt. Unsalted fast hashes are refused: a leaked store of them is
+ * a leaked store of passwords. */
+static void check_password_hash(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    static const char *const prefixes[] = {"$2b$", "$2y$", "$2a$", "$y$", "$6$", "$5$"};
+    bool ok = false;
+    for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++)
+        ok = ok || strncmp(s, prefixes[i], strlen(prefixes[i])) == 0;
+    size_t len = strlen(s);
+    if (ok && (len < 20 || len > 256))
+        ok = false;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = isalnum((unsigned char)s[i]) || strchr("$./=,-", s[i]);
+    if (!ok)
+        sl_validate_error(c, "expected a bcrypt ($2b$), yescrypt ($y$) or SHA-crypt ($6$, $5$) "
+                             "hash; make one with `mkpasswd -m yescrypt` or `openssl passwd -6` "
+                             "(unsalted \"sha256:\" hashes are no longer accepted)");
+}
+
 #define SL_PEM_MAX (1024 * 1024)
 
 static void check_pem_cert(sl_vctx_t *c, json_t *v, const void *arg)
@@ -534,6 +559,15 @@ static void operation_extra(sl_vctx_t *c, json_t *op)
         backend_refs_unique(c, sl_validate_get(op, "backendRefs"), "backendRefs");
 }
 
+static const sl_vfield_t policy_when_fields[] = {
+    {"methods", sl_vcheck_array, &(const sl_varray_t){check_method, NULL, 1, 9}, 0},
+    {"pathPrefixes", sl_vcheck_array, &(const sl_varray_t){check_abs_path, NULL, 1, 32}, 0},
+    {"headers", sl_vcheck_array,
+     &(const sl_varray_t){sl_vcheck_object, &header_match_schema, 1, 32}, 0},
+    {NULL, NULL, NULL, 0},
+};
+const sl_vschema_t sl_validate_policy_when = {policy_when_fields, NULL};
+
 static const sl_vfield_t operation_fields[] = {
     {"name", sl_vcheck_string, NULL, 0},
     {"method", check_method, NULL, 0},
@@ -549,6 +583,7 @@ static const sl_vfield_t operation_fields[] = {
     {"retries", sl_vcheck_object, &retry_schema, 0},
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
     {"upgrades", sl_vcheck_array, &upgrades_array, 0},
+    {"policies", sl_policy_vcheck_list, "operation", 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t operation_schema = {operation_fields, operation_extra};
@@ -724,6 +759,7 @@ static const sl_vfield_t api_fields[] = {
     {"retries", sl_vcheck_object, &retry_schema, 0},
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
     {"upgrades", sl_vcheck_array, &upgrades_array, 0},
+    {"policies", sl_policy_vcheck_list, "api", 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_api = {api_fields, api_extra};
@@ -1315,7 +1351,7 @@ static const sl_vschema_t api_key_schema = {api_key_fields, NULL};
 
 static const sl_vfield_t basic_fields[] = {
     {"username", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
-    {"passwordHash", check_sha256, NULL, SL_VFIELD_REQUIRED},
+    {"passwordHash", check_password_hash, NULL, SL_VFIELD_REQUIRED},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t basic_schema = {basic_fields, NULL};

@@ -75,6 +75,8 @@ static void check_entry(sl_vctx_t *c, json_t *v, int operation)
         } else if (strcmp(key, "config") == 0) {
             if (def && !json_is_null(child))
                 sl_vcheck_object(c, child, def->schema);
+        } else if (strcmp(key, "when") == 0) {
+            sl_vcheck_object(c, child, &sl_validate_policy_when);
         } else if (strcmp(key, "disabled") == 0) {
             if (!operation)
                 sl_validate_error(c, "only an operation's policies can be disabled (remove it "
@@ -82,7 +84,12 @@ static void check_entry(sl_vctx_t *c, json_t *v, int operation)
             else
                 sl_vcheck_bool(c, child, NULL);
         } else {
-            sl_validate_error(c, "unknown field");
+            static const char *const fields[] = {"name", "config", "when", "disabled"};
+            const char *s = sl_validate_suggest(key, fields, 4);
+            if (s)
+                sl_validate_error(c, "unknown field (did you mean '%s'?)", s);
+            else
+                sl_validate_error(c, "unknown field");
         }
         sl_validate_pop(c, saved);
     }
