@@ -233,8 +233,14 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
     sl_buf_append(b, "X-Request-Id: ", 14);
     sl_buf_append(b, x->r.m_reqid.ptr, x->r.m_reqid.len);
     sl_buf_append(b, "\r\n", 2);
-    if (x->r.gen->add_via)
-        sl_buf_append(b, req->version == 10 ? "Via: 1.0 sluice\r\n" : "Via: 1.1 sluice\r\n", 17);
+    /* Via names the protocol the request was received in (RFC 9110 7.6.3):
+     * "2" for HTTP/2, whatever the upstream hop speaks. */
+    if (x->r.gen->add_via) {
+        if (req->version == 20)
+            sl_buf_append(b, "Via: 2 sluice\r\n", 15);
+        else
+            sl_buf_append(b, req->version == 10 ? "Via: 1.0 sluice\r\n" : "Via: 1.1 sluice\r\n", 17);
+    }
     if (body == SL_HTTP1_BODY_LENGTH) {
         char cl_line[48];
         int n = snprintf(cl_line, sizeof(cl_line), "Content-Length: %llu\r\n",
