@@ -239,7 +239,8 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
         if (req->version == 20)
             sl_buf_append(b, "Via: 2 sluice\r\n", 15);
         else
-            sl_buf_append(b, req->version == 10 ? "Via: 1.0 sluice\r\n" : "Via: 1.1 sluice\r\n", 17);
+            sl_buf_append(b, req->version == 10 ? "Via: 1.0 sluice\r\n" : "Via: 1.1 sluice\r\n",
+                          17);
     }
     if (body == SL_HTTP1_BODY_LENGTH) {
         char cl_line[48];
