@@ -191,21 +191,26 @@ class H2Connection:
         return resp
 
     def request(self, method, target, headers=None, body=None, host="example.com",
-                chunks=None, trailers=None, timeout=None, sink=None):
+                chunks=None, trailers=None, timeout=None, sink=None, read_delay=0):
         hdrs = _pairs(headers)
         has_body = body is not None or chunks is not None or trailers is not None
         if body is not None and not any(k.lower() == "content-length" for k, _ in hdrs):
             hdrs.append(("content-length", str(len(body))))
         sid = self.start(method, target, hdrs, host=host, end_stream=not has_body)
         if has_body:
-            pieces = [body] if body is not None else list(chunks or [])
-            for i, piece in enumerate(pieces):
-                last = i == len(pieces) - 1 and not trailers
-                self.send_data(sid, piece, end_stream=last)
-            if trailers:
+            for piece in [body] if body is not None else (chunks or []):
+                if piece:
+                    self.send_data(sid, piece)
+                if self._over(sid):
+                    break  # answered (413...) or reset before the body ended
+            if self._over(sid):
+                pass
+            elif trailers:
                 self.send_trailers(sid, trailers)
-            elif not pieces:
+            else:
                 self.end(sid)
+        if read_delay:
+            time.sleep(read_delay)
         return self.response(sid, timeout, sink)
 
 
@@ -222,24 +227,33 @@ class H1Connection:
         self.sock.close()
 
     def request(self, method, target, headers=None, body=None, host="example.com",
-                chunks=None, trailers=None, timeout=None, sink=None):
+                chunks=None, trailers=None, timeout=None, sink=None, read_delay=0):
         hdrs = [("Host", host)] + _pairs(headers)
-        framed = any(k.lower() in ("content-length", "transfer-encoding") for k, _ in hdrs)
-        if body is not None and not framed:
+        has_length = any(k.lower() == "content-length" for k, _ in hdrs)
+        if body is not None and not has_length:
             hdrs.append(("Content-Length", str(len(body))))
-        elif (chunks is not None or trailers is not None) and not framed:
+        # Pieces without a Content-Length go chunked (one chunk each).
+        chunked = (chunks is not None or trailers is not None) and not has_length
+        if chunked:
             hdrs.append(("Transfer-Encoding", "chunked"))
         if timeout:
             self.sock.settimeout(timeout)
         head = "%s %s HTTP/1.1\r\n" % (method, target)
         head += "".join("%s: %s\r\n" % kv for kv in hdrs) + "\r\n"
         self.sock.sendall(head.encode("latin-1") + (body or b""))
-        if chunks is not None or trailers is not None:
+        try:
             for piece in chunks or []:
-                if piece:
+                if piece and chunked:
                     self.sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
-            tail = "".join("%s: %s\r\n" % kv for kv in (trailers or []))
-            self.sock.sendall(b"0\r\n" + tail.encode("latin-1") + b"\r\n")
+                elif piece:
+                    self.sock.sendall(piece)
+            if chunked:
+                tail = "".join("%s: %s\r\n" % kv for kv in (trailers or []))
+                self.sock.sendall(b"0\r\n" + tail.encode("latin-1") + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered (413...) and closed before the body ended: read the answer
+        if read_delay:
+            time.sleep(read_delay)
         resp = self.reader.read_response(method, sink=sink)
         resp.trailers = None
         resp.interim = []
@@ -295,16 +309,28 @@ class Proto:
         return H1Connection(port, timeout=timeout)
 
     def request(self, port, method, target, headers=None, body=None, host="example.com",
-                timeout=10.0, chunks=None, trailers=None, sink=None):
-        """One request on a fresh connection; returns a helpers.Response."""
+                timeout=10.0, chunks=None, trailers=None, sink=None, read_delay=0):
+        """One request on a fresh connection; returns a helpers.Response.
+        body: bytes (sent with its Content-Length); or chunks: an iterable
+        of pieces (HTTP/1.1: chunked, unless headers carry Content-Length;
+        HTTP/2: one or more DATA frames each), optionally with trailers.
+        sink: receives the response body in pieces instead of Response.body.
+        read_delay: seconds to wait after sending before reading."""
         c = self.connection(port, timeout)
         try:
             return c.request(method, target, headers, body, host=host, chunks=chunks,
-                             trailers=trailers, timeout=timeout, sink=sink)
+                             trailers=trailers, timeout=timeout, sink=sink,
+                             read_delay=read_delay)
         finally:
             c.close()
 
-    # The forwarded request's protocol, as the origin and Via see it.
     @property
     def via_version(self):
+        """The received-protocol a Via added to the forwarded request names
+        (RFC 9110 7.6.3)."""
         return "2" if self.h2 else "1.1"
+
+    @property
+    def log_protocol(self):
+        """The access log's protocol field for a request of this protocol."""
+        return "HTTP/2.0" if self.h2 else "HTTP/1.1"
