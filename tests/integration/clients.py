@@ -68,14 +68,16 @@ class H2Connection:
         if out:
             self.sock.sendall(out)
 
-    def start(self, method, target, headers=(), host="example.com", end_stream=True):
+    def start(self, method, target, headers=(), host="example.com", end_stream=True,
+              keep_host_field=False):
         """Sends HEADERS; returns the stream id. headers: (name, value)
-        pairs; a Host header becomes :authority."""
+        pairs; a Host header becomes :authority (unless keep_host_field:
+        then it is sent as a field beside :authority = host)."""
         sid = self.conn.get_next_available_stream_id()
         authority = host
         rest = []
         for k, v in headers:
-            if k.lower() == "host":
+            if k.lower() == "host" and not keep_host_field:
                 authority = v
             else:
                 rest.append((k.lower(), v))
