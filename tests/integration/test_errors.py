@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from clients import H2Connection, H2Reset, Proto
 from helpers import (ResponseReader, api, assert_gateway_error, backend, closed_port, connect,
                      free_port, is_closed, send_raw, wait_until)
 
@@ -337,3 +338,35 @@ def test_504_whole_request_timeout(simple, proto):
     r = proto.request(env.port, "GET", "/t/delay/3000")
     assert_gateway_error(r, 504)
     assert time.monotonic() - t0 < 2.5
+
+
+# --- HTTP/2 counterparts of the framing cases ---------------------------------------
+
+@pytest.mark.parametrize("announced,sent", [(10, 5), (5, 10)])
+def test_h2_content_length_disagreeing_with_data_is_refused(simple, announced, sent):
+    """HTTP/2 only (RFC 9113 8.1.1), the counterpart of the Content-Length
+    smuggling vectors: a content-length the DATA frames do not match makes
+    the request malformed: a stream error (or a 400), never a complete
+    request at the origin; the connection serves the next stream."""
+    h2c = Proto("h2c")
+    env = simple(proto=h2c)
+    c = H2Connection(h2c.port(env.port), validate_outbound=False)
+    try:
+        sid = c.start("POST", "/t/echo", [("content-length", str(announced))],
+                      end_stream=False)
+        c.send_data(sid, b"x" * sent, end_stream=True)
+        try:
+            r = c.response(sid)
+            assert_gateway_error(r, 400)
+        except H2Reset as e:
+            assert e.kind == "RST_STREAM" and e.code == 1, \
+                "expected RST_STREAM PROTOCOL_ERROR, got %s" % e
+        assert c.request("GET", "/t/echo?after").status == 200
+    finally:
+        c.close()
+    time.sleep(0.1)
+    # The runtime may have begun forwarding (the head, with the announced
+    # length) before the DATA disagreed; the origin must never get it whole.
+    posts = [r for r in env.backend.received() if r["method"] == "POST"]
+    assert all(r["body_length"] < announced for r in posts), \
+        "the malformed request reached the origin complete: %r" % posts
