@@ -1315,11 +1315,19 @@ ssize_t sl_http1_chunked_decode(sl_http1_chunked_t *c, char *buf, size_t len, si
             continue;
         }
         /* Framing (size lines, CRLFs, trailers) is a few bytes per chunk. */
+        int in_trailer = c->state >= CH_TRAILER_LINE && c->state <= CH_TRAILER_LF;
         ssize_t r = sl_http1_chunked_scan(c, buf + in, 1, done);
         if (r < 0)
             return r;
         if (r == 0)
             break;
+        /* A trailer line's byte (the CR of the final CRLF moves to CH_FINAL_LF). */
+        if (c->trailer_out && in_trailer && c->state != CH_FINAL_LF) {
+            if (c->trailer_len < c->trailer_cap)
+                c->trailer_out[c->trailer_len] = buf[in];
+            if (c->trailer_len <= c->trailer_cap)
+                c->trailer_len++;
+        }
         in += (size_t)r;
     }
     *payload = out;

@@ -132,6 +132,12 @@ typedef struct {
     uint32_t trailer_bytes; /* private */
     uint64_t data_bytes;    /* out: payload bytes seen so far (for body limits) */
     const char *error;      /* out, on SL_ERROR */
+    /* Optional, set after sl_http1_chunked_init: sl_http1_chunked_decode
+     * copies the trailer field lines ("Name: value\r\n"..., not the final
+     * CRLF) here, for a client that takes them in another form (HTTP/2). */
+    char *trailer_out;
+    uint32_t trailer_cap;
+    uint32_t trailer_len; /* out; > trailer_cap: they did not fit (none kept) */
 } sl_http1_chunked_t;
 
 void sl_http1_chunked_init(sl_http1_chunked_t *c);

@@ -10,6 +10,7 @@
 #include "tls.h"
 #include "upstream_h2.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <event2/event.h>
 #include <stdio.h>
@@ -237,8 +238,15 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
     sl_buf_append(b, "X-Request-Id: ", 14);
     sl_buf_append(b, x->r.m_reqid.ptr, x->r.m_reqid.len);
     sl_buf_append(b, "\r\n", 2);
-    if (x->r.gen->add_via)
-        sl_buf_append(b, req->version == 10 ? "Via: 1.0 sluice\r\n" : "Via: 1.1 sluice\r\n", 17);
+    /* Via names the protocol the request was received in (RFC 9110 7.6.3):
+     * "2" for HTTP/2, whatever the upstream hop speaks. */
+    if (x->r.gen->add_via) {
+        if (req->version == 20)
+            sl_buf_append(b, "Via: 2 sluice\r\n", 15);
+        else
+            sl_buf_append(b, req->version == 10 ? "Via: 1.0 sluice\r\n" : "Via: 1.1 sluice\r\n",
+                          17);
+    }
     if (body == SL_HTTP1_BODY_LENGTH) {
         char cl_line[48];
         int n = snprintf(cl_line, sizeof(cl_line), "Content-Length: %llu\r\n",
@@ -655,6 +663,57 @@ static int response_is_keepalive(const sl_http1_response_t *resp)
     return (resp->flags & SL_HTTP1_F_KEEP_ALIVE) != 0 && resp->body != SL_HTTP1_BODY_CLOSE;
 }
 
+/*
+ * The trailer field lines the chunked decoder kept in x->trailers
+ * ("Name: value\r\n"...) become fields ("name\0value\0"..., the form
+ * sl_exchange_trailers reads and an HTTP/2 upstream's trailers take), in
+ * place: names lower-cased, OWS trimmed, and fields an HTTP/2 message must
+ * not carry (connection-specific, RFC 9113 8.2.2) or that frame the body
+ * dropped. Fields that did not fit are all dropped: a partial set could
+ * mislead (a checksum without the field it covers).
+ */
+static void trailer_lines_to_fields(sl_exchange_t *x)
+{
+    sl_buf_t *b = &x->trailers;
+    if (x->resp_chunk.trailer_len > x->resp_chunk.trailer_cap) {
+        b->start = b->end = 0;
+        return;
+    }
+    char *p = b->data;
+    size_t len = x->resp_chunk.trailer_len, in = 0, out = 0;
+    while (in < len) {
+        char *line = p + in;
+        char *lf = memchr(line, '\n', len - in);
+        size_t llen = lf ? (size_t)(lf - line) + 1 : len - in;
+        in += llen;
+        size_t end = llen;
+        while (end && (line[end - 1] == '\n' || line[end - 1] == '\r'))
+            end--;
+        char *colon = memchr(line, ':', end);
+        if (!colon)
+            continue;
+        size_t nlen = (size_t)(colon - line), v = nlen + 1, vend = end;
+        while (v < vend && (line[v] == ' ' || line[v] == '\t'))
+            v++;
+        while (vend > v && (line[vend - 1] == ' ' || line[vend - 1] == '\t'))
+            vend--;
+        sl_header_t h = {{line, nlen}, {line + v, vend - v}};
+        const sl_conn_opts_t no_conn_opts = {0};
+        if (sl_http_is_hop_by_hop(&h, &no_conn_opts) || name_is(&h, "content-length", 14) ||
+            name_is(&h, "host", 4) || name_is(&h, "trailer", 7))
+            continue;
+        /* out <= line - p: every field written so far is shorter than its line. */
+        for (size_t i = 0; i < nlen; i++)
+            p[out + i] = (char)tolower((unsigned char)line[i]);
+        p[out + nlen] = '\0';
+        memmove(p + out + nlen + 1, line + v, vend - v);
+        out += nlen + 1 + (vend - v);
+        p[out++] = '\0';
+    }
+    b->start = 0;
+    b->end = out;
+}
+
 /* Accounts n new body bytes at `p`; returns how many belong to the body
  * (the rest would be bytes past the response), or -1 on bad framing. *keep
  * is how many bytes at p go to the client: fewer than the body bytes when
@@ -681,8 +740,11 @@ static ssize_t account_response_body(sl_exchange_t *x, char *p, size_t n, size_t
         }
         if (used < 0)
             return -1;
-        if (done)
+        if (done) {
             x->resp_done = 1;
+            if (x->resp_chunk.trailer_out)
+                trailer_lines_to_fields(x);
+        }
         return used;
     }
     case SL_HTTP1_BODY_CLOSE:
@@ -794,10 +856,18 @@ static void read_response_head(sl_exchange_t *x)
         x->resp_body = resp.body;
         x->resp_remaining = resp.content_length;
         x->up_reusable = response_is_keepalive(&resp);
-        if (resp.body == SL_HTTP1_BODY_CHUNKED)
+        if (resp.body == SL_HTTP1_BODY_CHUNKED) {
             sl_http1_chunked_init(&x->resp_chunk);
-        else
+            /* An HTTP/2 client gets the trailer fields as trailing HEADERS
+             * (trailer_lines_to_fields); an HTTP/1.0 one cannot take them. */
+            if (x->dechunk && x->r.version == 20 && sl_worker_buf_get(x->r.w, &x->trailers) == 0) {
+                x->trailers.start = x->trailers.end = 0;
+                x->resp_chunk.trailer_out = x->trailers.data;
+                x->resp_chunk.trailer_cap = (uint32_t)x->trailers.cap;
+            }
+        } else {
             x->dechunk = 0; /* nothing to strip */
+        }
         if (resp.body == SL_HTTP1_BODY_NONE ||
             (resp.body == SL_HTTP1_BODY_LENGTH && resp.content_length == 0))
             x->resp_done = 1;

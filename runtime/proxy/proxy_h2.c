@@ -237,7 +237,7 @@ static size_t response_fields(h2s_t *s, const sl_http1_response_t *resp, sl_head
             continue;
         if (h->name.len == 14 && strncasecmp(h->name.ptr, "content-length", 14) == 0 && drop_length)
             continue;
-        /* Trailer fields are not forwarded over HTTP/2 yet: no Trailer. */
+        /* No Trailer (advisory); the fields follow as trailing HEADERS. */
         if (h->name.len == 7 && strncasecmp(h->name.ptr, "trailer", 7) == 0)
             continue;
         if (h->name.len == 4 && strncasecmp(h->name.ptr, "date", 4) == 0)

@@ -353,6 +353,47 @@ static int clip(size_t len, size_t max)
     return (int)(len > max ? max : len);
 }
 
+/*
+ * The Gateway's head limits (maxRequestLineBytes, maxHeaderCount,
+ * maxHeaderBytes) for a head whose codec did not apply them while parsing:
+ * the HTTP/1.1 parser does (sl_http1_parse_request), the HTTP/2 codec only
+ * has its own per-connection bounds (h2.h). Measured on the HTTP/1.1 head
+ * the request would be (request line, Host from :authority, one line per
+ * field), so a request is within the limits over both protocols or neither.
+ */
+static int head_within_limits(const sl_generation_t *gen, const sl_req_head_t *h,
+                              sl_request_error_t *err)
+{
+    if (h->version != 20)
+        return SL_OK;
+    const sl_http1_limits_t *lim = &gen->limits;
+    size_t line = h->method.len + 1 + h->target.len + strlen(" HTTP/1.1");
+    if (lim->max_request_line_bytes && line > lim->max_request_line_bytes) {
+        set_error(err, 414, "uri_too_long", 0, "request line too long");
+        return SL_ERROR;
+    }
+    size_t head = line + 2 + 2, count = h->num_headers;
+    int host_sent = 0;
+    for (size_t i = 0; i < h->num_headers; i++) {
+        const sl_header_t *f = &h->headers[i];
+        head += f->name.len + 2 + f->value.len + 2;
+        host_sent |= f->name.len == 4 && strncasecmp(f->name.ptr, "host", 4) == 0;
+    }
+    if (!host_sent && h->authority.len) {
+        head += strlen("Host: \r\n") + h->authority.len;
+        count++;
+    }
+    if (lim->max_header_count && count > lim->max_header_count) {
+        set_error(err, 431, "header_too_large", 0, "too many request headers");
+        return SL_ERROR;
+    }
+    if (lim->max_header_bytes && head > lim->max_header_bytes) {
+        set_error(err, 431, "header_too_large", 0, "request header section too large");
+        return SL_ERROR;
+    }
+    return SL_OK;
+}
+
 int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                      sl_request_error_t *err)
 {
@@ -361,6 +402,8 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
         set_error(err, 503, "not_ready", 0, "the gateway has no configuration yet");
         return SL_ERROR;
     }
+    if (head_within_limits(gen, h, err) != SL_OK)
+        return SL_ERROR;
     /* Route and forward the normalised path: what a route matches is what
      * the backend sees (docs/routing.md, "Path normalisation"). */
     *path = h->path;

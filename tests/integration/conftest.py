@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from backend import Backend  # noqa: E402
+from clients import PROTOS, Proto  # noqa: E402
 from helpers import Runtime, api, backend as backend_doc, free_port, gateway  # noqa: E402
 
 TEST_TIME_LIMIT_S = int(os.environ.get("SLUICE_TEST_TIME_LIMIT", "120"))
@@ -92,22 +93,35 @@ class Env:
         self.backend = backend
 
 
-def simple_config(port, backend_ports, gw_kw=None, backend_kw=None, api_kw=None):
+@pytest.fixture(params=PROTOS)
+def proto(request):
+    """The protocol a request-level test runs over: every test that takes
+    this fixture runs once per protocol (ids "http1" and "h2c"; select one
+    with -k h2c). Make the Gateway with proto.gateway(port) (both listeners)
+    and send with proto.request(port, ...); `simple` does the former itself
+    when the test uses `proto`."""
+    return Proto(request.param)
+
+
+def simple_config(port, backend_ports, gw_kw=None, backend_kw=None, api_kw=None, proto=None):
     return [
-        gateway(port, **(gw_kw or {})),
+        (proto.gateway if proto else gateway)(port, **(gw_kw or {})),
         backend_doc("echo", backend_ports, **(backend_kw or {})),
         api("t", "/t", "echo", **(api_kw or {})),
     ]
 
 
 @pytest.fixture
-def simple(backends, runtimes):
-    """Factory: simple(gw_kw=, backend_kw=, api_kw=, **Runtime kwargs) -> Env."""
+def simple(backends, runtimes, request):
+    """Factory: simple(gw_kw=, backend_kw=, api_kw=, **Runtime kwargs) -> Env.
+    In a test that uses `proto` (or passes proto=Proto("h2c")), the Gateway
+    also has the h2c listener."""
+    p = request.getfixturevalue("proto") if "proto" in request.fixturenames else None
 
-    def make(gw_kw=None, backend_kw=None, api_kw=None, **kw):
+    def make(gw_kw=None, backend_kw=None, api_kw=None, proto=p, **kw):
         b = backends("echo")
         port = free_port()
-        rt = runtimes(simple_config(port, [b.port], gw_kw, backend_kw, api_kw), **kw)
+        rt = runtimes(simple_config(port, [b.port], gw_kw, backend_kw, api_kw, proto), **kw)
         return Env(rt, port, b)
 
     return make

@@ -1,5 +1,12 @@
 """Admin listener (/live, /ready, /metrics, /config_dump), access log, and
-start-up behaviour (invalid config, bad flags, busy port)."""
+start-up behaviour (invalid config, bad flags, busy port).
+
+The per-request cases (request metrics, the connections gauge, access log
+fields and formats) run over HTTP/1.1 and HTTP/2 (the `proto` fixture): a
+request is counted and logged by the same code whatever its protocol; only
+the access log's protocol field differs. The admin listener and start-up
+cases involve no proxied request and run once.
+"""
 
 import json
 import os
@@ -9,7 +16,7 @@ import socket
 import subprocess
 import time
 
-from helpers import (BAD_LOG_PATTERNS, Runtime, api, backend, connect, dump_docs, free_port,
+from helpers import (BAD_LOG_PATTERNS, Runtime, api, backend, dump_docs, free_port,
                      gateway, http_request, metric_sum, parse_prometheus, request,
                      runtime_binary, wait_until)
 
@@ -28,14 +35,14 @@ def test_live_ready_and_unknown(simple):
     assert status == 405
 
 
-def test_metrics_count_requests(simple):
+def test_metrics_count_requests(simple, proto):
     env = simple()
     rt = env.runtime
     before = rt.metrics()
     for _ in range(5):
-        assert request(env.port, "GET", "/t/echo").status == 200
-    assert request(env.port, "GET", "/t/status/503").status == 503
-    assert request(env.port, "GET", "/unrouted").status == 404
+        assert proto.request(env.port, "GET", "/t/echo").status == 200
+    assert proto.request(env.port, "GET", "/t/status/503").status == 503
+    assert proto.request(env.port, "GET", "/unrouted").status == 404
     want_2xx = metric_sum(before, "sluice_requests_total", code_class="2xx") + 5
 
     def grown():
@@ -77,18 +84,17 @@ def test_metrics_text_format(simple):
         assert re.search(r"^# TYPE %s " % name, text, re.M), "no TYPE line for %s" % name
 
 
-def test_connections_active_gauge(simple):
+def test_connections_active_gauge(simple, proto):
     env = simple()
-    socks = [connect(env.port) for _ in range(3)]
+    conns = [proto.connection(env.port) for _ in range(3)]
     try:
-        for s in socks:
-            s.sendall(b"GET /t/echo HTTP/1.1\r\nHost: a\r\n\r\n")
-            s.recv(65536)
+        for c in conns:
+            assert c.request("GET", "/t/echo").status == 200
         wait_until(lambda: env.runtime.metric("sluice_connections_active") >= 3, 3,
                    what="sluice_connections_active >= 3")
     finally:
-        for s in socks:
-            s.close()
+        for c in conns:
+            c.close()
     wait_until(lambda: env.runtime.metric("sluice_connections_active") == 0, 3,
                what="sluice_connections_active back to 0")
 
@@ -115,15 +121,15 @@ def _lines(path, n, timeout=5.0):
     return wait_until(enough, timeout, what="%d access log lines in %s" % (n, path))
 
 
-def test_access_log_json(simple, tmp_path):
+def test_access_log_json(simple, tmp_path, proto):
     log = str(tmp_path / "access.log")
     env = simple(access_log=log, access_log_format="json")
-    r1 = request(env.port, "GET", "/t/echo?x=1", host="api.example.com",
+    r1 = proto.request(env.port, "GET", "/t/echo?x=1", host="api.example.com",
                  headers={"User-Agent": "pytest-ua", "X-Request-Id": "rid-1",
                           "Referer": "http://ref.example/"})
     assert r1.status == 200
-    assert request(env.port, "POST", "/t/echo", body=b"0123456789").status == 200
-    assert request(env.port, "GET", "/nowhere").status == 404
+    assert proto.request(env.port, "POST", "/t/echo", body=b"0123456789").status == 200
+    assert proto.request(env.port, "GET", "/nowhere").status == 404
     lines = _lines(log, 3)
     entries = [json.loads(l) for l in lines]
     keys = {"time", "client", "method", "path", "protocol", "status", "bytes_received",
@@ -136,7 +142,7 @@ def test_access_log_json(simple, tmp_path):
     by = {(e["method"], e["path"]): e for e in entries}
     get, post, miss = by[("GET", "/t/echo?x=1")], by[("POST", "/t/echo")], by[("GET", "/nowhere")]
     assert get["method"] == "GET" and get["path"] == "/t/echo?x=1"
-    assert get["status"] == 200 and get["protocol"] == "HTTP/1.1"
+    assert get["status"] == 200 and get["protocol"] == proto.log_protocol
     assert get["client"] == "127.0.0.1"
     assert get["request_id"] == "rid-1"
     assert get["user_agent"] == "pytest-ua"
@@ -151,26 +157,27 @@ def test_access_log_json(simple, tmp_path):
     assert miss["status"] == 404 and miss["error"] and miss["upstream"] in ("", None)
 
 
-def test_access_log_combined_and_reopen(simple, tmp_path):
+def test_access_log_combined_and_reopen(simple, tmp_path, proto):
     log = str(tmp_path / "access.log")
     env = simple(access_log=log, access_log_format="combined")
-    request(env.port, "GET", "/t/echo", headers={"User-Agent": "ua-1"})
+    proto.request(env.port, "GET", "/t/echo", headers={"User-Agent": "ua-1"})
     line = _lines(log, 1)[0]
-    rx = r'^127\.0\.0\.1 - \S+ \[[^\]]+\] "GET /t/echo HTTP/1\.1" 200 \d+ "[^"]*" "ua-1"'
+    rx = r'^127\.0\.0\.1 - \S+ \[[^\]]+\] "GET /t/echo %s" 200 \d+ "[^"]*" "ua-1"' % (
+        re.escape(proto.log_protocol))
     assert re.match(rx, line), line
     os.rename(log, log + ".1")
     env.runtime.signal(signal.SIGUSR1)
     time.sleep(0.3)
-    request(env.port, "GET", "/t/echo?after-rotate")
+    proto.request(env.port, "GET", "/t/echo?after-rotate")
     line = _lines(log, 1)[0]
     assert "after-rotate" in line
     with open(log + ".1") as f:
         assert "after-rotate" not in f.read()
 
 
-def test_access_log_stdout(simple):
+def test_access_log_stdout(simple, proto):
     env = simple(access_log="stdout")
-    request(env.port, "GET", "/t/echo?to-stdout")
+    proto.request(env.port, "GET", "/t/echo?to-stdout")
     line = _lines(env.runtime.stdout_path, 1)[0]
     assert json.loads(line)["path"] == "/t/echo?to-stdout"
 

@@ -7,6 +7,16 @@ The origin is raworigin.RawOrigin (exact bytes in, scripted bytes out, per
 connection), the client side raw sockets: a client library would hide what
 is tested here.  Workers = 1 wherever connection reuse matters, so that every
 request goes through the same upstream pool.
+
+Protocols: what is about the upstream HTTP/1.1 hop or the request's life
+runs over HTTP/1.1 and HTTP/2 clients (the `proto` fixture): dead pooled
+upstream connections (1), path normalisation (2), the origin's Connection
+lines (3, response side), 204 framing (7), empty queries, Date (8) and
+default retries (9). HTTP/1.1-only, as client-side HTTP/1.1 framing: the
+client's Connection lines (an HTTP/2 client cannot send them), 1xx to
+HTTP/1.x clients and Expect, absolute-form targets, HTTP/1.0 clients and
+chunked trailers on the wire; their HTTP/2 counterparts (103 and trailers
+reaching an HTTP/2 client, :authority over Host) are the *_h2_* tests.
 """
 
 import email.utils
@@ -17,6 +27,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from clients import H2Connection, Proto
 from helpers import (ResponseReader, api, assert_gateway_error, backend, connect, free_port,
                      gateway, metric_sum, request)
 from raworigin import RawOrigin, chunked, response
@@ -45,11 +56,12 @@ def origins():
     assert not errors, "the origin received malformed requests: %r" % errors
 
 
-def start(runtimes, origin, apis=None, workers=1):
+def start(runtimes, origin, apis=None, workers=1, proto=None):
     """A runtime with Backend "origin" -> `origin` and the given Apis
-    (default: Api "t", base path /t, stripped). Returns (runtime, port)."""
+    (default: Api "t", base path /t, stripped); with proto, the Gateway has
+    its h2c listener too. Returns (runtime, port)."""
     port = free_port()
-    docs = [gateway(port), backend("origin", [origin.port], outlierDetection=NO_OUTLIER)]
+    docs = [proto.gateway(port) if proto else gateway(port), backend("origin", [origin.port], outlierDetection=NO_OUTLIER)]
     docs += apis if apis is not None else [api("t", "/t", "origin")]
     return runtimes(docs, workers=workers), port
 
@@ -209,14 +221,14 @@ def _second_request_closes(req):
     return answer_tagged(req)
 
 
-def test_get_on_reused_connection_closed_without_answer_is_retried_and_counted(origins,
-                                                                              runtimes):
+def test_get_on_reused_connection_closed_without_answer_is_retried_and_counted(
+        origins, runtimes, proto):
     o = origins(_second_request_closes)
-    rt, port = start(runtimes, o)
+    rt, port = start(runtimes, o, proto=proto)
     before = rt.metric("sluice_upstream_reuse_failures_total", cluster=CLUSTER)
-    r = request(port, "GET", "/t/a")
+    r = proto.request(port, "GET", "/t/a")
     assert r.status == 200, r
-    r = request(port, "GET", "/t/b")
+    r = proto.request(port, "GET", "/t/b")
     assert r.status == 200 and r.body.startswith(b"seq="), r
     bs = [q for q in o.received() if q.target == "/b"]
     assert [(q.conn_id, q.index) for q in bs] == [(1, 1), (2, 0)], \
@@ -227,12 +239,12 @@ def test_get_on_reused_connection_closed_without_answer_is_retried_and_counted(o
         "(before %r, after %r)" % (CLUSTER, before, after)
 
 
-def test_post_on_reused_connection_closed_without_answer_is_502_not_retried(origins, runtimes):
+def test_post_on_reused_connection_closed_without_answer_is_502_not_retried(origins, runtimes, proto):
     o = origins(_second_request_closes)
-    rt, port = start(runtimes, o)
-    r = request(port, "GET", "/t/a")
+    rt, port = start(runtimes, o, proto=proto)
+    r = proto.request(port, "GET", "/t/a")
     assert r.status == 200, r
-    r = request(port, "POST", "/t/b", body=b"once")
+    r = proto.request(port, "POST", "/t/b", body=b"once")
     posts = [q for q in o.received() if q.method == "POST"]
     assert [(q.conn_id, q.index) for q in posts] == [(1, 1)], \
         "the POST must reach the origin once, on the reused connection: %r" % posts
@@ -252,30 +264,30 @@ def _path_apis():
     ("/api/%7Euser", "/api/~user"),
 ])
 def test_dot_segments_and_unreserved_escapes_normalised_before_forwarding(
-        origins, runtimes, sent, forwarded):
+        origins, runtimes, proto, sent, forwarded):
     o = origins(default=response(200, b"reached"))
-    rt, port = start(runtimes, o, _path_apis())
-    r = request(port, "GET", sent)
+    rt, port = start(runtimes, o, _path_apis(), proto=proto)
+    r = proto.request(port, "GET", sent)
     got = [q.target for q in o.received()]
     assert (r.status, got) == (200, [forwarded]), \
         "GET %s: status %d, origin saw %r (expected %r)" % (sent, r.status, got, forwarded)
 
 
 @pytest.mark.parametrize("sent", ["/api/../secret", "/strip/../../etc"])
-def test_dot_segments_cannot_escape_the_base_path(origins, runtimes, sent):
+def test_dot_segments_cannot_escape_the_base_path(origins, runtimes, proto, sent):
     o = origins(default=response(200, b"reached"))
-    rt, port = start(runtimes, o, _path_apis())
-    r = request(port, "GET", sent)
+    rt, port = start(runtimes, o, _path_apis(), proto=proto)
+    r = proto.request(port, "GET", sent)
     got = [q.target for q in o.received()]
     assert not got, "GET %s reached the origin as %r" % (sent, got)
     err = assert_gateway_error(r, 404)
     assert err["code"] == "no_route", err
 
 
-def test_invalid_percent_escape_is_400(origins, runtimes):
+def test_invalid_percent_escape_is_400(origins, runtimes, proto):
     o = origins(default=response(200, b"reached"))
-    rt, port = start(runtimes, o, _path_apis())
-    r = request(port, "GET", "/api/x%zz")
+    rt, port = start(runtimes, o, _path_apis(), proto=proto)
+    r = proto.request(port, "GET", "/api/x%zz")
     got = [q.target for q in o.received()]
     assert not got, "GET /api/x%%zz reached the origin as %r" % got
     assert_gateway_error(r, 400)
@@ -291,16 +303,16 @@ def test_invalid_percent_escape_is_400(origins, runtimes):
     ({"mergeSlashes": True}, "/api//x///y", "/api/x/y"),
     (None, "/api//x", "/api//x"),                     # default: slashes kept
 ])
-def test_encoded_slashes_and_merging_follow_the_gateway_setting(origins, runtimes, setting, sent,
+def test_encoded_slashes_and_merging_follow_the_gateway_setting(origins, runtimes, proto, setting, sent,
                                                                 expect):
     o = origins(default=response(200, b"reached"))
     port = free_port()
-    gw = gateway(port)
+    gw = proto.gateway(port)
     if setting is not None:
         gw["spec"]["pathNormalization"] = setting
     runtimes([gw, backend("origin", [o.port], outlierDetection=NO_OUTLIER)] + _path_apis(),
              workers=1)
-    r = request(port, "GET", sent)
+    r = proto.request(port, "GET", sent)
     got = [q.target for q in o.received()]
     if expect == 400:
         assert not got, "GET %s reached the origin as %r" % (sent, got)
@@ -325,12 +337,12 @@ def test_second_connection_request_header_line_is_honoured(origins, runtimes):
     assert q.header_all("X-Kept") == ["k"], q.raw
 
 
-def test_second_connection_response_header_line_is_honoured(origins, runtimes):
+def test_second_connection_response_header_line_is_honoured(origins, runtimes, proto):
     o = origins(default=response(200, b"ok", headers=[
         ("Connection", "keep-alive"), ("Connection", "X-Up"), ("X-Up", "1"),
         ("X-Resp-Kept", "k")]))
-    rt, port = start(runtimes, o)
-    r = request(port, "GET", "/t/x")
+    rt, port = start(runtimes, o, proto=proto)
+    r = proto.request(port, "GET", "/t/x")
     assert r.status == 200, r
     assert r.header_all("X-Up") == [], "X-Up reached the client: %r" % r.headers
     assert all("x-up" not in v.lower() for v in r.header_all("Connection")), r.headers
@@ -353,6 +365,17 @@ def test_103_early_hints_reach_http11_client_before_final_response(origins, runt
     status2, headers2, body = split_head(rest)
     assert status2.startswith("HTTP/1.1 200"), raw[:600]
     assert body == b"final", raw[:600]
+
+
+def test_103_early_hints_reach_h2_client_before_final_response(origins, runtimes):
+    """HTTP/2 twin of the test above: the 103 is an interim HEADERS frame."""
+    h2c = Proto("h2c")
+    o = origins(default=[EARLY_HINTS, ("sleep", 0.05), response(200, b"final")])
+    rt, port = start(runtimes, o, proto=h2c)
+    r = h2c.request(port, "GET", "/t/x")
+    assert [dict(h).get(":status") for h in r.interim] == ["103"], r.interim
+    assert dict(r.interim[0]).get("link") == "</style.css>; rel=preload", r.interim
+    assert (r.status, r.body) == (200, b"final"), r
 
 
 def test_no_1xx_to_http10_client(origins, runtimes):
@@ -483,28 +506,28 @@ def test_http10_client_without_keepalive_gets_http11_status_line_and_close(origi
 
 # --- 7. 204 framing --------------------------------------------------------------
 
-def test_204_from_origin_loses_content_length(origins, runtimes):
+def test_204_from_origin_loses_content_length(origins, runtimes, proto):
     o = origins([b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"],
                 default=response(200, b"next"))
-    rt, port = start(runtimes, o)
-    s = connect(port)
+    rt, port = start(runtimes, o, proto=proto)
+    c = proto.connection(port)
     try:
-        rd = ResponseReader(s)
-        r = request(port, "GET", "/t/nc", sock=s, reader=rd)
+        r = c.request("GET", "/t/nc")
         assert r.status == 204, r
         assert r.header_all("Content-Length") == [], "a 204 carried Content-Length: %r" % r.headers
-        r2 = request(port, "GET", "/t/next", sock=s, reader=rd)
+        r2 = c.request("GET", "/t/next")
         assert (r2.status, r2.body) == (200, b"next"), "bytes after the 204: %r" % r2
     finally:
-        s.close()
+        c.close()
 
 
 # --- 8. small ones ----------------------------------------------------------------
 
-def test_empty_query_keeps_its_question_mark(origins, runtimes):
+def test_empty_query_keeps_its_question_mark(origins, runtimes, proto):
     o = origins(default=response(200, b"ok"))
-    rt, port = start(runtimes, o, [api("api", "/api", "origin", stripBasePath=False)])
-    r = request(port, "GET", "/api/path?")
+    rt, port = start(runtimes, o, [api("api", "/api", "origin", stripBasePath=False)],
+                     proto=proto)
+    r = proto.request(port, "GET", "/api/path?")
     assert r.status == 200, r
     assert [q.target for q in o.received()] == ["/api/path?"]
 
@@ -525,14 +548,56 @@ def test_trailer_header_and_trailer_fields_reach_client(origins, runtimes):
     assert values(trailers, "X-Checksum") == ["abc123"], "trailer fields: %r" % trailers
 
 
+def test_trailer_fields_reach_h2_client(origins, runtimes):
+    """HTTP/2 twin of the test above: the origin's chunked trailer fields
+    arrive as a trailing HEADERS frame (RFC 9113 8.1)."""
+    h2c = Proto("h2c")
+    o = origins(default=response(
+        200, chunked(b"hello", trailers=[("X-Checksum", "abc123")]),
+        headers=[("Transfer-Encoding", "chunked"), ("Trailer", "X-Checksum")]))
+    rt, port = start(runtimes, o, proto=h2c)
+    r = h2c.request(port, "GET", "/t/x", headers={"TE": "trailers"})
+    assert (r.status, r.body) == (200, b"hello"), r
+    assert r.header("Transfer-Encoding") is None, r.headers
+    assert dict(r.trailers or []).get("x-checksum") == "abc123", "trailers: %r" % r.trailers
+
+
+def test_authority_wins_over_host_for_h2_client(origins, runtimes):
+    """HTTP/2 counterpart of the absolute-form tests: :authority, not a Host
+    field sent beside it, routes the request and is the origin's Host."""
+    ex = origins(default=response(200, b"example"))
+    decoy = origins(default=response(200, b"decoy"))
+    h2c = Proto("h2c")
+    port = free_port()
+    runtimes([h2c.gateway(port),
+              backend("origin", [ex.port], outlierDetection=NO_OUTLIER),
+              backend("decoy", [decoy.port], outlierDetection=NO_OUTLIER),
+              api("ex", "/", "origin", hosts=["example.com"]),
+              api("other", "/", "decoy", hosts=["other.example"])], workers=1)
+    # A differing Host beside :authority: clients must not send it (RFC 9113
+    # 8.3.1); the runtime's rule is ":authority wins" (docs/security.md).
+    c = H2Connection(h2c.port(port), validate_outbound=False)
+    try:
+        sid = c.start("GET", "/p?x=1", [("host", "other.example")], host="example.com",
+                      keep_host_field=True)
+        r = c.response(sid)
+    finally:
+        c.close()
+    assert (r.status, r.body) == (200, b"example"), r
+    assert decoy.count() == 0, "routed on the Host field, not :authority"
+    q = ex.received()[0]
+    assert q.raw.startswith(b"GET /p?x=1 HTTP/1.1\r\n"), q.raw[:200]
+    assert q.header_all("Host") == ["example.com"], q.raw
+
+
 IMF_FIXDATE = re.compile(r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|"
                          r"Aug|Sep|Oct|Nov|Dec) \d{4} \d\d:\d\d:\d\d GMT$")
 
 
-def test_date_added_when_origin_sends_none(origins, runtimes):
+def test_date_added_when_origin_sends_none(origins, runtimes, proto):
     o = origins(default=response(200, b"ok"))
-    rt, port = start(runtimes, o)
-    r = request(port, "GET", "/t/x")
+    rt, port = start(runtimes, o, proto=proto)
+    r = proto.request(port, "GET", "/t/x")
     dates = r.header_all("Date")
     assert len(dates) == 1, "Date headers: %r" % r.headers
     assert IMF_FIXDATE.match(dates[0]), "not an IMF-fixdate: %r" % dates[0]
@@ -541,39 +606,39 @@ def test_date_added_when_origin_sends_none(origins, runtimes):
     assert skew < 5, "Date %r is %.0fs off" % (dates[0], skew)
 
 
-def test_origin_date_kept_unchanged(origins, runtimes):
+def test_origin_date_kept_unchanged(origins, runtimes, proto):
     origin_date = "Tue, 15 Nov 1994 08:12:31 GMT"
     o = origins(default=response(200, b"ok", headers=[("Date", origin_date)]))
-    rt, port = start(runtimes, o)
-    r = request(port, "GET", "/t/x")
+    rt, port = start(runtimes, o, proto=proto)
+    r = proto.request(port, "GET", "/t/x")
     assert r.header_all("Date") == [origin_date], r.headers
 
 
 # --- 9. default retries --------------------------------------------------------------
 
-def test_get_answered_503_is_not_retried_by_default(origins, runtimes):
+def test_get_answered_503_is_not_retried_by_default(origins, runtimes, proto):
     o = origins(default=response(503, b"busy"))
-    rt, port = start(runtimes, o)
-    r = request(port, "GET", "/t/x")
+    rt, port = start(runtimes, o, proto=proto)
+    r = proto.request(port, "GET", "/t/x")
     assert (r.status, r.body) == (503, b"busy"), r
     time.sleep(0.1)
     assert o.count() == 1, "a GET answered 503 reached the origin %d times" % o.count()
 
 
 def test_get_closed_without_response_on_fresh_connection_is_retried_once_by_default(
-        origins, runtimes):
+        origins, runtimes, proto):
     o = origins(lambda req: None if req.seq == 0 else answer_tagged(req))
-    rt, port = start(runtimes, o)
-    r = request(port, "GET", "/t/x")
+    rt, port = start(runtimes, o, proto=proto)
+    r = proto.request(port, "GET", "/t/x")
     assert (r.status, r.body) == (200, b"seq=1"), r
     got = o.received()
     assert [(q.target, q.new_connection) for q in got] == [("/x", True), ("/x", True)], got
 
 
-def test_get_closed_without_response_is_retried_only_once_by_default(origins, runtimes):
+def test_get_closed_without_response_is_retried_only_once_by_default(origins, runtimes, proto):
     o = origins(lambda req: None)
-    rt, port = start(runtimes, o)
-    r = request(port, "GET", "/t/x")
+    rt, port = start(runtimes, o, proto=proto)
+    r = proto.request(port, "GET", "/t/x")
     assert_gateway_error(r, 502)
     time.sleep(0.1)
     assert o.count() == 2, "a GET closed without response reached the origin %d times " \

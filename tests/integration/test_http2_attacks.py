@@ -512,7 +512,10 @@ def h2atk(backends, runtimes):
         if v:
             victims.append(v)
         port = free_port()
-        gw = gateway(port, timeouts=timeouts)
+        # The Gateway's head limits hold for HTTP/2 requests too (default
+        # maxHeaderBytes 32 KiB); raised here so that what these tests
+        # reach is the codec's own bound (max_header_list_bytes, 64 KiB).
+        gw = gateway(port, timeouts=timeouts, limits={"maxHeaderBytes": 1048576})
         gw["spec"]["listeners"][0]["protocol"] = "h2c"
         docs = [gw, backend("echo", [b.port]), api("t", "/t", "echo"),
                 backend("hole", [hole.getsockname()[1]]), api("h", "/h", "hole")]

@@ -1345,6 +1345,48 @@ static void test_chunked_trailers(void **state)
     expect_chunked_error("0\r\n: v\r\n\r\n");
 }
 
+/* The trailer lines kept for an HTTP/2 client (exchange.c), in any split;
+ * when they do not fit, trailer_len says so. */
+static void test_chunked_decode_keeps_trailer_lines(void **state)
+{
+    (void)state;
+    const char *in = "3\r\nabc\r\n0\r\nX-Checksum: abc123\r\nX-Empty:\r\n\r\nNEXT";
+    const char *want = "X-Checksum: abc123\r\nX-Empty:\r\n";
+    for (size_t split = 1; split <= strlen(in); split++) {
+        char buf[128], kept[64];
+        memcpy(buf, in, strlen(in));
+        sl_http1_chunked_t c;
+        sl_http1_chunked_init(&c);
+        c.trailer_out = kept;
+        c.trailer_cap = sizeof(kept);
+        size_t pos = 0, payload_total = 0;
+        int done = 0;
+        while (!done && pos < strlen(in)) {
+            size_t n = strlen(in) - pos < split ? strlen(in) - pos : split, payload = 0;
+            ssize_t used = sl_http1_chunked_decode(&c, buf + pos, n, &payload, &done);
+            assert_true(used >= 0);
+            payload_total += payload;
+            pos += (size_t)used;
+        }
+        assert_true(done);
+        assert_int_equal(payload_total, 3);
+        assert_int_equal(pos, strlen(in) - 4); /* NEXT is the next message */
+        assert_int_equal(c.trailer_len, strlen(want));
+        assert_memory_equal(kept, want, strlen(want));
+    }
+    char buf[64], kept[8];
+    memcpy(buf, in, strlen(in));
+    sl_http1_chunked_t c;
+    sl_http1_chunked_init(&c);
+    c.trailer_out = kept;
+    c.trailer_cap = sizeof(kept);
+    size_t payload = 0;
+    int done = 0;
+    assert_true(sl_http1_chunked_decode(&c, buf, strlen(in), &payload, &done) > 0);
+    assert_true(done);
+    assert_true(c.trailer_len > c.trailer_cap);
+}
+
 static void test_chunked_extensions(void **state)
 {
     (void)state;
@@ -1599,6 +1641,7 @@ int main(void)
         cmocka_unit_test(test_chunked_random_splits),
         cmocka_unit_test(test_chunked_many_small_chunks),
         cmocka_unit_test(test_chunked_trailers),
+        cmocka_unit_test(test_chunked_decode_keeps_trailer_lines),
         cmocka_unit_test(test_chunked_extensions),
         cmocka_unit_test(test_chunked_body_boundary),
         cmocka_unit_test(test_rejects_invalid_chunk_size),

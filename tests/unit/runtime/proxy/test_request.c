@@ -194,6 +194,54 @@ static void test_body_limit_by_announced_length(void **state)
     end(&r);
 }
 
+/* Regression: the Gateway's head limits were applied by the HTTP/1.1 parser
+ * only, so an HTTP/2 request with 40 fields passed maxHeaderCount: 20. They
+ * hold for an HTTP/2 head here, measured as its HTTP/1.1 head would be. */
+static void test_gateway_head_limits_apply_to_http2_heads(void **state)
+{
+    (void)state;
+    sl_http1_limits_t saved = gen->limits;
+    gen->limits = (sl_http1_limits_t){
+        .max_request_line_bytes = 64, .max_header_bytes = 200, .max_header_count = 3};
+    sl_header_t two[] = {{{"x-a", 3}, {"1", 1}}, {{"x-b", 3}, {"2", 1}}};
+    sl_header_t three[] = {{{"x-a", 3}, {"1", 1}}, {{"x-b", 3}, {"2", 1}}, {{"x-c", 3}, {"3", 1}}};
+    char big[200];
+    memset(big, 'b', sizeof(big));
+    sl_header_t large[] = {{{"x-big", 5}, {big, sizeof(big)}}};
+    struct {
+        const char *path;
+        const sl_header_t *h;
+        size_t n;
+        int status; /* 0: routed */
+    } cases[] = {
+        {"/pets/7", two, 2, 0},     /* 2 fields + Host from :authority */
+        {"/pets/7", three, 3, 431}, /* 3 + Host: over maxHeaderCount */
+        {"/pets/7", large, 1, 431}, /* over maxHeaderBytes */
+        {"/pets/7?q=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", NULL, 0, 414},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (int version = 11; version <= 20; version += 9) {
+            sl_request_t r;
+            begin(&r);
+            sl_req_head_t hd = head("GET", cases[i].path, cases[i].h, cases[i].n);
+            hd.version = version;
+            if (strchr(cases[i].path, '?'))
+                hd.path.len = (size_t)(strchr(cases[i].path, '?') - cases[i].path);
+            sl_str_t path;
+            sl_request_error_t err;
+            int rc = sl_request_route(&r, &hd, &path, &err);
+            /* HTTP/1.1 heads were bounded by the parser already. */
+            int want = version == 20 ? cases[i].status : 0;
+            if (want == 0 && rc != SL_OK)
+                fail_msg("case %zu HTTP/%d: %d %s", i, version, err.status, err.code);
+            if (want && (rc != SL_ERROR || err.status != want || err.close))
+                fail_msg("case %zu HTTP/%d: rc %d status %d", i, version, rc, err.status);
+            end(&r);
+        }
+    }
+    gen->limits = saved;
+}
+
 static void test_no_generation_is_not_ready(void **state)
 {
     (void)state;
@@ -344,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_route_normalises_strips_and_picks),
         cmocka_unit_test(test_route_errors),
         cmocka_unit_test(test_body_limit_by_announced_length),
+        cmocka_unit_test(test_gateway_head_limits_apply_to_http2_heads),
         cmocka_unit_test(test_no_generation_is_not_ready),
         cmocka_unit_test(test_request_id_kept_only_when_safe),
         cmocka_unit_test(test_retry_decisions),
