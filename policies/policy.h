@@ -40,6 +40,7 @@
 #ifndef SL_POLICY_H
 #define SL_POLICY_H
 
+#include "sl_types.h"
 #include "validate.h"
 
 #include <jansson.h>
@@ -86,10 +87,11 @@ typedef struct {
     size_t value_len;
 } sl_hdr_edit_t;
 
-typedef struct sl_policy_str {
-    const char *ptr;
-    size_t len;
-} sl_policy_str_t;
+/* A request header as the codecs deliver it (the same layout as
+ * sl_http1_header_t: request.c checks it at compile time). */
+typedef struct sl_policy_header {
+    sl_str_t name, value;
+} sl_policy_header_t;
 
 /* What the chain has learnt about the caller. */
 typedef struct {
@@ -102,8 +104,8 @@ typedef struct {
  * and the outputs the chain fills. Worker thread only. */
 typedef struct sl_policy_req {
     /* in */
-    sl_policy_str_t method, host, path, query;
-    const struct sl_policy_header *headers;
+    sl_str_t method, host, path, query;
+    const sl_policy_header_t *headers;
     size_t num_headers;
     const char *client_ip;
     const char *request_id;
@@ -121,12 +123,14 @@ typedef struct sl_policy_req {
     const char *rejected_by;
 } sl_policy_req_t;
 
-struct sl_policy_header {
-    sl_policy_str_t name, value;
-};
-
 #define SL_POLICY_CONTINUE 0
 #define SL_POLICY_REPLY 1
+
+/* What compile may use besides its config: the generation's Consumers. */
+struct sl_consumers;
+typedef struct sl_policy_env {
+    const struct sl_consumers *consumers;
+} sl_policy_env_t;
 
 typedef struct sl_policy_def {
     const char *name;
@@ -134,7 +138,7 @@ typedef struct sl_policy_def {
     const sl_vschema_t *schema; /* the `config` object's fields */
     /* config is valid against schema. Returns the state, or NULL with a
      * reason in err (then the Api fails closed). */
-    void *(*compile)(json_t *config, char *err, size_t errlen);
+    void *(*compile)(json_t *config, const sl_policy_env_t *env, char *err, size_t errlen);
     void (*free)(void *state);
     int (*on_request)(const void *state, sl_policy_req_t *req, sl_policy_reply_t *reply);
     void (*on_response)(const void *state, sl_policy_req_t *req, int status);

@@ -1,0 +1,232 @@
+/* Policy chains: build, condition checks, and the per-request walk. */
+#include "chain.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+typedef struct {
+    const char *name; /* borrowed from the snapshot */
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+    Sluice__V1__HeaderMatch__Kind kind;
+    int invert;
+    pcre2_code *re;
+} cond_header_t;
+
+typedef struct {
+    const sl_policy_def_t *def;
+    void *state;
+    const Sluice__V1__PolicyCondition *when; /* borrowed, NULL = always */
+    cond_header_t *headers;
+} entry_t;
+
+struct sl_policy_chain {
+    size_t n;
+    entry_t *e;
+    uint8_t has_response;
+};
+
+void sl_policy_chain_free(sl_policy_chain_t *ch)
+{
+    if (!ch)
+        return;
+    for (size_t i = 0; i < ch->n; i++) {
+        if (ch->e[i].state && ch->e[i].def->free)
+            ch->e[i].def->free(ch->e[i].state);
+        if (ch->e[i].headers && ch->e[i].when)
+            for (size_t h = 0; h < ch->e[i].when->n_headers; h++)
+                pcre2_code_free(ch->e[i].headers[h].re);
+        free(ch->e[i].headers);
+    }
+    free(ch->e);
+    free(ch);
+}
+
+static int build_condition(entry_t *e, char *err, size_t errlen)
+{
+    const Sluice__V1__PolicyCondition *w = e->when;
+    if (!w || !w->n_headers)
+        return 0;
+    e->headers = calloc(w->n_headers, sizeof(*e->headers));
+    if (!e->headers) {
+        snprintf(err, errlen, "policy %s: out of memory", e->def->name);
+        return -1;
+    }
+    for (size_t i = 0; i < w->n_headers; i++) {
+        const Sluice__V1__HeaderMatch *m = w->headers[i];
+        cond_header_t *h = &e->headers[i];
+        *h = (cond_header_t){m->name, strlen(m->name), m->value, strlen(m->value), m->kind,
+                             m->invert, NULL};
+        if (m->kind == SLUICE__V1__HEADER_MATCH__KIND__REGEX) {
+            int ec;
+            PCRE2_SIZE off;
+            h->re = pcre2_compile((PCRE2_SPTR)m->value, PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED,
+                                  &ec, &off, NULL);
+            if (!h->re) {
+                snprintf(err, errlen, "policy %s: when.headers[%zu]: the regex does not compile",
+                         e->def->name, i);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n,
+                                         const sl_policy_env_t *env, char *err, size_t errlen)
+{
+    err[0] = '\0';
+    if (n == 0)
+        return NULL;
+    sl_policy_chain_t *ch = calloc(1, sizeof(*ch));
+    if (!ch || !(ch->e = calloc(n, sizeof(*ch->e)))) {
+        free(ch);
+        snprintf(err, errlen, "out of memory while building the policy chain");
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        entry_t *e = &ch->e[ch->n];
+        e->def = sl_policy_find(ps[i]->name);
+        if (!e->def) {
+            /* A controller of another build: fail closed, say which. */
+            snprintf(err, errlen, "policy %s is not known to this runtime", ps[i]->name);
+            goto fail;
+        }
+        ch->n++;
+        e->when = ps[i]->when;
+        json_error_t je;
+        json_t *config = json_loads(ps[i]->config_json[0] ? ps[i]->config_json : "{}", 0, &je);
+        if (!config) {
+            snprintf(err, errlen, "policy %s: config is not JSON: %s", e->def->name, je.text);
+            goto fail;
+        }
+        char why[256] = "";
+        e->state = e->def->compile(config, env, why, sizeof(why));
+        json_decref(config);
+        if (!e->state) {
+            snprintf(err, errlen, "policy %s: %s", e->def->name, why[0] ? why : "cannot be compiled");
+            goto fail;
+        }
+        if (build_condition(e, err, errlen) != 0)
+            goto fail;
+        ch->has_response |= e->def->on_response != NULL;
+    }
+    /* Stable insertion sort by phase. */
+    for (size_t i = 1; i < ch->n; i++) {
+        entry_t tmp = ch->e[i];
+        size_t j = i;
+        while (j > 0 && ch->e[j - 1].def->phase > tmp.def->phase) {
+            ch->e[j] = ch->e[j - 1];
+            j--;
+        }
+        ch->e[j] = tmp;
+    }
+    return ch;
+fail:
+    sl_policy_chain_free(ch);
+    return NULL;
+}
+
+static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name,
+                                             size_t len)
+{
+    for (size_t i = 0; i < r->num_headers; i++)
+        if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)
+            return &r->headers[i];
+    return NULL;
+}
+
+static int header_matches(const cond_header_t *h, const sl_policy_req_t *r)
+{
+    const sl_policy_header_t *f = find_header(r, h->name, h->name_len);
+    int m;
+    switch (h->kind) {
+    case SLUICE__V1__HEADER_MATCH__KIND__PRESENT:
+        m = f != NULL;
+        break;
+    case SLUICE__V1__HEADER_MATCH__KIND__PREFIX:
+        m = f && f->value.len >= h->value_len && memcmp(f->value.ptr, h->value, h->value_len) == 0;
+        break;
+    case SLUICE__V1__HEADER_MATCH__KIND__REGEX: {
+        m = 0;
+        if (f) {
+            pcre2_match_data *md = pcre2_match_data_create_from_pattern(h->re, NULL);
+            if (md) {
+                int rc = pcre2_match(h->re, (PCRE2_SPTR)f->value.ptr, f->value.len, 0,
+                                     PCRE2_ANCHORED | PCRE2_ENDANCHORED, md, NULL);
+                m = rc >= 0;
+                pcre2_match_data_free(md);
+            }
+        }
+        break;
+    }
+    default:
+        m = f && f->value.len == h->value_len && memcmp(f->value.ptr, h->value, h->value_len) == 0;
+        break;
+    }
+    return h->invert ? !m : m;
+}
+
+static int applies(const entry_t *e, const sl_policy_req_t *r)
+{
+    const Sluice__V1__PolicyCondition *w = e->when;
+    if (!w)
+        return 1;
+    if (w->n_methods) {
+        size_t i;
+        for (i = 0; i < w->n_methods; i++)
+            if (strlen(w->methods[i]) == r->method.len &&
+                memcmp(w->methods[i], r->method.ptr, r->method.len) == 0)
+                break;
+        if (i == w->n_methods)
+            return 0;
+    }
+    if (w->n_path_prefixes) {
+        size_t i;
+        for (i = 0; i < w->n_path_prefixes; i++) {
+            size_t l = strlen(w->path_prefixes[i]);
+            if (r->path.len >= l && memcmp(r->path.ptr, w->path_prefixes[i], l) == 0)
+                break;
+        }
+        if (i == w->n_path_prefixes)
+            return 0;
+    }
+    for (size_t i = 0; i < w->n_headers; i++)
+        if (!header_matches(&e->headers[i], r))
+            return 0;
+    return 1;
+}
+
+int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
+                            sl_policy_reply_t *reply)
+{
+    for (size_t i = 0; ch && i < ch->n; i++) {
+        const entry_t *e = &ch->e[i];
+        if (!e->def->on_request || !applies(e, req))
+            continue;
+        if (e->def->on_request(e->state, req, reply) == SL_POLICY_REPLY) {
+            req->rejected_by = e->def->name;
+            return SL_POLICY_REPLY;
+        }
+    }
+    return SL_POLICY_CONTINUE;
+}
+
+void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req, int status)
+{
+    for (size_t i = 0; ch && ch->has_response && i < ch->n; i++) {
+        const entry_t *e = &ch->e[i];
+        if (e->def->on_response && applies(e, req))
+            e->def->on_response(e->state, req, status);
+    }
+}
+
+int sl_policy_chain_has_response(const sl_policy_chain_t *ch)
+{
+    return ch && ch->has_response;
+}

@@ -1,0 +1,34 @@
+/*
+ * A route's policy chain, built with its generation (policy.h): each
+ * policy's compiled state and `when` condition, sorted by phase (stable:
+ * the written order holds within a phase). Immutable once built; shared by
+ * every worker.
+ */
+#ifndef SL_POLICY_CHAIN_H
+#define SL_POLICY_CHAIN_H
+
+#include "policy.h"
+#include "sluice/v1/snapshot.pb-c.h"
+
+typedef struct sl_policy_chain sl_policy_chain_t;
+
+/* NULL with the reason in err ("policy rate-limit: ...") when a policy
+ * cannot be compiled: the caller then fails the route closed. n == 0 gives
+ * NULL with err empty (no chain). */
+sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n,
+                                         const sl_policy_env_t *env, char *err, size_t errlen);
+void sl_policy_chain_free(sl_policy_chain_t *ch);
+
+/* Runs the request hooks in phase order. SL_POLICY_CONTINUE, or
+ * SL_POLICY_REPLY with *reply filled and req->rejected_by set. */
+int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
+                            sl_policy_reply_t *reply);
+
+/* Runs the response hooks (header edits) for a response of `status`,
+ * whether the upstream's or the gateway's own. */
+void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req, int status);
+
+/* Whether any policy of the chain has a response hook. */
+int sl_policy_chain_has_response(const sl_policy_chain_t *ch);
+
+#endif
