@@ -119,9 +119,20 @@ typedef struct sl_policy_req {
      * with 500 policy_error rather than dropping an edit) */
     sl_hdr_edit_t *req_edits, *resp_edits;
     unsigned num_req_edits, num_resp_edits, max_edits;
+    /* A new query string for the upstream request (the api-key policy
+     * removing its parameter); ptr NULL = unchanged. */
+    sl_str_t query_out;
+    /* Per-request memory for values the chain builds (expanded header
+     * values, the new query): sl_policy_alloc. */
+    char *arena;
+    size_t arena_len, arena_cap;
     /* which policy of the chain rejected the request, for the log/metrics */
     const char *rejected_by;
 } sl_policy_req_t;
+
+/* n bytes of the request's arena, or NULL when it is full (the caller
+ * fails closed). */
+char *sl_policy_alloc(sl_policy_req_t *r, size_t n);
 
 #define SL_POLICY_CONTINUE 0
 #define SL_POLICY_REPLY 1

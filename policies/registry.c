@@ -1,14 +1,19 @@
 /*
  * The built-in policies, by name, and the validator of a `policies` list
- * (policy.h). Draft for issue 10: the table is empty until the first
- * policies land with the runtime's chain, so the model keeps refusing
- * `policies` (an accepted policy that nothing enforces would fail open).
+ * (policy.h). A policy is added here and in docs/policies/.
  */
 #include "policy.h"
 
 #include <string.h>
 
+extern const sl_policy_def_t sl_policy_api_key;
+extern const sl_policy_def_t sl_policy_headers;
+extern const sl_policy_def_t sl_policy_respond;
+
 static const sl_policy_def_t *const registry[] = {
+    &sl_policy_api_key,
+    &sl_policy_headers,
+    &sl_policy_respond,
     NULL,
 };
 
@@ -41,6 +46,15 @@ int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char 
     list[*n] = (sl_hdr_edit_t){op, name, name_len, value, value_len};
     (*n)++;
     return 0;
+}
+
+char *sl_policy_alloc(sl_policy_req_t *r, size_t n)
+{
+    if (!r->arena || n > r->arena_cap - r->arena_len)
+        return NULL;
+    char *p = r->arena + r->arena_len;
+    r->arena_len += n;
+    return p;
 }
 
 /* One entry of a list: {name, config, disabled, when}. */
