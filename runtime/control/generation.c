@@ -7,6 +7,9 @@
  */
 #include "generation.h"
 
+#include "chain.h"
+#include "consumers.h"
+
 #include "compiler.h"
 #include "h2.h"
 #include "listener_http2.h"
@@ -81,6 +84,8 @@ static void free_generation(sl_generation_t *gen)
             for (size_t r = 0; r < gen->snap->route_tables[t]->n_routes; r++) {
                 free(routes[r].backends);
                 free(routes[r].backend_weights);
+                sl_policy_chain_free(routes[r].chain);
+                free(routes[r].policy_error);
                 if (routes[r].stats)
                     sl_metrics_route_release(routes[r].stats);
             }
@@ -88,6 +93,7 @@ static void free_generation(sl_generation_t *gen)
         }
         free(gen->routes);
     }
+    sl_consumers_free(gen->consumers);
     for (size_t i = 0; i < gen->num_clusters; i++) {
         sl_gen_cluster_t *c = &gen->clusters[i];
         for (size_t e = 0; e < c->num_endpoints; e++)
@@ -198,8 +204,10 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
 {
     const Sluice__V1__Snapshot *snap = gen->snap;
     gen->routes = calloc(snap->n_route_tables ? snap->n_route_tables : 1, sizeof(*gen->routes));
-    if (!gen->routes)
+    gen->consumers = sl_consumers_build(snap->consumers, snap->n_consumers);
+    if (!gen->routes || !gen->consumers)
         goto nomem;
+    sl_policy_env_t env = {gen->consumers};
     for (size_t t = 0; t < snap->n_route_tables; t++) {
         const Sluice__V1__RouteTable *table = snap->route_tables[t];
         sl_gen_route_t *routes = calloc(table->n_routes ? table->n_routes : 1, sizeof(*routes));
@@ -261,6 +269,20 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
             route->stats = sl_metrics_route_acquire(table->name, pb->name);
             if (!route->stats)
                 goto nomem;
+            if (pb->n_policies) {
+                /* A chain that cannot be built fails this route closed and
+                 * leaves every other route (and Api) as it is. */
+                char why[512];
+                route->chain = sl_policy_chain_build(pb->policies, pb->n_policies, &env, why,
+                                                     sizeof(why));
+                if (!route->chain) {
+                    sl_log_warn("api %s operation %s: not served until its policies can be "
+                                "applied: %s", table->name, pb->name, why);
+                    route->policy_error = strdup(why);
+                    if (!route->policy_error)
+                        goto nomem;
+                }
+            }
         }
     }
     return 0;

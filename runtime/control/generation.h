@@ -112,6 +112,11 @@ typedef struct sl_gen_route {
     sl_gen_retry_t retry;
     uint64_t max_request_body_bytes; /* 0 = unlimited */
     sl_route_stats_t *stats;
+    /* The policy chain (policies/chain.h), NULL for none; or, when a policy
+     * cannot be compiled, policy_error says why and the route answers 503
+     * policy_unavailable (fail closed: never served without its chain). */
+    struct sl_policy_chain *chain;
+    char *policy_error;
 } sl_gen_route_t;
 
 /* One worker's requests on a generation (see "Worker holds" above). Its own
@@ -153,6 +158,7 @@ typedef struct sl_generation {
      * NULL when no listener has one. Like tls: new connections take the
      * current generation's, established ones keep what they started with. */
     struct sl_h2_settings *h2;
+    struct sl_consumers *consumers; /* the snapshot's Consumers, indexed for policies */
 } sl_generation_t;
 
 /* Copies into *out the HTTP/2 settings of listener `key` ("address:port")

@@ -161,9 +161,17 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
     if (req_path.len == 0 || req_path.ptr[0] != '/')
         sl_buf_append(b, "/", 1);
     sl_buf_append(b, req_path.ptr, req_path.len);
-    if (req->has_query) {
+    /* A policy may have rewritten the query (api-key removing its own
+     * parameter): an emptied query loses its '?' too. */
+    sl_str_t query = req->query;
+    int has_query = req->has_query;
+    if (x->r.pol && x->r.pol->v.query_out.ptr) {
+        query = x->r.pol->v.query_out;
+        has_query = query.len > 0;
+    }
+    if (has_query) {
         sl_buf_append(b, "?", 1);
-        sl_buf_append(b, req->query.ptr, req->query.len);
+        sl_buf_append(b, query.ptr, query.len);
     }
     /* HTTP/1.0 clients are forwarded as 1.0 so the upstream never answers
      * chunked, which such a client could not read. */
@@ -196,10 +204,22 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
         if ((h->name.len > 14 && strncasecmp(h->name.ptr, "x-client-cert-", 14) == 0) ||
             name_is(h, "x-forwarded-client-cert", 23))
             continue;
+        if (sl_unlikely(x->r.pol) && sl_request_header_dropped(&x->r, 0, h->name))
+            continue;
         sl_buf_append(b, h->name.ptr, h->name.len);
         sl_buf_append(b, ": ", 2);
         sl_buf_append(b, h->value.ptr, h->value.len);
         sl_buf_append(b, "\r\n", 2);
+    }
+    if (sl_unlikely(x->r.pol)) {
+        sl_header_t add[SL_REQ_POLICY_EDITS];
+        size_t n = sl_request_header_added(&x->r, 0, add, SL_ARRAY_LEN(add));
+        for (size_t i = 0; i < n; i++) {
+            sl_buf_append(b, add[i].name.ptr, add[i].name.len);
+            sl_buf_append(b, ": ", 2);
+            sl_buf_append(b, add[i].value.ptr, add[i].value.len);
+            sl_buf_append(b, "\r\n", 2);
+        }
     }
     sl_str_t host_value = req->authority;
     sl_gen_cluster_t *cl = x->r.cluster;

@@ -118,6 +118,7 @@ static void client_flush(sl_conn_t *c);
 static int client_write_some(sl_conn_t *c);
 static void tunnel_pump(sl_conn_t *c);
 static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t head_len);
+static void append_policy_headers(sl_conn_t *c, sl_buf_t *b);
 static void pump_request_body(sl_conn_t *c);
 static void h2_takeover(sl_conn_t *c);
 static void tls_handshake(sl_conn_t *c);
@@ -300,15 +301,34 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
     if (!c->x.interim_sent)
         c->out.start = c->out.end = 0; /* else append after the interim heads */
     char body[900];
+    const char *bp = body, *ctype = "application/json";
     int blen = (int)sl_request_error_body(&c->x.r, status, code, message, body, sizeof(body));
-    char head[512];
+    const sl_policy_reply_t *reply = sl_request_reply(&c->x.r);
+    if (reply && reply->body) { /* respond, redirect: the policy's own body */
+        bp = reply->body;
+        blen = (int)reply->body_len;
+        ctype = reply->content_type ? reply->content_type : "text/plain";
+    }
+    char head[700];
     int hlen =
         snprintf(head, sizeof(head),
-                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                 "HTTP/1.1 %d %s\r\nContent-Type: %.200s\r\n"
                  "Content-Length: %d\r\nX-Request-Id: %.*s\r\n%s",
-                 status, sl_http1_reason(status), blen, (int)c->x.r.m_reqid.len, c->x.r.m_reqid.ptr,
-                 c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
+                 status, sl_http1_reason(status), ctype, blen, (int)c->x.r.m_reqid.len,
+                 c->x.r.m_reqid.ptr, c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
     sl_buf_append(&c->out, head, (size_t)hlen);
+    if (reply) {
+        for (unsigned i = 0; i < reply->num_headers; i++) {
+            sl_buf_append(&c->out, reply->headers[i].name, strlen(reply->headers[i].name));
+            sl_buf_append(&c->out, ": ", 2);
+            sl_buf_append(&c->out, reply->headers[i].value, strlen(reply->headers[i].value));
+            sl_buf_append(&c->out, "\r\n", 2);
+        }
+    }
+    if (sl_unlikely(c->x.r.pol)) {
+        sl_request_response_hooks(&c->x.r, status);
+        append_policy_headers(c, &c->out);
+    }
     size_t dl;
     const char *d = sl_request_date_line(&dl);
     sl_buf_append(&c->out, d, dl);
@@ -316,7 +336,7 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
         append_allow(&c->out, allow);
     sl_buf_append(&c->out, "\r\n", 2);
     if (c->x.r.method_bit != SL_METHOD_HEAD)
-        sl_buf_append(&c->out, body, (size_t)blen);
+        sl_buf_append(&c->out, bp, (size_t)blen);
     c->x.resp_head_sent = 1;
     c->x.resp_done = 1;
     evtimer_del(c->timer);
@@ -1112,6 +1132,8 @@ static unsigned append_response_fields(sl_conn_t *c, sl_buf_t *b, const sl_http1
         default:
             break;
         }
+        if (sl_unlikely(c->x.r.pol) && sl_request_header_dropped(&c->x.r, 1, h->name))
+            continue;
         sl_buf_append(b, h->name.ptr, h->name.len);
         sl_buf_append(b, ": ", 2);
         sl_buf_append(b, h->value.ptr, h->value.len);
@@ -1146,11 +1168,28 @@ static void build_interim_head(sl_conn_t *c, const sl_http1_response_t *resp)
 }
 
 /* Builds the client response head from the upstream's into `out`. */
+/* The headers a policy chain sets or adds on the response. */
+static void append_policy_headers(sl_conn_t *c, sl_buf_t *b)
+{
+    sl_header_t add[SL_REQ_POLICY_EDITS];
+    size_t n = sl_request_header_added(&c->x.r, 1, add, SL_ARRAY_LEN(add));
+    for (size_t i = 0; i < n; i++) {
+        sl_buf_append(b, add[i].name.ptr, add[i].name.len);
+        sl_buf_append(b, ": ", 2);
+        sl_buf_append(b, add[i].value.ptr, add[i].value.len);
+        sl_buf_append(b, "\r\n", 2);
+    }
+}
+
 static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
 {
     sl_buf_t *b = &c->out;
+    if (sl_unlikely(c->x.r.pol))
+        sl_request_response_hooks(&c->x.r, resp->status);
     append_status_line(b, resp);
     int has_reqid = (append_response_fields(c, b, resp) & HAS_REQID) != 0;
+    if (sl_unlikely(c->x.r.pol))
+        append_policy_headers(c, b);
     if (!has_reqid && c->x.r.m_reqid.len) {
         sl_buf_append(b, "X-Request-Id: ", 14);
         sl_buf_append(b, c->x.r.m_reqid.ptr, c->x.r.m_reqid.len);

@@ -244,8 +244,12 @@ static size_t response_fields(h2s_t *s, const sl_http1_response_t *resp, sl_head
             has_date = 1;
         if (h->name.len == 12 && strncasecmp(h->name.ptr, "x-request-id", 12) == 0)
             has_reqid = 1;
+        if (sl_unlikely(s->x.r.pol) && sl_request_header_dropped(&s->x.r, 1, h->name))
+            continue;
         f[n++] = *h;
     }
+    if (sl_unlikely(s->x.r.pol) && resp->status >= 200 && n + 3 < cap)
+        n += sl_request_header_added(&s->x.r, 1, f + n, cap - 3 - n);
     if (!has_date) {
         size_t dl;
         const char *d = sl_request_date_line(&dl); /* "Date: ...\r\n" */
@@ -319,10 +323,19 @@ static void stream_error(h2s_t *s, int status, const char *code, const char *mes
     }
     char body[900], clen[24], allow_buf[96], date_buf[48];
     size_t blen = sl_request_error_body(&s->x.r, status, code, message, body, sizeof(body));
+    const char *bp = body;
+    sl_str_t ctype = {"application/json", 16};
+    const sl_policy_reply_t *reply = sl_request_reply(&s->x.r);
+    if (reply && reply->body) { /* respond, redirect: the policy's own body */
+        bp = reply->body;
+        blen = reply->body_len;
+        if (reply->content_type)
+            ctype = (sl_str_t){reply->content_type, strlen(reply->content_type)};
+    }
     snprintf(clen, sizeof(clen), "%zu", blen);
-    sl_header_t f[6];
+    sl_header_t f[6 + SL_POLICY_MAX_REPLY_HEADERS + SL_REQ_POLICY_EDITS];
     size_t n = 0;
-    f[n++] = (sl_header_t){{"content-type", 12}, {"application/json", 16}};
+    f[n++] = (sl_header_t){{"content-type", 12}, ctype};
     f[n++] = (sl_header_t){{"content-length", 14}, {clen, strlen(clen)}};
     f[n++] = (sl_header_t){{"x-request-id", 12}, s->x.r.m_reqid};
     size_t dl;
@@ -349,10 +362,17 @@ static void stream_error(h2s_t *s, int status, const char *code, const char *mes
         }
         f[n++] = (sl_header_t){{"allow", 5}, {allow_buf, o}};
     }
+    for (unsigned i = 0; reply && i < reply->num_headers; i++)
+        f[n++] = (sl_header_t){{reply->headers[i].name, strlen(reply->headers[i].name)},
+                               {reply->headers[i].value, strlen(reply->headers[i].value)}};
+    if (sl_unlikely(s->x.r.pol)) {
+        sl_request_response_hooks(&s->x.r, status);
+        n += sl_request_header_added(&s->x.r, 1, f + n, SL_ARRAY_LEN(f) - n);
+    }
     int head_only = s->x.r.method_bit == SL_METHOD_HEAD;
     if (sl_h2_submit_response(hc->h2, s->id, status, f, n, head_only) == SL_OK) {
         if (!head_only)
-            sl_h2_stream_write(hc->h2, s->id, (const uint8_t *)body, blen, 1);
+            sl_h2_stream_write(hc->h2, s->id, (const uint8_t *)bp, blen, 1);
         s->ended = 1;
         /* The rest of a request body is not wanted (RFC 9113 8.1). */
         if (!s->body_end)
@@ -534,7 +554,9 @@ static int x_alive(sl_exchange_t *x)
 static int x_head(sl_exchange_t *x, const sl_http1_response_t *resp, int interim)
 {
     h2s_t *s = stream_of(x);
-    sl_header_t f[136];
+    if (sl_unlikely(x->r.pol) && !interim)
+        sl_request_response_hooks(&x->r, resp->status);
+    sl_header_t f[136 + SL_REQ_POLICY_EDITS];
     char date_buf[48];
     size_t n = response_fields(s, resp, f, SL_ARRAY_LEN(f), date_buf, sizeof(date_buf));
     int end = !interim && x->resp_done;

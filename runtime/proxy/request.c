@@ -5,12 +5,16 @@
  */
 #include "request.h"
 
+#include "chain.h"
+
 #include "accesslog.h"
 #include "log.h"
 #include "metrics.h"
 #include "path.h"
 
 #include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -225,6 +229,8 @@ void sl_request_reset(sl_request_t *r)
     r->meta_len = 0;
     r->m_method = r->m_target = r->m_host = r->m_ua = r->m_referer = r->m_reqid = (sl_str_t){"", 0};
     r->upstream_addr[0] = '\0';
+    free(r->pol);
+    r->pol = NULL;
 }
 
 void sl_request_log(sl_request_t *r)
@@ -394,6 +400,9 @@ static int head_within_limits(const sl_generation_t *gen, const sl_req_head_t *h
     return SL_OK;
 }
 
+static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
+                        sl_request_error_t *err);
+
 int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                      sl_request_error_t *err)
 {
@@ -457,6 +466,15 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                   "the request body exceeds the limit of this API");
         return SL_ERROR;
     }
+    /* Fail closed: a route whose chain could not be built is not served
+     * without it (the log and the Api's status say why). */
+    if (sl_unlikely(r->route->policy_error)) {
+        set_error(err, 503, "policy_unavailable", 0,
+                  "a policy of this API cannot be applied; the API is not served without it");
+        return SL_ERROR;
+    }
+    if (r->route->chain && run_policies(r, h, rq.path, err) != SL_OK)
+        return SL_ERROR;
     if (pick_cluster(r) != 0) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
@@ -471,6 +489,99 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
             r->deadline_ms = d;
     }
     return SL_OK;
+}
+
+/* ---- policies ------------------------------------------------------------------ */
+
+_Static_assert(sizeof(sl_policy_header_t) == sizeof(sl_header_t) &&
+                   offsetof(sl_policy_header_t, value) == offsetof(sl_header_t, value),
+               "policies read the codecs' header arrays as they are");
+
+/* Runs the route's chain on the request. SL_OK to go on, or SL_ERROR with
+ * *err: the chain's short-circuit (sl_request_reply has the rest). */
+static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
+                        sl_request_error_t *err)
+{
+    sl_req_policy_t *p = r->pol;
+    if (!p) {
+        p = malloc(sizeof(*p));
+        if (!p) {
+            set_error(err, 503, "overloaded", 0, "out of memory");
+            return SL_ERROR;
+        }
+        r->pol = p;
+    }
+    p->replied = p->responded = 0;
+    memset(&p->v, 0, sizeof(p->v));
+    p->v.method = h->method;
+    p->v.host = h->host;
+    p->v.path = path;
+    p->v.query = h->query;
+    p->v.headers = (const sl_policy_header_t *)h->headers;
+    p->v.num_headers = h->num_headers;
+    p->v.client_ip = r->client_ip;
+    p->v.grpc = r->grpc;
+    p->v.now_ms = sl_endpoint_now_ms();
+    p->v.worker = r->w->id;
+    p->v.req_edits = p->edits[0];
+    p->v.resp_edits = p->edits[1];
+    p->v.max_edits = SL_REQ_POLICY_EDITS;
+    p->v.arena = p->arena;
+    p->v.arena_cap = sizeof(p->arena);
+    char *id = sl_policy_alloc(&p->v, r->m_reqid.len + 1);
+    if (id) {
+        memcpy(id, r->m_reqid.ptr, r->m_reqid.len);
+        id[r->m_reqid.len] = '\0';
+        p->v.request_id = id;
+    }
+    if (sl_policy_chain_request(r->route->chain, &p->v, &p->reply) == SL_POLICY_CONTINUE)
+        return SL_OK;
+    p->replied = 1;
+    set_error(err, p->reply.status, p->reply.code, 0, "%s", p->reply.message);
+    return SL_ERROR;
+}
+
+static int name_eq(sl_str_t a, const char *b, size_t blen)
+{
+    return a.len == blen && strncasecmp(a.ptr, b, blen) == 0;
+}
+
+int sl_request_header_dropped(const sl_request_t *r, int response, sl_str_t name)
+{
+    if (!r->pol)
+        return 0;
+    const sl_hdr_edit_t *e = response ? r->pol->v.resp_edits : r->pol->v.req_edits;
+    unsigned n = response ? r->pol->v.num_resp_edits : r->pol->v.num_req_edits;
+    for (unsigned i = 0; i < n; i++)
+        if (e[i].op != SL_HDR_ADD && name_eq(name, e[i].name, e[i].name_len))
+            return 1;
+    return 0;
+}
+
+size_t sl_request_header_added(const sl_request_t *r, int response, sl_header_t *f, size_t cap)
+{
+    if (!r->pol)
+        return 0;
+    const sl_hdr_edit_t *e = response ? r->pol->v.resp_edits : r->pol->v.req_edits;
+    unsigned n = response ? r->pol->v.num_resp_edits : r->pol->v.num_req_edits;
+    size_t k = 0;
+    for (unsigned i = 0; i < n && k < cap; i++)
+        if (e[i].op != SL_HDR_REMOVE)
+            f[k++] = (sl_header_t){{e[i].name, e[i].name_len}, {e[i].value, e[i].value_len}};
+    return k;
+}
+
+void sl_request_response_hooks(sl_request_t *r, int status)
+{
+    if (!r->pol || !r->route || !r->route->chain || r->pol->responded)
+        return;
+    r->pol->responded = 1;
+    sl_policy_chain_response(r->route->chain, &r->pol->v, status);
+}
+
+const sl_policy_reply_t *sl_request_reply(const sl_request_t *r)
+{
+    return r->pol && r->pol->replied ? &r->pol->reply : NULL;
 }
 
 /* ---- upstream attempts ---------------------------------------------------- */

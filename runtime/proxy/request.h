@@ -33,6 +33,7 @@
 
 #include "generation.h"
 #include "http1.h"
+#include "policy.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -71,6 +72,19 @@ typedef struct {
 
 struct sl_tls_peer;
 
+/* A request's policy state (policies/policy.h), allocated only for routes
+ * with a chain: the zero-policy path carries one NULL pointer. */
+#define SL_REQ_POLICY_EDITS 128
+#define SL_REQ_POLICY_ARENA 4096
+typedef struct sl_req_policy {
+    sl_policy_req_t v;         /* the chain's view of the request */
+    sl_policy_reply_t reply;   /* the short-circuit, when replied */
+    uint8_t replied;           /* the chain answered the request itself */
+    uint8_t responded;         /* the response hooks ran */
+    sl_hdr_edit_t edits[2][SL_REQ_POLICY_EDITS];
+    char arena[SL_REQ_POLICY_ARENA];
+} sl_req_policy_t;
+
 typedef struct sl_request {
     sl_worker_t *w;
     const char *client_ip; /* the connection's, outlives the request */
@@ -106,6 +120,7 @@ typedef struct sl_request {
     size_t meta_len;
     sl_str_t m_method, m_target, m_host, m_ua, m_referer, m_reqid;
     char upstream_addr[64];
+    sl_req_policy_t *pol; /* NULL unless the route has a policy chain */
 } sl_request_t;
 
 /* Ready for a first request (zeroes it; no generation held). */
@@ -154,6 +169,22 @@ void sl_request_count_reuse_failure(sl_request_t *r);
  * before a response: then a pooled connection need not be checked with a
  * system call before it carries the request (upstream.h). */
 int sl_request_retried_on_reset(const sl_request_t *r);
+
+/*
+ * Policies (policies/policy.h), for the codecs and the exchange:
+ *   sl_request_header_dropped  whether a header of the upstream request
+ *                              (response = 0) or of the response (1) is
+ *                              removed or replaced by the chain;
+ *   sl_request_header_added    the headers the chain sets or adds, into f
+ *                              (returns how many);
+ *   sl_request_response_hooks  runs the chain's response hooks once, for a
+ *                              response of `status` (upstream's or ours);
+ *   sl_request_reply           the chain's short-circuit, or NULL.
+ */
+int sl_request_header_dropped(const sl_request_t *r, int response, sl_str_t name);
+size_t sl_request_header_added(const sl_request_t *r, int response, sl_header_t *f, size_t cap);
+void sl_request_response_hooks(sl_request_t *r, int status);
+const sl_policy_reply_t *sl_request_reply(const sl_request_t *r);
 
 /* A UUIDv4 request id from the worker's generator. */
 void sl_request_make_id(sl_lb_rng_t *rng, char out[37]);
