@@ -21,11 +21,13 @@ typedef struct {
 typedef struct {
     const sl_policy_def_t *def;
     void *state;
+    void **worker_states; /* [nworkers] when def->worker_new, made lazily */
     const Sluice__V1__PolicyCondition *when; /* borrowed, NULL = always */
     cond_header_t *headers;
 } entry_t;
 
 struct sl_policy_chain {
+    unsigned nworkers;
     size_t n;
     entry_t *e;
     uint8_t has_response;
@@ -36,6 +38,10 @@ void sl_policy_chain_free(sl_policy_chain_t *ch)
     if (!ch)
         return;
     for (size_t i = 0; i < ch->n; i++) {
+        for (unsigned w = 0; ch->e[i].worker_states && w < ch->nworkers; w++)
+            if (ch->e[i].worker_states[w] && ch->e[i].def->worker_free)
+                ch->e[i].def->worker_free(ch->e[i].worker_states[w]);
+        free(ch->e[i].worker_states);
         if (ch->e[i].state && ch->e[i].def->free)
             ch->e[i].def->free(ch->e[i].state);
         if (ch->e[i].headers && ch->e[i].when)
@@ -89,6 +95,7 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
         snprintf(err, errlen, "out of memory while building the policy chain");
         return NULL;
     }
+    ch->nworkers = env->nworkers ? env->nworkers : 1;
     for (size_t i = 0; i < n; i++) {
         entry_t *e = &ch->e[ch->n];
         e->def = sl_policy_find(ps[i]->name);
@@ -114,6 +121,13 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
         }
         if (build_condition(e, err, errlen) != 0)
             goto fail;
+        if (e->def->worker_new) {
+            e->worker_states = calloc(env->nworkers ? env->nworkers : 1, sizeof(void *));
+            if (!e->worker_states) {
+                snprintf(err, errlen, "policy %s: out of memory", e->def->name);
+                goto fail;
+            }
+        }
         ch->has_response |= e->def->on_response != NULL;
     }
     /* Stable insertion sort by phase. */
@@ -202,6 +216,17 @@ static int applies(const entry_t *e, const sl_policy_req_t *r)
     return 1;
 }
 
+/* The entry's state for this request's worker, made on first use. Only
+ * that worker reads or writes its slot. */
+static void *worker_state(const sl_policy_chain_t *ch, const entry_t *e, unsigned worker)
+{
+    if (!e->worker_states || worker >= ch->nworkers)
+        return NULL;
+    if (!e->worker_states[worker])
+        e->worker_states[worker] = e->def->worker_new(e->state);
+    return e->worker_states[worker];
+}
+
 int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
                             sl_policy_reply_t *reply)
 {
@@ -209,6 +234,15 @@ int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
         const entry_t *e = &ch->e[i];
         if (!e->def->on_request || !applies(e, req))
             continue;
+        req->worker_state = worker_state(ch, e, req->worker);
+        if (e->def->worker_new && !req->worker_state) {
+            /* Fail closed: a policy without its state is not skipped. */
+            reply->status = 503;
+            reply->code = "overloaded";
+            snprintf(reply->message, sizeof(reply->message), "out of memory");
+            req->rejected_by = e->def->name;
+            return SL_POLICY_REPLY;
+        }
         if (e->def->on_request(e->state, req, reply) == SL_POLICY_REPLY) {
             req->rejected_by = e->def->name;
             return SL_POLICY_REPLY;
@@ -221,8 +255,10 @@ void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req,
 {
     for (size_t i = 0; ch && ch->has_response && i < ch->n; i++) {
         const entry_t *e = &ch->e[i];
-        if (e->def->on_response && applies(e, req))
-            e->def->on_response(e->state, req, status);
+        if (!e->def->on_response || !applies(e, req))
+            continue;
+        req->worker_state = worker_state(ch, e, req->worker);
+        e->def->on_response(e->state, req, status);
     }
 }
 

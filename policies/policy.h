@@ -109,6 +109,8 @@ typedef struct sl_policy_req {
     size_t num_headers;
     const char *client_ip;
     const char *request_id;
+    const char *api;       /* namespace/name of the Api */
+    const char *operation; /* the route's operation name */
     uint8_t grpc; /* application/grpc: the codec answers a short-circuit as a gRPC status */
     uint64_t now_ms;
     unsigned worker; /* index, for per-worker state */
@@ -122,6 +124,12 @@ typedef struct sl_policy_req {
     /* A new query string for the upstream request (the api-key policy
      * removing its parameter); ptr NULL = unchanged. */
     sl_str_t query_out;
+    /* A new path for the upstream request (rewrite), as sent: starts with
+     * '/', no query; ptr NULL = unchanged. */
+    sl_str_t path_out;
+    /* The running policy's per-worker state (def->worker_new), set by the
+     * chain before each hook; NULL for policies without one. */
+    void *worker_state;
     /* Per-request memory for values the chain builds (expanded header
      * values, the new query): sl_policy_alloc. */
     char *arena;
@@ -141,6 +149,7 @@ char *sl_policy_alloc(sl_policy_req_t *r, size_t n);
 struct sl_consumers;
 typedef struct sl_policy_env {
     const struct sl_consumers *consumers;
+    unsigned nworkers; /* worker indexes (sl_policy_req_t.worker) are below it */
 } sl_policy_env_t;
 
 typedef struct sl_policy_def {
@@ -153,6 +162,11 @@ typedef struct sl_policy_def {
     void (*free)(void *state);
     int (*on_request)(const void *state, sl_policy_req_t *req, sl_policy_reply_t *reply);
     void (*on_response)(const void *state, sl_policy_req_t *req, int status);
+    /* Optional per-worker state (caches, counters that need no atomics):
+     * made on a worker's first request through this chain entry, freed
+     * with the generation. Never shared between workers. */
+    void *(*worker_new)(const void *state);
+    void (*worker_free)(void *worker_state);
 } sl_policy_def_t;
 
 /* The registry (registry.c): every built-in policy, by name. */

@@ -158,6 +158,8 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
 
     sl_buf_append(b, req->method.ptr, req->method.len);
     sl_buf_append(b, " ", 1);
+    if (x->r.pol && x->r.pol->v.path_out.ptr)
+        req_path = x->r.pol->v.path_out; /* rewrite */
     if (req_path.len == 0 || req_path.ptr[0] != '/')
         sl_buf_append(b, "/", 1);
     sl_buf_append(b, req_path.ptr, req_path.len);

@@ -520,6 +520,8 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     p->v.headers = (const sl_policy_header_t *)h->headers;
     p->v.num_headers = h->num_headers;
     p->v.client_ip = r->client_ip;
+    p->v.api = r->route->table->name;
+    p->v.operation = r->route->pb->name;
     p->v.grpc = r->grpc;
     p->v.now_ms = sl_endpoint_now_ms();
     p->v.worker = r->w->id;
