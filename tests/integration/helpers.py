@@ -46,14 +46,24 @@ def runtime_binary():
     return os.path.join(build_dir(), "bin", "sluice-runtime")
 
 
+_handed_out = set()
+
+
 def free_port():
     """A TCP port that was free on 127.0.0.1 a moment ago (bound, then
-    released; the kernel does not hand it out again right away)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    released), and never one this test process handed out before: the
+    kernel can give the same port to two bind(0) calls in a row, and a test
+    that asks for two ports (a listener and the admin port) before starting
+    anything would then give both to one runtime (seen in CI)."""
+    for _ in range(100):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no fresh port after 100 tries")
 
 
 def closed_port():
