@@ -1167,7 +1167,6 @@ static void build_interim_head(sl_conn_t *c, const sl_http1_response_t *resp)
     sl_buf_append(&c->out, "\r\n", 2);
 }
 
-/* Builds the client response head from the upstream's into `out`. */
 /* The headers a policy chain sets or adds on the response. */
 static void append_policy_headers(sl_conn_t *c, sl_buf_t *b)
 {
@@ -1181,6 +1180,7 @@ static void append_policy_headers(sl_conn_t *c, sl_buf_t *b)
     }
 }
 
+/* Builds the client response head from the upstream's into `out`. */
 static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
 {
     sl_buf_t *b = &c->out;
