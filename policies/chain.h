@@ -28,6 +28,10 @@ int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
  * whether the upstream's or the gateway's own. */
 void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req, int status);
 
+/* Whether the chain has the policy `name` (request.c: a CORS preflight
+ * for a method the path has is routed to a chain with cors). */
+int sl_policy_chain_has(const sl_policy_chain_t *ch, const char *name);
+
 /* Whether any policy of the chain has a response hook. */
 int sl_policy_chain_has_response(const sl_policy_chain_t *ch);
 

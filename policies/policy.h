@@ -111,6 +111,14 @@ typedef struct sl_policy_req {
     const char *request_id;
     const char *api;       /* namespace/name of the Api */
     const char *operation; /* the route's operation name */
+    /* The operation as declared: its path relative to the Api's base path
+     * (a template like "/pets/{id}" when route_path_template), the bytes
+     * of `path` the base path covers, and its methods (none = any). */
+    sl_str_t route_path;
+    uint8_t route_path_template;
+    size_t base_path_len;
+    const char *const *route_methods;
+    size_t num_route_methods;
     uint8_t grpc; /* application/grpc: the codec answers a short-circuit as a gRPC status */
     uint64_t now_ms;
     unsigned worker; /* index, for per-worker state */
@@ -127,6 +135,13 @@ typedef struct sl_policy_req {
     /* A new path for the upstream request (rewrite), as sent: starts with
      * '/', no query; ptr NULL = unchanged. */
     sl_str_t path_out;
+    /* A new Host for the upstream request (rewrite), over the Backend's
+     * hostRewrite; ptr NULL = unchanged. */
+    sl_str_t host_out;
+    /* A request body limit of the chain's (request-size), in bytes; 0 =
+     * none. The lower of it and the route's maxRequestBodyBytes holds,
+     * enforced by the codecs while the body streams. */
+    uint64_t max_body_bytes;
     /* The running policy's per-worker state (def->worker_new), set by the
      * chain before each hook; NULL for policies without one. */
     void *worker_state;
