@@ -278,3 +278,11 @@ int sl_policy_chain_has_response(const sl_policy_chain_t *ch)
 {
     return ch && ch->has_response;
 }
+
+int sl_policy_chain_has(const sl_policy_chain_t *ch, const char *name)
+{
+    for (size_t i = 0; ch && i < ch->n; i++)
+        if (strcmp(ch->e[i].def->name, name) == 0)
+            return 1;
+    return 0;
+}

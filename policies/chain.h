@@ -32,6 +32,10 @@ void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req,
 size_t sl_policy_chain_len(const sl_policy_chain_t *ch);
 const char *sl_policy_chain_name(const sl_policy_chain_t *ch, size_t i);
 
+/* Whether the chain has the policy `name` (request.c: a CORS preflight
+ * for a method the path has is routed to a chain with cors). */
+int sl_policy_chain_has(const sl_policy_chain_t *ch, const char *name);
+
 /* Whether any policy of the chain has a response hook. */
 int sl_policy_chain_has_response(const sl_policy_chain_t *ch);
 

@@ -49,11 +49,11 @@
 
 /* Phases, in the order a request meets them. */
 enum sl_policy_phase {
-    SL_PHASE_ACCESS = 0, /* ip-filter */
+    SL_PHASE_ACCESS = 0, /* ip-filter, cors (a preflight carries no credentials) */
     SL_PHASE_AUTHN,      /* api-key, basic-auth, jwt: who is calling */
     SL_PHASE_AUTHZ,      /* scopes, groups */
     SL_PHASE_RATE_LIMIT, /* rate-limit */
-    SL_PHASE_REQUEST,    /* headers, rewrite, redirect, respond, cors preflight, validation */
+    SL_PHASE_REQUEST,    /* headers, request-size, rewrite, redirect, respond, validation */
     SL_PHASE_COUNT
 };
 
@@ -111,6 +111,14 @@ typedef struct sl_policy_req {
     const char *request_id;
     const char *api;       /* namespace/name of the Api */
     const char *operation; /* the route's operation name */
+    /* The operation as declared: its path relative to the Api's base path
+     * (a template like "/pets/{id}" when route_path_template), the bytes
+     * of `path` the base path covers, and its methods (none = any). */
+    sl_str_t route_path;
+    uint8_t route_path_template;
+    size_t base_path_len;
+    const char *const *route_methods;
+    size_t num_route_methods;
     uint8_t grpc; /* application/grpc: the codec answers a short-circuit as a gRPC status */
     uint64_t now_ms;
     unsigned worker; /* index, for per-worker state */
@@ -127,6 +135,13 @@ typedef struct sl_policy_req {
     /* A new path for the upstream request (rewrite), as sent: starts with
      * '/', no query; ptr NULL = unchanged. */
     sl_str_t path_out;
+    /* A new Host for the upstream request (rewrite), over the Backend's
+     * hostRewrite; ptr NULL = unchanged. */
+    sl_str_t host_out;
+    /* A request body limit of the chain's (request-size), in bytes; 0 =
+     * none. The lower of it and the route's maxRequestBodyBytes holds,
+     * enforced by the codecs while the body streams. */
+    uint64_t max_body_bytes;
     /* The running policy's per-worker state (def->worker_new), set by the
      * chain before each hook; NULL for policies without one. */
     void *worker_state;

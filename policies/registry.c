@@ -7,13 +7,21 @@
 #include <string.h>
 
 extern const sl_policy_def_t sl_policy_api_key;
+extern const sl_policy_def_t sl_policy_cors;
 extern const sl_policy_def_t sl_policy_headers;
+extern const sl_policy_def_t sl_policy_redirect;
+extern const sl_policy_def_t sl_policy_request_size;
 extern const sl_policy_def_t sl_policy_respond;
+extern const sl_policy_def_t sl_policy_rewrite;
 
 static const sl_policy_def_t *const registry[] = {
     &sl_policy_api_key,
+    &sl_policy_cors,
     &sl_policy_headers,
+    &sl_policy_redirect,
+    &sl_policy_request_size,
     &sl_policy_respond,
+    &sl_policy_rewrite,
     NULL,
 };
 

@@ -226,7 +226,9 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
     sl_str_t host_value = req->authority;
     sl_gen_cluster_t *cl = x->r.cluster;
     sl_buf_append(b, "Host: ", 6);
-    if (cl->host_rewrite.len)
+    if (x->r.pol && x->r.pol->v.host_out.ptr) /* rewrite */
+        sl_buf_append(b, x->r.pol->v.host_out.ptr, x->r.pol->v.host_out.len);
+    else if (cl->host_rewrite.len)
         sl_buf_append(b, cl->host_rewrite.ptr, cl->host_rewrite.len);
     else if (host_value.len)
         sl_buf_append(b, host_value.ptr, host_value.len);

@@ -310,12 +310,20 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
         ctype = reply->content_type ? reply->content_type : "text/plain";
     }
     char head[700];
-    int hlen =
-        snprintf(head, sizeof(head),
-                 "HTTP/1.1 %d %s\r\nContent-Type: %.200s\r\n"
-                 "Content-Length: %d\r\nX-Request-Id: %.*s\r\n%s",
-                 status, sl_http1_reason(status), ctype, blen, (int)c->x.r.m_reqid.len,
-                 c->x.r.m_reqid.ptr, c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
+    int hlen;
+    if (status == 204) { /* a CORS preflight's answer: no body, no length (RFC 9110 8.6) */
+        blen = 0;
+        hlen = snprintf(head, sizeof(head), "HTTP/1.1 204 %s\r\nX-Request-Id: %.*s\r\n%s",
+                        sl_http1_reason(status), (int)c->x.r.m_reqid.len, c->x.r.m_reqid.ptr,
+                        c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
+    } else {
+        hlen = snprintf(head, sizeof(head),
+                        "HTTP/1.1 %d %s\r\nContent-Type: %.200s\r\n"
+                        "Content-Length: %d\r\nX-Request-Id: %.*s\r\n%s",
+                        status, sl_http1_reason(status), ctype, blen, (int)c->x.r.m_reqid.len,
+                        c->x.r.m_reqid.ptr,
+                        c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
+    }
     sl_buf_append(&c->out, head, (size_t)hlen);
     if (reply) {
         for (unsigned i = 0; i < reply->num_headers; i++) {
@@ -945,8 +953,7 @@ static void process_input(sl_conn_t *c)
 
 static int body_over_limit(sl_conn_t *c)
 {
-    return c->x.r.route->max_request_body_bytes &&
-           c->x.r.bytes_received > c->x.r.route->max_request_body_bytes;
+    return c->x.r.max_body_bytes && c->x.r.bytes_received > c->x.r.max_body_bytes;
 }
 
 /*

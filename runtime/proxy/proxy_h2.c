@@ -335,8 +335,12 @@ static void stream_error(h2s_t *s, int status, const char *code, const char *mes
     snprintf(clen, sizeof(clen), "%zu", blen);
     sl_header_t f[6 + SL_POLICY_MAX_REPLY_HEADERS + SL_REQ_POLICY_EDITS];
     size_t n = 0;
-    f[n++] = (sl_header_t){{"content-type", 12}, ctype};
-    f[n++] = (sl_header_t){{"content-length", 14}, {clen, strlen(clen)}};
+    if (status == 204) { /* a CORS preflight's answer: no body, no length (RFC 9110 8.6) */
+        blen = 0;
+    } else {
+        f[n++] = (sl_header_t){{"content-type", 12}, ctype};
+        f[n++] = (sl_header_t){{"content-length", 14}, {clen, strlen(clen)}};
+    }
     f[n++] = (sl_header_t){{"x-request-id", 12}, s->x.r.m_reqid};
     size_t dl;
     const char *d = sl_request_date_line(&dl);
@@ -369,7 +373,7 @@ static void stream_error(h2s_t *s, int status, const char *code, const char *mes
         sl_request_response_hooks(&s->x.r, status);
         n += sl_request_header_added(&s->x.r, 1, f + n, SL_ARRAY_LEN(f) - n);
     }
-    int head_only = s->x.r.method_bit == SL_METHOD_HEAD;
+    int head_only = s->x.r.method_bit == SL_METHOD_HEAD || status == 204;
     if (sl_h2_submit_response(hc->h2, s->id, status, f, n, head_only) == SL_OK) {
         if (!head_only)
             sl_h2_stream_write(hc->h2, s->id, (const uint8_t *)bp, blen, 1);
@@ -441,8 +445,7 @@ out:
 
 static int body_over_limit(h2s_t *s)
 {
-    uint64_t max = s->x.r.route ? s->x.r.route->max_request_body_bytes : 0;
-    return max && s->x.r.bytes_received > max;
+    return s->x.r.max_body_bytes && s->x.r.bytes_received > s->x.r.max_body_bytes;
 }
 
 static void on_data(void *user, int32_t id, const uint8_t *p, size_t n, int end_stream)

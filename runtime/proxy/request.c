@@ -226,6 +226,7 @@ void sl_request_reset(sl_request_t *r)
     r->error_code = NULL;
     r->bytes_received = 0;
     r->bytes_sent = 0;
+    r->max_body_bytes = 0;
     r->meta_len = 0;
     r->m_method = r->m_target = r->m_host = r->m_ua = r->m_referer = r->m_reqid = (sl_str_t){"", 0};
     r->upstream_addr[0] = '\0';
@@ -407,7 +408,27 @@ static int head_within_limits(const sl_generation_t *gen, const sl_req_head_t *h
 }
 
 static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
-                        sl_request_error_t *err);
+                        size_t base_path_len, sl_request_error_t *err);
+
+/*
+ * A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method)
+ * that the router refused with 405: routes it as the method it asks about.
+ * SL_OK with *rr set when that method's operation has cors in its chain.
+ */
+static int preflight_route(const sl_generation_t *gen, const sl_req_head_t *h,
+                           const sl_router_request_t *rq, sl_router_result_t *rr)
+{
+    const sl_header_t *acrm = find_header(h, "access-control-request-method", 29);
+    if (!acrm || !acrm->value.len || !find_header(h, "origin", 6))
+        return SL_DECLINED;
+    sl_router_request_t as = *rq;
+    as.method = acrm->value;
+    as.method_bit = sl_http1_method_bit(acrm->value.ptr, acrm->value.len);
+    if (as.method_bit == SL_METHOD_OPTIONS || sl_router_match(gen->router, &as, rr) != SL_OK)
+        return SL_DECLINED;
+    const sl_gen_route_t *rt = &gen->routes[rr->table_index][rr->route_index];
+    return rt->chain && sl_policy_chain_has(rt->chain, "cors") ? SL_OK : SL_DECLINED;
+}
 
 int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                      sl_request_error_t *err)
@@ -446,6 +467,20 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
     };
     sl_router_result_t rr;
     int m = sl_router_match(gen->router, &rq, &rr);
+    /* A CORS preflight asks about another method than its own: when the
+     * path has no OPTIONS operation, the operation of the method it names
+     * answers it, if that operation's chain has cors (docs/policies/cors.md).
+     * Anything else keeps the 405. */
+    int preflight = 0;
+    unsigned preflight_allow = 0;
+    if (m == 405 && h->method_bit == SL_METHOD_OPTIONS) {
+        preflight_allow = rr.allow_methods;
+        preflight = preflight_route(gen, h, &rq, &rr) == SL_OK;
+        if (preflight)
+            m = SL_OK;
+        else
+            rr.allow_methods = preflight_allow;
+    }
     if (m == SL_ERROR) {
         set_error(err, 503, "overloaded", 1, "out of memory while routing");
         return SL_ERROR;
@@ -466,8 +501,8 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
         path->ptr += rr.base_path_len;
         path->len -= rr.base_path_len;
     }
-    if (r->route->max_request_body_bytes && h->has_length &&
-        h->content_length > r->route->max_request_body_bytes) {
+    r->max_body_bytes = r->route->max_request_body_bytes;
+    if (r->max_body_bytes && h->has_length && h->content_length > r->max_body_bytes) {
         set_error(err, 413, "payload_too_large", 1,
                   "the request body exceeds the limit of this API");
         return SL_ERROR;
@@ -479,8 +514,27 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                   "a policy of this API cannot be applied; the API is not served without it");
         return SL_ERROR;
     }
-    if (r->route->chain && run_policies(r, h, rq.path, err) != SL_OK)
-        return SL_ERROR;
+    if (r->route->chain) {
+        if (run_policies(r, h, rq.path, rr.base_path_len, err) != SL_OK)
+            return SL_ERROR;
+        /* A preflight routed to another method's operation that cors did
+         * not answer (a `when` skipped it) is not forwarded as that. */
+        if (preflight) {
+            set_error(err, 405, "method_not_allowed", 0, "method OPTIONS is not allowed on %.*s",
+                      clip(path->len, 200), path->ptr);
+            err->allow = preflight_allow;
+            return SL_ERROR;
+        }
+        /* request-size: the lower limit holds, while the body streams too. */
+        uint64_t pol_max = r->pol->v.max_body_bytes;
+        if (pol_max && (!r->max_body_bytes || pol_max < r->max_body_bytes))
+            r->max_body_bytes = pol_max;
+        if (r->max_body_bytes && h->has_length && h->content_length > r->max_body_bytes) {
+            set_error(err, 413, "payload_too_large", 1,
+                      "the request body exceeds the limit of this API");
+            return SL_ERROR;
+        }
+    }
     if (pick_cluster(r) != 0) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
@@ -506,7 +560,7 @@ _Static_assert(sizeof(sl_policy_header_t) == sizeof(sl_header_t) &&
 /* Runs the route's chain on the request. SL_OK to go on, or SL_ERROR with
  * *err: the chain's short-circuit (sl_request_reply has the rest). */
 static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
-                        sl_request_error_t *err)
+                        size_t base_path_len, sl_request_error_t *err)
 {
     sl_req_policy_t *p = r->pol;
     if (!p) {
@@ -519,6 +573,9 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     }
     p->replied = p->responded = 0;
     memset(&p->v, 0, sizeof(p->v));
+    /* A reply's body and headers must not leak from the previous request
+     * whose memory this was (a 403 with the 204's empty body). */
+    memset(&p->reply, 0, sizeof(p->reply));
     p->v.method = h->method;
     p->v.host = h->host;
     p->v.path = path;
@@ -528,6 +585,12 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     p->v.client_ip = r->client_ip;
     p->v.api = r->route->table->name;
     p->v.operation = r->route->pb->name;
+    const Sluice__V1__Route *pb = r->route->pb;
+    p->v.route_path = (sl_str_t){pb->path, strlen(pb->path)};
+    p->v.route_path_template = pb->path_kind == SLUICE__V1__ROUTE__PATH_KIND__TEMPLATE;
+    p->v.base_path_len = base_path_len;
+    p->v.route_methods = (const char *const *)pb->methods;
+    p->v.num_route_methods = pb->n_methods;
     p->v.grpc = r->grpc;
     p->v.now_ms = sl_endpoint_now_ms();
     p->v.worker = r->w->id;

@@ -113,6 +113,7 @@ typedef struct sl_request {
     uint32_t grpc_timeout_ms; /* the client's grpc-timeout, 0 = none */
     const char *error_code;   /* gateway error code for the log, static */
     uint64_t bytes_received;  /* request body bytes */
+    uint64_t max_body_bytes;  /* the route's limit, or a policy's lower one; 0 = none */
     uint64_t bytes_sent;      /* response bytes, head included */
 
     /* Strings kept for the access log and errors, copied out of the head. */
