@@ -89,6 +89,10 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
     err[0] = '\0';
     if (n == 0)
         return NULL;
+    if (n > 64) { /* sl_policy_req_t.applied; names are unique, so never in practice */
+        snprintf(err, errlen, "a chain has at most 64 policies");
+        return NULL;
+    }
     sl_policy_chain_t *ch = calloc(1, sizeof(*ch));
     if (!ch || !(ch->e = calloc(n, sizeof(*ch->e)))) {
         free(ch);
@@ -230,9 +234,15 @@ static void *worker_state(const sl_policy_chain_t *ch, const entry_t *e, unsigne
 int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
                             sl_policy_reply_t *reply)
 {
+    /* Every entry's condition, now, while the request can be read: the
+     * response hooks of entries after a short-circuit use it too. */
+    req->applied = 0;
+    for (size_t i = 0; ch && i < ch->n; i++)
+        if (applies(&ch->e[i], req))
+            req->applied |= 1ULL << i;
     for (size_t i = 0; ch && i < ch->n; i++) {
         const entry_t *e = &ch->e[i];
-        if (!e->def->on_request || !applies(e, req))
+        if (!e->def->on_request || !(req->applied & (1ULL << i)))
             continue;
         req->worker_state = worker_state(ch, e, req->worker);
         if (e->def->worker_new && !req->worker_state) {
@@ -257,7 +267,7 @@ void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req,
 {
     for (size_t i = 0; ch && ch->has_response && i < ch->n; i++) {
         const entry_t *e = &ch->e[i];
-        if (!e->def->on_response || !applies(e, req))
+        if (!e->def->on_response || !(req->applied & (1ULL << i)))
             continue;
         req->worker_state = worker_state(ch, e, req->worker);
         e->def->on_response(e->state, req, status);

@@ -101,7 +101,11 @@ typedef struct {
 } sl_policy_consumer_t;
 
 /* The request as a policy sees it: read-only fields filled by the runtime,
- * and the outputs the chain fills. Worker thread only. */
+ * and the outputs the chain fills. Worker thread only.
+ * Lifetimes: in on_request everything may be read. By on_response the
+ * request head's buffers are gone: method, host and path are copies,
+ * headers and query are empty; keep in the arena (or compute in
+ * on_request) whatever a response hook needs from the request. */
 typedef struct sl_policy_req {
     /* in */
     sl_str_t method, host, path, query;
@@ -149,6 +153,10 @@ typedef struct sl_policy_req {
      * values, the new query): sl_policy_alloc. */
     char *arena;
     size_t arena_len, arena_cap;
+    /* Chain entries whose `when` held for this request (bit i = entry i),
+     * judged once while the request's headers could be read: response
+     * hooks use it. */
+    uint64_t applied;
     /* which policy of the chain rejected the request, for the log/metrics,
      * and its index in the chain (sl_policy_chain_name) */
     const char *rejected_by;

@@ -559,6 +559,31 @@ _Static_assert(sizeof(sl_policy_header_t) == sizeof(sl_header_t) &&
 
 /* Runs the route's chain on the request. SL_OK to go on, or SL_ERROR with
  * *err: the chain's short-circuit (sl_request_reply has the rest). */
+/* A copy of s in the request's arena, or an empty string when it is full. */
+static sl_str_t keep(sl_policy_req_t *v, sl_str_t s)
+{
+    char *c = s.len ? sl_policy_alloc(v, s.len) : NULL;
+    if (!c)
+        return (sl_str_t){"", 0};
+    memcpy(c, s.ptr, s.len);
+    return (sl_str_t){c, s.len};
+}
+
+/* The request head's slices live in the codec's buffers, which hold the
+ * next request (or the response) by the time response hooks run: from now
+ * on the view keeps copies of what a response hook may read (method, host,
+ * path) and no longer offers headers or the query. The chain's conditions
+ * were judged on the request already (sl_policy_req_t.applied). */
+static void detach_view(sl_policy_req_t *v)
+{
+    v->method = keep(v, v->method);
+    v->host = keep(v, v->host);
+    v->path = keep(v, v->path);
+    v->query = (sl_str_t){"", 0};
+    v->headers = NULL;
+    v->num_headers = 0;
+}
+
 static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
                         size_t base_path_len, sl_request_error_t *err)
 {
@@ -605,7 +630,9 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
         id[r->m_reqid.len] = '\0';
         p->v.request_id = id;
     }
-    if (sl_policy_chain_request(r->route->chain, &p->v, &p->reply) == SL_POLICY_CONTINUE)
+    int rc = sl_policy_chain_request(r->route->chain, &p->v, &p->reply);
+    detach_view(&p->v);
+    if (rc == SL_POLICY_CONTINUE)
         return SL_OK;
     p->replied = 1;
     if (p->reply.status >= 400 && r->route->policy_stats &&
