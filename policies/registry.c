@@ -7,12 +7,16 @@
 #include <string.h>
 
 extern const sl_policy_def_t sl_policy_api_key;
+extern const sl_policy_def_t sl_policy_basic_auth;
 extern const sl_policy_def_t sl_policy_headers;
+extern const sl_policy_def_t sl_policy_ip_filter;
 extern const sl_policy_def_t sl_policy_respond;
 
 static const sl_policy_def_t *const registry[] = {
     &sl_policy_api_key,
+    &sl_policy_basic_auth,
     &sl_policy_headers,
+    &sl_policy_ip_filter,
     &sl_policy_respond,
     NULL,
 };
