@@ -513,6 +513,9 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     }
     p->replied = p->responded = 0;
     memset(&p->v, 0, sizeof(p->v));
+    /* A policy fills only what its reply uses: the codecs read body,
+     * content_type and headers of whatever is here (malloc'd, not zeroed). */
+    memset(&p->reply, 0, sizeof(p->reply));
     p->v.method = h->method;
     p->v.host = h->host;
     p->v.path = path;
