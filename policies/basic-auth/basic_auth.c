@@ -36,14 +36,14 @@
 #include <time.h>
 
 #define REALM_MAX 100
-#define CRED_MAX 1024 /* decoded user:password bytes */
+#define CRED_MAX 1024    /* decoded user:password bytes */
 #define CACHE_SLOTS 1024 /* per worker and chain entry: 1024 * 48 bytes */
 #define CACHE_WAYS 4     /* slots a key may sit in (set-associative) */
 
 typedef struct {
     const sl_consumers_t *consumers; /* the generation's, outlives us */
     int forward;
-    uint64_t cache_ms; /* 0 = no cache */
+    uint64_t cache_ms;   /* 0 = no cache */
     char challenge[192]; /* WWW-Authenticate */
 } basic_auth_t;
 
@@ -161,13 +161,13 @@ enum parse_result {
 
 /* Finds the Basic credentials among the request's headers and decodes them
  * into buf (NUL-terminated: user '\0' password '\0'). */
-static enum parse_result parse_credentials(const sl_policy_header_t *headers, size_t n,
-                                           char *buf, size_t cap, sl_str_t *user,
-                                           sl_str_t *password)
+static enum parse_result parse_credentials(const sl_policy_header_t *headers, size_t n, char *buf,
+                                           size_t cap, sl_str_t *user, sl_str_t *password)
 {
     const sl_policy_header_t *auth = NULL;
     for (size_t i = 0; i < n; i++)
-        if (headers[i].name.len == 13 && strncasecmp(headers[i].name.ptr, "authorization", 13) == 0) {
+        if (headers[i].name.len == 13 &&
+            strncasecmp(headers[i].name.ptr, "authorization", 13) == 0) {
             if (auth)
                 return CRED_MULTIPLE;
             auth = &headers[i];

@@ -93,8 +93,10 @@ static int parse_cidr(const char *s, range_t *out, char *why, size_t whylen)
     size_t alen = slash ? (size_t)(slash - s) : strlen(s);
     addr_t a;
     if (parse_addr(s, alen, &a) != 0) {
-        snprintf(why, whylen, "'%.64s' is not an IPv4 or IPv6 address or CIDR (10.0.0.0/8, "
-                              "2001:db8::/32, 192.0.2.7)", s);
+        snprintf(why, whylen,
+                 "'%.64s' is not an IPv4 or IPv6 address or CIDR (10.0.0.0/8, "
+                 "2001:db8::/32, 192.0.2.7)",
+                 s);
         return -1;
     }
     int v4 = memchr(s, ':', alen) == NULL;
@@ -123,8 +125,8 @@ static int parse_cidr(const char *s, range_t *out, char *why, size_t whylen)
         for (int i = 15; i >= 0; i--, m >>= 8)
             b[i] = (unsigned char)m;
         inet_ntop(v4 ? AF_INET : AF_INET6, v4 ? b + 12 : b, net, sizeof(net));
-        snprintf(why, whylen, "'%.64s' has bits set after the prefix (did you mean %s/%u?)", s,
-                 net, bits);
+        snprintf(why, whylen, "'%.64s' has bits set after the prefix (did you mean %s/%u?)", s, net,
+                 bits);
         return -1;
     }
     out->first = a;
@@ -187,8 +189,8 @@ static int compile_list(json_t *list, ranges_t *out, char *err, size_t errlen)
     qsort(out->r, n, sizeof(range_t), cmp_range);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        if (k > 0 && (out->r[i].first <= out->r[k - 1].last ||
-                      out->r[i].first - 1 == out->r[k - 1].last)) {
+        if (k > 0 &&
+            (out->r[i].first <= out->r[k - 1].last || out->r[i].first - 1 == out->r[k - 1].last)) {
             if (out->r[i].last > out->r[k - 1].last)
                 out->r[k - 1].last = out->r[i].last;
         } else {
@@ -313,8 +315,8 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
     const ip_filter_t *f = state;
     addr_t a;
     int known = 0;
-    if (f->trusted_proxies && client_from_xff(req->headers, req->num_headers,
-                                              f->trusted_proxies, &a) == 0)
+    if (f->trusted_proxies &&
+        client_from_xff(req->headers, req->num_headers, f->trusted_proxies, &a) == 0)
         known = 1;
     if (!known && req->client_ip && parse_addr(req->client_ip, strlen(req->client_ip), &a) == 0)
         known = 1;

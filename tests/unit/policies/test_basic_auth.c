@@ -30,7 +30,7 @@ static void test_b64(void **st)
     assert_int_equal(b64_decode("YR==", 4, out, sizeof(out)), -1); /* non-canonical bits */
     assert_int_equal(b64_decode("Y", 1, out, sizeof(out)), -1);
     assert_int_equal(b64_decode("YW J", 4, out, sizeof(out)), -1);
-    assert_int_equal(b64_decode("YW_-", 4, out, sizeof(out)), -1); /* URL alphabet */
+    assert_int_equal(b64_decode("YW_-", 4, out, sizeof(out)), -1);     /* URL alphabet */
     assert_int_equal(b64_decode("YWxpY2U6czNjcmV0", 16, out, 11), -1); /* over the bound */
 }
 
@@ -61,11 +61,14 @@ static void test_parse_errors(void **st)
     assert_int_equal(parse1("", buf, sizeof(buf), &u, &p), CRED_MISSING);
     assert_int_equal(parse1("Basic", buf, sizeof(buf), &u, &p), CRED_MALFORMED);
     assert_int_equal(parse1("Basic ", buf, sizeof(buf), &u, &p), CRED_MALFORMED);
-    assert_int_equal(parse1("Basic YWxpY2U=", buf, sizeof(buf), &u, &p), CRED_MALFORMED); /* no colon */
+    assert_int_equal(parse1("Basic YWxpY2U=", buf, sizeof(buf), &u, &p),
+                     CRED_MALFORMED);                                                 /* no colon */
     assert_int_equal(parse1("Basic OnB3", buf, sizeof(buf), &u, &p), CRED_MALFORMED); /* ":pw" */
     assert_int_equal(parse1("Basic !!!!", buf, sizeof(buf), &u, &p), CRED_MALFORMED);
-    assert_int_equal(parse1("Basic YWxpY2U6YQBi", buf, sizeof(buf), &u, &p), CRED_MALFORMED); /* NUL */
-    assert_int_equal(parse1("Basic YWxpY2U6czNjcmV0", buf, 8, &u, &p), CRED_MALFORMED); /* too long */
+    assert_int_equal(parse1("Basic YWxpY2U6YQBi", buf, sizeof(buf), &u, &p),
+                     CRED_MALFORMED); /* NUL */
+    assert_int_equal(parse1("Basic YWxpY2U6czNjcmV0", buf, 8, &u, &p),
+                     CRED_MALFORMED); /* too long */
     sl_policy_header_t two[] = {{{"authorization", 13}, {"Basic YQ==", 10}},
                                 {{"X-Other", 7}, {"x", 1}},
                                 {{"AUTHORIZATION", 13}, {"Basic YQ==", 10}}};

@@ -31,14 +31,16 @@ static void test_parse_cidr(void **st)
     assert_int_equal(parse_cidr("0.0.0.0/0", &r, why, sizeof(why)), 0);
     assert_true(r.first == A("0.0.0.0") && r.last == A("255.255.255.255"));
     assert_int_equal(parse_cidr("2001:db8::/32", &r, why, sizeof(why)), 0);
-    assert_true(r.first == A("2001:db8::") && r.last == A("2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"));
+    assert_true(r.first == A("2001:db8::") &&
+                r.last == A("2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"));
     assert_int_equal(parse_cidr("::/0", &r, why, sizeof(why)), 0);
     assert_true(r.first == 0 && r.last == ~(addr_t)0);
     assert_int_equal(parse_cidr("::1", &r, why, sizeof(why)), 0);
     assert_true(r.first == 1 && r.last == 1);
 
     assert_int_equal(parse_cidr("10.0.0.1/8", &r, why, sizeof(why)), -1);
-    assert_string_equal(why, "'10.0.0.1/8' has bits set after the prefix (did you mean 10.0.0.0/8?)");
+    assert_string_equal(why,
+                        "'10.0.0.1/8' has bits set after the prefix (did you mean 10.0.0.0/8?)");
     assert_int_equal(parse_cidr("2001:db8::1/32", &r, why, sizeof(why)), -1);
     assert_string_equal(why, "'2001:db8::1/32' has bits set after the prefix (did you mean "
                              "2001:db8::/32?)");
@@ -120,7 +122,7 @@ static void test_decision(void **st)
     assert_false(decide(f, "127.0.0.2", NULL, 0)); /* deny wins */
     assert_false(decide(f, "10.0.0.1", NULL, 0));  /* not in allow */
     assert_false(decide(f, "::1", NULL, 0));
-    assert_false(decide(f, "garbage", NULL, 0));   /* closed */
+    assert_false(decide(f, "garbage", NULL, 0)); /* closed */
     assert_false(decide(f, NULL, NULL, 0));
     filter_free(f);
     f = make("{\"deny\": [\"10.0.0.0/8\"]}");
@@ -189,10 +191,8 @@ static void test_xff_decision(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_cidr),
-        cmocka_unit_test(test_ranges_merge_and_match),
-        cmocka_unit_test(test_decision),
-        cmocka_unit_test(test_xff),
+        cmocka_unit_test(test_parse_cidr),   cmocka_unit_test(test_ranges_merge_and_match),
+        cmocka_unit_test(test_decision),     cmocka_unit_test(test_xff),
         cmocka_unit_test(test_xff_decision),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
