@@ -27,7 +27,8 @@ CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -D_LGPL_SOURCE \
            -fno-strict-aliasing $(SANFLAGS) \
            -Icommon $(RUNTIME_DIRS:%=-I%) -Ipolicies -Icontroller -I$(BUILD)/gen $(PKG_CFLAGS)
 LDFLAGS += $(SANFLAGS)
-LDLIBS  += $(PKG_LIBS) $(GRPC_LIBS) -lpthread -lm
+# libcrypt (libxcrypt): crypt_r for the basic-auth policy's password hashes.
+LDLIBS  += $(PKG_LIBS) $(GRPC_LIBS) -lcrypt -lpthread -lm
 
 PROTOS      := $(wildcard proto/sluice/v1/*.proto)
 PROTO_C     := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTOS))
@@ -123,7 +124,7 @@ perf-tools: $(PERF_BIN)
 # missing packages are installed, so this is fast when all are present.
 DEB_PKGS := build-essential pkg-config libevent-dev libnghttp2-dev \
     libprotobuf-c-dev protobuf-c-compiler libgrpc-dev libjansson-dev libyaml-dev \
-    libssl-dev liburcu-dev libsqlite3-dev libhiredis-dev libpcre2-dev \
+    libssl-dev libcrypt-dev liburcu-dev libsqlite3-dev libhiredis-dev libpcre2-dev \
     libcmocka-dev python3 python3-pytest python3-yaml curl nginx haproxy \
     wrk nghttp2-client redis-server clang libclang-rt-14-dev iproute2 util-linux \
     valgrind python3-grpcio python3-protobuf protobuf-compiler python3-websockets python3-h2 \

@@ -7,8 +7,10 @@
 #include <string.h>
 
 extern const sl_policy_def_t sl_policy_api_key;
+extern const sl_policy_def_t sl_policy_basic_auth;
 extern const sl_policy_def_t sl_policy_cors;
 extern const sl_policy_def_t sl_policy_headers;
+extern const sl_policy_def_t sl_policy_ip_filter;
 extern const sl_policy_def_t sl_policy_redirect;
 extern const sl_policy_def_t sl_policy_request_size;
 extern const sl_policy_def_t sl_policy_respond;
@@ -16,8 +18,10 @@ extern const sl_policy_def_t sl_policy_rewrite;
 
 static const sl_policy_def_t *const registry[] = {
     &sl_policy_api_key,
+    &sl_policy_basic_auth,
     &sl_policy_cors,
     &sl_policy_headers,
+    &sl_policy_ip_filter,
     &sl_policy_redirect,
     &sl_policy_request_size,
     &sl_policy_respond,
