@@ -184,7 +184,10 @@ def test_large_chunked_upload_streams_with_bounded_rss(simple, proto):
     n = (BIG_MB // 4) * 1024 * 1024
     base = _baseline_rss(env, proto)
     with RssSampler(env.runtime) as rss:
-        r = proto.request(env.port, "POST", "/t/echo?pause_ms=1500", timeout=30,
+        # The timeout bounds a wait for flow-control credit, not the
+        # transfer: under the sanitizers on a loaded 2-core machine a 256 MB
+        # upload through a Python origin crawls (one 30 s wait ran out once).
+        r = proto.request(env.port, "POST", "/t/echo?pause_ms=1500", timeout=120,
                           chunks=_pattern_pieces(n))
     assert r.status == 200, r
     assert r.json()["body_length"] == n
