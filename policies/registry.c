@@ -8,11 +8,13 @@
 
 extern const sl_policy_def_t sl_policy_api_key;
 extern const sl_policy_def_t sl_policy_headers;
+extern const sl_policy_def_t sl_policy_jwt;
 extern const sl_policy_def_t sl_policy_respond;
 
 static const sl_policy_def_t *const registry[] = {
     &sl_policy_api_key,
     &sl_policy_headers,
+    &sl_policy_jwt,
     &sl_policy_respond,
     NULL,
 };
