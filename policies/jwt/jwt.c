@@ -80,6 +80,13 @@ typedef struct {
 
 /* ---- config --------------------------------------------------------------- */
 
+/* A config member; an explicit null is absent (the model's rule). */
+static json_t *cfg(json_t *config, const char *key)
+{
+    json_t *v = json_object_get(config, key);
+    return json_is_null(v) ? NULL : v;
+}
+
 static const char *const encodings[] = {"plain", "base64url", NULL};
 
 static int is_tchar(unsigned char ch)
@@ -248,8 +255,8 @@ static const sl_vfield_t fields[] = {
 /* The shared secret's bytes (caller frees), or NULL with err. */
 static unsigned char *secret_bytes(json_t *config, size_t *len, char *err, size_t errlen)
 {
-    const char *s = json_string_value(json_object_get(config, "secret"));
-    const char *enc = json_string_value(json_object_get(config, "secretEncoding"));
+    const char *s = json_string_value(cfg(config, "secret"));
+    const char *enc = json_string_value(cfg(config, "secretEncoding"));
     size_t n = strlen(s);
     unsigned char *out = malloc(n + 1);
     if (!out) {
@@ -285,7 +292,7 @@ static unsigned char *secret_bytes(json_t *config, size_t *len, char *err, size_
 static unsigned key_algs(json_t *config)
 {
     unsigned algs = 0;
-    json_t *keys = json_object_get(json_object_get(config, "jwks"), "keys");
+    json_t *keys = json_object_get(cfg(config, "jwks"), "keys");
     for (size_t i = 0; i < json_array_size(keys); i++) {
         sl_jwk_t k;
         const char *field;
@@ -295,22 +302,22 @@ static unsigned key_algs(json_t *config)
             sl_jwk_clear(&k);
         }
     }
-    if (json_object_get(config, "secret"))
+    if (cfg(config, "secret"))
         algs |= SL_JWT_ALGS_HS;
-    if (json_object_get(config, "jwksUri"))
+    if (cfg(config, "jwksUri"))
         algs |= SL_JWT_ALGS_ASYMMETRIC;
     return algs;
 }
 
 static void check_config(sl_vctx_t *c, json_t *config)
 {
-    if (!json_object_get(config, "jwks") && !json_object_get(config, "jwksUri") &&
-        !json_object_get(config, "secret")) {
+    if (!cfg(config, "jwks") && !cfg(config, "jwksUri") &&
+        !cfg(config, "secret")) {
         sl_validate_error(c, "the jwt policy needs keys: jwks (inline), jwksUri or secret");
         return;
     }
     char err[200];
-    if (json_object_get(config, "secret")) {
+    if (cfg(config, "secret")) {
         size_t len;
         unsigned char *s = secret_bytes(config, &len, err, sizeof(err));
         size_t saved = sl_validate_push_key(c, "secret");
@@ -322,13 +329,13 @@ static void check_config(sl_vctx_t *c, json_t *config)
         }
         sl_validate_pop(c, saved);
     }
-    if (json_object_get(config, "secretEncoding") && !json_object_get(config, "secret")) {
+    if (cfg(config, "secretEncoding") && !cfg(config, "secret")) {
         size_t saved = sl_validate_push_key(c, "secretEncoding");
         sl_validate_error(c, "only meaningful with secret");
         sl_validate_pop(c, saved);
     }
     unsigned have = key_algs(config);
-    json_t *algs = json_object_get(config, "algorithms");
+    json_t *algs = cfg(config, "algorithms");
     for (size_t i = 0; i < json_array_size(algs); i++) {
         const char *name = json_string_value(json_array_get(algs, i));
         int a = sl_jwt_alg_from_name(name, strlen(name));
@@ -391,14 +398,14 @@ static void jwt_free(void *state)
 /* Inline keys: the JWKS's, then the secret as one more (oct) key. */
 static sl_jwks_t *inline_keys(json_t *config, char *err, size_t errlen)
 {
-    json_t *jwks = json_object_get(config, "jwks");
+    json_t *jwks = cfg(config, "jwks");
     sl_jwks_t *s = jwks ? sl_jwks_parse(jwks, 1, 1, err, errlen) : calloc(1, sizeof(*s));
     if (!s) {
         if (!jwks)
             snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    if (!json_object_get(config, "secret"))
+    if (!cfg(config, "secret"))
         return s;
     size_t len = 0;
     unsigned char *secret = secret_bytes(config, &len, err, errlen);
@@ -430,32 +437,32 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
         return NULL;
     }
     j->consumers = env->consumers;
-    const char *h = json_string_value(json_object_get(config, "header"));
+    const char *h = json_string_value(cfg(config, "header"));
     snprintf(j->header, sizeof(j->header), "%s", h ? h : "Authorization");
     j->header_len = strlen(j->header);
-    const char *p = json_string_value(json_object_get(config, "prefix"));
+    const char *p = json_string_value(cfg(config, "prefix"));
     if (!p)
         p = strcasecmp(j->header, "Authorization") == 0 ? "Bearer" : "";
     snprintf(j->prefix, sizeof(j->prefix), "%s", p);
     j->prefix_len = strlen(j->prefix);
-    const char *ck = json_string_value(json_object_get(config, "cookie"));
-    const char *q = json_string_value(json_object_get(config, "query"));
+    const char *ck = json_string_value(cfg(config, "cookie"));
+    const char *q = json_string_value(cfg(config, "query"));
     snprintf(j->cookie, sizeof(j->cookie), "%s", ck ? ck : "");
     snprintf(j->query, sizeof(j->query), "%s", q ? q : "");
-    if (json_object_get(config, "jwks") || json_object_get(config, "secret")) {
+    if (cfg(config, "jwks") || cfg(config, "secret")) {
         if (!(j->inline_keys = inline_keys(config, err, errlen)))
             goto fail;
     }
-    const char *uri = json_string_value(json_object_get(config, "jwksUri"));
+    const char *uri = json_string_value(cfg(config, "jwksUri"));
     if (uri) {
-        json_t *ttl = json_object_get(config, "jwksCacheSeconds");
+        json_t *ttl = cfg(config, "jwksCacheSeconds");
         if (!(j->remote = sl_jwks_fetch_new(uri, ttl ? (unsigned)json_integer_value(ttl) : 300))) {
             snprintf(err, errlen, "jwksUri: cannot set up the fetcher (out of memory or pipes)");
             goto fail;
         }
     }
     j->algs = key_algs(config);
-    json_t *algs = json_object_get(config, "algorithms");
+    json_t *algs = cfg(config, "algorithms");
     if (algs) {
         unsigned allowed = 0;
         for (size_t i = 0; i < json_array_size(algs); i++) {
@@ -464,23 +471,23 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
         }
         j->algs &= allowed;
     }
-    j->issuers = string_list(json_object_get(config, "issuers"), &j->nissuers);
-    j->audiences = string_list(json_object_get(config, "audiences"), &j->naudiences);
-    j->required_claims = string_list(json_object_get(config, "requiredClaims"),
+    j->issuers = string_list(cfg(config, "issuers"), &j->nissuers);
+    j->audiences = string_list(cfg(config, "audiences"), &j->naudiences);
+    j->required_claims = string_list(cfg(config, "requiredClaims"),
                                      &j->nrequired_claims);
-    j->scopes = string_list(json_object_get(config, "requiredScopes"), &j->nscopes);
+    j->scopes = string_list(cfg(config, "requiredScopes"), &j->nscopes);
     if (j->nissuers == (size_t)-1 || j->naudiences == (size_t)-1 ||
         j->nrequired_claims == (size_t)-1 || j->nscopes == (size_t)-1) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    json_t *leeway = json_object_get(config, "leewaySeconds");
+    json_t *leeway = cfg(config, "leewaySeconds");
     j->leeway_s = leeway ? (long)json_integer_value(leeway) : 30;
-    j->consumer_required = json_is_true(json_object_get(config, "consumerRequired"));
-    j->forward_token = !json_is_false(json_object_get(config, "forwardToken"));
+    j->consumer_required = json_is_true(cfg(config, "consumerRequired"));
+    j->forward_token = !json_is_false(cfg(config, "forwardToken"));
     const char *key;
     json_t *val;
-    json_object_foreach(json_object_get(config, "claimsToHeaders"), key, val)
+    json_object_foreach(cfg(config, "claimsToHeaders"), key, val)
     {
         claim_header_t *ch = &j->claims[j->nclaims];
         ch->path = strdup(key);
