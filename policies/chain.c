@@ -241,10 +241,12 @@ int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
             reply->code = "overloaded";
             snprintf(reply->message, sizeof(reply->message), "out of memory");
             req->rejected_by = e->def->name;
+            req->rejected_index = (unsigned)i;
             return SL_POLICY_REPLY;
         }
         if (e->def->on_request(e->state, req, reply) == SL_POLICY_REPLY) {
             req->rejected_by = e->def->name;
+            req->rejected_index = (unsigned)i;
             return SL_POLICY_REPLY;
         }
     }
@@ -260,6 +262,16 @@ void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req,
         req->worker_state = worker_state(ch, e, req->worker);
         e->def->on_response(e->state, req, status);
     }
+}
+
+size_t sl_policy_chain_len(const sl_policy_chain_t *ch)
+{
+    return ch ? ch->n : 0;
+}
+
+const char *sl_policy_chain_name(const sl_policy_chain_t *ch, size_t i)
+{
+    return ch && i < ch->n ? ch->e[i].def->name : NULL;
 }
 
 int sl_policy_chain_has_response(const sl_policy_chain_t *ch)

@@ -28,6 +28,10 @@ int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
  * whether the upstream's or the gateway's own. */
 void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req, int status);
 
+/* The chain's entries in run order (phase order): for per-policy stats. */
+size_t sl_policy_chain_len(const sl_policy_chain_t *ch);
+const char *sl_policy_chain_name(const sl_policy_chain_t *ch, size_t i);
+
 /* Whether any policy of the chain has a response hook. */
 int sl_policy_chain_has_response(const sl_policy_chain_t *ch);
 

@@ -134,8 +134,10 @@ typedef struct sl_policy_req {
      * values, the new query): sl_policy_alloc. */
     char *arena;
     size_t arena_len, arena_cap;
-    /* which policy of the chain rejected the request, for the log/metrics */
+    /* which policy of the chain rejected the request, for the log/metrics,
+     * and its index in the chain (sl_policy_chain_name) */
     const char *rejected_by;
+    unsigned rejected_index;
 } sl_policy_req_t;
 
 /* n bytes of the request's arena, or NULL when it is full (the caller

@@ -84,6 +84,10 @@ static void free_generation(sl_generation_t *gen)
             for (size_t r = 0; r < gen->snap->route_tables[t]->n_routes; r++) {
                 free(routes[r].backends);
                 free(routes[r].backend_weights);
+                for (size_t k = 0; routes[r].policy_stats &&
+                                   k < sl_policy_chain_len(routes[r].chain); k++)
+                    sl_metrics_policy_release(routes[r].policy_stats[k]);
+                free(routes[r].policy_stats);
                 sl_policy_chain_free(routes[r].chain);
                 free(routes[r].policy_error);
                 if (routes[r].stats)
@@ -275,7 +279,15 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 char why[512];
                 route->chain = sl_policy_chain_build(pb->policies, pb->n_policies, &env, why,
                                                      sizeof(why));
-                if (!route->chain) {
+                size_t nchain = sl_policy_chain_len(route->chain);
+                if (route->chain) {
+                    route->policy_stats = calloc(nchain, sizeof(*route->policy_stats));
+                    if (!route->policy_stats)
+                        goto nomem;
+                    for (size_t k = 0; k < nchain; k++)
+                        route->policy_stats[k] = sl_metrics_policy_acquire(
+                            table->name, sl_policy_chain_name(route->chain, k));
+                } else {
                     sl_log_warn("api %s operation %s: not served until its policies can be "
                                 "applied: %s", table->name, pb->name, why);
                     route->policy_error = strdup(why);

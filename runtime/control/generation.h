@@ -117,6 +117,7 @@ typedef struct sl_gen_route {
      * policy_unavailable (fail closed: never served without its chain). */
     struct sl_policy_chain *chain;
     char *policy_error;
+    struct sl_policy_stats **policy_stats; /* [chain length], in chain order */
 } sl_gen_route_t;
 
 /* One worker's requests on a generation (see "Worker holds" above). Its own

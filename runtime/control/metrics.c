@@ -58,6 +58,7 @@ typedef struct {
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static registry_table_t route_table;
 static registry_table_t cluster_table;
+static registry_table_t policy_table;
 
 #define REGISTRY_INITIAL_BUCKETS 64
 
@@ -144,6 +145,20 @@ static uint64_t cluster_hash(void *o)
     return hash_names(s->cluster, "");
 }
 
+static void *policy_next(void *o)
+{
+    return ((sl_policy_stats_t *)o)->next;
+}
+static void policy_set_next(void *o, void *n)
+{
+    ((sl_policy_stats_t *)o)->next = n;
+}
+static uint64_t policy_hash(void *o)
+{
+    sl_policy_stats_t *s = o;
+    return hash_names(s->api, s->policy);
+}
+
 /* Objects end with one cache-line-aligned slot per worker; aligned_alloc
  * needs a size that is a multiple of the alignment. */
 static void *alloc_aligned_zeroed(size_t size)
@@ -226,6 +241,95 @@ void sl_metrics_route_release(sl_route_stats_t *s)
     free(s->api);
     free(s->operation);
     free(s);
+}
+
+sl_policy_stats_t *sl_metrics_policy_acquire(const char *api, const char *policy)
+{
+    if (!api || !policy)
+        return NULL;
+    uint64_t h = hash_names(api, policy);
+    sl_policy_stats_t *s = NULL;
+    pthread_mutex_lock(&registry_lock);
+    if (policy_table.nbuckets) {
+        for (s = policy_table.buckets[h & (policy_table.nbuckets - 1)]; s; s = s->next) {
+            if (strcmp(s->api, api) == 0 && strcmp(s->policy, policy) == 0) {
+                s->refs++;
+                goto done;
+            }
+        }
+    }
+    if (table_reserve(&policy_table, policy_next, policy_set_next, policy_hash) != 0)
+        goto done;
+    s = alloc_aligned_zeroed(sizeof(*s) + metrics_nworkers * sizeof(s->slots[0]));
+    if (!s)
+        goto done;
+    s->nslots = metrics_nworkers;
+    s->api = strdup(api);
+    s->policy = strdup(policy);
+    if (!s->api || !s->policy) {
+        free(s->api);
+        free(s->policy);
+        free(s);
+        s = NULL;
+        goto done;
+    }
+    s->refs = 1;
+    size_t idx = (size_t)(h & (policy_table.nbuckets - 1));
+    s->next = policy_table.buckets[idx];
+    policy_table.buckets[idx] = s;
+    policy_table.count++;
+done:
+    pthread_mutex_unlock(&registry_lock);
+    return s;
+}
+
+void sl_metrics_policy_release(sl_policy_stats_t *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&registry_lock);
+    if (--s->refs > 0) {
+        pthread_mutex_unlock(&registry_lock);
+        return;
+    }
+    size_t idx = (size_t)(hash_names(s->api, s->policy) & (policy_table.nbuckets - 1));
+    for (sl_policy_stats_t **pp = (sl_policy_stats_t **)&policy_table.buckets[idx]; *pp;
+         pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            policy_table.count--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    free(s->api);
+    free(s->policy);
+    free(s);
+}
+
+static void add_label_value(struct evbuffer *out, const char *v);
+static void add_header(struct evbuffer *out, const char *name, const char *type, const char *help);
+
+/* Series for every (api, policy) of the active chains, zeros included:
+ * a rejection rate is only meaningful next to its zero. */
+static void render_policies(struct evbuffer *out)
+{
+    if (!policy_table.count)
+        return;
+    add_header(out, "sluice_policy_rejections_total", "counter",
+               "Requests a policy answered itself (401, 403, 429, ...), by Api and policy.");
+    for (size_t i = 0; i < policy_table.nbuckets; i++) {
+        for (const sl_policy_stats_t *s = policy_table.buckets[i]; s; s = s->next) {
+            uint64_t n = 0;
+            for (unsigned w = 0; w < s->nslots; w++)
+                n += atomic_load_explicit(&s->slots[w].rejections, memory_order_relaxed);
+            evbuffer_add(out, "sluice_policy_rejections_total{api=\"", 36);
+            add_label_value(out, s->api);
+            evbuffer_add(out, "\",policy=\"", 10);
+            add_label_value(out, s->policy);
+            evbuffer_add_printf(out, "\"} %" PRIu64 "\n", n);
+        }
+    }
 }
 
 sl_cluster_stats_t *sl_metrics_cluster_acquire(const char *cluster)
@@ -685,6 +789,7 @@ void sl_metrics_render(struct evbuffer *out)
     pthread_mutex_lock(&registry_lock);
     render_routes(out, nworkers);
     render_clusters(out, nworkers);
+    render_policies(out);
     pthread_mutex_unlock(&registry_lock);
     render_process(out, nworkers);
     render_health(out);

@@ -46,6 +46,22 @@ typedef struct sl_route_stats {
     sl_route_stats_slot_t slots[];
 } sl_route_stats_t;
 
+/* Requests one policy of an Api's chains answered itself (401, 403, 429,
+ * ...): sluice_policy_rejections_total{api, policy}. Per worker, as the
+ * route stats. */
+typedef struct {
+    _Atomic uint64_t rejections;
+} __attribute__((aligned(64))) sl_policy_stats_slot_t;
+
+typedef struct sl_policy_stats {
+    char *api;
+    char *policy;
+    unsigned refs;               /* private, under the registry mutex */
+    unsigned nslots;
+    struct sl_policy_stats *next; /* private */
+    sl_policy_stats_slot_t slots[];
+} sl_policy_stats_t;
+
 typedef struct {
     _Atomic uint64_t requests;
     _Atomic uint64_t retries;
@@ -77,6 +93,10 @@ int sl_metrics_init(unsigned nworkers);
 sl_route_stats_t *sl_metrics_route_acquire(const char *api, const char *operation);
 void sl_metrics_route_release(sl_route_stats_t *s);
 sl_cluster_stats_t *sl_metrics_cluster_acquire(const char *cluster);
+/* The counters of (api, policy), shared by every generation that has them
+ * (refcounted like route stats). */
+sl_policy_stats_t *sl_metrics_policy_acquire(const char *api, const char *policy);
+void sl_metrics_policy_release(sl_policy_stats_t *s);
 void sl_metrics_cluster_release(sl_cluster_stats_t *s);
 
 sl_worker_stats_t *sl_metrics_worker(unsigned worker);

@@ -330,6 +330,10 @@ static size_t format_json(char *buf, size_t cap, const sl_accesslog_entry_t *e)
     put_json_str(&o, e->host, FIELD_MAX_SHORT);
     PUT_LIT(&o, "\",\"error\":\"");
     put_json_str(&o, e->error_code, FIELD_MAX_SHORT);
+    PUT_LIT(&o, "\",\"consumer\":\"");
+    put_json_str(&o, e->consumer, FIELD_MAX_SHORT);
+    PUT_LIT(&o, "\",\"policy\":\"");
+    put_json_str(&o, e->policy, FIELD_MAX_SHORT);
     PUT_LIT(&o, "\"}\n");
     return (size_t)(o.p - buf);
 }
@@ -348,7 +352,14 @@ static size_t format_combined(char *buf, size_t cap, const sl_accesslog_entry_t 
     civil_from_unix_us(e->start_unix_us, &t);
 
     put_combined_str(&o, e->client_addr, FIELD_MAX_SHORT);
-    PUT_LIT(&o, " - - [");
+    /* $remote_user: the authenticated Consumer, as nginx logs its user. */
+    if (e->consumer.len) {
+        PUT_LIT(&o, " - ");
+        put_combined_str(&o, e->consumer, FIELD_MAX_SHORT);
+        PUT_LIT(&o, " [");
+    } else {
+        PUT_LIT(&o, " - - [");
+    }
     put_2d(&o, t.day);
     put_c(&o, '/');
     put(&o, months[(t.month - 1) % 12], 3);

@@ -269,6 +269,12 @@ void sl_request_log(sl_request_t *r)
         e.api = r->route->api;
         e.operation = r->route->operation;
     }
+    if (r->pol) {
+        const char *c = r->pol->v.consumer.name;
+        e.consumer = (sl_str_t){c ? c : "", c ? strlen(c) : 0};
+        if (r->pol->replied && r->pol->v.rejected_by)
+            e.policy = (sl_str_t){r->pol->v.rejected_by, strlen(r->pol->v.rejected_by)};
+    }
     sl_accesslog_write(r->w->id, &e);
 }
 
@@ -539,6 +545,11 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     if (sl_policy_chain_request(r->route->chain, &p->v, &p->reply) == SL_POLICY_CONTINUE)
         return SL_OK;
     p->replied = 1;
+    if (p->reply.status >= 400 && r->route->policy_stats &&
+        r->route->policy_stats[p->v.rejected_index])
+        atomic_fetch_add_explicit(
+            &r->route->policy_stats[p->v.rejected_index]->slots[r->w->id].rejections, 1,
+            memory_order_relaxed);
     set_error(err, p->reply.status, p->reply.code, 0, "%s", p->reply.message);
     return SL_ERROR;
 }

@@ -97,7 +97,8 @@ static void test_json_line_exact(void **state)
         "\"bytes_received\":0,\"bytes_sent\":2326,\"duration_ms\":1.234,\"request_id\":\"req-1\","
         "\"api\":\"default/petstore\",\"operation\":\"listPets\",\"upstream\":\"127.0.0.1:9001\","
         "\"user_agent\":\"curl/"
-        "8.0\",\"referer\":\"\",\"host\":\"api.example.com\",\"error\":\"\"}\n";
+        "8.0\",\"referer\":\"\",\"host\":\"api.example.com\",\"error\":\"\",\"consumer\":\"\","
+        "\"policy\":\"\"}\n";
     assert_int_equal(n, strlen(want));
     assert_memory_equal(line, want, n);
 
@@ -122,10 +123,27 @@ static void test_json_line_exact(void **state)
     n = format_json(line, sizeof(line), &empty);
     json_t *j = json_loadb(line, n, 0, NULL);
     assert_non_null(j);
-    assert_int_equal(json_object_size(j), 17);
+    assert_int_equal(json_object_size(j), 19);
     assert_string_equal(json_string_value(json_object_get(j, "time")), "1970-01-01T00:00:00.000Z");
     assert_string_equal(json_string_value(json_object_get(j, "path")), "");
     json_decref(j);
+}
+
+/* The Consumer and the policy that answered: JSON keys, and the Consumer
+ * as $remote_user of the combined format. */
+static void test_consumer_and_policy(void **state)
+{
+    (void)state;
+    char line[LINE_MAX_BYTES];
+    sl_accesslog_entry_t e = sample_entry();
+    e.consumer = S("default/alice");
+    e.policy = S("rate-limit");
+    size_t n = format_json(line, sizeof(line), &e);
+    line[n] = '\0';
+    assert_non_null(strstr(line, "\"consumer\":\"default/alice\",\"policy\":\"rate-limit\"}"));
+    n = format_combined(line, sizeof(line), &e);
+    line[n] = '\0';
+    assert_non_null(strstr(line, "127.0.0.1 - default/alice ["));
 }
 
 static void test_combined_line_exact(void **state)
@@ -569,6 +587,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_line_exact),
+        cmocka_unit_test(test_consumer_and_policy),
         cmocka_unit_test(test_combined_line_exact),
         cmocka_unit_test(test_calendar_matches_gmtime),
         cmocka_unit_test(test_hostile_bytes_give_valid_json),
