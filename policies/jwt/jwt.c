@@ -743,6 +743,9 @@ static uint64_t wall_ms(void)
 
 static int reply_401(sl_policy_reply_t *reply, const char *desc)
 {
+    /* The chain hands over the reply as it was left (policy.h does not say
+     * it is zeroed): body and content_type must not be stale. */
+    memset(reply, 0, sizeof(*reply));
     reply->status = 401;
     reply->code = "unauthorized";
     reply->headers[0].name = "WWW-Authenticate";
@@ -763,6 +766,7 @@ static int reply_401(sl_policy_reply_t *reply, const char *desc)
 
 static int reply_status(sl_policy_reply_t *reply, int status, const char *code, const char *msg)
 {
+    memset(reply, 0, sizeof(*reply));
     reply->status = status;
     reply->code = code;
     snprintf(reply->message, sizeof(reply->message), "%s", msg);
