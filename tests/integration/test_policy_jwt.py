@@ -191,7 +191,7 @@ def test_missing_and_malformed_tokens_get_rfc6750_challenges(jwtenv, keys, proto
     rt, port, b = jwtenv(inline_config(keys), proto=proto)
     r = get(port, None, proto)
     assert r.status == 401 and challenge(r) == 'Bearer realm="sluice"', r
-    assert r.json()["error"]["code"] == "unauthorized" if "error" in r.json() else True
+    assert r.json()["error"]["code"] == "unauthorized"
     for bad in ("x", "a.b", "a.b.c.d", "!!!.e30.x", token("RS256", key=keys["rsa"]) + "=="):
         r = get(port, bad, proto)
         assert r.status == 401, (bad, r)
@@ -340,8 +340,7 @@ def test_consumer_mapping(jwtenv, keys, backends, runtimes):
     runtimes(docs)
     assert get(port, token("RS256", key=keys["rsa"])).status == 200
     rec = b.received()[-1]
-    assert header_of(rec, "X-Consumer") == ["default/alice"] or \
-        header_of(rec, "X-Consumer") == ["alice"], rec["headers"]
+    assert header_of(rec, "X-Consumer") == ["default/alice"], rec["headers"]
     assert header_of(rec, "X-Group") == ["gold"]
     r = get(port, token("RS256", {"sub": "bob"}, key=keys["rsa"]))
     assert r.status == 403 and r.json()["error"]["code"] == "forbidden", r
