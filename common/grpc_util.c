@@ -8,10 +8,11 @@
 #include <grpc/slice.h>
 #include <string.h>
 
-const char *const sl_xds_type_urls[SL_XDS__COUNT] = {SL_TYPE_CLUSTER, SL_TYPE_SETTINGS,
-                                                     SL_TYPE_ROUTE, SL_TYPE_LISTENER};
-const char *const sl_xds_type_names[SL_XDS__COUNT] = {"clusters", "settings", "routes",
-                                                      "listeners"};
+const char *const sl_xds_type_urls[SL_XDS__COUNT] = {SL_TYPE_SECRET,   SL_TYPE_CONSUMER,
+                                                     SL_TYPE_CLUSTER,  SL_TYPE_SETTINGS,
+                                                     SL_TYPE_ROUTE,    SL_TYPE_LISTENER};
+const char *const sl_xds_type_names[SL_XDS__COUNT] = {"secrets", "consumers", "clusters",
+                                                      "settings", "routes",   "listeners"};
 
 int sl_xds_type_from_url(const char *url)
 {

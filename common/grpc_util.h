@@ -21,15 +21,21 @@ ProtobufCMessage *sl_grpc_unpack(const ProtobufCMessageDescriptor *d, grpc_byte_
 #define SL_GRPC_STREAM_METHOD "/sluice.v1.ConfigDiscovery/Stream"
 
 /* Type URLs of the resource types, in push order (make before break:
- * backends before the routes that use them, listeners last so a port opens
- * only when its routes exist). */
+ * certificates before the Backends and listeners that name them, Consumers
+ * before the routes whose policies match them, backends before the routes
+ * that use them, listeners last so a port opens only when its routes
+ * exist). Secrets are Envoy's SDS: certificates and their keys. */
+#define SL_TYPE_SECRET "type.sluice.dev/sluice.v1.TlsCertificate"
+#define SL_TYPE_CONSUMER "type.sluice.dev/sluice.v1.Consumer"
 #define SL_TYPE_CLUSTER "type.sluice.dev/sluice.v1.Cluster"
 #define SL_TYPE_SETTINGS "type.sluice.dev/sluice.v1.GatewaySettings"
 #define SL_TYPE_ROUTE "type.sluice.dev/sluice.v1.RouteTable"
 #define SL_TYPE_LISTENER "type.sluice.dev/sluice.v1.Listener"
 
 enum sl_xds_type {
-    SL_XDS_CLUSTER = 0,
+    SL_XDS_SECRET = 0,
+    SL_XDS_CONSUMER,
+    SL_XDS_CLUSTER,
     SL_XDS_SETTINGS,
     SL_XDS_ROUTE,
     SL_XDS_LISTENER,

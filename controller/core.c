@@ -316,6 +316,12 @@ static size_t type_resources(const Sluice__V1__Snapshot *snap, int type,
     const char **names = NULL;
     Sluice__V1__GatewaySettings empty_settings = SLUICE__V1__GATEWAY_SETTINGS__INIT;
     switch (type) {
+    case SL_XDS_SECRET:
+        n = snap->n_certificates;
+        break;
+    case SL_XDS_CONSUMER:
+        n = snap->n_consumers;
+        break;
     case SL_XDS_CLUSTER:
         n = snap->n_clusters;
         break;
@@ -335,6 +341,14 @@ static size_t type_resources(const Sluice__V1__Snapshot *snap, int type,
     uint64_t h = 0xcbf29ce484222325ULL;
     for (size_t i = 0; i < n; i++) {
         switch (type) {
+        case SL_XDS_SECRET:
+            msgs[i] = &snap->certificates[i]->base;
+            names[i] = snap->certificates[i]->name;
+            break;
+        case SL_XDS_CONSUMER:
+            msgs[i] = &snap->consumers[i]->base;
+            names[i] = snap->consumers[i]->name;
+            break;
         case SL_XDS_CLUSTER:
             msgs[i] = &snap->clusters[i]->base;
             names[i] = snap->clusters[i]->name;

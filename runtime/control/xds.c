@@ -511,6 +511,10 @@ static void type_state_free(type_state_t *ts)
 static const ProtobufCMessageDescriptor *type_descriptor(int t)
 {
     switch (t) {
+    case SL_XDS_SECRET:
+        return &sluice__v1__tls_certificate__descriptor;
+    case SL_XDS_CONSUMER:
+        return &sluice__v1__consumer__descriptor;
     case SL_XDS_CLUSTER:
         return &sluice__v1__cluster__descriptor;
     case SL_XDS_SETTINGS:
@@ -569,6 +573,10 @@ static int apply_state(sl_xds_t *x, type_state_t *types, int dry_run, char *err,
             version = v;
     }
     snap.version = version;
+    snap.n_certificates = types[SL_XDS_SECRET].n;
+    snap.certificates = (Sluice__V1__TlsCertificate **)types[SL_XDS_SECRET].msgs;
+    snap.n_consumers = types[SL_XDS_CONSUMER].n;
+    snap.consumers = (Sluice__V1__Consumer **)types[SL_XDS_CONSUMER].msgs;
     snap.n_clusters = types[SL_XDS_CLUSTER].n;
     snap.clusters = (Sluice__V1__Cluster **)types[SL_XDS_CLUSTER].msgs;
     snap.n_route_tables = types[SL_XDS_ROUTE].n;

@@ -567,12 +567,14 @@ def log_lines(text, pattern):
 
 STREAM_METHOD = "/sluice.v1.ConfigDiscovery/Stream"
 TYPE_URLS = {
+    "secrets": "type.sluice.dev/sluice.v1.TlsCertificate",
+    "consumers": "type.sluice.dev/sluice.v1.Consumer",
     "clusters": "type.sluice.dev/sluice.v1.Cluster",
     "settings": "type.sluice.dev/sluice.v1.GatewaySettings",
     "routes": "type.sluice.dev/sluice.v1.RouteTable",
     "listeners": "type.sluice.dev/sluice.v1.Listener",
 }
-TYPE_ORDER = ["clusters", "settings", "routes", "listeners"]
+TYPE_ORDER = ["secrets", "consumers", "clusters", "settings", "routes", "listeners"]
 _pb = {}
 
 

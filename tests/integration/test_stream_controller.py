@@ -269,7 +269,7 @@ def test_nonces_are_unique_and_an_ack_must_name_the_type_sent(env, peers):  # no
     n1.subscribe()
     n2.subscribe()
     r1, r2 = n1.recv(), n2.recv()
-    assert r1.type_url == r2.type_url == TYPE_URLS["clusters"]
+    assert r1.type_url == r2.type_url == TYPE_URLS[TYPE_ORDER[0]]
     assert r1.version_info == r2.version_info
     assert r1.nonce != r2.nonce, "two runtimes got the same nonce: %r" % r1.nonce
     # An ACK with the right nonce but another type is stale: it settles
@@ -279,17 +279,17 @@ def test_nonces_are_unique_and_an_ack_must_name_the_type_sent(env, peers):  # no
     assert n1.no_response(0.5), "an ACK naming the wrong type caused a send"
     types = ctl.runtimes()["node-1"]["types"]
     assert types["listeners"]["acked_version"] == "", types
-    assert types["clusters"]["acked_version"] == "", types
+    assert types[TYPE_ORDER[0]]["acked_version"] == "", types
     # The real ACK moves on to the next type.
     n1.ack(r1)
     nxt = n1.recv()
-    assert nxt.type_url == TYPE_URLS["settings"], nxt.type_url
+    assert nxt.type_url == TYPE_URLS[TYPE_ORDER[1]], nxt.type_url
     assert nxt.nonce not in (r1.nonce, r2.nonce)
-    assert ctl.runtimes()["node-1"]["types"]["clusters"]["acked_version"] == r1.version_info
+    assert ctl.runtimes()["node-1"]["types"][TYPE_ORDER[0]]["acked_version"] == r1.version_info
     # An ACK reporting another version settles the version that was sent.
     n1.send(type_url=nxt.type_url, version_info="12345", response_nonce=nxt.nonce)
     n1.recv()
-    assert ctl.runtimes()["node-1"]["types"]["settings"]["acked_version"] == nxt.version_info
+    assert ctl.runtimes()["node-1"]["types"][TYPE_ORDER[1]]["acked_version"] == nxt.version_info
 
 
 # --- 6 ------------------------------------------------------------------------

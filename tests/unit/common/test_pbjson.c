@@ -124,9 +124,9 @@ static void test_snapshot_to_json(void **state)
         "     \"retry\":{\"attempts\":2,\"on_connect_failure\":true,\"on_reset\":false,"
         "       \"on_status\":[502,503,504],\"non_idempotent\":false,\"budget_percent\":0,"
         "       \"min_retry_concurrency\":0,\"per_try_timeout_ms\":0},"
-        "     \"max_request_body_bytes\":0,\"upgrades\":[],\"tunnel_idle_ms\":0}],"
+        "     \"max_request_body_bytes\":0,\"upgrades\":[],\"tunnel_idle_ms\":0,\"policies\":[]}],"
         "   \"max_request_body_bytes\":1099511627776,\"version\":\"\"}],"
-        " \"certificates\":[]}",
+        " \"certificates\":[], \"consumers\":[]}",
         0, &jerr);
     if (!want)
         fail_msg("expected JSON does not parse: %s at %d", jerr.text, jerr.position);

@@ -383,12 +383,14 @@ static void test_nonces_are_unique_and_matched_with_their_type(void **state)
     assert_null(next_sent(a));
     runtime_rec_t *n1 = record(f, "n1");
     assert_string_equal(n1->acked[SL_XDS_LISTENER], "");
-    assert_string_equal(n1->acked[SL_XDS_CLUSTER], "");
-    /* An ACK settles the type and version that were sent. */
-    request(f, a, NULL, SL_XDS_CLUSTER, "777", ra->nonce, NULL);
-    assert_string_equal(n1->acked[SL_XDS_CLUSTER], ra->version_info);
+    assert_string_equal(n1->acked[SL_XDS_SECRET], "");
+    /* An ACK settles the type and version that were sent (the first type
+     * of the push order, then the next). */
+    assert_string_equal(ra->type_url, SL_TYPE_SECRET);
+    request(f, a, NULL, SL_XDS_SECRET, "777", ra->nonce, NULL);
+    assert_string_equal(n1->acked[SL_XDS_SECRET], ra->version_info);
     Sluice__V1__DiscoveryResponse *next = next_sent(a);
-    assert_string_equal(next->type_url, SL_TYPE_SETTINGS);
+    assert_string_equal(next->type_url, SL_TYPE_CONSUMER);
     assert_string_not_equal(next->nonce, ra->nonce);
     assert_string_not_equal(next->nonce, rb->nonce);
 }
