@@ -9,11 +9,13 @@
 extern const sl_policy_def_t sl_policy_api_key;
 extern const sl_policy_def_t sl_policy_headers;
 extern const sl_policy_def_t sl_policy_respond;
+extern const sl_policy_def_t sl_policy_rate_limit;
 
 static const sl_policy_def_t *const registry[] = {
     &sl_policy_api_key,
     &sl_policy_headers,
     &sl_policy_respond,
+    &sl_policy_rate_limit,
     NULL,
 };
 
