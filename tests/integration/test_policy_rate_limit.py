@@ -361,3 +361,23 @@ def test_fleet_redis_down_fail_open(backends, runtimes, redis_server):
     rt, port = start(backends, runtimes, [limited_api(fleet_config(
         [{"requests": 2, "period": "1h", "by": "ip"}], redis.port, failOpen=True))])
     assert [request(port, "GET", "/t/x").status for _ in range(10)] == [200] * 10
+
+
+def test_reload_keeps_counters_unless_the_config_changes(backends, runtimes):
+    b = backends("echo")
+    port = free_port()
+    limit = {"limits": [{"requests": 2, "period": "1h", "by": "ip"}]}
+
+    def config(other_base, limit_config):
+        return [gateway(port), backend("echo", [b.port]), limited_api(limit_config),
+                api("other", other_base, "echo")]
+
+    rt = runtimes(config("/o1", limit))
+    assert [request(port, "GET", "/t/x").status for _ in range(3)] == [200, 200, 429]
+    # Another Api changes: the limited Api's budget survives the reload.
+    rt.reload(config("/o2", limit))
+    assert request(port, "GET", "/o2/x").status == 200
+    assert request(port, "GET", "/t/x").status == 429
+    # Its own config changes: a fresh budget.
+    rt.reload(config("/o2", {"limits": [{"requests": 3, "period": "1h", "by": "ip"}]}))
+    assert [request(port, "GET", "/t/x").status for _ in range(4)] == [200, 200, 200, 429]
