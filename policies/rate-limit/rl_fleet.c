@@ -37,6 +37,10 @@ typedef struct {
     _Atomic uint32_t inflight; /* a lease request is out (set and cleared by the thread) */
     _Atomic uint32_t used;     /* Redis's count for the window after the last lease */
     _Atomic uint32_t limit;
+    /* thread only: the lease size grows from 1 by doubling within a window
+     * (slow start), so a runtime that sees few requests leases few tokens */
+    int32_t lease_next;
+    uint64_t lease_window;
 } slot_t;
 
 struct sl_rl_fleet {
@@ -135,7 +139,12 @@ static void send_lease(sl_rl_fleet_t *f, size_t idx, uint64_t window)
     uint64_t v = atomic_load_explicit(&s->wt, memory_order_acquire);
     if (p_win(v) == (window & WIN_MASK) && p_exh(v))
         return; /* the window is used up fleet-wide */
-    int32_t n = f->lease[l];
+    if (s->lease_window != window + 1) {
+        s->lease_window = window + 1;
+        s->lease_next = 1;
+    }
+    int32_t n = s->lease_next;
+    s->lease_next = n >= f->lease[l] / 2 ? f->lease[l] : 2 * n;
     if (p_win(v) == (window & WIN_MASK) && p_tok(v) < 0)
         n += -p_tok(v); /* pay the credit back */
     lease_req_t *q = malloc(sizeof(*q));

@@ -13,11 +13,15 @@
  * falls short of it by at most the tokens a runtime leased and did not use
  * before the window ended (at most one lease per runtime).
  *
- * Lease size: max(1, L / 50). Credit: while a lease is on its way, a
+ * Lease size: 1 for a key's first lease of a window, then doubling up to
+ * max(1, L / 50) (slow start: a runtime that sees few requests of a key
+ * leases about as many tokens as it spends). Credit: while a lease is on
+ * its way, a
  * runtime admits up to one lease size on credit (the first request of a
  * window always does: its slot is empty), paid from the lease when it
  * arrives; beyond the credit it answers 429 with Retry-After 1. So with n
- * runtimes the total is within L ± n * L/50 (4% for two).
+ * runtimes the total is within L ± n * L/50 (4% for two), and a runtime
+ * that spent k tokens of a key in a window wasted at most about k.
  *
  * Threads: Redis is spoken to by one thread per policy table (its own
  * event_base, hiredis on libevent), never by a worker. Workers hand a
