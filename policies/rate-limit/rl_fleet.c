@@ -60,7 +60,7 @@ struct sl_rl_fleet {
     struct event_base *base;
     struct event *wake_ev, *tick_ev;
     redisAsyncContext *ac;
-    int connected;
+    int ready; /* connected and PING answered: leases can be asked for */
     unsigned outstanding;
     uint64_t stall_since_ms, connect_at_ms;
 };
@@ -131,7 +131,7 @@ static void on_lease(redisAsyncContext *ac, void *r, void *priv)
 static void send_lease(sl_rl_fleet_t *f, size_t idx, uint64_t window)
 {
     slot_t *s = &f->slots[idx];
-    if (!f->ac || !f->connected)
+    if (!f->ac || !f->ready)
         return;
     unsigned l = atomic_load_explicit(&s->limit, memory_order_relaxed);
     if (l >= f->nlimits)
@@ -173,7 +173,7 @@ static void send_lease(sl_rl_fleet_t *f, size_t idx, uint64_t window)
 /* Sends a lease request for every slot that wants one. */
 static void scan(sl_rl_fleet_t *f)
 {
-    if (!f->ac || !f->connected)
+    if (!f->ac || !f->ready)
         return;
     for (size_t i = 0; i <= f->mask; i++) {
         slot_t *s = &f->slots[i];
@@ -186,18 +186,32 @@ static void scan(sl_rl_fleet_t *f)
     }
 }
 
+/* Redis is up once it answers, not once TCP connects (a hung server
+ * accepts connections too). */
+static void on_ping(redisAsyncContext *ac, void *r, void *priv)
+{
+    (void)priv;
+    sl_rl_fleet_t *f = ac->data;
+    redisReply *reply = r;
+    if (!reply)
+        return;
+    if (reply->type == REDIS_REPLY_ERROR) { /* NOAUTH, ...: on_tick drops it */
+        atomic_store(&f->down, 1);
+        return;
+    }
+    f->ready = 1;
+    atomic_store(&f->down, 0);
+    scan(f);
+}
+
 static void on_connect(const redisAsyncContext *ac, int status)
 {
     sl_rl_fleet_t *f = ac->data;
     if (status != REDIS_OK) {
         f->ac = NULL; /* hiredis frees it */
-        f->connected = 0;
+        f->ready = 0;
         atomic_store(&f->down, 1);
-        return;
     }
-    f->connected = 1;
-    atomic_store(&f->down, 0);
-    scan(f);
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
@@ -205,8 +219,9 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     (void)status;
     sl_rl_fleet_t *f = ac->data;
     f->ac = NULL;
-    f->connected = 0;
+    f->ready = 0;
     f->outstanding = 0;
+    f->connect_at_ms = mono_ms(); /* the next attempt in RECONNECT_MS */
     atomic_store(&f->down, 1);
 }
 
@@ -234,6 +249,7 @@ static void connect_redis(sl_rl_fleet_t *f)
         redisAsyncCommand(ac, NULL, NULL, "AUTH %s", f->password);
     if (f->database)
         redisAsyncCommand(ac, NULL, NULL, "SELECT %d", f->database);
+    redisAsyncCommand(ac, on_ping, NULL, "PING");
 }
 
 /* Drops a connection that stopped answering (or never connected). */
@@ -241,11 +257,12 @@ static void drop(sl_rl_fleet_t *f)
 {
     redisAsyncContext *ac = f->ac;
     f->ac = NULL;
-    f->connected = 0;
+    f->ready = 0;
     atomic_store(&f->down, 1);
     if (ac)
         redisAsyncFree(ac);
     f->outstanding = 0;
+    f->connect_at_ms = mono_ms(); /* the next attempt in RECONNECT_MS */
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
@@ -254,11 +271,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)what;
     sl_rl_fleet_t *f = arg;
     uint64_t now = mono_ms();
-    if (f->ac && !f->connected && now - f->connect_at_ms > STALL_MS)
-        drop(f);
+    if (f->ac && !f->ready && now - f->connect_at_ms > STALL_MS)
+        drop(f); /* no answer to PING (or an error) within the deadline */
     else if (f->ac && f->outstanding && now - f->stall_since_ms > STALL_MS)
         drop(f);
-    else if (f->ac && f->connected && atomic_load(&f->down))
+    else if (f->ac && f->ready && atomic_load(&f->down))
         drop(f); /* an error reply: start over */
     if (!f->ac && now - f->connect_at_ms >= RECONNECT_MS)
         connect_redis(f);

@@ -27,9 +27,9 @@
  * event_base, hiredis on libevent), never by a worker. Workers hand a
  * refill over by setting the slot's `want` word and writing an eventfd;
  * the thread scans the table for wanted slots. Redis down (refused,
- * closed, or no reply within a second): `down` is set, workers answer as
- * the config says (fail open or 503), and the thread reconnects every
- * 500 ms.
+ * closed, an error reply, or no reply within a second): `down` is set,
+ * workers answer as the config says (fail open or 503), and the thread
+ * reconnects every 500 ms; a connection is up once Redis answers PING.
  */
 #ifndef SL_RL_FLEET_H
 #define SL_RL_FLEET_H

@@ -381,3 +381,40 @@ def test_reload_keeps_counters_unless_the_config_changes(backends, runtimes):
     # Its own config changes: a fresh budget.
     rt.reload(config("/o2", {"limits": [{"requests": 3, "period": "1h", "by": "ip"}]}))
     assert [request(port, "GET", "/t/x").status for _ in range(4)] == [200, 200, 200, 429]
+
+
+def test_fleet_redis_that_never_answers_counts_as_down(backends, runtimes):
+    """A Redis that accepts and then says nothing (a hung server, a black
+    hole): within a few seconds the limit fails closed instead of waiting."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        lsock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(lsock.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept)
+    t.start()
+    try:
+        rt, port = start(backends, runtimes, [limited_api(fleet_config(
+            [{"requests": 1, "period": "1h", "by": "ip"}], lsock.getsockname()[1]))])
+        # One request on credit, 429s while the lease is out, then 503 for
+        # good: reconnects are made but never answer PING.
+        wait_until(lambda: request(port, "GET", "/t/x").status == 503, 10,
+                   what="503 with a silent Redis")
+        assert held, "the runtime never connected"
+        time.sleep(1.5)  # a reconnect in between must not count as up
+        assert [request(port, "GET", "/t/x").status for _ in range(5)] == [503] * 5
+    finally:
+        stop.set()
+        t.join()
+        for s in held:
+            s.close()
+        lsock.close()
