@@ -7,6 +7,7 @@ false. Config errors with their field paths through --check.
 """
 
 import hashlib
+import json
 import shutil
 import socket
 import subprocess
@@ -418,3 +419,20 @@ def test_fleet_redis_that_never_answers_counts_as_down(backends, runtimes):
         for s in held:
             s.close()
         lsock.close()
+
+
+def test_controller_rest_refuses_a_bad_config_with_the_field_path(tmp_path):
+    from controller_env import Controller
+    ctl = Controller(tmp_path / "controller")
+    ctl.start()
+    try:
+        bad = limited_api({"limits": [{"requests": 5, "period": "1s", "by": "header"}]})
+        status, _, doc = ctl.rest("POST", "/api/v1/apis", bad)
+        assert status == 400, (status, doc)
+        assert "spec.policies[0].config.limits[0].header" in json.dumps(doc), doc
+        assert ctl.rest("GET", "/api/v1/apis/t")[0] == 404
+        good = limited_api({"limits": [{"requests": 5, "period": "1s", "by": "consumer"}]})
+        assert ctl.rest("POST", "/api/v1/apis", good)[0] in (200, 201)
+    finally:
+        ctl.stop()
+        assert not ctl.problems(), ctl.problems()
