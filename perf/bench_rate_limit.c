@@ -70,8 +70,7 @@ static void *run(void *arg)
     return NULL;
 }
 
-static void bench(const char *name, const char *config, long calls, unsigned nkeys,
-                  int threads)
+static void bench(const char *name, const char *config, long calls, unsigned nkeys, int threads)
 {
     const sl_policy_def_t *def = sl_policy_find("rate-limit");
     json_t *cfg = json_loads(config, 0, NULL);

@@ -344,8 +344,7 @@ fail:
 
 /* ---- requests ------------------------------------------------------------------ */
 
-static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name,
-                                             size_t len)
+static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name, size_t len)
 {
     for (size_t i = 0; i < r->num_headers; i++)
         if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)

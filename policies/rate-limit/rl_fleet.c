@@ -26,14 +26,23 @@ static inline uint64_t pack(uint64_t w, int exh, int32_t tok)
 {
     return ((w & WIN_MASK) << 33) | ((uint64_t)(exh ? 1 : 0) << 32) | (uint32_t)tok;
 }
-static inline uint32_t p_win(uint64_t v) { return (uint32_t)(v >> 33); }
-static inline int p_exh(uint64_t v) { return (int)((v >> 32) & 1); }
-static inline int32_t p_tok(uint64_t v) { return (int32_t)(uint32_t)v; }
+static inline uint32_t p_win(uint64_t v)
+{
+    return (uint32_t)(v >> 33);
+}
+static inline int p_exh(uint64_t v)
+{
+    return (int)((v >> 32) & 1);
+}
+static inline int32_t p_tok(uint64_t v)
+{
+    return (int32_t)(uint32_t)v;
+}
 
 typedef struct {
-    _Atomic uint64_t key; /* 0 = empty */
-    _Atomic uint64_t wt;  /* the lease word */
-    _Atomic uint64_t want; /* window index + 1 a lease is wanted for; 0 = none */
+    _Atomic uint64_t key;      /* 0 = empty */
+    _Atomic uint64_t wt;       /* the lease word */
+    _Atomic uint64_t want;     /* window index + 1 a lease is wanted for; 0 = none */
     _Atomic uint32_t inflight; /* a lease request is out (set and cleared by the thread) */
     _Atomic uint32_t used;     /* Redis's count for the window after the last lease */
     _Atomic uint32_t limit;

@@ -51,9 +51,9 @@ typedef struct {
     int port;
     const char *password; /* NULL = none */
     int database;
-    const char *prefix;  /* Redis key prefix */
-    uint64_t scope;      /* the policy config's hash: same config, same keys */
-    size_t slots;        /* table size */
+    const char *prefix; /* Redis key prefix */
+    uint64_t scope;     /* the policy config's hash: same config, same keys */
+    size_t slots;       /* table size */
 } sl_rl_fleet_conf_t;
 
 /* Starts the Redis thread. NULL with err on failure. limits is copied. */

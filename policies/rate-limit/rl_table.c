@@ -100,8 +100,8 @@ static sl_rl_slot_t *find_or_claim(sl_rl_table_t *t, uint64_t key, uint64_t now)
         uint64_t old = atomic_load_explicit(&victim->key, memory_order_relaxed);
         if (old == key)
             return victim;
-        if (!atomic_compare_exchange_strong_explicit(&victim->key, &old, key,
-                                                     memory_order_acq_rel, memory_order_relaxed))
+        if (!atomic_compare_exchange_strong_explicit(&victim->key, &old, key, memory_order_acq_rel,
+                                                     memory_order_relaxed))
             continue; /* someone else claimed it: look again */
         if (live) {
             /* An evicted live bucket: ours starts full. */
