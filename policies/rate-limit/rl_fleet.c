@@ -63,6 +63,8 @@ struct sl_rl_fleet {
     size_t mask;
     _Atomic int down;
     _Atomic int stop;
+    _Atomic int started; /* the thread runs from the first request on */
+    _Atomic int thread_ok;
     int efd;
     pthread_t thread;
     /* thread only */
@@ -355,11 +357,26 @@ static void want(sl_rl_fleet_t *f, slot_t *s, uint64_t w)
     }
 }
 
+/* The Redis thread starts with the first request, not at compile: a
+ * `--check`, or a generation that never serves a request, connects to
+ * nothing. */
+static void start_thread(sl_rl_fleet_t *f)
+{
+    if (atomic_exchange(&f->started, 1))
+        return;
+    if (pthread_create(&f->thread, NULL, thread_main, f) == 0)
+        f->thread_ok = 1;
+    else
+        atomic_store(&f->down, 1); /* no client: the limit is unavailable */
+}
+
 int sl_rl_fleet_take(sl_rl_fleet_t *f, unsigned limit, uint64_t key, uint64_t now_ms,
                      sl_rl_verdict_t *v)
 {
     if (key == 0)
         key = 1;
+    if (!atomic_load_explicit(&f->started, memory_order_relaxed))
+        start_thread(f);
     if (atomic_load_explicit(&f->down, memory_order_relaxed))
         return SL_RL_FLEET_UNAVAILABLE;
     const sl_rl_fleet_limit_t *lim = &f->limits[limit];
@@ -472,11 +489,6 @@ sl_rl_fleet_t *sl_rl_fleet_new(const sl_rl_fleet_conf_t *conf, const sl_rl_fleet
     if (!f->wake_ev || !f->tick_ev || event_add(f->wake_ev, NULL) != 0 ||
         event_add(f->tick_ev, &tick) != 0)
         goto fail;
-    int rc = pthread_create(&f->thread, NULL, thread_main, f);
-    if (rc != 0) {
-        errno = rc;
-        goto fail;
-    }
     return f;
 fail:
     snprintf(err, errlen, "cannot start the Redis client: %s", strerror(errno ? errno : ENOMEM));
@@ -497,11 +509,15 @@ void sl_rl_fleet_free(sl_rl_fleet_t *f)
 {
     if (!f)
         return;
+    /* The last reference goes after every worker left the generation:
+     * nobody can start the thread any more. */
+    atomic_store(&f->started, 1);
     atomic_store(&f->stop, 1);
     uint64_t one = 1;
     ssize_t rc = write(f->efd, &one, sizeof(one));
     (void)rc;
-    pthread_join(f->thread, NULL);
+    if (f->thread_ok)
+        pthread_join(f->thread, NULL);
     event_free(f->wake_ev);
     event_free(f->tick_ev);
     event_base_free(f->base);

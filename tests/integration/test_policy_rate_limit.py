@@ -436,3 +436,24 @@ def test_controller_rest_refuses_a_bad_config_with_the_field_path(tmp_path):
     finally:
         ctl.stop()
         assert not ctl.problems(), ctl.problems()
+
+
+def test_check_does_not_connect_to_redis(tmp_path):
+    """--check compiles the policy; the Redis client starts with the first
+    request, so a check connects to nothing."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
+    try:
+        cfg = tmp_path / "fleet.yaml"
+        cfg.write_text(dump_docs([gateway(free_port()), backend("echo", [9]), limited_api(
+            fleet_config([{"requests": 5, "period": "1s", "by": "ip"}],
+                         lsock.getsockname()[1]))]))
+        r = subprocess.run([runtime_binary(), "--check", "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        lsock.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            lsock.accept()
+    finally:
+        lsock.close()
