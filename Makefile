@@ -16,7 +16,7 @@ endif
 comma := ,
 
 PKGS    := libevent libevent_pthreads libevent_openssl jansson yaml-0.1 libpcre2-8 liburcu-qsbr \
-           libprotobuf-c openssl sqlite3 libnghttp2
+           libprotobuf-c openssl sqlite3 libnghttp2 hiredis
 # gRPC core: shared libraries pull in their own dependencies.
 GRPC_LIBS  := -lgrpc -lgpr
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)

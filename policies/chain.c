@@ -234,6 +234,13 @@ static void *worker_state(const sl_policy_chain_t *ch, const entry_t *e, unsigne
 int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
                             sl_policy_reply_t *reply)
 {
+    /* The reply may be the previous request's (the runtime keeps it per
+     * request object, reused on keep-alive): policies fill status, code,
+     * message and headers, and must find no stale count or body. */
+    reply->num_headers = 0;
+    reply->body = NULL;
+    reply->body_len = 0;
+    reply->content_type = NULL;
     /* Every entry's condition, now, while the request can be read: the
      * response hooks of entries after a short-circuit use it too. */
     req->applied = 0;

@@ -15,6 +15,7 @@ extern const sl_policy_def_t sl_policy_jwt;
 extern const sl_policy_def_t sl_policy_redirect;
 extern const sl_policy_def_t sl_policy_request_size;
 extern const sl_policy_def_t sl_policy_respond;
+extern const sl_policy_def_t sl_policy_rate_limit;
 extern const sl_policy_def_t sl_policy_rewrite;
 
 static const sl_policy_def_t *const registry[] = {
@@ -27,6 +28,7 @@ static const sl_policy_def_t *const registry[] = {
     &sl_policy_redirect,
     &sl_policy_request_size,
     &sl_policy_respond,
+    &sl_policy_rate_limit,
     &sl_policy_rewrite,
     NULL,
 };
