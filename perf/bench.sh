@@ -44,6 +44,11 @@
 #   GRPC_CALLS=10000                  calls per path of grpc_unary
 #   PROXY_CPU=0 LOAD_CPU=1
 #   OUT=docs/benchmarks.md            ("-" = only print the table)
+#   PROXIES="... sluice-chain ..."    also sluice-runtime with the policy issue's
+#                                     realistic chain (api-key + rate-limit local +
+#                                     headers + cors; wrk sends the key and an
+#                                     Origin), for the cost of policies; GET and
+#                                     POST tests only
 #   BASELINE=path/to/sluice-runtime   also measure this binary, as proxy
 #                                     "sluice-base", in the same run (before/after
 #                                     figures of a change: build the old commit
@@ -80,6 +85,7 @@ if [ -n "$BASELINE" ]; then
     case " $PROXIES " in *" sluice-base "*) ;; *) PROXIES="sluice-base $PROXIES" ;; esac
 fi
 RUNTIME="$BUILD/bin/sluice-runtime"
+CHAIN_KEY=bench-key-0123456789
 case $RUNTIME in /*) ;; *) RUNTIME="$REPO/$RUNTIME" ;; esac
 PY=/usr/bin/python3
 
@@ -106,7 +112,7 @@ fi
 GRPC_CALLS=${GRPC_CALLS:-10000}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
-case " $PROXIES " in *" sluice "*)
+case " $PROXIES " in *" sluice "* | *" sluice-chain "*)
     [ -x "$RUNTIME" ] || die "$RUNTIME not found: build it first (make BUILD=$BUILD)" ;;
 esac
 [ -z "${die_early:-}" ] || die "BASELINE=$BASELINE is not an executable sluice-runtime"
@@ -154,7 +160,8 @@ wait_http() {
     local port=$1 pid=$2 name=$3 code
     for _ in $(seq 100); do
         kill -0 "$pid" 2>/dev/null || die "$name exited during start-up (see $TMP)"
-        code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/" || true)
+        code=$(curl -s -o /dev/null -w '%{http_code}' -H "X-Api-Key: $CHAIN_KEY" \
+            "http://127.0.0.1:$port/" || true)
         [ "$code" = 200 ] && return 0
         sleep 0.1
     done
@@ -263,9 +270,31 @@ start_proxy() { # name
     local name=$1 port=$PORT dir="$TMP/$1"
     mkdir -p "$dir"
     case $name in
-    sluice | sluice-base)
+    sluice | sluice-base | sluice-chain)
         local bin=$RUNTIME
-        [ "$name" = sluice ] || bin=$BASELINE
+        [ "$name" != sluice-base ] || bin=$BASELINE
+        # sluice-chain: the realistic chain of the policy issue on the Api
+        # (the rate limit far above what one core can send, so every request
+        # pays for the check and none is refused).
+        local chain="" consumer=""
+        if [ "$name" = sluice-chain ]; then
+            chain="  policies:
+  - {name: api-key, config: {header: X-Api-Key}}
+  - name: rate-limit
+    config:
+      limits:
+      - {requests: 1000000, period: 1s, by: consumer}
+  - {name: headers, config: {response: {set: {X-Frame-Options: DENY}}}}
+  - {name: cors, config: {allowOrigins: [\"https://app.example.com\"]}}"
+            consumer="---
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Consumer
+metadata: {name: bench}
+spec:
+  credentials:
+    apiKeys:
+    - {name: wrk, keyHash: \"sha256:$(printf %s "$CHAIN_KEY" | sha256sum | cut -d' ' -f1)\"}"
+        fi
         # The TLS and h2c listeners only when a test needs them, so that the
         # default run also works with a BASELINE built before they existed.
         local tls_listeners=""
@@ -303,8 +332,10 @@ metadata: {name: bench}
 spec:
   basePath: /
   backendRefs: [{name: origin}]
+$chain
   operations:
   - {name: all, method: "*", path: /, pathType: prefix}
+$consumer
 EOF
         taskset -c "$PROXY_CPU" "$bin" --config "$dir/sluice.yaml" --workers 1 \
             --admin off --access-log off --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
@@ -331,7 +362,8 @@ EOF
     wait_http "$port" "$PROXY_PID" "$name"
     # A POST must pass too, with the origin's answer.
     local body
-    body=$(curl -s -X POST --data-binary @"$TMP/post1024.lua" "http://127.0.0.1:$port/x")
+    body=$(curl -s -X POST -H "X-Api-Key: $CHAIN_KEY" --data-binary @"$TMP/post1024.lua" \
+        "http://127.0.0.1:$port/x")
     [ "$body" = "hello from the origin" ] || die "$name: POST through the proxy answered '$body'"
     [ -z "$NEED_TLS" ] || check_tls_h2 "$name"
 }
@@ -392,8 +424,10 @@ run_load() { # test duration outfile [count: handshake_new's number of connectio
         post5k) script=(-s "$TMP/post5120.lua") ;;
         https_get) url="https://127.0.0.1:$TLS_PORT/bench" ;; # wrk sends no ALPN: HTTP/1.1
         esac
+        local hdrs=()
+        [ "$proxy" != sluice-chain ] || hdrs=(-H "X-Api-Key: $CHAIN_KEY" -H "Origin: https://app.example.com")
         taskset -c "$LOAD_CPU" wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"$dur" "${script[@]}" \
-            "$url" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
+            "${hdrs[@]}" "$url" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
         ;;
     h2c | h2tls)
         url="http://127.0.0.1:$H2C_PORT/bench"
@@ -508,6 +542,8 @@ for proxy in $PROXIES; do
             continue
         fi
         [ "$test" != grpc_unary ] || continue # its own run, below
+        case $proxy:$test in sluice-chain:get | sluice-chain:post1k | sluice-chain:post5k) ;;
+        sluice-chain:*) continue ;; esac
         resumed=-
         case $test in
         handshake_new) resumed=0 ;; # h2load offers no session
@@ -615,6 +651,18 @@ if hs:
             print("| %s | %s | %.0f | %s | %.0f | %s | %s | %s |" % (
                 "full" if t == "handshake_new" else "resumed", proxy, float(rps), cpu,
                 per_cpu_s, resumed, err, ratio(per_cpu_s, ng_per)))
+chain = [(t, by[("sluice", t)], by[("sluice-chain", t)]) for t in tests
+         if ("sluice", t) in by and ("sluice-chain", t) in by]
+if chain:
+    print()
+    print("Policy chain cost (target: at most 15% more CPU per request than no policies): "
+          "sluice-chain = api-key + rate-limit (local) + headers + cors on the Api:")
+    print()
+    print("| test | CPU µs/request, no policies | with the chain | added µs | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for t, plain, ch in chain:
+        a, b = float(plain[4]), float(ch[4])
+        print("| %s | %.2f | %.2f | %.2f | %s |" % (names.get(t, t), a, b, b - a, ratio(b, a)))
 if slow:
     print()
     print("h2 download with a slow reader (target: peak RSS within %d MB of idle):" % (limit_kb // 1024))
