@@ -1,0 +1,24 @@
+#!/bin/bash
+# Instructions per request of one sluice-runtime binary and config (the
+# noise-free figure behind docs/benchmarks-before-after.md): the runtime
+# under callgrind with instrumentation off, a 2 s wrk warm-up, then
+# instrumentation on for a 6 s wrk run (4 connections), off again; the
+# instructions counted divided by the requests wrk completed. The config's
+# listener must be on PORT, with an origin behind it (nothing is started
+# here). Not a test; needs valgrind, wrk and curl.
+#
+# usage: perf/callgrind_per_request.sh BIN CONFIG PORT [wrk -H options...]
+BIN=$1; CFG=$2; PORT=$3; shift 3
+rm -f /tmp/cg.out.*
+valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.out.%p $BIN --config $CFG --workers 1 --admin off --access-log off --log-level warn >/dev/null 2>&1 &
+VP=$!
+for i in $(seq 100); do curl -s -o /dev/null "$@" http://127.0.0.1:$PORT/bench && break; sleep 0.2; done
+taskset -c 1 wrk -t1 -c4 -d2s "$@" http://127.0.0.1:$PORT/bench >/dev/null
+callgrind_control -i on $VP >/dev/null
+N=$(taskset -c 1 wrk -t1 -c4 -d6s "$@" http://127.0.0.1:$PORT/bench | awk '/requests in/{print $1}')
+callgrind_control -i off $VP >/dev/null
+callgrind_control -d $VP >/dev/null
+sleep 1
+kill $VP; wait $VP 2>/dev/null
+IR=$(grep -h "^summary:\|^totals:" /tmp/cg.out.* | awk '{s+=$2} END {print s}')
+echo "$N requests, $IR Ir, $(python3 -c "print(round($IR/$N))") Ir/request"
