@@ -75,6 +75,9 @@ void sl_vcheck_int(sl_vctx_t *c, json_t *v, const void *range);      /* [sl_vran
 void sl_vcheck_duration(sl_vctx_t *c, json_t *v, const void *range); /* [sl_vrange_t] ms */
 void sl_vcheck_enum(sl_vctx_t *c, json_t *v, const void *names);     /* [const char *const[]] */
 void sl_vcheck_any(sl_vctx_t *c, json_t *v, const void *arg);
+/* A PCRE2 pattern of 1..1024 characters that compiles with the default
+ * options (how the policies compile theirs); the error gives the offset. */
+void sl_vcheck_regex(sl_vctx_t *c, json_t *v, const void *arg);
 void sl_vcheck_dns_subdomain(sl_vctx_t *c, json_t *v, const void *arg);
 void sl_vcheck_dns_label(sl_vctx_t *c, json_t *v, const void *arg);
 void sl_vcheck_ip(sl_vctx_t *c, json_t *v, const void *arg);

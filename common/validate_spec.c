@@ -125,6 +125,27 @@ static void check_regex_text(sl_vctx_t *c, const char *re)
                       (const char *)msg);
 }
 
+void sl_vcheck_regex(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    const char *s = json_string_value(v);
+    if (!s || !*s || strlen(s) > 1024) {
+        sl_validate_error(c, "expected a regular expression of 1 to 1024 characters");
+        return;
+    }
+    int ec;
+    PCRE2_SIZE off;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)s, PCRE2_ZERO_TERMINATED, 0, &ec, &off, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[120];
+        pcre2_get_error_message(ec, msg, sizeof(msg));
+        sl_validate_error(c, "the regular expression does not compile at offset %zu: %s",
+                          (size_t)off, (const char *)msg);
+        return;
+    }
+    pcre2_code_free(re);
+}
+
 static void check_method(sl_vctx_t *c, json_t *v, const void *arg)
 {
     (void)arg;

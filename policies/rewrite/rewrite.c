@@ -28,7 +28,7 @@ enum mode { M_NONE = 0, M_TEMPLATE, M_PREFIX, M_REGEX };
 
 typedef struct {
     enum mode mode;
-    char *text;   /* template, prefix or substitution */
+    char *text; /* template, prefix or substitution */
     pcre2_code *re;
     char *host;
 } rewrite_t;
@@ -47,8 +47,10 @@ static void check_path(sl_vctx_t *c, json_t *v, const void *arg)
 {
     const char *s = json_string_value(v);
     if (!s || s[0] != '/' || strlen(s) > MAX_PATH || bad_path_char(s)) {
-        sl_validate_error(c, "expected a path starting with '/', at most %d characters, without "
-                             "spaces, '?' or '#'", MAX_PATH);
+        sl_validate_error(c,
+                          "expected a path starting with '/', at most %d characters, without "
+                          "spaces, '?' or '#'",
+                          MAX_PATH);
         return;
     }
     if (!arg) /* prefix: no parameters */
@@ -60,27 +62,6 @@ static void check_path(sl_vctx_t *c, json_t *v, const void *arg)
             return;
         }
     }
-}
-
-static void check_regex(sl_vctx_t *c, json_t *v, const void *arg)
-{
-    (void)arg;
-    const char *s = json_string_value(v);
-    if (!s || !*s || strlen(s) > 1024) {
-        sl_validate_error(c, "expected a regular expression of 1 to 1024 characters");
-        return;
-    }
-    int ec;
-    PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)s, PCRE2_ZERO_TERMINATED, 0, &ec, &off, NULL);
-    if (!re) {
-        PCRE2_UCHAR msg[120];
-        pcre2_get_error_message(ec, msg, sizeof(msg));
-        sl_validate_error(c, "the regular expression does not compile at offset %zu: %s",
-                          (size_t)off, (const char *)msg);
-        return;
-    }
-    pcre2_code_free(re);
 }
 
 static void check_host(sl_vctx_t *c, json_t *v, const void *arg)
@@ -109,12 +90,9 @@ static void check_rules(sl_vctx_t *c, json_t *obj)
 }
 
 static const sl_vfield_t fields[] = {
-    {"path", check_path, "template", 0},
-    {"prefix", check_path, NULL, 0},
-    {"regex", check_regex, NULL, 0},
-    {"substitution", check_path, NULL, 0},
-    {"host", check_host, NULL, 0},
-    {NULL, NULL, NULL, 0},
+    {"path", check_path, "template", 0}, {"prefix", check_path, NULL, 0},
+    {"regex", sl_vcheck_regex, NULL, 0}, {"substitution", check_path, NULL, 0},
+    {"host", check_host, NULL, 0},       {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t schema = {fields, check_rules};
 
@@ -184,8 +162,7 @@ static void worker_free(void *ws)
  * the segment at the template's position. 0, or -1 when the operation has
  * no such parameter.
  */
-static int param_value(const sl_policy_req_t *r, const char *name, size_t name_len,
-                       sl_str_t *out)
+static int param_value(const sl_policy_req_t *r, const char *name, size_t name_len, sl_str_t *out)
 {
     if (!r->route_path_template || r->base_path_len > r->path.len)
         return -1;
@@ -261,9 +238,9 @@ static int substitute(const rewrite_t *rw, sl_policy_req_t *r, sl_policy_reply_t
         cap = MAX_PATH * 4;
     char *out = r->arena + r->arena_len;
     PCRE2_SIZE olen = cap;
-    int rc = pcre2_substitute(rw->re, (PCRE2_SPTR)r->path.ptr, r->path.len, 0, 0, r->worker_state,
-                              NULL, (PCRE2_SPTR)rw->text, PCRE2_ZERO_TERMINATED,
-                              (PCRE2_UCHAR *)out, &olen);
+    int rc =
+        pcre2_substitute(rw->re, (PCRE2_SPTR)r->path.ptr, r->path.len, 0, 0, r->worker_state, NULL,
+                         (PCRE2_SPTR)rw->text, PCRE2_ZERO_TERMINATED, (PCRE2_UCHAR *)out, &olen);
     if (rc == 0 || rc == PCRE2_ERROR_NOMATCH)
         return SL_POLICY_CONTINUE; /* not matched: the path stays */
     if (rc < 0)
