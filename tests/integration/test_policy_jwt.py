@@ -458,9 +458,9 @@ def test_remote_jwks_down_fails_closed_with_503(jwtenv, keys, jwks_server, proto
     assert get(port, token("HS256", kid=None), proto).status == 200
 
 
-def test_grpc_statuses(jwtenv, keys, proto):
-    if not proto.h2:
-        pytest.skip("gRPC is HTTP/2")
+def test_grpc_statuses(jwtenv, keys):
+    from clients import Proto
+    proto = Proto("h2c")  # gRPC is HTTP/2 only
     rt, port, b = jwtenv(inline_config(keys, requiredScopes=["x"]), proto=proto)
     g = {"content-type": "application/grpc", "te": "trailers"}
     r = proto.request(port, "POST", "/t/pkg.Svc/Call", headers=g, body=b"\0\0\0\0\0")
