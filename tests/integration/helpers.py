@@ -14,6 +14,7 @@ Not responsible for: the origin server (backend.py) or test policy.
 import errno
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -49,21 +50,45 @@ def runtime_binary():
 _handed_out = set()
 
 
+def _port_pool():
+    """Ports below the kernel's ephemeral range (ip_local_port_range): no
+    outgoing connection of any test can take one of them as its local port
+    between free_port() and the bind that uses it (a runtime's listener
+    failed with EADDRINUSE in CI that way)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    return (10000, low - 1) if low > 12000 else None
+
+
+_POOL = _port_pool()
+_rng = random.Random(os.getpid() ^ int(time.time()))
+
+
 def free_port():
-    """A TCP port that was free on 127.0.0.1 a moment ago (bound, then
-    released), and never one this test process handed out before: the
-    kernel can give the same port to two bind(0) calls in a row, and a test
-    that asks for two ports (a listener and the admin port) before starting
-    anything would then give both to one runtime (seen in CI)."""
-    for _ in range(100):
+    """A TCP port free on 127.0.0.1 a moment ago (bound, then released) and
+    never one this test process handed out before: two bind(0) calls in a
+    row can return one port, which a test asking for a listener and an
+    admin port before starting anything would give to one runtime (seen in
+    CI). Taken below the ephemeral range where there is room (_port_pool)."""
+    for _ in range(200):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+        try:
+            if _POOL:
+                s.bind(("127.0.0.1", _rng.randint(*_POOL)))
+            else:
+                s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        except OSError:
+            continue
+        finally:
+            s.close()
         if port not in _handed_out:
             _handed_out.add(port)
             return port
-    raise RuntimeError("no fresh port after 100 tries")
+    raise RuntimeError("no fresh port after 200 tries")
 
 
 def closed_port():
