@@ -204,6 +204,14 @@ const char *const *sl_policy_names(void);
  * policy's schema, `disabled` (operations only), `when`. */
 void sl_policy_vcheck_list(sl_vctx_t *c, json_t *v, const void *arg);
 
+/* Query parameter `name` (exact, not decoded) of q: its value, and the
+ * bytes [*from, *to) it takes in q. 1 found, 0 not. */
+int sl_policy_query_param(sl_str_t q, const char *name, size_t nlen, sl_str_t *val, size_t *from,
+                          size_t *to);
+/* Sets req->query_out to the request's query without the parameter at
+ * [from, to) and one of its '&'; -1 when the arena is full. */
+int sl_policy_query_remove(sl_policy_req_t *req, size_t from, size_t to);
+
 /* Adds an edit; -1 when the bound is reached (the caller fails closed). */
 int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char *name,
                    size_t name_len, const char *value, size_t value_len);

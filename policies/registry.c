@@ -18,6 +18,7 @@ extern const sl_policy_def_t sl_policy_respond;
 extern const sl_policy_def_t sl_policy_rate_limit;
 extern const sl_policy_def_t sl_policy_rewrite;
 
+/* clang-format off: one policy per line */
 static const sl_policy_def_t *const registry[] = {
     &sl_policy_api_key,
     &sl_policy_basic_auth,
@@ -32,6 +33,7 @@ static const sl_policy_def_t *const registry[] = {
     &sl_policy_rewrite,
     NULL,
 };
+/* clang-format on */
 
 static const char *names[sizeof(registry) / sizeof(registry[0])];
 
@@ -71,6 +73,41 @@ char *sl_policy_alloc(sl_policy_req_t *r, size_t n)
     char *p = r->arena + r->arena_len;
     r->arena_len += n;
     return p;
+}
+
+int sl_policy_query_param(sl_str_t q, const char *name, size_t nlen, sl_str_t *val, size_t *from,
+                          size_t *to)
+{
+    size_t i = 0;
+    while (i <= q.len) {
+        size_t end = i;
+        while (end < q.len && q.ptr[end] != '&')
+            end++;
+        if (end - i > nlen && memcmp(q.ptr + i, name, nlen) == 0 && q.ptr[i + nlen] == '=') {
+            *val = (sl_str_t){q.ptr + i + nlen + 1, end - i - nlen - 1};
+            *from = i;
+            *to = end;
+            return 1;
+        }
+        i = end + 1;
+    }
+    return 0;
+}
+
+int sl_policy_query_remove(sl_policy_req_t *req, size_t from, size_t to)
+{
+    sl_str_t q = req->query;
+    if (to < q.len)
+        to++; /* its trailing '&' */
+    else if (from > 0)
+        from--; /* the last one: its leading '&' */
+    char *out = sl_policy_alloc(req, q.len - (to - from) + 1);
+    if (!out)
+        return -1;
+    memcpy(out, q.ptr, from);
+    memcpy(out + from, q.ptr + to, q.len - to);
+    req->query_out = (sl_str_t){out, q.len - (to - from)};
+    return 0;
 }
 
 /* One entry of a list: {name, config, disabled, when}. */

@@ -60,27 +60,6 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
     return k;
 }
 
-/* The value of query parameter `name` (not decoded: keys are URL-safe), and
- * where the parameter starts and ends in the query for its removal. */
-static int find_param(sl_str_t q, const char *name, size_t nlen, sl_str_t *val, size_t *from,
-                      size_t *to)
-{
-    size_t i = 0;
-    while (i <= q.len) {
-        size_t end = i;
-        while (end < q.len && q.ptr[end] != '&')
-            end++;
-        if (end - i > nlen && memcmp(q.ptr + i, name, nlen) == 0 && q.ptr[i + nlen] == '=') {
-            *val = (sl_str_t){q.ptr + i + nlen + 1, end - i - nlen - 1};
-            *from = i;
-            *to = end;
-            return 1;
-        }
-        i = end + 1;
-    }
-    return 0;
-}
-
 static int reject(const api_key_t *k, sl_policy_reply_t *reply, const char *message)
 {
     reply->status = 401;
@@ -100,19 +79,22 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
     size_t from = 0, to = 0;
     for (size_t i = 0; i < req->num_headers; i++) {
         const sl_policy_header_t *h = &req->headers[i];
-        if (h->name.len == k->header_len && strncasecmp(h->name.ptr, k->header, k->header_len) == 0) {
+        if (h->name.len == k->header_len &&
+            strncasecmp(h->name.ptr, k->header, k->header_len) == 0) {
             if (key.ptr) /* two keys: which one is meant is anyone's guess */
                 return reject(k, reply, "more than one API key in the request");
             key = h->value;
         }
     }
-    if (!key.ptr && k->query_len && find_param(req->query, k->query, k->query_len, &key, &from, &to))
+    if (!key.ptr && k->query_len &&
+        sl_policy_query_param(req->query, k->query, k->query_len, &key, &from, &to))
         in_query = 1;
     if (!key.ptr || key.len == 0) {
         char msg[320];
         if (k->query_len)
-            snprintf(msg, sizeof(msg), "an API key is required (header %.100s or query parameter %.100s)",
-                     k->header, k->query);
+            snprintf(msg, sizeof(msg),
+                     "an API key is required (header %.100s or query parameter %.100s)", k->header,
+                     k->query);
         else
             snprintf(msg, sizeof(msg), "an API key is required (header %.100s)", k->header);
         return reject(k, reply, msg);
@@ -129,23 +111,12 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
     if (k->forward)
         return SL_POLICY_CONTINUE;
     if (in_query) {
-        /* The query without the parameter (and one of its '&'). */
-        sl_str_t q = req->query;
-        size_t a = from, b = to;
-        if (b < q.len)
-            b++; /* its trailing '&' */
-        else if (a > 0)
-            a--; /* the last one: its leading '&' */
-        char *out = sl_policy_alloc(req, q.len - (b - a) + 1);
-        if (!out) {
+        if (sl_policy_query_remove(req, from, to) != 0) {
             reply->status = 500;
             reply->code = "policy_error";
             snprintf(reply->message, sizeof(reply->message), "the request is too large to rewrite");
             return SL_POLICY_REPLY;
         }
-        memcpy(out, q.ptr, a);
-        memcpy(out + a, q.ptr + b, q.len - b);
-        req->query_out = (sl_str_t){out, q.len - (b - a)};
     } else if (sl_policy_edit(req, 0, SL_HDR_REMOVE, k->header, k->header_len, NULL, 0) != 0) {
         reply->status = 500;
         reply->code = "policy_error";

@@ -798,25 +798,6 @@ static int find_cookie(const sl_policy_req_t *req, const char *name, sl_str_t *o
     return 0;
 }
 
-/* The query parameter name: its value and where it starts and ends. */
-static int find_param(sl_str_t q, const char *name, sl_str_t *val, size_t *from, size_t *to)
-{
-    size_t nlen = strlen(name), i = 0;
-    while (i <= q.len) {
-        size_t end = i;
-        while (end < q.len && q.ptr[end] != '&')
-            end++;
-        if (end - i > nlen && memcmp(q.ptr + i, name, nlen) == 0 && q.ptr[i + nlen] == '=') {
-            *val = (sl_str_t){q.ptr + i + nlen + 1, end - i - nlen - 1};
-            *from = i;
-            *to = end;
-            return 1;
-        }
-        i = end + 1;
-    }
-    return 0;
-}
-
 enum source { SRC_NONE = 0, SRC_HEADER, SRC_COOKIE, SRC_QUERY };
 
 /* Finds the token; SRC_NONE with *bad set when the request holds a
@@ -856,7 +837,7 @@ static enum source find_token(const jwt_t *j, const sl_policy_req_t *req, sl_str
     }
     if (j->cookie[0] && find_cookie(req, j->cookie, tok))
         return SRC_COOKIE;
-    if (j->query[0] && find_param(req->query, j->query, tok, qfrom, qto))
+    if (j->query[0] && sl_policy_query_param(req->query, j->query, strlen(j->query), tok, qfrom, qto))
         return SRC_QUERY;
     return SRC_NONE;
 }
@@ -1131,18 +1112,8 @@ consumer:
         if (sl_policy_edit(req, 0, SL_HDR_REMOVE, j->header, j->header_len, NULL, 0) != 0)
             return fail_edit(reply);
     } else if (src == SRC_QUERY) {
-        sl_str_t q = req->query;
-        size_t a = qfrom, b = qto;
-        if (b < q.len)
-            b++;
-        else if (a > 0)
-            a--;
-        char *out = sl_policy_alloc(req, q.len - (b - a) + 1);
-        if (!out)
+        if (sl_policy_query_remove(req, qfrom, qto) != 0)
             return fail_edit(reply);
-        memcpy(out, q.ptr, a);
-        memcpy(out + a, q.ptr + b, q.len - b);
-        req->query_out = (sl_str_t){out, q.len - (b - a)};
     }
     return SL_POLICY_CONTINUE;
 }
