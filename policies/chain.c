@@ -234,9 +234,13 @@ static void *worker_state(const sl_policy_chain_t *ch, const entry_t *e, unsigne
 int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
                             sl_policy_reply_t *reply)
 {
-    /* The reply may be the previous request's (the runtime keeps it per
-     * request object, reused on keep-alive): policies fill status, code,
-     * message and headers, and must find no stale count or body. */
+    /* The reply may be an earlier request's (the runtime reuses the memory):
+     * policies fill status, code, message and headers, and must find no
+     * stale status, count or body (a 403 with a 204's empty body). Not a
+     * memset: the reply is 2 KiB and this runs on every request. */
+    reply->status = 0;
+    reply->code = NULL;
+    reply->message[0] = '\0';
     reply->num_headers = 0;
     reply->body = NULL;
     reply->body_len = 0;

@@ -153,6 +153,21 @@ void sl_consumers_free(sl_consumers_t *c)
     free(c);
 }
 
+/* Whether two SHA-256 digests are equal, in a time that does not depend on
+ * where they differ: four 64-bit XORs folded with OR, no early exit
+ * (CRYPTO_memcmp does the same a byte at a time, at ten times the cost). */
+static int digest_eq(const uint8_t *a, const uint8_t *b)
+{
+    uint64_t d = 0;
+    for (int i = 0; i < 32; i += 8) {
+        uint64_t x, y;
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        d |= x ^ y;
+    }
+    return d == 0;
+}
+
 const sl_consumer_t *sl_consumers_by_key(const sl_consumers_t *c, const uint8_t sha[32],
                                          const char **credential)
 {
@@ -161,7 +176,7 @@ const sl_consumer_t *sl_consumers_by_key(const sl_consumers_t *c, const uint8_t 
     for (size_t s = sha_hash(sha) & (c->keys_cap - 1);; s = (s + 1) & (c->keys_cap - 1)) {
         if (!c->keys[s].sha)
             return NULL;
-        if (CRYPTO_memcmp(c->keys[s].sha, sha, 32) == 0) {
+        if (digest_eq(c->keys[s].sha, sha)) {
             if (credential)
                 *credential = c->keys[s].credential;
             return c->keys[s].consumer;

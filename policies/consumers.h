@@ -7,7 +7,8 @@
  *
  * An API key is looked up by its hash: what a lookup's time depends on is
  * the SHA-256 of the presented key, which tells an attacker nothing about
- * the stored ones; the final comparison of the 32 bytes is CRYPTO_memcmp.
+ * the stored ones; the final comparison of the 32 bytes takes the same
+ * time wherever they differ.
  */
 #ifndef SL_CONSUMERS_H
 #define SL_CONSUMERS_H

@@ -133,6 +133,10 @@ typedef struct sl_policy_req {
      * with 500 policy_error rather than dropping an edit) */
     sl_hdr_edit_t *req_edits, *resp_edits;
     unsigned num_req_edits, num_resp_edits, max_edits;
+    /* Bit (name length & 63) of every set or remove edit's name, [0] for the
+     * upstream request and [1] for the response (sl_policy_edit keeps it):
+     * the codecs skip the edit list for headers no edit can name. */
+    uint64_t drop_lens[2];
     /* A new query string for the upstream request (the api-key policy
      * removing its parameter); ptr NULL = unchanged. */
     sl_str_t query_out;

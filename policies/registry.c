@@ -63,6 +63,8 @@ int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char 
         return -1;
     list[*n] = (sl_hdr_edit_t){op, name, name_len, value, value_len};
     (*n)++;
+    if (op != SL_HDR_ADD)
+        r->drop_lens[response != 0] |= 1ULL << (name_len & 63);
     return 0;
 }
 

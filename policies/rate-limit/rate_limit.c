@@ -171,6 +171,8 @@ typedef struct {
     uint64_t requests, period_ms;
     sl_rl_gcra_t gcra;
     char period_text[32];
+    char requests_text[24]; /* RateLimit-Limit's value, formatted once */
+    size_t requests_text_len;
 } limit_t;
 
 typedef struct {
@@ -245,6 +247,8 @@ static int parse_limits(rl_t *rl, json_t *limits, char *err, size_t errlen)
         lim->requests = (uint64_t)requests;
         lim->period_ms = period_ms;
         lim->gcra = sl_rl_gcra_make(lim->requests, period_ms * 1000000ull);
+        lim->requests_text_len = (size_t)snprintf(lim->requests_text, sizeof(lim->requests_text),
+                                                  "%llu", (unsigned long long)lim->requests);
         if (json_is_string(period))
             snprintf(lim->period_text, sizeof(lim->period_text), "%s", json_string_value(period));
         else
@@ -513,9 +517,13 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
     /* The most restrictive limit's figures on the response. */
     static const char *const names[3] = {"RateLimit-Limit", "RateLimit-Remaining",
                                          "RateLimit-Reset"};
-    uint64_t values[3] = {rl->limits[best_i].requests, best.remaining, seconds_up(best.reset_ns)};
+    const limit_t *lim = &rl->limits[best_i];
+    uint64_t values[3] = {0, best.remaining, seconds_up(best.reset_ns)};
     static const size_t name_lens[3] = {15, 19, 15};
-    for (int i = 0; i < 3; i++) {
+    if (sl_policy_edit(req, 1, SL_HDR_SET, names[0], name_lens[0], lim->requests_text,
+                       lim->requests_text_len) != 0)
+        return SL_POLICY_CONTINUE;
+    for (int i = 1; i < 3; i++) {
         char *buf = sl_policy_alloc(req, 20);
         if (!buf)
             break; /* the arena is full: the headers are informative, the request goes on */

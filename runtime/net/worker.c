@@ -387,6 +387,8 @@ void sl_workers_destroy(sl_worker_t *ws, unsigned nworkers)
             free(w->blocks[b]);
         for (unsigned b = 0; b < w->num_small_blocks; b++)
             free(w->small_blocks[b]);
+        for (unsigned b = 0; b < w->num_policy_states; b++)
+            free(w->policy_states[b]);
         event_free(w->cmd_ev);
         event_free(w->drain_ev);
         event_free(w->sweep_ev);

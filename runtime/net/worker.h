@@ -86,6 +86,7 @@ typedef struct sl_deferred {
 #define SL_WORKER_BLOCK_CACHE 256
 #define SL_WORKER_SMALL_BLOCK_SIZE 4096
 #define SL_WORKER_SMALL_BLOCK_CACHE 1024
+#define SL_WORKER_POLICY_CACHE 64
 
 typedef struct sl_worker {
     unsigned id;
@@ -113,6 +114,11 @@ typedef struct sl_worker {
     unsigned num_blocks;
     char *small_blocks[SL_WORKER_SMALL_BLOCK_CACHE];
     unsigned num_small_blocks;
+    /* Spare per-request policy states (request.h sl_req_policy_t, about
+     * 16 KiB): a request through a policy chain takes one and gives it
+     * back, so the chain costs no malloc and free per request. */
+    void *policy_states[SL_WORKER_POLICY_CACHE];
+    unsigned num_policy_states;
 
     int draining;
     struct event *drain_ev;

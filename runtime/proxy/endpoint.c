@@ -266,6 +266,7 @@ sl_endpoint_state_t *sl_endpoint_acquire(const char *cluster, const char *addres
     if (fresh->cluster == NULL || fresh->address == NULL)
         goto fail_alloc;
     fresh->port = port;
+    snprintf(fresh->label, sizeof(fresh->label), "%s:%u", address, (unsigned)port);
     if (resolve(cluster, address, port, &fresh->addr, &fresh->addr_len, err, errlen) != 0)
         goto fail;
     atomic_init(&fresh->hc_healthy, 1);

@@ -26,6 +26,9 @@ typedef struct sl_endpoint_state {
     char *cluster;
     char *address;
     uint16_t port;
+    /* "address:port" as requests record it (sl_request_t.upstream_addr,
+     * the same size), made once here rather than by snprintf per request. */
+    char label[64];
     struct sockaddr_storage addr; /* resolved once at acquire */
     socklen_t addr_len;
     atomic_int hc_healthy;             /* active checks' verdict; 1 when not checked */

@@ -1159,8 +1159,17 @@ static unsigned append_response_fields(sl_conn_t *c, sl_buf_t *b, const sl_http1
  * unless keep-alive), which the rest of the head takes care of. */
 static void append_status_line(sl_buf_t *b, const sl_http1_response_t *resp)
 {
-    char line[32];
-    int n = snprintf(line, sizeof(line), "HTTP/1.1 %d ", resp->status);
+    char line[32] = "HTTP/1.1 ";
+    int n;
+    if (resp->status >= 100 && resp->status <= 999) { /* the parser's range: no snprintf per response */
+        line[9] = (char)('0' + resp->status / 100);
+        line[10] = (char)('0' + resp->status / 10 % 10);
+        line[11] = (char)('0' + resp->status % 10);
+        line[12] = ' ';
+        n = 13;
+    } else {
+        n = snprintf(line, sizeof(line), "HTTP/1.1 %d ", resp->status);
+    }
     sl_buf_append(b, line, (size_t)n);
     sl_buf_append(b, resp->reason.ptr, resp->reason.len);
     sl_buf_append(b, "\r\n", 2);

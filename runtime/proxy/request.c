@@ -230,8 +230,14 @@ void sl_request_reset(sl_request_t *r)
     r->meta_len = 0;
     r->m_method = r->m_target = r->m_host = r->m_ua = r->m_referer = r->m_reqid = (sl_str_t){"", 0};
     r->upstream_addr[0] = '\0';
-    free(r->pol);
-    r->pol = NULL;
+    if (r->pol) {
+        sl_worker_t *w = r->w;
+        if (w && w->num_policy_states < SL_WORKER_POLICY_CACHE)
+            w->policy_states[w->num_policy_states++] = r->pol;
+        else
+            free(r->pol);
+        r->pol = NULL;
+    }
 }
 
 void sl_request_log(sl_request_t *r)
@@ -589,7 +595,9 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
 {
     sl_req_policy_t *p = r->pol;
     if (!p) {
-        p = malloc(sizeof(*p));
+        sl_worker_t *w = r->w;
+        p = w && w->num_policy_states ? w->policy_states[--w->num_policy_states]
+                                      : malloc(sizeof(*p));
         if (!p) {
             set_error(err, 503, "overloaded", 0, "out of memory");
             return SL_ERROR;
@@ -598,9 +606,8 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     }
     p->replied = p->responded = 0;
     memset(&p->v, 0, sizeof(p->v));
-    /* A reply's body and headers must not leak from the previous request
-     * whose memory this was (a 403 with the 204's empty body). */
-    memset(&p->reply, 0, sizeof(p->reply));
+    /* The reply is cleared by sl_policy_chain_request: this memory was
+     * another request's, and its reply must not leak into this one. */
     p->v.method = h->method;
     p->v.host = h->host;
     p->v.path = path;
@@ -649,10 +656,8 @@ static int name_eq(sl_str_t a, const char *b, size_t blen)
     return a.len == blen && strncasecmp(a.ptr, b, blen) == 0;
 }
 
-int sl_request_header_dropped(const sl_request_t *r, int response, sl_str_t name)
+int sl_request_header_dropped_scan(const sl_request_t *r, int response, sl_str_t name)
 {
-    if (!r->pol)
-        return 0;
     const sl_hdr_edit_t *e = response ? r->pol->v.resp_edits : r->pol->v.req_edits;
     unsigned n = response ? r->pol->v.num_resp_edits : r->pol->v.num_req_edits;
     for (unsigned i = 0; i < n; i++)
@@ -714,7 +719,8 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
         set_error(err, 503, "overloaded", 1, "out of memory");
         return SL_ERROR;
     }
-    snprintf(r->upstream_addr, sizeof(r->upstream_addr), "%s:%u", ep->address, ep->port);
+    _Static_assert(sizeof(r->upstream_addr) == sizeof(ep->label), "the label is copied whole");
+    memcpy(r->upstream_addr, ep->label, sizeof(r->upstream_addr));
     SL_STAT_ADD(r->cluster->stats->slots[r->w->id].requests, 1);
     r->pool->active_requests++;
     r->counted_request = 1;

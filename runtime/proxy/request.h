@@ -182,7 +182,14 @@ int sl_request_retried_on_reset(const sl_request_t *r);
  *                              response of `status` (upstream's or ours);
  *   sl_request_reply           the chain's short-circuit, or NULL.
  */
-int sl_request_header_dropped(const sl_request_t *r, int response, sl_str_t name);
+int sl_request_header_dropped_scan(const sl_request_t *r, int response, sl_str_t name);
+static inline int sl_request_header_dropped(const sl_request_t *r, int response, sl_str_t name)
+{
+    /* Every forwarded header asks: most names have a length no edit has. */
+    if (!r->pol || !(r->pol->v.drop_lens[response != 0] & (1ULL << (name.len & 63))))
+        return 0;
+    return sl_request_header_dropped_scan(r, response, name);
+}
 size_t sl_request_header_added(const sl_request_t *r, int response, sl_header_t *f, size_t cap);
 void sl_request_response_hooks(sl_request_t *r, int status);
 const sl_policy_reply_t *sl_request_reply(const sl_request_t *r);
