@@ -46,9 +46,16 @@
 #   OUT=docs/benchmarks.md            ("-" = only print the table)
 #   PROXIES="... sluice-chain ..."    also sluice-runtime with the policy issue's
 #                                     realistic chain (api-key + rate-limit local +
-#                                     headers + cors; wrk sends the key and an
-#                                     Origin), for the cost of policies; GET and
-#                                     POST tests only
+#                                     headers + cors), for the cost of policies
+#   PROXIES="... sluice-jwt ..."      also sluice-runtime with the jwt policy alone
+#                                     (RS256, a 2048-bit key inline)
+#   PROXIES="... nginx-chain ..."     also nginx with the chain's nginx equivalent
+#                                     (map of API keys + limit_req + add_header)
+#                                     The three policy variants run the GET and POST
+#                                     tests only; in a run with any of them every
+#                                     proxy gets the same request headers (an API
+#                                     key, an Origin and a bearer JWT), so a
+#                                     variant's cost is its policies' work.
 #   BASELINE=path/to/sluice-runtime   also measure this binary, as proxy
 #                                     "sluice-base", in the same run (before/after
 #                                     figures of a change: build the old commit
@@ -86,6 +93,10 @@ if [ -n "$BASELINE" ]; then
 fi
 RUNTIME="$BUILD/bin/sluice-runtime"
 CHAIN_KEY=bench-key-0123456789
+POLICY_PROXIES="sluice-chain sluice-jwt nginx-chain"
+is_policy_proxy() { case " $POLICY_PROXIES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+WITH_POLICIES=""
+for p in $PROXIES; do if is_policy_proxy "$p"; then WITH_POLICIES=1; fi; done
 case $RUNTIME in /*) ;; *) RUNTIME="$REPO/$RUNTIME" ;; esac
 PY=/usr/bin/python3
 
@@ -112,7 +123,7 @@ fi
 GRPC_CALLS=${GRPC_CALLS:-10000}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
-case " $PROXIES " in *" sluice "* | *" sluice-chain "*)
+case " $PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "*)
     [ -x "$RUNTIME" ] || die "$RUNTIME not found: build it first (make BUILD=$BUILD)" ;;
 esac
 [ -z "${die_early:-}" ] || die "BASELINE=$BASELINE is not an executable sluice-runtime"
@@ -160,7 +171,7 @@ wait_http() {
     local port=$1 pid=$2 name=$3 code
     for _ in $(seq 100); do
         kill -0 "$pid" 2>/dev/null || die "$name exited during start-up (see $TMP)"
-        code=$(curl -s -o /dev/null -w '%{http_code}' -H "X-Api-Key: $CHAIN_KEY" \
+        code=$(curl -s -o /dev/null -w '%{http_code}' "${POLICY_HDRS[@]}" \
             "http://127.0.0.1:$port/" || true)
         [ "$code" = 200 ] && return 0
         sleep 0.1
@@ -205,6 +216,37 @@ fill() { # template out [KEY=VALUE...]
         sed -i "s|@${kv%%=*}@|${kv#*=}|g" "$out"
     done
 }
+
+# --- policy variants: a JWT signed with a fresh RSA key, its JWKS ------------
+JWT_TOKEN=""
+if [ -n "$WITH_POLICIES" ]; then
+    $PY -c 'import cryptography' 2>/dev/null ||
+        die "python3-cryptography not found (make deps installs it)"
+    mkdir -p "$TMP/jwt"
+    $PY - "$TMP/jwt" <<'EOF' || die "cannot make the bench JWT"
+import base64, json, sys, time
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+def b64(b):
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+def uint(n):
+    return b64(n.to_bytes((n.bit_length() + 7) // 8, "big"))
+key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+pub = key.public_key().public_numbers()
+head = b64(json.dumps({"alg": "RS256", "typ": "JWT", "kid": "bench"}).encode())
+body = b64(json.dumps({"iss": "https://idp.bench", "aud": "bench", "sub": "wrk",
+                       "exp": int(time.time()) + 86400, "scope": "bench"}).encode())
+sig = key.sign((head + "." + body).encode(), padding.PKCS1v15(), hashes.SHA256())
+open(sys.argv[1] + "/token", "w").write(head + "." + body + "." + b64(sig))
+open(sys.argv[1] + "/jwks.json", "w").write(json.dumps(
+    {"keys": [{"kty": "RSA", "kid": "bench", "alg": "RS256", "n": uint(pub.n), "e": uint(pub.e)}]}))
+EOF
+    JWT_TOKEN=$(cat "$TMP/jwt/token")
+fi
+# The request headers of every load in a run with a policy variant.
+POLICY_HDRS=()
+[ -z "$WITH_POLICIES" ] || POLICY_HDRS=(-H "X-Api-Key: $CHAIN_KEY" -H "Origin: https://app.example.com"
+    -H "Authorization: Bearer $JWT_TOKEN")
 
 # --- origin: nginx returning a small body, pinned to the load CPU -----------
 ORIGIN_PORT=$(free_port)
@@ -270,13 +312,22 @@ start_proxy() { # name
     local name=$1 port=$PORT dir="$TMP/$1"
     mkdir -p "$dir"
     case $name in
-    sluice | sluice-base | sluice-chain)
+    sluice | sluice-base | sluice-chain | sluice-jwt)
         local bin=$RUNTIME
         [ "$name" != sluice-base ] || bin=$BASELINE
         # sluice-chain: the realistic chain of the policy issue on the Api
         # (the rate limit far above what one core can send, so every request
         # pays for the check and none is refused).
         local chain="" consumer=""
+        if [ "$name" = sluice-jwt ]; then
+            chain="  policies:
+  - name: jwt
+    config:
+      algorithms: [RS256]
+      issuers: [\"https://idp.bench\"]
+      audiences: [bench]
+      jwks: $(cat "$TMP/jwt/jwks.json")"
+        fi
         if [ "$name" = sluice-chain ]; then
             chain="  policies:
   - {name: api-key, config: {header: X-Api-Key}}
@@ -340,7 +391,35 @@ EOF
         taskset -c "$PROXY_CPU" "$bin" --config "$dir/sluice.yaml" --workers 1 \
             --admin off --access-log off --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
         ;;
-    nginx)
+    nginx | nginx-chain)
+        : >"$dir/chain-http.conf"
+        : >"$dir/chain-location.conf"
+        if [ "$name" = nginx-chain ]; then
+            # The chain in nginx's own terms: API keys by a map (nginx
+            # compares the plain key; sluice compares SHA-256 digests),
+            # limit_req per consumer far above what one core sends, the
+            # response header, and CORS for one origin. nginx writes no
+            # RateLimit-* headers and answers no preflight here.
+            cat >"$dir/chain-http.conf" <<EOF
+map \$http_x_api_key \$api_consumer {
+    default "";
+    "$CHAIN_KEY" bench;
+}
+map \$http_origin \$cors_origin {
+    default "";
+    "https://app.example.com" \$http_origin;
+}
+limit_req_zone \$api_consumer zone=per_consumer:1m rate=1000000r/s;
+EOF
+            cat >"$dir/chain-location.conf" <<EOF
+if (\$api_consumer = "") { return 401; }
+limit_req zone=per_consumer burst=1000 nodelay;
+proxy_set_header X-Api-Key "";
+add_header X-Frame-Options DENY always;
+add_header Access-Control-Allow-Origin \$cors_origin always;
+add_header Vary Origin always;
+EOF
+        fi
         fill "$REPO/perf/nginx.conf.tmpl" "$dir/nginx.conf" PREFIX="$dir" \
             LISTEN_PORT="$port" TLS_PORT="$TLS_PORT" H2C_PORT="$H2C_PORT" \
             ORIGIN_PORT="$ORIGIN_PORT" CERT="$TMP/tls/cert.pem" KEY="$TMP/tls/key.pem" \
@@ -362,11 +441,11 @@ EOF
     wait_http "$port" "$PROXY_PID" "$name"
     # A POST must pass too, with the origin's answer.
     local body
-    body=$(curl -s -X POST -H "X-Api-Key: $CHAIN_KEY" --data-binary @"$TMP/post1024.lua" \
+    body=$(curl -s -X POST "${POLICY_HDRS[@]}" --data-binary @"$TMP/post1024.lua" \
         "http://127.0.0.1:$port/x")
     [ "$body" = "hello from the origin" ] || die "$name: POST through the proxy answered '$body'"
-    # sluice-chain runs the plain HTTP/1.1 tests only (its Api wants a key).
-    [ -z "$NEED_TLS" ] || [ "$name" = sluice-chain ] || check_tls_h2 "$name"
+    # A policy variant runs the plain HTTP/1.1 tests only.
+    [ -z "$NEED_TLS" ] || is_policy_proxy "$name" || check_tls_h2 "$name"
 }
 
 # The TLS and h2c listeners answer through the proxy, with the run's
@@ -425,15 +504,8 @@ run_load() { # test duration outfile [count: handshake_new's number of connectio
         post5k) script=(-s "$TMP/post5120.lua") ;;
         https_get) url="https://127.0.0.1:$TLS_PORT/bench" ;; # wrk sends no ALPN: HTTP/1.1
         esac
-        # In a run with sluice-chain every proxy gets the chain's two request
-        # headers, so that the chain's cost is the policies' work, not the
-        # parsing and forwarding of two more headers.
-        local hdrs=()
-        case " $PROXIES " in *" sluice-chain "*)
-            hdrs=(-H "X-Api-Key: $CHAIN_KEY" -H "Origin: https://app.example.com") ;;
-        esac
         taskset -c "$LOAD_CPU" wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"$dur" "${script[@]}" \
-            "${hdrs[@]}" "$url" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
+            "${POLICY_HDRS[@]}" "$url" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
         ;;
     h2c | h2tls)
         url="http://127.0.0.1:$H2C_PORT/bench"
@@ -543,9 +615,10 @@ for proxy in $PROXIES; do
     read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
     start_proxy "$proxy"
     for test in $TESTS; do
-        # sluice-chain: the HTTP/1.1 tests only (its Api wants a key).
-        case $proxy:$test in sluice-chain:get | sluice-chain:post1k | sluice-chain:post5k) ;;
-        sluice-chain:*) continue ;; esac
+        # A policy variant: the plain HTTP/1.1 tests only.
+        if is_policy_proxy "$proxy"; then
+            case $test in get | post1k | post5k) ;; *) continue ;; esac
+        fi
         if [ "$test" = h2_slow_reader ]; then
             slow_reader "$proxy"
             continue
@@ -658,18 +731,25 @@ if hs:
             print("| %s | %s | %.0f | %s | %.0f | %s | %s | %s |" % (
                 "full" if t == "handshake_new" else "resumed", proxy, float(rps), cpu,
                 per_cpu_s, resumed, err, ratio(per_cpu_s, ng_per)))
-chain = [(t, by[("sluice", t)], by[("sluice-chain", t)]) for t in tests
-         if ("sluice", t) in by and ("sluice-chain", t) in by]
+variants = [("sluice-chain", "sluice", "api-key + rate-limit (local) + headers + cors"),
+            ("sluice-jwt", "sluice", "jwt, RS256, 2048-bit key"),
+            ("nginx-chain", "nginx", "map of API keys + limit_req + add_header (CORS, X-Frame-Options)")]
+chain = [(v, base, what, t, by[(base, t)], by[(v, t)]) for v, base, what in variants
+         for t in tests if (base, t) in by and (v, t) in by]
 if chain:
     print()
-    print("Policy chain cost (target: at most 15% more CPU per request than no policies): "
-          "sluice-chain = api-key + rate-limit (local) + headers + cors on the Api:")
+    print("Cost of policies (target for sluice-chain: at most 15% more CPU per request "
+          "than no policies, and below nginx without policies); every proxy of the run "
+          "got the same request headers:")
     print()
-    print("| test | CPU µs/request, no policies | with the chain | added µs | ratio |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for t, plain, ch in chain:
+    print("| variant | policies | test | CPU µs/request, no policies | with them | added µs | ratio | vs nginx, no policies |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for v, base, what, t, plain, ch in chain:
         a, b = float(plain[4]), float(ch[4])
-        print("| %s | %.2f | %.2f | %.2f | %s |" % (names.get(t, t), a, b, b - a, ratio(b, a)))
+        ng = by.get(("nginx", t))
+        vs = ratio(b, float(ng[4])) if ng else "n/a"
+        print("| %s | %s | %s | %.2f | %.2f | %.2f | %s | %s |" % (
+            v, what, names.get(t, t), a, b, b - a, ratio(b, a), vs))
 if slow:
     print()
     print("h2 download with a slow reader (target: peak RSS within %d MB of idle):" % (limit_kb // 1024))

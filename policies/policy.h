@@ -216,6 +216,13 @@ int sl_policy_query_param(sl_str_t q, const char *name, size_t nlen, sl_str_t *v
  * [from, to) and one of its '&'; -1 when the arena is full. */
 int sl_policy_query_remove(sl_policy_req_t *req, size_t from, size_t to);
 
+/* SHA-256 of n bytes into out, for credentials and cache keys on the
+ * request path: the algorithm is fetched once per process and each thread
+ * reuses one context (OpenSSL's SHA256() fetches and allocates on every
+ * call, which costs more than a short key's hashing). 0, or -1 when OpenSSL
+ * fails (the caller fails closed). Any thread. */
+int sl_policy_sha256(const void *p, size_t n, uint8_t out[32]);
+
 /* Adds an edit; -1 when the bound is reached (the caller fails closed). */
 int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char *name,
                    size_t name_len, const char *value, size_t value_len);

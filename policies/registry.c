@@ -4,6 +4,9 @@
  */
 #include "policy.h"
 
+#include <openssl/evp.h>
+#include <pthread.h>
+
 #include <string.h>
 
 extern const sl_policy_def_t sl_policy_api_key;
@@ -65,6 +68,41 @@ int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char 
     (*n)++;
     if (op != SL_HDR_ADD)
         r->drop_lens[response != 0] |= 1ULL << (name_len & 63);
+    return 0;
+}
+
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+static EVP_MD *sha256_md;       /* process lifetime */
+static pthread_key_t sha256_key; /* the thread's EVP_MD_CTX, freed at thread exit */
+static int sha256_key_ok;
+
+static void ctx_free(void *ctx)
+{
+    EVP_MD_CTX_free(ctx);
+}
+
+static void sha256_init(void)
+{
+    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    sha256_key_ok = pthread_key_create(&sha256_key, ctx_free) == 0;
+}
+
+int sl_policy_sha256(const void *p, size_t n, uint8_t out[32])
+{
+    pthread_once(&sha256_once, sha256_init);
+    if (!sha256_md || !sha256_key_ok)
+        return -1;
+    EVP_MD_CTX *ctx = pthread_getspecific(sha256_key);
+    if (!ctx) {
+        ctx = EVP_MD_CTX_new();
+        if (!ctx || pthread_setspecific(sha256_key, ctx) != 0) {
+            EVP_MD_CTX_free(ctx);
+            return -1;
+        }
+    }
+    if (!EVP_DigestInit_ex2(ctx, sha256_md, NULL) || !EVP_DigestUpdate(ctx, p, n) ||
+        !EVP_DigestFinal_ex(ctx, out, NULL))
+        return -1;
     return 0;
 }
 

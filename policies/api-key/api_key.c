@@ -10,7 +10,6 @@
 #include "consumers.h"
 #include "policy.h"
 
-#include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,11 +24,6 @@ typedef struct {
     size_t query_len;
     int forward;
     char challenge[192]; /* WWW-Authenticate */
-    /* SHA-256, fetched once: SHA256() fetches the algorithm (locks and a
-     * hash lookup) and makes a context on every call, which cost more than
-     * the rest of the chain together. Each worker keeps a context
-     * (worker_new) and reuses it. */
-    EVP_MD *sha256;
 } api_key_t;
 
 static const sl_vfield_t fields[] = {
@@ -48,19 +42,12 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
         return NULL;
     }
     k->consumers = env->consumers;
-    k->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
-    if (!k->sha256) {
-        snprintf(err, errlen, "SHA-256 is not available from OpenSSL");
-        free(k);
-        return NULL;
-    }
     json_t *h = json_object_get(config, "header");
     json_t *q = json_object_get(config, "query");
     const char *hv = json_is_string(h) ? json_string_value(h) : "X-Api-Key";
     const char *qv = json_is_string(q) ? json_string_value(q) : "";
     if (strlen(hv) >= sizeof(k->header) || strlen(qv) >= sizeof(k->query)) {
         snprintf(err, errlen, "header and query names are limited to 127 characters");
-        EVP_MD_free(k->sha256);
         free(k);
         return NULL;
     }
@@ -113,9 +100,7 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
         return reject(k, reply, msg);
     }
     uint8_t sha[SHA256_DIGEST_LENGTH];
-    EVP_MD_CTX *ctx = req->worker_state;
-    if (!EVP_DigestInit_ex2(ctx, k->sha256, NULL) || !EVP_DigestUpdate(ctx, key.ptr, key.len) ||
-        !EVP_DigestFinal_ex(ctx, sha, NULL)) {
+    if (sl_policy_sha256(key.ptr, key.len, sha) != 0) {
         reply->status = 500;
         reply->code = "policy_error";
         snprintf(reply->message, sizeof(reply->message), "the API key cannot be hashed");
@@ -146,31 +131,11 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
     return SL_POLICY_CONTINUE;
 }
 
-static void api_key_free(void *state)
-{
-    api_key_t *k = state;
-    EVP_MD_free(k->sha256);
-    free(k);
-}
-
-static void *worker_new(const void *state)
-{
-    (void)state;
-    return EVP_MD_CTX_new();
-}
-
-static void worker_free(void *ctx)
-{
-    EVP_MD_CTX_free(ctx);
-}
-
 const sl_policy_def_t sl_policy_api_key = {
     .name = "api-key",
     .phase = SL_PHASE_AUTHN,
     .schema = &schema,
     .compile = compile,
-    .free = api_key_free,
+    .free = free,
     .on_request = on_request,
-    .worker_new = worker_new,
-    .worker_free = worker_free,
 };

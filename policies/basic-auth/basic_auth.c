@@ -220,7 +220,8 @@ typedef struct {
     struct crypt_data crypt; /* crypt_r's scratch: ~32 KiB, one per worker */
 } worker_t;
 
-static void cache_key(sl_str_t user, sl_str_t password, const char *hash, uint8_t out[32])
+/* 0, or -1 when it cannot be made (then the cache is not used). */
+static int cache_key(sl_str_t user, sl_str_t password, const char *hash, uint8_t out[32])
 {
     char in[CRED_MAX + 2 + 512];
     size_t hlen = strnlen(hash, 512), n = 0;
@@ -229,8 +230,9 @@ static void cache_key(sl_str_t user, sl_str_t password, const char *hash, uint8_
     memcpy(in + n, password.ptr, password.len), n += password.len;
     in[n++] = ':';
     memcpy(in + n, hash, hlen), n += hlen;
-    SHA256((const unsigned char *)in, n, out);
+    int rc = sl_policy_sha256(in, n, out);
     OPENSSL_cleanse(in, n);
+    return rc;
 }
 
 static size_t cache_set(const uint8_t key[32])
@@ -329,14 +331,14 @@ static int authenticate(const basic_auth_t *b, sl_policy_req_t *req, sl_policy_r
     if (!c || !hash)
         return reject(b, reply, "the user name or password is not valid");
     uint8_t key[SHA256_DIGEST_LENGTH];
-    cache_key(user, password, hash, key);
+    int cacheable = b->cache_ms && cache_key(user, password, hash, key) == 0;
     const char *api = req->api ? req->api : "-";
-    if (b->cache_ms && cache_hit(w, key, req->now_ms)) {
+    if (cacheable && cache_hit(w, key, req->now_ms)) {
         sl_log_debug("basic-auth %s: verified from the cache", api);
     } else {
         if (!verify(w, password.ptr, hash, api))
             return reject(b, reply, "the user name or password is not valid");
-        if (b->cache_ms)
+        if (cacheable)
             cache_put(w, key, req->now_ms, b->cache_ms);
     }
     req->consumer.name = c->name;
