@@ -51,8 +51,8 @@ static inline int sl_buf_reserve(sl_buf_t *b, size_t cap)
     return 0;
 }
 
-/* Appends n bytes, growing as needed. */
-static inline int sl_buf_append(sl_buf_t *b, const void *p, size_t n)
+/* Makes room for n more bytes at the tail; -1 on allocation failure. */
+static inline int sl_buf_room(sl_buf_t *b, size_t n)
 {
     if (sl_buf_space(b) < n) {
         sl_buf_compact(b);
@@ -64,8 +64,36 @@ static inline int sl_buf_append(sl_buf_t *b, const void *p, size_t n)
                 return -1;
         }
     }
+    return 0;
+}
+
+/* Appends n bytes, growing as needed. */
+static inline int sl_buf_append(sl_buf_t *b, const void *p, size_t n)
+{
+    if (sl_buf_room(b, n) != 0)
+        return -1;
     memcpy(b->data + b->end, p, n);
     b->end += n;
+    return 0;
+}
+
+/* Appends a header line "name: value\r\n": one room check for the four
+ * pieces a head writer would otherwise append one by one. */
+static inline int sl_buf_append_field(sl_buf_t *b, const char *name, size_t name_len,
+                                      const char *value, size_t value_len)
+{
+    if (sl_buf_room(b, name_len + value_len + 4) != 0)
+        return -1;
+    char *t = b->data + b->end;
+    memcpy(t, name, name_len);
+    t += name_len;
+    t[0] = ':';
+    t[1] = ' ';
+    memcpy(t + 2, value, value_len);
+    t += 2 + value_len;
+    t[0] = '\r';
+    t[1] = '\n';
+    b->end += name_len + value_len + 4;
     return 0;
 }
 

@@ -208,19 +208,14 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
             continue;
         if (sl_unlikely(x->r.pol) && sl_request_header_dropped(&x->r, 0, h->name))
             continue;
-        sl_buf_append(b, h->name.ptr, h->name.len);
-        sl_buf_append(b, ": ", 2);
-        sl_buf_append(b, h->value.ptr, h->value.len);
-        sl_buf_append(b, "\r\n", 2);
+        sl_buf_append_field(b, h->name.ptr, h->name.len, h->value.ptr, h->value.len);
     }
     if (sl_unlikely(x->r.pol)) {
         sl_header_t add[SL_REQ_POLICY_EDITS];
         size_t n = sl_request_header_added(&x->r, 0, add, SL_ARRAY_LEN(add));
         for (size_t i = 0; i < n; i++) {
-            sl_buf_append(b, add[i].name.ptr, add[i].name.len);
-            sl_buf_append(b, ": ", 2);
-            sl_buf_append(b, add[i].value.ptr, add[i].value.len);
-            sl_buf_append(b, "\r\n", 2);
+            sl_buf_append_field(b, add[i].name.ptr, add[i].name.len, add[i].value.ptr,
+                                add[i].value.len);
         }
     }
     sl_str_t host_value = req->authority;

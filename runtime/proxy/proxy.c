@@ -1141,10 +1141,7 @@ static unsigned append_response_fields(sl_conn_t *c, sl_buf_t *b, const sl_http1
         }
         if (sl_unlikely(c->x.r.pol) && sl_request_header_dropped(&c->x.r, 1, h->name))
             continue;
-        sl_buf_append(b, h->name.ptr, h->name.len);
-        sl_buf_append(b, ": ", 2);
-        sl_buf_append(b, h->value.ptr, h->value.len);
-        sl_buf_append(b, "\r\n", 2);
+        sl_buf_append_field(b, h->name.ptr, h->name.len, h->value.ptr, h->value.len);
     }
     if (!(has & HAS_DATE)) {
         size_t dl;
@@ -1189,10 +1186,8 @@ static void append_policy_headers(sl_conn_t *c, sl_buf_t *b)
     sl_header_t add[SL_REQ_POLICY_EDITS];
     size_t n = sl_request_header_added(&c->x.r, 1, add, SL_ARRAY_LEN(add));
     for (size_t i = 0; i < n; i++) {
-        sl_buf_append(b, add[i].name.ptr, add[i].name.len);
-        sl_buf_append(b, ": ", 2);
-        sl_buf_append(b, add[i].value.ptr, add[i].value.len);
-        sl_buf_append(b, "\r\n", 2);
+        sl_buf_append_field(b, add[i].name.ptr, add[i].name.len, add[i].value.ptr,
+                            add[i].value.len);
     }
 }
 
