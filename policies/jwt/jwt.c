@@ -6,7 +6,7 @@
  * required claims, scopes), maps (iss, sub) to a Consumer, and passes
  * chosen claims upstream as headers.
  *
- *   config: {jwks: {keys: [...]}, jwksUri: http://idp/keys, secret: ...,
+ *   config: {jwks: {keys: [...]}, jwksUri: https://idp/keys, secret: ...,
  *            issuers: [...], audiences: [...], requiredScopes: [...],
  *            claimsToHeaders: {sub: X-User}, consumerRequired: false}
  *
@@ -198,8 +198,35 @@ static void check_uri(sl_vctx_t *c, json_t *v, const void *arg)
     char err[200];
     if (!json_is_string(v))
         sl_validate_error(c, "expected a URL string");
-    else if (sl_jwks_uri_check(json_string_value(v), err, sizeof(err)) != 0)
+    else if (sl_jwks_uri_check(json_string_value(v), NULL, err, sizeof(err)) != 0)
         sl_validate_error(c, "%s", err);
+}
+
+#define MAX_CA_PEM (1024 * 1024)
+
+/* The shape only: the certificates are parsed by compile (jwks_fetch.h),
+ * as a Backend's caBundle is. */
+static void check_ca_pem(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    const char *s = json_string_value(v);
+    if (!s)
+        sl_validate_error(c, "expected a string of PEM certificates");
+    else if (json_string_length(v) > MAX_CA_PEM)
+        sl_validate_error(c, "longer than %d bytes", MAX_CA_PEM);
+    else if (!strstr(s, "-----BEGIN CERTIFICATE-----") || !strstr(s, "-----END CERTIFICATE-----"))
+        sl_validate_error(c, "expected PEM certificates (-----BEGIN CERTIFICATE----- ... "
+                             "-----END CERTIFICATE-----)");
+}
+
+static void check_ca_file(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    const char *s = json_string_value(v);
+    if (!s || s[0] != '/')
+        sl_validate_error(c, "an absolute path on the runtime's machine");
+    else if (strlen(s) > 4096)
+        sl_validate_error(c, "longer than 4096 characters");
 }
 
 static void check_claims_to_headers(sl_vctx_t *c, json_t *v, const void *arg)
@@ -235,6 +262,8 @@ static const sl_vfield_t fields[] = {
     {"jwks", check_jwks, NULL, 0},
     {"jwksUri", check_uri, NULL, 0},
     {"jwksCacheSeconds", sl_vcheck_int, &cache_range, 0},
+    {"jwksCaBundle", check_ca_pem, NULL, 0},
+    {"jwksCaFile", check_ca_file, NULL, 0},
     {"secret", check_short_string, NULL, 0},
     {"secretEncoding", sl_vcheck_enum, encodings, 0},
     {"algorithms", sl_vcheck_array,
@@ -327,6 +356,23 @@ static void check_config(sl_vctx_t *c, json_t *config)
             OPENSSL_cleanse(s, len);
             free(s);
         }
+        sl_validate_pop(c, saved);
+    }
+    static const char *const ca_fields[] = {"jwksCaBundle", "jwksCaFile"};
+    const char *uri = json_string_value(cfg(config, "jwksUri"));
+    int tls = 0;
+    if (uri && sl_jwks_uri_check(uri, &tls, err, sizeof(err)) != 0)
+        uri = NULL; /* reported by its field */
+    for (int i = 0; i < 2; i++) {
+        if (!cfg(config, ca_fields[i]))
+            continue;
+        size_t saved = sl_validate_push_key(c, ca_fields[i]);
+        if (i == 1 && cfg(config, ca_fields[0]))
+            sl_validate_error(c, "set at most one of jwksCaBundle (PEM) or jwksCaFile (a path)");
+        else if (!cfg(config, "jwksUri"))
+            sl_validate_error(c, "only meaningful with jwksUri");
+        else if (uri && !tls)
+            sl_validate_error(c, "only meaningful with an https:// jwksUri");
         sl_validate_pop(c, saved);
     }
     if (cfg(config, "secretEncoding") && !cfg(config, "secret")) {
@@ -456,7 +502,15 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
     const char *uri = json_string_value(cfg(config, "jwksUri"));
     if (uri) {
         json_t *ttl = cfg(config, "jwksCacheSeconds");
-        if (!(j->remote = sl_jwks_fetch_new(uri, ttl ? (unsigned)json_integer_value(ttl) : 300))) {
+        const char *ca_pem = json_string_value(cfg(config, "jwksCaBundle"));
+        const char *ca_file = json_string_value(cfg(config, "jwksCaFile"));
+        char why[200];
+        if (ca_pem && sl_jwks_ca_pem_check(ca_pem, why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "jwksCaBundle: %s", why);
+            goto fail;
+        }
+        if (!(j->remote = sl_jwks_fetch_new(uri, ttl ? (unsigned)json_integer_value(ttl) : 300,
+                                            ca_pem, ca_file))) {
             snprintf(err, errlen, "jwksUri: cannot set up the fetcher (out of memory or pipes)");
             goto fail;
         }
