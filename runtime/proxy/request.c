@@ -230,6 +230,8 @@ void sl_request_reset(sl_request_t *r)
     r->meta_len = 0;
     r->m_method = r->m_target = r->m_host = r->m_ua = r->m_referer = r->m_reqid = (sl_str_t){"", 0};
     r->upstream_addr[0] = '\0';
+    if (r->pol)
+        sl_policy_req_end(&r->pol->v);
     free(r->pol);
     r->pol = NULL;
 }
@@ -594,8 +596,10 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
             set_error(err, 503, "overloaded", 0, "out of memory");
             return SL_ERROR;
         }
+        p->v.jwt_claims = NULL;
         r->pol = p;
     }
+    sl_policy_req_end(&p->v);
     p->replied = p->responded = 0;
     memset(&p->v, 0, sizeof(p->v));
     /* A reply's body and headers must not leak from the previous request

@@ -221,6 +221,11 @@ def test_validation_names_the_field(tmp_path):
          "spec.policies[0].config.request.set.Content-Length: Content-Length is managed by the gateway"),
         ([{"name": "headers", "config": {"response": {"set": {"X-A": "${nope}"}}}}],
          "spec.policies[0].config.response.set.X-A: unknown variable"),
+        ([{"name": "headers", "config": {"request": {"add": {"X-Pet": "${path.id}"}}}}],
+         "spec.policies[0].config.request.add.X-Pet: ${path.id}: no operation this policy "
+         "applies to has a path parameter {id}"),
+        ([{"name": "headers", "config": {"request": {"set": {"X-U": "${jwt.sub}"}}}}],
+         "spec.policies[0].config.request.set.X-U: ${jwt.sub}: no jwt policy verifies a token"),
         ([{"name": "respond", "config": {}}], "spec.policies[0].config.status: required field missing"),
         ([{"name": "respond", "when": {"methods": ["FETCH"]}, "config": {"status": 200}}],
          "spec.policies[0].when.methods[0]"),

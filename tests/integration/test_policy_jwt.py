@@ -313,6 +313,52 @@ def test_claims_to_headers_replace_forged_ones_and_forward_token(jwtenv, keys, p
         assert header_of(rec, "Authorization") == ["Bearer " + tok]
 
 
+def test_headers_policy_uses_claims_and_path_parameters(backends, runtimes, keys, proto):
+    """headers' ${jwt.<claim>} and ${path.<param>} (docs/policies/headers.md):
+    the claims of the token jwt verified (also from its per-worker cache)
+    and the operation's path parameters, on the request and the response."""
+    b = backends("echo")
+    port = free_port()
+    ops = [{"method": "GET", "path": "/pets/{id}"},
+           {"method": "GET", "path": "/pets/{id}/photos/{photo}",
+            "policies": [{"name": "headers", "config": {"request": {"set": {
+                "X-Photo": "${path.id}:${path.photo}", "X-Sub": "${jwt.sub}"}}}}]}]
+    docs = config(port, b.port, inline_config(keys), proto, operations=ops)
+    docs[2]["spec"]["policies"].append({"name": "headers", "config": {
+        "request": {"set": {"X-Tenant": "${jwt.tenant}", "X-Org": "org-${jwt.org.id}",
+                            "X-Pet": "${path.id}", "X-Admin": "${jwt.admin}"}},
+        "response": {"set": {"X-Served-For": "${jwt.sub}/${path.id}"}}}})
+    runtimes(docs)
+    tok = token("RS256", {"tenant": "acme", "org": {"id": 42}, "admin": True}, key=keys["rsa"])
+    forged = {"X-Tenant": "evil", "X-Pet": "1"}
+    for attempt in range(2):  # the second from the worker's cache of verified tokens
+        b.clear()
+        r = get(port, tok, proto, headers=forged, target="/t/pets/7")
+        assert r.status == 200, r
+        rec = b.received()[-1]
+        assert header_of(rec, "X-Tenant") == ["acme"], rec
+        assert header_of(rec, "X-Org") == ["org-42"]
+        assert header_of(rec, "X-Pet") == ["7"]
+        assert header_of(rec, "X-Admin") == ["true"]
+        assert r.header("X-Served-For") == "alice/7", r
+    # A token without the claim: the header is set empty, never the client's.
+    plain = token("ES256", key=keys["p256"])
+    b.clear()
+    r = get(port, plain, proto, headers=forged, target="/t/pets/8")
+    assert r.status == 200, r
+    rec = b.received()[-1]
+    assert header_of(rec, "X-Tenant") == [""] and header_of(rec, "X-Org") == ["org-"], rec
+    assert header_of(rec, "X-Pet") == ["8"]
+    # The operation's own headers entry replaces the Api's.
+    b.clear()
+    r = get(port, tok, proto, target="/t/pets/9/photos/p%20x")
+    assert r.status == 200, r
+    rec = b.received()[-1]
+    assert header_of(rec, "X-Photo") == ["9:p%20x"] and header_of(rec, "X-Sub") == ["alice"]
+    assert header_of(rec, "X-Tenant") == []
+    assert r.header("X-Served-For") is None
+
+
 def test_forward_token_false_removes_it(jwtenv, keys):
     rt, port, b = jwtenv(inline_config(keys, forwardToken=False, query="access_token"))
     assert get(port, token("HS256")).status == 200
