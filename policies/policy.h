@@ -204,6 +204,11 @@ typedef struct sl_policy_env {
      * (sl_policy_req_t.jwt_claims): the jwt policy keeps them, and pays
      * for it only then. Set by sl_policy_chain_build. */
     uint8_t jwt_claims;
+    /* Compile for diagnosis only (the controller, sl_policy_check_spec):
+     * decide from the config alone; start no thread, open no connection,
+     * read no file of the runtime's machine, make no shared tables. The
+     * state is freed unused. */
+    uint8_t check_only;
 } sl_policy_env_t;
 
 /* What a config refers to outside itself, for checks across an Api: a
@@ -256,6 +261,11 @@ void sl_policy_vcheck_list(sl_vctx_t *c, json_t *v, const void *arg);
  * operation the policy applies to, e.g. ${path.id} by an operation whose
  * path template has {id}, ${jwt.sub} by a chain with the jwt policy. */
 void sl_policy_vcheck_api(sl_vctx_t *c, json_t *spec);
+
+/* Compiles every policy entry of a valid Api spec in check mode
+ * (policies/check.c): the number that cannot be compiled, and in msg
+ * "spec.policies[1] (jwt): <reason>; ..." (truncated to msglen). */
+int sl_policy_check_spec(json_t *spec, const sl_policy_env_t *env, char *msg, size_t msglen);
 
 /* Query parameter `name` (exact, not decoded) of q: its value, and the
  * bytes [*from, *to) it takes in q. 1 found, 0 not. */

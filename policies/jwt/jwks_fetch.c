@@ -147,6 +147,15 @@ static const char *ssl_reason(void)
     return r ? r : "unknown error";
 }
 
+/* The reason of the first error queued: for a parse, the innermost (the
+ * last is a wrapper such as "ASN1 lib"). */
+static const char *first_reason(void)
+{
+    unsigned long e = ERR_peek_error();
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    return r ? r : "unknown error";
+}
+
 /* Loads every certificate of a PEM text into store (NULL: only counts
  * them). The number loaded, or -1 with the reason in err. */
 static int load_pem_certs(X509_STORE *store, const char *pem, char *err, size_t errlen)
@@ -168,7 +177,7 @@ static int load_pem_certs(X509_STORE *store, const char *pem, char *err, size_t 
                 break;
             snprintf(err, errlen, "certificate %d does not parse: %s", n + 1,
                      n == 0 && ERR_GET_REASON(e) == PEM_R_NO_START_LINE ? "no PEM certificate found"
-                                                                        : ssl_reason());
+                                                                        : first_reason());
             BIO_free(bio);
             ERR_clear_error();
             return -1;

@@ -511,7 +511,8 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
             snprintf(err, errlen, "jwksCaBundle: %s", why);
             goto fail;
         }
-        if (!(j->remote = sl_jwks_fetch_new(uri, ttl ? (unsigned)json_integer_value(ttl) : 300,
+        if (!env->check_only &&
+            !(j->remote = sl_jwks_fetch_new(uri, ttl ? (unsigned)json_integer_value(ttl) : 300,
                                             ca_pem, ca_file))) {
             snprintf(err, errlen, "jwksUri: cannot set up the fetcher (out of memory or pipes)");
             goto fail;

@@ -256,7 +256,6 @@ static int parse_limits(rl_t *rl, json_t *limits, char *err, size_t errlen)
 
 static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size_t errlen)
 {
-    (void)env;
     rl_t *rl = calloc(1, sizeof(*rl));
     if (!rl) {
         snprintf(err, errlen, "out of memory");
@@ -270,6 +269,8 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
     rl->headers = !json_is_false(json_object_get(config, "headers"));
     json_t *mk = json_object_get(config, "maxKeys");
     size_t max_keys = json_is_integer(mk) ? (size_t)json_integer_value(mk) : DEFAULT_MAX_KEYS;
+    if (env->check_only)
+        return rl; /* the buckets and the Redis client are the runtime's */
 
     char *canon = json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS);
     if (!canon) {

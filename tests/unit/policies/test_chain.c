@@ -210,6 +210,29 @@ static void test_consumers_index(void **state)
     sl_snapshot_free(s);
 }
 
+/* The controller's check (policies/check.c): each entry compiled from the
+ * config alone, failures with their field path; a disabled entry and a
+ * fleet-mode rate limit (no Redis client in check mode) are no failures. */
+static void test_check_spec_names_entries_that_cannot_be_compiled(void **state)
+{
+    (void)state;
+    json_t *spec = json_loads(
+        "{\"policies\": [{\"name\": \"headers\", \"config\": {}},"
+        " {\"name\": \"jwt\", \"config\": {\"jwksUri\": \"https://idp/k\", \"jwksCaBundle\":"
+        " \"-----BEGIN CERTIFICATE-----\\nMIIBAAAA\\n-----END CERTIFICATE-----\\n\"}}],"
+        " \"operations\": [{\"path\": \"/a\", \"policies\": [{\"name\": \"jwt\", \"disabled\": true},"
+        "  {\"name\": \"rate-limit\", \"config\": {\"mode\": \"fleet\", \"limits\": [{\"requests\": 1,"
+        "   \"period\": \"1s\", \"by\": \"ip\"}], \"redis\": {\"address\": \"192.0.2.1:6379\"}}}]}]}",
+        0, NULL);
+    assert_non_null(spec);
+    sl_policy_env_t env = {.consumers = NULL, .nworkers = 1};
+    char msg[512];
+    assert_int_equal(sl_policy_check_spec(spec, &env, msg, sizeof(msg)), 1);
+    assert_non_null(strstr(msg, "spec.policies[1] (jwt): jwksCaBundle: certificate 1 does not parse"));
+    assert_null(strstr(msg, "operations"));
+    json_decref(spec);
+}
+
 int main(void)
 {
     uint8_t h[32];
@@ -222,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_chain_runs_in_phase_order_with_conditions),
         cmocka_unit_test(test_unknown_policy_fails_the_chain_closed),
         cmocka_unit_test(test_consumers_index),
+        cmocka_unit_test(test_check_spec_names_entries_that_cannot_be_compiled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
