@@ -20,6 +20,7 @@ typedef struct {
 
 typedef struct {
     const sl_policy_def_t *def;
+    enum sl_policy_phase phase; /* def->phase, or what its config chose */
     void *state;
     void **worker_states; /* [nworkers] when def->worker_new, made lazily */
     const Sluice__V1__PolicyCondition *when; /* borrowed, NULL = always */
@@ -143,6 +144,7 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
             goto fail;
         }
         char why[256] = "";
+        e->phase = e->def->phase_of ? e->def->phase_of(config) : e->def->phase;
         e->state = e->def->compile(config, env, why, sizeof(why));
         json_decref(config);
         if (!e->state) {
@@ -164,7 +166,7 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
     for (size_t i = 1; i < ch->n; i++) {
         entry_t tmp = ch->e[i];
         size_t j = i;
-        while (j > 0 && ch->e[j - 1].def->phase > tmp.def->phase) {
+        while (j > 0 && ch->e[j - 1].phase > tmp.phase) {
             ch->e[j] = ch->e[j - 1];
             j--;
         }

@@ -33,7 +33,8 @@
  * operation's `policies` adds a policy, replaces an inherited one's config
  * (same name), or removes it (`disabled: true`). The compiler resolves
  * this into one ordered chain per route; the runtime sorts it by phase
- * (stable, so the written order holds within a phase). A `when` condition
+ * (the def's, or the one its config chooses: phase_of; stable, so the
+ * written order holds within a phase). A `when` condition
  * (methods, path prefix, header matches) skips a policy for requests it
  * does not match.
  */
@@ -229,6 +230,9 @@ typedef void (*sl_policy_ref_fn)(void *ctx, const sl_policy_ref_t *ref);
 typedef struct sl_policy_def {
     const char *name;
     enum sl_policy_phase phase;
+    /* Optional: the phase of one valid config, when the config chooses
+     * (rate-limit's beforeAuthentication); else `phase`. */
+    enum sl_policy_phase (*phase_of)(json_t *config);
     const sl_vschema_t *schema; /* the `config` object's fields */
     /* config is valid against schema. Returns the state, or NULL with a
      * reason in err (then the Api fails closed). */

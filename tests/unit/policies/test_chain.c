@@ -167,6 +167,46 @@ static void test_chain_runs_in_phase_order_with_conditions(void **state)
     sl_snapshot_free(s);
 }
 
+/* rate-limit's beforeAuthentication moves it to the access phase: it
+ * runs before the authentication policy written before it. */
+static void test_config_chooses_the_phase(void **state)
+{
+    (void)state;
+    Sluice__V1__Policy auth = SLUICE__V1__POLICY__INIT, rl = SLUICE__V1__POLICY__INIT;
+    auth.name = "basic-auth";
+    auth.config_json = "{}";
+    rl.name = "rate-limit";
+    rl.config_json = "{\"limits\":[{\"requests\":1,\"period\":\"1m\",\"by\":\"ip\"}]}";
+    Sluice__V1__Policy *ps[] = {&auth, &rl};
+    sl_policy_env_t env = {.consumers = NULL, .nworkers = 1};
+    char err[256];
+    sl_policy_chain_t *ch = sl_policy_chain_build(ps, 2, &env, err, sizeof(err));
+    assert_non_null(ch);
+    assert_string_equal(sl_policy_chain_name(ch, 0), "basic-auth");
+    assert_string_equal(sl_policy_chain_name(ch, 1), "rate-limit");
+    sl_policy_chain_free(ch);
+    rl.config_json = "{\"beforeAuthentication\":true,"
+                     "\"limits\":[{\"requests\":1,\"period\":\"1m\",\"by\":\"ip\"}]}";
+    ch = sl_policy_chain_build(ps, 2, &env, err, sizeof(err));
+    assert_non_null(ch);
+    assert_string_equal(sl_policy_chain_name(ch, 0), "rate-limit");
+    assert_string_equal(sl_policy_chain_name(ch, 1), "basic-auth");
+    /* The second anonymous request is limited before basic-auth runs. */
+    sl_hdr_edit_t edits[32];
+    char arena[512];
+    sl_policy_reply_t reply;
+    sl_policy_header_t none[1];
+    for (int i = 0; i < 2; i++) {
+        sl_policy_req_t v = view(none, 0, edits, arena);
+        v.api = "default/a";
+        memset(&reply, 0, sizeof(reply));
+        assert_int_equal(sl_policy_chain_request(ch, &v, &reply), SL_POLICY_REPLY);
+        assert_int_equal(reply.status, i == 0 ? 401 : 429);
+        assert_string_equal(v.rejected_by, i == 0 ? "basic-auth" : "rate-limit");
+    }
+    sl_policy_chain_free(ch);
+}
+
 static void test_unknown_policy_fails_the_chain_closed(void **state)
 {
     (void)state;
@@ -245,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_chain_runs_in_phase_order_with_conditions),
         cmocka_unit_test(test_unknown_policy_fails_the_chain_closed),
         cmocka_unit_test(test_consumers_index),
+        cmocka_unit_test(test_config_chooses_the_phase),
         cmocka_unit_test(test_check_spec_names_entries_that_cannot_be_compiled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

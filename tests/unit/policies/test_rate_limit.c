@@ -178,6 +178,16 @@ static void test_config_validation(void **st)
            "redis: {address: \"redis:0\"}}",
            P "redis.address");
     expect("{limits: [{requests: 5, period: 1s, by: ip}], maxKeys: 10}", P "maxKeys");
+    expect("{limits: [{requests: 5, period: 1m, by: ip}, {requests: 9, period: 1s, by: route}, "
+           "{requests: 9, period: 1s, by: header, header: Authorization}], "
+           "beforeAuthentication: true}",
+           "");
+    expect("{limits: [{requests: 5, period: 1m, by: ip}, {requests: 9, period: 1s, by: group}], "
+           "beforeAuthentication: true}",
+           P "limits[1].by: by: group needs the authenticated consumer");
+    expect("{limits: [{requests: 5, period: 1m, by: consumer}], beforeAuthentication: false}", "");
+    expect("{limits: [{requests: 5, period: 1m, by: ip}], beforeAuthentication: 1}",
+           P "beforeAuthentication");
 }
 
 /* --- the hook ------------------------------------------------------------------ */
