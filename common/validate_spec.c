@@ -766,6 +766,7 @@ static void api_extra(sl_vctx_t *c, json_t *spec)
         }
     }
     operations_unique(c, ops);
+    sl_policy_vcheck_api(c, spec);
 }
 
 static const sl_vfield_t api_fields[] = {

@@ -42,7 +42,9 @@
 #include "controller.h"
 
 #include "compiler.h"
+#include "consumers.h"
 #include "core.h"
+#include "policy.h"
 #include "grpc_util.h"
 #include "log.h"
 #include "stream.h"
@@ -590,6 +592,62 @@ static void versions_failed(sl_controller_t *ctl, const char *err)
     evtimer_add(ctl->retry_ev, &tv);
 }
 
+static int has_policies(json_t *spec)
+{
+    if (json_array_size(json_object_get(spec, "policies")))
+        return 1;
+    json_t *ops = json_object_get(spec, "operations");
+    for (size_t i = 0; i < json_array_size(ops); i++)
+        if (json_array_size(json_object_get(json_array_get(ops, i), "policies")))
+            return 1;
+    return 0;
+}
+
+/*
+ * Policies that validate but cannot be compiled (policies/check.c): the
+ * Api is pushed all the same, so its routes answer 503 policy_unavailable
+ * at the runtimes (fail closed, its other routes and every other Api
+ * untouched), and its status says why: a PolicyReady condition, False with
+ * reason PolicyUnavailable and each failing entry's field path and reason.
+ * Apis with policies that compile get PolicyReady True. The Consumers are
+ * those the runtimes get (every fleet's snapshot has them all).
+ */
+static void check_policies(const sl_resource_set_t *all, const Sluice__V1__Snapshot *snap,
+                           json_t *statuses)
+{
+    if (!snap)
+        return;
+    sl_consumers_t *cons = sl_consumers_build(snap->consumers, snap->n_consumers);
+    if (!cons) {
+        sl_log_error("compile: out of memory while checking policies");
+        return;
+    }
+    sl_policy_env_t env = {.consumers = cons, .nworkers = 1};
+    for (size_t i = 0; i < all->count; i++) {
+        const sl_resource_t *r = &all->items[i];
+        json_t *spec = json_object_get(r->obj, "spec");
+        json_t *st = json_object_get(statuses, r->source);
+        json_t *conds = json_object_get(st, "conditions");
+        const char *accepted =
+            json_string_value(json_object_get(json_array_get(conds, 0), "status"));
+        if (r->kind != SL_KIND_API || !has_policies(spec) || !accepted ||
+            strcmp(accepted, "True") != 0)
+            continue;
+        char msg[2048];
+        int failed = sl_policy_check_spec(spec, &env, msg, sizeof(msg));
+        if (failed)
+            sl_log_warn("api %s/%s: %d policy entr%s cannot be compiled, the runtimes answer "
+                        "its routes 503 policy_unavailable: %s",
+                        r->ns, r->name, failed, failed == 1 ? "y" : "ies", msg);
+        json_array_append_new(
+            conds, json_pack("{s:s, s:s, s:s, s:s}", "type", "PolicyReady", "status",
+                             failed ? "False" : "True", "reason",
+                             failed ? "PolicyUnavailable" : "Compiled", "message",
+                             failed ? msg : "every policy compiled"));
+    }
+    sl_consumers_free(cons);
+}
+
 /* What a compile produced for one fleet, before anything is committed. */
 typedef struct {
     Sluice__V1__Snapshot *snap;
@@ -664,6 +722,12 @@ static void compile_all(sl_controller_t *ctl)
             need_version |= stg[i].t[t].changed;
         }
     }
+
+    for (i = 0; i < nf; i++)
+        if (stg[i].snap) {
+            check_policies(all, stg[i].snap, statuses);
+            break;
+        }
 
     char err[512] = "";
     uint64_t new_version = 0;

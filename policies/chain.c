@@ -20,6 +20,7 @@ typedef struct {
 
 typedef struct {
     const sl_policy_def_t *def;
+    enum sl_policy_phase phase; /* def->phase, or what its config chose */
     void *state;
     void **worker_states; /* [nworkers] when def->worker_new, made lazily */
     const Sluice__V1__PolicyCondition *when; /* borrowed, NULL = always */
@@ -83,8 +84,31 @@ static int build_condition(entry_t *e, char *err, size_t errlen)
     return 0;
 }
 
+static void note_claims(void *ctx, const sl_policy_ref_t *ref)
+{
+    if (ref->kind == SL_POLICY_REF_JWT_CLAIM)
+        *(uint8_t *)ctx = 1;
+}
+
+/* Whether a policy of the chain reads the verified token's claims: only
+ * then does the jwt policy keep them (policy.h, sl_policy_env_t). */
+static uint8_t chain_reads_claims(Sluice__V1__Policy *const *ps, size_t n)
+{
+    uint8_t reads = 0;
+    for (size_t i = 0; i < n && !reads; i++) {
+        const sl_policy_def_t *def = sl_policy_find(ps[i]->name);
+        if (!def || !def->refs || !ps[i]->config_json[0])
+            continue;
+        json_t *config = json_loads(ps[i]->config_json, 0, NULL);
+        if (config)
+            def->refs(config, note_claims, &reads);
+        json_decref(config);
+    }
+    return reads;
+}
+
 sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n,
-                                         const sl_policy_env_t *env, char *err, size_t errlen)
+                                         const sl_policy_env_t *env_in, char *err, size_t errlen)
 {
     err[0] = '\0';
     if (n == 0)
@@ -99,6 +123,9 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
         snprintf(err, errlen, "out of memory while building the policy chain");
         return NULL;
     }
+    sl_policy_env_t env_chain = *env_in;
+    env_chain.jwt_claims = chain_reads_claims(ps, n);
+    const sl_policy_env_t *env = &env_chain;
     ch->nworkers = env->nworkers ? env->nworkers : 1;
     for (size_t i = 0; i < n; i++) {
         entry_t *e = &ch->e[ch->n];
@@ -117,6 +144,7 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
             goto fail;
         }
         char why[256] = "";
+        e->phase = e->def->phase_of ? e->def->phase_of(config) : e->def->phase;
         e->state = e->def->compile(config, env, why, sizeof(why));
         json_decref(config);
         if (!e->state) {
@@ -138,7 +166,7 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
     for (size_t i = 1; i < ch->n; i++) {
         entry_t tmp = ch->e[i];
         size_t j = i;
-        while (j > 0 && ch->e[j - 1].def->phase > tmp.def->phase) {
+        while (j > 0 && ch->e[j - 1].phase > tmp.phase) {
             ch->e[j] = ch->e[j - 1];
             j--;
         }

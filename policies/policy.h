@@ -33,7 +33,8 @@
  * operation's `policies` adds a policy, replaces an inherited one's config
  * (same name), or removes it (`disabled: true`). The compiler resolves
  * this into one ordered chain per route; the runtime sorts it by phase
- * (stable, so the written order holds within a phase). A `when` condition
+ * (the def's, or the one its config chooses: phase_of; stable, so the
+ * written order holds within a phase). A `when` condition
  * (methods, path prefix, header matches) skips a policy for requests it
  * does not match.
  */
@@ -128,6 +129,12 @@ typedef struct sl_policy_req {
     unsigned worker; /* index, for per-worker state */
     /* in/out */
     sl_policy_consumer_t consumer;
+    /* The claims of the token the jwt policy verified, for later policies
+     * (headers' ${jwt.sub}); NULL when none was. A reference the request
+     * holds until it ends (sl_policy_req_end), so response hooks may read
+     * it too although the jwt policy's per-worker cache may drop its own
+     * meanwhile. Set only when the chain reads claims (env.jwt_claims). */
+    json_t *jwt_claims;
     /* out: edits, applied by the codec when it writes the upstream request
      * and the response head (bounded; over the bound the chain fails closed
      * with 500 policy_error rather than dropping an edit) */
@@ -171,6 +178,25 @@ typedef struct sl_policy_req {
  * fails closed). */
 char *sl_policy_alloc(sl_policy_req_t *r, size_t n);
 
+/* The end of a request (the runtime calls it before the view's memory is
+ * reused or freed): drops what the view holds (jwt_claims). */
+void sl_policy_req_end(sl_policy_req_t *r);
+
+/* The operation's path parameter `name` in the request path (the segment
+ * at the template's position, as sent: percent-encoding kept). 0, or -1
+ * when the operation has no such parameter. Valid in response hooks too. */
+int sl_policy_path_param(const sl_policy_req_t *r, const char *name, size_t name_len,
+                         sl_str_t *out);
+
+/* The claim at a dotted path ("org.id") of a token's claims: the literal
+ * name first (claim names may hold dots, like URLs), else a walk through
+ * nested objects. NULL when absent. */
+json_t *sl_policy_claim_at(json_t *claims, const char *path, size_t len);
+/* A claim as a header value: strings as they are, numbers and booleans as
+ * JSON writes them (into buf); -1 for anything else (objects, lists, null)
+ * and for a string with control characters or longer than cap. */
+int sl_policy_claim_text(json_t *v, char *buf, size_t cap, sl_str_t *out);
+
 #define SL_POLICY_CONTINUE 0
 #define SL_POLICY_REPLY 1
 
@@ -179,11 +205,38 @@ struct sl_consumers;
 typedef struct sl_policy_env {
     const struct sl_consumers *consumers;
     unsigned nworkers; /* worker indexes (sl_policy_req_t.worker) are below it */
+    /* A policy of this chain reads the verified token's claims
+     * (sl_policy_req_t.jwt_claims): the jwt policy keeps them, and pays
+     * for it only then. Set by sl_policy_chain_build. */
+    uint8_t jwt_claims;
+    /* Compile for diagnosis only (the controller, sl_policy_check_spec):
+     * decide from the config alone; start no thread, open no connection,
+     * read no file of the runtime's machine, make no shared tables. The
+     * state is freed unused. */
+    uint8_t check_only;
 } sl_policy_env_t;
+
+/* What a config refers to outside itself, for checks across an Api: a
+ * path parameter the operations must have, or the claims of a token the
+ * chain must verify. field: where, as keys under the policy's config. */
+typedef enum { SL_POLICY_REF_PATH_PARAM = 0, SL_POLICY_REF_JWT_CLAIM } sl_policy_ref_kind_t;
+typedef struct {
+    sl_policy_ref_kind_t kind;
+    const char *name; /* the parameter's name, the claim's path */
+    size_t name_len;
+    const char *text; /* as written, for the message: "${path.id}" */
+    size_t text_len;
+    const char *field[4];
+    unsigned nfield;
+} sl_policy_ref_t;
+typedef void (*sl_policy_ref_fn)(void *ctx, const sl_policy_ref_t *ref);
 
 typedef struct sl_policy_def {
     const char *name;
     enum sl_policy_phase phase;
+    /* Optional: the phase of one valid config, when the config chooses
+     * (rate-limit's beforeAuthentication); else `phase`. */
+    enum sl_policy_phase (*phase_of)(json_t *config);
     const sl_vschema_t *schema; /* the `config` object's fields */
     /* config is valid against schema. Returns the state, or NULL with a
      * reason in err (then the Api fails closed). */
@@ -196,6 +249,9 @@ typedef struct sl_policy_def {
      * with the generation. Never shared between workers. */
     void *(*worker_new)(const void *state);
     void (*worker_free)(void *worker_state);
+    /* Optional: calls fn for each reference of a valid config
+     * (sl_policy_ref_t); used by the Api's validation and the chain. */
+    void (*refs)(json_t *config, sl_policy_ref_fn fn, void *ctx);
 } sl_policy_def_t;
 
 /* The registry (registry.c): every built-in policy, by name. */
@@ -207,6 +263,17 @@ const char *const *sl_policy_names(void);
  * model's schema tables: names, unique names, `config` against the
  * policy's schema, `disabled` (operations only), `when`. */
 void sl_policy_vcheck_list(sl_vctx_t *c, json_t *v, const void *arg);
+
+/* Checks across an Api spec (its fields already valid; the path at
+ * "spec"): every policy's references (sl_policy_ref_t) can be met by an
+ * operation the policy applies to, e.g. ${path.id} by an operation whose
+ * path template has {id}, ${jwt.sub} by a chain with the jwt policy. */
+void sl_policy_vcheck_api(sl_vctx_t *c, json_t *spec);
+
+/* Compiles every policy entry of a valid Api spec in check mode
+ * (policies/check.c): the number that cannot be compiled, and in msg
+ * "spec.policies[1] (jwt): <reason>; ..." (truncated to msglen). */
+int sl_policy_check_spec(json_t *spec, const sl_policy_env_t *env, char *msg, size_t msglen);
 
 /* Query parameter `name` (exact, not decoded) of q: its value, and the
  * bytes [*from, *to) it takes in q. 1 found, 0 not. */

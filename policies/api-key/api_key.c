@@ -10,6 +10,7 @@
 #include "consumers.h"
 #include "policy.h"
 
+#include <ctype.h>
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +27,25 @@ typedef struct {
     char challenge[192]; /* WWW-Authenticate */
 } api_key_t;
 
+/* What compile can hold (127 bytes), and what a request can carry: a
+ * header token, a query name without the query's own separators. */
+static void check_name(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    const char *s = json_string_value(v);
+    int header = arg != NULL, ok = s && *s && strlen(s) <= 127;
+    for (const char *p = s; ok && *p; p++)
+        ok = header ? isalnum((unsigned char)*p) || strchr("!#$%&'*+-.^_`|~", *p)
+                    : *p > 0x20 && *p < 0x7f && !strchr("&=#", *p);
+    if (!ok)
+        sl_validate_error(c, header ? "a header name of 1 to 127 characters (letters, digits, "
+                                      "'-' and the other token characters)"
+                                    : "a query parameter name of 1 to 127 printable characters "
+                                      "without spaces, '&', '=' or '#'");
+}
+
 static const sl_vfield_t fields[] = {
-    {"header", sl_vcheck_string, NULL, 0},
-    {"query", sl_vcheck_string, NULL, 0},
+    {"header", check_name, "header", 0},
+    {"query", check_name, NULL, 0},
     {"forward", sl_vcheck_bool, NULL, 0},
     {NULL, NULL, NULL, 0},
 };

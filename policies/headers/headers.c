@@ -3,7 +3,11 @@
  * response headers (what the client gets, on the upstream's responses and
  * the gateway's own). Values may use variables, expanded per request:
  * ${client_ip} ${request_id} ${consumer} ${consumer_group} ${method}
- * ${host} ${path}. A variable with no value expands to "".
+ * ${host} ${path}, ${path.<param>} (the operation's path parameter) and
+ * ${jwt.<claim>} (a claim of the token the jwt policy verified). A
+ * variable with no value expands to "": a `set` header still replaces
+ * what the client sent, so a missing claim never lets a client's own
+ * value through.
  *
  *   config: {request: {set: {X-A: v}, add: {X-B: v}, remove: [X-C]},
  *            response: {set: {X-Frame-Options: DENY}}}
@@ -16,14 +20,29 @@
 #include <string.h>
 #include <strings.h>
 
-enum var { V_NONE = 0, V_CLIENT_IP, V_REQUEST_ID, V_CONSUMER, V_GROUP, V_METHOD, V_HOST, V_PATH };
+enum var {
+    V_NONE = 0,
+    V_CLIENT_IP,
+    V_REQUEST_ID,
+    V_CONSUMER,
+    V_GROUP,
+    V_METHOD,
+    V_HOST,
+    V_PATH,
+    V_PATH_PARAM, /* ${path.id} */
+    V_JWT_CLAIM,  /* ${jwt.sub} */
+    V_BAD
+};
 static const char *const var_names[] = {NULL,   "client_ip", "request_id", "consumer",
                                         "consumer_group", "method", "host", "path"};
+#define NUM_PLAIN_VARS (sizeof(var_names) / sizeof(var_names[0]))
+#define MAX_CLAIM_PATH 256
+#define MAX_CLAIM_TEXT 1024
 
 /* A value: literal pieces and variables, in order. */
 typedef struct {
     enum var var; /* V_NONE: the literal text */
-    char *text;
+    char *text;   /* the literal; the parameter's name; the claim's path */
     size_t len;
 } piece_t;
 
@@ -71,12 +90,36 @@ static void check_name(sl_vctx_t *c, const char *name)
         }
 }
 
-static enum var var_of(const char *s, size_t len)
+/* The variable named s (between "${" and "}"); *arg the parameter's name
+ * or the claim's path. V_BAD for anything unknown or malformed. */
+static enum var var_of(const char *s, size_t len, const char **arg, size_t *arg_len)
 {
-    for (int v = 1; v < (int)(sizeof(var_names) / sizeof(var_names[0])); v++)
+    for (size_t v = 1; v < NUM_PLAIN_VARS; v++)
         if (strlen(var_names[v]) == len && memcmp(var_names[v], s, len) == 0)
             return (enum var)v;
-    return V_NONE;
+    if (len > 5 && memcmp(s, "path.", 5) == 0) {
+        /* a template parameter's name (common/pathtpl.c): [A-Za-z_][A-Za-z0-9_]* */
+        *arg = s + 5;
+        *arg_len = len - 5;
+        for (size_t i = 0; i < *arg_len; i++) {
+            unsigned char ch = (unsigned char)(*arg)[i];
+            if (!(isalpha(ch) || ch == '_' || (i > 0 && isdigit(ch))))
+                return V_BAD;
+        }
+        return V_PATH_PARAM;
+    }
+    if (len > 4 && memcmp(s, "jwt.", 4) == 0) {
+        /* a claim's name or dotted path; URLs are claim names too */
+        *arg = s + 4;
+        *arg_len = len - 4;
+        if (*arg_len > MAX_CLAIM_PATH)
+            return V_BAD;
+        for (size_t i = 0; i < *arg_len; i++)
+            if ((unsigned char)(*arg)[i] <= 0x20 || (*arg)[i] == '{' || (*arg)[i] == 0x7f)
+                return V_BAD;
+        return V_JWT_CLAIM;
+    }
+    return V_BAD;
 }
 
 static void check_value(sl_vctx_t *c, const char *v)
@@ -91,11 +134,13 @@ static void check_value(sl_vctx_t *c, const char *v)
             return;
         }
         if (p[0] == '$' && p[1] == '{') {
-            const char *end = strchr(p, '}');
-            if (!end || var_of(p + 2, (size_t)(end - p - 2)) == V_NONE) {
-                sl_validate_error(c, "unknown variable in '%.64s' (known: ${client_ip}, "
+            const char *end = strchr(p, '}'), *arg;
+            size_t arg_len;
+            if (!end || var_of(p + 2, (size_t)(end - p - 2), &arg, &arg_len) == V_BAD) {
+                sl_validate_error(c, "unknown variable '%.*s' (known: ${client_ip}, "
                                      "${request_id}, ${consumer}, ${consumer_group}, ${method}, "
-                                     "${host}, ${path})", v);
+                                     "${host}, ${path}, ${path.<parameter>}, ${jwt.<claim>})",
+                                  end ? (int)(end - p + 1 > 64 ? 64 : end - p + 1) : 64, p);
                 return;
             }
         }
@@ -150,6 +195,39 @@ static const sl_vfield_t fields[] = {
 };
 static const sl_vschema_t schema = {fields, NULL};
 
+/* The path parameters and claims the values use (policy.h: the Api's
+ * validation checks an operation has them, and the chain tells the jwt
+ * policy to keep claims). */
+static void refs(json_t *config, sl_policy_ref_fn fn, void *ctx)
+{
+    static const char *const sides[2] = {"request", "response"};
+    static const char *const ops[2] = {"set", "add"};
+    for (int s = 0; s < 2; s++)
+        for (int o = 0; o < 2; o++) {
+            const char *key;
+            json_t *val;
+            json_object_foreach(json_object_get(json_object_get(config, sides[s]), ops[o]), key,
+                                val)
+            {
+                const char *v = json_string_value(val);
+                for (const char *p = v; p && (p = strstr(p, "${")); p += 2) {
+                    const char *end = strchr(p, '}'), *arg = NULL;
+                    size_t arg_len = 0;
+                    if (!end)
+                        break;
+                    enum var k = var_of(p + 2, (size_t)(end - p - 2), &arg, &arg_len);
+                    if (k != V_PATH_PARAM && k != V_JWT_CLAIM)
+                        continue;
+                    sl_policy_ref_t r = {k == V_PATH_PARAM ? SL_POLICY_REF_PATH_PARAM
+                                                           : SL_POLICY_REF_JWT_CLAIM,
+                                         arg, arg_len, p, (size_t)(end - p + 1),
+                                         {sides[s], ops[o], key}, 3};
+                    fn(ctx, &r);
+                }
+            }
+        }
+}
+
 static void hfree(void *state)
 {
     headers_t *h = state;
@@ -177,7 +255,8 @@ static int parse_value(edit_t *e, const char *v)
         return -1;
     const char *p = v, *lit = v;
     while (*p) {
-        const char *end;
+        const char *end, *arg = NULL;
+        size_t arg_len = 0;
         if (p[0] == '$' && p[1] == '{' && (end = strchr(p, '}'))) {
             if (p > lit) {
                 e->pieces[e->npieces] = (piece_t){V_NONE, strndup(lit, (size_t)(p - lit)),
@@ -185,7 +264,11 @@ static int parse_value(edit_t *e, const char *v)
                 if (!e->pieces[e->npieces++].text)
                     return -1;
             }
-            e->pieces[e->npieces++] = (piece_t){var_of(p + 2, (size_t)(end - p - 2)), NULL, 0};
+            piece_t *pc = &e->pieces[e->npieces++];
+            pc->var = var_of(p + 2, (size_t)(end - p - 2), &arg, &arg_len);
+            if (arg && !(pc->text = strndup(arg, arg_len)))
+                return -1;
+            pc->len = arg_len;
             p = lit = end + 1;
         } else {
             p++;
@@ -253,10 +336,23 @@ oom:
     return NULL;
 }
 
-static sl_str_t var_value(const sl_policy_req_t *r, enum var v)
+/* A variable's value; buf (MAX_CLAIM_TEXT bytes) holds it when it must be
+ * made (a number claim). */
+static sl_str_t var_value(const sl_policy_req_t *r, const piece_t *pc, char *buf)
 {
     const char *s = NULL;
-    switch (v) {
+    sl_str_t out;
+    switch (pc->var) {
+    case V_PATH_PARAM:
+        if (sl_policy_path_param(r, pc->text, pc->len, &out) == 0)
+            return out;
+        break;
+    case V_JWT_CLAIM:
+        if (r->jwt_claims &&
+            sl_policy_claim_text(sl_policy_claim_at(r->jwt_claims, pc->text, pc->len), buf,
+                                 MAX_CLAIM_TEXT, &out) == 0)
+            return out;
+        break;
     case V_CLIENT_IP:
         s = r->client_ip;
         break;
@@ -284,6 +380,7 @@ static sl_str_t var_value(const sl_policy_req_t *r, enum var v)
 /* Applies one side's edits; -1 when the request's bounds are reached. */
 static int apply(const headers_t *h, int side, sl_policy_req_t *r)
 {
+    char buf[MAX_CLAIM_TEXT];
     for (size_t i = 0; i < h->n[side]; i++) {
         const edit_t *e = &h->e[side][i];
         const char *val = NULL;
@@ -294,13 +391,14 @@ static int apply(const headers_t *h, int side, sl_policy_req_t *r)
                 len = e->pieces[0].len;
             } else {
                 for (size_t p = 0; p < e->npieces; p++)
-                    len += e->pieces[p].var ? var_value(r, e->pieces[p].var).len : e->pieces[p].len;
+                    len += e->pieces[p].var ? var_value(r, &e->pieces[p], buf).len
+                                            : e->pieces[p].len;
                 char *out = sl_policy_alloc(r, len ? len : 1);
                 if (!out)
                     return -1;
                 size_t o = 0;
                 for (size_t p = 0; p < e->npieces; p++) {
-                    sl_str_t s = e->pieces[p].var ? var_value(r, e->pieces[p].var)
+                    sl_str_t s = e->pieces[p].var ? var_value(r, &e->pieces[p], buf)
                                                   : (sl_str_t){e->pieces[p].text, e->pieces[p].len};
                     for (size_t k = 0; k < s.len; k++) /* a variable cannot split the line */
                         out[o++] = s.ptr[k] == '\r' || s.ptr[k] == '\n' ? ' ' : s.ptr[k];
@@ -341,4 +439,5 @@ const sl_policy_def_t sl_policy_headers = {
     .free = hfree,
     .on_request = on_request,
     .on_response = on_response,
+    .refs = refs,
 };

@@ -1,16 +1,21 @@
 /*
  * The remote JWKS fetcher (jwks_fetch.h): one thread per compiled jwt
- * policy with a jwksUri, blocking HTTP/1.1 GETs over a non-blocking socket
- * polled with a deadline and the wake-up pipe.
+ * policy with a jwksUri, blocking HTTP/1.1 GETs (over TLS for https://)
+ * on a non-blocking socket polled with a deadline and the wake-up pipe.
  */
 #include "jwks_fetch.h"
 
 #include "log.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/sha.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,6 +32,9 @@ struct sl_jwks_fetch {
     char host[256];
     char port[8];
     char path[768];
+    int tls;       /* https:// */
+    char *ca_pem;  /* jwksCaBundle, or NULL */
+    char *ca_file; /* jwksCaFile, or NULL; neither = the system's CAs */
     unsigned ttl_s;
     _Atomic(sl_jwks_t *) current;
     atomic_int started;
@@ -48,16 +56,21 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* Splits an http:// URI; 0 or -1 with err. */
-static int split_uri(const char *uri, char *host, size_t hcap, char *port, size_t pcap, char *path,
-                     size_t pathcap, char *err, size_t errlen)
+/* Splits an http:// or https:// URI; 0 or -1 with err. */
+static int split_uri(const char *uri, int *tls, char *host, size_t hcap, char *port, size_t pcap,
+                     char *path, size_t pathcap, char *err, size_t errlen)
 {
-    if (strncasecmp(uri, "http://", 7) != 0) {
-        snprintf(err, errlen, "an http:// URL (https is not supported yet: serve the JWKS "
-                              "on a trusted network or through a local proxy)");
+    const char *h;
+    if (strncasecmp(uri, "https://", 8) == 0) {
+        *tls = 1;
+        h = uri + 8;
+    } else if (strncasecmp(uri, "http://", 7) == 0) {
+        *tls = 0;
+        h = uri + 7;
+    } else {
+        snprintf(err, errlen, "an https:// (or http://) URL");
         return -1;
     }
-    const char *h = uri + 7;
     const char *slash = strchr(h, '/');
     size_t hostport = slash ? (size_t)(slash - h) : strlen(h);
     const char *p = slash ? slash : "/";
@@ -105,33 +118,106 @@ static int split_uri(const char *uri, char *host, size_t hcap, char *port, size_
         }
         snprintf(port, pcap, "%ld", v);
     } else {
-        snprintf(port, pcap, "80");
+        snprintf(port, pcap, "%s", *tls ? "443" : "80");
     }
     snprintf(path, pathcap, "%s", p);
     return 0;
 }
 
-int sl_jwks_uri_check(const char *uri, char *err, size_t errlen)
+int sl_jwks_uri_check(const char *uri, int *tls, char *err, size_t errlen)
 {
     char host[256], port[8], path[768];
+    int t = 0;
     if (strlen(uri) >= 1024) {
         snprintf(err, errlen, "at most 1023 characters");
         return -1;
     }
-    return split_uri(uri, host, sizeof(host), port, sizeof(port), path, sizeof(path), err,
-                     errlen);
+    int rc =
+        split_uri(uri, &t, host, sizeof(host), port, sizeof(port), path, sizeof(path), err, errlen);
+    if (tls)
+        *tls = t;
+    return rc;
 }
 
-sl_jwks_fetch_t *sl_jwks_fetch_new(const char *uri, unsigned ttl_s)
+/* The reason of OpenSSL's latest error, for a log line. */
+static const char *ssl_reason(void)
+{
+    unsigned long e = ERR_peek_last_error();
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    return r ? r : "unknown error";
+}
+
+/* The reason of the first error queued: for a parse, the innermost (the
+ * last is a wrapper such as "ASN1 lib"). */
+static const char *first_reason(void)
+{
+    unsigned long e = ERR_peek_error();
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    return r ? r : "unknown error";
+}
+
+/* Loads every certificate of a PEM text into store (NULL: only counts
+ * them). The number loaded, or -1 with the reason in err. */
+static int load_pem_certs(X509_STORE *store, const char *pem, char *err, size_t errlen)
+{
+    ERR_clear_error();
+    BIO *bio = BIO_new_mem_buf(pem, -1);
+    if (!bio) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int n = 0;
+    for (;;) {
+        X509 *x = PEM_read_bio_X509(bio, NULL, NULL, NULL);
+        if (!x) {
+            unsigned long e = ERR_peek_last_error();
+            /* The end of the text is "no start line": anything else is a
+             * certificate that does not parse. */
+            if (ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE && n > 0)
+                break;
+            snprintf(err, errlen, "certificate %d does not parse: %s", n + 1,
+                     n == 0 && ERR_GET_REASON(e) == PEM_R_NO_START_LINE ? "no PEM certificate found"
+                                                                        : first_reason());
+            BIO_free(bio);
+            ERR_clear_error();
+            return -1;
+        }
+        int ok = !store || X509_STORE_add_cert(store, x) == 1 ||
+                 ERR_GET_REASON(ERR_peek_last_error()) == X509_R_CERT_ALREADY_IN_HASH_TABLE;
+        X509_free(x);
+        if (!ok) {
+            snprintf(err, errlen, "certificate %d cannot be used: %s", n + 1, ssl_reason());
+            BIO_free(bio);
+            ERR_clear_error();
+            return -1;
+        }
+        n++;
+    }
+    BIO_free(bio);
+    ERR_clear_error();
+    return n;
+}
+
+int sl_jwks_ca_pem_check(const char *pem, char *err, size_t errlen)
+{
+    return load_pem_certs(NULL, pem, err, errlen) > 0 ? 0 : -1;
+}
+
+sl_jwks_fetch_t *sl_jwks_fetch_new(const char *uri, unsigned ttl_s, const char *ca_pem,
+                                   const char *ca_file)
 {
     sl_jwks_fetch_t *f = calloc(1, sizeof(*f));
     char err[160];
     if (!f)
         return NULL;
+    f->wake[0] = f->wake[1] = -1;
     snprintf(f->uri, sizeof(f->uri), "%s", uri);
-    if (split_uri(uri, f->host, sizeof(f->host), f->port, sizeof(f->port), f->path,
+    if (split_uri(uri, &f->tls, f->host, sizeof(f->host), f->port, sizeof(f->port), f->path,
                   sizeof(f->path), err, sizeof(err)) != 0 ||
+        (ca_pem && !(f->ca_pem = strdup(ca_pem))) || (ca_file && !(f->ca_file = strdup(ca_file))) ||
         pipe2(f->wake, O_NONBLOCK | O_CLOEXEC) != 0) {
+        free(f->ca_pem);
+        free(f->ca_file);
         free(f);
         return NULL;
     }
@@ -188,7 +274,7 @@ static int wait_fd(sl_jwks_fetch_t *f, int fd, short events, uint64_t deadline)
     }
 }
 
-long sl_jwks_http_body(char *buf, size_t len, char **body, char *err, size_t errlen)
+long sl_jwks_http_body(char *buf, size_t len, int clean_end, char **body, char *err, size_t errlen)
 {
     char *end = memmem(buf, len, "\r\n\r\n", 4);
     if (!end) {
@@ -246,16 +332,224 @@ long sl_jwks_http_body(char *buf, size_t len, char **body, char *err, size_t err
             return -1;
         }
         avail = (size_t)clen;
+    } else if (!clean_end) {
+        snprintf(err, errlen,
+                 "the response has no Content-Length and the TLS connection ended "
+                 "without close_notify: it may be truncated");
+        return -1;
     }
     *body = b;
     return (long)avail;
 }
 
-/* GETs the document into a fresh buffer (caller frees); its length in
- * *len, or NULL with err. */
-static char *http_get(sl_jwks_fetch_t *f, size_t *len, char *err, size_t errlen)
+/* One connection to the JWKS server: a socket, and its TLS session for
+ * https://. */
+typedef struct {
+    sl_jwks_fetch_t *f;
+    int fd;
+    SSL_CTX *ctx;
+    SSL *ssl;
+    uint64_t deadline;
+} conn_t;
+
+static void conn_close(conn_t *c)
 {
-    uint64_t deadline = mono_ms() + SL_JWKS_FETCH_TIMEOUT_MS;
+    SSL_free(c->ssl);
+    SSL_CTX_free(c->ctx);
+    if (c->fd >= 0)
+        close(c->fd);
+    c->ssl = NULL;
+    c->ctx = NULL;
+    c->fd = -1;
+}
+
+/* Waits for what the TLS session asked for (ret: SSL_connect/read/write's
+ * result). 1 to retry, 0 when the session failed or the deadline passed. */
+static int tls_wait(conn_t *c, int ret)
+{
+    switch (SSL_get_error(c->ssl, ret)) {
+    case SSL_ERROR_WANT_READ:
+        return wait_fd(c->f, c->fd, POLLIN, c->deadline);
+    case SSL_ERROR_WANT_WRITE:
+        return wait_fd(c->f, c->fd, POLLOUT, c->deadline);
+    default:
+        return 0;
+    }
+}
+
+/*
+ * The TLS context of one fetch: verification against jwksCaBundle,
+ * jwksCaFile or the system's CAs. Made for every fetch (every
+ * jwksCacheSeconds, at most every few seconds) so that a CA file rotated
+ * on disk, or the system store, is picked up without a reload; loading a
+ * store costs milliseconds in this thread, never in a worker.
+ */
+static SSL_CTX *tls_ctx(sl_jwks_fetch_t *f, char *err, size_t errlen)
+{
+    ERR_clear_error();
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        snprintf(err, errlen, "out of memory for TLS");
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
+    static const unsigned char alpn[] = "\x08http/1.1";
+    SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
+    char why[200];
+    if (f->ca_pem) {
+        if (load_pem_certs(SSL_CTX_get_cert_store(ctx), f->ca_pem, why, sizeof(why)) <= 0) {
+            snprintf(err, errlen, "jwksCaBundle: %s", why);
+            goto fail;
+        }
+    } else if (f->ca_file) {
+        if (SSL_CTX_load_verify_locations(ctx, f->ca_file, NULL) != 1) {
+            snprintf(err, errlen,
+                     "jwksCaFile %.120s: %.60s (a readable PEM file of CA "
+                     "certificates)",
+                     f->ca_file, ssl_reason());
+            goto fail;
+        }
+    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+        snprintf(err, errlen, "the system's CA certificates could not be loaded: %s", ssl_reason());
+        goto fail;
+    }
+    ERR_clear_error();
+    return ctx;
+fail:
+    ERR_clear_error();
+    SSL_CTX_free(ctx);
+    return NULL;
+}
+
+/* The TLS handshake on c->fd: SNI (for a name, RFC 6066 forbids it for an
+ * address) and the name or address the certificate must carry. 0, or -1
+ * with err saying why ("certificate verify failed: ..."). */
+static int tls_connect(conn_t *c, char *err, size_t errlen)
+{
+    sl_jwks_fetch_t *f = c->f;
+    if (!(c->ctx = tls_ctx(f, err, errlen)))
+        return -1;
+    if (!(c->ssl = SSL_new(c->ctx)) || SSL_set_fd(c->ssl, c->fd) != 1) {
+        snprintf(err, errlen, "out of memory for TLS");
+        return -1;
+    }
+    unsigned char addr[16];
+    int is_ip = inet_pton(AF_INET, f->host, addr) == 1 || inet_pton(AF_INET6, f->host, addr) == 1;
+    X509_VERIFY_PARAM *param = SSL_get0_param(c->ssl);
+    X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+    if ((is_ip ? X509_VERIFY_PARAM_set1_ip_asc(param, f->host)
+               : X509_VERIFY_PARAM_set1_host(param, f->host, 0)) != 1 ||
+        (!is_ip && SSL_set_tlsext_host_name(c->ssl, f->host) != 1)) {
+        snprintf(err, errlen, "cannot set the name to verify: %s", ssl_reason());
+        return -1;
+    }
+    ERR_clear_error();
+    for (;;) {
+        int r = SSL_connect(c->ssl);
+        if (r == 1)
+            return 0;
+        if (tls_wait(c, r))
+            continue;
+        long vr = SSL_get_verify_result(c->ssl);
+        if (vr != X509_V_OK)
+            snprintf(err, errlen,
+                     "certificate verify failed: %s (the server's certificate "
+                     "must chain to %s and name %.100s)",
+                     X509_verify_cert_error_string(vr),
+                     f->ca_pem    ? "jwksCaBundle"
+                     : f->ca_file ? "jwksCaFile"
+                                  : "a system CA",
+                     f->host);
+        else if (mono_ms() >= c->deadline)
+            snprintf(err, errlen, "timed out in the TLS handshake");
+        else if (ERR_peek_last_error())
+            snprintf(err, errlen, "TLS handshake failed: %s", ssl_reason());
+        else
+            snprintf(err, errlen, "TLS handshake failed: the connection was closed");
+        ERR_clear_error();
+        return -1;
+    }
+}
+
+/* Writes all of buf; 0 or -1. */
+static int conn_write(conn_t *c, const char *buf, size_t len)
+{
+    size_t sent = 0;
+    while (sent < len) {
+        if (c->ssl) {
+            int w = SSL_write(c->ssl, buf + sent, (int)(len - sent));
+            if (w > 0)
+                sent += (size_t)w;
+            else if (!tls_wait(c, w))
+                return -1;
+            continue;
+        }
+        ssize_t w = send(c->fd, buf + sent, len - sent, MSG_NOSIGNAL);
+        if (w > 0)
+            sent += (size_t)w;
+        else if (!(w < 0 && (errno == EAGAIN || errno == EINTR) &&
+                   wait_fd(c->f, c->fd, POLLOUT, c->deadline)))
+            return -1;
+    }
+    return 0;
+}
+
+/* Reads up to cap bytes: the count, 0 at the end (*clean: the peer said
+ * so, TLS close_notify or a plain FIN), -1 with err. */
+static long conn_read(conn_t *c, char *buf, size_t cap, int *clean, char *err, size_t errlen)
+{
+    for (;;) {
+        if (c->ssl) {
+            ERR_clear_error();
+            int r = SSL_read(c->ssl, buf, (int)cap);
+            if (r > 0)
+                return r;
+            int e = SSL_get_error(c->ssl, r);
+            if (e == SSL_ERROR_ZERO_RETURN) {
+                *clean = 1;
+                return 0;
+            }
+            if (e == SSL_ERROR_SSL &&
+                ERR_GET_REASON(ERR_peek_last_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+                /* Many servers close without close_notify: the body's own
+                 * framing must then say it is complete. */
+                ERR_clear_error();
+                *clean = 0;
+                return 0;
+            }
+            if (tls_wait(c, r))
+                continue;
+            if (mono_ms() >= c->deadline)
+                snprintf(err, errlen, "timed out reading the response");
+            else
+                snprintf(err, errlen, "TLS read failed: %s", ssl_reason());
+            ERR_clear_error();
+            return -1;
+        }
+        ssize_t r = recv(c->fd, buf, cap, 0);
+        if (r >= 0) {
+            *clean = 1;
+            return r;
+        }
+        if (errno != EAGAIN && errno != EINTR) {
+            snprintf(err, errlen, "read failed: %s", strerror(errno));
+            return -1;
+        }
+        if (!wait_fd(c->f, c->fd, POLLIN, c->deadline)) {
+            snprintf(err, errlen, "timed out reading the response");
+            return -1;
+        }
+    }
+}
+
+/* GETs the document into a fresh buffer (caller frees); its length in
+ * *len, and in *clean_end whether the server ended it cleanly (see
+ * sl_jwks_http_body), or NULL with err. */
+static char *http_get(sl_jwks_fetch_t *f, size_t *len, int *clean_end, char *err, size_t errlen)
+{
+    conn_t c = {f, -1, NULL, NULL, mono_ms() + SL_JWKS_FETCH_TIMEOUT_MS};
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_socktype = SOCK_STREAM;
     int gai = getaddrinfo(f->host, f->port, &hints, &ai);
@@ -263,52 +557,49 @@ static char *http_get(sl_jwks_fetch_t *f, size_t *len, char *err, size_t errlen)
         snprintf(err, errlen, "cannot resolve %.100s: %s", f->host, gai_strerror(gai));
         return NULL;
     }
-    int fd = -1;
     snprintf(err, errlen, "cannot connect");
-    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0)
+    for (struct addrinfo *a = ai; a && c.fd < 0; a = a->ai_next) {
+        c.fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (c.fd < 0)
             continue;
         int soerr = 0;
         socklen_t sl = sizeof(soerr);
-        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
+        if (connect(c.fd, a->ai_addr, a->ai_addrlen) == 0)
             break;
-        if (errno == EINPROGRESS && wait_fd(f, fd, POLLOUT, deadline) &&
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
+        if (errno == EINPROGRESS && wait_fd(f, c.fd, POLLOUT, c.deadline) &&
+            getsockopt(c.fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
             break;
         snprintf(err, errlen, "cannot connect to %.100s:%s: %s", f->host, f->port,
                  soerr ? strerror(soerr) : "timed out");
-        close(fd);
-        fd = -1;
+        close(c.fd);
+        c.fd = -1;
     }
     freeaddrinfo(ai);
-    if (fd < 0)
+    if (c.fd < 0)
         return NULL;
+    if (f->tls && tls_connect(&c, err, errlen) != 0) {
+        conn_close(&c);
+        return NULL;
+    }
     char req[1200];
+    int dflt = strcmp(f->port, f->tls ? "443" : "80") == 0;
+    int v6 = strchr(f->host, ':') != NULL;
     int rl = snprintf(req, sizeof(req),
-                      "GET %s HTTP/1.1\r\nHost: %s%s%s\r\nAccept: application/json\r\n"
+                      "GET %s HTTP/1.1\r\nHost: %s%s%s%s%s\r\nAccept: application/json\r\n"
                       "User-Agent: sluice-jwt\r\nConnection: close\r\n\r\n",
-                      f->path, f->host, strcmp(f->port, "80") ? ":" : "",
-                      strcmp(f->port, "80") ? f->port : "");
-    size_t sent = 0;
-    while (sent < (size_t)rl) {
-        ssize_t w = send(fd, req + sent, (size_t)rl - sent, MSG_NOSIGNAL);
-        if (w > 0) {
-            sent += (size_t)w;
-        } else if (w < 0 && errno == EAGAIN && wait_fd(f, fd, POLLOUT, deadline)) {
-        } else {
-            snprintf(err, errlen, "send failed");
-            close(fd);
-            return NULL;
-        }
+                      f->path, v6 ? "[" : "", f->host, v6 ? "]" : "", dflt ? "" : ":",
+                      dflt ? "" : f->port);
+    if (conn_write(&c, req, (size_t)rl) != 0) {
+        snprintf(err, errlen, "send failed");
+        conn_close(&c);
+        return NULL;
     }
     size_t cap = 16384, got = 0;
     char *buf = malloc(cap + 1);
     while (buf) {
         if (got == cap) {
             if (cap >= SL_JWKS_MAX_DOCUMENT + 16384) {
-                snprintf(err, errlen, "the response is larger than %d bytes",
-                         SL_JWKS_MAX_DOCUMENT);
+                snprintf(err, errlen, "the response is larger than %d bytes", SL_JWKS_MAX_DOCUMENT);
                 goto fail;
             }
             char *nb = realloc(buf, cap * 2 + 1);
@@ -317,22 +608,14 @@ static char *http_get(sl_jwks_fetch_t *f, size_t *len, char *err, size_t errlen)
             buf = nb;
             cap *= 2;
         }
-        ssize_t r = recv(fd, buf + got, cap - got, 0);
-        if (r > 0) {
-            got += (size_t)r;
-        } else if (r == 0) {
-            break;
-        } else if (errno == EAGAIN || errno == EINTR) {
-            if (!wait_fd(f, fd, POLLIN, deadline)) {
-                snprintf(err, errlen, "timed out reading the response");
-                goto fail;
-            }
-        } else {
-            snprintf(err, errlen, "read failed: %s", strerror(errno));
+        long r = conn_read(&c, buf + got, cap - got, clean_end, err, errlen);
+        if (r < 0)
             goto fail;
-        }
+        if (r == 0)
+            break;
+        got += (size_t)r;
     }
-    close(fd);
+    conn_close(&c);
     if (!buf)
         snprintf(err, errlen, "out of memory");
     else
@@ -340,7 +623,7 @@ static char *http_get(sl_jwks_fetch_t *f, size_t *len, char *err, size_t errlen)
     *len = got;
     return buf;
 fail:
-    close(fd);
+    conn_close(&c);
     free(buf);
     return NULL;
 }
@@ -351,9 +634,10 @@ static int fetch_once(sl_jwks_fetch_t *f)
 {
     char err[256];
     size_t len = 0;
-    char *buf = http_get(f, &len, err, sizeof(err));
+    int clean_end = 1;
+    char *buf = http_get(f, &len, &clean_end, err, sizeof(err));
     char *body = NULL;
-    long blen = buf ? sl_jwks_http_body(buf, len, &body, err, sizeof(err)) : -1;
+    long blen = buf ? sl_jwks_http_body(buf, len, clean_end, &body, err, sizeof(err)) : -1;
     if (blen < 0) {
         if (!atomic_load(&f->stop))
             sl_log_warn("jwt: JWKS %s: %s (%s)", f->uri, err,
@@ -436,6 +720,8 @@ void sl_jwks_fetch_free(sl_jwks_fetch_t *f)
         pthread_join(f->thread, NULL);
     close(f->wake[0]);
     close(f->wake[1]);
+    free(f->ca_pem);
+    free(f->ca_file);
     sl_jwks_free(atomic_load(&f->current));
     while (f->retired) {
         sl_jwks_t *next = f->retired->retired_next;

@@ -1,7 +1,10 @@
 /*
  * A remote JWKS (jwksUri), kept fresh by a thread of its own so that no
- * worker ever waits on the network: the fetcher does a plain HTTP/1.1 GET
- * with timeouts, parses the document (jwk.h) and publishes the key set
+ * worker ever waits on the network: the fetcher does an HTTP/1.1 GET, over
+ * TLS for https:// (the server's certificate verified against the system's
+ * CAs, or jwksCaBundle / jwksCaFile, for the URL's host name or address,
+ * which is also sent as SNI), with one deadline for connect, handshake and
+ * response, parses the document (jwk.h) and publishes the key set
  * through an atomic pointer; workers load the pointer and use the set for
  * the rest of their hook.
  *
@@ -20,7 +23,7 @@
  * A wake-up pipe interrupts its waits and fetches: free never waits for a
  * timeout.
  *
- * Not here: https (the URI must be http://), redirects, Cache-Control.
+ * Not here: redirects, Cache-Control, proxies, client certificates.
  */
 #ifndef SL_JWT_JWKS_FETCH_H
 #define SL_JWT_JWKS_FETCH_H
@@ -36,12 +39,20 @@
 
 typedef struct sl_jwks_fetch sl_jwks_fetch_t;
 
-/* Whether uri is one the fetcher can use ("http://host[:port][/path]");
- * the reason in err when not. */
-int sl_jwks_uri_check(const char *uri, char *err, size_t errlen);
+/* Whether uri is one the fetcher can use ("https://host[:port][/path]" or
+ * "http://..."), *tls (may be NULL) set for https; the reason in err when
+ * not. */
+int sl_jwks_uri_check(const char *uri, int *tls, char *err, size_t errlen);
 
-/* A fetcher for uri (checked), not started. NULL on out of memory. */
-sl_jwks_fetch_t *sl_jwks_fetch_new(const char *uri, unsigned ttl_s);
+/* Whether pem holds at least one certificate and each parses (compile
+ * time: a jwksCaBundle that cannot be used fails the policy). */
+int sl_jwks_ca_pem_check(const char *pem, char *err, size_t errlen);
+
+/* A fetcher for uri (checked), not started; its TLS trusts ca_pem, else
+ * the CA file ca_file (read at each fetch), else the system's CAs (both
+ * NULL). NULL on out of memory. */
+sl_jwks_fetch_t *sl_jwks_fetch_new(const char *uri, unsigned ttl_s, const char *ca_pem,
+                                   const char *ca_file);
 /* Starts the thread once; any thread may call it, any number of times. */
 void sl_jwks_fetch_start(sl_jwks_fetch_t *f);
 /* The latest key set, or NULL while no fetch has succeeded. */
@@ -53,8 +64,11 @@ void sl_jwks_fetch_refresh(sl_jwks_fetch_t *f);
 void sl_jwks_fetch_free(sl_jwks_fetch_t *f);
 
 /* Exposed for unit tests: the body of an HTTP/1.1 response held in buf
- * (Content-Length, chunked or close-delimited), in place. Returns the body
- * length and sets *body, or -1 with the reason in err. */
-long sl_jwks_http_body(char *buf, size_t len, char **body, char *err, size_t errlen);
+ * (Content-Length, chunked or close-delimited), in place. clean_end: the
+ * connection ended with a FIN or a TLS close_notify; without it (a TLS
+ * server that just closes) a close-delimited body may be truncated by an
+ * attacker and is refused. Returns the body length and sets *body, or -1
+ * with the reason in err. */
+long sl_jwks_http_body(char *buf, size_t len, int clean_end, char **body, char *err, size_t errlen);
 
 #endif

@@ -6,7 +6,7 @@
  * required claims, scopes), maps (iss, sub) to a Consumer, and passes
  * chosen claims upstream as headers.
  *
- *   config: {jwks: {keys: [...]}, jwksUri: http://idp/keys, secret: ...,
+ *   config: {jwks: {keys: [...]}, jwksUri: https://idp/keys, secret: ...,
  *            issuers: [...], audiences: [...], requiredScopes: [...],
  *            claimsToHeaders: {sub: X-User}, consumerRequired: false}
  *
@@ -73,6 +73,7 @@ typedef struct {
     long leeway_s;
     int consumer_required;
     int forward_token;
+    int keep_claims; /* a later policy reads req->jwt_claims (env.jwt_claims) */
     claim_header_t claims[MAX_CLAIM_HEADERS];
     size_t nclaims;
     char scope_challenge[192];
@@ -198,8 +199,35 @@ static void check_uri(sl_vctx_t *c, json_t *v, const void *arg)
     char err[200];
     if (!json_is_string(v))
         sl_validate_error(c, "expected a URL string");
-    else if (sl_jwks_uri_check(json_string_value(v), err, sizeof(err)) != 0)
+    else if (sl_jwks_uri_check(json_string_value(v), NULL, err, sizeof(err)) != 0)
         sl_validate_error(c, "%s", err);
+}
+
+#define MAX_CA_PEM (1024 * 1024)
+
+/* The shape only: the certificates are parsed by compile (jwks_fetch.h),
+ * as a Backend's caBundle is. */
+static void check_ca_pem(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    const char *s = json_string_value(v);
+    if (!s)
+        sl_validate_error(c, "expected a string of PEM certificates");
+    else if (json_string_length(v) > MAX_CA_PEM)
+        sl_validate_error(c, "longer than %d bytes", MAX_CA_PEM);
+    else if (!strstr(s, "-----BEGIN CERTIFICATE-----") || !strstr(s, "-----END CERTIFICATE-----"))
+        sl_validate_error(c, "expected PEM certificates (-----BEGIN CERTIFICATE----- ... "
+                             "-----END CERTIFICATE-----)");
+}
+
+static void check_ca_file(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    const char *s = json_string_value(v);
+    if (!s || s[0] != '/')
+        sl_validate_error(c, "an absolute path on the runtime's machine");
+    else if (strlen(s) > 4096)
+        sl_validate_error(c, "longer than 4096 characters");
 }
 
 static void check_claims_to_headers(sl_vctx_t *c, json_t *v, const void *arg)
@@ -235,6 +263,8 @@ static const sl_vfield_t fields[] = {
     {"jwks", check_jwks, NULL, 0},
     {"jwksUri", check_uri, NULL, 0},
     {"jwksCacheSeconds", sl_vcheck_int, &cache_range, 0},
+    {"jwksCaBundle", check_ca_pem, NULL, 0},
+    {"jwksCaFile", check_ca_file, NULL, 0},
     {"secret", check_short_string, NULL, 0},
     {"secretEncoding", sl_vcheck_enum, encodings, 0},
     {"algorithms", sl_vcheck_array,
@@ -327,6 +357,23 @@ static void check_config(sl_vctx_t *c, json_t *config)
             OPENSSL_cleanse(s, len);
             free(s);
         }
+        sl_validate_pop(c, saved);
+    }
+    static const char *const ca_fields[] = {"jwksCaBundle", "jwksCaFile"};
+    const char *uri = json_string_value(cfg(config, "jwksUri"));
+    int tls = 0;
+    if (uri && sl_jwks_uri_check(uri, &tls, err, sizeof(err)) != 0)
+        uri = NULL; /* reported by its field */
+    for (int i = 0; i < 2; i++) {
+        if (!cfg(config, ca_fields[i]))
+            continue;
+        size_t saved = sl_validate_push_key(c, ca_fields[i]);
+        if (i == 1 && cfg(config, ca_fields[0]))
+            sl_validate_error(c, "set at most one of jwksCaBundle (PEM) or jwksCaFile (a path)");
+        else if (!cfg(config, "jwksUri"))
+            sl_validate_error(c, "only meaningful with jwksUri");
+        else if (uri && !tls)
+            sl_validate_error(c, "only meaningful with an https:// jwksUri");
         sl_validate_pop(c, saved);
     }
     if (cfg(config, "secretEncoding") && !cfg(config, "secret")) {
@@ -437,6 +484,7 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
         return NULL;
     }
     j->consumers = env->consumers;
+    j->keep_claims = env->jwt_claims;
     const char *h = json_string_value(cfg(config, "header"));
     snprintf(j->header, sizeof(j->header), "%s", h ? h : "Authorization");
     j->header_len = strlen(j->header);
@@ -456,7 +504,16 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
     const char *uri = json_string_value(cfg(config, "jwksUri"));
     if (uri) {
         json_t *ttl = cfg(config, "jwksCacheSeconds");
-        if (!(j->remote = sl_jwks_fetch_new(uri, ttl ? (unsigned)json_integer_value(ttl) : 300))) {
+        const char *ca_pem = json_string_value(cfg(config, "jwksCaBundle"));
+        const char *ca_file = json_string_value(cfg(config, "jwksCaFile"));
+        char why[200];
+        if (ca_pem && sl_jwks_ca_pem_check(ca_pem, why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "jwksCaBundle: %s", why);
+            goto fail;
+        }
+        if (!env->check_only &&
+            !(j->remote = sl_jwks_fetch_new(uri, ttl ? (unsigned)json_integer_value(ttl) : 300,
+                                            ca_pem, ca_file))) {
             snprintf(err, errlen, "jwksUri: cannot set up the fetcher (out of memory or pipes)");
             goto fail;
         }
@@ -622,56 +679,22 @@ static verdict_t check_claims(const jwt_t *j, json_t *payload, double now)
     return refuse(R_NONE, NULL);
 }
 
-/* The claim at a dotted path ("org.id"): the literal name first (claim
- * names may hold dots, like URLs), else a walk through nested objects. */
+/* The claim at a dotted path ("org.id"): policy.h. */
 static json_t *claim_at(json_t *payload, const char *path)
 {
-    json_t *v = json_object_get(payload, path);
-    if (v)
-        return v;
-    v = payload;
-    char seg[257];
-    while (*path && json_is_object(v)) {
-        size_t l = strcspn(path, ".");
-        if (l >= sizeof(seg))
-            return NULL;
-        memcpy(seg, path, l);
-        seg[l] = '\0';
-        v = json_object_get(v, seg);
-        path += l;
-        if (*path == '.')
-            path++;
-        else if (*path == '\0')
-            return v;
-    }
-    return NULL;
+    return sl_policy_claim_at(payload, path, strlen(path));
 }
 
-/* A claim as a header value into out (cap bytes): strings, numbers and
- * booleans; -1 for anything else or a value no header can carry. */
+/* A claim as a header value copied into out (cap bytes): its length, or
+ * -1 when it has none (sl_policy_claim_text). */
 static int claim_value(json_t *v, char *out, size_t cap)
 {
-    int n;
-    if (json_is_string(v)) {
-        const char *s = json_string_value(v);
-        size_t l = json_string_length(v);
-        if (l >= cap)
-            return -1;
-        for (size_t i = 0; i < l; i++)
-            if (((unsigned char)s[i] < 0x20 && s[i] != '\t') || s[i] == 0x7f)
-                return -1; /* CR, LF, NUL: header injection */
-        memcpy(out, s, l);
-        return (int)l;
-    }
-    if (json_is_integer(v))
-        n = snprintf(out, cap, "%lld", (long long)json_integer_value(v));
-    else if (json_is_real(v))
-        n = snprintf(out, cap, "%.17g", json_real_value(v));
-    else if (json_is_boolean(v))
-        n = snprintf(out, cap, "%s", json_is_true(v) ? "true" : "false");
-    else
+    sl_str_t t;
+    if (sl_policy_claim_text(v, out, cap, &t) != 0)
         return -1;
-    return n < 0 || (size_t)n >= cap ? -1 : n;
+    if (t.ptr != out)
+        memcpy(out, t.ptr, t.len);
+    return (int)t.len;
 }
 
 /* ---- the per-worker cache of verified tokens ----------------------------- */
@@ -681,7 +704,8 @@ typedef struct {
     uint64_t until_ms; /* wall clock; 0 = empty */
     uint64_t used;
     const sl_consumer_t *consumer;
-    char *values; /* claimsToHeaders values, back to back */
+    json_t *claims; /* the token's claims when kept (jwt_t.keep_claims), a reference */
+    char *values;   /* claimsToHeaders values, back to back */
     int32_t off[MAX_CLAIM_HEADERS]; /* -1 = no value: the header is removed */
     uint16_t len[MAX_CLAIM_HEADERS];
 } entry_t;
@@ -703,8 +727,10 @@ static void worker_free(void *ws)
     if (!c)
         return;
     for (size_t s = 0; s < CACHE_SETS; s++)
-        for (size_t w = 0; w < CACHE_WAYS; w++)
+        for (size_t w = 0; w < CACHE_WAYS; w++) {
             free(c->sets[s][w].values);
+            json_decref(c->sets[s][w].claims);
+        }
     free(c);
 }
 
@@ -845,6 +871,7 @@ static enum source find_token(const jwt_t *j, const sl_policy_req_t *req, sl_str
 /* A verified token's results, for the request and the cache. */
 typedef struct {
     const sl_consumer_t *consumer;
+    json_t *claims; /* a reference when kept, else NULL */
     char values[MAX_CLAIM_HEADERS][MAX_CLAIM_VALUE];
     int len[MAX_CLAIM_HEADERS]; /* -1 = absent */
     double exp;                 /* 0 = none */
@@ -955,11 +982,21 @@ static verdict_t verify(const jwt_t *j, sl_str_t tok, double now, accepted_t *ou
                                   MAX_CLAIM_VALUE);
     json_t *exp = json_object_get(payload, "exp");
     out->exp = exp ? json_number_value(exp) : 0;
+    if (j->keep_claims)
+        out->claims = json_incref(payload);
 done:
     json_decref(header);
     json_decref(payload);
     free(buf);
     return v;
+}
+
+/* The request's claims for later policies (policy.h), taking the
+ * reference claims holds (NULL: none kept). */
+static void set_claims(sl_policy_req_t *req, json_t *claims)
+{
+    json_decref(req->jwt_claims);
+    req->jwt_claims = claims;
 }
 
 static int fail_edit(sl_policy_reply_t *reply)
@@ -996,6 +1033,7 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
         accepted_t *acc = malloc(sizeof(*acc));
         if (!acc)
             return reply_status(reply, 503, "overloaded", "out of memory");
+        acc->claims = NULL;
         verdict_t v = verify(j, tok, (double)now_ms / 1000.0, acc);
         if (v.status != R_NONE)
             free(acc);
@@ -1041,6 +1079,8 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
             if (values && until > now_ms) {
                 e = cache_victim(cache, sha, now_ms);
                 free(e->values);
+                json_decref(e->claims);
+                e->claims = json_incref(acc->claims);
                 memcpy(e->sha, sha, sizeof(sha));
                 e->until_ms = until;
                 e->used = ++cache->tick;
@@ -1074,15 +1114,19 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
                            : -1;
                 }
                 if (rc != 0) {
+                    json_decref(acc->claims);
                     free(acc);
                     return fail_edit(reply);
                 }
             }
+            set_claims(req, acc->claims); /* the request takes acc's reference */
             free(acc);
             goto consumer;
         }
+        json_decref(acc->claims);
         free(acc);
     }
+    set_claims(req, json_incref(e->claims));
     /* The claims' headers, from the cache entry (copied: the entry may be
      * replaced by this worker's next request while this one is upstream). */
     for (size_t i = 0; i < j->nclaims; i++) {

@@ -4,7 +4,10 @@
  * every limit admits it). Rejections are 429 rate_limited with Retry-After
  * and RateLimit-Limit/-Remaining/-Reset; admitted responses carry the
  * RateLimit-* headers of the most restrictive limit (the one with the
- * fewest requests left).
+ * fewest requests left). Phase RATE_LIMIT, after authentication; with
+ * beforeAuthentication: true, ACCESS, so requests an authentication policy
+ * refuses (wrong passwords) are counted too: only limits that need no
+ * consumer (by ip, header, route) may run there.
  *
  *   config: {limits: [{requests: 5, period: 1s, by: consumer}],
  *            mode: local, headers: true, maxKeys: 16384}
@@ -72,6 +75,11 @@ static const sl_vfield_t limit_fields[] = {
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t limit_schema = {limit_fields, check_limit};
+
+static int needs_consumer(const char *by)
+{
+    return by && (strcmp(by, "consumer") == 0 || strcmp(by, "group") == 0);
+}
 static const sl_varray_t limits_spec = {sl_vcheck_object, &limit_schema, 1, MAX_LIMITS};
 
 /* "host:port", the port 1..65535. */
@@ -137,6 +145,29 @@ static void check_config(sl_vctx_t *c, json_t *obj)
         sl_validate_error(c, "only used with mode: fleet (a local limit cannot be unavailable)");
         sl_validate_pop(c, saved);
     }
+    if (json_is_true(sl_validate_get(obj, "beforeAuthentication"))) {
+        json_t *limits = sl_validate_get(obj, "limits");
+        for (size_t i = 0; i < json_array_size(limits); i++) {
+            const char *by = json_string_value(sl_validate_get(json_array_get(limits, i), "by"));
+            if (!needs_consumer(by))
+                continue;
+            size_t saved = sl_validate_push_key(c, "limits");
+            sl_validate_push_index(c, i);
+            sl_validate_push_key(c, "by");
+            sl_validate_error(c, "by: %s needs the authenticated consumer, which is not known "
+                                 "before authentication (with beforeAuthentication: true, count "
+                                 "by ip, header or route)", by);
+            sl_validate_pop(c, saved);
+        }
+    }
+}
+
+/* ACCESS with beforeAuthentication: the request has not met an
+ * authentication policy yet (policy.h, phase_of). */
+static enum sl_policy_phase phase_of(json_t *config)
+{
+    return json_is_true(json_object_get(config, "beforeAuthentication")) ? SL_PHASE_ACCESS
+                                                                         : SL_PHASE_RATE_LIMIT;
 }
 
 static const sl_vfield_t fields[] = {
@@ -146,6 +177,7 @@ static const sl_vfield_t fields[] = {
     {"failOpen", sl_vcheck_bool, NULL, 0},
     {"headers", sl_vcheck_bool, NULL, 0},
     {"maxKeys", sl_vcheck_int, &max_keys_range, 0},
+    {"beforeAuthentication", sl_vcheck_bool, NULL, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t schema = {fields, check_config};
@@ -260,7 +292,6 @@ static int parse_limits(rl_t *rl, json_t *limits, char *err, size_t errlen)
 
 static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size_t errlen)
 {
-    (void)env;
     rl_t *rl = calloc(1, sizeof(*rl));
     if (!rl) {
         snprintf(err, errlen, "out of memory");
@@ -274,6 +305,8 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
     rl->headers = !json_is_false(json_object_get(config, "headers"));
     json_t *mk = json_object_get(config, "maxKeys");
     size_t max_keys = json_is_integer(mk) ? (size_t)json_integer_value(mk) : DEFAULT_MAX_KEYS;
+    if (env->check_only)
+        return rl; /* the buckets and the Redis client are the runtime's */
 
     char *canon = json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS);
     if (!canon) {
@@ -537,6 +570,7 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
 const sl_policy_def_t sl_policy_rate_limit = {
     .name = "rate-limit",
     .phase = SL_PHASE_RATE_LIMIT,
+    .phase_of = phase_of,
     .schema = &schema,
     .compile = compile,
     .free = rl_free,

@@ -157,37 +157,6 @@ static void worker_free(void *ws)
 
 /* ---- per request -------------------------------------------------------------- */
 
-/*
- * The value of the operation's path parameter `name` in the request path:
- * the segment at the template's position. 0, or -1 when the operation has
- * no such parameter.
- */
-static int param_value(const sl_policy_req_t *r, const char *name, size_t name_len, sl_str_t *out)
-{
-    if (!r->route_path_template || r->base_path_len > r->path.len)
-        return -1;
-    const char *t = r->route_path.ptr, *tend = t + r->route_path.len;
-    const char *p = r->path.ptr + r->base_path_len, *pend = r->path.ptr + r->path.len;
-    while (t < tend && p < pend) {
-        /* one segment of each, past its '/' */
-        if (*t == '/')
-            t++;
-        if (*p == '/')
-            p++;
-        const char *ts = t, *ps = p;
-        while (t < tend && *t != '/')
-            t++;
-        while (p < pend && *p != '/')
-            p++;
-        if (t - ts == (ptrdiff_t)name_len + 2 && ts[0] == '{' &&
-            memcmp(ts + 1, name, name_len) == 0) {
-            *out = (sl_str_t){ps, (size_t)(p - ps)};
-            return 0;
-        }
-    }
-    return -1;
-}
-
 static int policy_error(sl_policy_reply_t *reply, const char *fmt, const char *arg, size_t len)
 {
     reply->status = 500;
@@ -209,7 +178,7 @@ static int expand_template(const rewrite_t *rw, sl_policy_req_t *r, sl_policy_re
             const char *end;
             if (*p == '{' && (end = strchr(p, '}'))) {
                 sl_str_t v;
-                if (param_value(r, p + 1, (size_t)(end - p - 1), &v) != 0)
+                if (sl_policy_path_param(r, p + 1, (size_t)(end - p - 1), &v) != 0)
                     return policy_error(reply,
                                         "rewrite: the operation has no path parameter {%.*s}",
                                         p + 1, (size_t)(end - p - 1));

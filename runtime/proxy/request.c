@@ -231,6 +231,7 @@ void sl_request_reset(sl_request_t *r)
     r->m_method = r->m_target = r->m_host = r->m_ua = r->m_referer = r->m_reqid = (sl_str_t){"", 0};
     r->upstream_addr[0] = '\0';
     if (r->pol) {
+        sl_policy_req_end(&r->pol->v);
         sl_worker_t *w = r->w;
         if (w && w->num_policy_states < SL_WORKER_POLICY_CACHE)
             w->policy_states[w->num_policy_states++] = r->pol;
@@ -602,8 +603,10 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
             set_error(err, 503, "overloaded", 0, "out of memory");
             return SL_ERROR;
         }
+        p->v.jwt_claims = NULL; /* a cached state's was released by sl_request_reset */
         r->pol = p;
     }
+    sl_policy_req_end(&p->v);
     p->replied = p->responded = 0;
     memset(&p->v, 0, sizeof(p->v));
     /* The reply is cleared by sl_policy_chain_request: this memory was

@@ -8,7 +8,9 @@ reported and not re-sent; kill -9 of the controller under load fails no
 request and loses nothing; 200 config changes under keep-alive load drop
 nothing; a runtime started before its controller waits unready; bursts are
 coalesced; a missing Backend reference is reported in the object's status
-without breaking other Apis; --resources runs read-only.
+without breaking other Apis; --resources runs read-only; a policy that
+validates but cannot be compiled is named in its Api's status while the
+runtimes fail that Api closed and keep every other Api's policies.
 
 Runtimes of one fleet share their listener port (as on separate machines),
 so the tests with several runtimes give each its own network namespace
@@ -519,3 +521,66 @@ def test_resources_file_is_read_only(env, tmp_path):
     assert ctl.get("Api", "petstore")["spec"]["basePath"] == "/petstore/v1"
     assert rt.get(port, "/other/x")[0] == 404
     assert rt.get(port, "/petstore/v1/pets")[0] == 200
+
+
+# --- 9 ------------------------------------------------------------------------
+
+# Passes validation (the shape of PEM) but does not parse: compile fails.
+BAD_PEM = "-----BEGIN CERTIFICATE-----\nMIIBAAAA\n-----END CERTIFICATE-----\n"
+
+
+def test_policy_that_cannot_be_compiled_is_in_the_status_and_fails_closed(env):
+    ctl = env.controller()
+    b = env.backend("echo")
+    rt = env.runtime("rt-pol")
+    port = free_port()
+    ctl.apply(quickstart(port, b.port, listener_address="127.0.0.1"))
+    good = ctl.get("Api", "petstore")
+    good_spec = dict(good["spec"], policies=[
+        {"name": "headers", "config": {"response": {"set": {"X-Served-By": "petstore"}}}}])
+    ctl.put({"apiVersion": good["apiVersion"], "kind": "Api", "metadata": {"name": "petstore"},
+             "spec": good_spec})
+    jwt_bad = {"name": "jwt", "config": {"jwksUri": "https://idp.example/keys",
+                                          "jwksCaBundle": BAD_PEM}}
+    bad = api("locked", "/locked", "echo", operations=[
+        {"method": "GET", "path": "/a"},
+        {"method": "GET", "path": "/b", "policies": [
+            {"name": "headers", "config": {"request": {"set": {"X-B": "1"}}}}]}])
+    bad["spec"]["policies"] = [{"name": "headers", "config": {"request": {"set": {"X-A": "1"}}}},
+                               jwt_bad]
+    status, _, doc = ctl.rest("POST", "/api/v1/apis", bad)
+    assert status == 201, doc  # valid: the PEM's parse is compile's
+    ctl.wait_converged(1)
+    rt.wait_ready()
+
+    def policy_ready(name):
+        conds = (ctl.get("Api", name).get("status") or {}).get("conditions") or []
+        return [c for c in conds if c["type"] == "PolicyReady"]
+    cond = wait_until(lambda: policy_ready("locked"), 5.0, what="PolicyReady on Api locked")[0]
+    assert cond["status"] == "False" and cond["reason"] == "PolicyUnavailable", cond
+    assert cond["message"].startswith("spec.policies[1] (jwt): jwksCaBundle: certificate 1 does "
+                                      "not parse"), cond
+    accepted = [c for c in ctl.get("Api", "locked")["status"]["conditions"]
+                if c["type"] == "Accepted"]
+    assert accepted[0]["status"] == "True", accepted  # pushed: the runtimes fail it closed
+    assert policy_ready("petstore")[0]["status"] == "True"
+    assert "cannot be compiled" in ctl.log() and "api default/locked" in ctl.log()
+
+    # The runtimes fail every route of the Api closed, and say why in their log.
+    for target in ("/locked/a", "/locked/b"):
+        st, _, body = rt.get(port, target)
+        assert st == 503, (target, st, body)
+        assert json.loads(body)["error"]["code"] == "policy_unavailable", body
+    assert b.count() == 0
+    assert "jwksCaBundle: certificate 1 does not parse" in rt.log()
+    # Every other Api keeps its policies.
+    st, headers, _ = rt.get(port, "/petstore/v1/pets")
+    assert st == 200 and ("X-Served-By", "petstore") in headers, headers
+
+    # Fixed: served again with its policies, and the status says so.
+    bad["spec"]["policies"][1] = {"name": "jwt", "config": {
+        "secret": "0123456789abcdef0123456789abcdef-shared"}}
+    ctl.put(bad)
+    wait_until(lambda: policy_ready("locked") and policy_ready("locked")[0]["status"] == "True",
+               5.0, what="PolicyReady True once fixed")
+    wait_until(lambda: rt.get(port, "/locked/a")[0] == 401, 5.0, what="the jwt policy applied")

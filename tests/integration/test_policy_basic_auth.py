@@ -1,8 +1,9 @@
 """The basic-auth policy (policies/basic-auth/basic_auth.c, docs/policies/
 basic-auth.md): Authorization: Basic checked against Consumers' crypt(3)
 hashes, over HTTP/1.1 and HTTP/2; the per-worker cache of successful
-verifications (seen through the runtime's debug log, not timing); the
-REST API's refusal of an unsalted passwordHash."""
+verifications (seen through the runtime's debug log, not timing); a rate
+limit before authentication that bounds wrong guesses; the REST API's
+refusal of an unsalted passwordHash."""
 
 import base64
 import ctypes
@@ -200,6 +201,39 @@ def test_cache_off(backends, runtimes, hashes):
                              headers=[("Authorization", basic("alice", "s3cret"))]).status == 200
     assert crypt_lines(rt) == ["match"] * 3
     assert cache_lines(rt) == []
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["before-authn", "after-authn"])
+def test_rate_limit_before_authentication_bounds_wrong_passwords(proto, backends, runtimes,
+                                                                 hashes, before):
+    """rate-limit's beforeAuthentication: true runs it in the access phase,
+    so requests basic-auth refuses are counted, and a limited guess costs
+    no crypt. Without it (the default), failed logins never reach the
+    limit."""
+    b = backends("echo")
+    port = free_port()
+    docs = config(proto, port, b.port, [consumer("alice", [("alice", hashes["alice"])])])
+    # Written after basic-auth: the phase, not the order, decides.
+    docs[-1]["spec"]["policies"].append({"name": "rate-limit", "config": {
+        "limits": [{"requests": 3, "period": "1m", "by": "ip"}],
+        "beforeAuthentication": before}})
+    rt = runtimes(docs, workers=1, log_level="debug")
+    wrong = [("Authorization", basic("alice", "guess"))]
+    statuses = [proto.request(port, "GET", "/t/x", headers=wrong).status for _ in range(6)]
+    good = proto.request(port, "GET", "/t/x", headers=[("Authorization", basic("alice", "s3cret"))])
+    if before:
+        assert statuses == [401, 401, 401, 429, 429, 429], statuses
+        err = assert_gateway_error(proto.request(port, "GET", "/t/x", headers=wrong), 429)
+        assert err["code"] == "rate_limited", err
+        # The IP's budget is spent, whoever it is: the right password waits too.
+        assert good.status == 429 and int(good.header("Retry-After")) >= 1, good
+        # basic-auth never ran for the limited requests.
+        assert crypt_lines(rt) == ["no match"] * 3, rt.log()[-3000:]
+    else:
+        assert statuses == [401] * 6, statuses
+        assert good.status == 200, good
+        assert crypt_lines(rt) == ["no match"] * 6 + ["match"]
+    assert b.count() == (0 if before else 1)
 
 
 def test_bad_config_is_refused(runtimes, tmp_path, hashes):

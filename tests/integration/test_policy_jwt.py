@@ -2,8 +2,10 @@
 signed with every supported algorithm, keys made here with
 python3-cryptography and tokens built by hand (base64url), claims, the
 RFC 6750 challenges, a remote JWKS on a loopback http.server (rotation,
-refresh on an unknown kid, fail closed while it is down), claims to
-upstream headers, Consumers, HTTP/2 and gRPC statuses."""
+refresh on an unknown kid, fail closed while it is down), a JWKS over
+https with CAs made here by openssl (verification, SNI, the host name, a
+wrong CA), claims to upstream headers, Consumers, HTTP/2 and gRPC
+statuses."""
 
 import base64
 import hashlib
@@ -11,6 +13,7 @@ import hmac
 import http.server
 import json
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -310,6 +313,52 @@ def test_claims_to_headers_replace_forged_ones_and_forward_token(jwtenv, keys, p
         assert header_of(rec, "Authorization") == ["Bearer " + tok]
 
 
+def test_headers_policy_uses_claims_and_path_parameters(backends, runtimes, keys, proto):
+    """headers' ${jwt.<claim>} and ${path.<param>} (docs/policies/headers.md):
+    the claims of the token jwt verified (also from its per-worker cache)
+    and the operation's path parameters, on the request and the response."""
+    b = backends("echo")
+    port = free_port()
+    ops = [{"method": "GET", "path": "/pets/{id}"},
+           {"method": "GET", "path": "/pets/{id}/photos/{photo}",
+            "policies": [{"name": "headers", "config": {"request": {"set": {
+                "X-Photo": "${path.id}:${path.photo}", "X-Sub": "${jwt.sub}"}}}}]}]
+    docs = config(port, b.port, inline_config(keys), proto, operations=ops)
+    docs[2]["spec"]["policies"].append({"name": "headers", "config": {
+        "request": {"set": {"X-Tenant": "${jwt.tenant}", "X-Org": "org-${jwt.org.id}",
+                            "X-Pet": "${path.id}", "X-Admin": "${jwt.admin}"}},
+        "response": {"set": {"X-Served-For": "${jwt.sub}/${path.id}"}}}})
+    runtimes(docs)
+    tok = token("RS256", {"tenant": "acme", "org": {"id": 42}, "admin": True}, key=keys["rsa"])
+    forged = {"X-Tenant": "evil", "X-Pet": "1"}
+    for attempt in range(2):  # the second from the worker's cache of verified tokens
+        b.clear()
+        r = get(port, tok, proto, headers=forged, target="/t/pets/7")
+        assert r.status == 200, r
+        rec = b.received()[-1]
+        assert header_of(rec, "X-Tenant") == ["acme"], rec
+        assert header_of(rec, "X-Org") == ["org-42"]
+        assert header_of(rec, "X-Pet") == ["7"]
+        assert header_of(rec, "X-Admin") == ["true"]
+        assert r.header("X-Served-For") == "alice/7", r
+    # A token without the claim: the header is set empty, never the client's.
+    plain = token("ES256", key=keys["p256"])
+    b.clear()
+    r = get(port, plain, proto, headers=forged, target="/t/pets/8")
+    assert r.status == 200, r
+    rec = b.received()[-1]
+    assert header_of(rec, "X-Tenant") == [""] and header_of(rec, "X-Org") == ["org-"], rec
+    assert header_of(rec, "X-Pet") == ["8"]
+    # The operation's own headers entry replaces the Api's.
+    b.clear()
+    r = get(port, tok, proto, target="/t/pets/9/photos/p%20x")
+    assert r.status == 200, r
+    rec = b.received()[-1]
+    assert header_of(rec, "X-Photo") == ["9:p%20x"] and header_of(rec, "X-Sub") == ["alice"]
+    assert header_of(rec, "X-Tenant") == []
+    assert r.header("X-Served-For") is None
+
+
 def test_forward_token_false_removes_it(jwtenv, keys):
     rt, port, b = jwtenv(inline_config(keys, forwardToken=False, query="access_token"))
     assert get(port, token("HS256")).status == 200
@@ -362,9 +411,13 @@ def test_unknown_subject_is_anonymous_when_consumer_not_required(jwtenv, keys, b
 # --- remote JWKS ------------------------------------------------------------
 
 class JwksServer:
-    def __init__(self, keys):
+    def __init__(self, keys, tls=None):
+        """tls: (certfile, keyfile) to serve https; the SNI names clients
+        sent are in .sni."""
         self.doc = {"keys": keys}
         self.hits = 0
+        self.sni = []
+        self.tls = tls
         self.lock = threading.Lock()
         outer = self
 
@@ -384,6 +437,18 @@ class JwksServer:
                 pass
 
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+
+            def on_sni(sock, name, _ctx):
+                with outer.lock:
+                    outer.sni.append(name)
+            ctx.sni_callback = on_sni
+            # The handshake runs in the handler's thread (on the first
+            # read), so a failed one costs that thread only.
+            self.srv.socket = ctx.wrap_socket(self.srv.socket, server_side=True,
+                                              do_handshake_on_connect=False)
         self.port = self.srv.server_address[1]
         self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
         self.thread.start()
@@ -391,6 +456,9 @@ class JwksServer:
     @property
     def uri(self):
         return "http://127.0.0.1:%d/.well-known/jwks.json" % self.port
+
+    def https_uri(self, host="localhost"):
+        return "https://%s:%d/.well-known/jwks.json" % (host, self.port)
 
     def set(self, doc):
         with self.lock:
@@ -405,8 +473,8 @@ class JwksServer:
 def jwks_server():
     made = []
 
-    def make(keys):
-        s = JwksServer(keys)
+    def make(keys, tls=None):
+        s = JwksServer(keys, tls)
         made.append(s)
         return s
     yield make
@@ -458,6 +526,100 @@ def test_remote_jwks_down_fails_closed_with_503(jwtenv, keys, jwks_server, proto
     assert get(port, token("HS256", kid=None), proto).status == 200
 
 
+# --- remote JWKS over https ---------------------------------------------------
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """Two CAs made by openssl; "localhost" (a certificate for localhost
+    and 127.0.0.1, by ca) and "elsewhere" (for another name, by ca)."""
+    d = str(tmp_path_factory.mktemp("pki"))
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", ca + ".key", "-out", ca + ".crt", "-days", "30",
+                "-subj", "/CN=JWKS test " + ca, cwd=d)
+    for name, san in (("localhost", "DNS:localhost,IP:127.0.0.1"),
+                      ("elsewhere", "DNS:idp.elsewhere.example")):
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name, cwd=d)
+        with open(os.path.join(d, name + ".ext"), "w") as f:
+            f.write("subjectAltName=%s\n" % san)
+        openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", name + ".crt", "-days", "30",
+                "-extfile", name + ".ext", cwd=d)
+
+    class Pki:
+        dir = d
+
+        def path(self, name):
+            return os.path.join(d, name)
+
+        def pem(self, name):
+            with open(os.path.join(d, name)) as f:
+                return f.read()
+
+        def server(self, name):
+            return (self.path(name + ".crt"), self.path(name + ".key"))
+    return Pki()
+
+
+def test_remote_jwks_over_https_with_a_private_ca(jwtenv, keys, jwks_server, pki, proto):
+    srv = jwks_server([keys["rsa"].jwk()], tls=pki.server("localhost"))
+    # The CA inline (jwksCaBundle), by name: SNI and the name are checked.
+    rt, port, b = jwtenv({"jwksUri": srv.https_uri(), "jwksCaBundle": pki.pem("ca.crt"),
+                          "issuers": ["https://idp.example"]}, proto=proto)
+    wait_until(lambda: get(port, token("RS256", key=keys["rsa"]), proto).status == 200, 10,
+               what="the first JWKS fetch over https")
+    assert srv.hits >= 1
+    assert "localhost" in srv.sni, srv.sni
+    assert "JWKS %s: 1 signature keys" % srv.https_uri() in rt.log()
+    assert get(port, token("RS256", key=keys["rsa2"]), proto).status == 401
+
+
+def test_remote_jwks_over_https_ca_file_and_an_address(jwtenv, keys, jwks_server, pki):
+    srv = jwks_server([keys["ed"].jwk()], tls=pki.server("localhost"))
+    # The CA from a file on the runtime's machine; the URL names an
+    # address, checked against the certificate's IP SAN (no SNI for it).
+    rt, port, b = jwtenv({"jwksUri": srv.https_uri("127.0.0.1"),
+                          "jwksCaFile": pki.path("ca.crt")})
+    wait_until(lambda: get(port, token("EdDSA", key=keys["ed"])).status == 200, 10,
+               what="the first JWKS fetch over https")
+    assert srv.sni == [None] * len(srv.sni), srv.sni
+
+
+@pytest.mark.parametrize("case", ["system-cas", "wrong-ca", "wrong-name", "missing-ca-file"])
+def test_remote_jwks_over_https_that_cannot_be_verified_fails_closed(jwtenv, keys, jwks_server,
+                                                                     pki, case):
+    cert = "elsewhere" if case == "wrong-name" else "localhost"
+    srv = jwks_server([keys["rsa"].jwk()], tls=pki.server(cert))
+    cfg = {"jwksUri": srv.https_uri(), "secret": SECRET}
+    if case == "wrong-ca":
+        cfg["jwksCaBundle"] = pki.pem("other-ca.crt")
+    elif case == "wrong-name":
+        cfg["jwksCaFile"] = pki.path("ca.crt")
+    elif case == "missing-ca-file":
+        cfg["jwksCaFile"] = pki.path("no-such-ca.crt")
+    # system-cas: nothing configured: our private CA is in no system store.
+    rt, port, b = jwtenv(cfg)
+    r = get(port, token("RS256", key=keys["rsa"]))
+    assert r.status == 503 and r.json()["error"]["code"] == "jwks_unavailable", r
+    why = {"system-cas": "certificate verify failed: unable to get local issuer certificate",
+           "wrong-ca": "certificate verify failed: unable to get local issuer certificate",
+           "wrong-name": "certificate verify failed: hostname mismatch",
+           "missing-ca-file": "jwksCaFile %s: " % pki.path("no-such-ca.crt")}[case]
+    wait_until(lambda: "JWKS %s: %s" % (srv.https_uri(), why) in rt.log(), 10,
+               what="the reason in the log")
+    # Still closed: the keys never arrived. The inline secret still works.
+    r = get(port, token("RS256", key=keys["rsa"]))
+    assert r.status == 503 and r.json()["error"]["code"] == "jwks_unavailable", r
+    assert get(port, token("HS256", kid=None)).status == 200
+    # The runtime never got the document (the handshake failed first).
+    assert srv.hits == 0
+
+
 def test_grpc_statuses(jwtenv, keys):
     from clients import Proto
     proto = Proto("h2c")  # gRPC is HTTP/2 only
@@ -494,7 +656,15 @@ def test_config_errors_name_the_field(tmp_path, keys):
          base + ".jwks.keys[0].alg", "cannot be used"),
         ({"secret": "short"}, base + ".secret", "32 to 512 bytes"),
         ({"issuers": ["a"]}, base, "needs keys"),
-        ({"jwksUri": "https://idp/keys"}, base + ".jwksUri", "http://"),
+        ({"jwksUri": "ftp://idp/keys"}, base + ".jwksUri", "https://"),
+        ({"jwksUri": "http://idp/keys", "jwksCaFile": "/ca.pem"}, base + ".jwksCaFile",
+         "only meaningful with an https:// jwksUri"),
+        ({"jwksUri": "https://idp/keys", "jwksCaFile": "ca.pem"}, base + ".jwksCaFile",
+         "absolute path"),
+        ({"jwksUri": "https://idp/keys", "jwksCaBundle": "x"}, base + ".jwksCaBundle",
+         "PEM certificates"),
+        ({"secret": SECRET, "jwksCaFile": "/ca.pem"}, base + ".jwksCaFile",
+         "only meaningful with jwksUri"),
         ({"secret": SECRET, "algorithms": ["RS256"]}, base + ".algorithms[0]", "no configured key"),
         ({"secret": SECRET, "algorithms": ["none"]}, base + ".algorithms[0]", ""),
         ({"secret": SECRET, "claimsToHeaders": {"sub": "Content-Length"}},

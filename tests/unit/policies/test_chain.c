@@ -122,7 +122,7 @@ static void test_chain_runs_in_phase_order_with_conditions(void **state)
     (void)state;
     Sluice__V1__Snapshot *s = compile(config());
     sl_consumers_t *cons = sl_consumers_build(s->consumers, s->n_consumers);
-    sl_policy_env_t env = {cons, 2};
+    sl_policy_env_t env = {.consumers = cons, .nworkers = 2};
     char err[256];
     const Sluice__V1__Route *r = route(s, "over");
     sl_policy_chain_t *ch = sl_policy_chain_build(r->policies, r->n_policies, &env, err, sizeof(err));
@@ -167,6 +167,46 @@ static void test_chain_runs_in_phase_order_with_conditions(void **state)
     sl_snapshot_free(s);
 }
 
+/* rate-limit's beforeAuthentication moves it to the access phase: it
+ * runs before the authentication policy written before it. */
+static void test_config_chooses_the_phase(void **state)
+{
+    (void)state;
+    Sluice__V1__Policy auth = SLUICE__V1__POLICY__INIT, rl = SLUICE__V1__POLICY__INIT;
+    auth.name = "basic-auth";
+    auth.config_json = "{}";
+    rl.name = "rate-limit";
+    rl.config_json = "{\"limits\":[{\"requests\":1,\"period\":\"1m\",\"by\":\"ip\"}]}";
+    Sluice__V1__Policy *ps[] = {&auth, &rl};
+    sl_policy_env_t env = {.consumers = NULL, .nworkers = 1};
+    char err[256];
+    sl_policy_chain_t *ch = sl_policy_chain_build(ps, 2, &env, err, sizeof(err));
+    assert_non_null(ch);
+    assert_string_equal(sl_policy_chain_name(ch, 0), "basic-auth");
+    assert_string_equal(sl_policy_chain_name(ch, 1), "rate-limit");
+    sl_policy_chain_free(ch);
+    rl.config_json = "{\"beforeAuthentication\":true,"
+                     "\"limits\":[{\"requests\":1,\"period\":\"1m\",\"by\":\"ip\"}]}";
+    ch = sl_policy_chain_build(ps, 2, &env, err, sizeof(err));
+    assert_non_null(ch);
+    assert_string_equal(sl_policy_chain_name(ch, 0), "rate-limit");
+    assert_string_equal(sl_policy_chain_name(ch, 1), "basic-auth");
+    /* The second anonymous request is limited before basic-auth runs. */
+    sl_hdr_edit_t edits[32];
+    char arena[512];
+    sl_policy_reply_t reply;
+    sl_policy_header_t none[1];
+    for (int i = 0; i < 2; i++) {
+        sl_policy_req_t v = view(none, 0, edits, arena);
+        v.api = "default/a";
+        memset(&reply, 0, sizeof(reply));
+        assert_int_equal(sl_policy_chain_request(ch, &v, &reply), SL_POLICY_REPLY);
+        assert_int_equal(reply.status, i == 0 ? 401 : 429);
+        assert_string_equal(v.rejected_by, i == 0 ? "basic-auth" : "rate-limit");
+    }
+    sl_policy_chain_free(ch);
+}
+
 static void test_unknown_policy_fails_the_chain_closed(void **state)
 {
     (void)state;
@@ -174,7 +214,7 @@ static void test_unknown_policy_fails_the_chain_closed(void **state)
     p.name = "no-such-policy";
     p.config_json = "{}";
     Sluice__V1__Policy *ps[] = {&p};
-    sl_policy_env_t env = {NULL, 1};
+    sl_policy_env_t env = {.consumers = NULL, .nworkers = 1};
     char err[256];
     assert_null(sl_policy_chain_build(ps, 1, &env, err, sizeof(err)));
     assert_string_equal(err, "policy no-such-policy is not known to this runtime");
@@ -210,6 +250,29 @@ static void test_consumers_index(void **state)
     sl_snapshot_free(s);
 }
 
+/* The controller's check (policies/check.c): each entry compiled from the
+ * config alone, failures with their field path; a disabled entry and a
+ * fleet-mode rate limit (no Redis client in check mode) are no failures. */
+static void test_check_spec_names_entries_that_cannot_be_compiled(void **state)
+{
+    (void)state;
+    json_t *spec = json_loads(
+        "{\"policies\": [{\"name\": \"headers\", \"config\": {}},"
+        " {\"name\": \"jwt\", \"config\": {\"jwksUri\": \"https://idp/k\", \"jwksCaBundle\":"
+        " \"-----BEGIN CERTIFICATE-----\\nMIIBAAAA\\n-----END CERTIFICATE-----\\n\"}}],"
+        " \"operations\": [{\"path\": \"/a\", \"policies\": [{\"name\": \"jwt\", \"disabled\": true},"
+        "  {\"name\": \"rate-limit\", \"config\": {\"mode\": \"fleet\", \"limits\": [{\"requests\": 1,"
+        "   \"period\": \"1s\", \"by\": \"ip\"}], \"redis\": {\"address\": \"192.0.2.1:6379\"}}}]}]}",
+        0, NULL);
+    assert_non_null(spec);
+    sl_policy_env_t env = {.consumers = NULL, .nworkers = 1};
+    char msg[512];
+    assert_int_equal(sl_policy_check_spec(spec, &env, msg, sizeof(msg)), 1);
+    assert_non_null(strstr(msg, "spec.policies[1] (jwt): jwksCaBundle: certificate 1 does not parse"));
+    assert_null(strstr(msg, "operations"));
+    json_decref(spec);
+}
+
 int main(void)
 {
     uint8_t h[32];
@@ -222,6 +285,8 @@ int main(void)
         cmocka_unit_test(test_chain_runs_in_phase_order_with_conditions),
         cmocka_unit_test(test_unknown_policy_fails_the_chain_closed),
         cmocka_unit_test(test_consumers_index),
+        cmocka_unit_test(test_config_chooses_the_phase),
+        cmocka_unit_test(test_check_spec_names_entries_that_cannot_be_compiled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

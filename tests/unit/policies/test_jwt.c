@@ -188,7 +188,7 @@ static void test_es_signature_conversion_and_verify(void **state)
 static jwt_t *compiled(const char *config)
 {
     json_t *c = J(config);
-    sl_policy_env_t env = {NULL, 1};
+    sl_policy_env_t env = {.consumers = NULL, .nworkers = 1};
     char err[256] = "";
     jwt_t *j = compile(c, &env, err, sizeof(err));
     json_decref(c);
@@ -264,26 +264,47 @@ static void test_http_body(void **state)
     (void)state;
     char *body, err[128];
     char a[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloEXTRA";
-    assert_int_equal(sl_jwks_http_body(a, strlen(a), &body, err, sizeof(err)), 5);
+    assert_int_equal(sl_jwks_http_body(a, strlen(a), 1, &body, err, sizeof(err)), 5);
     assert_memory_equal(body, "hello", 5);
     char b[] = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2;x=y\r\nlo\r\n0\r\n\r\n";
-    assert_int_equal(sl_jwks_http_body(b, strlen(b), &body, err, sizeof(err)), 5);
+    assert_int_equal(sl_jwks_http_body(b, strlen(b), 1, &body, err, sizeof(err)), 5);
     assert_memory_equal(body, "hello", 5);
     char c[] = "HTTP/1.0 200 OK\r\n\r\n{}";
-    assert_int_equal(sl_jwks_http_body(c, strlen(c), &body, err, sizeof(err)), 2);
+    assert_int_equal(sl_jwks_http_body(c, strlen(c), 1, &body, err, sizeof(err)), 2);
     char d[] = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
-    assert_int_equal(sl_jwks_http_body(d, strlen(d), &body, err, sizeof(err)), -1);
+    assert_int_equal(sl_jwks_http_body(d, strlen(d), 1, &body, err, sizeof(err)), -1);
     assert_string_equal(err, "status 404");
     char e[] = "HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort";
-    assert_int_equal(sl_jwks_http_body(e, strlen(e), &body, err, sizeof(err)), -1);
+    assert_int_equal(sl_jwks_http_body(e, strlen(e), 1, &body, err, sizeof(err)), -1);
     char f[] = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nff\r\nab";
-    assert_int_equal(sl_jwks_http_body(f, strlen(f), &body, err, sizeof(err)), -1);
+    assert_int_equal(sl_jwks_http_body(f, strlen(f), 1, &body, err, sizeof(err)), -1);
+    /* Over TLS without close_notify, only a framed body is complete. */
+    char g[] = "HTTP/1.1 200 OK\r\n\r\n{\"keys\"";
+    assert_int_equal(sl_jwks_http_body(g, strlen(g), 0, &body, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "close_notify"));
+    char h[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+    assert_int_equal(sl_jwks_http_body(h, strlen(h), 0, &body, err, sizeof(err)), 2);
     char uerr[200];
-    assert_int_equal(sl_jwks_uri_check("http://idp:8080/k", uerr, sizeof(uerr)), 0);
-    assert_int_equal(sl_jwks_uri_check("http://[::1]:80/k", uerr, sizeof(uerr)), 0);
-    assert_int_equal(sl_jwks_uri_check("https://idp/k", uerr, sizeof(uerr)), -1);
-    assert_int_equal(sl_jwks_uri_check("http://u@idp/k", uerr, sizeof(uerr)), -1);
-    assert_int_equal(sl_jwks_uri_check("http://idp:0/k", uerr, sizeof(uerr)), -1);
+    int tls = -1;
+    assert_int_equal(sl_jwks_uri_check("http://idp:8080/k", &tls, uerr, sizeof(uerr)), 0);
+    assert_int_equal(tls, 0);
+    assert_int_equal(sl_jwks_uri_check("http://[::1]:80/k", NULL, uerr, sizeof(uerr)), 0);
+    assert_int_equal(sl_jwks_uri_check("https://idp/k", &tls, uerr, sizeof(uerr)), 0);
+    assert_int_equal(tls, 1);
+    assert_int_equal(sl_jwks_uri_check("ftp://idp/k", NULL, uerr, sizeof(uerr)), -1);
+    assert_int_equal(sl_jwks_uri_check("http://u@idp/k", NULL, uerr, sizeof(uerr)), -1);
+    assert_int_equal(sl_jwks_uri_check("http://idp:0/k", NULL, uerr, sizeof(uerr)), -1);
+    /* The port defaults to the scheme's. */
+    char host[256], port[8], path[768];
+    assert_int_equal(split_uri("https://idp/k", &tls, host, sizeof(host), port, sizeof(port), path,
+                               sizeof(path), uerr, sizeof(uerr)),
+                     0);
+    assert_string_equal(port, "443");
+    assert_int_equal(sl_jwks_ca_pem_check("-----BEGIN CERTIFICATE-----\nnot base64!\n"
+                                          "-----END CERTIFICATE-----\n",
+                                          uerr, sizeof(uerr)),
+                     -1);
+    assert_non_null(strstr(uerr, "certificate 1 does not parse"));
 }
 
 static void test_cache_is_bounded_and_expires(void **state)

@@ -178,6 +178,16 @@ static void test_config_validation(void **st)
            "redis: {address: \"redis:0\"}}",
            P "redis.address");
     expect("{limits: [{requests: 5, period: 1s, by: ip}], maxKeys: 10}", P "maxKeys");
+    expect("{limits: [{requests: 5, period: 1m, by: ip}, {requests: 9, period: 1s, by: route}, "
+           "{requests: 9, period: 1s, by: header, header: Authorization}], "
+           "beforeAuthentication: true}",
+           "");
+    expect("{limits: [{requests: 5, period: 1m, by: ip}, {requests: 9, period: 1s, by: group}], "
+           "beforeAuthentication: true}",
+           P "limits[1].by: by: group needs the authenticated consumer");
+    expect("{limits: [{requests: 5, period: 1m, by: consumer}], beforeAuthentication: false}", "");
+    expect("{limits: [{requests: 5, period: 1m, by: ip}], beforeAuthentication: 1}",
+           P "beforeAuthentication");
 }
 
 /* --- the hook ------------------------------------------------------------------ */
@@ -231,7 +241,7 @@ static void test_hook_headers_and_429(void **st)
                              "{\"requests\":100,\"period\":\"1h\",\"by\":\"ip\"}]}",
                              0, NULL);
     char err[256] = "";
-    sl_policy_env_t env = {NULL, 2};
+    sl_policy_env_t env = {.consumers = NULL, .nworkers = 2};
     void *state = def->compile(cfg, &env, err, sizeof(err));
     assert_non_null(state);
     /* The same config compiled again (a reload) shares the budget. */

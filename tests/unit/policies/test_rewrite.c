@@ -25,7 +25,7 @@ static void expect_param(const char *tpl, const char *path, size_t base, const c
     r.route_path_template = 1;
     r.base_path_len = base;
     sl_str_t v;
-    int rc = param_value(&r, name, strlen(name), &v);
+    int rc = sl_policy_path_param(&r, name, strlen(name), &v);
     if (!want) {
         assert_int_equal(rc, -1);
         return;
