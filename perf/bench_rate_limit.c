@@ -75,7 +75,7 @@ static void bench(const char *name, const char *config, long calls, unsigned nke
     const sl_policy_def_t *def = sl_policy_find("rate-limit");
     json_t *cfg = json_loads(config, 0, NULL);
     char err[256];
-    sl_policy_env_t env = {NULL, 2};
+    sl_policy_env_t env = {NULL, 2, NULL};
     void *state = def->compile(cfg, &env, err, sizeof(err));
     if (!state) {
         fprintf(stderr, "bench_rate_limit: %s\n", err);

@@ -211,13 +211,14 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
     gen->consumers = sl_consumers_build(snap->consumers, snap->n_consumers);
     if (!gen->routes || !gen->consumers)
         goto nomem;
-    sl_policy_env_t env = {gen->consumers, gen->nworkers};
+    sl_policy_env_t env = {gen->consumers, gen->nworkers, NULL};
     for (size_t t = 0; t < snap->n_route_tables; t++) {
         const Sluice__V1__RouteTable *table = snap->route_tables[t];
         sl_gen_route_t *routes = calloc(table->n_routes ? table->n_routes : 1, sizeof(*routes));
         if (!routes)
             goto nomem;
         gen->routes[t] = routes;
+        env.api = table->name; /* state kept by Api across generations (cache zones) */
         sl_gen_timeouts_t table_timeouts = *gw_timeouts;
         merge_timeouts(&table_timeouts, table->timeouts);
         for (size_t r = 0; r < table->n_routes; r++) {

@@ -8,6 +8,7 @@
 #include "chain.h"
 
 #include "accesslog.h"
+#include "cache.h"
 #include "log.h"
 #include "metrics.h"
 #include "path.h"
@@ -206,6 +207,9 @@ void sl_request_leave_pool(sl_request_t *r)
 
 void sl_request_reset(sl_request_t *r)
 {
+    /* Before the generation goes: the cache zone is the generation's. */
+    if (sl_unlikely(r->cache))
+        sl_cache_request_end(r);
     sl_request_leave_pool(r);
     if (r->gen) {
         sl_generation_release(r->w, r->gen);

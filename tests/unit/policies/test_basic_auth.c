@@ -151,7 +151,7 @@ static void test_challenge(void **st)
 {
     (void)st;
     json_t *cfg = json_pack("{s:s}", "realm", "pets api");
-    sl_policy_env_t env = {NULL, 1};
+    sl_policy_env_t env = {NULL, 1, NULL};
     char err[128];
     basic_auth_t *b = compile(cfg, &env, err, sizeof(err));
     assert_non_null(b);

@@ -122,7 +122,7 @@ static void test_chain_runs_in_phase_order_with_conditions(void **state)
     (void)state;
     Sluice__V1__Snapshot *s = compile(config());
     sl_consumers_t *cons = sl_consumers_build(s->consumers, s->n_consumers);
-    sl_policy_env_t env = {cons, 2};
+    sl_policy_env_t env = {cons, 2, NULL};
     char err[256];
     const Sluice__V1__Route *r = route(s, "over");
     sl_policy_chain_t *ch = sl_policy_chain_build(r->policies, r->n_policies, &env, err, sizeof(err));
@@ -174,7 +174,7 @@ static void test_unknown_policy_fails_the_chain_closed(void **state)
     p.name = "no-such-policy";
     p.config_json = "{}";
     Sluice__V1__Policy *ps[] = {&p};
-    sl_policy_env_t env = {NULL, 1};
+    sl_policy_env_t env = {NULL, 1, NULL};
     char err[256];
     assert_null(sl_policy_chain_build(ps, 1, &env, err, sizeof(err)));
     assert_string_equal(err, "policy no-such-policy is not known to this runtime");

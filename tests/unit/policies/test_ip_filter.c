@@ -63,7 +63,7 @@ static ip_filter_t *make(const char *json)
     json_t *cfg = json_loads(json, 0, &je);
     assert_non_null(cfg);
     char err[256];
-    sl_policy_env_t env = {NULL, 1};
+    sl_policy_env_t env = {NULL, 1, NULL};
     ip_filter_t *f = compile(cfg, &env, err, sizeof(err));
     json_decref(cfg);
     assert_non_null(f);

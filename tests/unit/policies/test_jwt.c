@@ -188,7 +188,7 @@ static void test_es_signature_conversion_and_verify(void **state)
 static jwt_t *compiled(const char *config)
 {
     json_t *c = J(config);
-    sl_policy_env_t env = {NULL, 1};
+    sl_policy_env_t env = {NULL, 1, NULL};
     char err[256] = "";
     jwt_t *j = compile(c, &env, err, sizeof(err));
     json_decref(c);

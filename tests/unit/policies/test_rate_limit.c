@@ -231,7 +231,7 @@ static void test_hook_headers_and_429(void **st)
                              "{\"requests\":100,\"period\":\"1h\",\"by\":\"ip\"}]}",
                              0, NULL);
     char err[256] = "";
-    sl_policy_env_t env = {NULL, 2};
+    sl_policy_env_t env = {NULL, 2, NULL};
     void *state = def->compile(cfg, &env, err, sizeof(err));
     assert_non_null(state);
     /* The same config compiled again (a reload) shares the budget. */
