@@ -96,7 +96,7 @@ static void check_config(sl_vctx_t *c, json_t *obj)
     json_t *max = sl_validate_get(obj, "maxBytes");
     json_t *entry = sl_validate_get(obj, "maxEntryBytes");
     json_int_t max_v = max ? json_integer_value(max) : DEFAULT_MAX_BYTES;
-    json_int_t entry_v = entry ? json_integer_value(entry) : DEFAULT_MAX_ENTRY_BYTES;
+    json_int_t entry_v = entry ? json_integer_value(entry) : 0;
     if (entry_v > max_v) {
         size_t saved = sl_validate_push_key(c, "maxEntryBytes");
         sl_validate_error(c, "%lld is larger than maxBytes (%lld): no response could be stored",
@@ -183,7 +183,10 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
     json_t *v = sl_validate_get(config, "maxBytes");
     c->max_bytes = v ? (uint64_t)json_integer_value(v) : DEFAULT_MAX_BYTES;
     v = sl_validate_get(config, "maxEntryBytes");
-    c->max_entry_bytes = v ? (uint64_t)json_integer_value(v) : DEFAULT_MAX_ENTRY_BYTES;
+    /* By default 1 MiB, or all of a smaller zone. */
+    c->max_entry_bytes = v                                     ? (uint64_t)json_integer_value(v)
+                         : c->max_bytes < DEFAULT_MAX_ENTRY_BYTES ? c->max_bytes
+                                                               : DEFAULT_MAX_ENTRY_BYTES;
     c->coalesce = (uint8_t)get_bool(config, "coalesce", 1);
     c->coalesce_timeout_ms = get_ms(config, "coalesceTimeout", DEFAULT_COALESCE_TIMEOUT_MS);
     c->pass_ms = c->ttl_ms < MAX_PASS_MS ? c->ttl_ms : MAX_PASS_MS;
