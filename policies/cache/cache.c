@@ -87,8 +87,7 @@ static void check_status(sl_vctx_t *c, json_t *v, const void *arg)
 }
 
 static const sl_varray_t key_query_spec = {sl_vcheck_string, NULL, 0, SL_CACHE_MAX_KEY_QUERY};
-static const sl_varray_t key_headers_spec = {check_header_name, NULL, 0,
-                                             SL_CACHE_MAX_KEY_HEADERS};
+static const sl_varray_t key_headers_spec = {check_header_name, NULL, 0, SL_CACHE_MAX_KEY_HEADERS};
 static const sl_varray_t statuses_spec = {check_status, &status_range, 1, 64};
 
 static void check_config(sl_vctx_t *c, json_t *obj)
@@ -184,9 +183,9 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
     c->max_bytes = v ? (uint64_t)json_integer_value(v) : DEFAULT_MAX_BYTES;
     v = sl_validate_get(config, "maxEntryBytes");
     /* By default 1 MiB, or all of a smaller zone. */
-    c->max_entry_bytes = v                                     ? (uint64_t)json_integer_value(v)
+    c->max_entry_bytes = v                                        ? (uint64_t)json_integer_value(v)
                          : c->max_bytes < DEFAULT_MAX_ENTRY_BYTES ? c->max_bytes
-                                                               : DEFAULT_MAX_ENTRY_BYTES;
+                                                                  : DEFAULT_MAX_ENTRY_BYTES;
     c->coalesce = (uint8_t)get_bool(config, "coalesce", 1);
     c->coalesce_timeout_ms = get_ms(config, "coalesceTimeout", DEFAULT_COALESCE_TIMEOUT_MS);
     c->pass_ms = c->ttl_ms < MAX_PASS_MS ? c->ttl_ms : MAX_PASS_MS;
@@ -464,7 +463,8 @@ static int on_request(const void *state, sl_policy_req_t *r, sl_policy_reply_t *
     size_t room = r->arena_cap - r->arena_len;
     if (!raw)
         return bypass(c, r);
-    sl_cache_ask_t *ask = (sl_cache_ask_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+    sl_cache_ask_t *ask =
+        (sl_cache_ask_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
     keybuf_t k = {r->arena + r->arena_len, 0,
                   room < SL_CACHE_MAX_KEY_BYTES ? room : SL_CACHE_MAX_KEY_BYTES, 0};
     if (build_key(c, r, &k) != 0)

@@ -25,7 +25,7 @@ typedef struct sl_cache_conf {
     uint64_t max_bytes;
     uint64_t max_entry_bytes;
     uint64_t coalesce_timeout_ms;
-    uint64_t pass_ms; /* hit-for-miss markers: min(ttl, 120 s) */
+    uint64_t pass_ms;                      /* hit-for-miss markers: min(ttl, 120 s) */
     uint8_t respect_cache_control;         /* the origin's Cache-Control, Expires */
     uint8_t respect_request_cache_control; /* the client's no-store, no-cache */
     uint8_t coalesce;

@@ -255,8 +255,8 @@ static void evict_others(sl_cache_zone_t *z, const shard_t *from)
         if (atomic_load_explicit(&z->bytes, memory_order_relaxed) <=
             atomic_load_explicit(&z->max_bytes, memory_order_relaxed))
             return;
-        unsigned i = atomic_fetch_add_explicit(&z->evict_cursor, 1, memory_order_relaxed) %
-                     SL_CACHE_SHARDS;
+        unsigned i =
+            atomic_fetch_add_explicit(&z->evict_cursor, 1, memory_order_relaxed) % SL_CACHE_SHARDS;
         shard_t *s = &z->shards[i];
         if (s == from)
             continue;

@@ -49,8 +49,8 @@ typedef struct sl_cache_entry {
     /* The shard's table and LRU list (its lock): */
     struct sl_cache_entry *hnext, *lru_prev, *lru_next;
     uint64_t hash;
-    uint64_t stored_ms;  /* monotonic ms when stored */
-    uint64_t expires_ms; /* monotonic ms; fresh while now < expires_ms */
+    uint64_t stored_ms;     /* monotonic ms when stored */
+    uint64_t expires_ms;    /* monotonic ms; fresh while now < expires_ms */
     uint32_t initial_age_s; /* the origin's Age when stored */
     int status;
     uint8_t pass;    /* a marker: this key's last response could not be stored */
@@ -75,12 +75,12 @@ typedef struct sl_cache_fill sl_cache_fill_t;
 typedef struct sl_cache_zone sl_cache_zone_t;
 
 enum sl_cache_result {
-    SL_CACHE_HIT = 0,  /* *hit holds a reference */
-    SL_CACHE_MISS,     /* nothing stored (with a waiter: *fill is the caller's to end) */
-    SL_CACHE_EXPIRED,  /* like MISS; a stale entry was dropped */
-    SL_CACHE_WAIT,     /* another request fills this key: the waiter is registered */
-    SL_CACHE_PASS,     /* this key's last response was not storable: go on alone */
-    SL_CACHE_BYPASS,   /* not looked up (counted by sl_cache_zone_count) */
+    SL_CACHE_HIT = 0, /* *hit holds a reference */
+    SL_CACHE_MISS,    /* nothing stored (with a waiter: *fill is the caller's to end) */
+    SL_CACHE_EXPIRED, /* like MISS; a stale entry was dropped */
+    SL_CACHE_WAIT,    /* another request fills this key: the waiter is registered */
+    SL_CACHE_PASS,    /* this key's last response was not storable: go on alone */
+    SL_CACHE_BYPASS,  /* not looked up (counted by sl_cache_zone_count) */
     SL_CACHE_RESULTS
 };
 extern const char *const sl_cache_result_names[SL_CACHE_RESULTS]; /* "hit", "miss", ... */

@@ -814,8 +814,8 @@ static void render_cache_zone(const sl_cache_zone_stats_t *s, void *arg)
         for (int r = 0; r < SL_CACHE_RESULTS; r++) {
             evbuffer_add(c->out, "sluice_cache_lookups_total{api=\"", 32);
             add_label_value(c->out, s->name);
-            evbuffer_add_printf(c->out, "\",result=\"%s\"} %" PRIu64 "\n",
-                                sl_cache_result_names[r], s->lookups[r]);
+            evbuffer_add_printf(c->out, "\",result=\"%s\"} %" PRIu64 "\n", sl_cache_result_names[r],
+                                s->lookups[r]);
         }
         return;
     }

@@ -23,10 +23,10 @@ typedef struct sl_cache_req {
     sl_cache_fill_t *fill;     /* the fill this request leads */
     uint64_t token;            /* parked: its slot's token */
     uint8_t parked;
-    uint8_t may_store;  /* the response may be captured */
-    uint8_t capturing;  /* ...and is being */
-    uint8_t framed;     /* the bytes the exchange hands over carry chunked framing */
-    uint8_t dec_done;   /* the framing's last chunk was seen */
+    uint8_t may_store; /* the response may be captured */
+    uint8_t capturing; /* ...and is being */
+    uint8_t framed;    /* the bytes the exchange hands over carry chunked framing */
+    uint8_t dec_done;  /* the framing's last chunk was seen */
     uint8_t auth_ok;
     int status;
     uint64_t lifetime_ms;
@@ -188,8 +188,8 @@ static void end_fill(sl_cache_req_t *cr, sl_cache_entry_t *e, int pass)
         return;
     }
     sl_cache_waiter_t *ws = NULL;
-    size_t n = sl_cache_fill_end(cr->zone, cr->fill, e, now_ms(), pass ? cr->ask->conf->pass_ms : 0,
-                                 &ws);
+    size_t n =
+        sl_cache_fill_end(cr->zone, cr->fill, e, now_ms(), pass ? cr->ask->conf->pass_ms : 0, &ws);
     cr->fill = NULL;
     wake(ws, n);
     free(ws);
@@ -377,8 +377,10 @@ int sl_cache_start(sl_exchange_t *x)
         sl_cache_zone_count(cr->zone, SL_CACHE_MISS);
         return go_upstream(x, "MISS");
     }
-    sl_cache_waiter_t waiter;
-    int coalesce = ask->store && conf->coalesce;
+    /* A request with credentials the key does not cover neither leads nor
+     * joins a fill: what it gets is rarely what others may be given. */
+    sl_cache_waiter_t waiter = {0, 0};
+    int coalesce = ask->store && conf->coalesce && !ask->authorized;
     if (coalesce) {
         cr->token = slot_take(x);
         coalesce = cr->token != 0;
@@ -490,7 +492,8 @@ static int storable(sl_cache_req_t *cr, const sl_http1_response_t *resp, uint64_
         else if (name_is(h, "date", 4))
             date = h;
         else if (name_is(h, "age", 3))
-            cr->initial_age_s = (uint32_t)(parse_seconds(h->value) > 0 ? parse_seconds(h->value) : 0);
+            cr->initial_age_s =
+                (uint32_t)(parse_seconds(h->value) > 0 ? parse_seconds(h->value) : 0);
         else if (name_is(h, "vary", 4)) {
             const char *p = h->value.ptr, *end = p + h->value.len;
             while (p < end) {
@@ -550,10 +553,10 @@ void sl_cache_capture_head(sl_exchange_t *x, const sl_http1_response_t *resp)
      * id) or that framed this transfer only. */
     char line[64];
     int n = snprintf(line, sizeof(line), "HTTP/1.1 %d ", resp->status);
-    int fail = append(&cr->head, &cr->head_len, &cr->head_cap, line, (size_t)n) ||
-               append(&cr->head, &cr->head_len, &cr->head_cap, resp->reason.ptr,
-                      resp->reason.len) ||
-               append(&cr->head, &cr->head_len, &cr->head_cap, "\r\n", 2);
+    int fail =
+        append(&cr->head, &cr->head_len, &cr->head_cap, line, (size_t)n) ||
+        append(&cr->head, &cr->head_len, &cr->head_cap, resp->reason.ptr, resp->reason.len) ||
+        append(&cr->head, &cr->head_len, &cr->head_cap, "\r\n", 2);
     sl_conn_opts_t co;
     sl_conn_opts_collect(&co, resp->headers, resp->num_headers);
     for (size_t i = 0; i < resp->num_headers && !fail; i++) {
@@ -625,18 +628,17 @@ void sl_cache_capture_end(sl_exchange_t *x)
         return;
     }
     char line[48];
-    int n = cr->status == 204 ? snprintf(line, sizeof(line), "\r\n")
-                              : snprintf(line, sizeof(line), "Content-Length: %zu\r\n\r\n",
-                                         cr->body_len);
+    int n = cr->status == 204
+                ? snprintf(line, sizeof(line), "\r\n")
+                : snprintf(line, sizeof(line), "Content-Length: %zu\r\n\r\n", cr->body_len);
     if (append(&cr->head, &cr->head_len, &cr->head_cap, line, (size_t)n) != 0) {
         stop_capture(cr, 0);
         return;
     }
     const sl_cache_ask_t *ask = cr->ask;
-    sl_cache_entry_t *e = sl_cache_entry_new(ask->key, ask->key_len, ask->hash, cr->status,
-                                             cr->head, cr->head_len, cr->body, cr->body_len,
-                                             now_ms(), cr->lifetime_ms, cr->initial_age_s,
-                                             cr->auth_ok);
+    sl_cache_entry_t *e = sl_cache_entry_new(
+        ask->key, ask->key_len, ask->hash, cr->status, cr->head, cr->head_len, cr->body,
+        cr->body_len, now_ms(), cr->lifetime_ms, cr->initial_age_s, cr->auth_ok);
     free(cr->head);
     free(cr->body);
     cr->head = cr->body = NULL;

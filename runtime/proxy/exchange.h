@@ -44,7 +44,8 @@ enum sl_exchange_phase {
     SL_XP_CONNECTING,
     SL_XP_WAIT_HEAD, /* sending the request and/or waiting for the response head */
     SL_XP_BODY,      /* streaming the response body */
-    SL_XP_CACHE_WAIT, /* parked until another request's response is cached (cache.h) */
+    /* parked until another request's response is cached (cache.h) */
+    SL_XP_CACHE_WAIT,
 };
 
 struct sl_exchange;

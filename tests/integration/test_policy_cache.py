@@ -403,3 +403,25 @@ def test_validation():
                                capture_output=True, text=True, timeout=20)
             assert p.returncode != 0, config
             assert "spec.policies[0]." + path in p.stderr, (config, p.stderr)
+
+
+def test_http2_origin(runtimes, proto):
+    """Responses from an HTTP/2 Backend are captured too (with and without
+    content-length); a hit has the payload with a Content-Length."""
+    from test_upstream_h2 import H2Origin, body_of
+    origin = H2Origin()
+    try:
+        port = free_port()
+        runtimes([proto.gateway(port), backend("h2o", [origin.port], protocol="h2c"),
+                  api("t", "/t", "h2o", policies=[cache()])])
+        for path, n in (("/t/len/30000", 30000), ("/t/nolen/40000", 40000)):
+            first = get(proto, port, path)
+            assert first.status == 200 and first.body == body_of(n)
+            assert first.header("X-Cache") == "MISS"
+            hit = get(proto, port, path)
+            assert hit.header("X-Cache") == "HIT" and hit.body == first.body, hit
+            if not proto.h2:
+                assert hit.header("Content-Length") == str(n)
+        assert len(origin.requests) == 2
+    finally:
+        origin.close()

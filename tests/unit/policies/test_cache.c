@@ -46,8 +46,8 @@ static enum sl_cache_result look(sl_cache_zone_t *z, const char *key, uint64_t n
                                  sl_cache_entry_t **hit)
 {
     sl_cache_fill_t *f;
-    enum sl_cache_result r =
-        sl_cache_lookup(z, key, strlen(key), sl_cache_hash(key, strlen(key)), now, 0, NULL, hit, &f);
+    enum sl_cache_result r = sl_cache_lookup(z, key, strlen(key), sl_cache_hash(key, strlen(key)),
+                                             now, 0, NULL, hit, &f);
     assert_null(f);
     return r;
 }
@@ -142,8 +142,8 @@ static void test_ttl_and_refcount(void **st)
     assert_int_equal(atomic_load(&held->refs), 1);
     sl_cache_entry_release(held); /* the last reference frees it (ASan checks) */
     /* The origin's Age shortens the freshness it had left. */
-    sl_cache_entry_t *aged = sl_cache_entry_new("b", 1, sl_cache_hash("b", 1), 200, "", 0, "", 0,
-                                                10000, 60000, 50, 0);
+    sl_cache_entry_t *aged =
+        sl_cache_entry_new("b", 1, sl_cache_hash("b", 1), 200, "", 0, "", 0, 10000, 60000, 50, 0);
     assert_int_equal(aged->expires_ms, 10000 + 10000);
     sl_cache_insert(z, aged);
     assert_int_equal(look(z, "b", 19999, &e), SL_CACHE_HIT);
@@ -222,8 +222,8 @@ static void test_authorized_requests_need_shareable_entries(void **st)
     sl_cache_fill_t *f;
     assert_int_equal(sl_cache_lookup(z, "p", 1, sl_cache_hash("p", 1), 1, 1, NULL, &e, &f),
                      SL_CACHE_PASS);
-    sl_cache_insert(z, sl_cache_entry_new("p", 1, sl_cache_hash("p", 1), 200, "", 0, "", 0, 0,
-                                          60000, 0, 1));
+    sl_cache_insert(
+        z, sl_cache_entry_new("p", 1, sl_cache_hash("p", 1), 200, "", 0, "", 0, 0, 60000, 0, 1));
     assert_int_equal(sl_cache_lookup(z, "p", 1, sl_cache_hash("p", 1), 1, 1, NULL, &e, &f),
                      SL_CACHE_HIT);
     sl_cache_entry_release(e);
@@ -385,7 +385,7 @@ static void test_bypass_rules(void **st)
     const sl_policy_def_t *def = sl_policy_find("cache");
     void *s = compile("{}");
     static const char *const bypass[][2] = {
-        {"Cache-Control", "no-store"}, {"Range", "bytes=0-1"},   {"Cookie", "a=b"},
+        {"Cache-Control", "no-store"}, {"Range", "bytes=0-1"},           {"Cookie", "a=b"},
         {"Content-Length", "3"},       {"Transfer-Encoding", "chunked"},
     };
     for (size_t i = 0; i < sizeof(bypass) / sizeof(bypass[0]); i++) {
