@@ -331,6 +331,8 @@ typedef struct {
 
 static void put(keybuf_t *k, const char *s, size_t n)
 {
+    if (n == 0) /* an empty slice may have no pointer (HTTP/2's query) */
+        return;
     if (k->overflow || n > k->cap - k->len) {
         k->overflow = 1;
         return;

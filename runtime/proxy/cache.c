@@ -418,6 +418,8 @@ static int name_is(const sl_http1_header_t *h, const char *lit, size_t len)
 
 static int append(char **buf, size_t *len, size_t *cap, const void *p, size_t n)
 {
+    if (n == 0)
+        return 0;
     if (n > *cap - *len) {
         size_t c = *cap ? *cap : 1024;
         while (c - *len < n)
