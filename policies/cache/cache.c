@@ -386,15 +386,18 @@ static int build_key(const sl_cache_conf_t *c, sl_policy_req_t *r, keybuf_t *k)
     put(k, "\n", 1);
     put(k, r->path.ptr, r->path.len);
     put(k, "\n?", 2);
+    /* The query as forwarded: an api-key in a parameter is removed by then
+     * (a credential has no place in a key; the Consumer is in it). */
+    sl_str_t q = r->query_out.ptr ? r->query_out : r->query;
     if (c->whole_query) {
-        put(k, r->query.ptr, r->query.len);
+        put(k, q.ptr, q.len);
     } else {
         for (size_t i = 0; i < c->num_key_query; i++) {
             const char *name = c->key_query[i];
             size_t nlen = strlen(name), from, to;
             sl_str_t val;
             put(k, name, nlen);
-            if (sl_policy_query_param(r->query, name, nlen, &val, &from, &to)) {
+            if (sl_policy_query_param(q, name, nlen, &val, &from, &to)) {
                 put(k, "=", 1);
                 put(k, val.ptr, val.len);
             }

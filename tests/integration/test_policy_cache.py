@@ -425,3 +425,17 @@ def test_http2_origin(runtimes, proto):
         assert len(origin.requests) == 2
     finally:
         origin.close()
+
+
+def test_large_hit_to_a_slow_reader(backends, runtimes, proto):
+    """A hit larger than the socket and stream buffers is written with
+    back-pressure (paused while the client does not read, resumed when it
+    does), byte for byte."""
+    port, b, _, _ = start(backends, runtimes, proto,
+                          [cache(maxBytes=16 << 20, maxEntryBytes=8 << 20)])
+    first = get(proto, port, "/t/bytes/6000000")
+    assert len(first.body) == 6000000
+    hit = proto.request(port, "GET", "/t/bytes/6000000", read_delay=0.5, timeout=30)
+    assert hit.header("X-Cache") == "HIT"
+    assert hit.body == first.body
+    assert b.count() == 1

@@ -371,6 +371,14 @@ static void test_key(void **st)
     fake(&a, "GET", "/q", "a=1&b=2", NULL);
     fake(&b, "GET", "/q", "b=2&a=1", NULL);
     assert_false(same_key(ask_of(whole, &a), ask_of(whole, &b)));
+    /* The query as forwarded: a credential an api-key policy removed from
+     * it is not in the key (nor in memory). */
+    fake(&a, "GET", "/q", "api_key=s3cret&a=1", "default/alice");
+    a.r.query_out = SL_STR("a=1");
+    fake(&b, "GET", "/q", "a=1", "default/alice");
+    const sl_cache_ask_t *qa = ask_of(whole, &a);
+    assert_true(same_key(qa, ask_of(whole, &b)));
+    assert_null(memmem(qa->key, qa->key_len, "s3cret", 6));
     /* POST: not the cache's at all. */
     fake(&a, "POST", "/q", "", NULL);
     assert_null(ask_of(whole, &a));
