@@ -279,6 +279,8 @@ void sl_request_log(sl_request_t *r)
         e.consumer = (sl_str_t){c ? c : "", c ? strlen(c) : 0};
         if (r->pol->replied && r->pol->v.rejected_by)
             e.policy = (sl_str_t){r->pol->v.rejected_by, strlen(r->pol->v.rejected_by)};
+        const char *cs = r->pol->v.cache_status;
+        e.cache = (sl_str_t){cs ? cs : "", cs ? strlen(cs) : 0};
     }
     sl_accesslog_write(r->w->id, &e);
 }

@@ -10,6 +10,7 @@ another's response), HEAD from a GET entry, chunked origins, coalescing
 surviving a reload, LRU eviction under maxBytes, metrics, validation."""
 
 import hashlib
+import json
 import subprocess
 import threading
 import time
@@ -25,12 +26,13 @@ def cache(**config):
     return {"name": "cache", "config": config}
 
 
-def start(backends, runtimes, proto, policies, operations=None, workers=2, **api_kw):
+def start(backends, runtimes, proto, policies, operations=None, workers=2, access_log="off",
+          **api_kw):
     b = backends("echo")
     port = free_port()
     docs = [proto.gateway(port), backend("echo", [b.port]),
             api("t", "/t", "echo", operations=operations, policies=policies, **api_kw)]
-    rt = runtimes(docs, workers=workers)
+    rt = runtimes(docs, workers=workers, access_log=access_log)
     return port, b, rt, docs
 
 
@@ -38,8 +40,9 @@ def get(proto, port, target, headers=None, method="GET"):
     return proto.request(port, method, target, headers=headers)
 
 
-def test_miss_then_hit(backends, runtimes, proto):
-    port, b, rt, _ = start(backends, runtimes, proto, [cache(ttl="60s")])
+def test_miss_then_hit(backends, runtimes, proto, tmp_path):
+    log = tmp_path / "access.log"
+    port, b, rt, _ = start(backends, runtimes, proto, [cache(ttl="60s")], access_log=str(log))
     first = get(proto, port, "/t/item")
     assert first.status == 200 and first.header("X-Cache") == "MISS", first
     assert first.header("Age") is None
@@ -63,8 +66,15 @@ def test_miss_then_hit(backends, runtimes, proto):
     wait_until(lambda: rt.metric("sluice_cache_lookups_total", **labels) == 1, 5,
                what="one hit counted")
     assert rt.metric("sluice_cache_lookups_total", result="miss") == 2
-    assert rt.metric("sluice_cache_entries") == 2
+    assert rt.metric("sluice_cache_entries", api="default/t") == 2
     assert rt.metric("sluice_cache_bytes") > len(first.body)
+    # The access log says what the cache did; a hit has no upstream.
+    wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 4, 10,
+               what="4 access log lines")
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert sorted((x["path"], x["cache"], x["upstream"] != "") for x in lines) == [
+        ("/t/item", "", True), ("/t/item", "HIT", False), ("/t/item", "MISS", True),
+        ("/t/other", "MISS", True)]
 
 
 def test_head_served_from_get(backends, runtimes, proto):
