@@ -55,6 +55,8 @@ enum sl_policy_phase {
     SL_PHASE_AUTHZ,      /* scopes, groups */
     SL_PHASE_RATE_LIMIT, /* rate-limit */
     SL_PHASE_REQUEST,    /* headers, request-size, rewrite, redirect, respond, validation */
+    SL_PHASE_CACHE,      /* cache: last, so only a request every other policy let through
+                          * is answered from (or fills) the cache */
     SL_PHASE_COUNT
 };
 
@@ -172,6 +174,14 @@ typedef struct sl_policy_req {
      * and its index in the chain (sl_policy_chain_name) */
     const char *rejected_by;
     unsigned rejected_index;
+    /* The response cache (policies/cache): the cache policy's ask for a
+     * lookup and a store, carried out by the runtime once the chain has
+     * run (runtime/proxy/cache.c); NULL = not cached. Then what the runtime
+     * did, for the policy's response hook (X-Cache, Age): "HIT", "MISS",
+     * "EXPIRED", "BYPASS" (static, NULL = nothing) and a hit's age. */
+    const struct sl_cache_ask *cache;
+    const char *cache_status;
+    uint32_t cache_age_s;
 } sl_policy_req_t;
 
 /* n bytes of the request's arena, or NULL when it is full (the caller
@@ -214,6 +224,7 @@ typedef struct sl_policy_env {
      * read no file of the runtime's machine, make no shared tables. The
      * state is freed unused. */
     uint8_t check_only;
+    const char *api;   /* namespace/name of the Api whose chain this is; NULL in tests */
 } sl_policy_env_t;
 
 /* What a config refers to outside itself, for checks across an Api: a

@@ -12,6 +12,7 @@
 
 extern const sl_policy_def_t sl_policy_api_key;
 extern const sl_policy_def_t sl_policy_basic_auth;
+extern const sl_policy_def_t sl_policy_cache;
 extern const sl_policy_def_t sl_policy_cors;
 extern const sl_policy_def_t sl_policy_headers;
 extern const sl_policy_def_t sl_policy_ip_filter;
@@ -26,6 +27,7 @@ extern const sl_policy_def_t sl_policy_rewrite;
 static const sl_policy_def_t *const registry[] = {
     &sl_policy_api_key,
     &sl_policy_basic_auth,
+    &sl_policy_cache,
     &sl_policy_cors,
     &sl_policy_headers,
     &sl_policy_ip_filter,

@@ -218,6 +218,7 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
         if (!routes)
             goto nomem;
         gen->routes[t] = routes;
+        env.api = table->name; /* state kept by Api across generations (cache zones) */
         sl_gen_timeouts_t table_timeouts = *gw_timeouts;
         merge_timeouts(&table_timeouts, table->timeouts);
         for (size_t r = 0; r < table->n_routes; r++) {

@@ -17,6 +17,7 @@
  * scrape sums the slots with relaxed loads: each counter is monotonic on its
  * own, the sum across counters is not a snapshot, which Prometheus accepts.
  */
+#include "cache/cache_store.h"
 #include "metrics.h"
 
 #include "accesslog.h"
@@ -783,6 +784,66 @@ static void render_certificates(struct evbuffer *out)
     pthread_mutex_unlock(&cert_lock);
 }
 
+/* The response cache's zones (policies/cache/cache_store.h), one per Api
+ * with a cache policy: a pass over the zones per family, so each family's
+ * samples stay together as the text format asks. */
+typedef struct {
+    struct evbuffer *out;
+    int family; /* -1: lookups; else an index of cache_families */
+    size_t zones;
+} cache_render_t;
+
+static const struct {
+    const char *name, *type, *help;
+} cache_families[] = {
+    {"sluice_cache_bytes", "gauge", "Bytes the Api's cache entries take."},
+    {"sluice_cache_max_bytes", "gauge", "The Api's cache bound (maxBytes)."},
+    {"sluice_cache_entries", "gauge", "Entries in the Api's cache."},
+    {"sluice_cache_stores_total", "counter", "Responses stored in the Api's cache."},
+    {"sluice_cache_evictions_total", "counter",
+     "Entries evicted to keep the Api's cache under maxBytes."},
+};
+
+static void render_cache_zone(const sl_cache_zone_stats_t *s, void *arg)
+{
+    cache_render_t *c = arg;
+    c->zones++;
+    if (!c->out)
+        return;
+    if (c->family < 0) {
+        for (int r = 0; r < SL_CACHE_RESULTS; r++) {
+            evbuffer_add(c->out, "sluice_cache_lookups_total{api=\"", 32);
+            add_label_value(c->out, s->name);
+            evbuffer_add_printf(c->out, "\",result=\"%s\"} %" PRIu64 "\n", sl_cache_result_names[r],
+                                s->lookups[r]);
+        }
+        return;
+    }
+    const uint64_t values[] = {s->bytes, s->max_bytes, s->entries, s->stores, s->evictions};
+    evbuffer_add_printf(c->out, "%s{api=\"", cache_families[c->family].name);
+    add_label_value(c->out, s->name);
+    evbuffer_add_printf(c->out, "\"} %" PRIu64 "\n", values[c->family]);
+}
+
+static void render_cache(struct evbuffer *out)
+{
+    cache_render_t c = {NULL, -1, 0};
+    sl_cache_zones_foreach(render_cache_zone, &c);
+    if (!c.zones)
+        return;
+    c.out = out;
+    add_header(out, "sluice_cache_lookups_total", "counter",
+               "Response cache lookups by Api and result: hit, miss, expired (a stale entry "
+               "was dropped), coalesced (waited for another request's response), pass (the "
+               "key's last response was not storable), bypass (the request is not cacheable).");
+    sl_cache_zones_foreach(render_cache_zone, &c);
+    for (size_t f = 0; f < SL_ARRAY_LEN(cache_families); f++) {
+        add_header(out, cache_families[f].name, cache_families[f].type, cache_families[f].help);
+        c.family = (int)f;
+        sl_cache_zones_foreach(render_cache_zone, &c);
+    }
+}
+
 void sl_metrics_render(struct evbuffer *out)
 {
     unsigned nworkers = metrics_nworkers;
@@ -791,6 +852,7 @@ void sl_metrics_render(struct evbuffer *out)
     render_clusters(out, nworkers);
     render_policies(out);
     pthread_mutex_unlock(&registry_lock);
+    render_cache(out);
     render_process(out, nworkers);
     render_health(out);
     render_certificates(out);

@@ -23,6 +23,8 @@
 
 __thread sl_worker_t *sl_worker_self;
 atomic_uint sl_workers_exited;
+sl_worker_t *sl_workers_all;
+unsigned sl_workers_count;
 
 int sl_worker_buf_get(sl_worker_t *w, sl_buf_t *b)
 {
@@ -176,6 +178,10 @@ static void handle_cmd(sl_worker_t *w, sl_worker_cmd_t *cmd)
         evtimer_add(w->drain_ev, &tv);
         break;
     }
+    case SL_WCMD_RUN:
+        cmd->run(w, cmd->arg);
+        cmd->arg = NULL;
+        break;
     }
 }
 
@@ -193,6 +199,7 @@ static void cmd_cb(evutil_socket_t fd, short what, void *arg)
     while (cmds) {
         sl_worker_cmd_t *next = cmds->next;
         handle_cmd(w, cmds);
+        free(cmds->arg);
         free(cmds->key);
         free(cmds->name);
         free(cmds);
@@ -267,6 +274,20 @@ void sl_worker_conn_closed(sl_worker_t *w)
         event_base_loopbreak(w->base);
 }
 
+int sl_worker_post(unsigned index, void (*run)(sl_worker_t *w, void *arg), void *arg)
+{
+    sl_worker_cmd_t *cmd = index < sl_workers_count ? calloc(1, sizeof(*cmd)) : NULL;
+    if (!cmd) {
+        free(arg);
+        return -1;
+    }
+    cmd->kind = SL_WCMD_RUN;
+    cmd->run = run;
+    cmd->arg = arg;
+    sl_worker_send(&sl_workers_all[index], cmd);
+    return 0;
+}
+
 void sl_worker_send(sl_worker_t *w, sl_worker_cmd_t *cmd)
 {
     cmd->next = NULL;
@@ -316,6 +337,8 @@ sl_worker_t *sl_workers_create(unsigned nworkers)
         struct timeval one_s = {1, 0};
         event_add(w->sweep_ev, &one_s);
     }
+    sl_workers_all = ws;
+    sl_workers_count = nworkers;
     return ws;
 }
 
@@ -378,6 +401,7 @@ void sl_workers_destroy(sl_worker_t *ws, unsigned nworkers)
             sl_worker_cmd_t *next = cmd->next;
             if (cmd->kind == SL_WCMD_LISTEN)
                 close(cmd->fd);
+            free(cmd->arg);
             free(cmd->key);
             free(cmd->name);
             free(cmd);
@@ -396,6 +420,10 @@ void sl_workers_destroy(sl_worker_t *ws, unsigned nworkers)
         close(w->cmd_fd);
         event_base_free(w->base);
         pthread_mutex_destroy(&w->cmd_lock);
+    }
+    if (sl_workers_all == ws) {
+        sl_workers_all = NULL;
+        sl_workers_count = 0;
     }
     free(ws);
 }

@@ -58,6 +58,7 @@ enum sl_worker_cmd_kind {
     SL_WCMD_UNLISTEN,   /* key: stop accepting, existing connections go on */
     SL_WCMD_LIMITS,     /* key, max_connections, h2c, tls */
     SL_WCMD_DRAIN,      /* drain_ms: close listeners and idle conns, exit when empty */
+    SL_WCMD_RUN,        /* run(w, arg) on the worker's thread (response cache wake-ups) */
 };
 
 typedef struct sl_worker_cmd {
@@ -69,6 +70,9 @@ typedef struct sl_worker_cmd {
     uint32_t drain_ms;
     uint8_t h2c; /* LISTEN, LIMITS: the listener speaks h2c */
     uint8_t tls; /* LISTEN, LIMITS: the listener is https */
+    /* RUN: run owns arg (frees it); a worker that exits first frees it. */
+    void (*run)(struct sl_worker *w, void *arg);
+    void *arg;
     struct sl_worker_cmd *next;
 } sl_worker_cmd_t;
 
@@ -169,6 +173,16 @@ void sl_worker_run_deferred(sl_worker_t *w);
 /* Called by proxy.c when a connection closes; stops the loop when draining
  * and nothing is left. */
 void sl_worker_conn_closed(sl_worker_t *w);
+
+/* The runtime's workers (sl_workers_create), for work one worker hands to
+ * another (sl_worker_post); NULL/0 before and after. */
+extern sl_worker_t *sl_workers_all;
+extern unsigned sl_workers_count;
+
+/* Runs run(w, arg) on worker `index`'s thread, from its event loop (never
+ * inline, even from that worker): any thread. arg is run's to free; 0, or
+ * -1 (out of memory, or no such worker: arg is freed). */
+int sl_worker_post(unsigned index, void (*run)(sl_worker_t *w, void *arg), void *arg);
 
 /* Number of worker threads whose loop has ended (drain finished). */
 extern atomic_uint sl_workers_exited;

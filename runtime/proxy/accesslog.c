@@ -334,6 +334,8 @@ static size_t format_json(char *buf, size_t cap, const sl_accesslog_entry_t *e)
     put_json_str(&o, e->consumer, FIELD_MAX_SHORT);
     PUT_LIT(&o, "\",\"policy\":\"");
     put_json_str(&o, e->policy, FIELD_MAX_SHORT);
+    PUT_LIT(&o, "\",\"cache\":\"");
+    put_json_str(&o, e->cache, FIELD_MAX_SHORT);
     PUT_LIT(&o, "\"}\n");
     return (size_t)(o.p - buf);
 }

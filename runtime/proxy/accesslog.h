@@ -34,6 +34,7 @@ typedef struct {
     sl_str_t error_code;       /* gateway error code ("no_route") or "" */
     sl_str_t consumer;         /* the authenticated Consumer, or "" */
     sl_str_t policy;           /* the policy that answered the request itself, or "" */
+    sl_str_t cache;            /* what the response cache did: "HIT", "MISS", ... or "" */
 } sl_accesslog_entry_t;
 
 /* target: a file path (appended to, created 0640), "stdout", or "off".

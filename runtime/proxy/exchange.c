@@ -5,6 +5,7 @@
  */
 #include "exchange.h"
 
+#include "cache.h"
 #include "log.h"
 #include "metrics.h"
 #include "tls.h"
@@ -385,6 +386,8 @@ static void put_upconn(sl_exchange_t *x, int reusable)
 
 void sl_exchange_finish(sl_exchange_t *x, int ok)
 {
+    if (sl_unlikely(x->r.cache))
+        sl_cache_request_end(&x->r);
     /*
      * A connection whose FIN (or error) was already seen goes no further: with
      * edge-triggered events, the idle watcher would never hear of it again.
@@ -544,7 +547,27 @@ static void start_attempt(sl_exchange_t *x)
 
 void sl_exchange_start(sl_exchange_t *x)
 {
+    if (sl_unlikely(x->r.pol) && x->r.pol->v.cache && sl_cache_start(x) == SL_DONE)
+        return;
     start_attempt(x);
+}
+
+void sl_exchange_upstream(sl_exchange_t *x)
+{
+    start_attempt(x);
+}
+
+/* The response is whole: the cache may store it, then the codec ends it. */
+static void complete(sl_exchange_t *x)
+{
+    if (sl_unlikely(x->r.cache))
+        sl_cache_capture_end(x);
+    x->ops->complete(x);
+}
+
+void sl_exchange_complete(sl_exchange_t *x)
+{
+    complete(x);
 }
 
 /* Writes pending uout bytes. Returns -1 when the request failed over (the
@@ -640,6 +663,8 @@ out:
 
 void sl_exchange_resume(sl_exchange_t *x)
 {
+    if (sl_unlikely(x->r.cache) && sl_cache_resume(x))
+        return;
     if (x->h2 && x->up_paused) {
         sl_h2up_resume_recv(x);
         return;
@@ -659,6 +684,9 @@ void sl_exchange_timeout(sl_exchange_t *x, int client_blocked)
         return;
     case SL_XP_WAIT_HEAD:
         upstream_failed(x, SL_UPSTREAM_ERR_TIMEOUT, 0);
+        return;
+    case SL_XP_CACHE_WAIT:
+        sl_cache_wait_timeout(x); /* coalesceTimeout: go upstream alone */
         return;
     case SL_XP_BODY:
     default:
@@ -890,6 +918,8 @@ static void read_response_head(sl_exchange_t *x)
         if (resp.body == SL_HTTP1_BODY_NONE ||
             (resp.body == SL_HTTP1_BODY_LENGTH && resp.content_length == 0))
             x->resp_done = 1;
+        if (sl_unlikely(x->r.cache))
+            sl_cache_capture_head(x, &resp);
         if (x->ops->head(x, &resp, 0) != SL_OK) {
             abort_response(x, "out_of_memory", SL_UPSTREAM_ERR_RESET);
             return;
@@ -907,6 +937,8 @@ static void read_response_head(sl_exchange_t *x)
                 return;
             }
             sl_buf_append(x->ops->body_buf(x), sl_buf_head(&x->uin), keep);
+            if (sl_unlikely(x->r.cache))
+                sl_cache_capture_body(x, sl_buf_head(&x->uin), keep);
             if ((size_t)used < extra)
                 x->up_reusable = 0; /* bytes past the response: never reuse */
         } else if (extra) {
@@ -914,7 +946,7 @@ static void read_response_head(sl_exchange_t *x)
         }
         sl_worker_buf_put(x->r.w, &x->uin);
         if (x->resp_done) {
-            x->ops->complete(x);
+            complete(x);
         } else {
             /* Go on with the body (it also writes the head out). */
             x->ops->arm_timer(x, x->r.route->timeouts.response_ms);
@@ -962,6 +994,8 @@ static void read_response_body(sl_exchange_t *x)
                     abort_response(x, "bad_upstream_response", SL_UPSTREAM_ERR_BAD_RESPONSE);
                     return;
                 }
+                if (sl_unlikely(x->r.cache))
+                    sl_cache_capture_body(x, sl_buf_tail(out), keep);
                 out->end += keep;
                 if (used < n)
                     x->up_reusable = 0;
@@ -989,7 +1023,7 @@ static void read_response_body(sl_exchange_t *x)
             return;
         }
         if (x->resp_done) {
-            x->ops->complete(x); /* completes the request once written */
+            complete(x); /* completes the request once written */
             return;
         }
         int w = x->ops->body_flush(x);

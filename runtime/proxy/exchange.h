@@ -44,6 +44,8 @@ enum sl_exchange_phase {
     SL_XP_CONNECTING,
     SL_XP_WAIT_HEAD, /* sending the request and/or waiting for the response head */
     SL_XP_BODY,      /* streaming the response body */
+    /* parked until another request's response is cached (cache.h) */
+    SL_XP_CACHE_WAIT,
 };
 
 struct sl_exchange;
@@ -171,8 +173,16 @@ int sl_exchange_route_tunnels(const sl_gen_route_t *route, sl_str_t token);
 int sl_exchange_tunnel_check(sl_exchange_t *x, const sl_http1_response_t *resp);
 uint32_t sl_exchange_tunnel_opened(sl_exchange_t *x, int status);
 
-/* Starts the first attempt (the head is in uout, maybe body bytes too). */
+/* Starts the first attempt (the head is in uout, maybe body bytes too),
+ * unless the response cache answers or parks the request (cache.h). */
 void sl_exchange_start(sl_exchange_t *x);
+
+/* Starts the first attempt: the cache has nothing for x (cache.c). */
+void sl_exchange_upstream(sl_exchange_t *x);
+
+/* The whole response is in the codec's buffer (upstream_h2.c): the cache
+ * may store it, then ops->complete. */
+void sl_exchange_complete(sl_exchange_t *x);
 
 /* Moves the request forward: body bytes into uout (ops->pump_body), uout
  * to the upstream, until neither side makes progress. */

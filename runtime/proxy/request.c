@@ -8,6 +8,7 @@
 #include "chain.h"
 
 #include "accesslog.h"
+#include "cache.h"
 #include "log.h"
 #include "metrics.h"
 #include "path.h"
@@ -206,6 +207,9 @@ void sl_request_leave_pool(sl_request_t *r)
 
 void sl_request_reset(sl_request_t *r)
 {
+    /* Before the generation goes: the cache zone is the generation's. */
+    if (sl_unlikely(r->cache))
+        sl_cache_request_end(r);
     sl_request_leave_pool(r);
     if (r->gen) {
         sl_generation_release(r->w, r->gen);
@@ -282,6 +286,8 @@ void sl_request_log(sl_request_t *r)
         e.consumer = (sl_str_t){c ? c : "", c ? strlen(c) : 0};
         if (r->pol->replied && r->pol->v.rejected_by)
             e.policy = (sl_str_t){r->pol->v.rejected_by, strlen(r->pol->v.rejected_by)};
+        const char *cs = r->pol->v.cache_status;
+        e.cache = (sl_str_t){cs ? cs : "", cs ? strlen(cs) : 0};
     }
     sl_accesslog_write(r->w->id, &e);
 }

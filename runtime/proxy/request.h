@@ -122,6 +122,8 @@ typedef struct sl_request {
     sl_str_t m_method, m_target, m_host, m_ua, m_referer, m_reqid;
     char upstream_addr[64];
     sl_req_policy_t *pol; /* NULL unless the route has a policy chain */
+    /* the response cache's part in the request (cache.h), or NULL */
+    struct sl_cache_req *cache;
 } sl_request_t;
 
 /* Ready for a first request (zeroes it; no generation held). */

@@ -4,6 +4,8 @@
  */
 #include "upstream_h2.h"
 
+#include "cache.h"
+
 #include "log.h"
 #include "metrics.h"
 #include "upstream.h"
@@ -251,6 +253,8 @@ static void move_body(sl_h2up_t *h, sl_exchange_t *x)
         size_t n = sl_buf_len(&x->uin) < room ? sl_buf_len(&x->uin) : room;
         if (n) {
             memcpy(sl_buf_tail(out), sl_buf_head(&x->uin), n);
+            if (sl_unlikely(x->r.cache))
+                sl_cache_capture_body(x, sl_buf_tail(out), n);
             out->end += n;
             sl_buf_consume(&x->uin, n);
             nghttp2_session_consume(h->sess, x->h2_stream, n);
@@ -265,7 +269,7 @@ static void move_body(sl_h2up_t *h, sl_exchange_t *x)
     }
     x->up_paused = 0;
     if (x->resp_done && x->ops->alive(x))
-        x->ops->complete(x);
+        sl_exchange_complete(x);
 }
 
 static void deliver_head(sl_h2up_t *h, sl_exchange_t *x, int end_stream)
@@ -306,6 +310,8 @@ static void deliver_head(sl_h2up_t *h, sl_exchange_t *x, int end_stream)
     x->resp_body = resp.body;
     x->resp_done = (uint8_t)end_stream;
     x->dechunk = 0;
+    if (sl_unlikely(x->r.cache))
+        sl_cache_capture_head(x, &resp);
     if (x->ops->head(x, &resp, 0) != SL_OK) {
         sl_h2up_detach(x);
         sl_exchange_cut(x, "out_of_memory", SL_UPSTREAM_ERR_RESET);

@@ -26,7 +26,8 @@ Query parameters on any path: pause_ms=N (sleep before reading the request
 body, to exercise the proxy's back-pressure).  Server-wide switches the tests
 set directly: `health_status`, `fail_status` (answer every non-health request
 with that status), `fail_action` ("close" or "reset" every non-health request),
-`extra_response_headers`.
+`extra_response_headers`, `headers_for` (a function of the request's record
+returning more response headers, e.g. Cache-Control by path).
 """
 
 import json
@@ -138,6 +139,7 @@ class Backend:
         self.fail_status = None
         self.fail_action = None  # "reset" or "close": every non-health request
         self.extra_response_headers = []
+        self.headers_for = None  # record -> [(name, value)], per request
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._socks = set()
@@ -358,6 +360,8 @@ class Backend:
             status = int(path[len("/status/"):])
 
         extra = [("X-Backend", self.name)] + list(self.extra_response_headers)
+        if self.headers_for:
+            extra += list(self.headers_for(record))
         if path.startswith("/bytes/"):
             n = int(path[len("/bytes/"):])
             chunked = query.get("chunked") == "1"

@@ -98,7 +98,7 @@ static void test_json_line_exact(void **state)
         "\"api\":\"default/petstore\",\"operation\":\"listPets\",\"upstream\":\"127.0.0.1:9001\","
         "\"user_agent\":\"curl/"
         "8.0\",\"referer\":\"\",\"host\":\"api.example.com\",\"error\":\"\",\"consumer\":\"\","
-        "\"policy\":\"\"}\n";
+        "\"policy\":\"\",\"cache\":\"\"}\n";
     assert_int_equal(n, strlen(want));
     assert_memory_equal(line, want, n);
 
@@ -123,7 +123,7 @@ static void test_json_line_exact(void **state)
     n = format_json(line, sizeof(line), &empty);
     json_t *j = json_loadb(line, n, 0, NULL);
     assert_non_null(j);
-    assert_int_equal(json_object_size(j), 19);
+    assert_int_equal(json_object_size(j), 20);
     assert_string_equal(json_string_value(json_object_get(j, "time")), "1970-01-01T00:00:00.000Z");
     assert_string_equal(json_string_value(json_object_get(j, "path")), "");
     json_decref(j);
@@ -140,7 +140,11 @@ static void test_consumer_and_policy(void **state)
     e.policy = S("rate-limit");
     size_t n = format_json(line, sizeof(line), &e);
     line[n] = '\0';
-    assert_non_null(strstr(line, "\"consumer\":\"default/alice\",\"policy\":\"rate-limit\"}"));
+    assert_non_null(strstr(line, "\"consumer\":\"default/alice\",\"policy\":\"rate-limit\","));
+    e.cache = S("HIT");
+    n = format_json(line, sizeof(line), &e);
+    line[n] = '\0';
+    assert_non_null(strstr(line, "\"policy\":\"rate-limit\",\"cache\":\"HIT\"}"));
     n = format_combined(line, sizeof(line), &e);
     line[n] = '\0';
     assert_non_null(strstr(line, "127.0.0.1 - default/alice ["));
