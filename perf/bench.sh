@@ -56,6 +56,11 @@
 #                                     proxy gets the same request headers (an API
 #                                     key, an Origin and a bearer JWT), so a
 #                                     variant's cost is its policies' work.
+#   ROUNDS=1                          run every proxy this many times, in
+#                                     alternating order (reversed every other
+#                                     round), and report the median of each
+#                                     figure: on a shared machine one run of a
+#                                     proxy can be 20-30% off either way
 #   BASELINE=path/to/sluice-runtime   also measure this binary, as proxy
 #                                     "sluice-base", in the same run (before/after
 #                                     figures of a change: build the old commit
@@ -86,6 +91,7 @@ SUITES=TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA25
 PROXY_CPU=${PROXY_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 OUT=${OUT:-docs/benchmarks.md}
+ROUNDS=${ROUNDS:-1}
 BASELINE=${BASELINE:-}
 if [ -n "$BASELINE" ]; then
     [ -x "$BASELINE" ] || die_early=1
@@ -611,7 +617,16 @@ SLOW_RESULTS="$TMP/slow_results"
 : >"$RESULTS"
 : >"$SLOW_RESULTS"
 : >"$TMP/tls/params"
-for proxy in $PROXIES; do
+ROUND_ORDERS=()
+for round in $(seq "$ROUNDS"); do
+    if [ $((round % 2)) = 1 ]; then
+        ROUND_ORDERS+=("$PROXIES")
+    else
+        ROUND_ORDERS+=("$(echo "$PROXIES" | tr ' ' '\n' | grep . | tac | tr '\n' ' ')")
+    fi
+done
+for order in "${ROUND_ORDERS[@]}"; do
+for proxy in $order; do
     read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
     start_proxy "$proxy"
     for test in $TESTS; do
@@ -648,6 +663,7 @@ for proxy in $PROXIES; do
     done
     stop_proxy
 done
+done
 
 # grpc_unary: its own servers (a grpcio server and each proxy in front of
 # it), the same CPUs; rows "path p50 p99 added_p50 added_p99 cpu errors".
@@ -671,7 +687,7 @@ COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! git -C "$REPO" diff --quiet HEAD -- runtime common proto 2>/dev/null; then
     COMMIT="$COMMIT + uncommitted changes in runtime/, common/ or proto/"
 fi
-KNOBS="BUILD=$BUILD${BASELINE:+ BASELINE=$BASELINE} DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS WRK_THREADS=$WRK_THREADS PROXIES=\"$PROXIES\" TESTS=\"$TESTS\""
+KNOBS="BUILD=$BUILD${BASELINE:+ BASELINE=$BASELINE} ROUNDS=$ROUNDS DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS WRK_THREADS=$WRK_THREADS PROXIES=\"$PROXIES\" TESTS=\"$TESTS\""
 if wants h2c || wants h2tls; then KNOBS="$KNOBS H2_CLIENTS=$H2_CLIENTS H2_STREAMS=$H2_STREAMS"; fi
 if wants handshake_new || wants handshake_resumed; then KNOBS="$KNOBS HANDSHAKE_CLIENTS=$HANDSHAKE_CLIENTS"; fi
 if wants h2_slow_reader; then KNOBS="$KNOBS SLOW_BYTES=$SLOW_BYTES SLOW_RATE=$SLOW_RATE"; fi
@@ -679,7 +695,18 @@ if wants grpc_unary; then KNOBS="$KNOBS GRPC_CALLS=$GRPC_CALLS"; fi
 CMD="make bench  ($KNOBS perf/bench.sh)"
 TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" "$GRPC_RESULTS" "$GRPC_CALLS" <<'EOF'
 import sys
-rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+import statistics
+# One row per (proxy, test): the median of its rounds (ROUNDS).
+runs = {}
+for l in open(sys.argv[1]):
+    if l.strip():
+        r = l.split()
+        runs.setdefault((r[0], r[1]), []).append(r)
+rows = []
+for (proxy, test), rs in runs.items():
+    med = lambda i: statistics.median(float(x[i]) for x in rs)
+    rows.append([proxy, test, str(sum(int(x[2]) for x in rs)), "%.2f" % med(3), "%.2f" % med(4),
+                 str(sum(int(x[5]) for x in rs)), rs[-1][6]])
 slow = [l.split() for l in open(sys.argv[2]) if l.strip()]
 limit_kb = int(sys.argv[3])
 grpc_rows = [l.split() for l in open(sys.argv[4]) if l.strip()]
@@ -804,6 +831,8 @@ Written by \`perf/bench.sh\`; do not edit by hand, run it again.
 - CPU µs/request = (utime + stime of the proxy process over the measured run,
   from /proc/PID/stat, nginx master + worker) / requests completed.
   Errors = wrk non-2xx responses + socket errors.
+- Each figure is the median of $ROUNDS round(s), every proxy once per round,
+  the order reversed every other round (requests are the rounds' total).
 - A shared 2-core machine gives noisy absolute numbers: compare the rows of
   one run, not runs of different days.
 EOF
