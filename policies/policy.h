@@ -301,8 +301,21 @@ int sl_policy_query_remove(sl_policy_req_t *req, size_t from, size_t to);
  * fails (the caller fails closed). Any thread. */
 int sl_policy_sha256(const void *p, size_t n, uint8_t out[32]);
 
-/* Adds an edit; -1 when the bound is reached (the caller fails closed). */
-int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char *name,
-                   size_t name_len, const char *value, size_t value_len);
+/* Adds an edit; -1 when the bound is reached (the caller fails closed).
+ * Inline: a chain makes several per request. */
+static inline int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op,
+                                 const char *name, size_t name_len, const char *value,
+                                 size_t value_len)
+{
+    sl_hdr_edit_t *list = response ? r->resp_edits : r->req_edits;
+    unsigned *n = response ? &r->num_resp_edits : &r->num_req_edits;
+    if (!list || *n >= r->max_edits)
+        return -1;
+    list[*n] = (sl_hdr_edit_t){op, name, name_len, value, value_len};
+    (*n)++;
+    if (op != SL_HDR_ADD)
+        r->drop_lens[response != 0] |= 1ULL << (name_len & 63);
+    return 0;
+}
 
 #endif

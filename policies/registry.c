@@ -60,19 +60,6 @@ const char *const *sl_policy_names(void)
     return names;
 }
 
-int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char *name,
-                   size_t name_len, const char *value, size_t value_len)
-{
-    sl_hdr_edit_t *list = response ? r->resp_edits : r->req_edits;
-    unsigned *n = response ? &r->num_resp_edits : &r->num_req_edits;
-    if (!list || *n >= r->max_edits)
-        return -1;
-    list[*n] = (sl_hdr_edit_t){op, name, name_len, value, value_len};
-    (*n)++;
-    if (op != SL_HDR_ADD)
-        r->drop_lens[response != 0] |= 1ULL << (name_len & 63);
-    return 0;
-}
 
 static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
 static EVP_MD *sha256_md;       /* process lifetime */

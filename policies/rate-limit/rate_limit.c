@@ -213,6 +213,12 @@ typedef struct {
     int fleet, fail_open, headers;
     size_t nlimits;
     limit_t limits[MAX_LIMITS];
+    /* The start of each limit's bucket keys: the seed, the limit and the
+     * Api (env->api, the name requests carry in req->api), hashed once
+     * here; api_seeded = 0 when compile was not told the Api. */
+    uint64_t api_seed[MAX_LIMITS];
+    const char *api_name; /* env->api, which outlives the state */
+    int api_seeded;
 } rl_t;
 
 static void shared_release(shared_t *sh)
@@ -373,6 +379,13 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
     if (!sh)
         goto fail;
     rl->sh = sh;
+    if (env->api) {
+        for (size_t i = 0; i < rl->nlimits; i++)
+            rl->api_seed[i] = sl_rl_hash(rl->seed + (i + 1) * 0x9e3779b97f4a7c15ull, env->api,
+                                         strlen(env->api) + 1);
+        rl->api_name = env->api;
+        rl->api_seeded = 1;
+    }
     return rl;
 fail:
     free(rl);
@@ -396,9 +409,13 @@ static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const cha
 static uint64_t bucket_key(const rl_t *rl, size_t i, const sl_policy_req_t *req)
 {
     const limit_t *lim = &rl->limits[i];
-    uint64_t h = rl->seed + (i + 1) * 0x9e3779b97f4a7c15ull;
-    const char *api = req->api ? req->api : "";
-    h = sl_rl_hash(h, api, strlen(api) + 1);
+    uint64_t h;
+    if (rl->api_seeded && req->api == rl->api_name) {
+        h = rl->api_seed[i];
+    } else {
+        const char *api = req->api ? req->api : "";
+        h = sl_rl_hash(rl->seed + (i + 1) * 0x9e3779b97f4a7c15ull, api, strlen(api) + 1);
+    }
     const char *k = NULL;
     size_t klen = 0;
     char tag = 'i';

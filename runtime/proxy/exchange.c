@@ -211,14 +211,8 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
             continue;
         sl_buf_append_field(b, h->name.ptr, h->name.len, h->value.ptr, h->value.len);
     }
-    if (sl_unlikely(x->r.pol)) {
-        sl_header_t add[SL_REQ_POLICY_EDITS];
-        size_t n = sl_request_header_added(&x->r, 0, add, SL_ARRAY_LEN(add));
-        for (size_t i = 0; i < n; i++) {
-            sl_buf_append_field(b, add[i].name.ptr, add[i].name.len, add[i].value.ptr,
-                                add[i].value.len);
-        }
-    }
+    if (sl_unlikely(x->r.pol))
+        sl_request_append_policy_fields(&x->r, 0, b);
     sl_str_t host_value = req->authority;
     sl_gen_cluster_t *cl = x->r.cluster;
     sl_buf_append(b, "Host: ", 6);

@@ -1183,12 +1183,7 @@ static void build_interim_head(sl_conn_t *c, const sl_http1_response_t *resp)
 /* The headers a policy chain sets or adds on the response. */
 static void append_policy_headers(sl_conn_t *c, sl_buf_t *b)
 {
-    sl_header_t add[SL_REQ_POLICY_EDITS];
-    size_t n = sl_request_header_added(&c->x.r, 1, add, SL_ARRAY_LEN(add));
-    for (size_t i = 0; i < n; i++) {
-        sl_buf_append_field(b, add[i].name.ptr, add[i].name.len, add[i].value.ptr,
-                            add[i].value.len);
-    }
+    sl_request_append_policy_fields(&c->x.r, 1, b);
 }
 
 /* Builds the client response head from the upstream's into `out`. */

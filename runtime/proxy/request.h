@@ -193,6 +193,18 @@ static inline int sl_request_header_dropped(const sl_request_t *r, int response,
     return sl_request_header_dropped_scan(r, response, name);
 }
 size_t sl_request_header_added(const sl_request_t *r, int response, sl_header_t *f, size_t cap);
+/* The headers the chain sets or adds, written as HTTP/1.1 header lines
+ * (the HTTP/1.1 codec and the upstream request head): no copy through
+ * sl_request_header_added. r->pol is set. */
+static inline void sl_request_append_policy_fields(const sl_request_t *r, int response,
+                                                   sl_buf_t *b)
+{
+    const sl_hdr_edit_t *e = response ? r->pol->v.resp_edits : r->pol->v.req_edits;
+    unsigned n = response ? r->pol->v.num_resp_edits : r->pol->v.num_req_edits;
+    for (unsigned i = 0; i < n; i++)
+        if (e[i].op != SL_HDR_REMOVE)
+            sl_buf_append_field(b, e[i].name, e[i].name_len, e[i].value, e[i].value_len);
+}
 void sl_request_response_hooks(sl_request_t *r, int status);
 const sl_policy_reply_t *sl_request_reply(const sl_request_t *r);
 
