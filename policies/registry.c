@@ -66,6 +66,15 @@ int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char 
     return 0;
 }
 
+void sl_policy_want_body(sl_policy_req_t *r, uint64_t max_bytes)
+{
+    if (max_bytes == 0)
+        max_bytes = SL_POLICY_BODY_DEFAULT_MAX;
+    r->body_entries |= 1ULL << r->entry;
+    if (!r->body_max_bytes || max_bytes < r->body_max_bytes)
+        r->body_max_bytes = max_bytes;
+}
+
 char *sl_policy_alloc(sl_policy_req_t *r, size_t n)
 {
     if (!r->arena || n > r->arena_cap - r->arena_len)
