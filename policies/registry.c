@@ -11,6 +11,7 @@ extern const sl_policy_def_t sl_policy_basic_auth;
 extern const sl_policy_def_t sl_policy_cors;
 extern const sl_policy_def_t sl_policy_headers;
 extern const sl_policy_def_t sl_policy_ip_filter;
+extern const sl_policy_def_t sl_policy_json_schema;
 extern const sl_policy_def_t sl_policy_jwt;
 extern const sl_policy_def_t sl_policy_redirect;
 extern const sl_policy_def_t sl_policy_request_size;
@@ -25,6 +26,7 @@ static const sl_policy_def_t *const registry[] = {
     &sl_policy_cors,
     &sl_policy_headers,
     &sl_policy_ip_filter,
+    &sl_policy_json_schema,
     &sl_policy_jwt,
     &sl_policy_redirect,
     &sl_policy_request_size,
