@@ -96,8 +96,8 @@ struct node {
     schema_list_t all_of, any_of, one_of;
     node_t *not_, *if_, *then_, *else_;
     /* compile only */
-    char *ref_path;  /* the field path of its "$ref", for cycle errors */
-    uint8_t colour;  /* cycle check: 0 new, 1 on the path, 2 done */
+    char *ref_path; /* the field path of its "$ref", for cycle errors */
+    uint8_t colour; /* cycle check: 0 new, 1 on the path, 2 done */
 };
 
 struct sl_jschema {
@@ -159,6 +159,7 @@ typedef struct {
 } cx_t;
 
 /* Every keyword the policy knows, for "did you mean". */
+/* clang-format off */
 static const char *const keywords[] = {
     "$schema", "$id", "$ref", "$defs", "$comment", "title", "description", "default", "examples",
     "deprecated", "readOnly", "writeOnly", "format", "contentMediaType", "contentEncoding",
@@ -168,6 +169,7 @@ static const char *const keywords[] = {
     "maxProperties", "minProperties", "required", "dependentRequired", "properties",
     "patternProperties", "additionalProperties", "propertyNames", "dependentSchemas", "allOf",
     "anyOf", "oneOf", "not", "if", "then", "else"};
+/* clang-format on */
 
 static node_t *compile_schema(cx_t *x, json_t *j);
 
@@ -261,8 +263,8 @@ static pcre2_code *regex(cx_t *x, json_t *v)
     PCRE2_SIZE off;
     /* ECMA-262 semantics as far as PCRE2 shares them: UTF-8 code points,
      * ASCII \d and \w, unanchored. */
-    pcre2_code *re =
-        pcre2_compile((PCRE2_SPTR)json_string_value(v), json_string_length(v), PCRE2_UTF, &ec, &off, NULL);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)json_string_value(v), json_string_length(v),
+                                   PCRE2_UTF, &ec, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[120];
         pcre2_get_error_message(ec, msg, sizeof(msg));
@@ -326,14 +328,12 @@ static void type_keyword(cx_t *x, node_t *n, json_t *v)
         json_t *t = list ? json_array_get(list, i) : v;
         size_t saved = list ? sl_validate_push_index(x->c, i) : x->c->len;
         unsigned bit = 0;
-        for (size_t k = 0; json_is_string(t) && k < sizeof(type_names) / sizeof(type_names[0]);
-             k++)
+        for (size_t k = 0; json_is_string(t) && k < sizeof(type_names) / sizeof(type_names[0]); k++)
             if (strcmp(json_string_value(t), type_names[k]) == 0)
                 bit = 1u << k;
         if (!bit) {
-            const char *s = json_is_string(t)
-                                ? sl_validate_suggest(json_string_value(t), type_names, 7)
-                                : NULL;
+            const char *s =
+                json_is_string(t) ? sl_validate_suggest(json_string_value(t), type_names, 7) : NULL;
             if (s)
                 sl_validate_error(x->c, "unknown type (did you mean '%s'?)", s);
             else
@@ -542,17 +542,18 @@ static void keyword(cx_t *x, node_t *n, const char *k, json_t *v, int root)
     } else if (strcmp(k, "additionalItems") == 0) {
         sl_validate_error(c, "unknown keyword: draft 2020-12 uses items after prefixItems");
     } else if (strcmp(k, "dependencies") == 0) {
-        sl_validate_error(c,
-                          "unknown keyword: draft 2020-12 uses dependentRequired or dependentSchemas");
+        sl_validate_error(
+            c, "unknown keyword: draft 2020-12 uses dependentRequired or dependentSchemas");
     } else if (strcmp(k, "unevaluatedProperties") == 0 || strcmp(k, "unevaluatedItems") == 0 ||
                strcmp(k, "$anchor") == 0 || strcmp(k, "$dynamicRef") == 0 ||
                strcmp(k, "$dynamicAnchor") == 0 || strcmp(k, "$vocabulary") == 0 ||
                strcmp(k, "$recursiveRef") == 0 || strcmp(k, "$recursiveAnchor") == 0) {
-        sl_validate_error(c, "%s is not supported by the json-schema policy "
-                             "(docs/policies/json-schema.md lists what is)", k);
+        sl_validate_error(c,
+                          "%s is not supported by the json-schema policy "
+                          "(docs/policies/json-schema.md lists what is)",
+                          k);
     } else {
-        const char *s =
-            sl_validate_suggest(k, keywords, sizeof(keywords) / sizeof(keywords[0]));
+        const char *s = sl_validate_suggest(k, keywords, sizeof(keywords) / sizeof(keywords[0]));
         if (s)
             sl_validate_error(c, "unknown keyword (did you mean '%s'?)", s);
         else
@@ -671,8 +672,10 @@ static void resolve_refs(cx_t *x)
         }
         node_t *t = memo_get(x, target);
         if (!t) {
-            sl_validate_error(x->c, "\"%.128s\" is not a schema (point to the root, a $defs entry "
-                                    "or a subschema)", r->ref);
+            sl_validate_error(x->c,
+                              "\"%.128s\" is not a schema (point to the root, a $defs entry "
+                              "or a subschema)",
+                              r->ref);
             continue;
         }
         r->node->ref = t;
@@ -1242,13 +1245,13 @@ static int eval_object(ev_t *ev, const node_t *n, json_t *v)
                 const char *name = json_string_value(json_array_get(list, i));
                 if (!json_object_get(v, name))
                     return fail(ev, "dependentRequired",
-                                "the property \"%.48s\" is missing (required with \"%.48s\")",
-                                name, k);
+                                "the property \"%.48s\" is missing (required with \"%.48s\")", name,
+                                k);
             }
         }
     }
-    int members = n->properties.n || n->n_pattern_props || n->additional_properties ||
-                  n->property_names;
+    int members =
+        n->properties.n || n->n_pattern_props || n->additional_properties || n->property_names;
     json_object_foreach(v, k, m)
     {
         if (!members)

@@ -162,8 +162,7 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
 
 /* ---- the request ------------------------------------------------------------------ */
 
-static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name,
-                                             size_t len)
+static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name, size_t len)
 {
     for (size_t i = 0; i < r->num_headers; i++)
         if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)
@@ -273,8 +272,7 @@ static int on_body(const void *state, sl_policy_req_t *req, const char *body, si
     if (len == 0)
         return invalid_json(reply, "the request body is empty; expected JSON");
     if (too_deep(body, len, s->max_depth))
-        return invalid_json(reply, "the JSON nests deeper than %u levels (maxDepth)",
-                            s->max_depth);
+        return invalid_json(reply, "the JSON nests deeper than %u levels (maxDepth)", s->max_depth);
     /* Duplicate keys are refused: the upstream's parser might keep the
      * other value than the one checked here. */
     size_t flags = JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL;
@@ -298,8 +296,8 @@ static int on_body(const void *state, sl_policy_req_t *req, const char *body, si
     int cut = plen > 100;
     if (cut)
         ptr += plen - 97;
-    snprintf(reply->message, sizeof(reply->message), "at \"%s%.100s\": %.24s: %.116s", cut ? "..." : "", ptr,
-             e.keyword, e.message);
+    snprintf(reply->message, sizeof(reply->message), "at \"%s%.100s\": %.24s: %.116s",
+             cut ? "..." : "", ptr, e.keyword, e.message);
     return SL_POLICY_REPLY;
 }
 

@@ -725,8 +725,8 @@ static void timer_expired(sl_conn_t *c)
         if (request_expired)
             send_error(c, 504, "request_timeout", "the request did not complete in time", 1, 0);
         else
-            send_error(c, 408, "request_body_timeout", "the request body did not arrive in time",
-                       1, 0);
+            send_error(c, 408, "request_body_timeout", "the request body did not arrive in time", 1,
+                       0);
         return;
     case CS_PROXY:
         break;
@@ -1152,7 +1152,8 @@ static void finish_policy_body(sl_conn_t *c)
         return;
     }
     size_t len = sl_buf_len(&body);
-    if ((sl_buf_len(&c->in) && sl_buf_append(&body, sl_buf_head(&c->in), sl_buf_len(&c->in)) != 0) ||
+    if ((sl_buf_len(&c->in) &&
+         sl_buf_append(&body, sl_buf_head(&c->in), sl_buf_len(&c->in)) != 0) ||
         sl_exchange_set_body_length(&c->x, len) != SL_OK) {
         sl_buf_free(&body);
         send_error(c, 503, "overloaded", "out of memory", 1, 0);

@@ -101,7 +101,7 @@ struct h2s {
     uint8_t done;         /* logged and counted; the upstream side is released */
     uint8_t closed;       /* the codec closed the stream: its id is invalid */
     uint8_t body_read;    /* reading a body a policy reads whole (read_policy_body) */
-    uint8_t body_credited; /* ...read: `pending` holds it, its window credited already */
+    uint8_t body_granted; /* ...read: `pending` holds it, its window credited already */
     uint8_t tunnel;       /* an extended CONNECT: a 101 opens a tunnel */
     uint8_t tun_open;     /* ...it did: bytes flow, see tunnel_pump */
     uint8_t tun_up_eof;   /* the origin's EOF was read */
@@ -394,6 +394,7 @@ static void tunnel_request(h2s_t *s, const sl_req_head_t *head, const sl_h2_req_
 static void tunnel_pump(h2s_t *s);
 static void read_policy_body(h2s_t *s, const uint8_t *p, size_t n, int end_stream);
 static void x_arm_timer(sl_exchange_t *x, uint32_t ms);
+static void x_pump_body(sl_exchange_t *x);
 
 static void on_request(void *user, int32_t id, const sl_req_head_t *head,
                        const sl_h2_req_info_t *info)
@@ -756,7 +757,7 @@ static void x_pump_body(sl_exchange_t *x)
         if (frame)
             sl_buf_append(&x->uout, "\r\n", 2);
         sl_buf_consume(&s->pending, take);
-        if (!s->body_credited)
+        if (!s->body_granted)
             sl_h2_consume(s->hc->h2, s->id, take);
     }
 }
@@ -791,9 +792,11 @@ static void finish_policy_body(h2s_t *s)
     }
     sl_worker_buf_put(s->hc->w, &s->pending);
     s->pending = body;
-    s->body_credited = 1;
+    s->body_granted = 1;
     s->x.req_body_done = len == 0;
     s->started = 1;
+    /* What fits goes into uout now: no more DATA will come to drive it. */
+    x_pump_body(&s->x);
     sl_exchange_start(&s->x);
 }
 

@@ -156,6 +156,29 @@ def test_a_large_valid_body(backends, runtimes, proto):
     assert_forwarded(b.received()[-1], body)
 
 
+def test_to_an_http2_backend(runtimes, proto):
+    """A body read whole goes to an HTTP/2 origin as DATA, with its length."""
+    from test_upstream_h2 import H2Origin
+    origin = H2Origin()
+    try:
+        port = free_port()
+        runtimes([proto.gateway(port), backend("h2o", [origin.port], protocol="h2c"),
+                  api("t", "/t", "h2o", operations=operations({"schema": PET_SCHEMA}))])
+        big = json.dumps({"pets": [{"name": "p%d" % i, "tag": "x" * 60}
+                                   for i in range(900)]}).encode()
+        for body, kw in ((VALID, {"body": VALID}), (VALID, {"chunks": [VALID[:50], VALID[50:]]}),
+                         (big, {"chunks": [big[:40000], big[40000:]]})):
+            r = proto.request(port, "POST", "/t/pets", headers=JSON, **kw)
+            assert r.status == 200, r
+            assert r.body.decode() == "%d %d" % (len(body), zlib.crc32(body))
+            assert origin.requests[-1]["content-length"] == str(len(body))
+        assert_gateway_error(proto.request(port, "POST", "/t/pets", headers=JSON,
+                                           chunks=[b'{"pets"', b': 0}']), 400)
+        assert len(origin.requests) == 3
+    finally:
+        origin.close()
+
+
 def test_over_the_cap_is_413_and_nothing_is_forwarded(backends, runtimes, proto):
     port, b = start(backends, runtimes, proto, {"schema": PET_SCHEMA, "maxBodyBytes": 1000})
     ok = b'{"pets": []}' + b" " * 988

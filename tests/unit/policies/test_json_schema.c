@@ -87,10 +87,10 @@ static void invalid_at(const sl_jschema_t *s, const char *value, const char *poi
                  last.keyword, last.message, pointer, keyword);
 }
 
-#define assert_contains(hay, needle)                                                              \
-    do {                                                                                          \
-        if (!strstr((hay), (needle)))                                                             \
-            fail_msg("\"%s\" not in \"%s\"", (needle), (hay));                                    \
+#define assert_contains(hay, needle)                                                               \
+    do {                                                                                           \
+        if (!strstr((hay), (needle)))                                                              \
+            fail_msg("\"%s\" not in \"%s\"", (needle), (hay));                                     \
     } while (0)
 
 /* ---- compile ------------------------------------------------------------------ */
@@ -110,7 +110,8 @@ static void test_compile_errors_name_the_keyword(void **st)
                     "schema.allOf[0].minimum: expected a number");
     assert_contains(errors_of("{\"minLength\": -1}"),
                     "schema.minLength: expected a non-negative integer");
-    assert_contains(errors_of("{\"multipleOf\": 0}"), "schema.multipleOf: expected a number greater");
+    assert_contains(errors_of("{\"multipleOf\": 0}"),
+                    "schema.multipleOf: expected a number greater");
     assert_contains(errors_of("{\"enum\": []}"), "schema.enum: expected a non-empty list");
     assert_contains(errors_of("{\"required\": [\"a\", \"a\"]}"),
                     "schema.required[1]: \"a\" is listed twice");
@@ -253,7 +254,7 @@ static void test_strings(void **st)
     sl_jschema_t *s = compile_ok("{\"minLength\": 2, \"maxLength\": 3}");
     assert_true(valid(s, "\"ab\""));
     assert_true(valid(s, "\"\\u2603\\u2603\\u2603\"")); /* 3 code points, 9 bytes */
-    assert_true(valid(s, "\"\\ud83d\\ude00x\""));        /* one code point outside the BMP */
+    assert_true(valid(s, "\"\\ud83d\\ude00x\""));       /* one code point outside the BMP */
     invalid_at(s, "\"\\u2603\"", "", "minLength");
     invalid_at(s, "\"abcd\"", "", "maxLength");
     assert_contains(last.message, "4 characters, more than 3");
@@ -273,7 +274,8 @@ static void test_strings(void **st)
     sl_jschema_free(s);
     /* A pattern that backtracks forever fails closed. */
     s = compile_ok("{\"pattern\": \"^(a+)+$\"}");
-    invalid_at(s, "\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab\"",
+    invalid_at(s,
+               "\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab\"",
                "", "pattern");
     assert_contains(last.message, "too costly");
     sl_jschema_free(s);
@@ -307,7 +309,8 @@ static void test_arrays(void **st)
     invalid_at(s, "[1, 2]", "", "contains");
     invalid_at(s, "[]", "", "contains");
     sl_jschema_free(s);
-    s = compile_ok("{\"contains\": {\"type\": \"string\"}, \"minContains\": 2, \"maxContains\": 3}");
+    s = compile_ok(
+        "{\"contains\": {\"type\": \"string\"}, \"minContains\": 2, \"maxContains\": 3}");
     assert_true(valid(s, "[\"a\", 1, \"b\"]"));
     invalid_at(s, "[\"a\", 1]", "", "minContains");
     invalid_at(s, "[\"a\", \"b\", \"c\", \"d\"]", "", "maxContains");
@@ -328,8 +331,7 @@ static void test_objects(void **st)
     invalid_at(s, "{\"id\": 1, \"a/b~c\": 2}", "/a~1b~0c", "type");
     invalid_at(s, "{\"id\": 1, \"x-on\": 2}", "/x-on", "type");
     invalid_at(s, "{\"id\": 1, \"other\": 2}", "/other", "additionalProperties");
-    invalid_at(s, "{\"id\": 1, \"x-a\": true, \"x-b\": true, \"x-c\": true}", "",
-               "maxProperties");
+    invalid_at(s, "{\"id\": 1, \"x-a\": true, \"x-b\": true, \"x-c\": true}", "", "maxProperties");
     sl_jschema_free(s);
     s = compile_ok("{\"additionalProperties\": {\"type\": \"number\"}, \"propertyNames\": "
                    "{\"maxLength\": 3}}");
@@ -455,8 +457,7 @@ static void req_init(req_t *q, const char *content_type, int has_body)
     q->r.has_body = (uint8_t)has_body;
     q->r.entry = 3;
     if (content_type) {
-        q->h[0] = (sl_policy_header_t){{"Content-Type", 12},
-                                       {content_type, strlen(content_type)}};
+        q->h[0] = (sl_policy_header_t){{"Content-Type", 12}, {content_type, strlen(content_type)}};
         q->r.headers = q->h;
         q->r.num_headers = 1;
     }
@@ -496,8 +497,7 @@ static void test_content_types_and_the_body_asked_for(void **st)
         assert_int_equal(q.r.body_entries, 1ULL << 3);
         assert_int_equal(q.r.body_max_bytes, 5000);
     }
-    const char *refused[] = {"text/plain", "application/jsonx", "application/+json", "json",
-                             NULL};
+    const char *refused[] = {"text/plain", "application/jsonx", "application/+json", "json", NULL};
     for (size_t i = 0; i < 5; i++) {
         req_init(&q, refused[i], 1);
         memset(&reply, 0, sizeof(reply));
