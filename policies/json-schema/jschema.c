@@ -1079,8 +1079,12 @@ static size_t push(ev_t *ev, const char *tok, size_t n)
 static size_t push_index(ev_t *ev, size_t i)
 {
     char b[24];
-    int n = snprintf(b, sizeof(b), "%zu", i);
-    return push(ev, b, (size_t)n);
+    size_t n = sizeof(b);
+    do { /* not snprintf: this runs for every item of every array */
+        b[--n] = (char)('0' + i % 10);
+        i /= 10;
+    } while (i);
+    return push(ev, b + n, sizeof(b) - n);
 }
 
 static void pop(ev_t *ev, size_t saved)
