@@ -14,6 +14,9 @@
  *         body_buf); when it is full, the exchange stops reading from the
  *         upstream (backpressure) until the client drains it.
  *   The upstream's buffers (uout, uin) are the exchange's.
+ *   A body a policy reads whole (CS_BODY, read_policy_body) is gathered in
+ *   the request's body buffer (request.h) before the exchange starts, and
+ *   then takes the place of `in`; every other body streams through `in`.
  *
  * Every request holds its generation (sl_request_begin), so a config swap
  * never changes the rules of a request in flight, and a retired generation

@@ -18,7 +18,9 @@
  *
  * Request bodies go to HTTP/1.1 upstreams with Content-Length when the
  * client sent one, else chunked (framed here); response bodies reach the
- * codec as payload only (the exchange de-chunks).
+ * codec as payload only (the exchange de-chunks). A body a policy reads
+ * whole (read_policy_body) is gathered in the request's body buffer first,
+ * its window credited as it comes, then becomes `pending` with a length.
  *
  * WebSocket over HTTP/2 (RFC 8441): an extended CONNECT with :protocol is
  * routed as a GET of its :path (same router, same `upgrades` allow-list as

@@ -18,6 +18,8 @@
  *                        codec's buffers (they do not outlive the head);
  *   sl_request_route     normalises, routes, applies the route's limits and
  *                        picks the backend, or says which error to answer;
+ *   sl_request_body_*    only when the route's policies asked for the body:
+ *                        the codec reads it whole, the body hooks decide;
  *   sl_request_pick_endpoint / _retry_allowed / _note_outcome
  *                        during the upstream exchange;
  *   sl_request_finish    counts and logs it, releases the generation and
