@@ -125,10 +125,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int rc = check_body(js, copy, body_len, &r1);
     int again = check_body(js, copy, body_len, &r2);
     FUZZ_CHECK(rc == again && strcmp(r1.message, r2.message) == 0, "not deterministic");
-    json_t *v = body_len ? json_loadb(copy, body_len,
-                                      JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
-                                      NULL)
-                         : NULL;
+    json_t *v = body_len
+                    ? json_loadb(copy, body_len,
+                                 JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, NULL)
+                    : NULL;
     if (v && !too_deep(copy, body_len, js->max_depth)) {
         sl_jschema_error_t e;
         int ok = sl_jschema_validate(js->schema, v, &e);
