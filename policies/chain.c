@@ -293,7 +293,26 @@ int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
             req->rejected_index = (unsigned)i;
             return SL_POLICY_REPLY;
         }
+        req->entry = (unsigned)i;
         if (e->def->on_request(e->state, req, reply) == SL_POLICY_REPLY) {
+            req->rejected_by = e->def->name;
+            req->rejected_index = (unsigned)i;
+            return SL_POLICY_REPLY;
+        }
+    }
+    return SL_POLICY_CONTINUE;
+}
+
+int sl_policy_chain_body(const sl_policy_chain_t *ch, sl_policy_req_t *req, const char *body,
+                         size_t len, sl_policy_reply_t *reply)
+{
+    for (size_t i = 0; ch && i < ch->n; i++) {
+        const entry_t *e = &ch->e[i];
+        if (!e->def->on_body || !(req->body_entries & (1ULL << i)))
+            continue;
+        req->worker_state = worker_state(ch, e, req->worker);
+        req->entry = (unsigned)i;
+        if (e->def->on_body(e->state, req, body, len, reply) == SL_POLICY_REPLY) {
             req->rejected_by = e->def->name;
             req->rejected_index = (unsigned)i;
             return SL_POLICY_REPLY;

@@ -24,6 +24,12 @@ void sl_policy_chain_free(sl_policy_chain_t *ch);
 int sl_policy_chain_request(const sl_policy_chain_t *ch, sl_policy_req_t *req,
                             sl_policy_reply_t *reply);
 
+/* Runs the body hooks of the entries that asked for the body
+ * (req->body_entries), in chain order, on the whole body. Same results as
+ * sl_policy_chain_request. */
+int sl_policy_chain_body(const sl_policy_chain_t *ch, sl_policy_req_t *req, const char *body,
+                         size_t len, sl_policy_reply_t *reply);
+
 /* Runs the response hooks (header edits) for a response of `status`,
  * whether the upstream's or the gateway's own. */
 void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req, int status);

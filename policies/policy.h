@@ -25,6 +25,11 @@
  *               made on a worker's first request of a generation;
  *   on_request  at its phase, in chain order: continue, or short-circuit
  *               with a status, headers and a JSON error body;
+ *   on_body     optional: the whole request body, for a policy that asked
+ *               for it from on_request (sl_policy_want_body): continue
+ *               (the body goes upstream unchanged) or short-circuit, like
+ *               on_request. Only then is a body held in memory; every
+ *               other request's body streams;
  *   on_response the upstream's (or the gateway's) response head, before
  *               the client gets it: header changes only;
  *   free        when the generation goes.
@@ -162,6 +167,15 @@ typedef struct sl_policy_req {
     /* The running policy's per-worker state (def->worker_new), set by the
      * chain before each hook; NULL for policies without one. */
     void *worker_state;
+    /* 0 when the request certainly has no body (no Content-Length or 0,
+     * not chunked; an HTTP/2 stream ended with its head), else 1. */
+    uint8_t has_body;
+    /* The body the chain asked for (sl_policy_want_body): the entries
+     * whose on_body runs (bit i = entry i) and the lowest of their limits;
+     * `entry` is the running entry's index, set by the chain. */
+    uint64_t body_entries;
+    uint64_t body_max_bytes;
+    unsigned entry;
     /* Per-request memory for values the chain builds (expanded header
      * values, the new query): sl_policy_alloc. */
     char *arena;
@@ -210,6 +224,14 @@ int sl_policy_claim_text(json_t *v, char *buf, size_t cap, sl_str_t *out);
 #define SL_POLICY_CONTINUE 0
 #define SL_POLICY_REPLY 1
 
+/* From on_request: this policy's on_body wants the whole request body,
+ * at most max_bytes of it (0 = SL_POLICY_BODY_DEFAULT_MAX). The runtime
+ * buffers it (the lowest limit of the chain and of the route holds; over it
+ * the request is answered 413 payload_too_large and nothing is forwarded),
+ * then runs the on_body hooks that asked, in chain order. */
+#define SL_POLICY_BODY_DEFAULT_MAX (1024 * 1024)
+void sl_policy_want_body(sl_policy_req_t *r, uint64_t max_bytes);
+
 /* What compile may use besides its config: the generation's Consumers. */
 struct sl_consumers;
 typedef struct sl_policy_env {
@@ -255,6 +277,12 @@ typedef struct sl_policy_def {
     void (*free)(void *state);
     int (*on_request)(const void *state, sl_policy_req_t *req, sl_policy_reply_t *reply);
     void (*on_response)(const void *state, sl_policy_req_t *req, int status);
+    /* The whole request body (len bytes; body is not NUL-terminated and
+     * may be empty), when on_request asked for it. The request head is
+     * detached by then, as for on_response: decide from the headers in
+     * on_request. SL_POLICY_CONTINUE or SL_POLICY_REPLY. */
+    int (*on_body)(const void *state, sl_policy_req_t *req, const char *body, size_t len,
+                   sl_policy_reply_t *reply);
     /* Optional per-worker state (caches, counters that need no atomics):
      * made on a worker's first request through this chain entry, freed
      * with the generation. Never shared between workers. */

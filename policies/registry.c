@@ -16,6 +16,7 @@ extern const sl_policy_def_t sl_policy_cache;
 extern const sl_policy_def_t sl_policy_cors;
 extern const sl_policy_def_t sl_policy_headers;
 extern const sl_policy_def_t sl_policy_ip_filter;
+extern const sl_policy_def_t sl_policy_json_schema;
 extern const sl_policy_def_t sl_policy_jwt;
 extern const sl_policy_def_t sl_policy_redirect;
 extern const sl_policy_def_t sl_policy_request_size;
@@ -31,6 +32,7 @@ static const sl_policy_def_t *const registry[] = {
     &sl_policy_cors,
     &sl_policy_headers,
     &sl_policy_ip_filter,
+    &sl_policy_json_schema,
     &sl_policy_jwt,
     &sl_policy_redirect,
     &sl_policy_request_size,
@@ -94,6 +96,15 @@ int sl_policy_sha256(const void *p, size_t n, uint8_t out[32])
         !EVP_DigestFinal_ex(ctx, out, NULL))
         return -1;
     return 0;
+}
+
+void sl_policy_want_body(sl_policy_req_t *r, uint64_t max_bytes)
+{
+    if (max_bytes == 0)
+        max_bytes = SL_POLICY_BODY_DEFAULT_MAX;
+    r->body_entries |= 1ULL << r->entry;
+    if (!r->body_max_bytes || max_bytes < r->body_max_bytes)
+        r->body_max_bytes = max_bytes;
 }
 
 char *sl_policy_alloc(sl_policy_req_t *r, size_t n)

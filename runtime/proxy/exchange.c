@@ -286,6 +286,15 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
     return SL_OK;
 }
 
+int sl_exchange_set_body_length(sl_exchange_t *x, uint64_t len)
+{
+    /* The head ends with its empty line: the length goes before it. */
+    x->uout.end -= 2;
+    char line[48];
+    int n = snprintf(line, sizeof(line), "Content-Length: %llu\r\n\r\n", (unsigned long long)len);
+    return sl_buf_append(&x->uout, line, (size_t)n) == 0 ? SL_OK : SL_ERROR;
+}
+
 /* ---- tunnels (exchange.h) ------------------------------------------------- */
 
 int sl_exchange_route_tunnels(const sl_gen_route_t *route, sl_str_t token)

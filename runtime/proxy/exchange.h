@@ -152,6 +152,12 @@ void sl_exchange_reset(sl_exchange_t *x);
 int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t path,
                            enum sl_http1_body body, uint64_t content_length, sl_str_t upgrade);
 
+/* A body read whole before it is forwarded (request.h, sl_request_body_cap):
+ * its head was built with SL_HTTP1_BODY_NONE and nothing of it sent yet;
+ * this gives it `Content-Length: len`, the framing the body then has.
+ * SL_ERROR on OOM. */
+int sl_exchange_set_body_length(sl_exchange_t *x, uint64_t len);
+
 /* Whether the route tunnels the upgrade `token` ("websocket", or
  * "name/version": the route lists names; case-insensitive). */
 int sl_exchange_route_tunnels(const sl_gen_route_t *route, sl_str_t token);

@@ -14,6 +14,9 @@
  *         body_buf); when it is full, the exchange stops reading from the
  *         upstream (backpressure) until the client drains it.
  *   The upstream's buffers (uout, uin) are the exchange's.
+ *   A body a policy reads whole (CS_BODY, read_policy_body) is gathered in
+ *   the request's body buffer (request.h) before the exchange starts, and
+ *   then takes the place of `in`; every other body streams through `in`.
  *
  * Every request holds its generation (sl_request_begin), so a config swap
  * never changes the rules of a request in flight, and a retired generation
@@ -47,6 +50,7 @@
 enum conn_state {
     CS_HANDSHAKE, /* https: the TLS handshake is under way */
     CS_HEAD,      /* waiting for / reading a request head */
+    CS_BODY,      /* reading a request body a policy reads whole (read_policy_body) */
     CS_PROXY,     /* a request is in progress */
     CS_RESPOND,   /* writing a response the gateway generated itself */
     CS_TUNNEL,    /* upgraded (101): bytes are relayed both ways, see tunnel_pump */
@@ -120,6 +124,9 @@ static void tunnel_pump(sl_conn_t *c);
 static int tunnel_start(sl_conn_t *c, const sl_http1_response_t *resp, size_t head_len);
 static void append_policy_headers(sl_conn_t *c, sl_buf_t *b);
 static void pump_request_body(sl_conn_t *c);
+static void start_policy_body(sl_conn_t *c);
+static void read_policy_body(sl_conn_t *c);
+static void h1_send_continue(sl_exchange_t *x);
 static void h2_takeover(sl_conn_t *c);
 static void tls_handshake(sl_conn_t *c);
 static const sl_exchange_ops_t h1_exchange_ops;
@@ -667,6 +674,8 @@ static void client_event_cb(evutil_socket_t fd, short what, void *arg)
             sl_exchange_drive(&c->x);
         else if (c->state == CS_HEAD)
             read_head(c);
+        else if (c->state == CS_BODY)
+            read_policy_body(c);
     }
     cb_leave(c);
 }
@@ -715,6 +724,13 @@ static void timer_expired(sl_conn_t *c)
         arm_timer(c, (uint32_t)(c->tun_idle_ms - idle));
         return;
     }
+    case CS_BODY:
+        if (request_expired)
+            send_error(c, 504, "request_timeout", "the request did not complete in time", 1, 0);
+        else
+            send_error(c, 408, "request_body_timeout", "the request body did not arrive in time", 1,
+                       0);
+        return;
     case CS_PROXY:
         break;
     case CS_CLOSED:
@@ -935,13 +951,19 @@ static void process_input(sl_conn_t *c)
     c->x.interim_ok = req.minor_version == 1;
     c->x.dechunk = req.minor_version == 0;
 
-    if (sl_exchange_build_head(&c->x, &head, path, req.body, req.content_length, upgrade) !=
-        SL_OK) {
+    /* A body a policy reads whole gets its length once it is read. */
+    uint64_t body_cap = sl_request_body_cap(&c->x.r);
+    if (sl_exchange_build_head(&c->x, &head, path, body_cap ? SL_HTTP1_BODY_NONE : req.body,
+                               req.content_length, upgrade) != SL_OK) {
         send_error(c, 503, "overloaded", "out of memory", 1, 0);
         return;
     }
     sl_buf_consume(&c->in, req.head_len);
     evtimer_del(c->timer);
+    if (sl_unlikely(body_cap)) {
+        start_policy_body(c);
+        return;
+    }
     /* Body bytes that came with the head. */
     pump_request_body(c);
     if (c->state != CS_PROXY)
@@ -1085,6 +1107,137 @@ static void pump_request_body(sl_conn_t *c)
         return;
     }
     client_rev(c, !c->x.req_body_done);
+    return;
+client_gone:
+    c->x.r.error_code = "client_closed";
+    c->x.r.status = 499;
+    sl_exchange_finish(&c->x, 0);
+    sl_request_log(&c->x.r);
+    reset_request(c);
+    conn_close(c);
+}
+
+/* ---- a request body a policy reads whole ----------------------------------- */
+
+/*
+ * The chain asked for the body (request.h, sl_request_body_cap): it is read
+ * whole into the request's body buffer, chunked framing stripped, before
+ * anything goes upstream (CS_BODY); past the cap the answer is 413 and the
+ * connection closes. A client waiting on Expect: 100-continue is told to
+ * send the body now (the exchange would only say so once it has an
+ * endpoint, after the body). The client's idle timeout applies between
+ * reads, within the request's deadline, so a stalled body ends with 408.
+ */
+static void start_policy_body(sl_conn_t *c)
+{
+    c->state = CS_BODY;
+    if (c->x.expect_continue) {
+        c->x.expect_continue = 0;
+        h1_send_continue(&c->x);
+        if (c->state != CS_BODY)
+            return;
+    }
+    arm_timer(c, c->x.r.gen->idle_timeout_ms);
+    read_policy_body(c);
+}
+
+/* The whole body is read: the body hooks decide. Passed, it becomes the
+ * request's body as if the client had sent it with a Content-Length (a
+ * chunked one loses its trailers), ahead of any pipelined bytes in `in`,
+ * and the exchange starts as for any request. */
+static void finish_policy_body(sl_conn_t *c)
+{
+    sl_request_error_t err;
+    sl_buf_t body;
+    c->x.req_body_done = 1; /* all read: the connection may carry another request */
+    if (sl_request_body_done(&c->x.r, &body, &err) != SL_OK) {
+        send_error(c, err.status, err.code, err.message, err.close, err.allow);
+        return;
+    }
+    size_t len = sl_buf_len(&body);
+    if ((sl_buf_len(&c->in) &&
+         sl_buf_append(&body, sl_buf_head(&c->in), sl_buf_len(&c->in)) != 0) ||
+        sl_exchange_set_body_length(&c->x, len) != SL_OK) {
+        sl_buf_free(&body);
+        send_error(c, 503, "overloaded", "out of memory", 1, 0);
+        return;
+    }
+    sl_worker_buf_put(c->w, &c->in);
+    c->in = body;
+    c->req_body = SL_HTTP1_BODY_LENGTH;
+    c->req_remaining = len;
+    c->x.req_body_done = len == 0;
+    c->x.r.bytes_received = 0; /* counted again on its way upstream */
+    c->state = CS_PROXY;
+    evtimer_del(c->timer);
+    pump_request_body(c);
+    if (c->state != CS_PROXY)
+        return;
+    sl_exchange_start(&c->x);
+}
+
+static void read_policy_body(sl_conn_t *c)
+{
+    sl_request_error_t err;
+    int progress = 0;
+    while (c->state == CS_BODY) {
+        size_t avail = sl_buf_len(&c->in);
+        if (avail) {
+            size_t used, payload;
+            int done = 0;
+            if (c->req_body == SL_HTTP1_BODY_LENGTH) {
+                used = payload = avail < c->req_remaining ? avail : (size_t)c->req_remaining;
+                c->req_remaining -= used;
+                done = c->req_remaining == 0;
+            } else {
+                ssize_t u = sl_http1_chunked_decode(&c->req_chunk, sl_buf_head(&c->in), avail,
+                                                    &payload, &done);
+                if (u < 0) {
+                    c->keep_alive = 0;
+                    send_error(c, 400, "bad_request",
+                               c->req_chunk.error ? c->req_chunk.error : "invalid chunked body", 1,
+                               0);
+                    return;
+                }
+                used = (size_t)u;
+            }
+            c->x.r.bytes_received += payload;
+            if (sl_request_body_add(&c->x.r, sl_buf_head(&c->in), payload, &err) != SL_OK) {
+                send_error(c, err.status, err.code, err.message, 1, 0);
+                return;
+            }
+            sl_buf_consume(&c->in, used);
+            if (done) {
+                finish_policy_body(c);
+                return;
+            }
+            if (used)
+                continue;
+        }
+        if (!c->read_ready)
+            break;
+        if (c->in.data && c->in.cap < SL_WORKER_BLOCK_SIZE && sl_buf_len(&c->in) == 0)
+            sl_worker_buf_put(c->w, &c->in); /* the small head buffer: take a big one */
+        if (!c->in.data && sl_worker_buf_get(c->w, &c->in) != 0)
+            goto client_gone;
+        sl_buf_compact(&c->in);
+        ssize_t n = client_read(c, sl_buf_tail(&c->in), sl_buf_space(&c->in));
+        if (n > 0) {
+            c->in.end += (size_t)n;
+            progress = 1;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            c->read_ready = 0;
+        } else {
+            goto client_gone;
+        }
+    }
+    if (c->state != CS_BODY)
+        return;
+    if (progress)
+        arm_timer(c, c->x.r.gen->idle_timeout_ms);
+    client_rev(c, 1);
     return;
 client_gone:
     c->x.r.error_code = "client_closed";

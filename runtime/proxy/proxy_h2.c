@@ -18,7 +18,9 @@
  *
  * Request bodies go to HTTP/1.1 upstreams with Content-Length when the
  * client sent one, else chunked (framed here); response bodies reach the
- * codec as payload only (the exchange de-chunks).
+ * codec as payload only (the exchange de-chunks). A body a policy reads
+ * whole (read_policy_body) is gathered in the request's body buffer first,
+ * its window credited as it comes, then becomes `pending` with a length.
  *
  * WebSocket over HTTP/2 (RFC 8441): an extended CONNECT with :protocol is
  * routed as a GET of its :path (same router, same `upgrades` allow-list as
@@ -100,6 +102,8 @@ struct h2s {
     uint8_t end_pending;  /* complete() waits for room to write the rest */
     uint8_t done;         /* logged and counted; the upstream side is released */
     uint8_t closed;       /* the codec closed the stream: its id is invalid */
+    uint8_t body_read;    /* reading a body a policy reads whole (read_policy_body) */
+    uint8_t body_granted; /* ...read: `pending` holds it, its window credited already */
     uint8_t tunnel;       /* an extended CONNECT: a 101 opens a tunnel */
     uint8_t tun_open;     /* ...it did: bytes flow, see tunnel_pump */
     uint8_t tun_up_eof;   /* the origin's EOF was read */
@@ -390,6 +394,9 @@ static void stream_error(h2s_t *s, int status, const char *code, const char *mes
 static void stream_timer_cb(evutil_socket_t fd, short what, void *arg);
 static void tunnel_request(h2s_t *s, const sl_req_head_t *head, const sl_h2_req_info_t *info);
 static void tunnel_pump(h2s_t *s);
+static void read_policy_body(h2s_t *s, const uint8_t *p, size_t n, int end_stream);
+static void x_arm_timer(sl_exchange_t *x, uint32_t ms);
+static void x_pump_body(sl_exchange_t *x);
 
 static void on_request(void *user, int32_t id, const sl_req_head_t *head,
                        const sl_h2_req_info_t *info)
@@ -431,10 +438,19 @@ static void on_request(void *user, int32_t id, const sl_req_head_t *head,
     enum sl_http1_body body = s->body_end        ? SL_HTTP1_BODY_NONE
                               : head->has_length ? SL_HTTP1_BODY_LENGTH
                                                  : SL_HTTP1_BODY_CHUNKED;
+    /* A body a policy reads whole gets its length once it is read. */
+    uint64_t body_cap = sl_request_body_cap(&s->x.r);
+    if (sl_unlikely(body_cap))
+        body = SL_HTTP1_BODY_NONE;
     s->chunked = body == SL_HTTP1_BODY_CHUNKED;
     if (sl_exchange_build_head(&s->x, head, path, body, head->content_length,
                                (sl_str_t){NULL, 0}) != SL_OK) {
         stream_error(s, 503, "overloaded", "out of memory", 0);
+        goto out;
+    }
+    if (sl_unlikely(body_cap)) {
+        s->body_read = 1; /* the exchange starts once it is read */
+        x_arm_timer(&s->x, s->x.r.gen->idle_timeout_ms);
         goto out;
     }
     s->started = 1;
@@ -452,6 +468,12 @@ static void on_data(void *user, int32_t id, const uint8_t *p, size_t n, int end_
 {
     h2c_t *hc = user;
     h2s_t *s = find_stream(hc, id);
+    if (s && sl_unlikely(s->body_read) && !s->done) {
+        stream_enter(s);
+        read_policy_body(s, p, n, end_stream);
+        stream_leave(s);
+        return;
+    }
     int tunnel_bytes = s && s->tunnel && (s->tun_open || (s->started && !s->done));
     if (!s || ((s->done || !s->started) && !tunnel_bytes)) {
         /* Nobody wants these bytes: let the client's window recover. */
@@ -737,7 +759,65 @@ static void x_pump_body(sl_exchange_t *x)
         if (frame)
             sl_buf_append(&x->uout, "\r\n", 2);
         sl_buf_consume(&s->pending, take);
-        sl_h2_consume(s->hc->h2, s->id, take);
+        if (!s->body_granted)
+            sl_h2_consume(s->hc->h2, s->id, take);
+    }
+}
+
+/* ---- a request body a policy reads whole --------------------------------------- */
+
+/*
+ * The chain asked for the body (request.h, sl_request_body_cap): DATA
+ * payload is gathered in the request's body buffer, and credited to the
+ * client's windows at once, so the client goes on sending up to the cap
+ * (past it: 413, RST_STREAM NO_ERROR). Memory: the cap per such stream
+ * (at most SETTINGS_MAX_CONCURRENT_STREAMS of them per connection). With
+ * END_STREAM the body hooks decide; passed, the body is the stream's
+ * `pending`, as if the client had sent it with a content-length, and the
+ * exchange starts. Between DATA frames the client's idle timeout applies
+ * (408), within the request's deadline.
+ */
+static void finish_policy_body(h2s_t *s)
+{
+    sl_request_error_t err;
+    sl_buf_t body;
+    s->body_read = 0;
+    if (sl_request_body_done(&s->x.r, &body, &err) != SL_OK) {
+        stream_error(s, err.status, err.code, err.message, err.allow);
+        return;
+    }
+    size_t len = sl_buf_len(&body);
+    if (sl_exchange_set_body_length(&s->x, len) != SL_OK) {
+        sl_buf_free(&body);
+        stream_error(s, 503, "overloaded", "out of memory", 0);
+        return;
+    }
+    sl_worker_buf_put(s->hc->w, &s->pending);
+    s->pending = body;
+    s->body_granted = 1;
+    s->x.req_body_done = len == 0;
+    s->started = 1;
+    /* What fits goes into uout now: no more DATA will come to drive it. */
+    x_pump_body(&s->x);
+    sl_exchange_start(&s->x);
+}
+
+static void read_policy_body(h2s_t *s, const uint8_t *p, size_t n, int end_stream)
+{
+    sl_request_error_t err;
+    if (n) {
+        sl_h2_consume(s->hc->h2, s->id, n);
+        s->x.r.bytes_received += n;
+        if (sl_request_body_add(&s->x.r, p, n, &err) != SL_OK) {
+            s->body_read = 0;
+            stream_error(s, err.status, err.code, err.message, 0);
+            return;
+        }
+        x_arm_timer(&s->x, s->x.r.gen->idle_timeout_ms);
+    }
+    if (end_stream) {
+        s->body_end = 1;
+        finish_policy_body(s);
     }
 }
 
@@ -1018,6 +1098,8 @@ static void stream_timer_cb(evutil_socket_t fd, short what, void *arg)
             stream_done(s, 0);
             sl_h2_reset_stream(s->hc->h2, s->id, SL_H2_CANCEL);
         }
+    } else if (s->body_read) {
+        stream_error(s, 408, "request_body_timeout", "the request body did not arrive in time", 0);
     } else {
         /* A client that stopped taking the response shows as a stalled
          * stream or a paused exchange. */

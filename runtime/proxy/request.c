@@ -236,6 +236,7 @@ void sl_request_reset(sl_request_t *r)
     r->upstream_addr[0] = '\0';
     if (r->pol) {
         sl_policy_req_end(&r->pol->v);
+        sl_buf_free(&r->pol->body);
         sl_worker_t *w = r->w;
         if (w && w->num_policy_states < SL_WORKER_POLICY_CACHE)
             w->policy_states[w->num_policy_states++] = r->pol;
@@ -547,6 +548,15 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                       "the request body exceeds the limit of this API");
             return SL_ERROR;
         }
+        /* A body a policy reads: never more than the route lets through. */
+        uint64_t cap = r->pol->body_cap;
+        if (cap && r->max_body_bytes && r->max_body_bytes < cap)
+            cap = r->pol->body_cap = r->max_body_bytes;
+        if (cap && h->has_length && h->content_length > cap) {
+            set_error(err, 413, "payload_too_large", 1,
+                      "the request body exceeds the limit of %llu bytes", (unsigned long long)cap);
+            return SL_ERROR;
+        }
     }
     if (pick_cluster(r) != 0) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
@@ -597,6 +607,8 @@ static void detach_view(sl_policy_req_t *v)
     v->num_headers = 0;
 }
 
+static int policy_replied(sl_request_t *r, sl_request_error_t *err);
+
 static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
                         size_t base_path_len, sl_request_error_t *err)
 {
@@ -609,11 +621,15 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
             set_error(err, 503, "overloaded", 0, "out of memory");
             return SL_ERROR;
         }
-        p->v.jwt_claims = NULL; /* a cached state's was released by sl_request_reset */
+        /* A cached state's claims and body were released by sl_request_reset. */
+        p->v.jwt_claims = NULL;
+        p->body = (sl_buf_t){0};
         r->pol = p;
     }
     sl_policy_req_end(&p->v);
+    sl_buf_free(&p->body);
     p->replied = p->responded = 0;
+    p->body_cap = 0;
     memset(&p->v, 0, sizeof(p->v));
     /* The reply is cleared by sl_policy_chain_request: this memory was
      * another request's, and its reply must not leak into this one. */
@@ -633,6 +649,7 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     p->v.route_methods = (const char *const *)pb->methods;
     p->v.num_route_methods = pb->n_methods;
     p->v.grpc = r->grpc;
+    p->v.has_body = !(h->has_length && h->content_length == 0);
     p->v.now_ms = sl_endpoint_now_ms();
     p->v.worker = r->w->id;
     p->v.req_edits = p->edits[0];
@@ -648,8 +665,23 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     }
     int rc = sl_policy_chain_request(r->route->chain, &p->v, &p->reply);
     detach_view(&p->v);
+    if (rc == SL_POLICY_CONTINUE && sl_unlikely(p->v.body_entries)) {
+        /* A body was asked for. None to read: the hooks see it empty now. */
+        if (p->v.has_body)
+            p->body_cap = p->v.body_max_bytes;
+        else
+            rc = sl_policy_chain_body(r->route->chain, &p->v, "", 0, &p->reply);
+    }
     if (rc == SL_POLICY_CONTINUE)
         return SL_OK;
+    return policy_replied(r, err);
+}
+
+/* The chain answered the request (p->reply): count it against the policy
+ * that did, and hand the codec its status and message. */
+static int policy_replied(sl_request_t *r, sl_request_error_t *err)
+{
+    sl_req_policy_t *p = r->pol;
     p->replied = 1;
     if (p->reply.status >= 400 && r->route->policy_stats &&
         r->route->policy_stats[p->v.rejected_index])
@@ -658,6 +690,38 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
             memory_order_relaxed);
     set_error(err, p->reply.status, p->reply.code, 0, "%s", p->reply.message);
     return SL_ERROR;
+}
+
+int sl_request_body_add(sl_request_t *r, const void *p, size_t n, sl_request_error_t *err)
+{
+    sl_req_policy_t *pol = r->pol;
+    if (n > pol->body_cap - sl_buf_len(&pol->body)) {
+        set_error(err, 413, "payload_too_large", 1,
+                  "the request body exceeds the limit of %llu bytes",
+                  (unsigned long long)pol->body_cap);
+        return SL_ERROR;
+    }
+    if (n && sl_buf_append(&pol->body, p, n) != 0) {
+        set_error(err, 503, "overloaded", 1, "out of memory");
+        return SL_ERROR;
+    }
+    return SL_OK;
+}
+
+int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *err)
+{
+    sl_req_policy_t *p = r->pol;
+    p->body_cap = 0; /* read: from now on the body is the codec's to forward */
+    p->v.now_ms = sl_endpoint_now_ms();
+    const char *bytes = p->body.data ? sl_buf_head(&p->body) : "";
+    int rc = sl_policy_chain_body(r->route->chain, &p->v, bytes, sl_buf_len(&p->body), &p->reply);
+    if (rc != SL_POLICY_CONTINUE) {
+        sl_buf_free(&p->body);
+        return policy_replied(r, err);
+    }
+    *body = p->body;
+    p->body = (sl_buf_t){0};
+    return SL_OK;
 }
 
 static int name_eq(sl_str_t a, const char *b, size_t blen)

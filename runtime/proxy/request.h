@@ -18,6 +18,8 @@
  *                        codec's buffers (they do not outlive the head);
  *   sl_request_route     normalises, routes, applies the route's limits and
  *                        picks the backend, or says which error to answer;
+ *   sl_request_body_*    only when the route's policies asked for the body:
+ *                        the codec reads it whole, the body hooks decide;
  *   sl_request_pick_endpoint / _retry_allowed / _note_outcome
  *                        during the upstream exchange;
  *   sl_request_finish    counts and logs it, releases the generation and
@@ -83,6 +85,10 @@ typedef struct sl_req_policy {
     uint8_t responded;         /* the response hooks ran */
     sl_hdr_edit_t edits[2][SL_REQ_POLICY_EDITS];
     char arena[SL_REQ_POLICY_ARENA];
+    /* The request body a policy asked for (sl_request_body_cap), while
+     * the codec reads it; 0 / empty for every other request. */
+    uint64_t body_cap;
+    sl_buf_t body;
 } sl_req_policy_t;
 
 typedef struct sl_request {
@@ -207,6 +213,28 @@ static inline void sl_request_append_policy_fields(const sl_request_t *r, int re
 }
 void sl_request_response_hooks(sl_request_t *r, int status);
 const sl_policy_reply_t *sl_request_reply(const sl_request_t *r);
+
+/*
+ * A request body the chain asked for (policy.h, sl_policy_want_body), for
+ * the codecs. Every other request's body streams as before: the check is
+ * one pointer test on a route without policies.
+ *   sl_request_body_cap   0: stream the body; else read all of it first,
+ *                         at most this many bytes, before the exchange
+ *                         starts (the upstream head is built without a
+ *                         length: sl_exchange_set_body_length);
+ *   sl_request_body_add   n more body bytes: SL_OK, or SL_ERROR with *err
+ *                         (413 payload_too_large) past the cap;
+ *   sl_request_body_done  the body is complete: runs the body hooks. SL_OK
+ *                         moves the body into *body (the caller's now, to
+ *                         forward unchanged); SL_ERROR with *err is the
+ *                         chain's short-circuit (sl_request_reply).
+ */
+static inline uint64_t sl_request_body_cap(const sl_request_t *r)
+{
+    return sl_unlikely(r->pol != NULL) ? r->pol->body_cap : 0;
+}
+int sl_request_body_add(sl_request_t *r, const void *p, size_t n, sl_request_error_t *err);
+int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *err);
 
 /* A UUIDv4 request id from the worker's generator. */
 void sl_request_make_id(sl_lb_rng_t *rng, char out[37]);

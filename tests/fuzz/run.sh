@@ -26,7 +26,7 @@ FUZZ_JOBS=${FUZZ_JOBS:-1}
 # One input taking this long is a finding (a hang), not slowness.
 FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-25}
 CLANG=${CLANG:-clang}
-DRIVERS_ALL="fuzz_http1_request fuzz_http1_response fuzz_router fuzz_model fuzz_snapshot_apply fuzz_rest_body fuzz_path fuzz_h2_frames fuzz_pem"
+DRIVERS_ALL="fuzz_http1_request fuzz_http1_response fuzz_router fuzz_model fuzz_snapshot_apply fuzz_rest_body fuzz_path fuzz_h2_frames fuzz_pem fuzz_json_schema"
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 # Library objects get coverage instrumentation without libFuzzer's main();
@@ -37,14 +37,14 @@ build() {
     CC=$CLANG CFLAGS="$LIB_CFLAGS" ${MAKE:-make} -s --no-print-directory BUILD="$FUZZ_BUILD" \
         "$FUZZ_BUILD/lib/libsl-common.a" "$FUZZ_BUILD/lib/libsl-runtime.a" \
         "$FUZZ_BUILD/lib/libsl-controller.a"
-    pkgs="libevent libevent_pthreads jansson yaml-0.1 libpcre2-8 liburcu-qsbr libprotobuf-c openssl sqlite3 libnghttp2"
+    pkgs="libevent libevent_pthreads libevent_openssl jansson yaml-0.1 libpcre2-8 liburcu-qsbr libprotobuf-c openssl sqlite3 libnghttp2 hiredis"
     # shellcheck disable=SC2086 # $pkgs is a list of package names
     cflags="-std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE -D_LGPL_SOURCE -fno-strict-aliasing
         -Icommon -Iruntime -Iruntime/net -Iruntime/http -Iruntime/proxy -Iruntime/control -Ipolicies -Icontroller -Itests/fuzz -I$FUZZ_BUILD/gen
         $(pkg-config --cflags $pkgs)"
     # shellcheck disable=SC2086
     libs="$FUZZ_BUILD/lib/libsl-runtime.a $FUZZ_BUILD/lib/libsl-controller.a
-        $FUZZ_BUILD/lib/libsl-common.a $(pkg-config --libs $pkgs) -lgrpc -lgpr -lpthread -lm"
+        $FUZZ_BUILD/lib/libsl-common.a $(pkg-config --libs $pkgs) -lgrpc -lgpr -lcrypt -lpthread -lm"
     mkdir -p "$FUZZ_BUILD/bin"
     for d in $DRIVERS_ALL; do
         src=tests/fuzz/$d.c
