@@ -21,9 +21,13 @@ every server on ports picked here, stopped at the end.
 
 usage: perf/rate_limit_fleet.py [--build build] [--limit 1000]
            [--duration 60] [--local-duration 20] [--connections 10]
+           [--out docs/benchmarks-fleet-rate-limit.md]
 """
 import argparse
+import contextlib
+import io
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -300,15 +304,48 @@ def parse_args():
     ap.add_argument("--duration", type=int, default=60)
     ap.add_argument("--local-duration", type=int, default=20)
     ap.add_argument("--connections", type=int, default=10)
+    ap.add_argument("--out", default="-", help="also write the report here (Markdown)")
     return ap.parse_args()
+
+
+def header(args):
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    redis = subprocess.run(["redis-server", "--version"], capture_output=True,
+                           text=True).stdout.split(" v=")[-1].split()[0]
+    cmd = "/usr/bin/python3 perf/rate_limit_fleet.py --limit %d --duration %d " \
+          "--local-duration %d --connections %d" % (args.limit, args.duration,
+                                                    args.local_duration, args.connections)
+    return ("# The fleet rate limit: accuracy and CPU\n\n"
+            "Written by `perf/rate_limit_fleet.py`; do not edit by hand, run it again.\n\n"
+            "- Date: %s\n- Commit: %s\n- Machine: %d CPUs, %s, Linux %s\n"
+            "- Redis: redis-server %s (Debian), on loopback\n- Command: `%s`\n"
+            "- Method: see the script's opening comment and docs/policies/rate-limit.md "
+            "(\"fleet mode\"). All processes share the machine's CPUs (no pinning): the CPU "
+            "figures compare the modes of one run.\n\n" % (
+                time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit, os.cpu_count(),
+                cpu, platform.release(), redis, cmd))
 
 
 if __name__ == "__main__":
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    run = Run(parse_args())
+    args = parse_args()
+    run = Run(args)
     run.redis = None
     try:
-        run.main()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            run.main()
+        print(out.getvalue(), end="")
+        if args.out != "-":
+            with open(args.out, "w") as f:
+                f.write(header(args) + out.getvalue())
     finally:
         run.stop_all()
         shutil.rmtree(run.tmp, ignore_errors=True)

@@ -52,6 +52,7 @@
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <strings.h>
 
 /* Phases, in the order a request meets them. */
 enum sl_policy_phase {
@@ -321,6 +322,17 @@ int sl_policy_query_param(sl_str_t q, const char *name, size_t nlen, sl_str_t *v
 /* Sets req->query_out to the request's query without the parameter at
  * [from, to) and one of its '&'; -1 when the arena is full. */
 int sl_policy_query_remove(sl_policy_req_t *req, size_t from, size_t to);
+
+/* The request's first header named `name` (len bytes, compared without
+ * case), or NULL. Only in on_request: later the headers are gone. */
+static inline const sl_policy_header_t *sl_policy_header(const sl_policy_req_t *r,
+                                                         const char *name, size_t len)
+{
+    for (size_t i = 0; i < r->num_headers; i++)
+        if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)
+            return &r->headers[i];
+    return NULL;
+}
 
 /* SHA-256 of n bytes into out, for credentials and cache keys on the
  * request path: the algorithm is fetched once per process and each thread

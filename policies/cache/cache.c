@@ -317,14 +317,6 @@ void sl_cache_cc_parse(sl_cache_cc_t *cc, sl_str_t value)
 
 /* ---- the request ----------------------------------------------------------------- */
 
-static const sl_policy_header_t *find(const sl_policy_req_t *r, const char *name, size_t len)
-{
-    for (size_t i = 0; i < r->num_headers; i++)
-        if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)
-            return &r->headers[i];
-    return NULL;
-}
-
 typedef struct {
     char *p;
     size_t len, cap;
@@ -432,14 +424,15 @@ static int on_request(const void *state, sl_policy_req_t *r, sl_policy_reply_t *
         return SL_POLICY_CONTINUE; /* not the cache's: no X-Cache either */
     /* A request with a body is not what a cached response answered; a
      * range is the origin's to cut; an upgrade is a tunnel. */
-    const sl_policy_header_t *cl = find(r, "content-length", 14);
+    const sl_policy_header_t *cl = sl_policy_header(r, "content-length", 14);
     if ((cl && !(cl->value.len == 1 && cl->value.ptr[0] == '0')) ||
-        find(r, "transfer-encoding", 17) || find(r, "range", 5) || find(r, "upgrade", 7))
+        sl_policy_header(r, "transfer-encoding", 17) || sl_policy_header(r, "range", 5) ||
+        sl_policy_header(r, "upgrade", 7))
         return bypass(c, r);
     /* A cookie may make the response personal where the origin forgot to
      * say so (Varnish's default): only with ignoreCookies or Cookie in the
      * key. */
-    if (!c->ignore_cookies && !c->key_cookie && find(r, "cookie", 6))
+    if (!c->ignore_cookies && !c->key_cookie && sl_policy_header(r, "cookie", 6))
         return bypass(c, r);
     int lookup = 1;
     if (c->respect_request_cache_control) {
@@ -459,7 +452,7 @@ static int on_request(const void *state, sl_policy_req_t *r, sl_policy_reply_t *
          * then replaces the stored one (there is no revalidation). */
         if (cc.no_cache || cc.max_age == 0)
             lookup = 0;
-        const sl_policy_header_t *pragma = has_cc ? NULL : find(r, "pragma", 6);
+        const sl_policy_header_t *pragma = has_cc ? NULL : sl_policy_header(r, "pragma", 6);
         if (pragma && pragma->value.len >= 8 && strncasecmp(pragma->value.ptr, "no-cache", 8) == 0)
             lookup = 0;
     }
@@ -487,7 +480,7 @@ static int on_request(const void *state, sl_policy_req_t *r, sl_policy_reply_t *
         /* Credentials the key does not cover (no consumer was
          * authenticated): RFC 9111 3.5, only responses the origin marks
          * shareable. */
-        .authorized = !r->consumer.name && find(r, "authorization", 13) != NULL,
+        .authorized = !r->consumer.name && sl_policy_header(r, "authorization", 13) != NULL,
     };
     r->cache = ask;
     return SL_POLICY_CONTINUE;

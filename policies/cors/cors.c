@@ -277,14 +277,6 @@ static void worker_free(void *ws)
 
 /* ---- per request -------------------------------------------------------------- */
 
-static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name, size_t len)
-{
-    for (size_t i = 0; i < r->num_headers; i++)
-        if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)
-            return &r->headers[i];
-    return NULL;
-}
-
 static int origin_allowed(const cors_t *c, sl_str_t o, void *md)
 {
     if (c->any_origin)
@@ -440,12 +432,12 @@ static const char preflight_vary[] =
 static int on_request(const void *state, sl_policy_req_t *r, sl_policy_reply_t *reply)
 {
     const cors_t *c = state;
-    const sl_policy_header_t *origin = find_header(r, "origin", 6);
+    const sl_policy_header_t *origin = sl_policy_header(r, "origin", 6);
     if (!origin)
         return SL_POLICY_CONTINUE; /* not a cross-origin request */
     const sl_policy_header_t *acrm = NULL;
     if (r->method.len == 7 && memcmp(r->method.ptr, "OPTIONS", 7) == 0)
-        acrm = find_header(r, "access-control-request-method", 29);
+        acrm = sl_policy_header(r, "access-control-request-method", 29);
     int allowed = origin_allowed(c, origin->value, r->worker_state);
     if (!acrm) { /* an actual request */
         if (c->origin_dependent && EDIT(SL_HDR_ADD, "Vary", "Origin", 6) != 0)
@@ -466,7 +458,7 @@ static int on_request(const void *state, sl_policy_req_t *r, sl_policy_reply_t *
         return reject(reply, "origin", origin->value);
     if (!method_allowed(c, r, acrm->value))
         return reject(reply, "method", acrm->value);
-    const sl_policy_header_t *acrh = find_header(r, "access-control-request-headers", 30);
+    const sl_policy_header_t *acrh = sl_policy_header(r, "access-control-request-headers", 30);
     sl_str_t bad = {NULL, 0}, echo = {NULL, 0};
     if (acrh) {
         int hr = headers_allowed(c, r, acrh->value, &bad, &echo);

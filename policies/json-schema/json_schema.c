@@ -162,14 +162,6 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
 
 /* ---- the request ------------------------------------------------------------------ */
 
-static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name, size_t len)
-{
-    for (size_t i = 0; i < r->num_headers; i++)
-        if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)
-            return &r->headers[i];
-    return NULL;
-}
-
 /* Whether the Content-Type's media type (parameters ignored,
  * case-insensitive) is one of the configured ranges. */
 static int listed(const json_schema_t *s, sl_str_t v)
@@ -210,7 +202,7 @@ static int listed(const json_schema_t *s, sl_str_t v)
 static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t *reply)
 {
     const json_schema_t *s = state;
-    const sl_policy_header_t *ct = find_header(req, "content-type", 12);
+    const sl_policy_header_t *ct = sl_policy_header(req, "content-type", 12);
     if (!ct || !listed(s, ct->value)) {
         if (!req->has_body || s->pass_other)
             return SL_POLICY_CONTINUE;

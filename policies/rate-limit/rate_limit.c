@@ -394,14 +394,6 @@ fail:
 
 /* ---- requests ------------------------------------------------------------------ */
 
-static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name, size_t len)
-{
-    for (size_t i = 0; i < r->num_headers; i++)
-        if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)
-            return &r->headers[i];
-    return NULL;
-}
-
 /* The bucket key of limit i for this request: the Api, the limit, what the
  * limit counts by. Anonymous callers of a by-consumer (or by-group) limit,
  * and requests without the header of a by-header limit, count by client
@@ -435,7 +427,7 @@ static uint64_t bucket_key(const rl_t *rl, size_t i, const sl_policy_req_t *req)
         }
         break;
     case BY_HEADER: {
-        const sl_policy_header_t *f = find_header(req, lim->header, lim->header_len);
+        const sl_policy_header_t *f = sl_policy_header(req, lim->header, lim->header_len);
         if (f) {
             tag = 'h';
             k = f->value.ptr;

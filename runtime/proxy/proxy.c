@@ -982,6 +982,18 @@ static int body_over_limit(sl_conn_t *c)
  * Moves request body bytes from `in` (and the socket) to uout, as far as
  * uout has room. Keeps uout for replay while it fits.
  */
+/* The client closed (or failed) while its request body was being read:
+ * the request ends as 499 client_closed, logged, and the connection goes. */
+static void client_gone_mid_body(sl_conn_t *c)
+{
+    c->x.r.error_code = "client_closed";
+    c->x.r.status = 499;
+    sl_exchange_finish(&c->x, 0);
+    sl_request_log(&c->x.r);
+    reset_request(c);
+    conn_close(c);
+}
+
 static void pump_request_body(sl_conn_t *c)
 {
     if (c->x.req_body_done) {
@@ -1109,12 +1121,7 @@ static void pump_request_body(sl_conn_t *c)
     client_rev(c, !c->x.req_body_done);
     return;
 client_gone:
-    c->x.r.error_code = "client_closed";
-    c->x.r.status = 499;
-    sl_exchange_finish(&c->x, 0);
-    sl_request_log(&c->x.r);
-    reset_request(c);
-    conn_close(c);
+    client_gone_mid_body(c);
 }
 
 /* ---- a request body a policy reads whole ----------------------------------- */
@@ -1240,12 +1247,7 @@ static void read_policy_body(sl_conn_t *c)
     client_rev(c, 1);
     return;
 client_gone:
-    c->x.r.error_code = "client_closed";
-    c->x.r.status = 499;
-    sl_exchange_finish(&c->x, 0);
-    sl_request_log(&c->x.r);
-    reset_request(c);
-    conn_close(c);
+    client_gone_mid_body(c);
 }
 
 /*
@@ -1311,7 +1313,8 @@ static void append_status_line(sl_buf_t *b, const sl_http1_response_t *resp)
 {
     char line[32] = "HTTP/1.1 ";
     int n;
-    if (resp->status >= 100 && resp->status <= 999) { /* the parser's range: no snprintf per response */
+    /* The parser's range, written without snprintf (once per response). */
+    if (resp->status >= 100 && resp->status <= 999) {
         line[9] = (char)('0' + resp->status / 100);
         line[10] = (char)('0' + resp->status / 10 % 10);
         line[11] = (char)('0' + resp->status % 10);
