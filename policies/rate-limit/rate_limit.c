@@ -355,6 +355,7 @@ static void *compile(json_t *config, const sl_policy_env_t *env, char *err, size
                     prefix ? prefix : "sluice:rl",
                     cfg_hash,
                     max_keys,
+                    rl->fail_open,
                 };
                 sh->fleet = sl_rl_fleet_new(&fc, fl, rl->nlimits, err, errlen);
             }

@@ -62,6 +62,8 @@ struct sl_rl_fleet {
     slot_t *slots;
     size_t mask;
     _Atomic int down;
+    _Atomic int up_once; /* Redis has answered PING at least once */
+    int fail_open;
     _Atomic int stop;
     _Atomic int started; /* the thread runs from the first request on */
     _Atomic int thread_ok;
@@ -212,6 +214,7 @@ static void on_ping(redisAsyncContext *ac, void *r, void *priv)
     }
     f->ready = 1;
     atomic_store(&f->down, 0);
+    atomic_store(&f->up_once, 1);
     scan(f);
 }
 
@@ -379,6 +382,12 @@ int sl_rl_fleet_take(sl_rl_fleet_t *f, unsigned limit, uint64_t key, uint64_t no
         start_thread(f);
     if (atomic_load_explicit(&f->down, memory_order_relaxed))
         return SL_RL_FLEET_UNAVAILABLE;
+    /* Fail open: until Redis has answered once (the thread starts with the
+     * first request) the fleet cannot answer either, and the config says to
+     * admit then, not to refuse past the credit while a first connection
+     * that may never succeed is attempted. Fail closed keeps the credit. */
+    if (f->fail_open && !atomic_load_explicit(&f->up_once, memory_order_acquire))
+        return SL_RL_FLEET_UNAVAILABLE;
     const sl_rl_fleet_limit_t *lim = &f->limits[limit];
     uint64_t w = now_ms / lim->period_ms;
     uint64_t until_end_ns = ((w + 1) * lim->period_ms - now_ms) * 1000000ull;
@@ -468,6 +477,7 @@ sl_rl_fleet_t *sl_rl_fleet_new(const sl_rl_fleet_conf_t *conf, const sl_rl_fleet
     f->port = conf->port;
     f->database = conf->database;
     f->scope = conf->scope;
+    f->fail_open = conf->fail_open;
     f->nlimits = nlimits;
     for (size_t i = 0; i < nlimits; i++) {
         f->limits[i] = limits[i];

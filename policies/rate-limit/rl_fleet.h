@@ -54,6 +54,7 @@ typedef struct {
     const char *prefix; /* Redis key prefix */
     uint64_t scope;     /* the policy config's hash: same config, same keys */
     size_t slots;       /* table size */
+    int fail_open;      /* failOpen: until Redis first answers, take() says unavailable */
 } sl_rl_fleet_conf_t;
 
 /* Starts the Redis thread. NULL with err on failure. limits is copied. */

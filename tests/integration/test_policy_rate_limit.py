@@ -421,6 +421,45 @@ def test_fleet_redis_that_never_answers_counts_as_down(backends, runtimes):
         lsock.close()
 
 
+def test_fleet_fail_open_admits_while_redis_has_never_answered(backends, runtimes):
+    """failOpen with a Redis that accepts and never answers: the fleet cannot
+    answer from the start, so every request is admitted, the first second
+    (before the stall is detected) included. Regression: requests after the
+    first were refused 429 while the first lease was "on its way" to a Redis
+    that never answered (CI saw it with a Redis that was not started, under
+    ASan, where the refused connection was noticed late)."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        lsock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(lsock.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept)
+    t.start()
+    try:
+        rt, port = start(backends, runtimes, [limited_api(fleet_config(
+            [{"requests": 1, "period": "1h", "by": "ip"}], lsock.getsockname()[1],
+            failOpen=True))])
+        assert [request(port, "GET", "/t/x").status for _ in range(10)] == [200] * 10
+        assert held, "the runtime never connected"
+        time.sleep(1.5)  # past the stall: Redis counts as down, still fail open
+        assert [request(port, "GET", "/t/x").status for _ in range(5)] == [200] * 5
+    finally:
+        stop.set()
+        t.join()
+        for s in held:
+            s.close()
+        lsock.close()
+
+
 def test_controller_rest_refuses_a_bad_config_with_the_field_path(tmp_path):
     from controller_env import Controller
     ctl = Controller(tmp_path / "controller")
