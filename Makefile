@@ -64,7 +64,10 @@ UNIT_BIN    := $(UNIT_SRC:%.c=$(BUILD)/%)
 .SECONDARY:
 
 BINS := $(RUNTIME_BIN) $(if $(wildcard controller/main.c),$(CTRL_BIN))
-all: $(BINS) $(UNIT_BIN)
+# Test helpers (tests/tools/*.c): small programs the integration tests run.
+TOOL_SRC    := $(wildcard tests/tools/*.c)
+TOOL_BIN    := $(TOOL_SRC:%.c=$(BUILD)/%)
+all: $(BINS) $(UNIT_BIN) $(TOOL_BIN)
 
 # --- generated code --------------------------------------------------------
 $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
@@ -108,6 +111,10 @@ $(BUILD)/tests/unit/%: tests/unit/%.c $(TEST_LIBS) | $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Icontroller -Itests/unit -MMD -MP -o $@ $< $(TEST_LIBS) \
 	    $(LDFLAGS) $(LDLIBS) -lcmocka
+
+$(BUILD)/tests/tools/%: tests/tools/%.c $(LIBCOMMON) | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(LIBCOMMON) $(LDFLAGS) $(LDLIBS)
 
 # Small measuring programs of perf/ (perf/*.c), built by `make perf-tools`.
 PERF_SRC := $(wildcard perf/*.c)

@@ -59,7 +59,7 @@ static char *config(void)
              "  - {name: api-key}\n"
              "  operations:\n"
              "  - {name: plain, method: GET, path: /p}\n"
-             "  - {name: off, method: GET, path: /off, policies: [{name: api-key, disabled: true}]}\n"
+             "  - {name: \"off\", method: GET, path: /off, policies: [{name: api-key, disabled: true}]}\n"
              "  - {name: over, method: GET, path: /over, policies: [{name: api-key, config: {header: X-K}}, "
              "{name: respond, config: {status: 418}, when: {methods: [GET], pathPrefixes: [/over/x]}}]}\n",
              key_hash);
