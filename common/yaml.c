@@ -797,3 +797,149 @@ json_t *sl_yaml_to_json(const char *text, size_t len, const char *source, sl_err
     }
     return docs;
 }
+
+/* ---- JSON -> YAML (sl_yaml_dump) ------------------------------------------ */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    bool oom;
+} outbuf_t;
+
+static int out_write(void *data, unsigned char *bytes, size_t size)
+{
+    outbuf_t *o = data;
+    if (o->len + size + 1 > o->cap) {
+        size_t ncap = (o->len + size + 1) * 2;
+        char *n = realloc(o->buf, ncap);
+        if (!n) {
+            o->oom = true;
+            return 0;
+        }
+        o->buf = n;
+        o->cap = ncap;
+    }
+    memcpy(o->buf + o->len, bytes, size);
+    o->len += size;
+    o->buf[o->len] = '\0';
+    return 1;
+}
+
+/* True when s, written plain, reads back as the string s for this reader
+ * and for kubectl: not a null, boolean or number in either YAML 1.1 or 1.2. */
+static bool plain_reads_as_string(const char *s, size_t n)
+{
+    if (n == 0 || yaml11_bool(s, n) || yaml11_number_differs(s, n) || str_is(s, n, "<<"))
+        return false;
+    ctx_t probe;
+    memset(&probe, 0, sizeof(probe));
+    sl_errors_t scratch;
+    sl_errors_init(&scratch);
+    probe.errs = &scratch;
+    json_t *v = plain_scalar(&probe, s, n, &(yaml_mark_t){0, 0, 0});
+    bool ok = v && json_is_string(v) && !probe.failed;
+    json_decref(v);
+    sl_errors_free(&scratch);
+    return ok &&
+           !(eq_any(s, n,
+                    (const char *const[]){".inf", ".nan", ".NaN", ".Inf", ".INF", ".NAN", NULL}));
+}
+
+static int emit_scalar(yaml_emitter_t *e, const char *s, size_t n, bool plain_ok)
+{
+    yaml_event_t ev;
+    if (!yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)n, plain_ok, 1,
+                                      plain_ok ? YAML_ANY_SCALAR_STYLE
+                                               : YAML_DOUBLE_QUOTED_SCALAR_STYLE))
+        return -1;
+    return yaml_emitter_emit(e, &ev) ? 0 : -1;
+}
+
+static int emit_value(yaml_emitter_t *e, json_t *v)
+{
+    yaml_event_t ev;
+    char num[64];
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        if (!yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE) ||
+            !yaml_emitter_emit(e, &ev))
+            return -1;
+        const char *k;
+        json_t *child;
+        json_object_foreach(v, k, child)
+        {
+            if (emit_scalar(e, k, strlen(k), plain_reads_as_string(k, strlen(k))) != 0 ||
+                emit_value(e, child) != 0)
+                return -1;
+        }
+        if (!yaml_mapping_end_event_initialize(&ev) || !yaml_emitter_emit(e, &ev))
+            return -1;
+        return 0;
+    }
+    case JSON_ARRAY: {
+        if (!yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_SEQUENCE_STYLE) ||
+            !yaml_emitter_emit(e, &ev))
+            return -1;
+        size_t i;
+        json_t *child;
+        json_array_foreach(v, i, child)
+        {
+            if (emit_value(e, child) != 0)
+                return -1;
+        }
+        if (!yaml_sequence_end_event_initialize(&ev) || !yaml_emitter_emit(e, &ev))
+            return -1;
+        return 0;
+    }
+    case JSON_STRING: {
+        const char *s = json_string_value(v);
+        size_t n = json_string_length(v);
+        return emit_scalar(e, s, n, plain_reads_as_string(s, n));
+    }
+    case JSON_INTEGER:
+        snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return emit_scalar(e, num, strlen(num), true);
+    case JSON_REAL:
+        snprintf(num, sizeof(num), "%.17g", json_real_value(v));
+        if (!strpbrk(num, ".e"))
+            strcat(num, ".0");
+        return emit_scalar(e, num, strlen(num), true);
+    case JSON_TRUE:
+        return emit_scalar(e, "true", 4, true);
+    case JSON_FALSE:
+        return emit_scalar(e, "false", 5, true);
+    default:
+        return emit_scalar(e, "null", 4, true);
+    }
+}
+
+char *sl_yaml_dump(json_t *docs)
+{
+    yaml_emitter_t e;
+    outbuf_t o = {0};
+    yaml_event_t ev;
+    if (!yaml_emitter_initialize(&e))
+        return NULL;
+    yaml_emitter_set_output(&e, out_write, &o);
+    yaml_emitter_set_unicode(&e, 1);
+    yaml_emitter_set_width(&e, 100);
+    bool ok =
+        yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING) && yaml_emitter_emit(&e, &ev);
+    size_t i;
+    json_t *doc;
+    json_array_foreach(docs, i, doc)
+    {
+        ok = ok && yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, i == 0) &&
+             yaml_emitter_emit(&e, &ev);
+        ok = ok && emit_value(&e, doc) == 0;
+        ok = ok && yaml_document_end_event_initialize(&ev, 1) && yaml_emitter_emit(&e, &ev);
+    }
+    ok = ok && yaml_stream_end_event_initialize(&ev) && yaml_emitter_emit(&e, &ev) &&
+         yaml_emitter_flush(&e);
+    yaml_emitter_delete(&e);
+    if (!ok || o.oom) {
+        free(o.buf);
+        return NULL;
+    }
+    return o.buf;
+}

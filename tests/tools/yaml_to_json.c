@@ -1,8 +1,11 @@
 /*
- * yaml_to_json FILE: prints the documents the model library reads from FILE
- * (sl_yaml_to_json) as one JSON array, or its errors on stderr and exit 1.
- * Used by tests/integration/test_docs_yaml.py to compare, value by value,
- * what sluice and kubectl read from the same text.
+ * yaml_to_json [--validate] FILE: prints the documents the model library
+ * reads from FILE (sl_yaml_to_json) as one JSON array, or its errors on
+ * stderr and exit 1. With --validate, each document must also pass the
+ * model's validation (sl_model_validate: fields of one document, no
+ * references). Used by tests/integration/test_docs_yaml.py to compare, value
+ * by value, what sluice and kubectl read from the same text, and by
+ * test_crds.py to compare the model's verdicts with the CRDs' schemas.
  */
 #include "model.h"
 
@@ -12,13 +15,15 @@
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: yaml_to_json FILE\n");
+    int validate = argc == 3 && strcmp(argv[1], "--validate") == 0;
+    if (argc != 2 + validate) {
+        fprintf(stderr, "usage: yaml_to_json [--validate] FILE\n");
         return 2;
     }
-    FILE *f = fopen(argv[1], "rb");
+    const char *path = argv[1 + validate];
+    FILE *f = fopen(path, "rb");
     if (!f) {
-        perror(argv[1]);
+        perror(path);
         return 2;
     }
     char *text = NULL;
@@ -40,13 +45,30 @@ int main(int argc, char **argv)
     fclose(f);
     sl_errors_t errs;
     sl_errors_init(&errs);
-    json_t *docs = sl_yaml_to_json(text ? text : "", len, argv[1], &errs);
+    json_t *docs = sl_yaml_to_json(text ? text : "", len, path, &errs);
     free(text);
     if (!docs) {
         char *s = sl_errors_format(&errs);
         fputs(s, stderr);
         free(s);
         sl_errors_free(&errs);
+        return 1;
+    }
+    size_t i;
+    json_t *doc;
+    int bad = 0;
+    json_array_foreach(docs, i, doc)
+    {
+        if (validate && !json_is_null(doc) &&
+            sl_model_validate(doc, path, (int)i + 1, &errs) != 0)
+            bad = 1;
+    }
+    if (bad) {
+        char *s = sl_errors_format(&errs);
+        fputs(s, stderr);
+        free(s);
+        sl_errors_free(&errs);
+        json_decref(docs);
         return 1;
     }
     json_dumpf(docs, stdout, JSON_COMPACT | JSON_SORT_KEYS);
