@@ -67,8 +67,8 @@ static void usage(FILE *out)
             "                           disconnected longest is forgotten first (default 10000)\n"
             "  --runtime-expiry SECONDS forget a runtime disconnected this long (default 3600)\n"
             "  --version\n"
-            "  --print-crds           print the CustomResourceDefinitions of the five kinds\n"
-            "                         (helm/sluice/crds/) as YAML and exit\n");
+            "  --print-crds             print the CustomResourceDefinitions of the five kinds\n"
+            "                           (helm/sluice/crds/) as YAML and exit\n");
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)

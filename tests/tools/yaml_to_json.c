@@ -59,8 +59,7 @@ int main(int argc, char **argv)
     int bad = 0;
     json_array_foreach(docs, i, doc)
     {
-        if (validate && !json_is_null(doc) &&
-            sl_model_validate(doc, path, (int)i + 1, &errs) != 0)
+        if (validate && !json_is_null(doc) && sl_model_validate(doc, path, (int)i + 1, &errs) != 0)
             bad = 1;
     }
     if (bad) {
