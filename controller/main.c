@@ -186,14 +186,18 @@ int main(int argc, char **argv)
         }
         case 'V':
             printf("sluice-controller %s\n", SL_VERSION);
+            free(resources);
             return 0;
         case 'P':
+            free(resources);
             return print_crds();
         case 'h':
             usage(stdout);
+            free(resources);
             return 0;
         default:
             usage(stderr);
+            free(resources);
             return 2;
         }
     }
