@@ -64,7 +64,10 @@ UNIT_BIN    := $(UNIT_SRC:%.c=$(BUILD)/%)
 .SECONDARY:
 
 BINS := $(RUNTIME_BIN) $(if $(wildcard controller/main.c),$(CTRL_BIN))
-all: $(BINS) $(UNIT_BIN)
+# Test helpers (tests/tools/*.c): small programs the integration tests run.
+TOOL_SRC    := $(wildcard tests/tools/*.c)
+TOOL_BIN    := $(TOOL_SRC:%.c=$(BUILD)/%)
+all: $(BINS) $(UNIT_BIN) $(TOOL_BIN)
 
 # --- generated code --------------------------------------------------------
 $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
@@ -109,6 +112,10 @@ $(BUILD)/tests/unit/%: tests/unit/%.c $(TEST_LIBS) | $(PROTO_H)
 	$(CC) $(CFLAGS) -Icontroller -Itests/unit -MMD -MP -o $@ $< $(TEST_LIBS) \
 	    $(LDFLAGS) $(LDLIBS) -lcmocka
 
+$(BUILD)/tests/tools/%: tests/tools/%.c $(LIBCOMMON) | $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(LIBCOMMON) $(LDFLAGS) $(LDLIBS)
+
 # Small measuring programs of perf/ (perf/*.c), built by `make perf-tools`.
 PERF_SRC := $(wildcard perf/*.c)
 PERF_BIN := $(PERF_SRC:perf/%.c=$(BUILD)/perf/%)
@@ -128,7 +135,7 @@ DEB_PKGS := build-essential pkg-config libevent-dev libnghttp2-dev \
     libcmocka-dev python3 python3-pytest python3-yaml curl nginx haproxy \
     wrk nghttp2-client redis-server clang libclang-rt-14-dev iproute2 util-linux \
     valgrind python3-grpcio python3-protobuf protobuf-compiler python3-websockets python3-h2 \
-    python3-ruamel.yaml python3-cryptography \
+    python3-ruamel.yaml python3-cryptography python3-jsonschema \
     openssl
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do \

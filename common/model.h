@@ -94,6 +94,11 @@ int sl_model_load_path(sl_resource_set_t *set, const char *path, sl_errors_t *er
  * strings; quoted scalars always strings). NULL on a syntax error, with the
  * line and column in errs. */
 json_t *sl_yaml_to_json(const char *text, size_t len, const char *source, sl_errors_t *errs);
+/* The documents of the JSON array docs as YAML text ("---" between them),
+ * with every string that a reader could type as something else quoted, so
+ * that sl_yaml_to_json and kubectl read back exactly docs. Malloc'd, NULL
+ * when out of memory. */
+char *sl_yaml_dump(json_t *docs);
 
 /* Validates one document: apiVersion, kind, metadata (DNS-1123 name,
  * namespace, labels, annotations), spec of that kind, no unknown fields.

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define SL_VALIDATE_STRING_MAX 4096
 
 static const char *type_name(json_t *v)
 {

@@ -18,6 +18,8 @@
 #include <stdint.h>
 
 #define SL_VALIDATE_PATH_MAX 512
+/* Longest string sl_vcheck_string accepts. */
+#define SL_VALIDATE_STRING_MAX 4096
 
 typedef struct {
     sl_errors_t *errs;
@@ -105,5 +107,17 @@ extern const sl_vschema_t sl_validate_spec_consumer;
 extern const sl_vschema_t sl_validate_spec_certificate;
 /* A policy's `when` (policies/policy.h): methods, pathPrefixes, headers. */
 extern const sl_vschema_t sl_validate_policy_when;
+
+/* The OpenAPI v3 schema of each check function of validate_spec.c, for the
+ * CRDs (common/crd.c) that are generated from these same tables: JSON text,
+ * or built from the field's arg. The generic checks above are described in
+ * crd.c; a check described nowhere makes the generator fail, so a new check
+ * cannot silently drop out of the CRDs. */
+typedef struct {
+    sl_vcheck_fn check;
+    const char *openapi;                    /* JSON text, or NULL */
+    json_t *(*openapi_of)(const void *arg); /* when the schema depends on arg */
+} sl_vopenapi_t;
+extern const sl_vopenapi_t sl_validate_spec_openapi[]; /* ends with {NULL} */
 
 #endif

@@ -1293,13 +1293,12 @@ static void backend_extra(sl_vctx_t *c, json_t *spec)
      * combinations it cannot speak, h2 without tls and h2c with tls, are
      * refused above. gRPC runs over HTTP/2 only. */
     json_t *hc = json_object_get(spec, "healthCheck");
-    if (json_is_object(hc) && json_object_get(hc, "grpc") != NULL &&
-        strcmp(pv, "h2") != 0 && strcmp(pv, "h2c") != 0) {
+    if (json_is_object(hc) && json_object_get(hc, "grpc") != NULL && strcmp(pv, "h2") != 0 &&
+        strcmp(pv, "h2c") != 0) {
         size_t s1 = sl_validate_push_key(c, "healthCheck");
         size_t s2 = sl_validate_push_key(c, "grpc");
-        sl_validate_error(c,
-                          "gRPC health checks need an HTTP/2 Backend: set protocol h2c (or h2 "
-                          "with tls), or use healthCheck.path for an HTTP/1.1 check");
+        sl_validate_error(c, "gRPC health checks need an HTTP/2 Backend: set protocol h2c (or h2 "
+                             "with tls), or use healthCheck.path for an HTTP/1.1 check");
         sl_validate_pop(c, s2);
         sl_validate_pop(c, s1);
     }
@@ -1459,3 +1458,75 @@ static const sl_vfield_t certificate_fields[] = {
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_certificate = {certificate_fields, certificate_extra};
+
+/* --- OpenAPI of the checks above, for the CRDs (validate.h) ---------------- */
+
+#define STR_DESC(max, desc)                                                                        \
+    "{\"type\":\"string\",\"minLength\":1,\"maxLength\":" #max ",\"description\":\"" desc "\"}"
+#define INT_OR_STRING(desc) "{\"x-kubernetes-int-or-string\":true,\"description\":\"" desc "\"}"
+
+static json_t *http2_limit_openapi(const void *arg)
+{
+    const sl_listener_http2_field_t *f = arg;
+    if (f->duration)
+        return json_pack("{s:b, s:s, s:s}", "x-kubernetes-int-or-string", 1, "pattern",
+                         "^[0-9]+(ms|s|m|h)$", "description",
+                         "a duration: \"250ms\", \"10s\", \"5m\", \"1h\", or integer "
+                         "milliseconds");
+    return json_pack("{s:s, s:I, s:I}", "type", "integer", "minimum", (json_int_t)f->min, "maximum",
+                     (json_int_t)f->max);
+}
+
+const sl_vopenapi_t sl_validate_spec_openapi[] = {
+    {check_method,
+     "{\"type\":\"string\",\"description\":\"an HTTP method (GET, HEAD, POST, PUT, DELETE, PATCH, "
+     "OPTIONS, TRACE, CONNECT) or \\\"*\\\" for any\"}",
+     NULL},
+    {check_header_name,
+     "{\"type\":\"string\",\"minLength\":1,\"maxLength\":256,\"pattern\":\"^[!#$%&'*+.^_`|~0-9A-Za-"
+     "z-]+$\"}",
+     NULL},
+    {check_any_string, "{\"type\":\"string\",\"maxLength\":4096}", NULL},
+    {check_api_host,
+     STR_DESC(253, "a lowercase hostname, \\\"*.suffix\\\" or \\\"*\\\" (no port, no scheme)"),
+     NULL},
+    {check_base_path,
+     STR_DESC(1024, "a path starting with '/', not ending with '/', without templates"), NULL},
+    {check_retry_on,
+     INT_OR_STRING("connect-failure, reset, or a 5xx status code as string or integer"), NULL},
+    {check_status_range, INT_OR_STRING("a status code (100..599) or a range like \\\"200-399\\\""),
+     NULL},
+    {check_sha256,
+     "{\"type\":\"string\",\"pattern\":\"^sha256:[0-9a-fA-F]{64}$\",\"description\":\"sha256: "
+     "followed by 64 hex digits\"}",
+     NULL},
+    {check_password_hash,
+     "{\"type\":\"string\",\"minLength\":20,\"maxLength\":256,\"pattern\":\"^[$](2[aby]|y|5|6)[$]"
+     "\","
+     "\"description\":\"a bcrypt, yescrypt or SHA-crypt hash\"}",
+     NULL},
+    {check_pem_cert,
+     "{\"type\":\"string\",\"maxLength\":1048576,\"description\":\"PEM "
+     "certificates\"}",
+     NULL},
+    {check_pem_key,
+     "{\"type\":\"string\",\"maxLength\":1048576,\"description\":\"a PEM private "
+     "key\"}",
+     NULL},
+    {check_host_header, STR_DESC(260, "a Host value: host or host:port"), NULL},
+    {check_abs_path, STR_DESC(1024, "a path starting with '/', without spaces"), NULL},
+    {check_upgrade_type, STR_DESC(64, "an upgrade token such as websocket (never h2c)"), NULL},
+    {check_openssl_list, STR_DESC(1024, "an OpenSSL list, names separated by ':'"), NULL},
+    {check_alpn_list,
+     "{\"type\":\"array\",\"minItems\":1,\"maxItems\":2,\"items\":{\"type\":\"string\","
+     "\"enum\":[\"h2\",\"http/1.1\"]}}",
+     NULL},
+    {check_file_path, STR_DESC(4096, "an absolute path on the runtime's machine"), NULL},
+    {check_http2_limit, NULL, http2_limit_openapi},
+    {check_client_ip, "{\"type\":\"boolean\",\"enum\":[true]}", NULL},
+    {check_grpc_service,
+     "{\"type\":\"string\",\"maxLength\":1024,\"description\":\"a gRPC service name, or "
+     "\\\"\\\" for the whole server\"}",
+     NULL},
+    {NULL, NULL, NULL},
+};

@@ -8,13 +8,12 @@
  * and column. Not responsible for what the documents mean (validate.c) nor
  * for JSON text (model.c hands JSON to jansson directly, for exact numbers).
  *
- * One deliberate leniency: strict YAML forbids '{' and '}' inside plain
- * scalars of flow collections, so `{method: GET, path: /pets/{id}}` (the
- * quickstart's own style) would be a syntax error. A '{' directly after a
- * scalar character can never start a flow mapping, so before parsing such a
- * "word{param}" group is masked with two private-use code points (one
- * character each, so line:column stay exact) and unmasked in every scalar.
- * Valid YAML parses exactly as before; only would-be syntax errors change.
+ * The reader is no more lenient than kubectl's (sigs.k8s.io/yaml, go-yaml v2,
+ * itself a port of libyaml): a '{' in a plain value of a flow mapping is a
+ * syntax error for both, reported with the value to quote; and where kubectl
+ * types a scalar by YAML 1.1 and a YAML 1.2 parser would read another value,
+ * the scalar is refused with the spelling every client reads alike (see
+ * "where kubectl's reader and YAML 1.2 part ways" below).
  *
  * Aliases are expanded by deep copy rather than shared by reference, so every
  * document is an ordinary tree that later code may modify freely. The node
@@ -37,95 +36,6 @@
 #define SL_YAML_MAX_NODES 1000000
 #define SL_YAML_MAX_DEPTH 64
 #define SL_YAML_MAX_ANCHORS 10000
-
-/* U+E000 and U+E001 in UTF-8: stand-ins for a masked '{' and '}'. */
-static const char MASK_OPEN[] = "\xEE\x80\x80";
-static const char MASK_CLOSE[] = "\xEE\x80\x81";
-
-static bool is_scalar_char(unsigned char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '/' ||
-           c == '_' || c == '-' || c == '.' || c == '~' || c == '%' || c == '$' || c == '^' ||
-           c == '*' || c == '+' || c == ')' || c >= 0x80;
-}
-
-/* Length of a maskable "{...}" group at s[0] == '{', or 0. The inside may not
- * hold quotes, comments, brackets or line breaks, so masking can never move a
- * quoted string's or a collection's boundary. */
-static size_t brace_group_len(const char *s, size_t n)
-{
-    for (size_t i = 1; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '}')
-            return i + 1;
-        if (c <= ' ' || strchr("{[]\"'#", c))
-            return 0;
-    }
-    return 0;
-}
-
-/* Returns the masked copy of text (and its length), or NULL when nothing
- * needs masking or the text already holds the stand-in code points. */
-static char *brace_mask(const char *text, size_t len, size_t *outlen)
-{
-    size_t groups = 0;
-    for (size_t i = 0; i + 2 < len; i++) {
-        if ((unsigned char)text[i] == 0xEE && (unsigned char)text[i + 1] == 0x80 &&
-            ((unsigned char)text[i + 2] == 0x80 || (unsigned char)text[i + 2] == 0x81))
-            return NULL;
-    }
-    for (size_t i = 1; i < len; i++) {
-        if (text[i] == '{' && is_scalar_char((unsigned char)text[i - 1])) {
-            size_t g = brace_group_len(text + i, len - i);
-            if (g) {
-                groups++;
-                i += g - 1;
-            }
-        }
-    }
-    if (groups == 0)
-        return NULL;
-    char *out = malloc(len + groups * 4 + 1);
-    if (!out)
-        return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < len; i++) {
-        size_t g = 0;
-        if (i > 0 && text[i] == '{' && is_scalar_char((unsigned char)text[i - 1]))
-            g = brace_group_len(text + i, len - i);
-        if (!g) {
-            out[o++] = text[i];
-            continue;
-        }
-        memcpy(out + o, MASK_OPEN, 3);
-        o += 3;
-        memcpy(out + o, text + i + 1, g - 2);
-        o += g - 2;
-        memcpy(out + o, MASK_CLOSE, 3);
-        o += 3;
-        i += g - 1;
-    }
-    out[o] = '\0';
-    *outlen = o;
-    return out;
-}
-
-/* Undoes brace_mask in a scalar, in place (the result is never longer). */
-static size_t brace_unmask(char *s, size_t n)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i + 2 < n && (unsigned char)s[i] == 0xEE && (unsigned char)s[i + 1] == 0x80 &&
-            ((unsigned char)s[i + 2] == 0x80 || (unsigned char)s[i + 2] == 0x81)) {
-            s[o++] = (unsigned char)s[i + 2] == 0x80 ? '{' : '}';
-            i += 2;
-            continue;
-        }
-        s[o++] = s[i];
-    }
-    s[o] = '\0';
-    return o;
-}
 
 typedef struct {
     json_t *node;      /* object or array being filled */
@@ -153,7 +63,6 @@ typedef struct {
     size_t nodes;
     json_t *root; /* value of the current document */
     bool failed;
-    bool masked; /* the text went through brace_mask */
 } ctx_t;
 
 static void yerr(ctx_t *c, const yaml_mark_t *m, const char *fmt, const char *arg)
@@ -163,6 +72,204 @@ static void yerr(ctx_t *c, const yaml_mark_t *m, const char *fmt, const char *ar
     sl_errors_add(c->errs, c->source, c->doc, "", "line %zu column %zu: %s", m->line + 1,
                   m->column + 1, msg);
     c->failed = true;
+}
+
+/* ---- where kubectl's reader and YAML 1.2 part ways ----------------------
+ *
+ * kubectl reads YAML with sigs.k8s.io/yaml, a go-yaml v2 port of libyaml's
+ * scanner with YAML 1.1 typing: `yes`/`on`/`y` are true, `017` is octal,
+ * `1_000` and `0b101` are numbers, and a key `on` becomes the JSON key
+ * "true". A strict YAML 1.2 parser reads each of those differently. A file
+ * must mean one thing to every client (curl to the REST API, kubectl, a
+ * static file), so a plain scalar the two families read differently is
+ * refused with the spelling that means the same everywhere; the rest is read
+ * by the YAML 1.2 core schema, which on those scalars agrees with kubectl.
+ * (Measured with `kubectl annotate --local -f FILE k=v -o json`, which prints
+ * what kubectl read without a cluster.) */
+
+static bool str_is(const char *s, size_t n, const char *lit)
+{
+    return strlen(lit) == n && memcmp(s, lit, n) == 0;
+}
+
+/* When kubectl reads plain scalar s as a boolean that YAML 1.2 reads as a
+ * string, returns that boolean's text ("true"/"false"); else NULL. */
+static const char *yaml11_bool(const char *s, size_t n)
+{
+    static const char *const t[] = {"y", "Y", "yes", "Yes", "YES", "on", "On", "ON", NULL};
+    static const char *const f[] = {"n", "N", "no", "No", "NO", "off", "Off", "OFF", NULL};
+    for (int i = 0; t[i]; i++)
+        if (str_is(s, n, t[i]))
+            return "true";
+    for (int i = 0; f[i]; i++)
+        if (str_is(s, n, f[i]))
+            return "false";
+    return NULL;
+}
+
+/* True when kubectl reads plain scalar s as a number and YAML 1.2 reads it
+ * as a string or as another number: digits grouped with '_', binary, a sign
+ * or an upper-case letter before a 0x/0o/0b prefix, a leading-zero octal
+ * whose value differs from the decimal reading. */
+static bool yaml11_number_differs(const char *s, size_t n)
+{
+    size_t i = (n > 0 && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+    bool sign = i == 1;
+    if (i >= n || !((s[i] >= '0' && s[i] <= '9') || s[i] == '.'))
+        return false;
+    if (memchr(s, '_', n)) {
+        /* go-yaml drops every '_' before reading a number. */
+        size_t digits = 0;
+        for (size_t j = i; j < n; j++) {
+            if (s[j] >= '0' && s[j] <= '9')
+                digits++;
+            else if (!strchr("_.xXoObBeE+-abcdefABCDEF", s[j]))
+                return false;
+        }
+        return digits > 0;
+    }
+    if (n - i > 2 && s[i] == '0' && strchr("xXoObB", s[i + 1])) {
+        const char *set = strchr("xX", s[i + 1])   ? "0123456789abcdefABCDEF"
+                          : strchr("oO", s[i + 1]) ? "01234567"
+                                                   : "01";
+        for (size_t j = i + 2; j < n; j++)
+            if (!strchr(set, s[j]))
+                return false;
+        return sign || s[i + 1] == 'X' || s[i + 1] == 'O' || s[i + 1] == 'b' || s[i + 1] == 'B';
+    }
+    if (n - i > 1 && s[i] == '0') {
+        unsigned long long oct = 0, dec = 0;
+        for (size_t j = i + 1; j < n; j++) {
+            if (s[j] < '0' || s[j] > '7')
+                return false; /* 08, 0.5, 019: the same number for both */
+            if (n - i > 20)
+                return true;
+            oct = oct * 8 + (unsigned)(s[j] - '0');
+            dec = dec * 10 + (unsigned)(s[j] - '0');
+        }
+        return oct != dec;
+    }
+    return false;
+}
+
+/* Appends s as a double-quoted YAML string to out. */
+static void quote_into(char *out, size_t outsz, const char *s, size_t n)
+{
+    size_t o = strlen(out);
+    if (o + 1 < outsz)
+        out[o++] = '"';
+    for (size_t i = 0; i < n && o + 3 < outsz; i++) {
+        if (s[i] == '"' || s[i] == '\\')
+            out[o++] = '\\';
+        out[o++] = s[i];
+    }
+    if (o + 1 < outsz)
+        out[o++] = '"';
+    out[o] = '\0';
+}
+
+/* A plain untagged scalar kubectl reads differently from YAML 1.2: adds the
+ * error with the spelling to use and returns true. */
+static bool refuse_ambiguous(ctx_t *c, const char *s, size_t n, bool key, const yaml_mark_t *m)
+{
+    char msg[400];
+    const char *b = yaml11_bool(s, n);
+    int w = n > 100 ? 100 : (int)n;
+    if (b && key)
+        snprintf(msg, sizeof(msg),
+                 "the key %.*s is the key \"%s\" for kubectl (YAML 1.1): quote it: ", w, s, b);
+    else if (b)
+        snprintf(
+            msg, sizeof(msg),
+            "%.*s is the boolean %s for kubectl (YAML 1.1) but a string in YAML 1.2: write %s, "
+            "or quote it for the string: ",
+            w, s, b, b);
+    else if (yaml11_number_differs(s, n))
+        snprintf(msg, sizeof(msg),
+                 "%.*s is a different number for kubectl (YAML 1.1: '_' ignored, 0b binary, a "
+                 "leading 0 octal) than for YAML 1.2: write a plain decimal (or 0x/0o) number, or "
+                 "quote it for the string: ",
+                 w, s);
+    else
+        return false;
+    quote_into(msg, sizeof(msg), s, n);
+    yerr(c, m, "%s", msg);
+    return true;
+}
+
+/* ---- the one syntax error worth a hint -----------------------------------
+ *
+ * `{method: GET, path: /pets/{id}}`: inside a flow collection a plain scalar
+ * may not hold '{', '}', '[', ']' or ',' (YAML 1.2 ns-plain-safe-in), so the
+ * '{' opens a mapping where a ',' or '}' must come. libyaml, go-yaml (kubectl)
+ * and every strict parser refuse it; this finds the value in the lines the
+ * parser looked at, to say which value to quote. */
+
+static bool plain_char(unsigned char ch)
+{
+    return ch > ' ' && !strchr(",[]{}:\"'#", ch);
+}
+
+/* Fills msg and *line (0-based) when text[from_line..to_line] holds a flow
+ * bracket glued to a plain value inside a flow collection. */
+static bool flow_bracket_hint(const char *text, size_t len, size_t from_line, size_t to_line,
+                              char *msg, size_t msgsz, size_t *line)
+{
+    size_t i = 0, l = 0;
+    while (i < len && l < from_line)
+        if (text[i++] == '\n')
+            l++;
+    char openers[SL_YAML_MAX_DEPTH];
+    int depth = 0;
+    for (; i < len && l <= to_line; i++) {
+        char ch = text[i];
+        if (ch == '\n') {
+            l++;
+            continue;
+        }
+        if (ch == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t')) {
+            while (i + 1 < len && text[i + 1] != '\n')
+                i++;
+            continue;
+        }
+        if ((ch == '"' || ch == '\'') && (i == 0 || !plain_char((unsigned char)text[i - 1]))) {
+            for (i++; i < len && text[i] != ch; i++)
+                if (ch == '"' && text[i] == '\\')
+                    i++;
+                else if (text[i] == '\n')
+                    l++;
+            continue;
+        }
+        if ((ch == '{' || ch == '[') && depth > 0 && i > 0 &&
+            plain_char((unsigned char)text[i - 1])) {
+            size_t start = i, end = i;
+            while (start > 0 && plain_char((unsigned char)text[start - 1]))
+                start--;
+            int inner = 0;
+            for (; end < len && text[end] > ' ' && text[end] != ','; end++) {
+                if (text[end] == '{' || text[end] == '[')
+                    inner++;
+                else if (text[end] == '}' || text[end] == ']') {
+                    if (inner == 0)
+                        break;
+                    inner--;
+                }
+            }
+            snprintf(msg, msgsz, "a '%s' inside a plain value in a flow %s: quote the value: ",
+                     ch == '{' ? "{' or '}" : "[' or ']",
+                     openers[depth - 1] == '{' ? "mapping" : "sequence");
+            quote_into(msg, msgsz, text + start, end - start);
+            *line = l;
+            return true;
+        }
+        if (ch == '{' || ch == '[') {
+            if (depth < SL_YAML_MAX_DEPTH)
+                openers[depth++] = ch;
+        } else if ((ch == '}' || ch == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    return false;
 }
 
 static void anchors_clear(ctx_t *c)
@@ -406,7 +513,58 @@ static json_t *scalar_value(ctx_t *c, const yaml_event_t *ev)
     }
     if (tag || ev->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
         return json_stringn(s, n);
+    if (refuse_ambiguous(c, s, n, false, &ev->start_mark))
+        return NULL;
     return plain_scalar(c, s, n, &ev->start_mark);
+}
+
+/* A plain key is a string to YAML 1.2 readers only if it does not look
+ * like another type; kubectl turns a key that does into that value's JSON
+ * text (`True:` -> "true", `0x1F:` -> "31", `~:` -> "null", `<<:` merges).
+ * Keys kubectl would rename are refused. */
+static int check_plain_key(ctx_t *c, const char *k, size_t n, const yaml_mark_t *m)
+{
+    if (str_is(k, n, "<<")) {
+        yerr(c, m, "merge keys (<<) are not supported: write the keys out, or quote it: \"<<\"%s",
+             NULL);
+        return -1;
+    }
+    if (refuse_ambiguous(c, k, n, true, m))
+        return -1;
+    /* Typed as a value would be, errors (an out-of-range number) aside. */
+    sl_errors_t scratch, *saved = c->errs;
+    bool failed = c->failed;
+    sl_errors_init(&scratch);
+    c->errs = &scratch;
+    json_t *v = plain_scalar(c, k, n, m);
+    c->errs = saved;
+    c->failed = failed;
+    sl_errors_free(&scratch);
+    char canon[64] = "";
+    bool renamed = false;
+    if (json_is_real(v))
+        renamed = true;
+    else if (json_is_boolean(v))
+        snprintf(canon, sizeof(canon), "%s", json_is_true(v) ? "true" : "false");
+    else if (json_is_integer(v))
+        snprintf(canon, sizeof(canon), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    bool null_key = json_is_null(v);
+    if (canon[0] && !str_is(k, n, canon))
+        renamed = true;
+    json_decref(v);
+    if (!renamed && !null_key)
+        return 0;
+    char msg[300] = "";
+    int w = n > 100 ? 100 : (int)n;
+    if (null_key)
+        snprintf(msg, sizeof(msg), "the key %.*s is null, which kubectl refuses: quote it: ", w, k);
+    else
+        snprintf(msg, sizeof(msg),
+                 "the key %.*s is not a string: kubectl names it%s%s, quote it: ", w, k,
+                 canon[0] ? " " : " by its number", canon);
+    quote_into(msg, sizeof(msg), k, n);
+    yerr(c, m, "%s", msg);
+    return -1;
 }
 
 static int check_nodes(ctx_t *c, size_t add, const yaml_mark_t *m)
@@ -422,9 +580,6 @@ static int check_nodes(ctx_t *c, size_t add, const yaml_mark_t *m)
 
 static int on_scalar(ctx_t *c, yaml_event_t *ev)
 {
-    if (c->masked)
-        ev->data.scalar.length =
-            brace_unmask((char *)ev->data.scalar.value, ev->data.scalar.length);
     if (expecting_key(c)) {
         const char *k = (const char *)ev->data.scalar.value;
         size_t n = ev->data.scalar.length;
@@ -441,6 +596,9 @@ static int on_scalar(ctx_t *c, yaml_event_t *ev)
             yerr(c, &ev->start_mark, "anchors on mapping keys are not supported%s", NULL);
             return -1;
         }
+        if (ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && !ev->data.scalar.tag &&
+            check_plain_key(c, k, n, &ev->start_mark) != 0)
+            return -1;
         f->pending_key = strndup(k, n);
         if (!f->pending_key) {
             yerr(c, &ev->start_mark, "out of memory%s", NULL);
@@ -565,13 +723,6 @@ json_t *sl_yaml_to_json(const char *text, size_t len, const char *source, sl_err
         json_decref(docs);
         return NULL;
     }
-    size_t masked_len = 0;
-    char *masked = brace_mask(text, len, &masked_len);
-    if (masked) {
-        c.masked = true;
-        text = masked;
-        len = masked_len;
-    }
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
 
     bool done = false;
@@ -579,11 +730,20 @@ json_t *sl_yaml_to_json(const char *text, size_t len, const char *source, sl_err
         yaml_event_t ev;
         if (!yaml_parser_parse(&parser, &ev)) {
             char msg[512];
-            snprintf(msg, sizeof(msg), "%s%s%s", parser.problem ? parser.problem : "syntax error",
-                     parser.context ? " " : "", parser.context ? parser.context : "");
             yaml_mark_t m = parser.problem_mark;
-            sl_errors_add(errs, c.source, c.doc ? c.doc : 1, "", "line %zu column %zu: %s",
-                          m.line + 1, m.column + 1, msg);
+            size_t from = parser.context ? parser.context_mark.line : m.line;
+            size_t hint_line;
+            if (flow_bracket_hint(text, len, from < m.line ? from : m.line, m.line, msg,
+                                  sizeof(msg), &hint_line)) {
+                sl_errors_add(errs, c.source, c.doc ? c.doc : 1, "", "line %zu: %s", hint_line + 1,
+                              msg);
+            } else {
+                snprintf(msg, sizeof(msg), "%s%s%s",
+                         parser.problem ? parser.problem : "syntax error",
+                         parser.context ? " " : "", parser.context ? parser.context : "");
+                sl_errors_add(errs, c.source, c.doc ? c.doc : 1, "", "line %zu column %zu: %s",
+                              m.line + 1, m.column + 1, msg);
+            }
             c.failed = true;
             break;
         }
@@ -631,10 +791,155 @@ json_t *sl_yaml_to_json(const char *text, size_t len, const char *source, sl_err
     free(c.anchors);
     json_decref(c.root);
     yaml_parser_delete(&parser);
-    free(masked);
     if (c.failed) {
         json_decref(docs);
         return NULL;
     }
     return docs;
+}
+
+/* ---- JSON -> YAML (sl_yaml_dump) ------------------------------------------ */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    bool oom;
+} outbuf_t;
+
+static int out_write(void *data, unsigned char *bytes, size_t size)
+{
+    outbuf_t *o = data;
+    if (o->len + size + 1 > o->cap) {
+        size_t ncap = (o->len + size + 1) * 2;
+        char *n = realloc(o->buf, ncap);
+        if (!n) {
+            o->oom = true;
+            return 0;
+        }
+        o->buf = n;
+        o->cap = ncap;
+    }
+    memcpy(o->buf + o->len, bytes, size);
+    o->len += size;
+    o->buf[o->len] = '\0';
+    return 1;
+}
+
+/* True when s, written plain, reads back as the string s for this reader
+ * and for kubectl: not a null, boolean or number in either YAML 1.1 or 1.2. */
+static bool plain_reads_as_string(const char *s, size_t n)
+{
+    if (n == 0 || yaml11_bool(s, n) || yaml11_number_differs(s, n) || str_is(s, n, "<<"))
+        return false;
+    ctx_t probe;
+    memset(&probe, 0, sizeof(probe));
+    sl_errors_t scratch;
+    sl_errors_init(&scratch);
+    probe.errs = &scratch;
+    json_t *v = plain_scalar(&probe, s, n, &(yaml_mark_t){0, 0, 0});
+    bool ok = v && json_is_string(v) && !probe.failed;
+    json_decref(v);
+    sl_errors_free(&scratch);
+    return ok &&
+           !(eq_any(s, n,
+                    (const char *const[]){".inf", ".nan", ".NaN", ".Inf", ".INF", ".NAN", NULL}));
+}
+
+static int emit_scalar(yaml_emitter_t *e, const char *s, size_t n, bool plain_ok)
+{
+    yaml_event_t ev;
+    if (!yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)s, (int)n, plain_ok, 1,
+                                      plain_ok ? YAML_ANY_SCALAR_STYLE
+                                               : YAML_DOUBLE_QUOTED_SCALAR_STYLE))
+        return -1;
+    return yaml_emitter_emit(e, &ev) ? 0 : -1;
+}
+
+static int emit_value(yaml_emitter_t *e, json_t *v)
+{
+    yaml_event_t ev;
+    char num[64];
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        if (!yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE) ||
+            !yaml_emitter_emit(e, &ev))
+            return -1;
+        const char *k;
+        json_t *child;
+        json_object_foreach(v, k, child)
+        {
+            if (emit_scalar(e, k, strlen(k), plain_reads_as_string(k, strlen(k))) != 0 ||
+                emit_value(e, child) != 0)
+                return -1;
+        }
+        if (!yaml_mapping_end_event_initialize(&ev) || !yaml_emitter_emit(e, &ev))
+            return -1;
+        return 0;
+    }
+    case JSON_ARRAY: {
+        if (!yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_SEQUENCE_STYLE) ||
+            !yaml_emitter_emit(e, &ev))
+            return -1;
+        size_t i;
+        json_t *child;
+        json_array_foreach(v, i, child)
+        {
+            if (emit_value(e, child) != 0)
+                return -1;
+        }
+        if (!yaml_sequence_end_event_initialize(&ev) || !yaml_emitter_emit(e, &ev))
+            return -1;
+        return 0;
+    }
+    case JSON_STRING: {
+        const char *s = json_string_value(v);
+        size_t n = json_string_length(v);
+        return emit_scalar(e, s, n, plain_reads_as_string(s, n));
+    }
+    case JSON_INTEGER:
+        snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return emit_scalar(e, num, strlen(num), true);
+    case JSON_REAL:
+        snprintf(num, sizeof(num), "%.17g", json_real_value(v));
+        if (!strpbrk(num, ".e"))
+            strcat(num, ".0");
+        return emit_scalar(e, num, strlen(num), true);
+    case JSON_TRUE:
+        return emit_scalar(e, "true", 4, true);
+    case JSON_FALSE:
+        return emit_scalar(e, "false", 5, true);
+    default:
+        return emit_scalar(e, "null", 4, true);
+    }
+}
+
+char *sl_yaml_dump(json_t *docs)
+{
+    yaml_emitter_t e;
+    outbuf_t o = {0};
+    yaml_event_t ev;
+    if (!yaml_emitter_initialize(&e))
+        return NULL;
+    yaml_emitter_set_output(&e, out_write, &o);
+    yaml_emitter_set_unicode(&e, 1);
+    yaml_emitter_set_width(&e, 100);
+    bool ok =
+        yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING) && yaml_emitter_emit(&e, &ev);
+    size_t i;
+    json_t *doc;
+    json_array_foreach(docs, i, doc)
+    {
+        ok = ok && yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, i == 0) &&
+             yaml_emitter_emit(&e, &ev);
+        ok = ok && emit_value(&e, doc) == 0;
+        ok = ok && yaml_document_end_event_initialize(&ev, 1) && yaml_emitter_emit(&e, &ev);
+    }
+    ok = ok && yaml_stream_end_event_initialize(&ev) && yaml_emitter_emit(&e, &ev) &&
+         yaml_emitter_flush(&e);
+    yaml_emitter_delete(&e);
+    if (!ok || o.oom) {
+        free(o.buf);
+        return NULL;
+    }
+    return o.buf;
 }

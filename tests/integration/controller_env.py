@@ -413,9 +413,7 @@ class ManagedRuntime(Runtime):
 
 def quickstart(listener_port, backend_port, backend_host="127.0.0.1", listener_address=None):
     """examples/quickstart.yaml as YAML text, the file users send, with its
-    ports (and addresses) rewritten. Text, not parsed: PyYAML rejects the
-    file's `{method: GET, path: /pets/{id}}` (a '{' inside a flow mapping),
-    which libyaml, the controller's parser, accepts."""
+    ports (and addresses) rewritten, as text: the file users send."""
     with open(QUICKSTART) as f:
         text = f.read()
     listener = "{name: http, port: %d, protocol: http%s}" % (

@@ -38,7 +38,7 @@ spec:
   backendRefs: [{name: echo}]
   operations:
   - {method: GET, path: /pets}
-  - {method: GET, path: /pets/{id}}
+  - {method: GET, path: "/pets/{id}"}
   - {method: POST, path: /pets}
 """
 

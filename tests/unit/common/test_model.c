@@ -66,9 +66,8 @@ static void test_yaml_core_schema_typing(void **state)
                       "n3:\n"
                       "quoted_int: '42'\n"
                       "quoted_bool: \"true\"\n"
-                      "yes_is_a_string: yes\n"
-                      "on_is_a_string: on\n"
-                      "leading_zero_octal_is_decimal: 010\n"
+                      "quoted_yes_is_a_string: \"yes\"\n"
+                      "leading_zero_same_for_both: 08\n"
                       "tagged: !!str 7\n"
                       "big: 9223372036854775807\n"
                       "word: hello world\n");
@@ -87,10 +86,8 @@ static void test_yaml_core_schema_typing(void **state)
     assert_true(json_is_null(json_object_get(v, "n3")));
     assert_string_equal(json_string_value(json_object_get(v, "quoted_int")), "42");
     assert_string_equal(json_string_value(json_object_get(v, "quoted_bool")), "true");
-    /* YAML 1.2: yes/on are strings, not booleans (the Norway problem). */
-    assert_string_equal(json_string_value(json_object_get(v, "yes_is_a_string")), "yes");
-    assert_string_equal(json_string_value(json_object_get(v, "on_is_a_string")), "on");
-    assert_int_equal(json_integer_value(json_object_get(v, "leading_zero_octal_is_decimal")), 10);
+    assert_string_equal(json_string_value(json_object_get(v, "quoted_yes_is_a_string")), "yes");
+    assert_int_equal(json_integer_value(json_object_get(v, "leading_zero_same_for_both")), 8);
     assert_string_equal(json_string_value(json_object_get(v, "tagged")), "7");
     assert_true(json_integer_value(json_object_get(v, "big")) == 9223372036854775807LL);
     assert_string_equal(json_string_value(json_object_get(v, "word")), "hello world");
@@ -118,12 +115,13 @@ static void test_yaml_number_errors(void **state)
 static void test_yaml_flow_style_and_template_braces(void **state)
 {
     (void)state;
-    /* The quickstart's style: '{param}' inside an unquoted flow scalar. */
+    /* Quoted in flow collections, plain in block context: every client
+     * reads these alike. */
     json_t *v = yaml1("ops:\n"
-                      "- {method: GET, path: /pets/{id}}\n"
-                      "- {method: GET, path: /a/{x}/b/{y}, tags: [p, q]}\n"
-                      "quoted: \"/q/{id}\"\n"
+                      "- {method: GET, path: \"/pets/{id}\"}\n"
+                      "- {method: GET, path: '/a/{x}/b/{y}', tags: [p, q]}\n"
                       "block: /b/{id}\n"
+                      "seq:\n- /s/{id}\n"
                       "nested: {inner: {k: v}}\n");
     json_t *ops = json_object_get(v, "ops");
     assert_string_equal(json_string_value(json_object_get(json_array_get(ops, 0), "path")),
@@ -131,18 +129,91 @@ static void test_yaml_flow_style_and_template_braces(void **state)
     assert_string_equal(json_string_value(json_object_get(json_array_get(ops, 1), "path")),
                         "/a/{x}/b/{y}");
     assert_int_equal(json_array_size(json_object_get(json_array_get(ops, 1), "tags")), 2);
-    assert_string_equal(json_string_value(json_object_get(v, "quoted")), "/q/{id}");
     assert_string_equal(json_string_value(json_object_get(v, "block")), "/b/{id}");
-    assert_string_equal(json_string_value(json_object_get(
-                            json_object_get(json_object_get(v, "nested"), "inner"), "k")),
-                        "v");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(v, "seq"), 0)), "/s/{id}");
+    json_decref(v);
+}
+
+/* The issue's case: kubectl refuses `{method: GET, path: /pets/{id}}`
+ * ("did not find expected ',' or '}'"); so does the model, naming the line
+ * and the value to quote. */
+static void test_yaml_unquoted_template_in_flow_mapping_is_refused_with_hint(void **state)
+{
+    (void)state;
+    char *s = yaml_error("kind: Api\n"
+                         "spec:\n"
+                         "  operations:\n"
+                         "  - {method: GET, path: /pets}\n"
+                         "  - {method: GET, path: /pets/{id}}\n");
+    assert_string_equal(s, "t.yaml doc 1: line 5: a '{' or '}' inside a plain value in a flow "
+                           "mapping: quote the value: \"/pets/{id}\"\n");
+    free(s);
+    s = yaml_error("a: {m: GET,\n    path: /a/{x}/b/{y}, t: [p]}\n");
+    assert_string_equal(s, "t.yaml doc 1: line 2: a '{' or '}' inside a plain value in a flow "
+                           "mapping: quote the value: \"/a/{x}/b/{y}\"\n");
+    free(s);
+    s = yaml_error("paths: [/x/{y}, /z]\n");
+    assert_string_equal(s, "t.yaml doc 1: line 1: a '{' or '}' inside a plain value in a flow "
+                           "sequence: quote the value: \"/x/{y}\"\n");
+    free(s);
+    /* A quote or comment before it does not confuse the search. */
+    s = yaml_error("a: {q: \"{x\", p: /v/{w}} # {c}\n");
+    assert_non_null(strstr(s, "quote the value: \"/v/{w}\""));
+    free(s);
+}
+
+/* What kubectl (go-yaml v2, YAML 1.1 typing) reads differently from YAML 1.2
+ * is refused with the spelling every client reads alike. */
+static void test_yaml_kubectl_yaml11_readings_are_refused(void **state)
+{
+    (void)state;
+    char *s = yaml_error("via: yes\n");
+    assert_string_equal(s, "t.yaml doc 1: line 1 column 6: yes is the boolean true for kubectl "
+                           "(YAML 1.1) but a string in YAML 1.2: write true, or quote it for the "
+                           "string: \"yes\"\n");
+    free(s);
+    const char *bad_values[] = {"a: on\n",   "a: Off\n",   "a: n\n",     "a: Y\n",
+                                "a: 017\n",  "a: 0b101\n", "a: 1_000\n", "a: -0x1F\n",
+                                "a: 0X1F\n", "a: [NO]\n",  NULL};
+    for (int i = 0; bad_values[i]; i++) {
+        s = yaml_error(bad_values[i]);
+        assert_non_null(strstr(s, "quote it"));
+        free(s);
+    }
+    /* Keys: kubectl renames `on:` to "true", `y:` (a JWK's) to "true". */
+    s = yaml_error("retries:\n  on: [reset]\n");
+    assert_string_equal(s, "t.yaml doc 1: line 2 column 3: the key on is the key \"true\" for "
+                           "kubectl (YAML 1.1): quote it: \"on\"\n");
+    free(s);
+    s = yaml_error("k: {x: a, y: b}\n");
+    assert_non_null(strstr(s, "quote it: \"y\""));
+    free(s);
+    s = yaml_error("True: 1\n");
+    assert_non_null(strstr(s, "kubectl names it true, quote it: \"True\""));
+    free(s);
+    s = yaml_error("0x1F: 1\n");
+    assert_non_null(strstr(s, "kubectl names it 31"));
+    free(s);
+    s = yaml_error("~: 1\n");
+    assert_non_null(strstr(s, "is null, which kubectl refuses"));
+    free(s);
+    s = yaml_error("b: &b {p: 1}\nc:\n  <<: *b\n");
+    assert_non_null(strstr(s, "merge keys (<<) are not supported"));
+    free(s);
+    /* What both read alike still reads. */
+    json_t *v = yaml1("\"on\": [reset]\n'y': 1\ntrue: 2\n42: 3\nv: [true, 08, 0o17, 0x1F, 1.5]\n");
+    assert_non_null(json_object_get(v, "on"));
+    assert_non_null(json_object_get(v, "y"));
+    assert_non_null(json_object_get(v, "true"));
+    assert_non_null(json_object_get(v, "42"));
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(v, "v"), 2)), 15);
     json_decref(v);
 }
 
 static void test_yaml_anchors_and_aliases(void **state)
 {
     (void)state;
-    json_t *v = yaml1("base: &b {x: 1, y: [1, 2]}\n"
+    json_t *v = yaml1("base: &b {x: 1, z: [1, 2]}\n"
                       "copy: *b\n"
                       "s: &s text\n"
                       "list: [*s, *s]\n");
@@ -507,6 +578,8 @@ int main(void)
         cmocka_unit_test(test_yaml_core_schema_typing),
         cmocka_unit_test(test_yaml_number_errors),
         cmocka_unit_test(test_yaml_flow_style_and_template_braces),
+        cmocka_unit_test(test_yaml_unquoted_template_in_flow_mapping_is_refused_with_hint),
+        cmocka_unit_test(test_yaml_kubectl_yaml11_readings_are_refused),
         cmocka_unit_test(test_yaml_anchors_and_aliases),
         cmocka_unit_test(test_yaml_billion_laughs_is_bounded),
         cmocka_unit_test(test_yaml_depth_is_bounded),

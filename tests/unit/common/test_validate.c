@@ -112,7 +112,7 @@ static void test_wrong_types_name_the_expected_type(void **state)
                  "t.yaml doc 1: spec.listeners[0].port: expected integer, got string\n");
     expect_error(GATEWAY("  listeners: {name: http, port: 8080}\n"),
                  "t.yaml doc 1: spec.listeners: expected array, got object\n");
-    expect_error(GATEWAY("  listeners: [{name: http, port: 8080}]\n  via: yes\n"),
+    expect_error(GATEWAY("  listeners: [{name: http, port: 8080}]\n  via: \"yes\"\n"),
                  "t.yaml doc 1: spec.via: expected boolean, got string\n");
     expect_error(GATEWAY("  listeners: [{name: http, port: 80.5}]\n"),
                  "t.yaml doc 1: spec.listeners[0].port: expected integer, got number\n");
@@ -281,7 +281,7 @@ static void test_api_rules(void **state)
     expect_error(API("  - path: /\n    headers: [{name: \"X A\", value: v}]\n"),
                  "t.yaml doc 1: spec.operations[0].headers[0].name: 'X A' is not a valid "
                  "header name\n");
-    expect_error(API("  - path: /\n    retries: {attempts: 11, on: [reste, 404]}\n"),
+    expect_error(API("  - path: /\n    retries: {attempts: 11, \"on\": [reste, 404]}\n"),
                  "t.yaml doc 1: spec.operations[0].retries.attempts: 11 is out of range 0..10\n"
                  "t.yaml doc 1: spec.operations[0].retries.on[0]: 'reste' is not "
                  "connect-failure, reset or a 5xx status code (did you mean 'reset'?)\n"

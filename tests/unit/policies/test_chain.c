@@ -47,22 +47,30 @@ static Sluice__V1__Snapshot *compile(const char *yaml)
 static char *config(void)
 {
     static char buf[4096];
-    snprintf(buf, sizeof(buf),
-             HEAD "kind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: 127.0.0.1, port: 9}]\n"
-             "---\n" HEAD "kind: Consumer\nmetadata: {name: alice}\nspec:\n  group: gold\n"
-             "  credentials:\n    apiKeys: [{name: laptop, keyHash: \"%s\"}]\n"
-             "    basicAuth: [{username: al, passwordHash: \"$6$abcdefgh$bp46WUxDu2cphMRE0PvVJlqas2imuSq186YS793XKfmqn9XUEL17HECskUTZInaNigNndLLYc7A6yWBmFEFn3/\"}]\n"
-             "    jwt: [{issuer: https://idp, subject: u-1}]\n"
-             "---\n" HEAD "kind: Api\nmetadata: {name: a}\nspec:\n  backendRefs: [{name: b}]\n"
-             "  policies:\n"
-             "  - {name: headers, config: {response: {set: {X-A: \"1\"}}}}\n"
-             "  - {name: api-key}\n"
-             "  operations:\n"
-             "  - {name: plain, method: GET, path: /p}\n"
-             "  - {name: off, method: GET, path: /off, policies: [{name: api-key, disabled: true}]}\n"
-             "  - {name: over, method: GET, path: /over, policies: [{name: api-key, config: {header: X-K}}, "
-             "{name: respond, config: {status: 418}, when: {methods: [GET], pathPrefixes: [/over/x]}}]}\n",
-             key_hash);
+    snprintf(
+        buf, sizeof(buf),
+        HEAD
+        "kind: Backend\nmetadata: {name: b}\nspec:\n  endpoints: [{address: 127.0.0.1, port: 9}]\n"
+        "---\n" HEAD "kind: Consumer\nmetadata: {name: alice}\nspec:\n  group: gold\n"
+        "  credentials:\n    apiKeys: [{name: laptop, keyHash: \"%s\"}]\n"
+        "    basicAuth: [{username: al, passwordHash: "
+        "\"$6$abcdefgh$"
+        "bp46WUxDu2cphMRE0PvVJlqas2imuSq186YS793XKfmqn9XUEL17HECskUTZInaNigNndLLYc7A6yWBmFEFn3/"
+        "\"}]\n"
+        "    jwt: [{issuer: https://idp, subject: u-1}]\n"
+        "---\n" HEAD "kind: Api\nmetadata: {name: a}\nspec:\n  backendRefs: [{name: b}]\n"
+        "  policies:\n"
+        "  - {name: headers, config: {response: {set: {X-A: \"1\"}}}}\n"
+        "  - {name: api-key}\n"
+        "  operations:\n"
+        "  - {name: plain, method: GET, path: /p}\n"
+        "  - {name: \"off\", method: GET, path: /off, policies: [{name: api-key, disabled: "
+        "true}]}\n"
+        "  - {name: over, method: GET, path: /over, policies: [{name: api-key, config: {header: "
+        "X-K}}, "
+        "{name: respond, config: {status: 418}, when: {methods: [GET], pathPrefixes: "
+        "[/over/x]}}]}\n",
+        key_hash);
     return buf;
 }
 
@@ -125,7 +133,8 @@ static void test_chain_runs_in_phase_order_with_conditions(void **state)
     sl_policy_env_t env = {.consumers = cons, .nworkers = 2};
     char err[256];
     const Sluice__V1__Route *r = route(s, "over");
-    sl_policy_chain_t *ch = sl_policy_chain_build(r->policies, r->n_policies, &env, err, sizeof(err));
+    sl_policy_chain_t *ch =
+        sl_policy_chain_build(r->policies, r->n_policies, &env, err, sizeof(err));
     assert_non_null(ch);
     /* authn before the request phase, whatever the written order */
     assert_string_equal(sl_policy_chain_name(ch, 0), "api-key");
@@ -260,15 +269,19 @@ static void test_check_spec_names_entries_that_cannot_be_compiled(void **state)
         "{\"policies\": [{\"name\": \"headers\", \"config\": {}},"
         " {\"name\": \"jwt\", \"config\": {\"jwksUri\": \"https://idp/k\", \"jwksCaBundle\":"
         " \"-----BEGIN CERTIFICATE-----\\nMIIBAAAA\\n-----END CERTIFICATE-----\\n\"}}],"
-        " \"operations\": [{\"path\": \"/a\", \"policies\": [{\"name\": \"jwt\", \"disabled\": true},"
-        "  {\"name\": \"rate-limit\", \"config\": {\"mode\": \"fleet\", \"limits\": [{\"requests\": 1,"
-        "   \"period\": \"1s\", \"by\": \"ip\"}], \"redis\": {\"address\": \"192.0.2.1:6379\"}}}]}]}",
+        " \"operations\": [{\"path\": \"/a\", \"policies\": [{\"name\": \"jwt\", \"disabled\": "
+        "true},"
+        "  {\"name\": \"rate-limit\", \"config\": {\"mode\": \"fleet\", \"limits\": "
+        "[{\"requests\": 1,"
+        "   \"period\": \"1s\", \"by\": \"ip\"}], \"redis\": {\"address\": "
+        "\"192.0.2.1:6379\"}}}]}]}",
         0, NULL);
     assert_non_null(spec);
     sl_policy_env_t env = {.consumers = NULL, .nworkers = 1};
     char msg[512];
     assert_int_equal(sl_policy_check_spec(spec, &env, msg, sizeof(msg)), 1);
-    assert_non_null(strstr(msg, "spec.policies[1] (jwt): jwksCaBundle: certificate 1 does not parse"));
+    assert_non_null(
+        strstr(msg, "spec.policies[1] (jwt): jwksCaBundle: certificate 1 does not parse"));
     assert_null(strstr(msg, "operations"));
     json_decref(spec);
 }
