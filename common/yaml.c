@@ -107,6 +107,56 @@ static const char *yaml11_bool(const char *s, size_t n)
     return NULL;
 }
 
+/* Whether Go's strconv.ParseInt(s, 0, 64) takes s (no sign: the caller
+ * skipped it): decimal, 0x/0X hex, 0o/0O or leading-0 octal, 0b/0B binary. */
+static bool go_int(const char *s, size_t n)
+{
+    const char *set = "0123456789";
+    size_t i = 0;
+    if (n > 2 && s[0] == '0' && strchr("xXoObB", s[1])) {
+        set = strchr("xX", s[1]) ? "0123456789abcdefABCDEF" : strchr("oO", s[1]) ? "01234567" : "01";
+        i = 2;
+    } else if (n > 1 && s[0] == '0') {
+        set = "01234567";
+        i = 1;
+    }
+    if (i >= n)
+        return false;
+    for (; i < n; i++)
+        if (!strchr(set, s[i]))
+            return false;
+    return true;
+}
+
+/* Whether s matches go-yaml's float form [0-9]+(.[0-9]*)?|.[0-9]+ with an
+ * optional exponent [eE][-+]?[0-9]+ (no sign: the caller skipped it). */
+static bool go_float(const char *s, size_t n)
+{
+    size_t i = 0, int_digits = 0, frac_digits = 0;
+    while (i < n && s[i] >= '0' && s[i] <= '9')
+        i++, int_digits++;
+    if (i < n && s[i] == '.') {
+        i++;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++, frac_digits++;
+        if (!int_digits && !frac_digits)
+            return false;
+    } else if (!int_digits) {
+        return false;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-'))
+            i++;
+        size_t e = 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++, e++;
+        if (!e)
+            return false;
+    }
+    return i == n;
+}
+
 /* True when kubectl reads plain scalar s as a number and YAML 1.2 reads it
  * as a string or as another number: digits grouped with '_', binary, a sign
  * or an upper-case letter before a 0x/0o/0b prefix, a leading-zero octal
@@ -118,15 +168,20 @@ static bool yaml11_number_differs(const char *s, size_t n)
     if (i >= n || !((s[i] >= '0' && s[i] <= '9') || s[i] == '.'))
         return false;
     if (memchr(s, '_', n)) {
-        /* go-yaml drops every '_' before reading a number. */
-        size_t digits = 0;
-        for (size_t j = i; j < n; j++) {
-            if (s[j] >= '0' && s[j] <= '9')
-                digits++;
-            else if (!strchr("_.xXoObBeE+-abcdefABCDEF", s[j]))
-                return false;
-        }
-        return digits > 0;
+        /* go-yaml drops every '_' and then reads a number if strconv takes
+         * what is left (an integer with an optional 0x/0o/0b prefix or a
+         * leading-0 octal, or a float like 1.5e3); YAML 1.2 reads any '_'
+         * as a string. Anything else stays a string for both. */
+        char buf[64];
+        size_t k = 0;
+        for (size_t j = i; j < n; j++)
+            if (s[j] != '_') {
+                if (k + 1 >= sizeof(buf))
+                    return false;
+                buf[k++] = s[j];
+            }
+        buf[k] = '\0';
+        return k > 0 && (go_int(buf, k) || go_float(buf, k));
     }
     if (n - i > 2 && s[i] == '0' && strchr("xXoObB", s[i + 1])) {
         const char *set = strchr("xX", s[i + 1])   ? "0123456789abcdefABCDEF"
@@ -138,12 +193,13 @@ static bool yaml11_number_differs(const char *s, size_t n)
         return sign || s[i + 1] == 'X' || s[i + 1] == 'O' || s[i + 1] == 'b' || s[i + 1] == 'B';
     }
     if (n - i > 1 && s[i] == '0') {
+        for (size_t j = i + 1; j < n; j++)
+            if (s[j] < '0' || s[j] > '7')
+                return false; /* 08, 0.5, 019, 0123abc: the same for both */
+        if (n - i > 20)
+            return true; /* octal digits past 64 bits: not the decimal reading */
         unsigned long long oct = 0, dec = 0;
         for (size_t j = i + 1; j < n; j++) {
-            if (s[j] < '0' || s[j] > '7')
-                return false; /* 08, 0.5, 019: the same number for both */
-            if (n - i > 20)
-                return true;
             oct = oct * 8 + (unsigned)(s[j] - '0');
             dec = dec * 10 + (unsigned)(s[j] - '0');
         }

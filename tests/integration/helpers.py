@@ -156,8 +156,24 @@ def api(name, base_path, backend_name=None, operations=None, backend_refs=None, 
     return {"apiVersion": API_VERSION, "kind": "Api", "metadata": {"name": name}, "spec": body}
 
 
+class KubectlSafeDumper(yaml.SafeDumper):
+    """PyYAML leaves y, Y, n and N plain, which kubectl's parser (YAML 1.1,
+    go-yaml) reads as booleans, and which Sluice therefore refuses (a JWK's
+    "n" and "y" members are keys like that): quote them."""
+
+
+def _represent_str(dumper, value):
+    if value in ("y", "Y", "n", "N"):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
+    return yaml.SafeDumper.represent_str(dumper, value)
+
+
+KubectlSafeDumper.add_representer(str, _represent_str)
+
+
 def dump_docs(docs):
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
+    return yaml.dump_all(docs, Dumper=KubectlSafeDumper, sort_keys=False,
+                         default_flow_style=False)
 
 
 # --- the runtime process -----------------------------------------------------

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from backend import Backend
-from helpers import API_VERSION, backend, free_port, wait_until
+from helpers import API_VERSION, backend, dump_docs, free_port, wait_until
 
 KEY = "k-3f9a-laptop"
 OTHER_KEY = "k-bob-1"
@@ -202,7 +202,7 @@ def test_grpc_request_rejected_with_unauthenticated(runtimes, echo):
 def check_config(tmp_path, docs):
     import yaml
     p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump_all(docs))
+    p.write_text(dump_docs(docs))
     exe = os.path.join(os.environ.get("SLUICE_BUILD", "build"), "bin", "sluice-runtime")
     return subprocess.run([exe, "--check", "--config", str(p)], capture_output=True, text=True)
 

@@ -208,6 +208,24 @@ static void test_yaml_kubectl_yaml11_readings_are_refused(void **state)
     assert_non_null(json_object_get(v, "42"));
     assert_int_equal(json_integer_value(json_array_get(json_object_get(v, "v"), 2)), 15);
     json_decref(v);
+    /* Strings that merely start like numbers are strings for both: a
+     * digit-led secret (regression: a leading 0 followed by 20 more
+     * characters was taken for a long octal), '_' in a non-number. */
+    v = yaml1("a: 0123456789abcdef0123456789abcdef-shared\nb: 1_abc\nc: 0123abc\nd: 0_x\n");
+    assert_string_equal(json_string_value(json_object_get(v, "a")),
+                        "0123456789abcdef0123456789abcdef-shared");
+    assert_string_equal(json_string_value(json_object_get(v, "b")), "1_abc");
+    assert_string_equal(json_string_value(json_object_get(v, "c")), "0123abc");
+    assert_string_equal(json_string_value(json_object_get(v, "d")), "0_x");
+    json_decref(v);
+    /* ...while numbers kubectl reads after dropping '_' stay refused. */
+    const char *numbers[] = {"a: 1_0.5e3\n", "a: 0x_1F\n", "a: 000000000000000000000017\n",
+                             NULL};
+    for (int i = 0; numbers[i]; i++) {
+        s = yaml_error(numbers[i]);
+        assert_non_null(strstr(s, "different number"));
+        free(s);
+    }
 }
 
 static void test_yaml_anchors_and_aliases(void **state)
