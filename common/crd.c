@@ -159,9 +159,9 @@ static json_t *schema_of(gen_t *g, sl_vcheck_fn fn, const void *arg, const char 
     return NULL;
 }
 
-static json_t *status_schema(void)
+static json_t *status_schema(const char *kind)
 {
-    return json_pack(
+    json_t *s = json_pack(
         "{s:s, s:b, s:{s:{s:s, s:s, s:{s:s, s:{s:{s:s}, s:{s:s, s:[s,s,s]}, s:{s:s}, s:{s:s}, "
         "s:{s:s, s:s}, s:{s:s, s:s}}, s:[s, s]}}}}",
         "type", "object", "x-kubernetes-preserve-unknown-fields", 1, "properties", "conditions",
@@ -170,6 +170,20 @@ static json_t *status_schema(void)
         "Unknown", "reason", "type", "string", "message", "type", "string", "observedGeneration",
         "type", "integer", "format", "int64", "lastTransitionTime", "type", "string", "format",
         "date-time", "required", "type", "status");
+    if (s && strcmp(kind, "Api") == 0)
+        /* Per fleet: the version that first contains the Api's current
+         * spec, the runtimes connected, and how many of them run it
+         * (controller/core.c, api_programmed). */
+        json_object_set_new(
+            json_object_get(s, "properties"), "fleets",
+            json_pack("{s:s, s:s, s:{s:s, s:{s:{s:s}, s:{s:s, s:s}, s:{s:s, s:s}, s:{s:s, s:s}}, "
+                      "s:[s]}}",
+                      "type", "array", "x-kubernetes-list-type", "atomic", "items", "type",
+                      "object", "properties", "fleet", "type", "string", "version", "type",
+                      "integer", "format", "int64", "runtimes", "type", "integer", "format",
+                      "int32", "programmed", "type", "integer", "format", "int32", "required",
+                      "fleet"));
+    return s;
 }
 
 static json_t *column(const char *name, const char *type, const char *path, int priority,
@@ -254,7 +268,7 @@ json_t *sl_crd_all(char *err, size_t errlen)
             json_pack("{s:s, s:s, s:{s:{s:s}, s:{s:s}, s:{s:s}, s:o, s:o}, s:[s]}", "type",
                       "object", "description", kinds[i].desc, "properties", "apiVersion", "type",
                       "string", "kind", "type", "string", "metadata", "type", "object", "spec",
-                      spec, "status", status_schema(), "required", "spec");
+                      spec, "status", status_schema(kinds[i].kind), "required", "spec");
         json_t *crd = json_pack(
             "{s:s, s:s, s:{s:s, s:{s:s}}, s:{s:s, s:s, s:{s:s, s:s, s:s, s:s, s:[s], s:[s]}, "
             "s:[{s:s, s:b, s:b, s:{s:o}, s:{s:{}}, s:o}]}}",

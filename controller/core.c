@@ -51,6 +51,7 @@
 
 #include <event2/event.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +164,13 @@ struct sl_controller {
     json_t *api_routes;
     uint64_t total_routes;
     uint64_t max_routes;
+    /* Where each Api's current spec is programmed: "apis/<ns>/<name>" ->
+     * {"hash": spec hash, "generation": N, "fleets": {<fleet>: V}}, V the
+     * routes version of the first snapshot of that fleet that contains the
+     * spec (0: the fleet's snapshot does not contain it). Rebuilt by every
+     * committed compile; the Programmed condition is computed from it and
+     * the runtimes' ACKs when the status is read (api_programmed). */
+    json_t *programmed;
 };
 
 static uint64_t api_route_count(json_t *doc)
@@ -648,6 +656,73 @@ static void check_policies(const sl_resource_set_t *all, const Sluice__V1__Snaps
     sl_consumers_free(cons);
 }
 
+/*
+ * After a committed compile: for every Api and fleet, the routes version of
+ * the first snapshot that contains the Api's current spec. Same spec (hash)
+ * as at the last compile and contained then: the version recorded then.
+ * Else, contained in the fleet's snapshot now (its route table is there):
+ * the fleet's routes version now. Not contained (left out as invalid, or
+ * the fleet's compile failed and it keeps an older snapshot): 0. `fresh`
+ * drops what was recorded (versions were renumbered past a runtime's).
+ */
+static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all, int fresh)
+{
+    json_t *out = json_object();
+    size_t nf = 0;
+    for (fleet_t *f = ctl->fleets; f; f = f->next)
+        nf++;
+    /* Route tables of each fleet's snapshot, by name ("ns/name"). */
+    json_t **tables = calloc(nf ? nf : 1, sizeof(*tables));
+    if (!out || !tables) {
+        sl_log_error("compile: out of memory while recording where Apis are programmed");
+        json_decref(out);
+        free(tables);
+        return;
+    }
+    size_t i = 0;
+    for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
+        tables[i] = json_object();
+        for (size_t k = 0; f->snap && k < f->snap->n_route_tables; k++)
+            json_object_set_new(tables[i], f->snap->route_tables[k]->name, json_true());
+    }
+    for (size_t r = 0; r < all->count; r++) {
+        const sl_resource_t *res = &all->items[r];
+        if (res->kind != SL_KIND_API)
+            continue;
+        char *text = json_dumps(json_object_get(res->obj, "spec"),
+                                JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+        uint64_t h = fnv1a(0xcbf29ce484222325ULL, text ? text : "", text ? strlen(text) : 0);
+        free(text);
+        json_t *prev = fresh ? NULL : json_object_get(ctl->programmed, res->source);
+        int same = prev && (uint64_t)json_integer_value(json_object_get(prev, "hash")) == h;
+        json_t *gen = json_object_get(json_object_get(res->obj, "metadata"), "generation");
+        json_t *fl = json_object();
+        char key[600];
+        snprintf(key, sizeof(key), "%s/%s", res->ns, res->name);
+        i = 0;
+        for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
+            json_int_t v = 0;
+            if (json_object_get(tables[i], key)) {
+                json_int_t was =
+                    same ? json_integer_value(json_object_get(json_object_get(prev, "fleets"),
+                                                              f->name))
+                         : 0;
+                v = was ? was : (json_int_t)f->t[SL_XDS_ROUTE].version;
+            }
+            json_object_set_new(fl, f->name, json_integer(v));
+        }
+        json_object_set_new(out, res->source,
+                            json_pack("{s:I, s:I, s:o}", "hash", (json_int_t)h, "generation",
+                                      json_is_integer(gen) ? json_integer_value(gen) : 1,
+                                      "fleets", fl));
+    }
+    for (i = 0; i < nf; i++)
+        json_decref(tables[i]);
+    free(tables);
+    json_decref(ctl->programmed);
+    ctl->programmed = out;
+}
+
 /* What a compile produced for one fleet, before anything is committed. */
 typedef struct {
     Sluice__V1__Snapshot *snap;
@@ -668,6 +743,7 @@ typedef struct {
 static void compile_all(sl_controller_t *ctl)
 {
     atomic_fetch_add(&sl_ctrl_metrics.compiles, 1);
+    int renumbered = ctl->versions_stale;
     sl_resource_set_t loaded;
     sl_resource_set_init(&loaded);
     const sl_resource_set_t *all = ctl->static_set;
@@ -769,6 +845,7 @@ static void compile_all(sl_controller_t *ctl)
     free(stg);
     json_decref(ctl->statuses);
     ctl->statuses = statuses;
+    record_programmed(ctl, all, renumbered);
     sl_resource_set_free(&loaded);
     if (new_version)
         ctl->config_version = new_version;
@@ -1263,19 +1340,163 @@ out:
 
 /* ---- JSON views ----------------------------------------------------------- */
 
+static uint64_t parse_version(const char *v)
+{
+    uint64_t n = 0;
+    return sl_xds_version_parse(v, &n) == 0 ? n : 0;
+}
+
+#define PROGRAMMED_NACK_SHOWN 200 /* bytes of a NACK reason in a condition */
+#define PROGRAMMED_MESSAGE_MAX 2048
+
+static int fleet_name_cmp(const void *a, const void *b)
+{
+    return strcmp((*(fleet_t *const *)a)->name, (*(fleet_t *const *)b)->name);
+}
+
+/* Appends printf-style text to buf (len bytes), keeping it terminated. */
+static void appendf(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void appendf(char *buf, size_t len, const char *fmt, ...)
+{
+    size_t used = strlen(buf);
+    if (used + 1 >= len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, len - used, fmt, ap);
+    va_end(ap);
+}
+
+/*
+ * The Api's Programmed condition and status.fleets, from where its spec is
+ * programmed (record_programmed) and what each connected runtime ACKed, so
+ * ACKs, NACKs and disconnects show at the next read without any write. A
+ * runtime runs the Api when its routes ACK is at or past the fleet's
+ * version for it (types are pushed in order, routes after the clusters,
+ * settings, consumers and secrets they use); it rejected the Api when it
+ * runs an older one and its last routes NACK is for that version or later.
+ */
+static void api_programmed(sl_controller_t *ctl, json_t *rec, json_t *status)
+{
+    json_t *conds = json_object_get(status, "conditions");
+    const char *accepted = json_string_value(json_object_get(json_array_get(conds, 0), "status"));
+    json_t *vers = json_object_get(rec, "fleets");
+    size_t nf = 0;
+    for (fleet_t *f = ctl->fleets; f; f = f->next)
+        nf++;
+    fleet_t **fl = calloc(nf ? nf : 1, sizeof(*fl));
+    int *conn = calloc(nf ? nf : 1, sizeof(int)), *prog = calloc(nf ? nf : 1, sizeof(int));
+    if (!fl || !conn || !prog) {
+        free(fl);
+        free(conn);
+        free(prog);
+        return;
+    }
+    size_t i = 0;
+    for (fleet_t *f = ctl->fleets; f; f = f->next)
+        fl[i++] = f;
+    qsort(fl, nf, sizeof(*fl), fleet_name_cmp);
+    int total = 0, total_prog = 0, rejected = 0;
+    const runtime_rec_t *first_reject = NULL;
+    for (const runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next) {
+        if (!rt->stream)
+            continue;
+        for (i = 0; i < nf && strcmp(fl[i]->name, rt->fleet_name) != 0; i++)
+            ;
+        if (i == nf)
+            continue; /* a fleet not compiled yet */
+        uint64_t v = (uint64_t)json_integer_value(json_object_get(vers, fl[i]->name));
+        conn[i]++;
+        total++;
+        if (v && parse_version(rt->acked[SL_XDS_ROUTE]) >= v) {
+            prog[i]++;
+            total_prog++;
+        } else if (v && rt->nack[SL_XDS_ROUTE].message &&
+                   parse_version(rt->nack[SL_XDS_ROUTE].version) >= v) {
+            rejected++;
+            if (!first_reject || strcmp(rt->node_id, first_reject->node_id) < 0)
+                first_reject = rt;
+        }
+    }
+    json_t *fleets = json_array();
+    char msg[PROGRAMMED_MESSAGE_MAX] = "";
+    int missing = 0; /* fleets with runtimes whose snapshot lacks the spec */
+    for (i = 0; i < nf; i++) {
+        json_int_t v = json_integer_value(json_object_get(vers, fl[i]->name));
+        json_array_append_new(fleets, json_pack("{s:s, s:I, s:i, s:i}", "fleet", fl[i]->name,
+                                                "version", v, "runtimes", conn[i], "programmed",
+                                                prog[i]));
+        if (!conn[i])
+            continue;
+        if (v)
+            appendf(msg, sizeof(msg), "%sfleet %s: %d of %d runtime%s run%s version %" PRId64,
+                    msg[0] ? "; " : "", fl[i]->name, prog[i], conn[i], conn[i] == 1 ? "" : "s",
+                    prog[i] == 1 ? "s" : "", (int64_t)v);
+        else {
+            missing++;
+            appendf(msg, sizeof(msg), "%sfleet %s: 0 of %d runtime%s: not in the fleet's snapshot",
+                    msg[0] ? "; " : "", fl[i]->name, conn[i], conn[i] == 1 ? "" : "s");
+        }
+    }
+    const char *st = "False", *reason;
+    if (!accepted || strcmp(accepted, "True") != 0) {
+        reason = "NotAccepted";
+        appendf(msg, sizeof(msg), "%snot compiled into the fleets' snapshots (see Accepted)",
+                msg[0] ? "; " : "");
+    } else if (!total) {
+        reason = "NoRuntimes";
+        snprintf(msg, sizeof(msg), "no runtime of any fleet is connected");
+    } else if (rejected) {
+        reason = "Rejected";
+        /* The first NACK reason (by node id), cut short. */
+        const char *m = first_reject->nack[SL_XDS_ROUTE].message;
+        size_t keep = strlen(m);
+        if (keep > PROGRAMMED_NACK_SHOWN) {
+            keep = PROGRAMMED_NACK_SHOWN;
+            while (keep > 0 && ((unsigned char)m[keep] & 0xC0) == 0x80)
+                keep--;
+        }
+        appendf(msg, sizeof(msg), "; %d runtime%s rejected it, %s NACKed routes version %s: %.*s%s",
+                rejected, rejected == 1 ? "" : "s", first_reject->node_id,
+                first_reject->nack[SL_XDS_ROUTE].version, (int)keep, m,
+                keep < strlen(m) ? "..." : "");
+    } else if (total_prog == total && !missing) {
+        st = "True";
+        reason = "Programmed";
+    } else {
+        reason = "Pending";
+    }
+    json_t *gen = json_object_get(rec, "generation");
+    json_array_append_new(conds, json_pack("{s:s, s:s, s:s, s:s, s:O}", "type", "Programmed",
+                                           "status", st, "reason", reason, "message", msg,
+                                           "observedGeneration", gen));
+    json_object_set_new(status, "fleets", fleets);
+    free(fl);
+    free(conn);
+    free(prog);
+}
+
 json_t *sl_controller_object_status(sl_controller_t *ctl, enum sl_kind kind, const char *ns,
                                     const char *name)
 {
     char key[600];
     snprintf(key, sizeof(key), "%s/%s/%s", sl_kind_plural(kind), ns, name);
     json_t *st = json_object_get(ctl->statuses, key);
-    return st ? json_incref(st) : NULL;
-}
-
-static uint64_t parse_version(const char *v)
-{
-    uint64_t n = 0;
-    return sl_xds_version_parse(v, &n) == 0 ? n : 0;
+    json_t *rec = kind == SL_KIND_API ? json_object_get(ctl->programmed, key) : NULL;
+    if (!st || !rec)
+        return st ? json_incref(st) : NULL;
+    /* A copy of the status and its conditions (the shared one stays as
+     * compiled); the conditions themselves are shared, not changed. */
+    json_t *out = json_copy(st);
+    json_t *conds = json_copy(json_object_get(st, "conditions"));
+    if (!out || !conds) {
+        json_decref(out);
+        json_decref(conds);
+        return json_incref(st);
+    }
+    json_object_set_new(out, "conditions", conds);
+    api_programmed(ctl, rec, out);
+    return out;
 }
 
 json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
@@ -1444,6 +1665,7 @@ sl_controller_t *sl_controller_new(struct event_base *base, sl_store_t *store,
     ctl->static_set = static_set;
     ctl->statuses = json_object();
     ctl->api_routes = json_object();
+    ctl->programmed = json_object();
     ctl->max_routes = 200000;
     ctl->compile_ev = evtimer_new(base, compile_cb, ctl);
     ctl->retry_ev = evtimer_new(base, retry_cb, ctl);
@@ -1515,5 +1737,6 @@ void sl_controller_free(sl_controller_t *ctl)
     }
     json_decref(ctl->statuses);
     json_decref(ctl->api_routes);
+    json_decref(ctl->programmed);
     free(ctl);
 }

@@ -1,0 +1,178 @@
+"""The Api status's Programmed condition and status.fleets (issue 12): per
+fleet, the version of the first snapshot that contains the Api's current
+spec, the runtimes connected and how many of them run it; True when every
+connected runtime runs it, else Pending, Rejected (a runtime NACKed it, the
+reason cut short), NoRuntimes or NotAccepted. Computed when the status is
+read, so ACKs, NACKs and disconnects show without a store write.
+
+Real runtimes (one network namespace each: they share the listener port)
+plus a protocol-level peer (controller_env.FakeRuntime) that NACKs the
+routes of an Api change, as a runtime refusing a config does.
+
+Run: SLUICE_BUILD=build /usr/bin/python3 -m pytest tests/integration/test_api_programmed.py
+"""
+
+import pytest
+
+from controller_env import TYPE_URLS, FakeRuntime, grpc_peer_available, quickstart
+from helpers import api, free_port, wait_until
+from test_controller import env, petstore_api, wait_connected, wait_routes  # noqa: F401
+
+NAMES = {v: k for k, v in TYPE_URLS.items()}
+
+
+def programmed(ctl, name="petstore"):
+    """(Programmed condition, status.fleets as {fleet: entry}, status)."""
+    st = ctl.get("Api", name).get("status") or {}
+    cond = [c for c in st.get("conditions", []) if c["type"] == "Programmed"]
+    return (cond[0] if cond else None), {f["fleet"]: f for f in st.get("fleets", [])}, st
+
+
+def wait_programmed(ctl, what, check, name="petstore", timeout=10.0):
+    last = {}
+
+    def ok():
+        cond, fleets, st = programmed(ctl, name)
+        last["st"] = st
+        return cond is not None and check(cond, fleets) and (cond, fleets)
+    try:
+        return wait_until(ok, timeout, interval=0.02, what=what)
+    except AssertionError:
+        raise AssertionError("%s: status %r; runtimes %r" % (what, last.get("st"), ctl.runtimes()))
+
+
+def routes_acked(ctl, node_id):
+    return int(ctl.runtimes()[node_id]["types"]["routes"]["acked_version"] or 0)
+
+
+def test_programmed_counts_the_runtimes_that_run_the_api(env):  # noqa: F811
+    lab = env.net(2)
+    ctl = env.controller()
+    b = env.backend("echo")
+    port = free_port()
+    ctl.apply(quickstart(port, b.port, backend_host=lab.hub_ip))
+
+    # Compiled, nobody connected.
+    cond, fleets = wait_programmed(ctl, "NoRuntimes before any runtime",
+                                   lambda c, f: c["reason"] == "NoRuntimes")
+    assert cond["status"] == "False", cond
+    assert cond["message"] == "no runtime of any fleet is connected", cond
+    assert cond["observedGeneration"] == 1, cond
+    v1 = fleets["default"]["version"]
+    assert v1 > 0 and fleets["default"]["runtimes"] == 0 == fleets["default"]["programmed"]
+
+    # One runtime ACKs: 1 of 1.
+    rt_a = env.runtime("rt-a")
+    cond, fleets = wait_programmed(ctl, "Programmed True on rt-a",
+                                   lambda c, f: c["status"] == "True")
+    assert cond["reason"] == "Programmed", cond
+    assert cond["message"] == "fleet default: 1 of 1 runtime runs version %d" % v1, cond
+    assert fleets["default"] == {"fleet": "default", "version": v1, "runtimes": 1,
+                                 "programmed": 1}, fleets
+    assert routes_acked(ctl, "rt-a") == v1
+    wait_routes([rt_a], port, "/petstore/v1/pets", 200, timeout=5.0)
+
+    # A second runtime: 2 of 2.
+    rt_b = env.runtime("rt-b")
+    cond, fleets = wait_programmed(
+        ctl, "Programmed True on 2 runtimes",
+        lambda c, f: c["status"] == "True" and f["default"]["runtimes"] == 2)
+    assert cond["message"] == "fleet default: 2 of 2 runtimes run version %d" % v1, cond
+    assert fleets["default"]["programmed"] == 2, fleets
+
+    reason = grpc_peer_available()
+    if reason:
+        pytest.skip(reason)
+    # A third runtime (a protocol-level peer) that has not ACKed yet: Pending.
+    peer = FakeRuntime(ctl.stream_addr, "rt-peer")
+    try:
+        peer.subscribe()
+        first = peer.recv()
+        cond, fleets = wait_programmed(ctl, "Pending while rt-peer has not ACKed",
+                                       lambda c, f: f["default"]["runtimes"] == 3)
+        assert cond["status"] == "False" and cond["reason"] == "Pending", cond
+        assert cond["message"] == "fleet default: 2 of 3 runtimes run version %d" % v1, cond
+        peer.ack(first)
+        got = {NAMES[first.type_url]}
+        while len(got) < len(TYPE_URLS):
+            r = peer.recv()
+            got.add(NAMES[r.type_url])
+            peer.ack(r)
+        cond, _ = wait_programmed(ctl, "3 of 3", lambda c, f: c["status"] == "True")
+        assert cond["message"] == "fleet default: 3 of 3 runtimes run version %d" % v1, cond
+
+        # An Api change the peer refuses: the real runtimes run it, the
+        # peer NACKs its routes -> Rejected, with the reason cut short.
+        ctl.put(petstore_api([("GET", "/pets"), ("GET", "/owners")]))
+        why = "route table petstore refused: " + "x" * 400
+        while True:
+            r = peer.recv()
+            if NAMES[r.type_url] == "routes":
+                v2 = int(r.version_info)
+                peer.nack(r, why, version=str(v1))
+                break
+            peer.ack(r)
+        assert v2 > v1
+        wait_routes([rt_a, rt_b], port, "/petstore/v1/owners", 200, timeout=5.0)
+        cond, fleets = wait_programmed(ctl, "Rejected by rt-peer",
+                                       lambda c, f: c["reason"] == "Rejected")
+        assert cond["status"] == "False", cond
+        assert cond["observedGeneration"] == 2, cond
+        assert cond["message"].startswith(
+            "fleet default: 2 of 3 runtimes run version %d; 1 runtime rejected it, rt-peer "
+            "NACKed routes version %d: route table petstore refused: xxx" % (v2, v2)), cond
+        assert cond["message"].endswith("x..."), cond
+        assert len(cond["message"]) < 400, cond  # the 430-byte reason is cut short
+        assert fleets["default"] == {"fleet": "default", "version": v2, "runtimes": 3,
+                                     "programmed": 2}, fleets
+        assert routes_acked(ctl, "rt-a") >= v2 and routes_acked(ctl, "rt-peer") == v1
+    finally:
+        peer.close()
+
+    # The peer disconnects: every connected runtime runs it again.
+    cond, fleets = wait_programmed(ctl, "2 of 2 after rt-peer left",
+                                   lambda c, f: c["status"] == "True")
+    assert cond["message"] == "fleet default: 2 of 2 runtimes run version %d" % v2, cond
+
+    # The runtimes stop: NoRuntimes, the version stays.
+    rt_a.stop()
+    rt_b.stop()
+    cond, fleets = wait_programmed(ctl, "NoRuntimes after the runtimes stopped",
+                                   lambda c, f: c["reason"] == "NoRuntimes")
+    assert cond["status"] == "False", cond
+    assert fleets["default"] == {"fleet": "default", "version": v2, "runtimes": 0,
+                                 "programmed": 0}, fleets
+
+
+def test_programmed_is_false_for_an_api_left_out_and_untouched_versions(env):  # noqa: F811
+    """An Api the fleets' snapshots do not contain (a missing Backend) is
+    not Programmed; an Api whose spec did not change keeps its version when
+    another Api changes."""
+    ctl = env.controller()
+    b = env.backend("echo")
+    port = free_port()
+    ctl.apply(quickstart(port, b.port, listener_address="127.0.0.1"))
+    env.runtime("rt-one")
+    cond, fleets = wait_programmed(ctl, "petstore programmed",
+                                   lambda c, f: c["status"] == "True")
+    v1 = fleets["default"]["version"]
+
+    ctl.put(api("orphan", "/orphan", "nope"))
+    cond, fleets = wait_programmed(ctl, "orphan not accepted",
+                                   lambda c, f: c["reason"] == "NotAccepted", name="orphan")
+    assert cond["status"] == "False", cond
+    assert "not in the fleet's snapshot" in cond["message"], cond
+    assert fleets["default"]["version"] == 0 and fleets["default"]["programmed"] == 0, fleets
+
+    ctl.put(api("other", "/other", "echo"))
+    cond, fleets = wait_programmed(ctl, "other programmed",
+                                   lambda c, f: c["status"] == "True", name="other")
+    assert fleets["default"]["version"] > v1, fleets
+    cond, fleets, _ = programmed(ctl)
+    assert cond["status"] == "True" and fleets["default"]["version"] == v1, (cond, fleets)
+
+    # The list carries the same status.
+    items = ctl.ok("GET", "/api/v1/apis", expect=(200,))["items"]
+    conds = {i["metadata"]["name"]: [c for c in i["status"]["conditions"]
+                                     if c["type"] == "Programmed"][0]["status"] for i in items}
+    assert conds == {"petstore": "True", "other": "True", "orphan": "False"}, conds
