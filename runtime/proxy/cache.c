@@ -195,7 +195,8 @@ static void end_fill(sl_cache_req_t *cr, sl_cache_entry_t *e, int pass)
     free(ws);
 }
 
-static void stop_capture(sl_cache_req_t *cr, int pass)
+/* Drops what a miss copied of its response and stops copying. */
+static void capture_reset(sl_cache_req_t *cr)
 {
     free(cr->head);
     free(cr->body);
@@ -203,6 +204,11 @@ static void stop_capture(sl_cache_req_t *cr, int pass)
     cr->head_len = cr->head_cap = cr->body_len = cr->body_cap = 0;
     cr->capturing = 0;
     cr->may_store = 0;
+}
+
+static void stop_capture(sl_cache_req_t *cr, int pass)
+{
+    capture_reset(cr);
     end_fill(cr, NULL, pass);
 }
 
@@ -641,11 +647,6 @@ void sl_cache_capture_end(sl_exchange_t *x)
     sl_cache_entry_t *e = sl_cache_entry_new(
         ask->key, ask->key_len, ask->hash, cr->status, cr->head, cr->head_len, cr->body,
         cr->body_len, now_ms(), cr->lifetime_ms, cr->initial_age_s, cr->auth_ok);
-    free(cr->head);
-    free(cr->body);
-    cr->head = cr->body = NULL;
-    cr->head_len = cr->head_cap = cr->body_len = cr->body_cap = 0;
-    cr->capturing = 0;
-    cr->may_store = 0;
+    capture_reset(cr);
     end_fill(cr, e, 0);
 }
