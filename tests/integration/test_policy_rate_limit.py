@@ -6,6 +6,7 @@ redis-server shared by two runtimes, and Redis down with failOpen true and
 false. Config errors with their field paths through --check.
 """
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -384,9 +385,10 @@ def test_reload_keeps_counters_unless_the_config_changes(backends, runtimes):
     assert [request(port, "GET", "/t/x").status for _ in range(4)] == [200, 200, 200, 429]
 
 
-def test_fleet_redis_that_never_answers_counts_as_down(backends, runtimes):
-    """A Redis that accepts and then says nothing (a hung server, a black
-    hole): within a few seconds the limit fails closed instead of waiting."""
+@contextlib.contextmanager
+def silent_redis():
+    """A "Redis" that accepts connections and never answers (a hung server,
+    a black hole). Yields (port, held): held lists the accepted sockets."""
     lsock = socket.socket()
     lsock.bind(("127.0.0.1", 0))
     lsock.listen(16)
@@ -404,8 +406,21 @@ def test_fleet_redis_that_never_answers_counts_as_down(backends, runtimes):
     t = threading.Thread(target=accept)
     t.start()
     try:
+        yield lsock.getsockname()[1], held
+    finally:
+        stop.set()
+        t.join()
+        for s in held:
+            s.close()
+        lsock.close()
+
+
+def test_fleet_redis_that_never_answers_counts_as_down(backends, runtimes):
+    """A Redis that accepts and then says nothing (a hung server, a black
+    hole): within a few seconds the limit fails closed instead of waiting."""
+    with silent_redis() as (port_, held):
         rt, port = start(backends, runtimes, [limited_api(fleet_config(
-            [{"requests": 1, "period": "1h", "by": "ip"}], lsock.getsockname()[1]))])
+            [{"requests": 1, "period": "1h", "by": "ip"}], port_))])
         # One request on credit, 429s while the lease is out, then 503 for
         # good: reconnects are made but never answer PING.
         wait_until(lambda: request(port, "GET", "/t/x").status == 503, 10,
@@ -413,12 +428,6 @@ def test_fleet_redis_that_never_answers_counts_as_down(backends, runtimes):
         assert held, "the runtime never connected"
         time.sleep(1.5)  # a reconnect in between must not count as up
         assert [request(port, "GET", "/t/x").status for _ in range(5)] == [503] * 5
-    finally:
-        stop.set()
-        t.join()
-        for s in held:
-            s.close()
-        lsock.close()
 
 
 def test_fleet_fail_open_admits_while_redis_has_never_answered(backends, runtimes):
@@ -428,36 +437,14 @@ def test_fleet_fail_open_admits_while_redis_has_never_answered(backends, runtime
     first were refused 429 while the first lease was "on its way" to a Redis
     that never answered (CI saw it with a Redis that was not started, under
     ASan, where the refused connection was noticed late)."""
-    lsock = socket.socket()
-    lsock.bind(("127.0.0.1", 0))
-    lsock.listen(16)
-    held = []
-    stop = threading.Event()
-
-    def accept():
-        lsock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(lsock.accept()[0])
-            except OSError:
-                pass
-
-    t = threading.Thread(target=accept)
-    t.start()
-    try:
+    with silent_redis() as (port_, held):
         rt, port = start(backends, runtimes, [limited_api(fleet_config(
-            [{"requests": 1, "period": "1h", "by": "ip"}], lsock.getsockname()[1],
+            [{"requests": 1, "period": "1h", "by": "ip"}], port_,
             failOpen=True))])
         assert [request(port, "GET", "/t/x").status for _ in range(10)] == [200] * 10
         assert held, "the runtime never connected"
         time.sleep(1.5)  # past the stall: Redis counts as down, still fail open
         assert [request(port, "GET", "/t/x").status for _ in range(5)] == [200] * 5
-    finally:
-        stop.set()
-        t.join()
-        for s in held:
-            s.close()
-        lsock.close()
 
 
 def test_controller_rest_refuses_a_bad_config_with_the_field_path(tmp_path):
