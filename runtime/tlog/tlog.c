@@ -661,8 +661,11 @@ size_t sl_tlog_headers_json(const sl_tlog_policy_t *p, const sl_str_t *names,
         }
     }
     o.end = buf + cap;
-    if (truncated)
-        PUT_LIT(&o, o.p == buf + 1 ? "\"_truncated\":true" : ",\"_truncated\":true");
+    if (truncated) {
+        if (o.p != buf + 1)
+            put_c(&o, ',');
+        PUT_LIT(&o, "\"_truncated\":true");
+    }
     put_c(&o, '}');
     return (size_t)(o.p - buf);
 }
@@ -867,6 +870,7 @@ static void *sink_main(void *arg)
                     s->queue.len -= bytes;
                     s->queue_records -= n;
                     s->inflight_bytes = bytes;
+                    s->inflight_records = n;
                     batch_records = n;
                     if (s->queue_records)
                         s->first_queued_ms = sl_tlog_now_ms();
@@ -912,6 +916,7 @@ static void *sink_main(void *arg)
         }
         pthread_mutex_lock(&s->lock);
         s->inflight_bytes = batch_records ? batch.len : 0;
+        s->inflight_records = batch_records;
     }
     pthread_mutex_unlock(&s->lock);
     if (s->ops->close)
@@ -1509,7 +1514,7 @@ void sl_tlog_foreach_sink(void (*fn)(const sl_tlog_sink_stats_t *st, void *arg),
         st.batches_failed = atomic_load_explicit(&s->batches_failed, memory_order_relaxed);
         pthread_mutex_lock(&s->lock);
         st.queue_bytes = s->queue.len + s->inflight_bytes;
-        st.queue_records = s->queue_records;
+        st.queue_records = s->queue_records + s->inflight_records;
         pthread_mutex_unlock(&s->lock);
         fn(&st, arg);
     }

@@ -72,6 +72,7 @@ typedef struct sl_tlog_sink {
     unsigned queue_records;
     uint64_t first_queued_ms; /* when the oldest queued record came */
     size_t inflight_bytes;    /* taken by the sink thread, not delivered yet */
+    unsigned inflight_records;
     int stopping;             /* under lock: deliver what is queued once, then end */
     uint64_t reopen_req, reopen_done;
     pthread_t thread;
