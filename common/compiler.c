@@ -545,10 +545,11 @@ static void compile_tlog_sink(cctx_t *c, Sluice__V1__TrafficLogSink *o, json_t *
 {
     const char *type = jstr(s, "type", "file");
     o->name = cstr(c, jstr(s, "name", ""));
-    o->type = strcmp(type, "http") == 0            ? SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__HTTP
-              : strcmp(type, "elasticsearch") == 0 ? SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__ELASTICSEARCH
-              : strcmp(type, "clickhouse") == 0    ? SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__CLICKHOUSE
-                                                   : SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__FILE;
+    o->type = strcmp(type, "http") == 0 ? SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__HTTP
+              : strcmp(type, "elasticsearch") == 0
+                  ? SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__ELASTICSEARCH
+              : strcmp(type, "clickhouse") == 0 ? SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__CLICKHOUSE
+                                                : SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__FILE;
     bool file = o->type == SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__FILE;
     o->path = cstr(c, jstr(s, "path", ""));
     o->format = strcmp(jstr(s, "format", "json"), "combined") == 0
@@ -571,8 +572,8 @@ static void compile_tlog_sink(cctx_t *c, Sluice__V1__TrafficLogSink *o, json_t *
     json_t *b = jget(s, "batch");
     o->batch_max_records = (uint32_t)jint(b, "maxRecords", SL_TLOG_DEF_BATCH_RECORDS);
     o->batch_max_bytes = (uint32_t)jint(b, "maxBytes", SL_TLOG_DEF_BATCH_BYTES);
-    o->batch_max_delay_ms = jdur(b, "maxDelay", file ? SL_TLOG_DEF_FILE_BATCH_DELAY_MS
-                                                     : SL_TLOG_DEF_BATCH_DELAY_MS);
+    o->batch_max_delay_ms =
+        jdur(b, "maxDelay", file ? SL_TLOG_DEF_FILE_BATCH_DELAY_MS : SL_TLOG_DEF_BATCH_DELAY_MS);
     o->buffer_bytes = jint(s, "bufferBytes", SL_TLOG_DEF_BUFFER_BYTES);
     o->timeout_ms = jdur(s, "timeout", SL_TLOG_DEF_TIMEOUT_MS);
     json_t *r = jget(s, "retry");
@@ -592,7 +593,8 @@ static Sluice__V1__TrafficLog *compile_traffic_log(cctx_t *c, const sl_resource_
     t->gateway = gw ? cprintf(c, "%s/%s", gw->ns, gw->name) : cstr(c, "");
     t->enabled = jbool(tl, "enabled", true);
     t->sample_ppm = jget(tl, "sampling") ? sl_tlog_sample_ppm(jget(tl, "sampling")) : 1000000;
-    t->fields = jget(tl, "fields") ? sl_tlog_fields_mask(jget(tl, "fields")) : SL_TLOG_FIELDS_DEFAULT;
+    t->fields =
+        jget(tl, "fields") ? sl_tlog_fields_mask(jget(tl, "fields")) : SL_TLOG_FIELDS_DEFAULT;
     json_t *h = jget(tl, "headers");
     t->header_max_bytes = (uint32_t)jint(h, "maxBytes", SL_TLOG_DEF_HEADER_MAX_BYTES);
     json_t *redact = jget(h, "redact");
@@ -602,8 +604,8 @@ static Sluice__V1__TrafficLog *compile_traffic_log(cctx_t *c, const sl_resource_
     size_t nr = json_array_size(redact);
     t->redact_headers = (char **)carray(c, ndef + nr, sizeof(*t->redact_headers));
     for (size_t i = 0; t->redact_headers && i < ndef + nr; i++) {
-        const char *name =
-            i < ndef ? sl_tlog_default_redact[i] : json_string_value(json_array_get(redact, i - ndef));
+        const char *name = i < ndef ? sl_tlog_default_redact[i]
+                                    : json_string_value(json_array_get(redact, i - ndef));
         char *low = cstr(c, name);
         for (char *p = low; p && *p; p++)
             *p = (char)tolower((unsigned char)*p);
@@ -624,8 +626,8 @@ static Sluice__V1__TrafficLog *compile_traffic_log(cctx_t *c, const sl_resource_
 }
 
 /* An Api's trafficLog: its unset parts are the Gateway's. */
-static Sluice__V1__TrafficLogOverride *compile_traffic_log_override(cctx_t *c, json_t *tl,
-                                                                    const Sluice__V1__TrafficLog *gw)
+static Sluice__V1__TrafficLogOverride *
+compile_traffic_log_override(cctx_t *c, json_t *tl, const Sluice__V1__TrafficLog *gw)
 {
     if (!tl)
         return NULL;
@@ -1150,8 +1152,8 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
     rt->max_request_body_bytes = jint(op, "maxRequestBodyBytes", table->max_request_body_bytes);
     json_t *spec = jget(api->obj, "spec");
     compile_upgrades(c, rt, jget(spec, "upgrades"), jget(op, "upgrades"));
-    rt->tunnel_idle_ms = jdur(to, "tunnelIdle",
-                              jdur(jget(spec, "timeouts"), "tunnelIdle", DEF_TUNNEL_IDLE_MS));
+    rt->tunnel_idle_ms =
+        jdur(to, "tunnelIdle", jdur(jget(spec, "timeouts"), "tunnelIdle", DEF_TUNNEL_IDLE_MS));
     compile_policies(c, rt, jget(spec, "policies"), jget(op, "policies"));
 }
 

@@ -45,7 +45,7 @@ const char *const sl_tlog_field_names[SL_TLOG_F__COUNT + 1] = {
 /* Credentials and session cookies: never in a record, whatever the config
  * says (a configured `redact` list adds to these). */
 const char *const sl_tlog_default_redact[] = {"authorization", "proxy-authorization", "cookie",
-                                              "set-cookie", "x-api-key", NULL};
+                                              "set-cookie",    "x-api-key",           NULL};
 
 uint32_t sl_tlog_fields_mask(json_t *list)
 {

@@ -81,7 +81,7 @@ uint32_t sl_tlog_fields_mask(json_t *list);
 uint32_t sl_tlog_sample_ppm(json_t *v);
 
 /* Splits an http:// or https:// URL; 0, or -1 with why (a static string). */
-int sl_tlog_url_split(const char *url, int *tls, char *host, size_t hcap, char *port,
-                      size_t pcap, char *path, size_t pathcap, const char **why);
+int sl_tlog_url_split(const char *url, int *tls, char *host, size_t hcap, char *port, size_t pcap,
+                      char *path, size_t pathcap, const char **why);
 
 #endif

@@ -811,8 +811,7 @@ static const sl_vfield_t tlog_headers_fields[] = {
 };
 static const sl_vschema_t tlog_headers_schema = {tlog_headers_fields, NULL};
 
-static const char *const tlog_sink_types[] = {"file", "http", "elasticsearch", "clickhouse",
-                                              NULL};
+static const char *const tlog_sink_types[] = {"file", "http", "elasticsearch", "clickhouse", NULL};
 static const char *const tlog_file_formats[] = {"json", "combined", NULL};
 
 static void check_tlog_url(sl_vctx_t *c, json_t *v, const void *arg)
@@ -823,8 +822,8 @@ static void check_tlog_url(sl_vctx_t *c, json_t *v, const void *arg)
     int tls;
     char host[256], port[8], path[1024];
     const char *why = NULL;
-    if (sl_tlog_url_split(json_string_value(v), &tls, host, sizeof(host), port, sizeof(port),
-                          path, sizeof(path), &why) != 0)
+    if (sl_tlog_url_split(json_string_value(v), &tls, host, sizeof(host), port, sizeof(port), path,
+                          sizeof(path), &why) != 0)
         sl_validate_error(c, "%s (e.g. http://collector:8080/ingest)", why);
     else if (tls)
         sl_validate_error(c, "https is not supported by the traffic log sinks yet; use http:// "
@@ -855,8 +854,10 @@ static void check_es_index(sl_vctx_t *c, json_t *v, const void *arg)
     }
     for (const char *p = s; *p; p++)
         if ((*p >= 'A' && *p <= 'Z') || strchr("\\/*?\"<>| ,#:", *p) || (unsigned char)*p < 0x20) {
-            sl_validate_error(c, "'%c' is not allowed in an index name (lower case, none of "
-                                 "\\/*?\"<>| ,#:)", *p);
+            sl_validate_error(c,
+                              "'%c' is not allowed in an index name (lower case, none of "
+                              "\\/*?\"<>| ,#:)",
+                              *p);
             return;
         }
 }
@@ -1004,8 +1005,10 @@ static void traffic_log_extra(sl_vctx_t *c, json_t *t)
             if (a && b && strcmp(a, b) == 0)
                 at_key(c, "name", report, "this name is already used by another sink");
             else if (pa && pb && strcmp(pa, pb) == 0)
-                sl_validate_error(c, "sinks[%zu] writes to the same path; give each file sink "
-                                     "its own", j);
+                sl_validate_error(c,
+                                  "sinks[%zu] writes to the same path; give each file sink "
+                                  "its own",
+                                  j);
             sl_validate_pop(c, s2);
             sl_validate_pop(c, s1);
         }
@@ -1017,8 +1020,7 @@ static const sl_vfield_t traffic_log_fields[] = {
     {"sampling", check_fraction, NULL, 0},
     {"fields", tlog_fields_extra_check, &tlog_fields_array, 0},
     {"headers", sl_vcheck_object, &tlog_headers_schema, 0},
-    {"sinks", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &tlog_sink_schema, 0, 16},
-     0},
+    {"sinks", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &tlog_sink_schema, 0, 16}, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t traffic_log_schema = {traffic_log_fields, traffic_log_extra};
@@ -1559,13 +1561,12 @@ static void backend_extra(sl_vctx_t *c, json_t *spec)
      * combinations it cannot speak, h2 without tls and h2c with tls, are
      * refused above. gRPC runs over HTTP/2 only. */
     json_t *hc = json_object_get(spec, "healthCheck");
-    if (json_is_object(hc) && json_object_get(hc, "grpc") != NULL &&
-        strcmp(pv, "h2") != 0 && strcmp(pv, "h2c") != 0) {
+    if (json_is_object(hc) && json_object_get(hc, "grpc") != NULL && strcmp(pv, "h2") != 0 &&
+        strcmp(pv, "h2c") != 0) {
         size_t s1 = sl_validate_push_key(c, "healthCheck");
         size_t s2 = sl_validate_push_key(c, "grpc");
-        sl_validate_error(c,
-                          "gRPC health checks need an HTTP/2 Backend: set protocol h2c (or h2 "
-                          "with tls), or use healthCheck.path for an HTTP/1.1 check");
+        sl_validate_error(c, "gRPC health checks need an HTTP/2 Backend: set protocol h2c (or h2 "
+                             "with tls), or use healthCheck.path for an HTTP/1.1 check");
         sl_validate_pop(c, s2);
         sl_validate_pop(c, s1);
     }

@@ -194,8 +194,9 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'L': {
             enum sl_log_level lvl;
             if (sl_log_level_from_string(optarg, &lvl) != 0) {
-                fprintf(stderr, "sluice-runtime: --log-level %s: use debug, info, notice, warn "
-                                "or error\n",
+                fprintf(stderr,
+                        "sluice-runtime: --log-level %s: use debug, info, notice, warn "
+                        "or error\n",
                         optarg);
                 return -1;
             }
@@ -210,8 +211,7 @@ static int parse_options(int argc, char **argv, options_t *o)
             char *end;
             errno = 0;
             unsigned long long n = strtoull(optarg, &end, 10);
-            if (*end || errno || optarg[0] == '-' ||
-                (ch == 'X' && n > UINT32_MAX)) {
+            if (*end || errno || optarg[0] == '-' || (ch == 'X' && n > UINT32_MAX)) {
                 fprintf(stderr, "sluice-runtime: --%s %s: must be a number\n",
                         ch == 'M' ? "max-routes" : "max-connections", optarg);
                 return -1;
@@ -304,8 +304,8 @@ static Sluice__V1__Snapshot *load_snapshot(runtime_t *rt, uint64_t version, char
         if (sl_model_load_path(&set, rt->opt.config_paths[i], &errs) != 0)
             failed = 1;
         size_t used = strlen(source);
-        snprintf(source + used, source_len - used, "%s%s", i ? "," : "file:",
-                 rt->opt.config_paths[i]);
+        snprintf(source + used, source_len - used, "%s%s",
+                 i ? "," : "file:", rt->opt.config_paths[i]);
     }
     if (!failed)
         snap = sl_compile_snapshot(&set, rt->opt.fleet, version, &errs);
@@ -497,9 +497,8 @@ int main(int argc, char **argv)
      * configure sinks at any time); --access-log is one file sink of it,
      * checked now so that a bad path fails the start-up. */
     {
-        const char *al = rt.opt.access_log && strcmp(rt.opt.access_log, "off") != 0
-                             ? rt.opt.access_log
-                             : NULL;
+        const char *al =
+            rt.opt.access_log && strcmp(rt.opt.access_log, "off") != 0 ? rt.opt.access_log : NULL;
         if (al && !al[0]) {
             sl_log_error("--access-log: empty target; use a file path, \"stdout\" or \"off\"");
             goto out_rcu;
@@ -568,7 +567,8 @@ int main(int argc, char **argv)
         goto out_workers;
     }
 
-    sl_admin_hooks_t hooks = {.is_ready = admin_ready, .config_dump = admin_config_dump, .ctx = &rt};
+    sl_admin_hooks_t hooks = {
+        .is_ready = admin_ready, .config_dump = admin_config_dump, .ctx = &rt};
     if (strcmp(rt.opt.admin, "off") != 0) {
         rt.admin = sl_admin_start(rt.base, rt.opt.admin, &hooks, err, sizeof(err));
         if (!rt.admin) {
@@ -589,8 +589,8 @@ int main(int argc, char **argv)
     if (rt.xds)
         sl_log_notice("sluice-runtime %s started: %u workers, admin %s, config from controller "
                       "%s (node %s, fleet %s)",
-                      SL_VERSION, rt.opt.workers, rt.opt.admin, rt.opt.controller,
-                      rt.opt.node_id, rt.opt.fleet);
+                      SL_VERSION, rt.opt.workers, rt.opt.admin, rt.opt.controller, rt.opt.node_id,
+                      rt.opt.fleet);
     else
         sl_log_notice("sluice-runtime %s started: %u workers, admin %s, config version %llu",
                       SL_VERSION, rt.opt.workers, rt.opt.admin,

@@ -144,8 +144,7 @@ void sl_admin_redact_secrets(json_t *doc)
         {
             if ((strcmp(key, "private_key_pem") == 0 || strcmp(key, "password") == 0 ||
                  strcmp(key, "api_key") == 0) &&
-                json_is_string(v) &&
-                json_string_length(v) > 0)
+                json_is_string(v) && json_string_length(v) > 0)
                 json_object_set_new(doc, key, json_string("[redacted]"));
             else
                 sl_admin_redact_secrets(v);

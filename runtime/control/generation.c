@@ -84,8 +84,8 @@ static void free_generation(sl_generation_t *gen)
             for (size_t r = 0; r < gen->snap->route_tables[t]->n_routes; r++) {
                 free(routes[r].backends);
                 free(routes[r].backend_weights);
-                for (size_t k = 0; routes[r].policy_stats &&
-                                   k < sl_policy_chain_len(routes[r].chain); k++)
+                for (size_t k = 0;
+                     routes[r].policy_stats && k < sl_policy_chain_len(routes[r].chain); k++)
                     sl_metrics_policy_release(routes[r].policy_stats[k]);
                 free(routes[r].policy_stats);
                 sl_policy_chain_free(routes[r].chain);
@@ -280,8 +280,8 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 /* A chain that cannot be built fails this route closed and
                  * leaves every other route (and Api) as it is. */
                 char why[512];
-                route->chain = sl_policy_chain_build(pb->policies, pb->n_policies, &env, why,
-                                                     sizeof(why));
+                route->chain =
+                    sl_policy_chain_build(pb->policies, pb->n_policies, &env, why, sizeof(why));
                 size_t nchain = sl_policy_chain_len(route->chain);
                 if (route->chain) {
                     route->policy_stats = calloc(nchain, sizeof(*route->policy_stats));
@@ -292,7 +292,8 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                             table->name, sl_policy_chain_name(route->chain, k));
                 } else {
                     sl_log_warn("api %s operation %s: not served until its policies can be "
-                                "applied: %s", table->name, pb->name, why);
+                                "applied: %s",
+                                table->name, pb->name, why);
                     route->policy_error = strdup(why);
                     if (!route->policy_error)
                         goto nomem;
@@ -504,8 +505,8 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
         gen->tlog.redact = tlc->redact_headers;
         gen->tlog.num_redact = tlc->n_redact_headers;
     }
-    gen->tlog_tables = calloc(snap->n_route_tables ? snap->n_route_tables : 1,
-                              sizeof(*gen->tlog_tables));
+    gen->tlog_tables =
+        calloc(snap->n_route_tables ? snap->n_route_tables : 1, sizeof(*gen->tlog_tables));
     if (!gen->tlog_tables) {
         snprintf(err, errlen, "out of memory");
         goto fail;

@@ -163,7 +163,8 @@ static void capture_headers(sl_request_t *r, int response, const sl_header_t *f,
     size_t cap = p->header_max_bytes + 64;
     char *buf = r->tlog_headers[response];
     if (!buf)
-        buf = malloc(cap > SL_TLOG_MAX_HEADER_MAX_BYTES + 64 ? cap : SL_TLOG_MAX_HEADER_MAX_BYTES + 64);
+        buf = malloc(cap > SL_TLOG_MAX_HEADER_MAX_BYTES + 64 ? cap
+                                                             : SL_TLOG_MAX_HEADER_MAX_BYTES + 64);
     if (!buf)
         return; /* the record goes without them */
     r->tlog_headers[response] = buf;
@@ -298,8 +299,8 @@ void sl_request_log(sl_request_t *r)
     /* The record's settings: the route's (its Api's override, or the
      * Gateway's), the generation's for a request no route took. */
     const sl_tlog_policy_t *p = r->route ? r->route->tlog
-                                : r->gen  ? &r->gen->tlog
-                                          : &sl_tlog_policy_default;
+                                : r->gen ? &r->gen->tlog
+                                         : &sl_tlog_policy_default;
     if (!p->enabled)
         return;
     if (p->sample_ppm < 1000000 && sl_lb_rng_next(&r->w->rng) % 1000000 >= p->sample_ppm)
@@ -311,7 +312,9 @@ void sl_request_log(sl_request_t *r)
         .bytes_sent = r->bytes_sent,
         .fields = p->fields,
         .status = status,
-        .minor_version = r->version == 10 ? 0 : r->version == 20 ? -1 : 1,
+        .minor_version = r->version == 10   ? 0
+                         : r->version == 20 ? -1
+                                            : 1,
         .retries = r->attempts > 1 ? r->attempts - 1 : 0,
     };
     if (r->upstream_head_us && r->upstream_start_us &&
@@ -339,12 +342,13 @@ void sl_request_log(sl_request_t *r)
         if (c)
             e.str[SL_TLOG_S_CONSUMER] = (sl_str_t){c, strlen(c)};
         if (r->pol->replied && r->pol->v.rejected_by) {
-            e.str[SL_TLOG_S_POLICY] = (sl_str_t){r->pol->v.rejected_by, strlen(r->pol->v.rejected_by)};
+            e.str[SL_TLOG_S_POLICY] =
+                (sl_str_t){r->pol->v.rejected_by, strlen(r->pol->v.rejected_by)};
             /* Why: the reply's code and message ("invalid_api_key: ..."). */
             const char *code = r->pol->reply.code ? r->pol->reply.code : "";
-            e.str[SL_TLOG_S_POLICY_REASON] = (sl_str_t){r->pol->reply.message,
-                                                        strnlen(r->pol->reply.message,
-                                                                sizeof(r->pol->reply.message))};
+            e.str[SL_TLOG_S_POLICY_REASON] =
+                (sl_str_t){r->pol->reply.message,
+                           strnlen(r->pol->reply.message, sizeof(r->pol->reply.message))};
             if (!e.str[SL_TLOG_S_POLICY_REASON].len)
                 e.str[SL_TLOG_S_POLICY_REASON] = (sl_str_t){code, strlen(code)};
         }

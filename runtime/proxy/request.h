@@ -79,10 +79,10 @@ struct sl_tls_peer;
 #define SL_REQ_POLICY_EDITS 128
 #define SL_REQ_POLICY_ARENA 4096
 typedef struct sl_req_policy {
-    sl_policy_req_t v;         /* the chain's view of the request */
-    sl_policy_reply_t reply;   /* the short-circuit, when replied */
-    uint8_t replied;           /* the chain answered the request itself */
-    uint8_t responded;         /* the response hooks ran */
+    sl_policy_req_t v;       /* the chain's view of the request */
+    sl_policy_reply_t reply; /* the short-circuit, when replied */
+    uint8_t replied;         /* the chain answered the request itself */
+    uint8_t responded;       /* the response hooks ran */
     sl_hdr_edit_t edits[2][SL_REQ_POLICY_EDITS];
     char arena[SL_REQ_POLICY_ARENA];
     /* The request body a policy asked for (sl_request_body_cap), while
@@ -211,8 +211,7 @@ size_t sl_request_header_added(const sl_request_t *r, int response, sl_header_t 
 /* The headers the chain sets or adds, written as HTTP/1.1 header lines
  * (the HTTP/1.1 codec and the upstream request head): no copy through
  * sl_request_header_added. r->pol is set. */
-static inline void sl_request_append_policy_fields(const sl_request_t *r, int response,
-                                                   sl_buf_t *b)
+static inline void sl_request_append_policy_fields(const sl_request_t *r, int response, sl_buf_t *b)
 {
     const sl_hdr_edit_t *e = response ? r->pol->v.resp_edits : r->pol->v.req_edits;
     unsigned n = response ? r->pol->v.num_resp_edits : r->pol->v.num_req_edits;

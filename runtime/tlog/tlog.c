@@ -61,14 +61,22 @@ const sl_tlog_policy_t sl_tlog_policy_default = {
 };
 
 static const uint16_t str_max[SL_TLOG_S__COUNT] = {
-    [SL_TLOG_S_REQUEST_ID] = FIELD_MAX_SHORT, [SL_TLOG_S_API] = FIELD_MAX_SHORT,
-    [SL_TLOG_S_OPERATION] = FIELD_MAX_SHORT,  [SL_TLOG_S_CONSUMER] = FIELD_MAX_SHORT,
-    [SL_TLOG_S_CLIENT] = FIELD_MAX_SHORT,     [SL_TLOG_S_METHOD] = FIELD_MAX_SHORT,
-    [SL_TLOG_S_HOST] = FIELD_MAX_SHORT,       [SL_TLOG_S_PATH] = FIELD_MAX_PATH,
-    [SL_TLOG_S_QUERY] = FIELD_MAX_PATH,       [SL_TLOG_S_UPSTREAM] = FIELD_MAX_SHORT,
-    [SL_TLOG_S_ERROR] = FIELD_MAX_SHORT,      [SL_TLOG_S_POLICY] = FIELD_MAX_SHORT,
-    [SL_TLOG_S_POLICY_REASON] = FIELD_MAX_LONG, [SL_TLOG_S_CACHE] = FIELD_MAX_SHORT,
-    [SL_TLOG_S_USER_AGENT] = FIELD_MAX_LONG,  [SL_TLOG_S_REFERER] = FIELD_MAX_LONG,
+    [SL_TLOG_S_REQUEST_ID] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_API] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_OPERATION] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_CONSUMER] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_CLIENT] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_METHOD] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_HOST] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_PATH] = FIELD_MAX_PATH,
+    [SL_TLOG_S_QUERY] = FIELD_MAX_PATH,
+    [SL_TLOG_S_UPSTREAM] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_ERROR] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_POLICY] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_POLICY_REASON] = FIELD_MAX_LONG,
+    [SL_TLOG_S_CACHE] = FIELD_MAX_SHORT,
+    [SL_TLOG_S_USER_AGENT] = FIELD_MAX_LONG,
+    [SL_TLOG_S_REFERER] = FIELD_MAX_LONG,
     [SL_TLOG_S_REQUEST_HEADERS] = SL_TLOG_MAX_HEADER_MAX_BYTES + 64,
     [SL_TLOG_S_RESPONSE_HEADERS] = SL_TLOG_MAX_HEADER_MAX_BYTES + 64,
 };
@@ -122,8 +130,8 @@ static struct {
 
     uint64_t ring_drops_seen; /* logger: ring drops already charged to the sinks */
     _Atomic uint64_t bad_worker_drops;
-    char *scratch;      /* logger: one record, contiguous */
-    char *json;         /* logger: its JSON */
+    char *scratch; /* logger: one record, contiguous */
+    char *json;    /* logger: its JSON */
 } tl = {
     .wake_fd = -1,
     .set_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -171,6 +179,8 @@ typedef struct {
 
 static inline void put(out_t *o, const char *s, size_t n)
 {
+    if (n == 0)
+        return; /* s may be NULL: an unset string */
     if ((size_t)(o->end - o->p) < n)
         n = (size_t)(o->end - o->p);
     memcpy(o->p, s, n);
@@ -252,15 +262,28 @@ static size_t utf8_valid_len(const unsigned char *s, size_t avail)
  * valid UTF-8 copied; each byte that is not part of valid UTF-8 written as
  * \u00XX (its Latin-1 reading), so the record is valid JSON whatever bytes
  * a client sent and the byte value stays visible. */
+static inline int json_plain(unsigned char c)
+{
+    return c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
+}
+
 static void put_json_str(out_t *o, const char *ptr, size_t len)
 {
     const unsigned char *p = (const unsigned char *)ptr;
     size_t i = 0;
+    /* The common case: nothing to escape, one copy. */
+    while (i < len && json_plain(p[i]))
+        i++;
+    if (i == len) {
+        put(o, ptr, len);
+        return;
+    }
+    put(o, ptr, i);
     while (i < len) {
         unsigned char c = p[i];
-        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+        if (json_plain(c)) {
             size_t run = i;
-            while (run < len && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' && p[run] != '\\')
+            while (run < len && json_plain(p[run]))
                 run++;
             put(o, (const char *)p + i, run - i);
             i = run;
@@ -358,15 +381,26 @@ static void put_protocol(out_t *o, int minor_version)
     put_c(o, (minor_version >= 0 && minor_version <= 9) ? (char)('0' + minor_version) : '1');
 }
 
-static void put_key(out_t *o, int *first, enum sl_tlog_field f)
+/* ",\"name\":" for every field, made once: a key is one copy. */
+static struct {
+    char text[40];
+    uint8_t len;
+} keys[SL_TLOG_F__COUNT];
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
+
+static void make_keys(void)
 {
-    if (!*first)
-        put_c(o, ',');
+    for (unsigned i = 0; i < SL_TLOG_F__COUNT; i++) {
+        int n = snprintf(keys[i].text, sizeof(keys[i].text), ",\"%s\":", sl_tlog_field_names[i]);
+        keys[i].len = (uint8_t)(n > 0 && (size_t)n < sizeof(keys[i].text) ? n : 0);
+    }
+}
+
+static inline void put_key(out_t *o, int *first, enum sl_tlog_field f)
+{
+    /* The first key goes without its comma. */
+    put(o, keys[f].text + *first, keys[f].len - (size_t)*first);
     *first = 0;
-    put_c(o, '"');
-    const char *k = sl_tlog_field_names[f];
-    put(o, k, strlen(k));
-    PUT_LIT(o, "\":");
 }
 
 static void put_str_field(out_t *o, int *first, enum sl_tlog_field f, sl_str_t s)
@@ -390,6 +424,7 @@ static size_t format_json(char *buf, size_t cap, const sl_tlog_view_t *v)
     out_t o = {buf, buf + cap};
     int first = 1;
     uint32_t f = e->fields;
+    pthread_once(&keys_once, make_keys);
     put_c(&o, '{');
     for (unsigned i = 0; i < SL_TLOG_F__COUNT; i++) {
         if (!(f & (1u << i)))
@@ -517,7 +552,7 @@ static size_t format_json(char *buf, size_t cap, const sl_tlog_view_t *v)
         case SL_TLOG_F_REQUEST_HEADERS:
         case SL_TLOG_F_RESPONSE_HEADERS: {
             sl_str_t h = e->str[i == SL_TLOG_F_REQUEST_HEADERS ? SL_TLOG_S_REQUEST_HEADERS
-                                                                : SL_TLOG_S_RESPONSE_HEADERS];
+                                                               : SL_TLOG_S_RESPONSE_HEADERS];
             put_key(&o, &first, i);
             /* Already a JSON object (sl_tlog_headers_json); {} when none. */
             if (h.len >= 2 && h.ptr[0] == '{' && h.ptr[h.len - 1] == '}')
@@ -846,14 +881,13 @@ static void *sink_main(void *arg)
                     s->queue.len >= s->cfg.batch_max_bytes)
                     break;
                 uint64_t now = sl_tlog_now_ms();
-                if (s->queue_records &&
-                    (s->reopen_req != s->reopen_done ||
-                     now >= s->first_queued_ms + s->cfg.batch_max_delay_ms))
+                if (s->queue_records && (s->reopen_req != s->reopen_done ||
+                                         now >= s->first_queued_ms + s->cfg.batch_max_delay_ms))
                     break;
                 struct timespec dl;
                 clock_gettime(CLOCK_MONOTONIC, &dl);
-                uint64_t wait = s->queue_records ? s->first_queued_ms + s->cfg.batch_max_delay_ms - now
-                                                 : 1000;
+                uint64_t wait =
+                    s->queue_records ? s->first_queued_ms + s->cfg.batch_max_delay_ms - now : 1000;
                 dl.tv_sec += (time_t)(wait / 1000);
                 dl.tv_nsec += (long)(wait % 1000) * 1000000L;
                 if (dl.tv_nsec >= 1000000000L) {
@@ -864,7 +898,8 @@ static void *sink_main(void *arg)
             }
             if (s->queue_records) {
                 unsigned n = 0;
-                size_t bytes = take_records(s, s->cfg.batch_max_records, s->cfg.batch_max_bytes, &n);
+                size_t bytes =
+                    take_records(s, s->cfg.batch_max_records, s->cfg.batch_max_bytes, &n);
                 if (bytes && sl_tlog_buf_add(&batch, s->queue.data, bytes) == 0) {
                     memmove(s->queue.data, s->queue.data + bytes, s->queue.len - bytes);
                     s->queue.len -= bytes;
@@ -905,8 +940,9 @@ static void *sink_main(void *arg)
             atomic_fetch_add_explicit(&s->batches_failed, 1, memory_order_relaxed);
             if (stopping) {
                 /* Shutting down or removed: one attempt was the last. */
-                sl_tlog_sink_lost(s, batch_records, "the sink is being stopped and its "
-                                                    "collector did not take the last batch");
+                sl_tlog_sink_lost(s, batch_records,
+                                  "the sink is being stopped and its "
+                                  "collector did not take the last batch");
                 batch.len = 0;
                 batch_records = 0;
             } else {
@@ -935,9 +971,9 @@ static void sink_free(sl_tlog_sink_t *s)
 {
     if (!s)
         return;
-    const char **strs[] = {&s->cfg.name, &s->cfg.type, &s->cfg.path, &s->cfg.url,
-                           &s->cfg.index, &s->cfg.table, &s->cfg.username, &s->cfg.password,
-                           &s->cfg.api_key};
+    const char **strs[] = {&s->cfg.name,     &s->cfg.type,     &s->cfg.path,
+                           &s->cfg.url,      &s->cfg.index,    &s->cfg.table,
+                           &s->cfg.username, &s->cfg.password, &s->cfg.api_key};
     for (size_t i = 0; i < SL_ARRAY_LEN(strs); i++)
         free((char *)*strs[i]);
     free(s->key);
@@ -955,11 +991,10 @@ static char *config_key(const sl_tlog_sink_config_t *c)
     if (asprintf(&k, "%s|%s|%s|%d|%llu|%u|%s|%s|%s|%s|%s|%s|%u|%u|%u|%llu|%u|%u|%u", c->name,
                  c->type, c->path ? c->path : "", c->combined,
                  (unsigned long long)c->rotate_max_bytes, c->rotate_keep, c->url ? c->url : "",
-                 c->index ? c->index : "", c->table ? c->table : "",
-                 c->username ? c->username : "", c->password ? c->password : "",
-                 c->api_key ? c->api_key : "", c->batch_max_records, c->batch_max_bytes,
-                 c->batch_max_delay_ms, (unsigned long long)c->buffer_bytes, c->timeout_ms,
-                 c->backoff_initial_ms, c->backoff_max_ms) < 0)
+                 c->index ? c->index : "", c->table ? c->table : "", c->username ? c->username : "",
+                 c->password ? c->password : "", c->api_key ? c->api_key : "", c->batch_max_records,
+                 c->batch_max_bytes, c->batch_max_delay_ms, (unsigned long long)c->buffer_bytes,
+                 c->timeout_ms, c->backoff_initial_ms, c->backoff_max_ms) < 0)
         return NULL;
     return k;
 }
@@ -1094,14 +1129,14 @@ static void dispatch(const sl_tlog_view_t *v)
         if (before + added + s->inflight_bytes > s->cfg.buffer_bytes) {
             s->queue.len = before;
             pthread_mutex_unlock(&s->lock);
-            sl_tlog_sink_lost(s, 1, "its queue is at its memory budget (bufferBytes): the sink "
-                                    "is slower than the traffic, or down");
+            sl_tlog_sink_lost(s, 1,
+                              "its queue is at its memory budget (bufferBytes): the sink "
+                              "is slower than the traffic, or down");
             continue;
         }
         if (s->queue_records++ == 0)
             s->first_queued_ms = sl_tlog_now_ms();
-        if (s->queue_records >= s->cfg.batch_max_records ||
-            s->queue.len >= s->cfg.batch_max_bytes)
+        if (s->queue_records >= s->cfg.batch_max_records || s->queue.len >= s->cfg.batch_max_bytes)
             pthread_cond_signal(&s->cond);
         pthread_mutex_unlock(&s->lock);
     }
@@ -1164,8 +1199,8 @@ static void free_pending(pending_cfg_t *p)
         return;
     for (size_t i = 0; i < p->n; i++) {
         sl_tlog_sink_config_t *c = &p->sinks[i];
-        const char *strs[] = {c->name, c->type, c->path, c->url, c->index, c->table,
-                              c->username, c->password, c->api_key};
+        const char *strs[] = {c->name,  c->type,     c->path,     c->url,    c->index,
+                              c->table, c->username, c->password, c->api_key};
         for (size_t k = 0; k < SL_ARRAY_LEN(strs); k++)
             free((char *)strs[k]);
     }
@@ -1226,8 +1261,8 @@ static void apply_pending(pending_cfg_t *p)
         tl.origin_strings[i] = p->strings[i];
         p->strings[i] = NULL;
     }
-    tl.origin = (sl_tlog_origin_t){tl.origin_strings[0], tl.origin_strings[1],
-                                   tl.origin_strings[2]};
+    tl.origin =
+        (sl_tlog_origin_t){tl.origin_strings[0], tl.origin_strings[1], tl.origin_strings[2]};
     while (removed) {
         sl_tlog_sink_t *next = removed->next;
         sl_log_notice("traffic log sink %s (%s) removed: delivering what it holds, then closing",

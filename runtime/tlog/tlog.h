@@ -162,9 +162,9 @@ typedef struct {
     const char *type;
     uint64_t records_written; /* delivered: written to the file, accepted by the collector */
     uint64_t dropped;         /* every record this sink did not get or could not deliver */
-    uint64_t queue_bytes;   /* queued and in flight */
-    uint64_t queue_records; /* same */
-    uint64_t batches_failed; /* delivery attempts that failed (then retried or dropped) */
+    uint64_t queue_bytes;     /* queued and in flight */
+    uint64_t queue_records;   /* same */
+    uint64_t batches_failed;  /* delivery attempts that failed (then retried or dropped) */
 } sl_tlog_sink_stats_t;
 void sl_tlog_foreach_sink(void (*fn)(const sl_tlog_sink_stats_t *st, void *arg), void *arg);
 /* Records dropped because a worker's ring was full (every sink counts them too). */

@@ -43,8 +43,7 @@ const sl_tlog_sink_config_t *sl_tlog_cli_sink(void)
 
 int sl_tlog_apply_snapshot(const Sluice__V1__Snapshot *snap)
 {
-    const Sluice__V1__TrafficLog *t =
-        snap && snap->settings ? snap->settings->traffic_log : NULL;
+    const Sluice__V1__TrafficLog *t = snap && snap->settings ? snap->settings->traffic_log : NULL;
     size_t n = (t ? t->n_sinks : 0) + (size_t)base.have_cli;
     sl_tlog_sink_config_t *v = calloc(n ? n : 1, sizeof(*v));
     if (!v)

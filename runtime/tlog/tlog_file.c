@@ -89,8 +89,8 @@ static void rotate(sl_tlog_sink_t *s, file_state_t *f)
     }
     snprintf(to, plen, "%s.1", s->cfg.path);
     if (rename(s->cfg.path, to) != 0 && errno != ENOENT) {
-        sl_log_error("traffic log sink %s: cannot rotate %s: %s; still writing to it",
-                     s->cfg.name, s->cfg.path, strerror(errno));
+        sl_log_error("traffic log sink %s: cannot rotate %s: %s; still writing to it", s->cfg.name,
+                     s->cfg.path, strerror(errno));
     } else {
         uint64_t size = 0;
         int fd = open_path(s->cfg.path, &size);

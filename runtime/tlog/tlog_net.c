@@ -361,10 +361,10 @@ static enum sl_tlog_deliver_result judge(sl_tlog_sink_t *s, net_state_t *n, int 
     }
     if (status == 0 || status == 429 || status >= 500) {
         if (status)
-            snprintf(n->why, sizeof(n->why), "HTTP %d: %.*s", status, (int)(rlen < 160 ? rlen : 160),
-                     rbody ? rbody : "");
-        sl_log_warn("traffic log sink %s: delivery failed (%s); retrying with backoff",
-                    s->cfg.name, n->why);
+            snprintf(n->why, sizeof(n->why), "HTTP %d: %.*s", status,
+                     (int)(rlen < 160 ? rlen : 160), rbody ? rbody : "");
+        sl_log_warn("traffic log sink %s: delivery failed (%s); retrying with backoff", s->cfg.name,
+                    n->why);
         return SL_TLOG_RETRY;
     }
     char why[400];
@@ -413,8 +413,8 @@ static enum sl_tlog_deliver_result http_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t
 
 /* The action line of a record: {"index":{"_index":"<index>-YYYY.MM.DD"}}. The
  * day is the record's (UTC), so a batch across midnight splits correctly. */
-static int es_encode(sl_tlog_sink_t *s, const sl_tlog_view_t *v, const char *json,
-                     size_t json_len, sl_tlog_buf_t *out)
+static int es_encode(sl_tlog_sink_t *s, const sl_tlog_view_t *v, const char *json, size_t json_len,
+                     sl_tlog_buf_t *out)
 {
     uint64_t day = v->rec.start_unix_us / 1000000 / 86400;
     if (day != s->es_day || !s->es_action_len) {
@@ -462,12 +462,12 @@ static enum sl_tlog_deliver_result es_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
     net_state_t *n = s->state;
     char target[1100];
     size_t pl = strlen(n->path);
-    snprintf(target, sizeof(target), "%.*s/_bulk", (int)(pl && n->path[pl - 1] == '/' ? pl - 1 : pl),
-             n->path);
+    snprintf(target, sizeof(target), "%.*s/_bulk",
+             (int)(pl && n->path[pl - 1] == '/' ? pl - 1 : pl), n->path);
     char *rbody = NULL;
     size_t rlen = 0;
-    int status = http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody,
-                           &rlen);
+    int status =
+        http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody, &rlen);
     if (status < 200 || status >= 300)
         return judge(s, n, status, rbody, rlen, *nrec);
     /* 200: per item. */
@@ -509,8 +509,8 @@ static enum sl_tlog_deliver_result es_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
         refused++;
         if (!reason[0]) {
             json_t *e = json_object_get(res, "error");
-            snprintf(reason, sizeof(reason), "Elasticsearch refused a document with %d: %s: %s",
-                     st, json_string_value(json_object_get(e, "type")) ?: "?",
+            snprintf(reason, sizeof(reason), "Elasticsearch refused a document with %d: %s: %s", st,
+                     json_string_value(json_object_get(e, "type")) ?: "?",
                      json_string_value(json_object_get(e, "reason")) ?: "?");
         }
     }
@@ -544,8 +544,8 @@ static enum sl_tlog_deliver_result ch_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
              n->path, s->cfg.table);
     char *rbody = NULL;
     size_t rlen = 0;
-    int status = http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody,
-                           &rlen);
+    int status =
+        http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody, &rlen);
     return judge(s, n, status, rbody, rlen, *nrec);
 }
 

@@ -61,19 +61,19 @@ typedef struct {
 
 typedef struct sl_tlog_sink {
     struct sl_tlog_sink *next;
-    char *key; /* the whole configuration, to tell a changed sink from a kept one */
+    char *key;                 /* the whole configuration, to tell a changed sink from a kept one */
     sl_tlog_sink_config_t cfg; /* strings owned (copies) */
     const sl_tlog_sink_ops_t *ops;
 
     pthread_mutex_t lock;
     pthread_cond_t cond; /* the sink thread waits on it */
     pthread_cond_t done_cond;
-    sl_tlog_buf_t queue;  /* under lock */
+    sl_tlog_buf_t queue; /* under lock */
     unsigned queue_records;
     uint64_t first_queued_ms; /* when the oldest queued record came */
     size_t inflight_bytes;    /* taken by the sink thread, not delivered yet */
     unsigned inflight_records;
-    int stopping;             /* under lock: deliver what is queued once, then end */
+    int stopping; /* under lock: deliver what is queued once, then end */
     uint64_t reopen_req, reopen_done;
     pthread_t thread;
     int thread_started;

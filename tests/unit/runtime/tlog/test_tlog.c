@@ -129,9 +129,9 @@ static void test_hostile_bytes_give_valid_json(void **state)
 {
     (void)state;
     static char line[JSON_MAX_BYTES];
-    static const char *const inputs[] = {"q\"uo\"te", "back\\slash\\", "nl\ncr\rtab\t",
-                                         "caf\xc3\xa9 \xf0\x9f\x98\x80", "ff\xff\xc3",
-                                         "\xed\xa0\x80 surrogate", "\xc0\xaf overlong"};
+    static const char *const inputs[] = {
+        "q\"uo\"te",  "back\\slash\\",          "nl\ncr\rtab\t",    "caf\xc3\xa9 \xf0\x9f\x98\x80",
+        "ff\xff\xc3", "\xed\xa0\x80 surrogate", "\xc0\xaf overlong"};
     for (size_t i = 0; i < SL_ARRAY_LEN(inputs); i++) {
         sl_tlog_view_t v = sample();
         v.rec.str[SL_TLOG_S_PATH] = S(inputs[i]);
