@@ -43,8 +43,13 @@
 #define FIELD_MAX_LONG 1024
 #define FIELD_MAX_SHORT 256
 #define RECORD_MAX_BYTES (64 * 1024)
-/* The formatted JSON of one record: every string at its bound, escaped. */
-#define JSON_MAX_BYTES (6 * (RECORD_MAX_BYTES + 2 * SL_TLOG_MAX_HEADER_MAX_BYTES) + 4096)
+/* The formatted JSON of one record: every string at its bound, escaped
+ * (format_json's json_bound). */
+#define ORIGIN_MAX 256
+#define KEY_COPY 40
+#define JSON_FIXED_BYTES                                                                           \
+    (SL_TLOG_F__COUNT * (KEY_COPY + 48) + 3 * 6 * ORIGIN_MAX + 2 * 16 + 256)
+#define JSON_MAX_BYTES (6 * (RECORD_MAX_BYTES + 2 * SL_TLOG_MAX_HEADER_MAX_BYTES) + JSON_FIXED_BYTES)
 
 /* A counter with one writer: a plain load and store, no locked add. */
 #define SL_TLOG_STAT_ADD(field, n)                                                                 \
@@ -213,15 +218,6 @@ static void put_2d(out_t *o, unsigned v)
     put_c(o, (char)('0' + v % 10));
 }
 
-/* Milliseconds with three decimals, from microseconds. */
-static void put_ms(out_t *o, uint64_t us)
-{
-    put_u64(o, us / 1000);
-    put_c(o, '.');
-    put_c(o, (char)('0' + us % 1000 / 100));
-    put_2d(o, (unsigned)(us % 100));
-}
-
 static const char hex_digits[] = "0123456789abcdef";
 
 /* Length of a valid UTF-8 sequence at s (RFC 3629: no overlongs, no
@@ -381,196 +377,381 @@ static void put_protocol(out_t *o, int minor_version)
     put_c(o, (minor_version >= 0 && minor_version <= 9) ? (char)('0' + minor_version) : '1');
 }
 
-/* ",\"name\":" for every field, made once: a key is one copy. */
+/* ---- the JSON record, fast path --------------------------------------------
+ *
+ * format_json writes without a bounds check per byte: it first checks that
+ * the buffer holds the record's bound (json_bound: every string escaped at
+ * six bytes per byte, plus JSON_FIXED_BYTES for the keys, numbers and the
+ * origin strings, each clipped to ORIGIN_MAX), then writes straight ahead.
+ * Copies of a known small size (a key, a number's digits) are fixed-size
+ * memcpys the compiler turns into a few moves, writing past the end of
+ * what they mean (never past the bound): the next write overwrites it. */
+
+
+/* ",\"name\":" for every field (and the opening quote of a string value),
+ * made once: a key is one fixed-size copy. */
 static struct {
-    char text[40];
+    char text[KEY_COPY + 8];
     uint8_t len;
 } keys[SL_TLOG_F__COUNT];
 static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
 
-static void make_keys(void)
+static int field_is_number(unsigned f)
 {
-    for (unsigned i = 0; i < SL_TLOG_F__COUNT; i++) {
-        int n = snprintf(keys[i].text, sizeof(keys[i].text), ",\"%s\":", sl_tlog_field_names[i]);
-        keys[i].len = (uint8_t)(n > 0 && (size_t)n < sizeof(keys[i].text) ? n : 0);
+    switch ((enum sl_tlog_field)f) {
+    case SL_TLOG_F_STATUS:
+    case SL_TLOG_F_BYTES_RECEIVED:
+    case SL_TLOG_F_BYTES_SENT:
+    case SL_TLOG_F_DURATION_MS:
+    case SL_TLOG_F_UPSTREAM_MS:
+    case SL_TLOG_F_GATEWAY_MS:
+    case SL_TLOG_F_RETRIES:
+    case SL_TLOG_F_REQUEST_HEADERS: /* an object: no quote either */
+    case SL_TLOG_F_RESPONSE_HEADERS:
+        return 1;
+    default:
+        return 0;
     }
 }
 
-static inline void put_key(out_t *o, int *first, enum sl_tlog_field f)
+static void make_keys(void)
+{
+    for (unsigned i = 0; i < SL_TLOG_F__COUNT; i++) {
+        int n = snprintf(keys[i].text, sizeof(keys[i].text), ",\"%s\":%s", sl_tlog_field_names[i],
+                         field_is_number(i) ? "" : "\"");
+        keys[i].len = (uint8_t)(n > 0 && n <= KEY_COPY ? n : 0);
+    }
+}
+
+static inline char *j_key(char *o, int *first, unsigned f)
 {
     /* The first key goes without its comma. */
-    put(o, keys[f].text + *first, keys[f].len - (size_t)*first);
+    memcpy(o, keys[f].text + *first, KEY_COPY);
+    o += keys[f].len - (size_t)*first;
     *first = 0;
+    return o;
 }
 
-static void put_str_field(out_t *o, int *first, enum sl_tlog_field f, sl_str_t s)
+/* Whether any of 8 bytes needs escaping in a JSON string: below 0x20,
+ * 0x80 and above (checked for valid UTF-8 byte by byte), '"' or '\\'. Exact
+ * for the word as a whole (the borrows only ever spill above a byte that
+ * matched). */
+static inline uint64_t json_word_special(uint64_t w)
 {
-    put_key(o, first, f);
-    put_c(o, '"');
-    put_json_str(o, s.ptr, s.len);
-    put_c(o, '"');
+    const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+    uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+    uint64_t below = (w - ones * 0x20) & ~w;
+    return (below | ((q - ones) & ~q) | ((b - ones) & ~b) | w) & high;
 }
 
-static void put_cstr_field(out_t *o, int *first, enum sl_tlog_field f, const char *s)
+/* A JSON string body (see put_json_str for what is escaped and how); the
+ * caller made room for 6 bytes per input byte plus 8. */
+static char *j_str(char *o, const char *ptr, size_t len)
 {
-    put_str_field(o, first, f, (sl_str_t){s ? s : "", s ? strlen(s) : 0});
+    const unsigned char *p = (const unsigned char *)ptr;
+    size_t i = 0;
+    while (i < len) {
+        if (len - i >= 8) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            if (!json_word_special(w)) {
+                memcpy(o, &w, 8);
+                o += 8;
+                i += 8;
+                continue;
+            }
+        }
+        unsigned char c = p[i];
+        if (json_plain(c)) {
+            *o++ = (char)c;
+            i++;
+            continue;
+        }
+        char e = 0;
+        switch (c) {
+        case '"':
+            e = '"';
+            break;
+        case '\\':
+            e = '\\';
+            break;
+        case '\n':
+            e = 'n';
+            break;
+        case '\r':
+            e = 'r';
+            break;
+        case '\t':
+            e = 't';
+            break;
+        default:
+            break;
+        }
+        if (e) {
+            o[0] = '\\';
+            o[1] = e;
+            o += 2;
+            i++;
+            continue;
+        }
+        size_t n = c >= 0x80 ? utf8_valid_len(p + i, len - i) : 0;
+        if (n) {
+            memcpy(o, p + i, n);
+            o += n;
+            i += n;
+            continue;
+        }
+        char esc[6] = {'\\', 'u', '0', '0', hex_digits[c >> 4], hex_digits[c & 15]};
+        memcpy(o, esc, sizeof(esc));
+        o += 6;
+        i++;
+    }
+    return o;
+}
+
+static const char digit_pairs[201] = "00010203040506070809101112131415161718192021222324"
+                                     "25262728293031323334353637383940414243444546474849"
+                                     "50515253545556575859606162636465666768697071727374"
+                                     "75767778798081828384858687888990919293949596979899";
+
+/* Decimal digits of v; writes up to 24 bytes, returns the end of the number. */
+static inline char *j_u64(char *o, uint64_t v)
+{
+    char tmp[48];
+    char *t = tmp + 24;
+    while (v >= 100) {
+        t -= 2;
+        memcpy(t, digit_pairs + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10) {
+        t -= 2;
+        memcpy(t, digit_pairs + 2 * v, 2);
+    } else {
+        *--t = (char)('0' + v);
+    }
+    memcpy(o, t, 24);
+    return o + (tmp + 24 - t);
+}
+
+/* Milliseconds with three decimals, from microseconds. */
+static inline char *j_ms(char *o, uint64_t us)
+{
+    o = j_u64(o, us / 1000);
+    unsigned frac = (unsigned)(us % 1000);
+    o[0] = '.';
+    o[1] = (char)('0' + frac / 100);
+    memcpy(o + 2, digit_pairs + 2 * (frac % 100), 2);
+    return o + 4;
+}
+
+static inline char *j_cstr(char *o, const char *s)
+{
+    if (!s)
+        return o;
+    size_t n = strnlen(s, ORIGIN_MAX);
+    return j_str(o, s, n);
+}
+
+/* The most bytes format_json writes for v. */
+static size_t json_bound(const sl_tlog_record_t *e)
+{
+    size_t n = JSON_FIXED_BYTES;
+    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++)
+        n += 6 * e->str[i].len;
+    return n;
+}
+
+/* The "YYYY-MM-DDTHH:MM:SS" of a second, cached: records come in time order. */
+static __thread struct {
+    uint64_t sec;
+    char text[24];
+} time_cache = {UINT64_MAX, ""};
+
+static char *j_time(char *o, uint64_t unix_us)
+{
+    uint64_t sec = unix_us / 1000000;
+    if (sec != time_cache.sec) {
+        civil_time_t t;
+        civil_from_unix_us(unix_us, &t);
+        out_t w = {time_cache.text, time_cache.text + sizeof(time_cache.text)};
+        put_u64(&w, t.year);
+        put_c(&w, '-');
+        put_2d(&w, t.month);
+        put_c(&w, '-');
+        put_2d(&w, t.day);
+        put_c(&w, 'T');
+        put_2d(&w, t.hour);
+        put_c(&w, ':');
+        put_2d(&w, t.min);
+        put_c(&w, ':');
+        put_2d(&w, t.sec);
+        if (w.p - time_cache.text != 19)
+            return o; /* a year past 9999: not cached, not written */
+        time_cache.sec = sec;
+    }
+    memcpy(o, time_cache.text, 19);
+    unsigned ms = (unsigned)(unix_us % 1000000 / 1000);
+    o[19] = '.';
+    o[20] = (char)('0' + ms / 100);
+    memcpy(o + 21, digit_pairs + 2 * (ms % 100), 2);
+    o[23] = 'Z';
+    o[24] = '"';
+    return o + 25;
 }
 
 /* The record as one JSON object, no newline; the keys in field order, only
- * the record's fields. */
+ * the record's fields. 0 if cap is below the record's bound. */
 static size_t format_json(char *buf, size_t cap, const sl_tlog_view_t *v)
 {
     const sl_tlog_record_t *e = &v->rec;
-    out_t o = {buf, buf + cap};
+    if (cap < json_bound(e))
+        return 0;
+    char *o = buf;
     int first = 1;
     uint32_t f = e->fields;
     pthread_once(&keys_once, make_keys);
-    put_c(&o, '{');
-    for (unsigned i = 0; i < SL_TLOG_F__COUNT; i++) {
-        if (!(f & (1u << i)))
-            continue;
+    *o++ = '{';
+    while (f) {
+        unsigned i = (unsigned)__builtin_ctz(f);
+        f &= f - 1;
+        int sidx = -1;
         switch ((enum sl_tlog_field)i) {
-        case SL_TLOG_F_TIME: {
-            civil_time_t t;
-            civil_from_unix_us(e->start_unix_us, &t);
-            put_key(&o, &first, SL_TLOG_F_TIME);
-            put_c(&o, '"');
-            put_u64(&o, t.year);
-            put_c(&o, '-');
-            put_2d(&o, t.month);
-            put_c(&o, '-');
-            put_2d(&o, t.day);
-            put_c(&o, 'T');
-            put_2d(&o, t.hour);
-            put_c(&o, ':');
-            put_2d(&o, t.min);
-            put_c(&o, ':');
-            put_2d(&o, t.sec);
-            put_c(&o, '.');
-            put_c(&o, (char)('0' + t.msec / 100));
-            put_2d(&o, t.msec % 100);
-            PUT_LIT(&o, "Z\"");
-            break;
-        }
-        case SL_TLOG_F_REQUEST_ID:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_REQUEST_ID]);
-            break;
+        case SL_TLOG_F_TIME:
+            o = j_key(o, &first, i);
+            o = j_time(o, e->start_unix_us);
+            continue;
         case SL_TLOG_F_GATEWAY:
-            put_cstr_field(&o, &first, i, v->origin ? v->origin->gateway : "");
-            break;
+            o = j_key(o, &first, i);
+            o = j_cstr(o, v->origin ? v->origin->gateway : NULL);
+            *o++ = '"';
+            continue;
         case SL_TLOG_F_FLEET:
-            put_cstr_field(&o, &first, i, v->origin ? v->origin->fleet : "");
-            break;
+            o = j_key(o, &first, i);
+            o = j_cstr(o, v->origin ? v->origin->fleet : NULL);
+            *o++ = '"';
+            continue;
         case SL_TLOG_F_RUNTIME:
-            put_cstr_field(&o, &first, i, v->origin ? v->origin->runtime : "");
-            break;
-        case SL_TLOG_F_API:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_API]);
-            break;
-        case SL_TLOG_F_OPERATION:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_OPERATION]);
-            break;
-        case SL_TLOG_F_CONSUMER:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_CONSUMER]);
-            break;
-        case SL_TLOG_F_CLIENT:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_CLIENT]);
-            break;
-        case SL_TLOG_F_METHOD:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_METHOD]);
-            break;
-        case SL_TLOG_F_HOST:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_HOST]);
-            break;
-        case SL_TLOG_F_PATH:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_PATH]);
-            break;
-        case SL_TLOG_F_QUERY:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_QUERY]);
-            break;
+            o = j_key(o, &first, i);
+            o = j_cstr(o, v->origin ? v->origin->runtime : NULL);
+            *o++ = '"';
+            continue;
         case SL_TLOG_F_PROTOCOL:
-            put_key(&o, &first, i);
-            put_c(&o, '"');
-            put_protocol(&o, e->minor_version);
-            put_c(&o, '"');
-            break;
+            o = j_key(o, &first, i);
+            if (e->minor_version < 0) {
+                memcpy(o, "HTTP/2.0\"", 9);
+            } else {
+                memcpy(o, "HTTP/1.x\"", 9);
+                o[7] = e->minor_version <= 9 ? (char)('0' + e->minor_version) : '1';
+            }
+            o += 9;
+            continue;
         case SL_TLOG_F_STATUS:
-            put_key(&o, &first, i);
-            put_u64(&o, e->status > 0 ? (uint64_t)e->status : 0);
-            break;
+            o = j_key(o, &first, i);
+            o = j_u64(o, e->status > 0 ? (uint64_t)e->status : 0);
+            continue;
         case SL_TLOG_F_BYTES_RECEIVED:
-            put_key(&o, &first, i);
-            put_u64(&o, e->bytes_received);
-            break;
+            o = j_key(o, &first, i);
+            o = j_u64(o, e->bytes_received);
+            continue;
         case SL_TLOG_F_BYTES_SENT:
-            put_key(&o, &first, i);
-            put_u64(&o, e->bytes_sent);
-            break;
+            o = j_key(o, &first, i);
+            o = j_u64(o, e->bytes_sent);
+            continue;
         case SL_TLOG_F_DURATION_MS:
-            put_key(&o, &first, i);
-            put_ms(&o, e->duration_us);
-            break;
+            o = j_key(o, &first, i);
+            o = j_ms(o, e->duration_us);
+            continue;
         case SL_TLOG_F_UPSTREAM_MS:
             /* Absent when no upstream answered (an error of the gateway's
              * own, a policy's reply, a cache hit). */
             if (e->upstream_timed) {
-                put_key(&o, &first, i);
-                put_ms(&o, e->upstream_us);
+                o = j_key(o, &first, i);
+                o = j_ms(o, e->upstream_us);
             }
-            break;
+            continue;
         case SL_TLOG_F_GATEWAY_MS:
-            put_key(&o, &first, i);
-            put_ms(&o, e->upstream_timed && e->upstream_us <= e->duration_us
-                           ? e->duration_us - e->upstream_us
-                           : e->duration_us);
-            break;
-        case SL_TLOG_F_UPSTREAM:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_UPSTREAM]);
-            break;
+            o = j_key(o, &first, i);
+            o = j_ms(o, e->upstream_timed && e->upstream_us <= e->duration_us
+                            ? e->duration_us - e->upstream_us
+                            : e->duration_us);
+            continue;
         case SL_TLOG_F_RETRIES:
-            put_key(&o, &first, i);
-            put_u64(&o, e->retries);
-            break;
-        case SL_TLOG_F_ERROR:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_ERROR]);
-            break;
-        case SL_TLOG_F_POLICY:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_POLICY]);
-            break;
-        case SL_TLOG_F_POLICY_REASON:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_POLICY_REASON]);
-            break;
-        case SL_TLOG_F_CACHE:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_CACHE]);
-            break;
-        case SL_TLOG_F_USER_AGENT:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_USER_AGENT]);
-            break;
-        case SL_TLOG_F_REFERER:
-            put_str_field(&o, &first, i, e->str[SL_TLOG_S_REFERER]);
-            break;
+            o = j_key(o, &first, i);
+            o = j_u64(o, e->retries);
+            continue;
         case SL_TLOG_F_REQUEST_HEADERS:
         case SL_TLOG_F_RESPONSE_HEADERS: {
             sl_str_t h = e->str[i == SL_TLOG_F_REQUEST_HEADERS ? SL_TLOG_S_REQUEST_HEADERS
                                                                : SL_TLOG_S_RESPONSE_HEADERS];
-            put_key(&o, &first, i);
+            o = j_key(o, &first, i);
             /* Already a JSON object (sl_tlog_headers_json); {} when none. */
-            if (h.len >= 2 && h.ptr[0] == '{' && h.ptr[h.len - 1] == '}')
-                put(&o, h.ptr, h.len);
-            else
-                PUT_LIT(&o, "{}");
-            break;
+            if (h.len >= 2 && h.ptr[0] == '{' && h.ptr[h.len - 1] == '}') {
+                memcpy(o, h.ptr, h.len);
+                o += h.len;
+            } else {
+                memcpy(o, "{}", 2);
+                o += 2;
+            }
+            continue;
         }
+        case SL_TLOG_F_REQUEST_ID:
+            sidx = SL_TLOG_S_REQUEST_ID;
+            break;
+        case SL_TLOG_F_API:
+            sidx = SL_TLOG_S_API;
+            break;
+        case SL_TLOG_F_OPERATION:
+            sidx = SL_TLOG_S_OPERATION;
+            break;
+        case SL_TLOG_F_CONSUMER:
+            sidx = SL_TLOG_S_CONSUMER;
+            break;
+        case SL_TLOG_F_CLIENT:
+            sidx = SL_TLOG_S_CLIENT;
+            break;
+        case SL_TLOG_F_METHOD:
+            sidx = SL_TLOG_S_METHOD;
+            break;
+        case SL_TLOG_F_HOST:
+            sidx = SL_TLOG_S_HOST;
+            break;
+        case SL_TLOG_F_PATH:
+            sidx = SL_TLOG_S_PATH;
+            break;
+        case SL_TLOG_F_QUERY:
+            sidx = SL_TLOG_S_QUERY;
+            break;
+        case SL_TLOG_F_UPSTREAM:
+            sidx = SL_TLOG_S_UPSTREAM;
+            break;
+        case SL_TLOG_F_ERROR:
+            sidx = SL_TLOG_S_ERROR;
+            break;
+        case SL_TLOG_F_POLICY:
+            sidx = SL_TLOG_S_POLICY;
+            break;
+        case SL_TLOG_F_POLICY_REASON:
+            sidx = SL_TLOG_S_POLICY_REASON;
+            break;
+        case SL_TLOG_F_CACHE:
+            sidx = SL_TLOG_S_CACHE;
+            break;
+        case SL_TLOG_F_USER_AGENT:
+            sidx = SL_TLOG_S_USER_AGENT;
+            break;
+        case SL_TLOG_F_REFERER:
+            sidx = SL_TLOG_S_REFERER;
+            break;
         case SL_TLOG_F__COUNT:
-            break;
+            continue;
         }
+        o = j_key(o, &first, i);
+        o = j_str(o, e->str[sidx].ptr, e->str[sidx].len);
+        *o++ = '"';
     }
-    /* A record cut at the buffer's end would not parse: the bounds above
-     * make that impossible, but never write half an object. */
-    if (o.p >= o.end)
-        return 0;
-    put_c(&o, '}');
-    return (size_t)(o.p - buf);
+    *o++ = '}';
+    return (size_t)(o - buf);
 }
 
 /* nginx:  $remote_addr - $remote_user [$time_local] "$request" $status

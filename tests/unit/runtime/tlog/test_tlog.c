@@ -229,6 +229,36 @@ static void test_pipeline_to_file(void **state)
     rmdir(dir);
 }
 
+/* The word-at-a-time escaper (j_str) writes exactly what the byte-by-byte
+ * one (put_json_str) does, for strings of every length around the 8-byte
+ * word, with each special byte at each position. */
+static void test_word_escaper_matches_bytewise(void **state)
+{
+    (void)state;
+    static const unsigned char specials[] = {'"', '\\', 0x00, 0x1f, 0x20, 0x7f, 0x80, 0xc3,
+                                             0xa9, 0xff, '\n', 'a', 0x21, 0x5b, 0x5d};
+    char in[40], want[40 * 6 + 8], got[40 * 6 + 64];
+    uint64_t rng = 88172645463325252ULL;
+    for (size_t len = 0; len <= 33; len++) {
+        for (int round = 0; round < 300; round++) {
+            for (size_t k = 0; k < len; k++) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                /* Mostly plain letters, some specials. */
+                in[k] = (rng % 5) ? (char)('a' + rng % 26)
+                                  : (char)specials[(rng >> 8) % sizeof(specials)];
+            }
+            out_t o = {want, want + sizeof(want)};
+            put_json_str(&o, in, len);
+            size_t wn = (size_t)(o.p - want);
+            size_t gn = (size_t)(j_str(got, in, len) - got);
+            assert_int_equal(gn, wn);
+            assert_memory_equal(got, want, wn);
+        }
+    }
+}
+
 int main(void)
 {
     sl_log_set_level(SL_LOG_ALERT);
@@ -237,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_combined_line_exact),
         cmocka_unit_test(test_calendar_matches_gmtime),
         cmocka_unit_test(test_hostile_bytes_give_valid_json),
+        cmocka_unit_test(test_word_escaper_matches_bytewise),
         cmocka_unit_test(test_headers_json),
         cmocka_unit_test(test_pipeline_to_file),
     };
