@@ -99,9 +99,21 @@ typedef struct {
     uint16_t slen[SL_TLOG_S__COUNT];
 } wire_head_t;
 
+/* A record never wraps around the ring's end: one that would not fit before
+ * it is preceded by a pad (a head with fields == WIRE_PAD and len the bytes
+ * to the end), so the logger reads every record in place. Records are
+ * 8-byte aligned. */
+#define WIRE_PAD UINT32_MAX
+/* The logger's chunk (drain_rings). */
+#define CHUNK_RECORDS 256
+#define CHUNK_BYTES (256 * 1024)
+#define WIRE_ALIGN(n) (((n) + 7) & ~(size_t)7)
+
 typedef struct {
     _Atomic size_t head __attribute__((aligned(64))); /* bytes published, producer-owned */
     _Atomic uint64_t dropped;                         /* records dropped, producer-owned */
+    size_t tail_seen; /* producer: tail as last read (room is at least that) */
+    int woke;         /* producer: woke the logger since the ring was last below half */
     _Atomic size_t tail __attribute__((aligned(64))); /* bytes consumed, logger-owned */
     char *buf __attribute__((aligned(64)));
 } ring_t;
@@ -135,8 +147,11 @@ static struct {
 
     uint64_t ring_drops_seen; /* logger: ring drops already charged to the sinks */
     _Atomic uint64_t bad_worker_drops;
-    char *scratch; /* logger: one record, contiguous */
-    char *json;    /* logger: its JSON */
+    sl_tlog_view_t chunk[CHUNK_RECORDS]; /* logger: records decoded in place */
+    size_t line_off[CHUNK_RECORDS + 1];   /* their JSON lines in `lines` */
+    unsigned chunk_n;
+    sl_tlog_buf_t lines;
+    int need_json; /* logger: some sink takes JSON */
 } tl = {
     .wake_fd = -1,
     .set_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -149,6 +164,22 @@ uint64_t sl_tlog_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Room for n more bytes. */
+static int buf_reserve(sl_tlog_buf_t *b, size_t n)
+{
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n)
+            cap *= 2;
+        char *d = realloc(b->data, cap);
+        if (!d)
+            return -1;
+        b->data = d;
+        b->cap = cap;
+    }
+    return 0;
 }
 
 int sl_tlog_buf_add(sl_tlog_buf_t *b, const void *p, size_t n)
@@ -896,14 +927,6 @@ static void wake_logger(void)
     (void)w;
 }
 
-static inline void ring_copy_in(ring_t *r, size_t pos, const void *src, size_t n)
-{
-    size_t off = pos & (RING_BYTES - 1);
-    size_t first = RING_BYTES - off < n ? RING_BYTES - off : n;
-    memcpy(r->buf + off, src, first);
-    memcpy(r->buf, (const char *)src + first, n - first);
-}
-
 void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
 {
     if (sl_unlikely(worker >= tl.nworkers || !tl.rings)) {
@@ -929,26 +952,49 @@ void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
         h.slen[i] = (uint16_t)(n < str_max[i] ? n : str_max[i]);
         len += h.slen[i];
     }
+    len = WIRE_ALIGN(len);
     h.len = (uint32_t)len;
     size_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-    size_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
-    size_t used = head - tail;
-    if (len > RING_BYTES - used) {
-        SL_TLOG_STAT_ADD(r->dropped, 1);
-        return;
-    }
-    size_t pos = head;
-    ring_copy_in(r, pos, &h, sizeof(h));
-    pos += sizeof(h);
-    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++) {
-        if (h.slen[i]) {
-            ring_copy_in(r, pos, e->str[i].ptr, h.slen[i]);
-            pos += h.slen[i];
+    size_t off = head & (RING_BYTES - 1);
+    size_t pad = RING_BYTES - off < len ? RING_BYTES - off : 0;
+    /* The logger's tail is read only when the room known from the last
+     * read is not enough: its cache line stays with the logger. */
+    if (head + pad + len - r->tail_seen > RING_BYTES) {
+        r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+        if (head + pad + len - r->tail_seen > RING_BYTES) {
+            SL_TLOG_STAT_ADD(r->dropped, 1);
+            return;
         }
     }
-    atomic_store_explicit(&r->head, head + len, memory_order_release);
-    if (used < RING_BYTES / 2 && used + len >= RING_BYTES / 2)
-        wake_logger();
+    if (pad) {
+        uint32_t marker[2] = {(uint32_t)pad, WIRE_PAD};
+        memcpy(r->buf + off, marker, sizeof(marker));
+        off = 0;
+    }
+    char *dst = r->buf + off;
+    memcpy(dst, &h, sizeof(h));
+    dst += sizeof(h);
+    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++) {
+        if (h.slen[i]) {
+            memcpy(dst, e->str[i].ptr, h.slen[i]);
+            dst += h.slen[i];
+        }
+    }
+    size_t new_head = head + pad + len;
+    atomic_store_explicit(&r->head, new_head, memory_order_release);
+    /* Past half full: wake the logger once (it drains every
+     * DRAIN_INTERVAL_MS anyway). */
+    if (new_head - r->tail_seen >= RING_BYTES / 2) {
+        if (!r->woke) {
+            r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+            if (new_head - r->tail_seen >= RING_BYTES / 2) {
+                r->woke = 1;
+                wake_logger();
+            }
+        }
+    } else {
+        r->woke = 0;
+    }
 }
 
 uint64_t sl_tlog_ring_dropped(void)
@@ -1077,7 +1123,19 @@ static void *sink_main(void *arg)
                 }
                 pthread_cond_timedwait(&s->cond, &s->lock, &dl);
             }
-            if (s->queue_records) {
+            if (s->queue_records && s->queue_records <= s->cfg.batch_max_records &&
+                s->queue.len <= s->cfg.batch_max_bytes) {
+                /* The whole queue is the batch: the buffers trade places,
+                 * nothing is copied or scanned. */
+                sl_tlog_buf_t t = batch;
+                batch = s->queue;
+                s->queue = t;
+                s->queue.len = 0;
+                s->inflight_bytes = batch.len;
+                s->inflight_records = s->queue_records;
+                batch_records = s->queue_records;
+                s->queue_records = 0;
+            } else if (s->queue_records) {
                 unsigned n = 0;
                 size_t bytes =
                     take_records(s, s->cfg.batch_max_records, s->cfg.batch_max_bytes, &n);
@@ -1287,48 +1345,102 @@ int sl_tlog_sink_check(const sl_tlog_sink_config_t *cfg, char *err, size_t errle
 
 /* ---- logger thread -------------------------------------------------------- */
 
-/* Logger thread: one record to every sink's queue (or its drop count). */
-static void dispatch(const sl_tlog_view_t *v)
+/* The logger works in chunks of up to CHUNK_RECORDS records: each is
+ * decoded in place (its strings point into the ring, which the logger
+ * gives back only after the chunk), formatted once as a JSON line into
+ * tl.lines, then every sink takes the whole chunk under one lock: a plain
+ * JSON file sink as one copy of the lines, the others record by record
+ * through their encode op. */
+
+static int is_json_file(const sl_tlog_sink_t *s)
 {
-    size_t jlen = 0;
-    int have_json = 0;
-    for (sl_tlog_sink_t *s = tl.sinks; s; s = s->next) {
-        if (!have_json && !(s->cfg.combined && s->ops == &sl_tlog_file_ops)) {
-            jlen = format_json(tl.json, JSON_MAX_BYTES, v);
-            have_json = 1;
-        }
-        pthread_mutex_lock(&s->lock);
-        size_t before = s->queue.len;
-        int rc = s->ops->encode(s, v, tl.json, jlen, &s->queue);
-        size_t added = s->queue.len - before;
-        if (rc != 0 || (jlen == 0 && !(s->cfg.combined && s->ops == &sl_tlog_file_ops))) {
-            s->queue.len = before;
-            pthread_mutex_unlock(&s->lock);
-            sl_tlog_sink_lost(s, 1, "out of memory while queueing");
-            continue;
-        }
-        if (before + added + s->inflight_bytes > s->cfg.buffer_bytes) {
-            s->queue.len = before;
-            pthread_mutex_unlock(&s->lock);
-            sl_tlog_sink_lost(s, 1,
-                              "its queue is at its memory budget (bufferBytes): the sink "
-                              "is slower than the traffic, or down");
-            continue;
-        }
-        if (s->queue_records++ == 0)
-            s->first_queued_ms = sl_tlog_now_ms();
-        if (s->queue_records >= s->cfg.batch_max_records || s->queue.len >= s->cfg.batch_max_bytes)
-            pthread_cond_signal(&s->cond);
-        pthread_mutex_unlock(&s->lock);
-    }
+    return s->ops == &sl_tlog_file_ops && !s->cfg.combined;
 }
 
-static inline void ring_copy_out(const ring_t *r, size_t pos, void *dst, size_t n)
+/* One sink takes the chunk; returns the records it dropped. */
+static uint64_t sink_take_chunk(sl_tlog_sink_t *s, unsigned n, int *oom)
 {
-    size_t off = pos & (RING_BYTES - 1);
-    size_t first = RING_BYTES - off < n ? RING_BYTES - off : n;
-    memcpy(dst, r->buf + off, first);
-    memcpy((char *)dst + first, r->buf, n - first);
+    uint64_t lost_budget = 0;
+    pthread_mutex_lock(&s->lock);
+    unsigned before_records = s->queue_records;
+    if (is_json_file(s) && s->queue.len + tl.lines.len + s->inflight_bytes <= s->cfg.buffer_bytes) {
+        if (s->queue.len == 0 && !s->next) {
+            /* An empty queue and no sink after this one: the lines become
+             * the queue, nothing is copied. */
+            sl_tlog_buf_t t = s->queue;
+            s->queue = tl.lines;
+            tl.lines = t;
+            s->queue_records += n;
+        } else if (sl_tlog_buf_add(&s->queue, tl.lines.data, tl.lines.len) == 0)
+            s->queue_records += n;
+        else
+            *oom += (int)n;
+    } else {
+        for (unsigned i = 0; i < n; i++) {
+            size_t before = s->queue.len;
+            const char *json = tl.lines.data + tl.line_off[i];
+            size_t jlen = tl.line_off[i + 1] - tl.line_off[i] - 1; /* without its '\n' */
+            int rc = is_json_file(s) ? sl_tlog_buf_add(&s->queue, json, jlen + 1)
+                                     : s->ops->encode(s, &tl.chunk[i], json, jlen, &s->queue);
+            if (rc != 0) {
+                s->queue.len = before;
+                (*oom)++;
+                continue;
+            }
+            if (s->queue.len + s->inflight_bytes > s->cfg.buffer_bytes) {
+                s->queue.len = before;
+                lost_budget++;
+                continue;
+            }
+            s->queue_records++;
+        }
+    }
+    if (before_records == 0 && s->queue_records)
+        s->first_queued_ms = sl_tlog_now_ms();
+    if (s->queue_records >= s->cfg.batch_max_records || s->queue.len >= s->cfg.batch_max_bytes)
+        pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    return lost_budget;
+}
+
+/* Logger thread: the chunk to every sink's queue (or its drop count). */
+static void flush_chunk(void)
+{
+    unsigned n = tl.chunk_n;
+    if (n == 0)
+        return;
+    for (sl_tlog_sink_t *s = tl.sinks; s; s = s->next) {
+        int oom = 0;
+        uint64_t lost = sink_take_chunk(s, n, &oom);
+        if (oom)
+            sl_tlog_sink_lost(s, (uint64_t)oom, "out of memory while queueing");
+        if (lost)
+            sl_tlog_sink_lost(s, lost,
+                              "its queue is at its memory budget (bufferBytes): the sink "
+                              "is slower than the traffic, or down");
+    }
+    tl.chunk_n = 0;
+    tl.lines.len = 0;
+}
+
+/* Logger thread: one decoded record into the chunk, its JSON line made. */
+static void chunk_add(const sl_tlog_view_t *v)
+{
+    size_t bound = json_bound(&v->rec) + 1;
+    if (tl.lines.cap - tl.lines.len < bound) {
+        if (buf_reserve(&tl.lines, bound) != 0) {
+            for (sl_tlog_sink_t *s = tl.sinks; s; s = s->next)
+                sl_tlog_sink_lost(s, 1, "out of memory while queueing");
+            return;
+        }
+    }
+    /* No JSON when every sink writes combined lines. */
+    size_t jlen = tl.need_json ? format_json(tl.lines.data + tl.lines.len, bound, v) : 0;
+    tl.line_off[tl.chunk_n] = tl.lines.len;
+    tl.lines.len += jlen;
+    tl.lines.data[tl.lines.len++] = '\n';
+    tl.chunk[tl.chunk_n++] = *v;
+    tl.line_off[tl.chunk_n] = tl.lines.len;
 }
 
 static void drain_rings(void)
@@ -1338,31 +1450,37 @@ static void drain_rings(void)
         size_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
         size_t head = atomic_load_explicit(&r->head, memory_order_acquire);
         while (tail != head) {
-            wire_head_t h;
-            ring_copy_out(r, tail, &h, sizeof(h));
-            ring_copy_out(r, tail + sizeof(h), tl.scratch, h.len - sizeof(h));
+            const wire_head_t *h = (const wire_head_t *)(r->buf + (tail & (RING_BYTES - 1)));
+            if (h->fields == WIRE_PAD) {
+                tail += h->len;
+                continue;
+            }
             sl_tlog_view_t v = {.origin = &tl.origin};
             sl_tlog_record_t *e = &v.rec;
-            e->fields = h.fields;
-            e->start_unix_us = h.start_unix_us;
-            e->duration_us = h.duration_us;
-            e->upstream_us = h.upstream_us;
-            e->bytes_received = h.bytes_received;
-            e->bytes_sent = h.bytes_sent;
-            e->status = h.status;
-            e->minor_version = h.minor_version;
-            e->upstream_timed = h.upstream_timed;
-            e->retries = h.retries;
-            size_t off = 0;
+            e->fields = h->fields;
+            e->start_unix_us = h->start_unix_us;
+            e->duration_us = h->duration_us;
+            e->upstream_us = h->upstream_us;
+            e->bytes_received = h->bytes_received;
+            e->bytes_sent = h->bytes_sent;
+            e->status = h->status;
+            e->minor_version = h->minor_version;
+            e->upstream_timed = h->upstream_timed;
+            e->retries = h->retries;
+            const char *str = (const char *)(h + 1);
             for (unsigned k = 0; k < SL_TLOG_S__COUNT; k++) {
-                e->str[k] = (sl_str_t){tl.scratch + off, h.slen[k]};
-                off += h.slen[k];
+                e->str[k] = (sl_str_t){str, h->slen[k]};
+                str += h->slen[k];
             }
-            dispatch(&v);
-            tail += h.len;
-            /* Room back as we go: a worker waiting for room drops less. */
-            atomic_store_explicit(&r->tail, tail, memory_order_release);
+            chunk_add(&v);
+            tail += h->len;
+            if (tl.chunk_n == CHUNK_RECORDS || tl.lines.len >= CHUNK_BYTES || tail == head) {
+                flush_chunk();
+                /* Room back as we go: a worker waiting for room drops less. */
+                atomic_store_explicit(&r->tail, tail, memory_order_release);
+            }
         }
+        atomic_store_explicit(&r->tail, tail, memory_order_release);
     }
     /* Ring drops: records no sink got. */
     uint64_t drops = sl_tlog_ring_dropped();
@@ -1437,6 +1555,10 @@ static void apply_pending(pending_cfg_t *p)
     sl_tlog_sink_t *removed = tl.sinks;
     pthread_mutex_lock(&tl.set_lock);
     tl.sinks = kept;
+    tl.need_json = 0;
+    for (sl_tlog_sink_t *s = kept; s; s = s->next)
+        if (!(s->ops == &sl_tlog_file_ops && s->cfg.combined))
+            tl.need_json = 1;
     for (int i = 0; i < 3; i++) {
         free(tl.origin_strings[i]);
         tl.origin_strings[i] = p->strings[i];
@@ -1541,9 +1663,7 @@ int sl_tlog_init(unsigned nworkers, char *err, size_t errlen)
     }
     tl.nworkers = nworkers;
     tl.rings = calloc(nworkers, sizeof(*tl.rings));
-    tl.scratch = malloc(RECORD_MAX_BYTES + 2 * (SL_TLOG_MAX_HEADER_MAX_BYTES + 64) + 64);
-    tl.json = malloc(JSON_MAX_BYTES);
-    if (!tl.rings || !tl.scratch || !tl.json)
+    if (!tl.rings)
         goto fail_oom;
     for (unsigned i = 0; i < nworkers; i++) {
         tl.rings[i].buf = malloc(RING_BYTES);
@@ -1573,10 +1693,7 @@ fail:
     for (unsigned i = 0; tl.rings && i < nworkers; i++)
         free(tl.rings[i].buf);
     free(tl.rings);
-    free(tl.scratch);
-    free(tl.json);
     tl.rings = NULL;
-    tl.scratch = tl.json = NULL;
     tl.nworkers = 0;
     if (tl.wake_fd >= 0)
         close(tl.wake_fd);
@@ -1705,9 +1822,7 @@ void sl_tlog_shutdown(void)
     tl.nworkers = 0;
     atomic_store(&tl.bad_worker_drops, drops);
     tl.ring_drops_seen = drops;
-    free(tl.scratch);
-    free(tl.json);
-    tl.scratch = tl.json = NULL;
+    sl_tlog_buf_free(&tl.lines);
     for (int i = 0; i < 3; i++) {
         free(tl.origin_strings[i]);
         tl.origin_strings[i] = NULL;
