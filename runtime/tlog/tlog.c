@@ -47,9 +47,9 @@
  * (format_json's json_bound). */
 #define ORIGIN_MAX 256
 #define KEY_COPY 40
-#define JSON_FIXED_BYTES                                                                           \
-    (SL_TLOG_F__COUNT * (KEY_COPY + 48) + 3 * 6 * ORIGIN_MAX + 2 * 16 + 256)
-#define JSON_MAX_BYTES (6 * (RECORD_MAX_BYTES + 2 * SL_TLOG_MAX_HEADER_MAX_BYTES) + JSON_FIXED_BYTES)
+#define JSON_FIXED_BYTES (SL_TLOG_F__COUNT * (KEY_COPY + 48) + 3 * 6 * ORIGIN_MAX + 2 * 16 + 256)
+#define JSON_MAX_BYTES                                                                             \
+    (6 * (RECORD_MAX_BYTES + 2 * SL_TLOG_MAX_HEADER_MAX_BYTES) + JSON_FIXED_BYTES)
 
 /* A counter with one writer: a plain load and store, no locked add. */
 #define SL_TLOG_STAT_ADD(field, n)                                                                 \
@@ -148,7 +148,7 @@ static struct {
     uint64_t ring_drops_seen; /* logger: ring drops already charged to the sinks */
     _Atomic uint64_t bad_worker_drops;
     sl_tlog_view_t chunk[CHUNK_RECORDS]; /* logger: records decoded in place */
-    size_t line_off[CHUNK_RECORDS + 1];   /* their JSON lines in `lines` */
+    size_t line_off[CHUNK_RECORDS + 1];  /* their JSON lines in `lines` */
     unsigned chunk_n;
     sl_tlog_buf_t lines;
     int need_json; /* logger: some sink takes JSON */
@@ -417,7 +417,6 @@ static void put_protocol(out_t *o, int minor_version)
  * Copies of a known small size (a key, a number's digits) are fixed-size
  * memcpys the compiler turns into a few moves, writing past the end of
  * what they mean (never past the bound): the next write overwrites it. */
-
 
 /* ",\"name\":" for every field (and the opening quote of a string value),
  * made once: a key is one fixed-size copy. */

@@ -235,8 +235,8 @@ static void test_pipeline_to_file(void **state)
 static void test_word_escaper_matches_bytewise(void **state)
 {
     (void)state;
-    static const unsigned char specials[] = {'"', '\\', 0x00, 0x1f, 0x20, 0x7f, 0x80, 0xc3,
-                                             0xa9, 0xff, '\n', 'a', 0x21, 0x5b, 0x5d};
+    static const unsigned char specials[] = {'"',  '\\', 0x00, 0x1f, 0x20, 0x7f, 0x80, 0xc3,
+                                             0xa9, 0xff, '\n', 'a',  0x21, 0x5b, 0x5d};
     char in[40], want[40 * 6 + 8], got[40 * 6 + 64];
     uint64_t rng = 88172645463325252ULL;
     for (size_t len = 0; len <= 33; len++) {
