@@ -37,9 +37,10 @@ PROTO_H     := $(PROTO_C:.c=.h)
 COMMON_SRC  := $(wildcard common/*.c)
 # The runtime by layer (DESIGN.md "Layout"): net/ listeners and TLS, http/
 # codecs, proxy/ the protocol-independent request and its upstream side,
-# control/ generations, the config stream and admin. Headers are included by
+# control/ generations, the config stream and admin, tlog/ the traffic log
+# pipeline (rings, logger thread, sinks). Headers are included by
 # name, so every layer's folder is on the include path.
-RUNTIME_DIRS := runtime runtime/net runtime/http runtime/proxy runtime/control
+RUNTIME_DIRS := runtime runtime/net runtime/http runtime/proxy runtime/control runtime/tlog
 RUNTIME_SRC := $(filter-out runtime/main.c,$(wildcard $(RUNTIME_DIRS:%=%/*.c)))
 POLICY_SRC  := $(wildcard policies/*.c policies/*/*.c)
 CTRL_SRC    := $(filter-out controller/main.c,$(wildcard controller/*.c))

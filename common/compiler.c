@@ -30,6 +30,7 @@
 
 #include "listener_http2.h"
 #include "tls_pem.h"
+#include "tlog_spec.h"
 #include "validate.h"
 
 #include <ctype.h>
@@ -536,6 +537,110 @@ static void compile_settings(cctx_t *c, Sluice__V1__Snapshot *snap, const gw_def
     s->path_normalization = cnew(c, sizeof(*s->path_normalization));
     if (s->path_normalization)
         *s->path_normalization = d->path;
+}
+
+/* --- traffic log ------------------------------------------------------------ */
+
+static void compile_tlog_sink(cctx_t *c, Sluice__V1__TrafficLogSink *o, json_t *s)
+{
+    const char *type = jstr(s, "type", "file");
+    o->name = cstr(c, jstr(s, "name", ""));
+    o->type = strcmp(type, "http") == 0 ? SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__HTTP
+              : strcmp(type, "elasticsearch") == 0
+                  ? SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__ELASTICSEARCH
+              : strcmp(type, "clickhouse") == 0 ? SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__CLICKHOUSE
+                                                : SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__FILE;
+    bool file = o->type == SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__FILE;
+    o->path = cstr(c, jstr(s, "path", ""));
+    o->format = strcmp(jstr(s, "format", "json"), "combined") == 0
+                    ? SLUICE__V1__TRAFFIC_LOG_SINK__FORMAT__COMBINED
+                    : SLUICE__V1__TRAFFIC_LOG_SINK__FORMAT__JSON;
+    json_t *rot = jget(s, "rotate");
+    o->rotate_max_bytes = jint(rot, "maxBytes", 0);
+    o->rotate_keep = (uint32_t)jint(rot, "keep", SL_TLOG_DEF_ROTATE_KEEP);
+    o->url = cstr(c, jstr(s, "url", ""));
+    o->index = cstr(c, o->type == SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__ELASTICSEARCH
+                           ? jstr(s, "index", SL_TLOG_DEF_ES_INDEX)
+                           : "");
+    o->table = cstr(c, o->type == SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__CLICKHOUSE
+                           ? jstr(s, "table", SL_TLOG_DEF_CH_TABLE)
+                           : "");
+    json_t *auth = jget(s, "auth");
+    o->username = cstr(c, jstr(auth, "username", ""));
+    o->password = cstr(c, jstr(auth, "password", ""));
+    o->api_key = cstr(c, jstr(auth, "apiKey", ""));
+    json_t *b = jget(s, "batch");
+    o->batch_max_records = (uint32_t)jint(b, "maxRecords", SL_TLOG_DEF_BATCH_RECORDS);
+    o->batch_max_bytes = (uint32_t)jint(b, "maxBytes", SL_TLOG_DEF_BATCH_BYTES);
+    o->batch_max_delay_ms =
+        jdur(b, "maxDelay", file ? SL_TLOG_DEF_FILE_BATCH_DELAY_MS : SL_TLOG_DEF_BATCH_DELAY_MS);
+    o->buffer_bytes = jint(s, "bufferBytes", SL_TLOG_DEF_BUFFER_BYTES);
+    o->timeout_ms = jdur(s, "timeout", SL_TLOG_DEF_TIMEOUT_MS);
+    json_t *r = jget(s, "retry");
+    o->backoff_initial_ms = jdur(r, "initialBackoff", SL_TLOG_DEF_BACKOFF_INITIAL_MS);
+    o->backoff_max_ms = jdur(r, "maxBackoff", SL_TLOG_DEF_BACKOFF_MAX_MS);
+}
+
+/* spec.trafficLog of the fleet's (first) Gateway; always present, so the
+ * runtime never guesses a default. */
+static Sluice__V1__TrafficLog *compile_traffic_log(cctx_t *c, const sl_resource_t *gw)
+{
+    Sluice__V1__TrafficLog *t = cnew(c, sizeof(*t));
+    if (!t)
+        return NULL;
+    sluice__v1__traffic_log__init(t);
+    json_t *tl = gw ? jget(jget(gw->obj, "spec"), "trafficLog") : NULL;
+    t->gateway = gw ? cprintf(c, "%s/%s", gw->ns, gw->name) : cstr(c, "");
+    t->enabled = jbool(tl, "enabled", true);
+    t->sample_ppm = jget(tl, "sampling") ? sl_tlog_sample_ppm(jget(tl, "sampling")) : 1000000;
+    t->fields =
+        jget(tl, "fields") ? sl_tlog_fields_mask(jget(tl, "fields")) : SL_TLOG_FIELDS_DEFAULT;
+    json_t *h = jget(tl, "headers");
+    t->header_max_bytes = (uint32_t)jint(h, "maxBytes", SL_TLOG_DEF_HEADER_MAX_BYTES);
+    json_t *redact = jget(h, "redact");
+    size_t ndef = 0;
+    while (sl_tlog_default_redact[ndef])
+        ndef++;
+    size_t nr = json_array_size(redact);
+    t->redact_headers = (char **)carray(c, ndef + nr, sizeof(*t->redact_headers));
+    for (size_t i = 0; t->redact_headers && i < ndef + nr; i++) {
+        const char *name = i < ndef ? sl_tlog_default_redact[i]
+                                    : json_string_value(json_array_get(redact, i - ndef));
+        char *low = cstr(c, name);
+        for (char *p = low; p && *p; p++)
+            *p = (char)tolower((unsigned char)*p);
+        t->redact_headers[t->n_redact_headers++] = low;
+    }
+    json_t *sinks = jget(tl, "sinks");
+    size_t ns = json_array_size(sinks);
+    t->sinks = (Sluice__V1__TrafficLogSink **)carray(c, ns, sizeof(*t->sinks));
+    for (size_t i = 0; t->sinks && i < ns; i++) {
+        Sluice__V1__TrafficLogSink *o = cnew(c, sizeof(*o));
+        if (!o)
+            break;
+        sluice__v1__traffic_log_sink__init(o);
+        t->sinks[t->n_sinks++] = o;
+        compile_tlog_sink(c, o, json_array_get(sinks, i));
+    }
+    return t;
+}
+
+/* An Api's trafficLog: its unset parts are the Gateway's. */
+static Sluice__V1__TrafficLogOverride *
+compile_traffic_log_override(cctx_t *c, json_t *tl, const Sluice__V1__TrafficLog *gw)
+{
+    if (!tl)
+        return NULL;
+    Sluice__V1__TrafficLogOverride *o = cnew(c, sizeof(*o));
+    if (!o)
+        return NULL;
+    sluice__v1__traffic_log_override__init(o);
+    o->enabled = jbool(tl, "enabled", gw ? gw->enabled : true);
+    o->sample_ppm = jget(tl, "sampling") ? sl_tlog_sample_ppm(jget(tl, "sampling"))
+                                         : (gw ? gw->sample_ppm : 1000000);
+    o->fields = jget(tl, "fields") ? sl_tlog_fields_mask(jget(tl, "fields"))
+                                   : (gw ? gw->fields : SL_TLOG_FIELDS_DEFAULT);
+    return o;
 }
 
 /* --- Backends -> Clusters ------------------------------------------------ */
@@ -1047,8 +1152,8 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
     rt->max_request_body_bytes = jint(op, "maxRequestBodyBytes", table->max_request_body_bytes);
     json_t *spec = jget(api->obj, "spec");
     compile_upgrades(c, rt, jget(spec, "upgrades"), jget(op, "upgrades"));
-    rt->tunnel_idle_ms = jdur(to, "tunnelIdle",
-                              jdur(jget(spec, "timeouts"), "tunnelIdle", DEF_TUNNEL_IDLE_MS));
+    rt->tunnel_idle_ms =
+        jdur(to, "tunnelIdle", jdur(jget(spec, "timeouts"), "tunnelIdle", DEF_TUNNEL_IDLE_MS));
     compile_policies(c, rt, jget(spec, "policies"), jget(op, "policies"));
 }
 
@@ -1083,6 +1188,8 @@ static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resourc
     }
     t->retry = compile_retry(c, NULL, jget(spec, "retries"));
     t->max_request_body_bytes = jint(spec, "maxRequestBodyBytes", d->limits.max_request_body_bytes);
+    t->traffic_log = compile_traffic_log_override(
+        c, jget(spec, "trafficLog"), c->snap->settings ? c->snap->settings->traffic_log : NULL);
 
     json_t *ops = jget(spec, "operations");
     size_t n = json_array_size(ops);
@@ -1200,6 +1307,8 @@ Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const ch
     gw_defaults_t d;
     gateway_defaults(ngw ? jget(gws[0].r->obj, "spec") : NULL, &d);
     compile_settings(&c, snap, &d);
+    if (snap->settings)
+        snap->settings->traffic_log = compile_traffic_log(&c, ngw ? gws[0].r : NULL);
     compile_listeners(&c, snap, gws, ngw);
     free(gws);
 

@@ -14,6 +14,7 @@
 #include "listener_http2.h"
 #include "pathtpl.h"
 #include "tls_pem.h"
+#include "tlog_spec.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <arpa/inet.h>
@@ -769,6 +770,271 @@ static void api_extra(sl_vctx_t *c, json_t *spec)
     sl_policy_vcheck_api(c, spec);
 }
 
+/* --- traffic log (runtime/tlog/; docs/configuration.md "Traffic log") ----- */
+
+static void check_fraction(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!json_is_number(v)) {
+        sl_validate_error(c, "expected a number from 0 to 1 (the share of requests logged)");
+        return;
+    }
+    double d = json_number_value(v);
+    if (!(d >= 0 && d <= 1))
+        sl_validate_error(c, "%g is out of range: give a number from 0 (none) to 1 (every request)",
+                          d);
+}
+
+static const sl_varray_t tlog_fields_array = {sl_vcheck_enum, sl_tlog_field_names, 1,
+                                              SL_TLOG_F__COUNT};
+
+static void tlog_fields_extra_check(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    sl_vcheck_array(c, v, arg);
+    if (!json_is_array(v))
+        return;
+    for (size_t i = 0; i < json_array_size(v); i++)
+        for (size_t j = 0; j < i; j++)
+            if (json_equal(json_array_get(v, i), json_array_get(v, j))) {
+                size_t saved = sl_validate_push_index(c, i);
+                sl_validate_error(c, "'%s' is listed twice (also fields[%zu])",
+                                  json_string_value(json_array_get(v, i)), j);
+                sl_validate_pop(c, saved);
+            }
+}
+
+static const sl_vrange_t tlog_header_bytes_range = {64, SL_TLOG_MAX_HEADER_MAX_BYTES};
+static const sl_vfield_t tlog_headers_fields[] = {
+    {"maxBytes", sl_vcheck_int, &tlog_header_bytes_range, 0},
+    {"redact", sl_vcheck_array, &(const sl_varray_t){check_header_name, NULL, 0, 64}, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tlog_headers_schema = {tlog_headers_fields, NULL};
+
+static const char *const tlog_sink_types[] = {"file", "http", "elasticsearch", "clickhouse", NULL};
+static const char *const tlog_file_formats[] = {"json", "combined", NULL};
+
+static void check_tlog_url(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    sl_vcheck_string(c, v, arg);
+    if (!json_is_string(v) || json_string_length(v) == 0)
+        return;
+    int tls;
+    char host[256], port[8], path[1024];
+    const char *why = NULL;
+    if (sl_tlog_url_split(json_string_value(v), &tls, host, sizeof(host), port, sizeof(port), path,
+                          sizeof(path), &why) != 0)
+        sl_validate_error(c, "%s (e.g. http://collector:8080/ingest)", why);
+    else if (tls)
+        sl_validate_error(c, "https is not supported by the traffic log sinks yet; use http:// "
+                             "(e.g. to a collector on the runtime's host)");
+    else if (strchr(path, '?'))
+        sl_validate_error(c, "must not have a query: the sink adds its own");
+}
+
+static void check_tlog_path(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    sl_vcheck_string(c, v, arg);
+    if (json_is_string(v) && json_string_length(v) && json_string_value(v)[0] != '/' &&
+        strcmp(json_string_value(v), "stdout") != 0)
+        sl_validate_error(c, "must be an absolute path (on the runtime's machine) or \"stdout\"");
+}
+
+/* Elasticsearch's index name rules (lower case, none of the characters below, not
+ * starting with -_+); the sink appends "-YYYY.MM.DD". */
+static void check_es_index(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    sl_vcheck_string(c, v, arg);
+    const char *s = json_string_value(v);
+    if (!s || !*s)
+        return;
+    if (strlen(s) > 200 || strchr("-_+", s[0])) {
+        sl_validate_error(c, "must be at most 200 characters and not start with '-', '_' or '+'");
+        return;
+    }
+    for (const char *p = s; *p; p++)
+        if ((*p >= 'A' && *p <= 'Z') || strchr("\\/*?\"<>| ,#:", *p) || (unsigned char)*p < 0x20) {
+            sl_validate_error(c,
+                              "'%c' is not allowed in an index name (lower case, none of "
+                              "\\/*?\"<>| ,#:)",
+                              *p);
+            return;
+        }
+}
+
+static void check_sql_table(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    sl_vcheck_string(c, v, arg);
+    const char *s = json_string_value(v);
+    if (!s || !*s)
+        return;
+    for (const char *p = s; *p; p++)
+        if (!(isalnum((unsigned char)*p) || *p == '_' || (*p == '.' && p != s)) ||
+            (p == s && isdigit((unsigned char)*p))) {
+            sl_validate_error(c, "a table name is letters, digits, '_' and one optional "
+                                 "'database.' prefix");
+            return;
+        }
+}
+
+static void tlog_auth_extra(sl_vctx_t *c, json_t *a)
+{
+    bool user = sl_validate_get(a, "username") != NULL, pass = sl_validate_get(a, "password");
+    bool key = sl_validate_get(a, "apiKey") != NULL;
+    if (key && (user || pass))
+        sl_validate_error(c, "set either apiKey or username and password, not both");
+    else if (user != pass)
+        at_key(c, user ? "password" : "username", report,
+               "required field missing (basic auth needs username and password)");
+    else if (!key && !user)
+        sl_validate_error(c, "set apiKey, or username and password");
+}
+
+static const sl_vfield_t tlog_auth_fields[] = {
+    {"username", sl_vcheck_string, NULL, 0},
+    {"password", sl_vcheck_string, NULL, 0},
+    {"apiKey", sl_vcheck_string, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tlog_auth_schema = {tlog_auth_fields, tlog_auth_extra};
+
+static const sl_vrange_t tlog_batch_records_range = {1, 100000};
+static const sl_vrange_t tlog_batch_bytes_range = {1024, 64 * 1024 * 1024};
+static const sl_vrange_t tlog_buffer_range = {64 * 1024, 1024LL * 1024 * 1024};
+static const sl_vrange_t tlog_rotate_bytes_range = {4096, INT64_MAX};
+static const sl_vrange_t tlog_rotate_keep_range = {1, 100};
+static const sl_vrange_t tlog_delay_range = {1, 600000};
+
+static const sl_vfield_t tlog_batch_fields[] = {
+    {"maxRecords", sl_vcheck_int, &tlog_batch_records_range, 0},
+    {"maxBytes", sl_vcheck_int, &tlog_batch_bytes_range, 0},
+    {"maxDelay", sl_vcheck_duration, &tlog_delay_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tlog_batch_schema = {tlog_batch_fields, NULL};
+
+static const sl_vfield_t tlog_rotate_fields[] = {
+    {"maxBytes", sl_vcheck_int, &tlog_rotate_bytes_range, SL_VFIELD_REQUIRED},
+    {"keep", sl_vcheck_int, &tlog_rotate_keep_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tlog_rotate_schema = {tlog_rotate_fields, NULL};
+
+static void tlog_retry_extra(sl_vctx_t *c, json_t *r)
+{
+    uint64_t lo = SL_TLOG_DEF_BACKOFF_INITIAL_MS, hi = SL_TLOG_DEF_BACKOFF_MAX_MS;
+    if (sl_validate_get(r, "initialBackoff"))
+        sl_parse_duration_ms(json_object_get(r, "initialBackoff"), &lo);
+    if (sl_validate_get(r, "maxBackoff"))
+        sl_parse_duration_ms(json_object_get(r, "maxBackoff"), &hi);
+    if (lo > hi)
+        at_key(c, "initialBackoff", report, "must not be longer than maxBackoff");
+}
+
+static const sl_vfield_t tlog_retry_fields[] = {
+    {"initialBackoff", sl_vcheck_duration, &tlog_delay_range, 0},
+    {"maxBackoff", sl_vcheck_duration, &tlog_delay_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tlog_retry_schema = {tlog_retry_fields, tlog_retry_extra};
+
+/* Which fields belong to which sink type. */
+static void tlog_sink_extra(sl_vctx_t *c, json_t *s)
+{
+    const char *type = json_string_value(json_object_get(s, "type"));
+    bool file = strcmp(type, "file") == 0, es = strcmp(type, "elasticsearch") == 0;
+    bool ch = strcmp(type, "clickhouse") == 0;
+    static const char *const file_only[] = {"format", "rotate", NULL};
+    static const char *const net_only[] = {"url", "auth", "timeout", "retry", NULL};
+    if (file && !sl_validate_get(s, "path"))
+        at_key(c, "path", report, "required field missing (a file sink writes to this path)");
+    if (!file && !sl_validate_get(s, "url"))
+        at_key(c, "url", report,
+               "required field missing (where this sink sends its batches, e.g. "
+               "http://collector:8080/ingest)");
+    if (!file && sl_validate_get(s, "path"))
+        at_key(c, "path", report, "only for type file (this sink sends to url)");
+    for (int i = 0; file_only[i]; i++)
+        if (!file && sl_validate_get(s, file_only[i]))
+            at_key(c, file_only[i], report, "only for type file");
+    for (int i = 0; net_only[i]; i++)
+        if (file && sl_validate_get(s, net_only[i]))
+            at_key(c, net_only[i], report,
+                   "not for type file (it is for http, elasticsearch and clickhouse sinks)");
+    if (!es && sl_validate_get(s, "index"))
+        at_key(c, "index", report, "only for type elasticsearch");
+    if (!ch && sl_validate_get(s, "table"))
+        at_key(c, "table", report, "only for type clickhouse");
+    json_t *auth = sl_validate_get(s, "auth");
+    if (auth && !es && sl_validate_get(auth, "apiKey"))
+        at_key(c, "auth", report, "apiKey is only for type elasticsearch (use username/password)");
+    json_t *path = sl_validate_get(s, "path");
+    if (path && sl_validate_get(s, "rotate") && strcmp(json_string_value(path), "stdout") == 0)
+        at_key(c, "rotate", report, "stdout cannot be rotated");
+}
+
+static const sl_vfield_t tlog_sink_fields[] = {
+    {"name", sl_vcheck_dns_label, NULL, SL_VFIELD_REQUIRED},
+    {"type", sl_vcheck_enum, tlog_sink_types, SL_VFIELD_REQUIRED},
+    {"path", check_tlog_path, NULL, 0},
+    {"format", sl_vcheck_enum, tlog_file_formats, 0},
+    {"rotate", sl_vcheck_object, &tlog_rotate_schema, 0},
+    {"url", check_tlog_url, NULL, 0},
+    {"index", check_es_index, NULL, 0},
+    {"table", check_sql_table, NULL, 0},
+    {"auth", sl_vcheck_object, &tlog_auth_schema, 0},
+    {"batch", sl_vcheck_object, &tlog_batch_schema, 0},
+    {"bufferBytes", sl_vcheck_int, &tlog_buffer_range, 0},
+    {"timeout", sl_vcheck_duration, &tlog_delay_range, 0},
+    {"retry", sl_vcheck_object, &tlog_retry_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tlog_sink_schema = {tlog_sink_fields, tlog_sink_extra};
+
+static void traffic_log_extra(sl_vctx_t *c, json_t *t)
+{
+    json_t *sinks = sl_validate_get(t, "sinks");
+    for (size_t i = 0; i < json_array_size(sinks); i++) {
+        const char *a = json_string_value(json_object_get(json_array_get(sinks, i), "name"));
+        const char *pa = json_string_value(json_object_get(json_array_get(sinks, i), "path"));
+        for (size_t j = 0; j < i; j++) {
+            json_t *o = json_array_get(sinks, j);
+            const char *b = json_string_value(json_object_get(o, "name"));
+            const char *pb = json_string_value(json_object_get(o, "path"));
+            size_t s1 = sl_validate_push_key(c, "sinks"), s2 = sl_validate_push_index(c, i);
+            if (a && b && strcmp(a, b) == 0)
+                at_key(c, "name", report, "this name is already used by another sink");
+            else if (pa && pb && strcmp(pa, pb) == 0)
+                sl_validate_error(c,
+                                  "sinks[%zu] writes to the same path; give each file sink "
+                                  "its own",
+                                  j);
+            sl_validate_pop(c, s2);
+            sl_validate_pop(c, s1);
+        }
+    }
+}
+
+static const sl_vfield_t traffic_log_fields[] = {
+    {"enabled", sl_vcheck_bool, NULL, 0},
+    {"sampling", check_fraction, NULL, 0},
+    {"fields", tlog_fields_extra_check, &tlog_fields_array, 0},
+    {"headers", sl_vcheck_object, &tlog_headers_schema, 0},
+    {"sinks", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &tlog_sink_schema, 0, 16}, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t traffic_log_schema = {traffic_log_fields, traffic_log_extra};
+
+/* An Api's override: what is logged of its requests; the sinks are the
+ * Gateway's. */
+static const sl_vfield_t traffic_log_api_fields[] = {
+    {"enabled", sl_vcheck_bool, NULL, 0},
+    {"sampling", check_fraction, NULL, 0},
+    {"fields", tlog_fields_extra_check, &tlog_fields_array, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t traffic_log_api_schema = {traffic_log_api_fields, NULL};
+
 static const sl_vfield_t api_fields[] = {
     {"hosts", sl_vcheck_array, &(const sl_varray_t){check_api_host, NULL, 1, 256}, 0},
     {"basePath", check_base_path, NULL, 0},
@@ -782,6 +1048,7 @@ static const sl_vfield_t api_fields[] = {
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
     {"upgrades", sl_vcheck_array, &upgrades_array, 0},
     {"policies", sl_policy_vcheck_list, "api", 0},
+    {"trafficLog", sl_vcheck_object, &traffic_log_api_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_api = {api_fields, api_extra};
@@ -1127,6 +1394,7 @@ static const sl_vfield_t gateway_fields[] = {
     {"timeouts", sl_vcheck_object, &gateway_timeout_schema, 0},
     {"via", sl_vcheck_bool, NULL, 0},
     {"pathNormalization", sl_vcheck_object, &path_normalization_schema, 0},
+    {"trafficLog", sl_vcheck_object, &traffic_log_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_gateway = {gateway_fields, gateway_extra};

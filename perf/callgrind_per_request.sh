@@ -8,9 +8,13 @@
 # here). Not a test; needs valgrind, wrk and curl.
 #
 # usage: perf/callgrind_per_request.sh BIN CONFIG PORT [wrk -H options...]
+# THREADS=1: also one line per thread (callgrind --separate-threads=yes):
+# its instructions per request and the busiest function of its own code,
+# which tells the worker (event_base_loop) from the traffic log's
+# logger and sink threads (drain_rings, sink_main) and the main thread.
 BIN=$1; CFG=$2; PORT=$3; shift 3
 rm -f /tmp/cg.out.*
-valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.out.%p $BIN --config $CFG --workers 1 --admin off --access-log off --log-level warn >/dev/null 2>&1 &
+valgrind --tool=callgrind ${THREADS:+--separate-threads=yes} --instr-atstart=no --callgrind-out-file=/tmp/cg.out.%p $BIN --config $CFG --workers 1 --admin off --access-log off --log-level warn >/dev/null 2>&1 &
 VP=$!
 for i in $(seq 100); do curl -s -o /dev/null "$@" http://127.0.0.1:$PORT/bench && break; sleep 0.2; done
 taskset -c 1 wrk -t1 -c4 -d2s "$@" http://127.0.0.1:$PORT/bench >/dev/null
@@ -22,3 +26,13 @@ sleep 1
 kill $VP; wait $VP 2>/dev/null
 IR=$(grep -h "^summary:\|^totals:" /tmp/cg.out.* | awk '{s+=$2} END {print s}')
 echo "$N requests, $IR Ir, $(python3 -c "print(round($IR/$N))") Ir/request"
+if [ -n "${THREADS:-}" ]; then
+    for f in /tmp/cg.out.*; do
+        ir=$(grep -h "^summary:\|^totals:" "$f" | awk '{s+=$2} END {print s+0}')
+        [ "${ir:-0}" -gt 0 ] || continue
+        top=$(callgrind_annotate --inclusive=yes "$f" 2>/dev/null |
+            grep -E 'event_base_loop|logger_main|sink_main' | head -1 |
+            sed -E 's/.*[0-9] +\(?[0-9.%]*\)? *//; s/ \[.*//')
+        echo "  thread ${f##*-}: $(python3 -c "print(round($ir/$N))") Ir/request ($top)"
+    done
+fi

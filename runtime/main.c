@@ -3,10 +3,11 @@
  * (admin listener, health checks, config reloads). The request path lives in
  * the workers (worker.c, proxy.c).
  */
-#include "accesslog.h"
 #include "admin.h"
 #include "compiler.h"
 #include "config.h"
+#include "tlog.h"
+#include "tlog_config.h"
 #include "generation.h"
 #include "health.h"
 #include "log.h"
@@ -37,7 +38,7 @@ typedef struct {
     unsigned workers;
     const char *admin;
     const char *access_log;
-    enum sl_accesslog_format access_log_format;
+    int access_log_combined; /* --access-log-format combined */
     const char *fleet;
     const char *controller;
     const char *controller_ca, *cert, *key; /* TLS on the config stream */
@@ -156,9 +157,9 @@ static int parse_options(int argc, char **argv, options_t *o)
             break;
         case 'F':
             if (strcmp(optarg, "json") == 0)
-                o->access_log_format = SL_ACCESSLOG_JSON;
+                o->access_log_combined = 0;
             else if (strcmp(optarg, "combined") == 0)
-                o->access_log_format = SL_ACCESSLOG_COMBINED;
+                o->access_log_combined = 1;
             else {
                 fprintf(stderr, "sluice-runtime: --access-log-format %s: use json or combined\n",
                         optarg);
@@ -193,8 +194,9 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'L': {
             enum sl_log_level lvl;
             if (sl_log_level_from_string(optarg, &lvl) != 0) {
-                fprintf(stderr, "sluice-runtime: --log-level %s: use debug, info, notice, warn "
-                                "or error\n",
+                fprintf(stderr,
+                        "sluice-runtime: --log-level %s: use debug, info, notice, warn "
+                        "or error\n",
                         optarg);
                 return -1;
             }
@@ -209,8 +211,7 @@ static int parse_options(int argc, char **argv, options_t *o)
             char *end;
             errno = 0;
             unsigned long long n = strtoull(optarg, &end, 10);
-            if (*end || errno || optarg[0] == '-' ||
-                (ch == 'X' && n > UINT32_MAX)) {
+            if (*end || errno || optarg[0] == '-' || (ch == 'X' && n > UINT32_MAX)) {
                 fprintf(stderr, "sluice-runtime: --%s %s: must be a number\n",
                         ch == 'M' ? "max-routes" : "max-connections", optarg);
                 return -1;
@@ -303,8 +304,8 @@ static Sluice__V1__Snapshot *load_snapshot(runtime_t *rt, uint64_t version, char
         if (sl_model_load_path(&set, rt->opt.config_paths[i], &errs) != 0)
             failed = 1;
         size_t used = strlen(source);
-        snprintf(source + used, source_len - used, "%s%s", i ? "," : "file:",
-                 rt->opt.config_paths[i]);
+        snprintf(source + used, source_len - used, "%s%s",
+                 i ? "," : "file:", rt->opt.config_paths[i]);
     }
     if (!failed)
         snap = sl_compile_snapshot(&set, rt->opt.fleet, version, &errs);
@@ -415,7 +416,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
             reload(rt, "reload (SIGHUP)");
         break;
     case SIGUSR1:
-        sl_accesslog_reopen(); /* logs the reopen itself */
+        sl_tlog_reopen(); /* every file sink; each logs its reopen */
         break;
     case SIGTERM:
     case SIGINT:
@@ -492,10 +493,30 @@ int main(int argc, char **argv)
         goto out_rcu;
     }
     char err[1024];
-    if (sl_accesslog_open(rt.opt.access_log, rt.opt.access_log_format, rt.opt.workers, err,
-                          sizeof(err)) != 0) {
-        sl_log_error("%s", err);
-        goto out_rcu;
+    /* The traffic log: its rings and logger thread always (a Gateway may
+     * configure sinks at any time); --access-log is one file sink of it,
+     * checked now so that a bad path fails the start-up. */
+    {
+        const char *al =
+            rt.opt.access_log && strcmp(rt.opt.access_log, "off") != 0 ? rt.opt.access_log : NULL;
+        if (al && !al[0]) {
+            sl_log_error("--access-log: empty target; use a file path, \"stdout\" or \"off\"");
+            goto out_rcu;
+        }
+        if (sl_tlog_set_base(al, rt.opt.access_log_combined, rt.opt.fleet, rt.opt.node_id) != 0) {
+            sl_log_error("out of memory");
+            goto out_rcu;
+        }
+        if (al && sl_tlog_sink_check(sl_tlog_cli_sink(), err, sizeof(err)) != 0) {
+            sl_log_error("--access-log %s", err);
+            goto out_rcu;
+        }
+        if (sl_tlog_init(rt.opt.workers, err, sizeof(err)) != 0) {
+            sl_log_error("%s", err);
+            goto out_rcu;
+        }
+        if (al)
+            sl_tlog_apply_snapshot(NULL);
     }
     rt.base = event_base_new();
     rt.workers = sl_workers_create(rt.opt.workers);
@@ -546,7 +567,8 @@ int main(int argc, char **argv)
         goto out_workers;
     }
 
-    sl_admin_hooks_t hooks = {.is_ready = admin_ready, .config_dump = admin_config_dump, .ctx = &rt};
+    sl_admin_hooks_t hooks = {
+        .is_ready = admin_ready, .config_dump = admin_config_dump, .ctx = &rt};
     if (strcmp(rt.opt.admin, "off") != 0) {
         rt.admin = sl_admin_start(rt.base, rt.opt.admin, &hooks, err, sizeof(err));
         if (!rt.admin) {
@@ -567,8 +589,8 @@ int main(int argc, char **argv)
     if (rt.xds)
         sl_log_notice("sluice-runtime %s started: %u workers, admin %s, config from controller "
                       "%s (node %s, fleet %s)",
-                      SL_VERSION, rt.opt.workers, rt.opt.admin, rt.opt.controller,
-                      rt.opt.node_id, rt.opt.fleet);
+                      SL_VERSION, rt.opt.workers, rt.opt.admin, rt.opt.controller, rt.opt.node_id,
+                      rt.opt.fleet);
     else
         sl_log_notice("sluice-runtime %s started: %u workers, admin %s, config version %llu",
                       SL_VERSION, rt.opt.workers, rt.opt.admin,
@@ -613,7 +635,7 @@ out_workers:
     if (rt.workers)
         sl_workers_destroy(rt.workers, rt.opt.workers);
 out_log:
-    sl_accesslog_close();
+    sl_tlog_shutdown();
     if (rt.base)
         event_base_free(rt.base);
 out_rcu:

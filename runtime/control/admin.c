@@ -131,7 +131,8 @@ static int dump_to_evbuffer(const char *buf, size_t size, void *data)
     return evbuffer_add(data, buf, size);
 }
 
-/* Private keys travel in the snapshot (the stream is the secret channel);
+/* Private keys and the traffic log sinks' credentials travel in the
+ * snapshot (the stream is the secret channel);
  * the admin listener is not one, so they never leave through it. */
 void sl_admin_redact_secrets(json_t *doc)
 {
@@ -141,8 +142,9 @@ void sl_admin_redact_secrets(json_t *doc)
     if (json_is_object(doc)) {
         json_object_foreach(doc, key, v)
         {
-            if (strcmp(key, "private_key_pem") == 0 && json_is_string(v) &&
-                json_string_length(v) > 0)
+            if ((strcmp(key, "private_key_pem") == 0 || strcmp(key, "password") == 0 ||
+                 strcmp(key, "api_key") == 0) &&
+                json_is_string(v) && json_string_length(v) > 0)
                 json_object_set_new(doc, key, json_string("[redacted]"));
             else
                 sl_admin_redact_secrets(v);

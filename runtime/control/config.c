@@ -6,6 +6,7 @@
  * are closed after (their established connections carry on).
  */
 #include "config.h"
+#include "tlog_config.h"
 
 #include "compiler.h"
 #include "log.h"
@@ -205,6 +206,13 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
     rcu_thread_online();
     sl_generation_publish(gen);
     rcu_thread_offline();
+    /* The traffic log's sinks follow (kept ones untouched): records of the
+     * new generation's requests written before the logger switches go to
+     * the previous set, none is lost. */
+    if (sl_tlog_apply_snapshot(snap) != 0)
+        sl_log_error("traffic log: out of memory applying the sinks of version %llu; the "
+                     "previous sinks stay",
+                     (unsigned long long)gen->version);
     cfg->version = gen->version;
     cfg->have_generation = 1;
 

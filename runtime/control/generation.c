@@ -84,8 +84,8 @@ static void free_generation(sl_generation_t *gen)
             for (size_t r = 0; r < gen->snap->route_tables[t]->n_routes; r++) {
                 free(routes[r].backends);
                 free(routes[r].backend_weights);
-                for (size_t k = 0; routes[r].policy_stats &&
-                                   k < sl_policy_chain_len(routes[r].chain); k++)
+                for (size_t k = 0;
+                     routes[r].policy_stats && k < sl_policy_chain_len(routes[r].chain); k++)
                     sl_metrics_policy_release(routes[r].policy_stats[k]);
                 free(routes[r].policy_stats);
                 sl_policy_chain_free(routes[r].chain);
@@ -116,6 +116,7 @@ static void free_generation(sl_generation_t *gen)
         sl_router_free(gen->router);
     if (gen->snap)
         sl_snapshot_free(gen->snap);
+    free(gen->tlog_tables);
     free(gen->source);
     free(gen->worker_slots);
     free(gen);
@@ -231,6 +232,7 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
             route->operation.ptr = pb->name;
             route->operation.len = strlen(pb->name);
             route->strip_base_path = table->strip_base_path;
+            route->tlog = table->traffic_log ? &gen->tlog_tables[t] : &gen->tlog;
             route->timeouts = table_timeouts;
             merge_timeouts(&route->timeouts, pb->timeouts);
             const Sluice__V1__RetryPolicy *retry = pb->retry ? pb->retry : table->retry;
@@ -278,8 +280,8 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 /* A chain that cannot be built fails this route closed and
                  * leaves every other route (and Api) as it is. */
                 char why[512];
-                route->chain = sl_policy_chain_build(pb->policies, pb->n_policies, &env, why,
-                                                     sizeof(why));
+                route->chain =
+                    sl_policy_chain_build(pb->policies, pb->n_policies, &env, why, sizeof(why));
                 size_t nchain = sl_policy_chain_len(route->chain);
                 if (route->chain) {
                     route->policy_stats = calloc(nchain, sizeof(*route->policy_stats));
@@ -290,7 +292,8 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                             table->name, sl_policy_chain_name(route->chain, k));
                 } else {
                     sl_log_warn("api %s operation %s: not served until its policies can be "
-                                "applied: %s", table->name, pb->name, why);
+                                "applied: %s",
+                                table->name, pb->name, why);
                     route->policy_error = strdup(why);
                     if (!route->policy_error)
                         goto nomem;
@@ -489,6 +492,43 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
         .connect_ms = 0,
         .response_ms = to && to->upstream_response_ms ? to->upstream_response_ms : 30000,
     };
+
+    /* The traffic log's record settings; absent (an older controller): the
+     * defaults, every record. */
+    const Sluice__V1__TrafficLog *tlc = gs ? gs->traffic_log : NULL;
+    gen->tlog = sl_tlog_policy_default;
+    if (tlc) {
+        gen->tlog.enabled = tlc->enabled;
+        gen->tlog.sample_ppm = tlc->sample_ppm;
+        gen->tlog.fields = tlc->fields;
+        gen->tlog.header_max_bytes = tlc->header_max_bytes;
+        gen->tlog.redact = tlc->redact_headers;
+        gen->tlog.num_redact = tlc->n_redact_headers;
+    }
+    gen->tlog_tables =
+        calloc(snap->n_route_tables ? snap->n_route_tables : 1, sizeof(*gen->tlog_tables));
+    if (!gen->tlog_tables) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (size_t t = 0; t < snap->n_route_tables; t++) {
+        const Sluice__V1__TrafficLogOverride *o = snap->route_tables[t]->traffic_log;
+        gen->tlog_tables[t] = gen->tlog;
+        if (o) {
+            gen->tlog_tables[t].enabled = o->enabled;
+            gen->tlog_tables[t].sample_ppm = o->sample_ppm;
+            gen->tlog_tables[t].fields = o->fields;
+        }
+    }
+    for (size_t t = 0; t <= snap->n_route_tables; t++) {
+        const sl_tlog_policy_t *p = t < snap->n_route_tables ? &gen->tlog_tables[t] : &gen->tlog;
+        if (!p->enabled)
+            continue;
+        if (p->fields & (1u << SL_TLOG_F_REQUEST_HEADERS))
+            gen->tlog_headers_wanted |= 1;
+        if (p->fields & (1u << SL_TLOG_F_RESPONSE_HEADERS))
+            gen->tlog_headers_wanted |= 2;
+    }
 
     if (build_clusters(gen, err, errlen) != 0)
         goto fail;

@@ -52,6 +52,7 @@
 #include "path.h"
 #include "router.h"
 #include "sluice/v1/snapshot.pb-c.h"
+#include "tlog.h"
 
 #include <stdatomic.h>
 #include <urcu-qsbr.h>
@@ -118,6 +119,7 @@ typedef struct sl_gen_route {
     struct sl_policy_chain *chain;
     char *policy_error;
     struct sl_policy_stats **policy_stats; /* [chain length], in chain order */
+    const sl_tlog_policy_t *tlog;          /* what its records hold: the Api's, or gen->tlog */
 } sl_gen_route_t;
 
 /* One worker's requests on a generation (see "Worker holds" above). Its own
@@ -160,6 +162,13 @@ typedef struct sl_generation {
      * current generation's, established ones keep what they started with. */
     struct sl_h2_settings *h2;
     struct sl_consumers *consumers; /* the snapshot's Consumers, indexed for policies */
+    /* The traffic log's record settings: the Gateway's, and per route
+     * table the Api's override (tlog_tables[t], NULL entries unused). */
+    sl_tlog_policy_t tlog;
+    sl_tlog_policy_t *tlog_tables;
+    /* Some record of this generation holds the request's (bit 0) or the
+     * response's (bit 1) headers: only then are they captured. */
+    uint8_t tlog_headers_wanted;
 } sl_generation_t;
 
 /* Copies into *out the HTTP/2 settings of listener `key` ("address:port")

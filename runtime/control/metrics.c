@@ -20,7 +20,7 @@
 #include "cache/cache_store.h"
 #include "metrics.h"
 
-#include "accesslog.h"
+#include "tlog.h"
 #include "endpoint.h"
 #include "sl_types.h"
 
@@ -310,6 +310,65 @@ void sl_metrics_policy_release(sl_policy_stats_t *s)
 
 static void add_label_value(struct evbuffer *out, const char *v);
 static void add_header(struct evbuffer *out, const char *name, const char *type, const char *help);
+
+/* ---- traffic log ------------------------------------------------------------ */
+
+typedef struct {
+    struct evbuffer *out;
+    int family;
+} tlog_render_t;
+
+static void tlog_series(const sl_tlog_sink_stats_t *st, void *arg)
+{
+    tlog_render_t *t = arg;
+    static const char *const names[] = {
+        "sluice_traffic_log_records_total", "sluice_traffic_log_dropped_total",
+        "sluice_traffic_log_queue_bytes", "sluice_traffic_log_queue_records",
+        "sluice_traffic_log_failed_batches_total"};
+    uint64_t v = t->family == 0   ? st->records_written
+                 : t->family == 1 ? st->dropped
+                 : t->family == 2 ? st->queue_bytes
+                 : t->family == 3 ? st->queue_records
+                                  : st->batches_failed;
+    /* Sink names are DNS labels (validated): nothing to escape. */
+    evbuffer_add_printf(t->out, "%s{sink=\"%s\",type=\"%s\"} %" PRIu64 "\n", names[t->family],
+                        st->name, st->type, v);
+}
+
+/* Per sink: delivered, dropped (for any reason: a full worker ring, a queue
+ * at its budget, a failed write, a collector's refusal), what waits, and
+ * failed deliveries; and the workers' rings. */
+static void render_tlog(struct evbuffer *out)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } fam[] = {
+        {"sluice_traffic_log_records_total", "counter",
+         "Traffic log records delivered by each sink (written to its file, accepted by its "
+         "collector)."},
+        {"sluice_traffic_log_dropped_total", "counter",
+         "Traffic log records a sink did not deliver: a worker's ring was full, its queue was "
+         "at its memory budget, a write failed, or the collector refused them."},
+        {"sluice_traffic_log_queue_bytes", "gauge",
+         "Bytes waiting in a sink's queue, its batch in flight included."},
+        {"sluice_traffic_log_queue_records", "gauge", "Records waiting in a sink's queue."},
+        {"sluice_traffic_log_failed_batches_total", "counter",
+         "Deliveries of a batch that failed (then retried with backoff, or dropped)."},
+    };
+    for (int f = 0; f < 5; f++) {
+        add_header(out, fam[f].name, fam[f].type, fam[f].help);
+        tlog_render_t t = {out, f};
+        sl_tlog_foreach_sink(tlog_series, &t);
+    }
+    add_header(out, "sluice_traffic_log_ring_dropped_total", "counter",
+               "Traffic log records dropped because a worker's ring was full (also counted in "
+               "every sink's dropped total).");
+    evbuffer_add_printf(out, "sluice_traffic_log_ring_dropped_total %" PRIu64 "\n",
+                        sl_tlog_ring_dropped());
+    add_header(out, "sluice_traffic_log_ring_bytes", "gauge",
+               "Bytes of records waiting in the workers' rings for the logger thread.");
+    evbuffer_add_printf(out, "sluice_traffic_log_ring_bytes %" PRIu64 "\n", sl_tlog_ring_bytes());
+}
 
 /* Series for every (api, policy) of the active chains, zeros included:
  * a rejection rate is only meaningful next to its zero. */
@@ -670,10 +729,7 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
                             atomic_load_explicit(&sl_metrics_gauges.controller_updates_nacked,
                                                  memory_order_relaxed));
     }
-    add_header(out, "sluice_accesslog_dropped_total", "counter",
-               "Access log lines dropped because a worker's log ring was full.");
-    evbuffer_add_printf(out, "sluice_accesslog_dropped_total %" PRIu64 "\n",
-                        sl_accesslog_dropped());
+    render_tlog(out);
 }
 
 /* ---- active health checks -------------------------------------------------- */

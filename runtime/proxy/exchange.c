@@ -903,6 +903,7 @@ static void read_response_head(sl_exchange_t *x)
         }
         sl_request_note_outcome(&x->r, resp.status < 500);
         x->r.status = resp.status;
+        sl_request_upstream_head(&x->r, resp.headers, resp.num_headers);
         x->resp_body = resp.body;
         x->resp_remaining = resp.content_length;
         x->up_reusable = response_is_keepalive(&resp);

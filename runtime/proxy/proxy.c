@@ -24,7 +24,7 @@
  */
 #include "proxy.h"
 
-#include "accesslog.h"
+#include "tlog.h"
 #include "generation.h"
 #include "http1.h"
 #include "log.h"

@@ -1,17 +1,17 @@
 /*
  * The protocol-independent request (request.h): identity, generation,
  * routing, the route's limits, backend and endpoint choice, retry decisions,
- * outcomes, the gateway's error bodies, metrics and the access log.
+ * outcomes, the gateway's error bodies, metrics and the traffic log record.
  */
 #include "request.h"
 
 #include "chain.h"
 
-#include "accesslog.h"
 #include "cache.h"
 #include "log.h"
 #include "metrics.h"
 #include "path.h"
+#include "tlog.h"
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -146,6 +146,31 @@ static uint32_t parse_grpc_timeout(sl_str_t v)
     return ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
 }
 
+/* The headers a traffic log record may hold, as JSON (tlog.h), with the
+ * Gateway's cap and redaction; only when some record of the generation
+ * asks for them. */
+#define TLOG_HEADERS_MAX 256
+static void capture_headers(sl_request_t *r, int response, const sl_header_t *f, size_t n)
+{
+    const sl_tlog_policy_t *p = &r->gen->tlog;
+    sl_str_t names[TLOG_HEADERS_MAX], values[TLOG_HEADERS_MAX];
+    if (n > TLOG_HEADERS_MAX)
+        n = TLOG_HEADERS_MAX;
+    for (size_t i = 0; i < n; i++) {
+        names[i] = f[i].name;
+        values[i] = f[i].value;
+    }
+    size_t cap = p->header_max_bytes + 64;
+    char *buf = r->tlog_headers[response];
+    if (!buf)
+        buf = malloc(cap > SL_TLOG_MAX_HEADER_MAX_BYTES + 64 ? cap
+                                                             : SL_TLOG_MAX_HEADER_MAX_BYTES + 64);
+    if (!buf)
+        return; /* the record goes without them */
+    r->tlog_headers[response] = buf;
+    r->tlog_headers_len[response] = (uint32_t)sl_tlog_headers_json(p, names, values, n, buf, cap);
+}
+
 void sl_request_set_head(sl_request_t *r, const sl_req_head_t *h)
 {
     const sl_header_t *ct = find_header(h, "content-type", 12);
@@ -162,16 +187,19 @@ void sl_request_set_head(sl_request_t *r, const sl_req_head_t *h)
         sl_request_ensure_id(r);
     r->method_bit = h->method_bit;
     r->version = h->version;
-    r->m_method = meta_put(r, h->method.ptr, h->method.len);
-    r->m_target = meta_put(r, h->target.ptr, h->target.len > 512 ? 512 : h->target.len);
+    r->m_method = meta_put(r, h->method.ptr, h->method.len > 32 ? 32 : h->method.len);
+    r->m_path = meta_put(r, h->path.ptr, h->path.len > 512 ? 512 : h->path.len);
     r->m_host = meta_put(r, h->host.ptr, h->host.len > 128 ? 128 : h->host.len);
-    if (sl_accesslog_enabled()) {
+    if (sl_tlog_active()) {
+        r->m_query = meta_put(r, h->query.ptr, h->query.len > 256 ? 256 : h->query.len);
         const sl_header_t *f = find_header(h, "user-agent", 10);
         if (f)
             r->m_ua = meta_put(r, f->value.ptr, f->value.len > 160 ? 160 : f->value.len);
         f = find_header(h, "referer", 7);
         if (f)
             r->m_referer = meta_put(r, f->value.ptr, f->value.len > 160 ? 160 : f->value.len);
+        if (sl_unlikely(r->gen && (r->gen->tlog_headers_wanted & 1)))
+            capture_headers(r, 0, h->headers, h->num_headers);
     }
 }
 
@@ -232,8 +260,16 @@ void sl_request_reset(sl_request_t *r)
     r->bytes_sent = 0;
     r->max_body_bytes = 0;
     r->meta_len = 0;
-    r->m_method = r->m_target = r->m_host = r->m_ua = r->m_referer = r->m_reqid = (sl_str_t){"", 0};
+    r->m_method = r->m_path = r->m_query = r->m_host = r->m_ua = r->m_referer = r->m_reqid =
+        (sl_str_t){"", 0};
     r->upstream_addr[0] = '\0';
+    r->upstream_start_us = r->upstream_head_us = 0;
+    if (sl_unlikely(r->tlog_headers[0] || r->tlog_headers[1])) {
+        free(r->tlog_headers[0]);
+        free(r->tlog_headers[1]);
+        r->tlog_headers[0] = r->tlog_headers[1] = NULL;
+        r->tlog_headers_len[0] = r->tlog_headers_len[1] = 0;
+    }
     if (r->pol) {
         sl_policy_req_end(&r->pol->v);
         sl_buf_free(&r->pol->body);
@@ -258,39 +294,82 @@ void sl_request_log(sl_request_t *r)
         if (cls >= 1 && cls <= 5)
             SL_STAT_ADD(sl_metrics_worker(r->w->id)->unrouted_by_status[cls], 1);
     }
-    if (!sl_accesslog_enabled())
+    if (!sl_tlog_active())
         return;
-    sl_accesslog_entry_t e = {
+    /* The record's settings: the route's (its Api's override, or the
+     * Gateway's), the generation's for a request no route took. */
+    const sl_tlog_policy_t *p = r->route ? r->route->tlog
+                                : r->gen ? &r->gen->tlog
+                                         : &sl_tlog_policy_default;
+    if (!p->enabled)
+        return;
+    if (p->sample_ppm < 1000000 && sl_lb_rng_next(&r->w->rng) % 1000000 >= p->sample_ppm)
+        return;
+    sl_tlog_record_t e = {
         .start_unix_us = r->start_unix_us,
         .duration_us = dur,
-        .client_addr = {r->client_ip, strlen(r->client_ip)},
-        .method = r->m_method,
-        .path = r->m_target,
-        .minor_version = r->version == 10 ? 0 : r->version == 20 ? -1 : 1,
-        .status = status,
         .bytes_received = r->bytes_received,
         .bytes_sent = r->bytes_sent,
-        .request_id = r->m_reqid,
-        .user_agent = r->m_ua,
-        .referer = r->m_referer,
-        .host = r->m_host,
-        .upstream_addr = {r->upstream_addr, strlen(r->upstream_addr)},
-        .error_code = {r->error_code ? r->error_code : "",
-                       r->error_code ? strlen(r->error_code) : 0},
+        .fields = p->fields,
+        .status = status,
+        .minor_version = r->version == 10   ? 0
+                         : r->version == 20 ? -1
+                                            : 1,
+        .retries = r->attempts > 1 ? r->attempts - 1 : 0,
     };
+    if (r->upstream_head_us && r->upstream_start_us &&
+        r->upstream_head_us >= r->upstream_start_us) {
+        e.upstream_timed = 1;
+        e.upstream_us = r->upstream_head_us - r->upstream_start_us;
+    }
+    e.str[SL_TLOG_S_REQUEST_ID] = r->m_reqid;
+    e.str[SL_TLOG_S_CLIENT] = (sl_str_t){r->client_ip, strlen(r->client_ip)};
+    e.str[SL_TLOG_S_METHOD] = r->m_method;
+    e.str[SL_TLOG_S_HOST] = r->m_host;
+    e.str[SL_TLOG_S_PATH] = r->m_path;
+    e.str[SL_TLOG_S_QUERY] = r->m_query;
+    e.str[SL_TLOG_S_UPSTREAM] = (sl_str_t){r->upstream_addr, strlen(r->upstream_addr)};
+    if (r->error_code)
+        e.str[SL_TLOG_S_ERROR] = (sl_str_t){r->error_code, strlen(r->error_code)};
+    e.str[SL_TLOG_S_USER_AGENT] = r->m_ua;
+    e.str[SL_TLOG_S_REFERER] = r->m_referer;
     if (r->route) {
-        e.api = r->route->api;
-        e.operation = r->route->operation;
+        e.str[SL_TLOG_S_API] = r->route->api;
+        e.str[SL_TLOG_S_OPERATION] = r->route->operation;
     }
     if (r->pol) {
         const char *c = r->pol->v.consumer.name;
-        e.consumer = (sl_str_t){c ? c : "", c ? strlen(c) : 0};
-        if (r->pol->replied && r->pol->v.rejected_by)
-            e.policy = (sl_str_t){r->pol->v.rejected_by, strlen(r->pol->v.rejected_by)};
+        if (c)
+            e.str[SL_TLOG_S_CONSUMER] = (sl_str_t){c, strlen(c)};
+        if (r->pol->replied && r->pol->v.rejected_by) {
+            e.str[SL_TLOG_S_POLICY] =
+                (sl_str_t){r->pol->v.rejected_by, strlen(r->pol->v.rejected_by)};
+            /* Why: the reply's code and message ("invalid_api_key: ..."). */
+            const char *code = r->pol->reply.code ? r->pol->reply.code : "";
+            e.str[SL_TLOG_S_POLICY_REASON] =
+                (sl_str_t){r->pol->reply.message,
+                           strnlen(r->pol->reply.message, sizeof(r->pol->reply.message))};
+            if (!e.str[SL_TLOG_S_POLICY_REASON].len)
+                e.str[SL_TLOG_S_POLICY_REASON] = (sl_str_t){code, strlen(code)};
+        }
         const char *cs = r->pol->v.cache_status;
-        e.cache = (sl_str_t){cs ? cs : "", cs ? strlen(cs) : 0};
+        if (cs)
+            e.str[SL_TLOG_S_CACHE] = (sl_str_t){cs, strlen(cs)};
     }
-    sl_accesslog_write(r->w->id, &e);
+    if (sl_unlikely(r->tlog_headers[0]))
+        e.str[SL_TLOG_S_REQUEST_HEADERS] = (sl_str_t){r->tlog_headers[0], r->tlog_headers_len[0]};
+    if (sl_unlikely(r->tlog_headers[1]))
+        e.str[SL_TLOG_S_RESPONSE_HEADERS] = (sl_str_t){r->tlog_headers[1], r->tlog_headers_len[1]};
+    sl_tlog_write(r->w->id, &e);
+}
+
+void sl_request_upstream_head(sl_request_t *r, const sl_header_t *headers, size_t n)
+{
+    if (!sl_tlog_active())
+        return;
+    r->upstream_head_us = now_mono_us();
+    if (sl_unlikely(r->gen && (r->gen->tlog_headers_wanted & 2)))
+        capture_headers(r, 1, headers, n);
 }
 
 /* ---- routing -------------------------------------------------------------- */
@@ -785,6 +864,8 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
         return SL_ERROR;
     }
     r->ep_index = idx;
+    if (!r->upstream_start_us && sl_tlog_active())
+        r->upstream_start_us = now_mono_us();
     sl_endpoint_state_t *ep = r->cluster->endpoints[idx];
     sl_request_leave_pool(r);
     r->pool = sl_upstream_pool(r->w, ep);

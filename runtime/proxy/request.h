@@ -79,10 +79,10 @@ struct sl_tls_peer;
 #define SL_REQ_POLICY_EDITS 128
 #define SL_REQ_POLICY_ARENA 4096
 typedef struct sl_req_policy {
-    sl_policy_req_t v;         /* the chain's view of the request */
-    sl_policy_reply_t reply;   /* the short-circuit, when replied */
-    uint8_t replied;           /* the chain answered the request itself */
-    uint8_t responded;         /* the response hooks ran */
+    sl_policy_req_t v;       /* the chain's view of the request */
+    sl_policy_reply_t reply; /* the short-circuit, when replied */
+    uint8_t replied;         /* the chain answered the request itself */
+    uint8_t responded;       /* the response hooks ran */
     sl_hdr_edit_t edits[2][SL_REQ_POLICY_EDITS];
     char arena[SL_REQ_POLICY_ARENA];
     /* The request body a policy asked for (sl_request_body_cap), while
@@ -122,11 +122,20 @@ typedef struct sl_request {
     uint64_t max_body_bytes;  /* the route's limit, or a policy's lower one; 0 = none */
     uint64_t bytes_sent;      /* response bytes, head included */
 
-    /* Strings kept for the access log and errors, copied out of the head. */
-    char meta[1024];
+    /* Strings kept for the traffic log and errors, copied out of the head. */
+    char meta[1280];
     size_t meta_len;
-    sl_str_t m_method, m_target, m_host, m_ua, m_referer, m_reqid;
+    sl_str_t m_method, m_path, m_query, m_host, m_ua, m_referer, m_reqid;
     char upstream_addr[64];
+    /* The traffic log's timing of the upstream: the first attempt's start
+     * and the response head's arrival (monotonic µs, 0 = none), taken only
+     * while a sink is configured. */
+    uint64_t upstream_start_us;
+    uint64_t upstream_head_us;
+    /* The request's and the response's headers as JSON objects, when the
+     * record holds them (sl_tlog_headers_json); malloc'd, NULL = none. */
+    char *tlog_headers[2];
+    uint32_t tlog_headers_len[2];
     sl_req_policy_t *pol; /* NULL unless the route has a policy chain */
     /* the response cache's part in the request (cache.h), or NULL */
     struct sl_cache_req *cache;
@@ -202,8 +211,7 @@ size_t sl_request_header_added(const sl_request_t *r, int response, sl_header_t 
 /* The headers the chain sets or adds, written as HTTP/1.1 header lines
  * (the HTTP/1.1 codec and the upstream request head): no copy through
  * sl_request_header_added. r->pol is set. */
-static inline void sl_request_append_policy_fields(const sl_request_t *r, int response,
-                                                   sl_buf_t *b)
+static inline void sl_request_append_policy_fields(const sl_request_t *r, int response, sl_buf_t *b)
 {
     const sl_hdr_edit_t *e = response ? r->pol->v.resp_edits : r->pol->v.req_edits;
     unsigned n = response ? r->pol->v.num_resp_edits : r->pol->v.num_req_edits;
@@ -252,7 +260,12 @@ void sl_request_leave_pool(sl_request_t *r);
 size_t sl_request_error_body(sl_request_t *r, int status, const char *code, const char *message,
                              char *buf, size_t cap);
 
-/* Metrics and the access log for the request, once. */
+/* The upstream's response head arrived (each codec's upstream side, before
+ * handing it to the client's): its time and, when the record holds them,
+ * its headers. */
+void sl_request_upstream_head(sl_request_t *r, const sl_header_t *headers, size_t n);
+
+/* Metrics and the traffic log record for the request, once. */
 void sl_request_log(sl_request_t *r);
 
 /* Releases the generation and the pool counters and clears the per-request

@@ -304,6 +304,7 @@ static void deliver_head(sl_h2up_t *h, sl_exchange_t *x, int end_stream)
     }
     sl_request_note_outcome(&x->r, status < 500);
     x->r.status = status;
+    sl_request_upstream_head(&x->r, f, n);
     const sl_header_t *cl = sl_http1_find_header(f, n, "content-length", 14);
     resp.body = end_stream ? SL_HTTP1_BODY_NONE : cl ? SL_HTTP1_BODY_LENGTH : SL_HTTP1_BODY_CLOSE;
     resp.content_length = cl ? strtoull(cl->value.ptr, NULL, 10) : 0;

@@ -322,7 +322,8 @@ static void test_process_counters_and_gauges(void **state)
     assert_true(sample(t, "sluice_generation_swaps_total") == 3);
     assert_true(sample(t, "sluice_config_errors_total") == 1);
     assert_true(sample(t, "sluice_generations_alive") == 2);
-    assert_true(sample(t, "sluice_accesslog_dropped_total") == 0);
+    assert_true(sample(t, "sluice_traffic_log_ring_dropped_total") == 0);
+    assert_non_null(strstr(t, "# TYPE sluice_traffic_log_dropped_total counter\n"));
     assert_non_null(strstr(t, "# TYPE sluice_connections_active gauge\n"));
     assert_non_null(strstr(t, "# TYPE sluice_generation_version gauge\n"));
     assert_non_null(strstr(t, "# TYPE sluice_request_duration_seconds histogram\n"));

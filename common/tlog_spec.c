@@ -1,0 +1,147 @@
+/*
+ * The traffic log's field names and configuration helpers (tlog_spec.h).
+ */
+#include "tlog_spec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+const char *const sl_tlog_field_names[SL_TLOG_F__COUNT + 1] = {
+    [SL_TLOG_F_TIME] = "time",
+    [SL_TLOG_F_REQUEST_ID] = "request_id",
+    [SL_TLOG_F_GATEWAY] = "gateway",
+    [SL_TLOG_F_FLEET] = "fleet",
+    [SL_TLOG_F_RUNTIME] = "runtime",
+    [SL_TLOG_F_API] = "api",
+    [SL_TLOG_F_OPERATION] = "operation",
+    [SL_TLOG_F_CONSUMER] = "consumer",
+    [SL_TLOG_F_CLIENT] = "client",
+    [SL_TLOG_F_METHOD] = "method",
+    [SL_TLOG_F_HOST] = "host",
+    [SL_TLOG_F_PATH] = "path",
+    [SL_TLOG_F_QUERY] = "query",
+    [SL_TLOG_F_PROTOCOL] = "protocol",
+    [SL_TLOG_F_STATUS] = "status",
+    [SL_TLOG_F_BYTES_RECEIVED] = "bytes_received",
+    [SL_TLOG_F_BYTES_SENT] = "bytes_sent",
+    [SL_TLOG_F_DURATION_MS] = "duration_ms",
+    [SL_TLOG_F_UPSTREAM_MS] = "upstream_ms",
+    [SL_TLOG_F_GATEWAY_MS] = "gateway_ms",
+    [SL_TLOG_F_UPSTREAM] = "upstream",
+    [SL_TLOG_F_RETRIES] = "retries",
+    [SL_TLOG_F_ERROR] = "error",
+    [SL_TLOG_F_POLICY] = "policy",
+    [SL_TLOG_F_POLICY_REASON] = "policy_reason",
+    [SL_TLOG_F_CACHE] = "cache",
+    [SL_TLOG_F_USER_AGENT] = "user_agent",
+    [SL_TLOG_F_REFERER] = "referer",
+    [SL_TLOG_F_REQUEST_HEADERS] = "request_headers",
+    [SL_TLOG_F_RESPONSE_HEADERS] = "response_headers",
+    [SL_TLOG_F__COUNT] = NULL,
+};
+
+/* Credentials and session cookies: never in a record, whatever the config
+ * says (a configured `redact` list adds to these). */
+const char *const sl_tlog_default_redact[] = {"authorization", "proxy-authorization", "cookie",
+                                              "set-cookie",    "x-api-key",           NULL};
+
+uint32_t sl_tlog_fields_mask(json_t *list)
+{
+    uint32_t mask = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(list, i, v)
+    {
+        const char *s = json_string_value(v);
+        for (unsigned f = 0; s && f < SL_TLOG_F__COUNT; f++)
+            if (strcmp(s, sl_tlog_field_names[f]) == 0)
+                mask |= 1u << f;
+    }
+    return mask;
+}
+
+uint32_t sl_tlog_sample_ppm(json_t *v)
+{
+    double d = json_number_value(v);
+    if (d <= 0)
+        return 0;
+    if (d >= 1)
+        return 1000000;
+    return (uint32_t)(d * 1000000.0 + 0.5);
+}
+
+int sl_tlog_url_split(const char *url, int *tls, char *host, size_t hcap, char *port, size_t pcap,
+                      char *path, size_t pathcap, const char **why)
+{
+    const char *h;
+    if (strncasecmp(url, "http://", 7) == 0) {
+        *tls = 0;
+        h = url + 7;
+    } else if (strncasecmp(url, "https://", 8) == 0) {
+        *tls = 1;
+        h = url + 8;
+    } else {
+        *why = "must start with http:// or https://";
+        return -1;
+    }
+    const char *slash = strchr(h, '/');
+    size_t hp = slash ? (size_t)(slash - h) : strlen(h);
+    const char *p = slash ? slash : "/";
+    if (strlen(p) >= pathcap || strpbrk(p, " \t\r\n#")) {
+        *why = "the path must be under 1024 characters, without spaces or '#'";
+        return -1;
+    }
+    if (memchr(h, '@', hp)) {
+        *why = "credentials in the URL are not supported (use auth)";
+        return -1;
+    }
+    const char *hs = h, *he, *colon;
+    if (hp && h[0] == '[') {
+        const char *rb = memchr(h, ']', hp);
+        if (!rb) {
+            *why = "an IPv6 address needs a closing ']'";
+            return -1;
+        }
+        hs = h + 1;
+        he = rb;
+        colon = rb + 1 < h + hp && rb[1] == ':' ? rb + 1 : NULL;
+    } else {
+        colon = memchr(h, ':', hp);
+        he = colon ? colon : h + hp;
+    }
+    size_t hl = (size_t)(he - hs);
+    if (hl == 0 || hl >= hcap) {
+        *why = "the host is missing or too long";
+        return -1;
+    }
+    memcpy(host, hs, hl);
+    host[hl] = '\0';
+    const char *ps = colon ? colon + 1 : NULL;
+    size_t pl = ps ? (size_t)(h + hp - ps) : 0;
+    if (ps) {
+        if (pl == 0 || pl >= pcap) {
+            *why = "the port is missing or invalid";
+            return -1;
+        }
+        long n = 0;
+        for (size_t i = 0; i < pl; i++) {
+            if (ps[i] < '0' || ps[i] > '9') {
+                *why = "the port must be a number";
+                return -1;
+            }
+            n = n * 10 + (ps[i] - '0');
+        }
+        if (n < 1 || n > 65535) {
+            *why = "the port must be 1..65535";
+            return -1;
+        }
+        memcpy(port, ps, pl);
+        port[pl] = '\0';
+    } else {
+        snprintf(port, pcap, "%s", *tls ? "443" : "80");
+    }
+    snprintf(path, pathcap, "%s", p);
+    return 0;
+}

@@ -1,0 +1,587 @@
+/*
+ * The network sinks: http (a JSON array per batch, POSTed to any
+ * collector), elasticsearch (the _bulk API: an action line and the document
+ * per record, daily index names, per-item results) and clickhouse
+ * (INSERT ... FORMAT JSONEachRow over its HTTP interface). All three speak
+ * HTTP/1.1 through the small blocking client below, on the sink's own
+ * thread, with a deadline on every connect, send and receive (the sink's
+ * timeout), keep-alive between batches, and basic or API-key auth.
+ *
+ * What is retried (with the sink's backoff): a connection that fails, a
+ * timeout, 429 and 5xx answers, and Elasticsearch items refused with 429 or
+ * 5xx; only those items are sent again. Any other refusal (400 bad
+ * document, 401/403 bad credentials) drops the records for good, counted
+ * and logged: resending them would never succeed.
+ *
+ * Not here: queues, batching and backoff timing (tlog.c); TLS: https URLs
+ * are refused by validation for now.
+ */
+#include "tlog_sink.h"
+
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netdb.h>
+#include <openssl/evp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define RESPONSE_MAX_BYTES (64 * 1024 * 1024)
+
+typedef struct {
+    char host[256];
+    char port[8];
+    char path[1024]; /* the URL's path, no trailing slash added */
+    char auth[1024]; /* "Authorization: ...\r\n" or "" */
+    int fd;
+    char why[768]; /* the last failure, for the log */
+    sl_tlog_buf_t req, resp;
+} net_state_t;
+
+int sl_tlog_net_open(sl_tlog_sink_t *s, char *err, size_t errlen)
+{
+    net_state_t *n = calloc(1, sizeof(*n));
+    if (!n) {
+        snprintf(err, errlen, "traffic log sink %s: out of memory", s->cfg.name);
+        return -1;
+    }
+    n->fd = -1;
+    int tls = 0;
+    const char *why = NULL;
+    if (sl_tlog_url_split(s->cfg.url, &tls, n->host, sizeof(n->host), n->port, sizeof(n->port),
+                          n->path, sizeof(n->path), &why) != 0 ||
+        tls) {
+        snprintf(err, errlen, "traffic log sink %s: url %s: %s", s->cfg.name, s->cfg.url,
+                 tls ? "https is not supported by the traffic log sinks yet (use http://, e.g. "
+                       "to a local collector)"
+                     : why);
+        free(n);
+        return -1;
+    }
+    if (s->cfg.api_key[0]) {
+        snprintf(n->auth, sizeof(n->auth), "Authorization: ApiKey %s\r\n", s->cfg.api_key);
+    } else if (s->cfg.username[0]) {
+        char plain[600];
+        unsigned char b64[820];
+        int pl = snprintf(plain, sizeof(plain), "%s:%s", s->cfg.username, s->cfg.password);
+        if (pl < 0 || (size_t)pl >= sizeof(plain)) {
+            snprintf(err, errlen, "traffic log sink %s: username and password are too long",
+                     s->cfg.name);
+            free(n);
+            return -1;
+        }
+        EVP_EncodeBlock(b64, (const unsigned char *)plain, pl);
+        snprintf(n->auth, sizeof(n->auth), "Authorization: Basic %s\r\n", b64);
+        OPENSSL_cleanse(plain, sizeof(plain));
+    }
+    s->state = n;
+    return 0;
+}
+
+static void conn_close(net_state_t *n)
+{
+    if (n->fd >= 0)
+        close(n->fd);
+    n->fd = -1;
+}
+
+static int wait_fd(int fd, short events, uint64_t deadline_ms)
+{
+    for (;;) {
+        uint64_t now = sl_tlog_now_ms();
+        if (now >= deadline_ms)
+            return -1;
+        struct pollfd p = {.fd = fd, .events = events};
+        int r = poll(&p, 1, (int)(deadline_ms - now));
+        if (r > 0)
+            return 0;
+        if (r < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+static int conn_open(net_state_t *n, uint64_t deadline)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(n->host, n->port, &hints, &res);
+    if (rc != 0) {
+        snprintf(n->why, sizeof(n->why), "cannot resolve %s: %s", n->host, gai_strerror(rc));
+        return -1;
+    }
+    int fd = -1;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0)
+            continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
+            break;
+        if (errno == EINPROGRESS && wait_fd(fd, POLLOUT, deadline) == 0) {
+            int soerr = 0;
+            socklen_t sl = sizeof(soerr);
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+            if (soerr == 0)
+                break;
+            errno = soerr;
+        }
+        snprintf(n->why, sizeof(n->why), "connect to %s:%s: %s", n->host, n->port,
+                 errno == EINPROGRESS ? "timed out" : strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    n->fd = fd;
+    return fd >= 0 ? 0 : -1;
+}
+
+static int send_all(net_state_t *n, const char *p, size_t len, uint64_t deadline)
+{
+    while (len) {
+        ssize_t w = send(n->fd, p, len, MSG_NOSIGNAL);
+        if (w > 0) {
+            p += w;
+            len -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+            wait_fd(n->fd, POLLOUT, deadline) == 0)
+            continue;
+        snprintf(n->why, sizeof(n->why), "send to %s:%s: %s", n->host, n->port,
+                 w < 0 && errno != EAGAIN ? strerror(errno) : "timed out");
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads more into resp; 1 read, 0 closed, -1 error or timeout. */
+static int recv_more(net_state_t *n, uint64_t deadline)
+{
+    for (;;) {
+        if (n->resp.cap - n->resp.len < 16384) {
+            if (n->resp.len >= RESPONSE_MAX_BYTES) {
+                snprintf(n->why, sizeof(n->why), "the response is larger than %d bytes",
+                         RESPONSE_MAX_BYTES);
+                return -1;
+            }
+            size_t cap = n->resp.cap ? n->resp.cap * 2 : 65536;
+            char *d = realloc(n->resp.data, cap);
+            if (!d) {
+                snprintf(n->why, sizeof(n->why), "out of memory");
+                return -1;
+            }
+            n->resp.data = d;
+            n->resp.cap = cap;
+        }
+        ssize_t r = recv(n->fd, n->resp.data + n->resp.len, n->resp.cap - n->resp.len - 1, 0);
+        if (r > 0) {
+            n->resp.len += (size_t)r;
+            n->resp.data[n->resp.len] = '\0';
+            return 1;
+        }
+        if (r == 0)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        if ((errno == EAGAIN || errno == EWOULDBLOCK) && wait_fd(n->fd, POLLIN, deadline) == 0)
+            continue;
+        snprintf(n->why, sizeof(n->why), "receive from %s:%s: %s", n->host, n->port,
+                 errno == EAGAIN ? "timed out" : strerror(errno));
+        return -1;
+    }
+}
+
+/* Decodes a chunked body in place; its length, or -1 when incomplete or bad. */
+static long dechunk(char *p, size_t len, int *complete)
+{
+    size_t in = 0, out = 0;
+    *complete = 0;
+    for (;;) {
+        char *eol = memmem(p + in, len - in, "\r\n", 2);
+        if (!eol)
+            return (long)out;
+        char *end;
+        unsigned long sz = strtoul(p + in, &end, 16);
+        if (end == p + in)
+            return -1;
+        size_t data = (size_t)(eol - p) + 2;
+        if (sz == 0) {
+            *complete = memmem(p + data, len - data, "\r\n", 2) != NULL;
+            return (long)out;
+        }
+        if (len - data < sz + 2)
+            return (long)out;
+        memmove(p + out, p + data, sz);
+        out += sz;
+        in = data + sz + 2;
+        /* What is left is moved down with the next chunk's data. */
+        memmove(p + out, p + in, len - in);
+        len = out + (len - in);
+        in = out;
+    }
+}
+
+/* One request, one response. Returns the status (body in *body, owned by
+ * n->resp) or 0 with n->why on a transport failure. */
+static int http_post(sl_tlog_sink_t *s, net_state_t *n, const char *target, const char *ctype,
+                     const char *body, size_t blen, char **rbody, size_t *rlen)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        uint64_t deadline = sl_tlog_now_ms() + s->cfg.timeout_ms;
+        int reused = n->fd >= 0;
+        if (!reused && conn_open(n, deadline) != 0)
+            return 0;
+        char head[2048];
+        int hl = snprintf(head, sizeof(head),
+                          "POST %s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: sluice-runtime\r\n"
+                          "Content-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
+                          target, n->host, n->port, ctype, blen, n->auth);
+        if (hl < 0 || (size_t)hl >= sizeof(head)) {
+            snprintf(n->why, sizeof(n->why), "request head too long");
+            return 0;
+        }
+        n->resp.len = 0;
+        if (send_all(n, head, (size_t)hl, deadline) != 0 ||
+            send_all(n, body, blen, deadline) != 0) {
+            conn_close(n);
+            if (reused)
+                continue; /* the collector closed an idle connection: once more on a new one */
+            return 0;
+        }
+        /* The head. */
+        char *hend = NULL;
+        int rr = 1;
+        while (!(hend = n->resp.len ? strstr(n->resp.data, "\r\n\r\n") : NULL)) {
+            rr = recv_more(n, deadline);
+            if (rr <= 0)
+                break;
+        }
+        if (!hend) {
+            conn_close(n);
+            if (rr == 0 && reused && n->resp.len == 0)
+                continue;
+            if (rr == 0)
+                snprintf(n->why, sizeof(n->why), "%s:%s closed the connection before answering",
+                         n->host, n->port);
+            return 0;
+        }
+        int status = 0;
+        if (sscanf(n->resp.data, "HTTP/1.%*d %d", &status) != 1 || status < 100 || status > 599) {
+            snprintf(n->why, sizeof(n->why), "not an HTTP response from %s:%s", n->host, n->port);
+            conn_close(n);
+            return 0;
+        }
+        size_t hlen = (size_t)(hend - n->resp.data) + 4;
+        *hend = '\0';
+        int chunked = 0, close_after = 0;
+        long clen = -1;
+        for (char *line = strstr(n->resp.data, "\r\n"); line && line < hend;
+             line = strstr(line + 2, "\r\n")) {
+            char *l = line + 2;
+            if (strncasecmp(l, "content-length:", 15) == 0)
+                clen = strtol(l + 15, NULL, 10);
+            else if (strncasecmp(l, "transfer-encoding:", 18) == 0 && strcasestr(l, "chunked"))
+                chunked = 1;
+            else if (strncasecmp(l, "connection:", 11) == 0 && strcasestr(l, "close"))
+                close_after = 1;
+        }
+        *hend = '\r';
+        /* The body. */
+        for (;;) {
+            size_t have = n->resp.len - hlen;
+            if (chunked) {
+                /* Decode a copy: a partial body is read further. */
+                char *copy = malloc(have + 1);
+                if (!copy) {
+                    conn_close(n);
+                    return 0;
+                }
+                memcpy(copy, n->resp.data + hlen, have);
+                int complete = 0;
+                long out = dechunk(copy, have, &complete);
+                if (out >= 0 && complete) {
+                    memcpy(n->resp.data + hlen, copy, (size_t)out);
+                    n->resp.data[hlen + (size_t)out] = '\0';
+                    free(copy);
+                    *rbody = n->resp.data + hlen;
+                    *rlen = (size_t)out;
+                    break;
+                }
+                free(copy);
+                if (out < 0) {
+                    snprintf(n->why, sizeof(n->why), "bad chunked body from %s:%s", n->host,
+                             n->port);
+                    conn_close(n);
+                    return 0;
+                }
+            } else if (clen >= 0 && have >= (size_t)clen) {
+                *rbody = n->resp.data + hlen;
+                *rlen = (size_t)clen;
+                break;
+            }
+            int r = recv_more(n, deadline);
+            if (r < 0) {
+                conn_close(n);
+                return 0;
+            }
+            if (r == 0) {
+                if (clen < 0 && !chunked) {
+                    *rbody = n->resp.data + hlen;
+                    *rlen = n->resp.len - hlen;
+                    close_after = 1;
+                    break;
+                }
+                snprintf(n->why, sizeof(n->why), "%s:%s closed the connection mid-response",
+                         n->host, n->port);
+                conn_close(n);
+                return 0;
+            }
+        }
+        if (close_after)
+            conn_close(n);
+        return status;
+    }
+    return 0;
+}
+
+/* What an answer means for a whole batch. */
+static enum sl_tlog_deliver_result judge(sl_tlog_sink_t *s, net_state_t *n, int status,
+                                         const char *rbody, size_t rlen, unsigned nrec)
+{
+    if (status >= 200 && status < 300) {
+        atomic_fetch_add_explicit(&s->written, nrec, memory_order_relaxed);
+        return SL_TLOG_DELIVERED;
+    }
+    if (status == 0 || status == 429 || status >= 500) {
+        if (status)
+            snprintf(n->why, sizeof(n->why), "HTTP %d: %.*s", status,
+                     (int)(rlen < 160 ? rlen : 160), rbody ? rbody : "");
+        sl_log_warn("traffic log sink %s: delivery failed (%s); retrying with backoff", s->cfg.name,
+                    n->why);
+        return SL_TLOG_RETRY;
+    }
+    char why[400];
+    snprintf(why, sizeof(why), "the collector refused the batch with HTTP %d: %.*s", status,
+             (int)(rlen < 200 ? rlen : 200), rbody ? rbody : "");
+    sl_tlog_sink_lost(s, nrec, why);
+    return SL_TLOG_DELIVERED;
+}
+
+/* ---- http: a JSON array per batch ---------------------------------------- */
+
+static int line_encode(sl_tlog_sink_t *s, const sl_tlog_view_t *v, const char *json,
+                       size_t json_len, sl_tlog_buf_t *out)
+{
+    (void)s;
+    (void)v;
+    if (sl_tlog_buf_add(out, json, json_len) != 0)
+        return -1;
+    return sl_tlog_buf_add(out, "\n", 1);
+}
+
+static enum sl_tlog_deliver_result http_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *batch,
+                                                unsigned *nrec)
+{
+    net_state_t *n = s->state;
+    /* The lines become the array's elements: '\n' -> ',' in a copy, so a
+     * retry sends the same batch. */
+    sl_tlog_buf_t *body = &n->req;
+    body->len = 0;
+    if (sl_tlog_buf_add(body, "[", 1) != 0 || sl_tlog_buf_add(body, batch->data, batch->len) != 0)
+        return SL_TLOG_RETRY;
+    for (size_t i = 1; i < body->len; i++)
+        if (body->data[i] == '\n')
+            body->data[i] = ',';
+    if (body->len > 1 && body->data[body->len - 1] == ',')
+        body->data[body->len - 1] = ']';
+    else if (sl_tlog_buf_add(body, "]", 1) != 0)
+        return SL_TLOG_RETRY;
+    char *rbody = NULL;
+    size_t rlen = 0;
+    int status = http_post(s, n, n->path, "application/json", body->data, body->len, &rbody, &rlen);
+    return judge(s, n, status, rbody, rlen, *nrec);
+}
+
+/* ---- elasticsearch: _bulk ------------------------------------------------- */
+
+/* The action line of a record: {"index":{"_index":"<index>-YYYY.MM.DD"}}. The
+ * day is the record's (UTC), so a batch across midnight splits correctly. */
+static int es_encode(sl_tlog_sink_t *s, const sl_tlog_view_t *v, const char *json, size_t json_len,
+                     sl_tlog_buf_t *out)
+{
+    uint64_t day = v->rec.start_unix_us / 1000000 / 86400;
+    if (day != s->es_day || !s->es_action_len) {
+        time_t t = (time_t)(day * 86400);
+        struct tm tm;
+        gmtime_r(&t, &tm); /* logger thread, once a day */
+        int n = snprintf(s->es_action, sizeof(s->es_action),
+                         "{\"index\":{\"_index\":\"%s-%04d.%02d.%02d\"}}\n", s->cfg.index,
+                         tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
+        s->es_action_len = n > 0 && (size_t)n < sizeof(s->es_action) ? (size_t)n : 0;
+        s->es_day = day;
+    }
+    if (sl_tlog_buf_add(out, s->es_action, s->es_action_len) != 0 ||
+        sl_tlog_buf_add(out, json, json_len) != 0)
+        return -1;
+    return sl_tlog_buf_add(out, "\n", 1);
+}
+
+/* The start of record i's two lines in batch, or NULL. */
+static const char *nth_pair(const sl_tlog_buf_t *b, size_t i, size_t *len)
+{
+    const char *p = b->data, *end = b->data + b->len;
+    for (size_t k = 0; k < i; k++) {
+        for (int l = 0; l < 2; l++) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            if (!nl)
+                return NULL;
+            p = nl + 1;
+        }
+    }
+    const char *q = p;
+    for (int l = 0; l < 2; l++) {
+        const char *nl = memchr(q, '\n', (size_t)(end - q));
+        if (!nl)
+            return NULL;
+        q = nl + 1;
+    }
+    *len = (size_t)(q - p);
+    return p;
+}
+
+static enum sl_tlog_deliver_result es_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *batch,
+                                              unsigned *nrec)
+{
+    net_state_t *n = s->state;
+    char target[1100];
+    size_t pl = strlen(n->path);
+    snprintf(target, sizeof(target), "%.*s/_bulk",
+             (int)(pl && n->path[pl - 1] == '/' ? pl - 1 : pl), n->path);
+    char *rbody = NULL;
+    size_t rlen = 0;
+    int status =
+        http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody, &rlen);
+    if (status < 200 || status >= 300)
+        return judge(s, n, status, rbody, rlen, *nrec);
+    /* 200: per item. */
+    json_error_t jerr;
+    json_t *doc = json_loadb(rbody, rlen, 0, &jerr);
+    json_t *items = json_object_get(doc, "items");
+    if (!doc || !json_is_array(items)) {
+        json_decref(doc);
+        snprintf(n->why, sizeof(n->why), "the _bulk answer is not a bulk response");
+        sl_log_warn("traffic log sink %s: %s; retrying", s->cfg.name, n->why);
+        return SL_TLOG_RETRY;
+    }
+    if (!json_is_true(json_object_get(doc, "errors")) && json_array_size(items) == *nrec) {
+        json_decref(doc);
+        atomic_fetch_add_explicit(&s->written, *nrec, memory_order_relaxed);
+        return SL_TLOG_DELIVERED;
+    }
+    sl_tlog_buf_t again = {0};
+    unsigned nagain = 0, ok = 0, refused = 0;
+    char reason[300] = "";
+    for (size_t i = 0; i < *nrec; i++) {
+        json_t *item = json_array_get(items, i);
+        const char *op;
+        json_t *res = NULL;
+        json_object_foreach(item, op, res) break;
+        int st = res ? (int)json_integer_value(json_object_get(res, "status")) : 0;
+        if (st >= 200 && st < 300) {
+            ok++;
+            continue;
+        }
+        if (st == 0 || st == 429 || st >= 500) {
+            size_t len = 0;
+            const char *p = nth_pair(batch, i, &len);
+            if (p && sl_tlog_buf_add(&again, p, len) == 0) {
+                nagain++;
+                continue;
+            }
+        }
+        refused++;
+        if (!reason[0]) {
+            json_t *e = json_object_get(res, "error");
+            snprintf(reason, sizeof(reason), "Elasticsearch refused a document with %d: %s: %s", st,
+                     json_string_value(json_object_get(e, "type")) ?: "?",
+                     json_string_value(json_object_get(e, "reason")) ?: "?");
+        }
+    }
+    json_decref(doc);
+    atomic_fetch_add_explicit(&s->written, ok, memory_order_relaxed);
+    if (refused)
+        sl_tlog_sink_lost(s, refused, reason);
+    if (nagain == 0) {
+        sl_tlog_buf_free(&again);
+        return SL_TLOG_DELIVERED;
+    }
+    sl_tlog_buf_free(batch);
+    *batch = again;
+    *nrec = nagain;
+    sl_log_warn("traffic log sink %s: Elasticsearch asked to retry %u document(s)", s->cfg.name,
+                nagain);
+    return SL_TLOG_RETRY;
+}
+
+/* ---- clickhouse: INSERT ... FORMAT JSONEachRow ----------------------------- */
+
+static enum sl_tlog_deliver_result ch_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *batch,
+                                              unsigned *nrec)
+{
+    net_state_t *n = s->state;
+    char target[1400];
+    /* input_format_skip_unknown_fields: a table need not have every field. */
+    snprintf(target, sizeof(target),
+             "%s?input_format_skip_unknown_fields=1&query=INSERT%%20INTO%%20%s%%20FORMAT%%20"
+             "JSONEachRow",
+             n->path, s->cfg.table);
+    char *rbody = NULL;
+    size_t rlen = 0;
+    int status =
+        http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody, &rlen);
+    return judge(s, n, status, rbody, rlen, *nrec);
+}
+
+static void net_close(sl_tlog_sink_t *s)
+{
+    net_state_t *n = s->state;
+    if (!n)
+        return;
+    conn_close(n);
+    sl_tlog_buf_free(&n->req);
+    sl_tlog_buf_free(&n->resp);
+    OPENSSL_cleanse(n->auth, sizeof(n->auth));
+    free(n);
+    s->state = NULL;
+}
+
+const sl_tlog_sink_ops_t sl_tlog_http_ops = {
+    .type = "http",
+    .encode = line_encode,
+    .deliver = http_deliver,
+    .close = net_close,
+    .lines_per_record = 1,
+};
+
+const sl_tlog_sink_ops_t sl_tlog_es_ops = {
+    .type = "elasticsearch",
+    .encode = es_encode,
+    .deliver = es_deliver,
+    .close = net_close,
+    .lines_per_record = 2,
+};
+
+const sl_tlog_sink_ops_t sl_tlog_clickhouse_ops = {
+    .type = "clickhouse",
+    .encode = line_encode,
+    .deliver = ch_deliver,
+    .close = net_close,
+    .lines_per_record = 1,
+};
