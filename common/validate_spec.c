@@ -868,9 +868,15 @@ static void check_sql_table(sl_vctx_t *c, json_t *v, const void *arg)
     const char *s = json_string_value(v);
     if (!s || !*s)
         return;
+    const char *dot = strchr(s, '.');
+    if (dot && (strchr(dot + 1, '.') || dot[1] == '\0' || dot == s)) {
+        sl_validate_error(c, "a table name is letters, digits, '_' and one optional "
+                             "'database.' prefix");
+        return;
+    }
     for (const char *p = s; *p; p++)
-        if (!(isalnum((unsigned char)*p) || *p == '_' || (*p == '.' && p != s)) ||
-            (p == s && isdigit((unsigned char)*p))) {
+        if (!(isalnum((unsigned char)*p) || *p == '_' || *p == '.') ||
+            ((p == s || p[-1] == '.') && isdigit((unsigned char)*p))) {
             sl_validate_error(c, "a table name is letters, digits, '_' and one optional "
                                  "'database.' prefix");
             return;
@@ -1745,6 +1751,18 @@ static json_t *http2_limit_openapi(const void *arg)
                      (json_int_t)f->max);
 }
 
+/* The traffic log's `fields`: a set of the record's field names. */
+static json_t *tlog_fields_openapi(const void *arg)
+{
+    (void)arg;
+    json_t *names = json_array();
+    for (unsigned f = 0; f < SL_TLOG_F__COUNT; f++)
+        json_array_append_new(names, json_string(sl_tlog_field_names[f]));
+    return json_pack("{s:s, s:i, s:i, s:{s:s, s:o}, s:s}", "type", "array", "minItems", 1,
+                     "maxItems", (int)SL_TLOG_F__COUNT, "items", "type", "string", "enum", names,
+                     "x-kubernetes-list-type", "set");
+}
+
 const sl_vopenapi_t sl_validate_spec_openapi[] = {
     {check_method,
      "{\"type\":\"string\",\"description\":\"an HTTP method (GET, HEAD, POST, PUT, DELETE, PATCH, "
@@ -1795,6 +1813,20 @@ const sl_vopenapi_t sl_validate_spec_openapi[] = {
     {check_grpc_service,
      "{\"type\":\"string\",\"maxLength\":1024,\"description\":\"a gRPC service name, or "
      "\\\"\\\" for the whole server\"}",
+     NULL},
+    {check_fraction,
+     "{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"description\":\"a share of "
+     "requests: 0 (none) to 1 (every request)\"}",
+     NULL},
+    {tlog_fields_extra_check, NULL, tlog_fields_openapi},
+    {check_tlog_url, STR_DESC(2048, "an http:// or https:// URL without a query"), NULL},
+    {check_tlog_path, STR_DESC(4096, "an absolute path on the runtime's machine, or stdout"), NULL},
+    {check_es_index,
+     STR_DESC(200, "an Elasticsearch index prefix: lower case, no \\\\/*?\\\"<>| ,#:"), NULL},
+    {check_sql_table,
+     "{\"type\":\"string\",\"minLength\":1,\"maxLength\":256,\"pattern\":\"^([A-Za-z_][A-Za-z0-"
+     "9_]*[.])?[A-Za-z_][A-Za-z0-9_]*$\",\"description\":\"a ClickHouse table, optionally "
+     "database.table\"}",
      NULL},
     {NULL, NULL, NULL},
 };

@@ -56,6 +56,17 @@
 #                                     proxy gets the same request headers (an API
 #                                     key, an Origin and a bearer JWT), so a
 #                                     variant's cost is its policies' work.
+#   PROXIES="... sluice-log-file sluice-log-http sluice-log-es sluice-log-ch nginx-log"
+#                                     the cost of the traffic log: sluice-runtime
+#                                     with one sink on the Gateway (a JSON-lines
+#                                     file; the http sink and the elasticsearch
+#                                     _bulk sink to perf/log_collector.py; the
+#                                     clickhouse sink to a clickhouse-server the
+#                                     run starts), and nginx with a JSON
+#                                     access_log (buffer=64k flush=1s). The
+#                                     collectors run on the load CPU. GET and POST
+#                                     tests only; the report has each sink's
+#                                     records delivered and dropped.
 #   ROUNDS=1                          run every proxy this many times, in
 #                                     alternating order (reversed every other
 #                                     round), and report the median of each
@@ -101,6 +112,10 @@ RUNTIME="$BUILD/bin/sluice-runtime"
 CHAIN_KEY=bench-key-0123456789
 POLICY_PROXIES="sluice-chain sluice-jwt nginx-chain"
 is_policy_proxy() { case " $POLICY_PROXIES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+LOG_PROXIES="sluice-log-file sluice-log-http sluice-log-es sluice-log-ch nginx-log"
+is_log_proxy() { case " $LOG_PROXIES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# A variant (policies, traffic log) runs the plain HTTP/1.1 tests only.
+is_variant_proxy() { is_policy_proxy "$1" || is_log_proxy "$1"; }
 WITH_POLICIES=""
 for p in $PROXIES; do if is_policy_proxy "$p"; then WITH_POLICIES=1; fi; done
 case $RUNTIME in /*) ;; *) RUNTIME="$REPO/$RUNTIME" ;; esac
@@ -129,7 +144,7 @@ fi
 GRPC_CALLS=${GRPC_CALLS:-10000}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
-case " $PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "*)
+case " $PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "* | *" sluice-log-"*)
     [ -x "$RUNTIME" ] || die "$RUNTIME not found: build it first (make BUILD=$BUILD)" ;;
 esac
 [ -z "${die_early:-}" ] || die "BASELINE=$BASELINE is not an executable sluice-runtime"
@@ -318,7 +333,7 @@ start_proxy() { # name
     local name=$1 port=$PORT dir="$TMP/$1"
     mkdir -p "$dir"
     case $name in
-    sluice | sluice-base | sluice-chain | sluice-jwt)
+    sluice | sluice-base | sluice-chain | sluice-jwt | sluice-log-*)
         local bin=$RUNTIME
         [ "$name" != sluice-base ] || bin=$BASELINE
         # sluice-chain: the realistic chain of the policy issue on the Api
@@ -352,6 +367,21 @@ spec:
     apiKeys:
     - {name: wrk, keyHash: \"sha256:$(printf %s "$CHAIN_KEY" | sha256sum | cut -d' ' -f1)\"}"
         fi
+        # sluice-log-*: one traffic log sink on the Gateway, every record.
+        local tlog="" admin=(--admin off)
+        case $name in
+        sluice-log-file) tlog="    - {name: bench, type: file, path: $dir/traffic.jsonl}" ;;
+        sluice-log-http) tlog="    - {name: bench, type: http, url: \"http://127.0.0.1:$COLLECTOR_PORT/\"}" ;;
+        sluice-log-es) tlog="    - {name: bench, type: elasticsearch, url: \"http://127.0.0.1:$COLLECTOR_PORT/\"}" ;;
+        sluice-log-ch) tlog="    - {name: bench, type: clickhouse, url: \"http://127.0.0.1:$CH_HTTP_PORT/\", table: bench.traffic}" ;;
+        esac
+        if [ -n "$tlog" ]; then
+            tlog="  trafficLog:
+    sinks:
+$tlog"
+            ADMIN_PORT=$(free_port)
+            admin=(--admin "127.0.0.1:$ADMIN_PORT")
+        fi
         # The TLS and h2c listeners only when a test needs them, so that the
         # default run also works with a BASELINE built before they existed.
         local tls_listeners=""
@@ -375,6 +405,7 @@ spec:
   listeners:
   - {name: http, port: $port, protocol: http, address: 127.0.0.1}
 $tls_listeners
+$tlog
 ---
 apiVersion: gateway.sluice.dev/v1alpha1
 kind: Backend
@@ -395,11 +426,25 @@ $chain
 $consumer
 EOF
         taskset -c "$PROXY_CPU" "$bin" --config "$dir/sluice.yaml" --workers 1 \
-            --admin off --access-log off --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
+            "${admin[@]}" --access-log off --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
         ;;
-    nginx | nginx-chain)
+    nginx | nginx-chain | nginx-log)
         : >"$dir/chain-http.conf"
         : >"$dir/chain-location.conf"
+        if [ "$name" = nginx-log ]; then
+            # nginx's own traffic log: JSON lines with about the fields of
+            # sluice's record, buffered as a performance-minded operator
+            # would (a write per 64 KB, or per second).
+            cat >"$dir/chain-http.conf" <<'EOF'
+log_format bench escape=json '{"time":"$time_iso8601","request_id":"$request_id",'
+    '"client":"$remote_addr","method":"$request_method","host":"$host","path":"$uri",'
+    '"query":"$args","protocol":"$server_protocol","status":$status,'
+    '"bytes_received":$request_length,"bytes_sent":$bytes_sent,'
+    '"duration_ms":$request_time,"upstream_ms":"$upstream_response_time",'
+    '"upstream":"$upstream_addr","user_agent":"$http_user_agent","referer":"$http_referer"}';
+EOF
+            echo "access_log $dir/traffic.jsonl bench buffer=64k flush=1s;" >"$dir/chain-location.conf"
+        fi
         if [ "$name" = nginx-chain ]; then
             # The chain in nginx's own terms: API keys by a map (nginx
             # compares the plain key; sluice compares SHA-256 digests),
@@ -450,8 +495,8 @@ EOF
     body=$(curl -s -X POST "${POLICY_HDRS[@]}" --data-binary @"$TMP/post1024.lua" \
         "http://127.0.0.1:$port/x")
     [ "$body" = "hello from the origin" ] || die "$name: POST through the proxy answered '$body'"
-    # A policy variant runs the plain HTTP/1.1 tests only.
-    [ -z "$NEED_TLS" ] || is_policy_proxy "$name" || check_tls_h2 "$name"
+    # A variant runs the plain HTTP/1.1 tests only.
+    [ -z "$NEED_TLS" ] || is_variant_proxy "$name" || check_tls_h2 "$name"
 }
 
 # The TLS and h2c listeners answer through the proxy, with the run's
@@ -612,8 +657,57 @@ EOF
     tail -1 "$SLOW_RESULTS" | awk '{printf "%-8s h2_slow_reader idle %d KB, peak %d KB, %s s, %s bytes, within limit: %s\n", $1, $2, $3, $4, $5, $6}'
 }
 
+# --- traffic log variants: the collectors the sinks deliver to ---------------
+COLLECTOR_PORT="" CH_HTTP_PORT=""
+case " $PROXIES " in *" sluice-log-http "* | *" sluice-log-es "*)
+    COLLECTOR_PORT=$(free_port)
+    taskset -c "$LOAD_CPU" "$PY" "$REPO/perf/log_collector.py" --port "$COLLECTOR_PORT" \
+        >"$TMP/collector.log" 2>&1 &
+    PIDS+=("$!")
+    wait_http "$COLLECTOR_PORT" "$!" "perf/log_collector.py"
+    ;;
+esac
+case " $PROXIES " in *" sluice-log-ch "*)
+    # shellcheck source=perf/clickhouse.sh
+    . "$REPO/perf/clickhouse.sh"
+    CH_HTTP_PORT=$(free_port)
+    clickhouse_start "$TMP/clickhouse" "$CH_HTTP_PORT" "$LOAD_CPU" ||
+        die "clickhouse-server did not start (see $TMP/clickhouse)"
+    PIDS+=("$CLICKHOUSE_PID")
+    clickhouse_query "$CH_HTTP_PORT" "CREATE DATABASE IF NOT EXISTS bench" &&
+        clickhouse_query "$CH_HTTP_PORT" "$(clickhouse_table_sql bench.traffic)" ||
+        die "cannot create the ClickHouse table"
+    ;;
+esac
+
+# What a log variant's sink delivered and dropped: a row of $LOG_RESULTS,
+# "proxy requests delivered dropped". sluice: its /metrics once the rings and
+# the sink's queue are empty (at most 15 s); nginx: the lines of its file
+# after USR1 (which flushes the buffer).
+log_delivery() { # proxy
+    local proxy=$1 m
+    if [ "$proxy" = nginx-log ]; then
+        kill -USR1 "$PROXY_PID" 2>/dev/null || true
+        sleep 1
+        echo "$proxy - $(wc -l <"$TMP/$proxy/traffic.jsonl") 0" >>"$LOG_RESULTS"
+        return
+    fi
+    for _ in $(seq 150); do
+        m=$(curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" || true)
+        echo "$m" | awk '/^sluice_traffic_log_(queue_records|ring_bytes)/ {n += $NF} END {exit n > 0}' && break
+        sleep 0.1
+    done
+    echo "$m" | awk -v p="$proxy" '
+        /^sluice_downstream_requests_total / {req = $NF}
+        /^sluice_traffic_log_records_total\{/ {got += $NF}
+        /^sluice_traffic_log_dropped_total\{/ {drop += $NF}
+        END {printf "%s %d %d %d\n", p, req, got, drop}' >>"$LOG_RESULTS"
+}
+
 RESULTS="$TMP/results"
 SLOW_RESULTS="$TMP/slow_results"
+LOG_RESULTS="$TMP/log_results"
+: >"$LOG_RESULTS"
 : >"$RESULTS"
 : >"$SLOW_RESULTS"
 : >"$TMP/tls/params"
@@ -630,8 +724,8 @@ for proxy in $order; do
     read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
     start_proxy "$proxy"
     for test in $TESTS; do
-        # A policy variant: the plain HTTP/1.1 tests only.
-        if is_policy_proxy "$proxy"; then
+        # A variant: the plain HTTP/1.1 tests only.
+        if is_variant_proxy "$proxy"; then
             case $test in get | post1k | post5k) ;; *) continue ;; esac
         fi
         if [ "$test" = h2_slow_reader ]; then
@@ -661,6 +755,7 @@ for proxy in $order; do
         printf '%-8s %-17s %10s req/s %8s us/req  errors %s%s\n' "$proxy" "$test" "$rps" \
             "$cpu_us" "$errors" "$([ "$resumed" = - ] || echo ", resumed $resumed")"
     done
+    if is_log_proxy "$proxy"; then log_delivery "$proxy"; fi
     stop_proxy
 done
 done
@@ -693,7 +788,7 @@ if wants handshake_new || wants handshake_resumed; then KNOBS="$KNOBS HANDSHAKE_
 if wants h2_slow_reader; then KNOBS="$KNOBS SLOW_BYTES=$SLOW_BYTES SLOW_RATE=$SLOW_RATE"; fi
 if wants grpc_unary; then KNOBS="$KNOBS GRPC_CALLS=$GRPC_CALLS"; fi
 CMD="make bench  ($KNOBS perf/bench.sh)"
-TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" "$GRPC_RESULTS" "$GRPC_CALLS" <<'EOF'
+TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" "$GRPC_RESULTS" "$GRPC_CALLS" "$LOG_RESULTS" <<'EOF'
 import sys
 import statistics
 # One row per (proxy, test): the median of its rounds (ROUNDS).
@@ -777,6 +872,41 @@ if chain:
         vs = ratio(b, float(ng[4])) if ng else "n/a"
         print("| %s | %s | %s | %.2f | %.2f | %.2f | %s | %s |" % (
             v, what, names.get(t, t), a, b, b - a, ratio(b, a), vs))
+logv = [("sluice-log-file", "sluice", "file (JSON lines)"),
+        ("sluice-log-http", "sluice", "http (batched JSON POST to perf/log_collector.py)"),
+        ("sluice-log-es", "sluice", "elasticsearch (_bulk NDJSON to perf/log_collector.py)"),
+        ("sluice-log-ch", "sluice", "clickhouse (INSERT ... FORMAT JSONEachRow, clickhouse-server)"),
+        ("nginx-log", "nginx", "nginx access_log, JSON, buffer=64k flush=1s")]
+logrows = [(v, base, what, t, by[(base, t)], by[(v, t)]) for v, base, what in logv
+           for t in tests if (base, t) in by and (v, t) in by]
+delivered = {}
+for l in open(sys.argv[6]):
+    if l.strip():
+        p, req, got, drop = l.split()
+        d = delivered.setdefault(p, [0, 0, 0])
+        d[0] += int(req) if req != "-" else 0
+        d[1] += int(got)
+        d[2] += int(drop)
+if logrows:
+    print()
+    print("Cost of the traffic log: one sink, a record per request, every field but the "
+          "headers (target: at most 5% more CPU per request than no log):")
+    print()
+    print("| variant | sink | test | CPU µs/request, no log | with the log | added µs | ratio | requests/s, no log | with the log |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for v, base, what, t, plain, lg in logrows:
+        a, b = float(plain[4]), float(lg[4])
+        print("| %s | %s | %s | %.2f | %.2f | %.2f | %s | %.0f | %.0f |" % (
+            v, what, names.get(t, t), a, b, b - a, ratio(b, a), float(plain[3]), float(lg[3])))
+    if delivered:
+        print()
+        print("Records per variant over the whole run (warm-ups included; sluice: its /metrics "
+              "once the queues were empty; nginx: lines in its file):")
+        print()
+        print("| variant | requests | records delivered | dropped |")
+        print("| --- | ---: | ---: | ---: |")
+        for p, (req, got, drop) in delivered.items():
+            print("| %s | %s | %d | %d |" % (p, req if req else "n/a", got, drop))
 if slow:
     print()
     print("h2 download with a slow reader (target: peak RSS within %d MB of idle):" % (limit_kb // 1024))
