@@ -625,6 +625,35 @@ static Sluice__V1__TrafficLog *compile_traffic_log(cctx_t *c, const sl_resource_
     return t;
 }
 
+/* spec.tracing of the fleet's (first) Gateway; NULL when it has none (the
+ * runtime then leaves traceparent to pass through untouched). */
+static Sluice__V1__Tracing *compile_tracing(cctx_t *c, const sl_resource_t *gw)
+{
+    json_t *tr = gw ? jget(jget(gw->obj, "spec"), "tracing") : NULL;
+    if (!tr)
+        return NULL;
+    Sluice__V1__Tracing *t = cnew(c, sizeof(*t));
+    if (!t)
+        return NULL;
+    sluice__v1__tracing__init(t);
+    t->generate = jbool(tr, "generate", true);
+    t->sample_ppm = jget(tr, "sampling") ? sl_tlog_sample_ppm(jget(tr, "sampling")) : 1000000;
+    t->server_timing = jbool(tr, "serverTiming", false);
+    json_t *ex = jget(tr, "export");
+    t->service_name = cstr(c, jstr(ex, "serviceName", "sluice"));
+    if (ex) {
+        Sluice__V1__TrafficLogSink *o = cnew(c, sizeof(*o));
+        if (o) {
+            sluice__v1__traffic_log_sink__init(o);
+            compile_tlog_sink(c, o, ex);
+            o->name = cstr(c, "tracing");
+            o->type = SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__OTLP;
+            t->export = o;
+        }
+    }
+    return t;
+}
+
 /* An Api's trafficLog: its unset parts are the Gateway's. */
 static Sluice__V1__TrafficLogOverride *
 compile_traffic_log_override(cctx_t *c, json_t *tl, const Sluice__V1__TrafficLog *gw)
@@ -1307,8 +1336,10 @@ Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const ch
     gw_defaults_t d;
     gateway_defaults(ngw ? jget(gws[0].r->obj, "spec") : NULL, &d);
     compile_settings(&c, snap, &d);
-    if (snap->settings)
+    if (snap->settings) {
         snap->settings->traffic_log = compile_traffic_log(&c, ngw ? gws[0].r : NULL);
+        snap->settings->tracing = compile_tracing(&c, ngw ? gws[0].r : NULL);
+    }
     compile_listeners(&c, snap, gws, ngw);
     free(gws);
 

@@ -39,6 +39,8 @@ const char *const sl_tlog_field_names[SL_TLOG_F__COUNT + 1] = {
     [SL_TLOG_F_REFERER] = "referer",
     [SL_TLOG_F_REQUEST_HEADERS] = "request_headers",
     [SL_TLOG_F_RESPONSE_HEADERS] = "response_headers",
+    [SL_TLOG_F_TRACE_ID] = "trace_id",
+    [SL_TLOG_F_SPAN_ID] = "span_id",
     [SL_TLOG_F__COUNT] = NULL,
 };
 

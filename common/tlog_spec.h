@@ -46,14 +46,18 @@ enum sl_tlog_field {
     SL_TLOG_F_REFERER,
     SL_TLOG_F_REQUEST_HEADERS,
     SL_TLOG_F_RESPONSE_HEADERS,
+    SL_TLOG_F_TRACE_ID,
+    SL_TLOG_F_SPAN_ID,
     SL_TLOG_F__COUNT
 };
 
 extern const char *const sl_tlog_field_names[SL_TLOG_F__COUNT + 1]; /* NULL-terminated */
+/* A field mask is 32 bits (snapshots carry it as uint32): a 33rd field needs a wider one. */
+_Static_assert(SL_TLOG_F__COUNT <= 32, "traffic log field masks are 32 bits");
 
 /* Every field but the headers. */
 #define SL_TLOG_FIELDS_DEFAULT                                                                     \
-    (((1u << SL_TLOG_F__COUNT) - 1) &                                                              \
+    ((uint32_t)((1ull << SL_TLOG_F__COUNT) - 1) &                                                  \
      ~((1u << SL_TLOG_F_REQUEST_HEADERS) | (1u << SL_TLOG_F_RESPONSE_HEADERS)))
 
 /* Defaults (docs/configuration.md lists the same). */

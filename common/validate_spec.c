@@ -1031,6 +1031,35 @@ static const sl_vfield_t traffic_log_fields[] = {
 };
 static const sl_vschema_t traffic_log_schema = {traffic_log_fields, traffic_log_extra};
 
+/* spec.tracing: W3C trace context, Server-Timing, OTLP span export. */
+static void tracing_export_extra(sl_vctx_t *c, json_t *e)
+{
+    if (!sl_validate_get(e, "url"))
+        at_key(c, "url", report,
+               "required field missing (the collector's OTLP/HTTP traces endpoint, e.g. "
+               "http://otel-collector:4318/v1/traces)");
+}
+
+static const sl_vfield_t tracing_export_fields[] = {
+    {"url", check_tlog_url, NULL, 0},
+    {"serviceName", sl_vcheck_string, NULL, 0},
+    {"batch", sl_vcheck_object, &tlog_batch_schema, 0},
+    {"bufferBytes", sl_vcheck_int, &tlog_buffer_range, 0},
+    {"timeout", sl_vcheck_duration, &tlog_delay_range, 0},
+    {"retry", sl_vcheck_object, &tlog_retry_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tracing_export_schema = {tracing_export_fields, tracing_export_extra};
+
+static const sl_vfield_t tracing_fields[] = {
+    {"generate", sl_vcheck_bool, NULL, 0},
+    {"sampling", check_fraction, NULL, 0},
+    {"serverTiming", sl_vcheck_bool, NULL, 0},
+    {"export", sl_vcheck_object, &tracing_export_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tracing_schema = {tracing_fields, NULL};
+
 /* An Api's override: what is logged of its requests; the sinks are the
  * Gateway's. */
 static const sl_vfield_t traffic_log_api_fields[] = {
@@ -1401,6 +1430,7 @@ static const sl_vfield_t gateway_fields[] = {
     {"via", sl_vcheck_bool, NULL, 0},
     {"pathNormalization", sl_vcheck_object, &path_normalization_schema, 0},
     {"trafficLog", sl_vcheck_object, &traffic_log_schema, 0},
+    {"tracing", sl_vcheck_object, &tracing_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_gateway = {gateway_fields, gateway_extra};

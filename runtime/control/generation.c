@@ -530,6 +530,14 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
             gen->tlog_headers_wanted |= 2;
     }
 
+    const Sluice__V1__Tracing *trc = gs ? gs->tracing : NULL;
+    if (trc) {
+        gen->tracing.enabled = 1;
+        gen->tracing.generate = trc->generate;
+        gen->tracing.server_timing = trc->server_timing;
+        gen->tracing.sample_ppm = trc->sample_ppm;
+    }
+
     if (build_clusters(gen, err, errlen) != 0)
         goto fail;
     uint32_t gw_connect_ms = to && to->upstream_connect_ms ? to->upstream_connect_ms : 5000;

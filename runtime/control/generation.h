@@ -169,6 +169,13 @@ typedef struct sl_generation {
     /* Some record of this generation holds the request's (bit 0) or the
      * response's (bit 1) headers: only then are they captured. */
     uint8_t tlog_headers_wanted;
+    /* The Gateway's spec.tracing (docs/configuration.md "Tracing"). */
+    struct {
+        uint8_t enabled;       /* the gateway takes part: its own spans, traceparent rewritten */
+        uint8_t generate;      /* start a trace for a request without one */
+        uint8_t server_timing; /* Server-Timing on responses */
+        uint32_t sample_ppm;   /* traces started here that are sampled */
+    } tracing;
 } sl_generation_t;
 
 /* Copies into *out the HTTP/2 settings of listener `key` ("address:port")

@@ -209,6 +209,12 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
             continue;
         if (sl_unlikely(x->r.pol) && sl_request_header_dropped(&x->r, 0, h->name))
             continue;
+        /* Taking part in the trace: our traceparent replaces the client's,
+         * and a trace restarted here drops the old trace's tracestate. */
+        if (sl_unlikely(x->r.trace_state == SL_TRACE_OWN) &&
+            (name_is(h, "traceparent", 11) ||
+             (!x->r.trace_parent && name_is(h, "tracestate", 10))))
+            continue;
         sl_buf_append_field(b, h->name.ptr, h->name.len, h->value.ptr, h->value.len);
     }
     if (sl_unlikely(x->r.pol))
@@ -252,6 +258,11 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
     sl_buf_append(b, "X-Request-Id: ", 14);
     sl_buf_append(b, x->r.m_reqid.ptr, x->r.m_reqid.len);
     sl_buf_append(b, "\r\n", 2);
+    if (sl_unlikely(x->r.trace_state == SL_TRACE_OWN)) {
+        char tp[55];
+        sl_request_traceparent(&x->r, tp);
+        sl_buf_append_field(b, "traceparent", 11, tp, sizeof(tp));
+    }
     /* Via names the protocol the request was received in (RFC 9110 7.6.3):
      * "2" for HTTP/2, whatever the upstream hop speaks. */
     if (x->r.gen->add_via) {

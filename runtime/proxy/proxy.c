@@ -1359,6 +1359,12 @@ static void build_client_head(sl_conn_t *c, const sl_http1_response_t *resp)
     }
     if (c->x.r.gen->add_via)
         sl_buf_append(b, "Via: 1.1 sluice\r\n", 17);
+    if (sl_unlikely(c->x.r.gen->tracing.server_timing)) {
+        char timing[96];
+        size_t tl = sl_request_server_timing(&c->x.r, timing, sizeof(timing));
+        if (tl)
+            sl_buf_append_field(b, "Server-Timing", 13, timing, tl);
+    }
     if (c->x.resp_body == SL_HTTP1_BODY_CHUNKED && !c->x.dechunk)
         sl_buf_append(b, "Transfer-Encoding: chunked\r\n", 28);
     /* HTTP/2 has no close-delimited bodies: one without a length is framed

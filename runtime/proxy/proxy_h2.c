@@ -582,8 +582,14 @@ static int x_head(sl_exchange_t *x, const sl_http1_response_t *resp, int interim
     if (sl_unlikely(x->r.pol) && !interim)
         sl_request_response_hooks(&x->r, resp->status);
     sl_header_t f[136 + SL_REQ_POLICY_EDITS];
-    char date_buf[48];
+    char date_buf[48], timing[96];
     size_t n = response_fields(s, resp, f, SL_ARRAY_LEN(f), date_buf, sizeof(date_buf));
+    if (sl_unlikely(x->r.gen && x->r.gen->tracing.server_timing) && !interim &&
+        n < SL_ARRAY_LEN(f)) {
+        size_t tl = sl_request_server_timing(&x->r, timing, sizeof(timing));
+        if (tl)
+            f[n++] = (sl_header_t){{"server-timing", 13}, {timing, tl}};
+    }
     int end = !interim && x->resp_done;
     int rc = sl_h2_submit_response(s->hc->h2, s->id, resp->status, f, n, end);
     if (rc == SL_DECLINED) {

@@ -103,6 +103,108 @@ static const sl_header_t *find_header(const sl_req_head_t *h, const char *name, 
     return sl_http1_find_header(h->headers, h->num_headers, name, len);
 }
 
+/* ---- W3C trace context (https://www.w3.org/TR/trace-context/) ------------- */
+
+static int lower_hex(const char *p, size_t n)
+{
+    int nonzero = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return -1;
+        nonzero |= c != '0';
+    }
+    return nonzero;
+}
+
+/* version "-" trace-id "-" parent-id "-" flags; version 00 is exactly 55
+ * bytes, a later one (not ff) may go on after a '-'. Upper-case hex, an
+ * all-zero id and anything else make it invalid: ignored (the spec's
+ * "restart the trace"). */
+static int parse_traceparent(sl_request_t *r, sl_str_t v)
+{
+    const char *p = v.ptr;
+    if (v.len < 55 || p[2] != '-' || p[35] != '-' || p[52] != '-')
+        return 0;
+    if (lower_hex(p, 2) < 0 || (p[0] == 'f' && p[1] == 'f'))
+        return 0;
+    if (p[0] == '0' && p[1] == '0' ? v.len != 55 : v.len > 55 && p[55] != '-')
+        return 0;
+    if (lower_hex(p + 3, 32) <= 0 || lower_hex(p + 36, 16) <= 0 || lower_hex(p + 53, 2) < 0)
+        return 0;
+    memcpy(r->trace_id, p + 3, 32);
+    memcpy(r->parent_id, p + 36, 16);
+    r->trace_parent = 1;
+    unsigned hi = (unsigned)(p[53] <= '9' ? p[53] - '0' : p[53] - 'a' + 10);
+    unsigned lo = (unsigned)(p[54] <= '9' ? p[54] - '0' : p[54] - 'a' + 10);
+    r->trace_flags = (uint8_t)(hi << 4 | lo);
+    return 1;
+}
+
+static void random_hex16(sl_lb_rng_t *rng, char out[16])
+{
+    static const char hex[] = "0123456789abcdef";
+    uint64_t v;
+    do
+        v = sl_lb_rng_next(rng);
+    while (v == 0); /* an all-zero id is invalid */
+    for (int i = 15; i >= 0; i--, v >>= 4)
+        out[i] = hex[v & 15];
+}
+
+static void trace_begin(sl_request_t *r, const sl_req_head_t *h)
+{
+    const sl_header_t *tp = find_header(h, "traceparent", 11);
+    int valid = tp && parse_traceparent(r, tp->value);
+    if (!r->gen || !r->gen->tracing.enabled) {
+        r->trace_state = valid ? SL_TRACE_SEEN : SL_TRACE_NONE;
+        return;
+    }
+    if (!valid) {
+        r->trace_parent = 0;
+        if (!r->gen->tracing.generate)
+            return;
+        random_hex16(&r->w->rng, r->trace_id);
+        random_hex16(&r->w->rng, r->trace_id + 16);
+        uint32_t ppm = r->gen->tracing.sample_ppm;
+        r->trace_flags = ppm >= 1000000 || sl_lb_rng_next(&r->w->rng) % 1000000 < ppm;
+    } else {
+        r->trace_flags &= 1; /* other flags are not ours to pass on */
+    }
+    random_hex16(&r->w->rng, r->span_id);
+    random_hex16(&r->w->rng, r->up_span_id);
+    r->trace_state = SL_TRACE_OWN;
+}
+
+void sl_request_traceparent(const sl_request_t *r, char out[55])
+{
+    memcpy(out, "00-", 3);
+    memcpy(out + 3, r->trace_id, 32);
+    out[35] = '-';
+    memcpy(out + 36, r->up_span_id, 16);
+    out[52] = '-';
+    out[53] = '0';
+    out[54] = (char)('0' + (r->trace_flags & 1));
+}
+
+
+size_t sl_request_server_timing(const sl_request_t *r, char *out, size_t cap)
+{
+    uint64_t total = r->start_mono_us ? now_mono_us() - r->start_mono_us : 0;
+    int n;
+    if (r->upstream_head_us && r->upstream_start_us && r->upstream_head_us >= r->upstream_start_us) {
+        uint64_t up = r->upstream_head_us - r->upstream_start_us;
+        uint64_t gw = total > up ? total - up : 0;
+        n = snprintf(out, cap, "gateway;dur=%llu.%03llu, upstream;dur=%llu.%03llu",
+                     (unsigned long long)(gw / 1000), (unsigned long long)(gw % 1000),
+                     (unsigned long long)(up / 1000), (unsigned long long)(up % 1000));
+    } else {
+        n = snprintf(out, cap, "gateway;dur=%llu.%03llu", (unsigned long long)(total / 1000),
+                     (unsigned long long)(total % 1000));
+    }
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
 /*
  * grpc-timeout: 1..8 digits and a unit (H M S m u n), as the gRPC HTTP/2
  * protocol defines it; anything else is ignored (the route's deadline
@@ -185,6 +287,8 @@ void sl_request_set_head(sl_request_t *r, const sl_req_head_t *h)
         r->m_reqid = meta_put(r, xrid->value.ptr, xrid->value.len);
     else
         sl_request_ensure_id(r);
+    if (sl_unlikely(sl_tlog_active() || (r->gen && r->gen->tracing.enabled)))
+        trace_begin(r, h);
     r->method_bit = h->method_bit;
     r->version = h->version;
     r->m_method = meta_put(r, h->method.ptr, h->method.len > 32 ? 32 : h->method.len);
@@ -264,6 +368,9 @@ void sl_request_reset(sl_request_t *r)
         (sl_str_t){"", 0};
     r->upstream_addr[0] = '\0';
     r->upstream_start_us = r->upstream_head_us = 0;
+    r->trace_state = 0;
+    r->trace_parent = 0;
+    r->trace_flags = 0;
     if (sl_unlikely(r->tlog_headers[0] || r->tlog_headers[1])) {
         free(r->tlog_headers[0]);
         free(r->tlog_headers[1]);
@@ -294,18 +401,25 @@ void sl_request_log(sl_request_t *r)
         if (cls >= 1 && cls <= 5)
             SL_STAT_ADD(sl_metrics_worker(r->w->id)->unrouted_by_status[cls], 1);
     }
-    if (!sl_tlog_active())
+    int active = sl_tlog_active();
+    if (!active)
         return;
     /* The record's settings: the route's (its Api's override, or the
      * Gateway's), the generation's for a request no route took. */
     const sl_tlog_policy_t *p = r->route ? r->route->tlog
                                 : r->gen ? &r->gen->tlog
                                          : &sl_tlog_policy_default;
-    if (!p->enabled)
-        return;
-    if (p->sample_ppm < 1000000 && sl_lb_rng_next(&r->w->rng) % 1000000 >= p->sample_ppm)
+    unsigned dest = 0;
+    if ((active & SL_TLOG_TO_LOG) && p->enabled &&
+        (p->sample_ppm >= 1000000 || sl_lb_rng_next(&r->w->rng) % 1000000 < p->sample_ppm))
+        dest = SL_TLOG_TO_LOG;
+    /* Spans of sampled traces the gateway takes part in. */
+    if ((active & SL_TLOG_TO_TRACE) && r->trace_state == SL_TRACE_OWN && (r->trace_flags & 1))
+        dest |= SL_TLOG_TO_TRACE;
+    if (!dest)
         return;
     sl_tlog_record_t e = {
+        .dest = (uint8_t)dest,
         .start_unix_us = r->start_unix_us,
         .duration_us = dur,
         .bytes_received = r->bytes_received,
@@ -321,6 +435,17 @@ void sl_request_log(sl_request_t *r)
         r->upstream_head_us >= r->upstream_start_us) {
         e.upstream_timed = 1;
         e.upstream_us = r->upstream_head_us - r->upstream_start_us;
+    }
+    if (r->upstream_start_us && r->upstream_start_us >= r->start_mono_us)
+        e.upstream_off_us = (uint32_t)(r->upstream_start_us - r->start_mono_us);
+    if (r->trace_state) {
+        e.str[SL_TLOG_S_TRACE_ID] = (sl_str_t){r->trace_id, 32};
+        if (r->trace_state == SL_TRACE_OWN) {
+            e.str[SL_TLOG_S_SPAN_ID] = (sl_str_t){r->span_id, 16};
+            e.str[SL_TLOG_S_UPSTREAM_SPAN_ID] = (sl_str_t){r->up_span_id, 16};
+        }
+        if (r->trace_parent)
+            e.str[SL_TLOG_S_PARENT_ID] = (sl_str_t){r->parent_id, 16};
     }
     e.str[SL_TLOG_S_REQUEST_ID] = r->m_reqid;
     e.str[SL_TLOG_S_CLIENT] = (sl_str_t){r->client_ip, strlen(r->client_ip)};
@@ -365,7 +490,7 @@ void sl_request_log(sl_request_t *r)
 
 void sl_request_upstream_head(sl_request_t *r, const sl_header_t *headers, size_t n)
 {
-    if (!sl_tlog_active())
+    if (!sl_request_timed(r))
         return;
     r->upstream_head_us = now_mono_us();
     if (sl_unlikely(r->gen && (r->gen->tlog_headers_wanted & 2)))
@@ -864,7 +989,7 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
         return SL_ERROR;
     }
     r->ep_index = idx;
-    if (!r->upstream_start_us && sl_tlog_active())
+    if (!r->upstream_start_us && sl_request_timed(r))
         r->upstream_start_us = now_mono_us();
     sl_endpoint_state_t *ep = r->cluster->endpoints[idx];
     sl_request_leave_pool(r);

@@ -136,10 +136,40 @@ typedef struct sl_request {
      * record holds them (sl_tlog_headers_json); malloc'd, NULL = none. */
     char *tlog_headers[2];
     uint32_t tlog_headers_len[2];
+    /* W3C trace context (sl_request_set_head). trace_state: 0 none;
+     * SL_TRACE_SEEN the client's valid traceparent, passed upstream
+     * untouched (the Gateway has no spec.tracing); SL_TRACE_OWN the gateway
+     * takes part: a server span (span_id, child of parent_id when the
+     * client sent one) and the upstream call's span (up_span_id), which is
+     * the parent the upstream gets in its traceparent. Hex digits, no NUL. */
+    uint8_t trace_state;
+    uint8_t trace_flags;  /* 01 = sampled */
+    uint8_t trace_parent; /* parent_id is set */
+    char trace_id[32];
+    char parent_id[16];
+    char span_id[16];
+    char up_span_id[16];
     sl_req_policy_t *pol; /* NULL unless the route has a policy chain */
     /* the response cache's part in the request (cache.h), or NULL */
     struct sl_cache_req *cache;
 } sl_request_t;
+
+enum { SL_TRACE_NONE = 0, SL_TRACE_SEEN, SL_TRACE_OWN };
+
+/* Whether the request's upstream timing is taken: for the traffic log,
+ * spans and Server-Timing. */
+static inline int sl_request_timed(const sl_request_t *r)
+{
+    return sl_tlog_active() || (r->gen && r->gen->tracing.enabled);
+}
+
+/* The traceparent value the upstream gets ("00-<trace>-<span>-<flags>",
+ * 55 bytes, no NUL) for a request with trace_state SL_TRACE_OWN. */
+void sl_request_traceparent(const sl_request_t *r, char out[55]);
+
+/* The Server-Timing field value (gateway and upstream milliseconds so
+ * far); returns its length (< cap). */
+size_t sl_request_server_timing(const sl_request_t *r, char *out, size_t cap);
 
 /* Ready for a first request (zeroes it; no generation held). */
 void sl_request_init(sl_request_t *r, sl_worker_t *w, const char *client_ip);

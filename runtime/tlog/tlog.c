@@ -84,6 +84,10 @@ static const uint16_t str_max[SL_TLOG_S__COUNT] = {
     [SL_TLOG_S_REFERER] = FIELD_MAX_LONG,
     [SL_TLOG_S_REQUEST_HEADERS] = SL_TLOG_MAX_HEADER_MAX_BYTES + 64,
     [SL_TLOG_S_RESPONSE_HEADERS] = SL_TLOG_MAX_HEADER_MAX_BYTES + 64,
+    [SL_TLOG_S_TRACE_ID] = 32,
+    [SL_TLOG_S_SPAN_ID] = 16,
+    [SL_TLOG_S_PARENT_ID] = 16,
+    [SL_TLOG_S_UPSTREAM_SPAN_ID] = 16,
 };
 
 /* The record in a ring: this head, then the strings' bytes in order. */
@@ -94,8 +98,9 @@ typedef struct {
     int32_t status;
     int16_t minor_version;
     uint8_t upstream_timed;
-    uint8_t pad;
+    uint8_t dest;
     uint32_t retries;
+    uint32_t upstream_off_us;
     uint16_t slen[SL_TLOG_S__COUNT];
 } wire_head_t;
 
@@ -150,10 +155,12 @@ static struct {
     sl_tlog_view_t chunk[CHUNK_RECORDS]; /* logger: records decoded in place */
     size_t line_off[CHUNK_RECORDS + 1];  /* their JSON lines in `lines` */
     unsigned chunk_n;
+    unsigned chunk_dest; /* logger: the SL_TLOG_TO_* bits every record of the chunk has */
     sl_tlog_buf_t lines;
     int need_json; /* logger: some sink takes JSON */
 } tl = {
     .wake_fd = -1,
+    .chunk_dest = SL_TLOG_TO_LOG | SL_TLOG_TO_TRACE,
     .set_lock = PTHREAD_MUTEX_INITIALIZER,
     .reopen_lock = PTHREAD_MUTEX_INITIALIZER,
     .reopen_cond = PTHREAD_COND_INITIALIZER,
@@ -773,6 +780,12 @@ static size_t format_json(char *buf, size_t cap, const sl_tlog_view_t *v)
         case SL_TLOG_F_REFERER:
             sidx = SL_TLOG_S_REFERER;
             break;
+        case SL_TLOG_F_TRACE_ID:
+            sidx = SL_TLOG_S_TRACE_ID;
+            break;
+        case SL_TLOG_F_SPAN_ID:
+            sidx = SL_TLOG_S_SPAN_ID;
+            break;
         case SL_TLOG_F__COUNT:
             continue;
         }
@@ -782,6 +795,153 @@ static size_t format_json(char *buf, size_t cap, const sl_tlog_view_t *v)
     }
     *o++ = '}';
     return (size_t)(o - buf);
+}
+
+/* ---- spans: OTLP/JSON (opentelemetry-proto, JSON encoding) ------------------ */
+
+/* Copies a string that needs no escaping (a literal, an attribute key). */
+static inline char *j_raw(char *o, const char *lit)
+{
+    size_t n = strlen(lit);
+    memcpy(o, lit, n);
+    return o + n;
+}
+#define j_lit(o, lit) (memcpy((o), (lit), sizeof(lit) - 1), (o) + sizeof(lit) - 1)
+
+/* `{"key":"<k>","value":{"stringValue":"<v>"}},` (nothing when v is empty). */
+static char *span_attr_str(char *o, const char *k, sl_str_t v)
+{
+    if (!v.len)
+        return o;
+    o = j_lit(o, "{\"key\":\"");
+    o = j_raw(o, k);
+    o = j_lit(o, "\",\"value\":{\"stringValue\":\"");
+    o = j_str(o, v.ptr, v.len);
+    return j_lit(o, "\"}},");
+}
+
+/* intValue is a string in OTLP/JSON (a 64-bit integer). */
+static char *span_attr_int(char *o, const char *k, uint64_t v)
+{
+    o = j_lit(o, "{\"key\":\"");
+    o = j_raw(o, k);
+    o = j_lit(o, "\",\"value\":{\"intValue\":\"");
+    o = j_u64(o, v);
+    return j_lit(o, "\"}},");
+}
+
+static char *span_head(char *o, sl_str_t trace, sl_str_t span, sl_str_t parent, int kind,
+                       uint64_t start_ns, uint64_t end_ns)
+{
+    o = j_lit(o, "{\"traceId\":\"");
+    o = j_str(o, trace.ptr, trace.len);
+    o = j_lit(o, "\",\"spanId\":\"");
+    o = j_str(o, span.ptr, span.len);
+    if (parent.len) {
+        o = j_lit(o, "\",\"parentSpanId\":\"");
+        o = j_str(o, parent.ptr, parent.len);
+    }
+    o = j_lit(o, "\",\"kind\":");
+    *o++ = (char)('0' + kind);
+    o = j_lit(o, ",\"startTimeUnixNano\":\"");
+    o = j_u64(o, start_ns);
+    o = j_lit(o, "\",\"endTimeUnixNano\":\"");
+    o = j_u64(o, end_ns);
+    return j_lit(o, "\",");
+}
+
+/* The attributes array's end: the last element's comma becomes ']'. */
+static char *span_attrs_end(char *o, char *attrs_start)
+{
+    if (o[-1] == ',' && o != attrs_start)
+        o[-1] = ']';
+    else
+        *o++ = ']';
+    return o;
+}
+
+int sl_tlog_format_spans(const sl_tlog_view_t *v, sl_tlog_buf_t *outb)
+{
+    const sl_tlog_record_t *e = &v->rec;
+    const sl_str_t *s = e->str;
+    if (s[SL_TLOG_S_TRACE_ID].len != 32 || s[SL_TLOG_S_SPAN_ID].len != 16)
+        return 0; /* not a traced request: no span */
+    size_t bound = 2048;
+    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++)
+        if (i != SL_TLOG_S_REQUEST_HEADERS && i != SL_TLOG_S_RESPONSE_HEADERS)
+            bound += 12 * s[i].len; /* each string may be written twice */
+    if (buf_reserve(outb, bound) != 0)
+        return -1;
+    char *o = outb->data + outb->len;
+    uint64_t start_ns = e->start_unix_us * 1000, end_ns = (e->start_unix_us + e->duration_us) * 1000;
+
+    /* The server span: the request as the gateway saw it. Its name is the
+     * method and the operation (semantic conventions: "{method} {route}"). */
+    o = span_head(o, s[SL_TLOG_S_TRACE_ID], s[SL_TLOG_S_SPAN_ID], s[SL_TLOG_S_PARENT_ID], 2,
+                  start_ns, end_ns);
+    o = j_lit(o, "\"name\":\"");
+    o = j_str(o, s[SL_TLOG_S_METHOD].ptr, s[SL_TLOG_S_METHOD].len);
+    if (s[SL_TLOG_S_OPERATION].len) {
+        *o++ = ' ';
+        o = j_str(o, s[SL_TLOG_S_OPERATION].ptr, s[SL_TLOG_S_OPERATION].len);
+    }
+    o = j_lit(o, "\",\"attributes\":[");
+    char *attrs = o;
+    o = span_attr_str(o, "http.request.method", s[SL_TLOG_S_METHOD]);
+    o = span_attr_str(o, "url.path", s[SL_TLOG_S_PATH]);
+    o = span_attr_str(o, "url.query", s[SL_TLOG_S_QUERY]);
+    o = span_attr_str(o, "server.address", s[SL_TLOG_S_HOST]);
+    o = span_attr_str(o, "client.address", s[SL_TLOG_S_CLIENT]);
+    o = span_attr_str(o, "user_agent.original", s[SL_TLOG_S_USER_AGENT]);
+    o = span_attr_str(o, "network.protocol.version",
+                      e->minor_version < 0    ? (sl_str_t){"2", 1}
+                      : e->minor_version == 0 ? (sl_str_t){"1.0", 3}
+                                              : (sl_str_t){"1.1", 3});
+    if (e->status > 0)
+        o = span_attr_int(o, "http.response.status_code", (uint64_t)e->status);
+    o = span_attr_int(o, "http.request.body.size", e->bytes_received);
+    o = span_attr_int(o, "http.response.size", e->bytes_sent);
+    o = span_attr_str(o, "sluice.request_id", s[SL_TLOG_S_REQUEST_ID]);
+    o = span_attr_str(o, "sluice.api", s[SL_TLOG_S_API]);
+    o = span_attr_str(o, "sluice.operation", s[SL_TLOG_S_OPERATION]);
+    o = span_attr_str(o, "sluice.consumer", s[SL_TLOG_S_CONSUMER]);
+    o = span_attr_str(o, "sluice.policy", s[SL_TLOG_S_POLICY]);
+    o = span_attr_str(o, "sluice.cache", s[SL_TLOG_S_CACHE]);
+    o = span_attr_str(o, "error.type", s[SL_TLOG_S_ERROR]);
+    o = span_attrs_end(o, attrs);
+    /* Server spans: a 5xx is an error, a 4xx is the client's (semantic
+     * conventions); status left unset otherwise. */
+    if (e->status >= 500 || e->status <= 0) {
+        o = j_lit(o, ",\"status\":{\"code\":2,\"message\":\"");
+        sl_str_t why = s[SL_TLOG_S_ERROR].len ? s[SL_TLOG_S_ERROR] : (sl_str_t){"", 0};
+        o = j_str(o, why.ptr, why.len);
+        o = j_lit(o, "\"}");
+    }
+    *o++ = '}';
+
+    /* The client span: the call to the upstream, retries included, from
+     * its first attempt to the end of the response. Its id is the parent
+     * the upstream was sent in traceparent. */
+    if (s[SL_TLOG_S_UPSTREAM_SPAN_ID].len == 16 && s[SL_TLOG_S_UPSTREAM].len) {
+        *o++ = ',';
+        o = span_head(o, s[SL_TLOG_S_TRACE_ID], s[SL_TLOG_S_UPSTREAM_SPAN_ID], s[SL_TLOG_S_SPAN_ID],
+                      3, start_ns + (uint64_t)e->upstream_off_us * 1000, end_ns);
+        o = j_lit(o, "\"name\":\"");
+        o = j_str(o, s[SL_TLOG_S_METHOD].ptr, s[SL_TLOG_S_METHOD].len);
+        o = j_lit(o, "\",\"attributes\":[");
+        attrs = o;
+        o = span_attr_str(o, "http.request.method", s[SL_TLOG_S_METHOD]);
+        o = span_attr_str(o, "server.address", s[SL_TLOG_S_UPSTREAM]);
+        if (e->status > 0)
+            o = span_attr_int(o, "http.response.status_code", (uint64_t)e->status);
+        o = span_attr_int(o, "http.request.resend_count", e->retries);
+        o = span_attrs_end(o, attrs);
+        if (e->status >= 500 || e->status <= 0)
+            o = j_lit(o, ",\"status\":{\"code\":2}");
+        *o++ = '}';
+    }
+    outb->len = (size_t)(o - outb->data);
+    return 0;
 }
 
 /* nginx:  $remote_addr - $remote_user [$time_local] "$request" $status
@@ -943,7 +1103,9 @@ void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
         .status = e->status,
         .minor_version = (int16_t)e->minor_version,
         .upstream_timed = e->upstream_timed,
+        .dest = e->dest,
         .retries = e->retries,
+        .upstream_off_us = e->upstream_off_us,
     };
     size_t len = sizeof(h);
     for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++) {
@@ -1056,6 +1218,8 @@ static const sl_tlog_sink_ops_t *ops_of(const char *type)
         return &sl_tlog_es_ops;
     if (strcmp(type, "clickhouse") == 0)
         return &sl_tlog_clickhouse_ops;
+    if (strcmp(type, "otlp") == 0)
+        return &sl_tlog_otlp_ops;
     return NULL;
 }
 
@@ -1211,7 +1375,8 @@ static void sink_free(sl_tlog_sink_t *s)
         return;
     const char **strs[] = {&s->cfg.name,     &s->cfg.type,     &s->cfg.path,
                            &s->cfg.url,      &s->cfg.index,    &s->cfg.table,
-                           &s->cfg.username, &s->cfg.password, &s->cfg.api_key};
+                           &s->cfg.username, &s->cfg.password, &s->cfg.api_key,
+                           &s->cfg.service_name};
     for (size_t i = 0; i < SL_ARRAY_LEN(strs); i++)
         free((char *)*strs[i]);
     free(s->key);
@@ -1226,7 +1391,8 @@ static void sink_free(sl_tlog_sink_t *s)
 static char *config_key(const sl_tlog_sink_config_t *c)
 {
     char *k = NULL;
-    if (asprintf(&k, "%s|%s|%s|%d|%llu|%u|%s|%s|%s|%s|%s|%s|%u|%u|%u|%llu|%u|%u|%u", c->name,
+    if (asprintf(&k, "%s|%s|%s|%s|%d|%llu|%u|%s|%s|%s|%s|%s|%s|%u|%u|%u|%llu|%u|%u|%u",
+                 c->service_name ? c->service_name : "", c->name,
                  c->type, c->path ? c->path : "", c->combined,
                  (unsigned long long)c->rotate_max_bytes, c->rotate_keep, c->url ? c->url : "",
                  c->index ? c->index : "", c->table ? c->table : "", c->username ? c->username : "",
@@ -1291,10 +1457,12 @@ static sl_tlog_sink_t *sink_new(const sl_tlog_sink_config_t *in, char *err, size
     s->cfg.username = xstrdup(in->username);
     s->cfg.password = xstrdup(in->password);
     s->cfg.api_key = xstrdup(in->api_key);
+    s->cfg.service_name = xstrdup(in->service_name);
     fill_defaults(&s->cfg);
     s->key = config_key(&s->cfg);
     if (!s->cfg.name || !s->cfg.type || !s->cfg.path || !s->cfg.url || !s->cfg.index ||
-        !s->cfg.table || !s->cfg.username || !s->cfg.password || !s->cfg.api_key || !s->key) {
+        !s->cfg.table || !s->cfg.username || !s->cfg.password || !s->cfg.api_key ||
+        !s->cfg.service_name || !s->key) {
         snprintf(err, errlen, "out of memory");
         sink_free(s);
         return NULL;
@@ -1362,7 +1530,9 @@ static uint64_t sink_take_chunk(sl_tlog_sink_t *s, unsigned n, int *oom)
     uint64_t lost_budget = 0;
     pthread_mutex_lock(&s->lock);
     unsigned before_records = s->queue_records;
-    if (is_json_file(s) && s->queue.len + tl.lines.len + s->inflight_bytes <= s->cfg.buffer_bytes) {
+    unsigned want = s->ops->trace ? SL_TLOG_TO_TRACE : SL_TLOG_TO_LOG;
+    if (is_json_file(s) && (tl.chunk_dest & want) &&
+        s->queue.len + tl.lines.len + s->inflight_bytes <= s->cfg.buffer_bytes) {
         if (s->queue.len == 0 && !s->next) {
             /* An empty queue and no sink after this one: the lines become
              * the queue, nothing is copied. */
@@ -1376,6 +1546,8 @@ static uint64_t sink_take_chunk(sl_tlog_sink_t *s, unsigned n, int *oom)
             *oom += (int)n;
     } else {
         for (unsigned i = 0; i < n; i++) {
+            if (!(tl.chunk[i].rec.dest & want))
+                continue;
             size_t before = s->queue.len;
             const char *json = tl.lines.data + tl.line_off[i];
             size_t jlen = tl.line_off[i + 1] - tl.line_off[i] - 1; /* without its '\n' */
@@ -1386,6 +1558,8 @@ static uint64_t sink_take_chunk(sl_tlog_sink_t *s, unsigned n, int *oom)
                 (*oom)++;
                 continue;
             }
+            if (s->queue.len == before)
+                continue; /* nothing for this sink in the record (no span) */
             if (s->queue.len + s->inflight_bytes > s->cfg.buffer_bytes) {
                 s->queue.len = before;
                 lost_budget++;
@@ -1419,6 +1593,7 @@ static void flush_chunk(void)
                               "is slower than the traffic, or down");
     }
     tl.chunk_n = 0;
+    tl.chunk_dest = SL_TLOG_TO_LOG | SL_TLOG_TO_TRACE;
     tl.lines.len = 0;
 }
 
@@ -1433,8 +1608,12 @@ static void chunk_add(const sl_tlog_view_t *v)
             return;
         }
     }
-    /* No JSON when every sink writes combined lines. */
-    size_t jlen = tl.need_json ? format_json(tl.lines.data + tl.lines.len, bound, v) : 0;
+    /* No JSON when every sink writes combined lines, or the record is for
+     * the span export only. */
+    size_t jlen = tl.need_json && (v->rec.dest & SL_TLOG_TO_LOG)
+                      ? format_json(tl.lines.data + tl.lines.len, bound, v)
+                      : 0;
+    tl.chunk_dest &= v->rec.dest;
     tl.line_off[tl.chunk_n] = tl.lines.len;
     tl.lines.len += jlen;
     tl.lines.data[tl.lines.len++] = '\n';
@@ -1465,7 +1644,9 @@ static void drain_rings(void)
             e->status = h->status;
             e->minor_version = h->minor_version;
             e->upstream_timed = h->upstream_timed;
+            e->dest = h->dest;
             e->retries = h->retries;
+            e->upstream_off_us = h->upstream_off_us;
             const char *str = (const char *)(h + 1);
             for (unsigned k = 0; k < SL_TLOG_S__COUNT; k++) {
                 e->str[k] = (sl_str_t){str, h->slen[k]};
@@ -1497,8 +1678,9 @@ static void free_pending(pending_cfg_t *p)
         return;
     for (size_t i = 0; i < p->n; i++) {
         sl_tlog_sink_config_t *c = &p->sinks[i];
-        const char *strs[] = {c->name,  c->type,     c->path,     c->url,    c->index,
-                              c->table, c->username, c->password, c->api_key};
+        const char *strs[] = {c->name,     c->type,     c->path,    c->url,
+                              c->index,    c->table,    c->username, c->password,
+                              c->api_key, c->service_name};
         for (size_t k = 0; k < SL_ARRAY_LEN(strs); k++)
             free((char *)strs[k]);
     }
@@ -1575,7 +1757,10 @@ static void apply_pending(pending_cfg_t *p)
         removed = next;
     }
     pthread_mutex_unlock(&tl.set_lock);
-    __atomic_store_n(&sl_tlog_active_flag, kept != NULL, __ATOMIC_RELAXED);
+    int active = 0;
+    for (sl_tlog_sink_t *s = kept; s; s = s->next)
+        active |= s->ops->trace ? SL_TLOG_TO_TRACE : SL_TLOG_TO_LOG;
+    __atomic_store_n(&sl_tlog_active_flag, active, __ATOMIC_RELAXED);
 }
 
 static void reap_retiring(int wait)
@@ -1723,9 +1908,10 @@ int sl_tlog_configure(const sl_tlog_sink_config_t *sinks, size_t n, const sl_tlo
         c->username = xstrdup(sinks[i].username);
         c->password = xstrdup(sinks[i].password);
         c->api_key = xstrdup(sinks[i].api_key);
+        c->service_name = xstrdup(sinks[i].service_name);
         p->n = i + 1;
         oom |= !c->name || !c->type || !c->path || !c->url || !c->index || !c->table ||
-               !c->username || !c->password || !c->api_key;
+               !c->username || !c->password || !c->api_key || !c->service_name;
     }
     p->strings[0] = xstrdup(origin ? origin->gateway : "");
     p->strings[1] = xstrdup(origin ? origin->fleet : "");
@@ -1741,8 +1927,12 @@ int sl_tlog_configure(const sl_tlog_sink_config_t *sinks, size_t n, const sl_tlo
     free_pending(old);
     /* Records written from now on find a sink: the flag goes up at once
      * (the logger puts it down again if the set turns out empty). */
-    if (n)
-        __atomic_store_n(&sl_tlog_active_flag, 1, __ATOMIC_RELAXED);
+    int active = 0;
+    for (size_t i = 0; i < n; i++)
+        active |= sinks[i].type && strcmp(sinks[i].type, "otlp") == 0 ? SL_TLOG_TO_TRACE
+                                                                         : SL_TLOG_TO_LOG;
+    if (active)
+        __atomic_fetch_or(&sl_tlog_active_flag, active, __ATOMIC_RELAXED);
     if (tl.wake_fd >= 0)
         wake_logger();
     return 0;

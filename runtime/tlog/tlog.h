@@ -72,6 +72,10 @@ enum sl_tlog_str {
     SL_TLOG_S_REFERER,
     SL_TLOG_S_REQUEST_HEADERS,  /* a JSON object, already escaped (sl_tlog_headers_json) */
     SL_TLOG_S_RESPONSE_HEADERS, /* same */
+    SL_TLOG_S_TRACE_ID,         /* 32 lower-case hex digits, or empty */
+    SL_TLOG_S_SPAN_ID,          /* the gateway's server span: 16 hex digits, or empty */
+    SL_TLOG_S_PARENT_ID,        /* the client's span, or empty (a trace started here) */
+    SL_TLOG_S_UPSTREAM_SPAN_ID, /* the upstream call's span (sent upstream as parent) */
     SL_TLOG_S__COUNT
 };
 
@@ -87,14 +91,20 @@ typedef struct {
     int minor_version; /* HTTP/1.x: x; -1 for HTTP/2 */
     unsigned retries;
     uint8_t upstream_timed; /* upstream_us is set */
+    uint8_t dest;           /* SL_TLOG_TO_* */
+    uint32_t upstream_off_us; /* from the start to the first upstream attempt (spans) */
     sl_str_t str[SL_TLOG_S__COUNT];
 } sl_tlog_record_t;
+
+/* Which sinks a record is for: the traffic log's, the span export's. */
+#define SL_TLOG_TO_LOG 1u
+#define SL_TLOG_TO_TRACE 2u
 
 /* One sink's configuration (a compiled TrafficLogSink, or the
  * --access-log shortcut). Strings are copied by sl_tlog_configure. */
 typedef struct {
     const char *name;
-    const char *type; /* "file", "http", "elasticsearch", "clickhouse" */
+    const char *type; /* "file", "http", "elasticsearch", "clickhouse", "otlp" */
     const char *path; /* file: a path or "stdout" */
     int combined;     /* file: nginx combined lines instead of JSON */
     uint64_t rotate_max_bytes;
@@ -102,6 +112,7 @@ typedef struct {
     const char *url;
     const char *index;
     const char *table;
+    const char *service_name; /* otlp: the resource's service.name */
     const char *username, *password, *api_key;
     uint32_t batch_max_records, batch_max_bytes, batch_max_delay_ms;
     uint64_t buffer_bytes;
@@ -129,7 +140,8 @@ int sl_tlog_sink_check(const sl_tlog_sink_config_t *cfg, char *err, size_t errle
  * changed). */
 int sl_tlog_configure(const sl_tlog_sink_config_t *sinks, size_t n, const sl_tlog_origin_t *origin);
 
-/* Whether any sink is configured: the worker's first, cheapest test. */
+/* Which kinds of sink are configured (SL_TLOG_TO_* bits; 0 = none): the
+ * worker's first, cheapest test. */
 extern int sl_tlog_active_flag;
 static inline int sl_tlog_active(void)
 {

@@ -44,16 +44,20 @@ const sl_tlog_sink_config_t *sl_tlog_cli_sink(void)
 int sl_tlog_apply_snapshot(const Sluice__V1__Snapshot *snap)
 {
     const Sluice__V1__TrafficLog *t = snap && snap->settings ? snap->settings->traffic_log : NULL;
-    size_t n = (t ? t->n_sinks : 0) + (size_t)base.have_cli;
+    const Sluice__V1__Tracing *tr = snap && snap->settings ? snap->settings->tracing : NULL;
+    const Sluice__V1__TrafficLogSink *ex = tr ? tr->export : NULL;
+    size_t n = (t ? t->n_sinks : 0) + (size_t)base.have_cli + (ex != NULL);
     sl_tlog_sink_config_t *v = calloc(n ? n : 1, sizeof(*v));
     if (!v)
         return -1;
     size_t k = 0;
     if (base.have_cli)
         v[k++] = base.cli;
-    static const char *const types[] = {"file", "http", "elasticsearch", "clickhouse"};
-    for (size_t i = 0; t && i < t->n_sinks; i++) {
-        const Sluice__V1__TrafficLogSink *s = t->sinks[i];
+    static const char *const types[] = {"file", "http", "elasticsearch", "clickhouse", "otlp"};
+    size_t nsinks = (t ? t->n_sinks : 0) + (ex != NULL);
+    for (size_t i = 0; i < nsinks; i++) {
+        /* The span export is one more sink, of type otlp, after the log's. */
+        const Sluice__V1__TrafficLogSink *s = t && i < t->n_sinks ? t->sinks[i] : ex;
         if ((unsigned)s->type >= SL_ARRAY_LEN(types))
             continue; /* a type newer than this runtime */
         v[k++] = (sl_tlog_sink_config_t){
@@ -66,6 +70,7 @@ int sl_tlog_apply_snapshot(const Sluice__V1__Snapshot *snap)
             .url = s->url,
             .index = s->index,
             .table = s->table,
+            .service_name = tr && s == ex ? tr->service_name : "",
             .username = s->username,
             .password = s->password,
             .api_key = s->api_key,

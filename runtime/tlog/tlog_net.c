@@ -592,3 +592,86 @@ const sl_tlog_sink_ops_t sl_tlog_clickhouse_ops = {
     .close = net_close,
     .lines_per_record = 1,
 };
+
+/* ---- otlp: spans as OTLP/HTTP with the JSON encoding ---------------------- */
+
+static int otlp_encode(sl_tlog_sink_t *s, const sl_tlog_view_t *v, const char *json,
+                       size_t json_len, sl_tlog_buf_t *out)
+{
+    (void)s;
+    (void)json;
+    (void)json_len;
+    size_t before = out->len;
+    if (sl_tlog_format_spans(v, out) != 0)
+        return -1;
+    if (out->len == before)
+        return 0; /* no span: nothing queued, but the record line must still end */
+    return sl_tlog_buf_add(out, "\n", 1);
+}
+
+/* An ExportTraceServiceRequest: one resource (service.name), one scope,
+ * the batch's spans. A 2xx may carry partialSuccess.rejectedSpans: those
+ * are lost for good (the collector said why), the rest delivered. */
+static enum sl_tlog_deliver_result otlp_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *batch,
+                                                unsigned *nrec)
+{
+    net_state_t *n = s->state;
+    sl_tlog_buf_t *body = &n->req;
+    body->len = 0;
+    char head[600];
+    json_t *svc = json_string(s->cfg.service_name && *s->cfg.service_name ? s->cfg.service_name
+                                                                          : "sluice");
+    char *svc_json = svc ? json_dumps(svc, JSON_ENCODE_ANY) : NULL;
+    json_decref(svc);
+    int hl = snprintf(head, sizeof(head),
+                      "{\"resourceSpans\":[{\"resource\":{\"attributes\":[{\"key\":\"service.name\","
+                      "\"value\":{\"stringValue\":%s}}]},\"scopeSpans\":[{\"scope\":{\"name\":"
+                      "\"sluice-runtime\"},\"spans\":[",
+                      svc_json ? svc_json : "\"sluice\"");
+    free(svc_json);
+    if (hl < 0 || (size_t)hl >= sizeof(head) || sl_tlog_buf_add(body, head, (size_t)hl) != 0)
+        return SL_TLOG_RETRY;
+    size_t spans_at = body->len;
+    if (sl_tlog_buf_add(body, batch->data, batch->len) != 0)
+        return SL_TLOG_RETRY;
+    for (size_t i = spans_at; i < body->len; i++)
+        if (body->data[i] == '\n')
+            body->data[i] = ',';
+    if (body->len > spans_at && body->data[body->len - 1] == ',')
+        body->len--;
+    if (sl_tlog_buf_add(body, "]}]}]}", 6) != 0)
+        return SL_TLOG_RETRY;
+    char *rbody = NULL;
+    size_t rlen = 0;
+    int status = http_post(s, n, n->path, "application/json", body->data, body->len, &rbody, &rlen);
+    if (status >= 200 && status < 300 && rlen) {
+        json_t *doc = json_loadb(rbody, rlen, 0, NULL);
+        json_t *ps = json_object_get(doc, "partialSuccess");
+        json_t *rj = json_object_get(ps, "rejectedSpans");
+        /* int64 fields are strings in OTLP/JSON; accept a number too. */
+        long long rejected = json_is_string(rj)    ? strtoll(json_string_value(rj), NULL, 10)
+                             : json_is_integer(rj) ? json_integer_value(rj)
+                                                   : 0;
+        if (rejected > 0) {
+            unsigned lost = rejected >= (long long)*nrec ? *nrec : (unsigned)rejected;
+            char why[400];
+            snprintf(why, sizeof(why), "the collector rejected %lld span(s): %s", rejected,
+                     json_string_value(json_object_get(ps, "errorMessage")) ?: "no reason given");
+            sl_tlog_sink_lost(s, lost, why);
+            atomic_fetch_add_explicit(&s->written, *nrec - lost, memory_order_relaxed);
+            json_decref(doc);
+            return SL_TLOG_DELIVERED;
+        }
+        json_decref(doc);
+    }
+    return judge(s, n, status, rbody, rlen, *nrec);
+}
+
+const sl_tlog_sink_ops_t sl_tlog_otlp_ops = {
+    .type = "otlp",
+    .encode = otlp_encode,
+    .deliver = otlp_deliver,
+    .close = net_close,
+    .lines_per_record = 1,
+    .trace = 1,
+};

@@ -57,6 +57,9 @@ typedef struct {
     void (*close)(struct sl_tlog_sink *s);
     /* Records per "line" unit: how many '\n' end one record. */
     unsigned lines_per_record;
+    /* Takes the records meant for span export (SL_TLOG_TO_TRACE) instead
+     * of the traffic log's. */
+    uint8_t trace;
 } sl_tlog_sink_ops_t;
 
 typedef struct sl_tlog_sink {
@@ -106,8 +109,14 @@ extern const sl_tlog_sink_ops_t sl_tlog_file_ops;
 extern const sl_tlog_sink_ops_t sl_tlog_http_ops;
 extern const sl_tlog_sink_ops_t sl_tlog_es_ops;
 extern const sl_tlog_sink_ops_t sl_tlog_clickhouse_ops;
+extern const sl_tlog_sink_ops_t sl_tlog_otlp_ops;
 int sl_tlog_file_open(sl_tlog_sink_t *s, char *err, size_t errlen);
 int sl_tlog_net_open(sl_tlog_sink_t *s, char *err, size_t errlen);
+
+/* The OTLP/JSON spans of a record (tlog.c): the gateway's server span and,
+ * when an upstream was called, its client span, as two elements of a
+ * "spans" array ("{...},{...}"), appended to out. */
+int sl_tlog_format_spans(const sl_tlog_view_t *v, sl_tlog_buf_t *out);
 
 /* The nginx "combined" line of a record (tlog.c). */
 int sl_tlog_format_combined(const sl_tlog_view_t *v, sl_tlog_buf_t *out);
