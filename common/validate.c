@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 static const char *type_name(json_t *v)
 {
     switch (json_typeof(v)) {
@@ -123,6 +122,11 @@ const char *sl_validate_suggest(const char *word, const char *const *names, size
             best = names[i];
         }
     }
+    /* A name cut short or with another ending ("sample" for "sampling") is
+     * too far by edits: a common start of 5 characters will do. */
+    for (size_t i = 0; !best && strlen(word) >= 5 && i < n; i++)
+        if (strncmp(names[i], word, 5) == 0)
+            best = names[i];
     return best;
 }
 

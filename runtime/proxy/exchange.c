@@ -212,8 +212,7 @@ int sl_exchange_build_head(sl_exchange_t *x, const sl_req_head_t *req, sl_str_t 
         /* Taking part in the trace: our traceparent replaces the client's,
          * and a trace restarted here drops the old trace's tracestate. */
         if (sl_unlikely(x->r.trace_state == SL_TRACE_OWN) &&
-            (name_is(h, "traceparent", 11) ||
-             (!x->r.trace_parent && name_is(h, "tracestate", 10))))
+            (name_is(h, "traceparent", 11) || (!x->r.trace_parent && name_is(h, "tracestate", 10))))
             continue;
         sl_buf_append_field(b, h->name.ptr, h->name.len, h->value.ptr, h->value.len);
     }

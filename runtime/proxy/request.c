@@ -187,12 +187,12 @@ void sl_request_traceparent(const sl_request_t *r, char out[55])
     out[54] = (char)('0' + (r->trace_flags & 1));
 }
 
-
 size_t sl_request_server_timing(const sl_request_t *r, char *out, size_t cap)
 {
     uint64_t total = r->start_mono_us ? now_mono_us() - r->start_mono_us : 0;
     int n;
-    if (r->upstream_head_us && r->upstream_start_us && r->upstream_head_us >= r->upstream_start_us) {
+    if (r->upstream_head_us && r->upstream_start_us &&
+        r->upstream_head_us >= r->upstream_start_us) {
         uint64_t up = r->upstream_head_us - r->upstream_start_us;
         uint64_t gw = total > up ? total - up : 0;
         n = snprintf(out, cap, "gateway;dur=%llu.%03llu, upstream;dur=%llu.%03llu",

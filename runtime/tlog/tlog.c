@@ -873,7 +873,8 @@ int sl_tlog_format_spans(const sl_tlog_view_t *v, sl_tlog_buf_t *outb)
     if (buf_reserve(outb, bound) != 0)
         return -1;
     char *o = outb->data + outb->len;
-    uint64_t start_ns = e->start_unix_us * 1000, end_ns = (e->start_unix_us + e->duration_us) * 1000;
+    uint64_t start_ns = e->start_unix_us * 1000,
+             end_ns = (e->start_unix_us + e->duration_us) * 1000;
 
     /* The server span: the request as the gateway saw it. Its name is the
      * method and the operation (semantic conventions: "{method} {route}"). */
@@ -1373,10 +1374,9 @@ static void sink_free(sl_tlog_sink_t *s)
 {
     if (!s)
         return;
-    const char **strs[] = {&s->cfg.name,     &s->cfg.type,     &s->cfg.path,
-                           &s->cfg.url,      &s->cfg.index,    &s->cfg.table,
-                           &s->cfg.username, &s->cfg.password, &s->cfg.api_key,
-                           &s->cfg.service_name};
+    const char **strs[] = {&s->cfg.name,    &s->cfg.type,        &s->cfg.path,     &s->cfg.url,
+                           &s->cfg.index,   &s->cfg.table,       &s->cfg.username, &s->cfg.password,
+                           &s->cfg.api_key, &s->cfg.service_name};
     for (size_t i = 0; i < SL_ARRAY_LEN(strs); i++)
         free((char *)*strs[i]);
     free(s->key);
@@ -1392,13 +1392,13 @@ static char *config_key(const sl_tlog_sink_config_t *c)
 {
     char *k = NULL;
     if (asprintf(&k, "%s|%s|%s|%s|%d|%llu|%u|%s|%s|%s|%s|%s|%s|%u|%u|%u|%llu|%u|%u|%u",
-                 c->service_name ? c->service_name : "", c->name,
-                 c->type, c->path ? c->path : "", c->combined,
-                 (unsigned long long)c->rotate_max_bytes, c->rotate_keep, c->url ? c->url : "",
-                 c->index ? c->index : "", c->table ? c->table : "", c->username ? c->username : "",
-                 c->password ? c->password : "", c->api_key ? c->api_key : "", c->batch_max_records,
-                 c->batch_max_bytes, c->batch_max_delay_ms, (unsigned long long)c->buffer_bytes,
-                 c->timeout_ms, c->backoff_initial_ms, c->backoff_max_ms) < 0)
+                 c->service_name ? c->service_name : "", c->name, c->type, c->path ? c->path : "",
+                 c->combined, (unsigned long long)c->rotate_max_bytes, c->rotate_keep,
+                 c->url ? c->url : "", c->index ? c->index : "", c->table ? c->table : "",
+                 c->username ? c->username : "", c->password ? c->password : "",
+                 c->api_key ? c->api_key : "", c->batch_max_records, c->batch_max_bytes,
+                 c->batch_max_delay_ms, (unsigned long long)c->buffer_bytes, c->timeout_ms,
+                 c->backoff_initial_ms, c->backoff_max_ms) < 0)
         return NULL;
     return k;
 }
@@ -1678,9 +1678,8 @@ static void free_pending(pending_cfg_t *p)
         return;
     for (size_t i = 0; i < p->n; i++) {
         sl_tlog_sink_config_t *c = &p->sinks[i];
-        const char *strs[] = {c->name,     c->type,     c->path,    c->url,
-                              c->index,    c->table,    c->username, c->password,
-                              c->api_key, c->service_name};
+        const char *strs[] = {c->name,  c->type,     c->path,     c->url,     c->index,
+                              c->table, c->username, c->password, c->api_key, c->service_name};
         for (size_t k = 0; k < SL_ARRAY_LEN(strs); k++)
             free((char *)strs[k]);
     }
@@ -1929,8 +1928,8 @@ int sl_tlog_configure(const sl_tlog_sink_config_t *sinks, size_t n, const sl_tlo
      * (the logger puts it down again if the set turns out empty). */
     int active = 0;
     for (size_t i = 0; i < n; i++)
-        active |= sinks[i].type && strcmp(sinks[i].type, "otlp") == 0 ? SL_TLOG_TO_TRACE
-                                                                         : SL_TLOG_TO_LOG;
+        active |=
+            sinks[i].type && strcmp(sinks[i].type, "otlp") == 0 ? SL_TLOG_TO_TRACE : SL_TLOG_TO_LOG;
     if (active)
         __atomic_fetch_or(&sl_tlog_active_flag, active, __ATOMIC_RELAXED);
     if (tl.wake_fd >= 0)

@@ -90,8 +90,8 @@ typedef struct {
     int status;
     int minor_version; /* HTTP/1.x: x; -1 for HTTP/2 */
     unsigned retries;
-    uint8_t upstream_timed; /* upstream_us is set */
-    uint8_t dest;           /* SL_TLOG_TO_* */
+    uint8_t upstream_timed;   /* upstream_us is set */
+    uint8_t dest;             /* SL_TLOG_TO_* */
     uint32_t upstream_off_us; /* from the start to the first upstream attempt (spans) */
     sl_str_t str[SL_TLOG_S__COUNT];
 } sl_tlog_record_t;

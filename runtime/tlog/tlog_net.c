@@ -619,15 +619,16 @@ static enum sl_tlog_deliver_result otlp_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t
     sl_tlog_buf_t *body = &n->req;
     body->len = 0;
     char head[600];
-    json_t *svc = json_string(s->cfg.service_name && *s->cfg.service_name ? s->cfg.service_name
-                                                                          : "sluice");
+    json_t *svc =
+        json_string(s->cfg.service_name && *s->cfg.service_name ? s->cfg.service_name : "sluice");
     char *svc_json = svc ? json_dumps(svc, JSON_ENCODE_ANY) : NULL;
     json_decref(svc);
-    int hl = snprintf(head, sizeof(head),
-                      "{\"resourceSpans\":[{\"resource\":{\"attributes\":[{\"key\":\"service.name\","
-                      "\"value\":{\"stringValue\":%s}}]},\"scopeSpans\":[{\"scope\":{\"name\":"
-                      "\"sluice-runtime\"},\"spans\":[",
-                      svc_json ? svc_json : "\"sluice\"");
+    int hl =
+        snprintf(head, sizeof(head),
+                 "{\"resourceSpans\":[{\"resource\":{\"attributes\":[{\"key\":\"service.name\","
+                 "\"value\":{\"stringValue\":%s}}]},\"scopeSpans\":[{\"scope\":{\"name\":"
+                 "\"sluice-runtime\"},\"spans\":[",
+                 svc_json ? svc_json : "\"sluice\"");
     free(svc_json);
     if (hl < 0 || (size_t)hl >= sizeof(head) || sl_tlog_buf_add(body, head, (size_t)hl) != 0)
         return SL_TLOG_RETRY;

@@ -42,6 +42,9 @@ static sl_tlog_view_t sample(void)
     e->str[SL_TLOG_S_QUERY] = S("limit=10");
     e->str[SL_TLOG_S_UPSTREAM] = S("127.0.0.1:9001");
     e->str[SL_TLOG_S_USER_AGENT] = S("curl/8.0");
+    e->str[SL_TLOG_S_TRACE_ID] = S("4bf92f3577b34da6a3ce929d0e0e4736");
+    e->str[SL_TLOG_S_SPAN_ID] = S("00f067aa0ba902b7");
+    e->dest = SL_TLOG_TO_LOG;
     return v;
 }
 
@@ -59,7 +62,8 @@ static void test_json_record_exact(void **state)
         "\"protocol\":\"HTTP/1.1\",\"status\":200,\"bytes_received\":0,\"bytes_sent\":2326,"
         "\"duration_ms\":1.234,\"upstream_ms\":1.000,\"gateway_ms\":0.234,\"upstream\":"
         "\"127.0.0.1:9001\",\"retries\":1,\"error\":\"\",\"policy\":\"\",\"policy_reason\":\"\","
-        "\"cache\":\"\",\"user_agent\":\"curl/8.0\",\"referer\":\"\"}";
+        "\"cache\":\"\",\"user_agent\":\"curl/8.0\",\"referer\":\"\",\"trace_id\":"
+        "\"4bf92f3577b34da6a3ce929d0e0e4736\",\"span_id\":\"00f067aa0ba902b7\"}";
     assert_int_equal(n, strlen(want));
     assert_memory_equal(line, want, n);
 
