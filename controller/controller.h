@@ -61,7 +61,6 @@ typedef struct {
     _Atomic uint64_t compile_errors;
     _Atomic int64_t runtimes_connected;
     _Atomic uint64_t store_writes;
-    _Atomic uint64_t store_write_us_total; /* sum of write latencies */
     _Atomic uint64_t config_version;
     _Atomic uint64_t streams_replaced; /* closed for a newer stream of the same node */
     _Atomic uint64_t streams_refused;  /* closed for an invalid request or a full table */
@@ -69,5 +68,10 @@ typedef struct {
     _Atomic uint64_t runtime_records;  /* records kept, connected or not */
 } sl_ctrl_metrics_t;
 extern sl_ctrl_metrics_t sl_ctrl_metrics;
+
+struct evbuffer;
+/* The core's own /metrics families (sluice_controller_fleet_runtimes_connected);
+ * main thread. With ctl NULL, only their HELP and TYPE. */
+void sl_controller_render_metrics(sl_controller_t *ctl, struct evbuffer *b);
 
 #endif

@@ -44,11 +44,13 @@
 #include "compiler.h"
 #include "consumers.h"
 #include "core.h"
+#include "ctrl_metrics.h"
 #include "policy.h"
 #include "grpc_util.h"
 #include "log.h"
 #include "stream.h"
 
+#include <event2/buffer.h>
 #include <event2/event.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -108,6 +110,7 @@ typedef struct runtime_rec {
     char inflight_nonce[32];
     int inflight_type;
     char inflight_version[VERSION_LEN];
+    uint64_t inflight_sent_us; /* when the response in flight was sent (monotonic) */
     /* Streams of this node closed because a newer one arrived. */
     uint64_t streams_replaced;
     char *replaced_address, *replaced_by;
@@ -465,6 +468,7 @@ static void try_push(sl_controller_t *ctl, runtime_rec_t *rt)
         }
         snprintf(rt->inflight_version, sizeof(rt->inflight_version), "%s", f->t[t].version_str);
         rt->inflight_type = t;
+        rt->inflight_sent_us = sl_ctrl_now_us();
         rt->responses_sent++;
         atomic_fetch_add(&sl_ctrl_metrics.pushes, 1);
         sl_log_debug("push %s to %s: version %s, nonce %s (%zu resources)", sl_xds_type_names[t],
@@ -647,11 +651,10 @@ static void check_policies(const sl_resource_set_t *all, const Sluice__V1__Snaps
             sl_log_warn("api %s/%s: %d policy entr%s cannot be compiled, the runtimes answer "
                         "its routes 503 policy_unavailable: %s",
                         r->ns, r->name, failed, failed == 1 ? "y" : "ies", msg);
-        json_array_append_new(
-            conds, json_pack("{s:s, s:s, s:s, s:s}", "type", "PolicyReady", "status",
-                             failed ? "False" : "True", "reason",
-                             failed ? "PolicyUnavailable" : "Compiled", "message",
-                             failed ? msg : "every policy compiled"));
+        json_array_append_new(conds, json_pack("{s:s, s:s, s:s, s:s}", "type", "PolicyReady",
+                                               "status", failed ? "False" : "True", "reason",
+                                               failed ? "PolicyUnavailable" : "Compiled", "message",
+                                               failed ? msg : "every policy compiled"));
     }
     sl_consumers_free(cons);
 }
@@ -703,18 +706,17 @@ static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all
         for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
             json_int_t v = 0;
             if (json_object_get(tables[i], key)) {
-                json_int_t was =
-                    same ? json_integer_value(json_object_get(json_object_get(prev, "fleets"),
-                                                              f->name))
-                         : 0;
+                json_int_t was = same ? json_integer_value(json_object_get(
+                                            json_object_get(prev, "fleets"), f->name))
+                                      : 0;
                 v = was ? was : (json_int_t)f->t[SL_XDS_ROUTE].version;
             }
             json_object_set_new(fl, f->name, json_integer(v));
         }
         json_object_set_new(out, res->source,
                             json_pack("{s:I, s:I, s:o}", "hash", (json_int_t)h, "generation",
-                                      json_is_integer(gen) ? json_integer_value(gen) : 1,
-                                      "fleets", fl));
+                                      json_is_integer(gen) ? json_integer_value(gen) : 1, "fleets",
+                                      fl));
     }
     for (i = 0; i < nf; i++)
         json_decref(tables[i]);
@@ -1292,6 +1294,9 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
             goto out;
         }
         rt->inflight_nonce[0] = '\0';
+        uint64_t took_us = sl_ctrl_now_us() - rt->inflight_sent_us;
+        sl_ctrl_hist_observe(
+            req->error_detail ? &sl_ctrl_push_nack_seconds : &sl_ctrl_push_ack_seconds, took_us);
         if (req->error_detail) {
             snprintf(rt->nack[t].version, VERSION_LEN, "%s", rt->inflight_version);
             snprintf(rt->parked[t], VERSION_LEN, "%s", rt->inflight_version);
@@ -1355,7 +1360,8 @@ static int fleet_name_cmp(const void *a, const void *b)
 }
 
 /* Appends printf-style text to buf (len bytes), keeping it terminated. */
-static void appendf(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void appendf(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void appendf(char *buf, size_t len, const char *fmt, ...)
 {
     size_t used = strlen(buf);
@@ -1423,9 +1429,9 @@ static void api_programmed(sl_controller_t *ctl, json_t *rec, json_t *status)
     int missing = 0; /* fleets with runtimes whose snapshot lacks the spec */
     for (i = 0; i < nf; i++) {
         json_int_t v = json_integer_value(json_object_get(vers, fl[i]->name));
-        json_array_append_new(fleets, json_pack("{s:s, s:I, s:i, s:i}", "fleet", fl[i]->name,
-                                                "version", v, "runtimes", conn[i], "programmed",
-                                                prog[i]));
+        json_array_append_new(fleets,
+                              json_pack("{s:s, s:I, s:i, s:i}", "fleet", fl[i]->name, "version", v,
+                                        "runtimes", conn[i], "programmed", prog[i]));
         if (!conn[i])
             continue;
         if (v)
@@ -1467,9 +1473,9 @@ static void api_programmed(sl_controller_t *ctl, json_t *rec, json_t *status)
         reason = "Pending";
     }
     json_t *gen = json_object_get(rec, "generation");
-    json_array_append_new(conds, json_pack("{s:s, s:s, s:s, s:s, s:O}", "type", "Programmed",
-                                           "status", st, "reason", reason, "message", msg,
-                                           "observedGeneration", gen));
+    json_array_append_new(conds,
+                          json_pack("{s:s, s:s, s:s, s:s, s:O}", "type", "Programmed", "status", st,
+                                    "reason", reason, "message", msg, "observedGeneration", gen));
     json_object_set_new(status, "fleets", fleets);
     free(fl);
     free(conn);
@@ -1739,4 +1745,23 @@ void sl_controller_free(sl_controller_t *ctl)
     json_decref(ctl->api_routes);
     json_decref(ctl->programmed);
     free(ctl);
+}
+
+/* Connected runtimes per fleet: every fleet the controller compiles for
+ * (0 when none is connected now) and every fleet a connected runtime names. */
+void sl_controller_render_metrics(sl_controller_t *ctl, struct evbuffer *b)
+{
+    evbuffer_add_printf(b, "# HELP sluice_controller_fleet_runtimes_connected Runtimes with an "
+                           "open config stream, by fleet.\n"
+                           "# TYPE sluice_controller_fleet_runtimes_connected gauge\n");
+    if (!ctl)
+        return;
+    for (fleet_t *f = ctl->fleets; f; f = f->next) {
+        uint64_t n = 0;
+        for (runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next)
+            n += rt->stream && rt->fleet_name && strcmp(rt->fleet_name, f->name) == 0;
+        evbuffer_add(b, "sluice_controller_fleet_runtimes_connected{fleet=\"", 50);
+        sl_ctrl_label_value(b, f->name);
+        evbuffer_add_printf(b, "\"} %" PRIu64 "\n", n);
+    }
 }

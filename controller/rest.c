@@ -23,6 +23,8 @@
  */
 #include "rest.h"
 
+#include "ctrl_metrics.h"
+
 #include "hostport.h"
 #include "log.h"
 #include "tls_pem.h"
@@ -156,6 +158,7 @@ static void send_body(struct evhttp_request *req, int status, const char *conten
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Content-Type", content_type);
     evhttp_add_header(h, "Cache-Control", "no-store");
+    sl_ctrl_count_rest(evhttp_request_get_command(req), status);
     if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
         char len[32];
         snprintf(len, sizeof(len), "%zu", body ? evbuffer_get_length(body) : (size_t)0);
@@ -267,6 +270,7 @@ static void send_json(struct evhttp_request *req, int status, json_t *doc)
                                   "\"message\":\"out of memory building the response\"}}\n";
         body = evbuffer_new();
         if (!body) {
+            sl_ctrl_count_rest(evhttp_request_get_command(req), 500);
             evhttp_send_error(req, 500, "Internal Server Error");
             return;
         }
@@ -441,14 +445,26 @@ static void handle_metrics(call_t *c)
     uint64_t writes = atomic_load(&m->store_writes);
     metric(b, "sluice_controller_store_writes_total", "counter",
            "Successful durable writes to the store.", writes);
-    uint64_t us = atomic_load(&m->store_write_us_total);
-    evbuffer_add_printf(b,
-                        "# HELP sluice_controller_store_write_seconds Latency of durable store "
-                        "writes (transaction including fsync).\n"
-                        "# TYPE sluice_controller_store_write_seconds summary\n"
-                        "sluice_controller_store_write_seconds_sum %" PRIu64 ".%06" PRIu64 "\n"
-                        "sluice_controller_store_write_seconds_count %" PRIu64 "\n",
-                        us / 1000000u, us % 1000000u, writes);
+    evbuffer_add_printf(b, "# HELP sluice_controller_store_read_seconds Latency of store reads "
+                           "(a get, a list, the load of every resource for a compile, a counter "
+                           "read).\n# TYPE sluice_controller_store_read_seconds histogram\n");
+    sl_ctrl_hist_render(b, "sluice_controller_store_read_seconds", "", &sl_ctrl_store_read_seconds);
+    evbuffer_add_printf(b, "# HELP sluice_controller_store_write_seconds Latency of durable store "
+                           "writes (a transaction, fsync included): REST writes and the "
+                           "controller's version counters.\n"
+                           "# TYPE sluice_controller_store_write_seconds histogram\n");
+    sl_ctrl_hist_render(b, "sluice_controller_store_write_seconds", "",
+                        &sl_ctrl_store_write_seconds);
+    evbuffer_add_printf(b, "# HELP sluice_controller_push_duration_seconds Time from sending a "
+                           "config response on a runtime's stream to that runtime's ACK or NACK "
+                           "of its nonce, by result.\n"
+                           "# TYPE sluice_controller_push_duration_seconds histogram\n");
+    sl_ctrl_hist_render(b, "sluice_controller_push_duration_seconds", "result=\"ack\"",
+                        &sl_ctrl_push_ack_seconds);
+    sl_ctrl_hist_render(b, "sluice_controller_push_duration_seconds", "result=\"nack\"",
+                        &sl_ctrl_push_nack_seconds);
+    sl_controller_render_metrics(c->rest->ctl, b);
+    sl_ctrl_render_rest(b);
     send_body(c->req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
     evbuffer_free(b);
 }
@@ -652,7 +668,6 @@ static int settle_namespace(call_t *c, json_t *obj, const char *explicit_ns, cha
 static void count_write(sl_rest_t *r)
 {
     atomic_fetch_add(&sl_ctrl_metrics.store_writes, 1);
-    atomic_fetch_add(&sl_ctrl_metrics.store_write_us_total, sl_store_last_write_us(r->st));
     if (r->ctl)
         sl_controller_changed(r->ctl);
 }

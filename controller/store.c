@@ -18,6 +18,8 @@
  */
 #include "store.h"
 
+#include "ctrl_metrics.h"
+
 #include "log.h"
 
 #include <errno.h>
@@ -130,6 +132,14 @@ static uint64_t now_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* A write done (committed, fsync included): kept for the REST counters and
+ * timed for /metrics. */
+static void wrote(sl_store_t *st, uint64_t t0)
+{
+    st->last_write_us = now_us() - t0;
+    sl_ctrl_hist_observe(&sl_ctrl_store_write_seconds, st->last_write_us);
 }
 
 /* RFC 3339 UTC with second precision, as Kubernetes writes it. */
@@ -688,7 +698,7 @@ enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mod
         json_decref(doc);
         return SL_STORE_ERROR;
     }
-    st->last_write_us = now_us() - t0;
+    wrote(st, t0);
     *stored = doc;
     return SL_STORE_OK;
 }
@@ -734,14 +744,14 @@ enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs, json_t **st
         json_decref(out);
         return SL_STORE_ERROR;
     }
-    st->last_write_us = now_us() - t0;
+    wrote(st, t0);
     *stored = out;
     return SL_STORE_OK;
 }
 
 /* *obj: new reference on SL_STORE_OK, NULL otherwise. */
-enum sl_store_result sl_store_get(sl_store_t *st, enum sl_kind kind, const char *ns,
-                                  const char *name, json_t **obj)
+static enum sl_store_result get_impl(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                     const char *name, json_t **obj)
 {
     *obj = NULL;
     if ((unsigned)kind >= SL_KIND__COUNT || !name)
@@ -756,6 +766,15 @@ enum sl_store_result sl_store_get(sl_store_t *st, enum sl_kind kind, const char 
         return SL_STORE_NOT_FOUND;
     *obj = row.body;
     return SL_STORE_OK;
+}
+
+enum sl_store_result sl_store_get(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                  const char *name, json_t **obj)
+{
+    uint64_t t0 = now_us();
+    enum sl_store_result r = get_impl(st, kind, ns, name, obj);
+    sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
+    return r;
 }
 
 /* A delete also takes a resourceVersion, so that a list's resourceVersion
@@ -818,7 +837,7 @@ enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const ch
         json_decref(row.body);
         return SL_STORE_ERROR;
     }
-    st->last_write_us = now_us() - t0;
+    wrote(st, t0);
     if (deleted)
         *deleted = row.body;
     else
@@ -833,8 +852,8 @@ fail:
 }
 
 /* *array: new reference on SL_STORE_OK (possibly empty). */
-enum sl_store_result sl_store_list(sl_store_t *st, enum sl_kind kind, const char *ns,
-                                   json_t **array)
+static enum sl_store_result list_impl(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                      json_t **array)
 {
     *array = NULL;
     if ((unsigned)kind >= SL_KIND__COUNT)
@@ -869,11 +888,20 @@ fail:
     return SL_STORE_ERROR;
 }
 
+enum sl_store_result sl_store_list(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                   json_t **array)
+{
+    uint64_t t0 = now_us();
+    enum sl_store_result r = list_impl(st, kind, ns, array);
+    sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
+    return r;
+}
+
 /* Appends every stored object to `set` (which the caller initialised and
  * keeps owning). On error the set may hold part of the objects; the caller
  * frees it. */
-enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, char *err,
-                                       size_t errlen)
+static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set, char *err,
+                                          size_t errlen)
 {
     sqlite3_stmt *s = st->stmt[STMT_LIST_ALL];
     enum sl_store_result ret = SL_STORE_OK;
@@ -915,6 +943,15 @@ enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, c
     return ret;
 }
 
+enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, char *err,
+                                       size_t errlen)
+{
+    uint64_t t0 = now_us();
+    enum sl_store_result r = load_all_impl(st, set, err, errlen);
+    sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
+    return r;
+}
+
 uint64_t sl_store_resource_version(sl_store_t *st)
 {
     return sl_store_counter_get(st, STORE_RV_COUNTER);
@@ -954,7 +991,7 @@ uint64_t sl_store_counter_next(sl_store_t *st, const char *name)
         sl_log_error("%s", err);
         return 0;
     }
-    st->last_write_us = now_us() - t0;
+    wrote(st, t0);
     return v + 1;
 }
 
@@ -972,11 +1009,12 @@ int sl_store_counter_set(sl_store_t *st, const char *name, uint64_t value, char 
                 name, sqlite3_errmsg(st->db));
         return -1;
     }
-    st->last_write_us = now_us() - t0;
+    wrote(st, t0);
     return 0;
 }
 
-int sl_store_counter_read(sl_store_t *st, const char *name, uint64_t *out, char *err, size_t errlen)
+static int counter_read_impl(sl_store_t *st, const char *name, uint64_t *out, char *err,
+                             size_t errlen)
 {
     if (!st || !name || counter_read(st, name, out) != 0) {
         set_err(err, errlen, "store %s: counter %s: cannot read it: %s", st ? st->path : "?",
@@ -984,6 +1022,14 @@ int sl_store_counter_read(sl_store_t *st, const char *name, uint64_t *out, char 
         return -1;
     }
     return 0;
+}
+
+int sl_store_counter_read(sl_store_t *st, const char *name, uint64_t *out, char *err, size_t errlen)
+{
+    uint64_t t0 = now_us();
+    int r = counter_read_impl(st, name, out, err, errlen);
+    sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
+    return r;
 }
 
 int sl_store_counter_max(sl_store_t *st, const char *like, uint64_t limit, uint64_t *out, char *err,
@@ -1009,7 +1055,7 @@ int sl_store_counter_max(sl_store_t *st, const char *like, uint64_t limit, uint6
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : -1;
 }
 
-uint64_t sl_store_counter_get(sl_store_t *st, const char *name)
+static uint64_t counter_get_impl(sl_store_t *st, const char *name)
 {
     uint64_t v = 0;
     if (!st || !name)
@@ -1019,6 +1065,14 @@ uint64_t sl_store_counter_get(sl_store_t *st, const char *name)
         return 0;
     }
     return v;
+}
+
+uint64_t sl_store_counter_get(sl_store_t *st, const char *name)
+{
+    uint64_t t0 = now_us();
+    uint64_t r = counter_get_impl(st, name);
+    sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
+    return r;
 }
 
 uint64_t sl_store_last_write_us(const sl_store_t *st)

@@ -22,7 +22,7 @@ typedef struct {
     const sl_policy_def_t *def;
     enum sl_policy_phase phase; /* def->phase, or what its config chose */
     void *state;
-    void **worker_states; /* [nworkers] when def->worker_new, made lazily */
+    void **worker_states;                    /* [nworkers] when def->worker_new, made lazily */
     const Sluice__V1__PolicyCondition *when; /* borrowed, NULL = always */
     cond_header_t *headers;
 } entry_t;
@@ -67,13 +67,13 @@ static int build_condition(entry_t *e, char *err, size_t errlen)
     for (size_t i = 0; i < w->n_headers; i++) {
         const Sluice__V1__HeaderMatch *m = w->headers[i];
         cond_header_t *h = &e->headers[i];
-        *h = (cond_header_t){m->name, strlen(m->name), m->value, strlen(m->value), m->kind,
-                             m->invert, NULL};
+        *h = (cond_header_t){m->name, strlen(m->name), m->value, strlen(m->value),
+                             m->kind, m->invert,       NULL};
         if (m->kind == SLUICE__V1__HEADER_MATCH__KIND__REGEX) {
             int ec;
             PCRE2_SIZE off;
-            h->re = pcre2_compile((PCRE2_SPTR)m->value, PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED,
-                                  &ec, &off, NULL);
+            h->re = pcre2_compile((PCRE2_SPTR)m->value, PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED, &ec,
+                                  &off, NULL);
             if (!h->re) {
                 snprintf(err, errlen, "policy %s: when.headers[%zu]: the regex does not compile",
                          e->def->name, i);
@@ -148,7 +148,8 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
         e->state = e->def->compile(config, env, why, sizeof(why));
         json_decref(config);
         if (!e->state) {
-            snprintf(err, errlen, "policy %s: %s", e->def->name, why[0] ? why : "cannot be compiled");
+            snprintf(err, errlen, "policy %s: %s", e->def->name,
+                     why[0] ? why : "cannot be compiled");
             goto fail;
         }
         if (build_condition(e, err, errlen) != 0)
@@ -178,8 +179,7 @@ fail:
     return NULL;
 }
 
-static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name,
-                                             size_t len)
+static const sl_policy_header_t *find_header(const sl_policy_req_t *r, const char *name, size_t len)
 {
     for (size_t i = 0; i < r->num_headers; i++)
         if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)
@@ -340,6 +340,13 @@ size_t sl_policy_chain_len(const sl_policy_chain_t *ch)
 const char *sl_policy_chain_name(const sl_policy_chain_t *ch, size_t i)
 {
     return ch && i < ch->n ? ch->e[i].def->name : NULL;
+}
+
+const char *sl_policy_chain_scope(const sl_policy_chain_t *ch, size_t i)
+{
+    if (!ch || i >= ch->n || !ch->e[i].def->metric_scope)
+        return NULL;
+    return ch->e[i].def->metric_scope(ch->e[i].state);
 }
 
 int sl_policy_chain_has_response(const sl_policy_chain_t *ch)

@@ -37,6 +37,8 @@ void sl_policy_chain_response(const sl_policy_chain_t *ch, sl_policy_req_t *req,
 /* The chain's entries in run order (phase order): for per-policy stats. */
 size_t sl_policy_chain_len(const sl_policy_chain_t *ch);
 const char *sl_policy_chain_name(const sl_policy_chain_t *ch, size_t i);
+/* The entry's metric scope (sl_policy_def_t.metric_scope), NULL for none. */
+const char *sl_policy_chain_scope(const sl_policy_chain_t *ch, size_t i);
 
 /* Whether the chain has the policy `name` (request.c: a CORS preflight
  * for a method the path has is routed to a chain with cors). */

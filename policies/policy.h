@@ -104,8 +104,8 @@ typedef struct sl_policy_header {
 
 /* What the chain has learnt about the caller. */
 typedef struct {
-    const char *name;  /* Consumer name, NULL = anonymous */
-    const char *group; /* its group, NULL = none */
+    const char *name;       /* Consumer name, NULL = anonymous */
+    const char *group;      /* its group, NULL = none */
     const char *credential; /* which of its credentials ("laptop"), NULL = n/a */
 } sl_policy_consumer_t;
 
@@ -247,7 +247,7 @@ typedef struct sl_policy_env {
      * read no file of the runtime's machine, make no shared tables. The
      * state is freed unused. */
     uint8_t check_only;
-    const char *api;   /* namespace/name of the Api whose chain this is; NULL in tests */
+    const char *api; /* namespace/name of the Api whose chain this is; NULL in tests */
 } sl_policy_env_t;
 
 /* What a config refers to outside itself, for checks across an Api: a
@@ -292,6 +292,10 @@ typedef struct sl_policy_def {
     /* Optional: calls fn for each reference of a valid config
      * (sl_policy_ref_t); used by the Api's validation and the chain. */
     void (*refs)(json_t *config, sl_policy_ref_fn fn, void *ctx);
+    /* Optional: the scope label of this entry's rejections in
+     * sluice_rate_limit_rejections_total ("local", "fleet"); the runtime
+     * counts rejections of policies with a scope there too. Static string. */
+    const char *(*metric_scope)(const void *state);
 } sl_policy_def_t;
 
 /* The registry (registry.c): every built-in policy, by name. */
@@ -325,8 +329,8 @@ int sl_policy_query_remove(sl_policy_req_t *req, size_t from, size_t to);
 
 /* The request's first header named `name` (len bytes, compared without
  * case), or NULL. Only in on_request: later the headers are gone. */
-static inline const sl_policy_header_t *sl_policy_header(const sl_policy_req_t *r,
-                                                         const char *name, size_t len)
+static inline const sl_policy_header_t *sl_policy_header(const sl_policy_req_t *r, const char *name,
+                                                         size_t len)
 {
     for (size_t i = 0; i < r->num_headers; i++)
         if (r->headers[i].name.len == len && strncasecmp(r->headers[i].name.ptr, name, len) == 0)
@@ -343,9 +347,8 @@ int sl_policy_sha256(const void *p, size_t n, uint8_t out[32]);
 
 /* Adds an edit; -1 when the bound is reached (the caller fails closed).
  * Inline: a chain makes several per request. */
-static inline int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op,
-                                 const char *name, size_t name_len, const char *value,
-                                 size_t value_len)
+static inline int sl_policy_edit(sl_policy_req_t *r, int response, sl_hdr_op_t op, const char *name,
+                                 size_t name_len, const char *value, size_t value_len)
 {
     sl_hdr_edit_t *list = response ? r->resp_edits : r->req_edits;
     unsigned *n = response ? &r->num_resp_edits : &r->num_req_edits;

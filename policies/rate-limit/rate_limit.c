@@ -154,9 +154,11 @@ static void check_config(sl_vctx_t *c, json_t *obj)
             size_t saved = sl_validate_push_key(c, "limits");
             sl_validate_push_index(c, i);
             sl_validate_push_key(c, "by");
-            sl_validate_error(c, "by: %s needs the authenticated consumer, which is not known "
-                                 "before authentication (with beforeAuthentication: true, count "
-                                 "by ip, header or route)", by);
+            sl_validate_error(c,
+                              "by: %s needs the authenticated consumer, which is not known "
+                              "before authentication (with beforeAuthentication: true, count "
+                              "by ip, header or route)",
+                              by);
             sl_validate_pop(c, saved);
         }
     }
@@ -577,6 +579,11 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
     return SL_POLICY_CONTINUE;
 }
 
+static const char *metric_scope(const void *state)
+{
+    return ((const rl_t *)state)->fleet ? "fleet" : "local";
+}
+
 const sl_policy_def_t sl_policy_rate_limit = {
     .name = "rate-limit",
     .phase = SL_PHASE_RATE_LIMIT,
@@ -585,4 +592,5 @@ const sl_policy_def_t sl_policy_rate_limit = {
     .compile = compile,
     .free = rl_free,
     .on_request = on_request,
+    .metric_scope = metric_scope,
 };

@@ -87,7 +87,11 @@ static void free_generation(sl_generation_t *gen)
                 for (size_t k = 0;
                      routes[r].policy_stats && k < sl_policy_chain_len(routes[r].chain); k++)
                     sl_metrics_policy_release(routes[r].policy_stats[k]);
+                for (size_t k = 0;
+                     routes[r].scope_stats && k < sl_policy_chain_len(routes[r].chain); k++)
+                    sl_metrics_scope_release(routes[r].scope_stats[k]);
                 free(routes[r].policy_stats);
+                free(routes[r].scope_stats);
                 sl_policy_chain_free(routes[r].chain);
                 free(routes[r].policy_error);
                 if (routes[r].stats)
@@ -290,6 +294,16 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                     for (size_t k = 0; k < nchain; k++)
                         route->policy_stats[k] = sl_metrics_policy_acquire(
                             table->name, sl_policy_chain_name(route->chain, k));
+                    for (size_t k = 0; k < nchain; k++) {
+                        const char *scope = sl_policy_chain_scope(route->chain, k);
+                        if (!scope)
+                            continue;
+                        if (!route->scope_stats &&
+                            !(route->scope_stats = calloc(nchain, sizeof(*route->scope_stats))))
+                            goto nomem;
+                        if (!(route->scope_stats[k] = sl_metrics_scope_acquire(table->name, scope)))
+                            goto nomem;
+                    }
                 } else {
                     sl_log_warn("api %s operation %s: not served until its policies can be "
                                 "applied: %s",

@@ -119,7 +119,11 @@ typedef struct sl_gen_route {
     struct sl_policy_chain *chain;
     char *policy_error;
     struct sl_policy_stats **policy_stats; /* [chain length], in chain order */
-    const sl_tlog_policy_t *tlog;          /* what its records hold: the Api's, or gen->tlog */
+    /* [chain length]: for entries with a metric scope (rate-limit), the
+     * counters of (api, scope); NULL elsewhere (and the array NULL when
+     * the chain has none). */
+    struct sl_policy_stats **scope_stats;
+    const sl_tlog_policy_t *tlog; /* what its records hold: the Api's, or gen->tlog */
 } sl_gen_route_t;
 
 /* One worker's requests on a generation (see "Worker holds" above). Its own

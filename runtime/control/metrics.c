@@ -60,6 +60,7 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static registry_table_t route_table;
 static registry_table_t cluster_table;
 static registry_table_t policy_table;
+static registry_table_t scope_table; /* rate-limit (api, scope) */
 
 #define REGISTRY_INITIAL_BUCKETS 64
 
@@ -69,6 +70,11 @@ int sl_metrics_init(unsigned nworkers)
         return -1;
     metrics_nworkers = nworkers;
     return 0;
+}
+
+unsigned sl_metrics_nworkers(void)
+{
+    return metrics_nworkers;
 }
 
 sl_worker_stats_t *sl_metrics_worker(unsigned worker)
@@ -244,22 +250,23 @@ void sl_metrics_route_release(sl_route_stats_t *s)
     free(s);
 }
 
-sl_policy_stats_t *sl_metrics_policy_acquire(const char *api, const char *policy)
+static sl_policy_stats_t *policy_acquire_in(registry_table_t *table, const char *api,
+                                            const char *policy)
 {
     if (!api || !policy)
         return NULL;
     uint64_t h = hash_names(api, policy);
     sl_policy_stats_t *s = NULL;
     pthread_mutex_lock(&registry_lock);
-    if (policy_table.nbuckets) {
-        for (s = policy_table.buckets[h & (policy_table.nbuckets - 1)]; s; s = s->next) {
+    if (table->nbuckets) {
+        for (s = table->buckets[h & (table->nbuckets - 1)]; s; s = s->next) {
             if (strcmp(s->api, api) == 0 && strcmp(s->policy, policy) == 0) {
                 s->refs++;
                 goto done;
             }
         }
     }
-    if (table_reserve(&policy_table, policy_next, policy_set_next, policy_hash) != 0)
+    if (table_reserve(table, policy_next, policy_set_next, policy_hash) != 0)
         goto done;
     s = alloc_aligned_zeroed(sizeof(*s) + metrics_nworkers * sizeof(s->slots[0]));
     if (!s)
@@ -275,16 +282,16 @@ sl_policy_stats_t *sl_metrics_policy_acquire(const char *api, const char *policy
         goto done;
     }
     s->refs = 1;
-    size_t idx = (size_t)(h & (policy_table.nbuckets - 1));
-    s->next = policy_table.buckets[idx];
-    policy_table.buckets[idx] = s;
-    policy_table.count++;
+    size_t idx = (size_t)(h & (table->nbuckets - 1));
+    s->next = table->buckets[idx];
+    table->buckets[idx] = s;
+    table->count++;
 done:
     pthread_mutex_unlock(&registry_lock);
     return s;
 }
 
-void sl_metrics_policy_release(sl_policy_stats_t *s)
+static void policy_release_in(registry_table_t *table, sl_policy_stats_t *s)
 {
     if (!s)
         return;
@@ -293,12 +300,12 @@ void sl_metrics_policy_release(sl_policy_stats_t *s)
         pthread_mutex_unlock(&registry_lock);
         return;
     }
-    size_t idx = (size_t)(hash_names(s->api, s->policy) & (policy_table.nbuckets - 1));
-    for (sl_policy_stats_t **pp = (sl_policy_stats_t **)&policy_table.buckets[idx]; *pp;
+    size_t idx = (size_t)(hash_names(s->api, s->policy) & (table->nbuckets - 1));
+    for (sl_policy_stats_t **pp = (sl_policy_stats_t **)&table->buckets[idx]; *pp;
          pp = &(*pp)->next) {
         if (*pp == s) {
             *pp = s->next;
-            policy_table.count--;
+            table->count--;
             break;
         }
     }
@@ -306,6 +313,26 @@ void sl_metrics_policy_release(sl_policy_stats_t *s)
     free(s->api);
     free(s->policy);
     free(s);
+}
+
+sl_policy_stats_t *sl_metrics_policy_acquire(const char *api, const char *policy)
+{
+    return policy_acquire_in(&policy_table, api, policy);
+}
+
+void sl_metrics_policy_release(sl_policy_stats_t *s)
+{
+    policy_release_in(&policy_table, s);
+}
+
+sl_policy_stats_t *sl_metrics_scope_acquire(const char *api, const char *scope)
+{
+    return policy_acquire_in(&scope_table, api, scope);
+}
+
+void sl_metrics_scope_release(sl_policy_stats_t *s)
+{
+    policy_release_in(&scope_table, s);
 }
 
 static void add_label_value(struct evbuffer *out, const char *v);
@@ -388,6 +415,33 @@ static void render_policies(struct evbuffer *out)
             evbuffer_add(out, "\",policy=\"", 10);
             add_label_value(out, s->policy);
             evbuffer_add_printf(out, "\"} %" PRIu64 "\n", n);
+        }
+    }
+}
+
+/* Rate limits by Api and scope: a series per reason for every (api, scope)
+ * of the active chains, zeros included. */
+static void render_rate_limits(struct evbuffer *out)
+{
+    add_header(out, "sluice_rate_limit_rejections_total", "counter",
+               "Requests a rate-limit policy refused, by Api, scope (local: this runtime's "
+               "buckets, fleet: shared in Redis) and reason (limited: 429 over the limit; "
+               "unavailable: 503, its Redis unreachable and failOpen false).");
+    for (size_t i = 0; i < scope_table.nbuckets; i++) {
+        for (const sl_policy_stats_t *s = scope_table.buckets[i]; s; s = s->next) {
+            uint64_t n[2] = {0, 0};
+            for (unsigned w = 0; w < s->nslots; w++) {
+                n[0] += atomic_load_explicit(&s->slots[w].rejections, memory_order_relaxed);
+                n[1] += atomic_load_explicit(&s->slots[w].unavailable, memory_order_relaxed);
+            }
+            static const char *const reasons[2] = {"limited", "unavailable"};
+            for (int r = 0; r < 2; r++) {
+                evbuffer_add(out, "sluice_rate_limit_rejections_total{api=\"", 40);
+                add_label_value(out, s->api);
+                evbuffer_add(out, "\",scope=\"", 9);
+                add_label_value(out, s->policy);
+                evbuffer_add_printf(out, "\",reason=\"%s\"} %" PRIu64 "\n", reasons[r], n[r]);
+            }
         }
     }
 }
@@ -516,9 +570,13 @@ static void add_route_labels(struct evbuffer *out, const sl_route_stats_t *s)
 
 static const char *const class_names[6] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
 static const char *const upstream_error_names[SL_UPSTREAM_ERR__COUNT] = {
-    [SL_UPSTREAM_ERR_CONNECT] = "connect",       [SL_UPSTREAM_ERR_TIMEOUT] = "timeout",
-    [SL_UPSTREAM_ERR_RESET] = "reset",           [SL_UPSTREAM_ERR_BAD_RESPONSE] = "bad_response",
-    [SL_UPSTREAM_ERR_NO_HEALTHY] = "no_healthy", [SL_UPSTREAM_ERR_POOL_FULL] = "pool_full",
+    [SL_UPSTREAM_ERR_CONNECT] = "connect",
+    [SL_UPSTREAM_ERR_TIMEOUT] = "timeout",
+    [SL_UPSTREAM_ERR_RESET] = "reset",
+    [SL_UPSTREAM_ERR_BAD_RESPONSE] = "bad_response",
+    [SL_UPSTREAM_ERR_NO_HEALTHY] = "no_healthy",
+    [SL_UPSTREAM_ERR_POOL_FULL] = "pool_full",
+    [SL_UPSTREAM_ERR_CONNECT_TIMEOUT] = "connect_timeout",
 };
 
 typedef struct {
@@ -720,6 +778,21 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
         evbuffer_add_printf(
             out, "sluice_controller_connected %" PRId64 "\n",
             atomic_load_explicit(&sl_metrics_gauges.controller_connected, memory_order_relaxed));
+        add_header(out, "sluice_controller_synced", "gauge",
+                   "1 once every resource type has been received from the controller and "
+                   "applied (the runtime serves the controller's config).");
+        evbuffer_add_printf(out, "sluice_controller_synced %" PRId64 "\n",
+                            LOAD(sl_metrics_gauges.controller_synced));
+        add_header(out, "sluice_controller_connects_total", "counter",
+                   "Times the config stream to the controller came up: the first connect and "
+                   "every reconnect.");
+        evbuffer_add_printf(out, "sluice_controller_connects_total %" PRIu64 "\n",
+                            LOAD(sl_metrics_gauges.controller_connects));
+        add_header(out, "sluice_controller_stream_failures_total", "counter",
+                   "Config stream attempts that failed to connect or streams that ended "
+                   "(controller down, restarted, refused this runtime).");
+        evbuffer_add_printf(out, "sluice_controller_stream_failures_total %" PRIu64 "\n",
+                            LOAD(sl_metrics_gauges.controller_stream_failures));
         add_header(out, "sluice_controller_updates_total", "counter",
                    "Pushes from the controller, by result (ack = applied, nack = rejected).");
         evbuffer_add_printf(out, "sluice_controller_updates_total{result=\"ack\"} %" PRIu64 "\n",
@@ -738,7 +811,9 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
  * without a healthCheck has no verdict to report (it counts as healthy). */
 typedef struct {
     struct evbuffer *out;
-    int family; /* 0: checks_total, 1: endpoint_healthy */
+    int family; /* 0: checks_total, 1: endpoint_healthy, 2..4: render_endpoints */
+    const char *name;
+    uint64_t now_ms;
 } health_render_t;
 
 static void add_endpoint_labels(struct evbuffer *out, const sl_endpoint_state_t *ep)
@@ -755,6 +830,24 @@ static void add_endpoint_labels(struct evbuffer *out, const sl_endpoint_state_t 
 static void render_endpoint(sl_endpoint_state_t *ep, void *arg)
 {
     health_render_t *r = arg;
+    if (r->family >= 2) {
+        /* Every endpoint of the configs alive, checked or not. */
+        int64_t v = 0;
+        if (r->family == 2) {
+            for (unsigned w = 0; w < ep->nslots; w++)
+                v += LOAD(ep->upconns[w]);
+            if (v < 0) /* a scrape between a worker's two stores */
+                v = 0;
+        } else if (r->family == 3) {
+            v = LOAD(ep->ejected_until_ms) > r->now_ms;
+        } else {
+            v = (int64_t)LOAD(ep->ejections);
+        }
+        evbuffer_add_printf(r->out, "%s{", r->name);
+        add_endpoint_labels(r->out, ep);
+        evbuffer_add_printf(r->out, "} %" PRId64 "\n", v);
+        return;
+    }
     if (!LOAD(ep->hc_checked))
         return;
     if (r->family == 0) {
@@ -774,7 +867,7 @@ static void render_endpoint(sl_endpoint_state_t *ep, void *arg)
 
 static void render_health(struct evbuffer *out)
 {
-    health_render_t r = {out, 0};
+    health_render_t r = {out, 0, NULL, 0};
     add_header(out, "sluice_health_checks_total", "counter",
                "Active health checks of an endpoint, by result.");
     sl_endpoint_foreach(render_endpoint, &r);
@@ -783,6 +876,25 @@ static void render_health(struct evbuffer *out)
                "1 when the endpoint passes its active health checks, 0 when they marked it "
                "unhealthy; only health-checked endpoints.");
     sl_endpoint_foreach(render_endpoint, &r);
+
+    static const struct {
+        const char *name, *type, *help;
+    } fam[] = {
+        {"sluice_upstream_connections_active", "gauge",
+         "Open connections to an upstream endpoint (HTTP/1.1 and HTTP/2, connecting, busy and "
+         "idle in the pool), all workers."},
+        {"sluice_endpoint_ejected", "gauge",
+         "1 while passive outlier detection keeps the endpoint out of the rotation."},
+        {"sluice_endpoint_ejections_total", "counter",
+         "Times passive outlier detection ejected the endpoint (consecutive failures)."},
+    };
+    r.now_ms = sl_endpoint_now_ms();
+    for (int f = 0; f < 3; f++) {
+        add_header(out, fam[f].name, fam[f].type, fam[f].help);
+        r.family = 2 + f;
+        r.name = fam[f].name;
+        sl_endpoint_foreach(render_endpoint, &r);
+    }
 }
 
 /* ---- certificate expiry ---------------------------------------------------- */
@@ -907,6 +1019,7 @@ void sl_metrics_render(struct evbuffer *out)
     render_routes(out, nworkers);
     render_clusters(out, nworkers);
     render_policies(out);
+    render_rate_limits(out);
     pthread_mutex_unlock(&registry_lock);
     render_cache(out);
     render_process(out, nworkers);

@@ -20,12 +20,16 @@
 extern const uint64_t sl_metrics_latency_bounds_us[SL_METRICS_LATENCY_BUCKETS - 1];
 
 enum sl_upstream_error {
-    SL_UPSTREAM_ERR_CONNECT = 0, /* refused, unreachable, connect timeout */
+    SL_UPSTREAM_ERR_CONNECT = 0, /* refused, unreachable (counted; see CONNECT_TIMEOUT) */
     SL_UPSTREAM_ERR_TIMEOUT,     /* response timeout */
     SL_UPSTREAM_ERR_RESET,       /* closed or reset mid-exchange */
     SL_UPSTREAM_ERR_BAD_RESPONSE,
     SL_UPSTREAM_ERR_NO_HEALTHY, /* no usable endpoint */
     SL_UPSTREAM_ERR_POOL_FULL,
+    /* The connection (TCP, TLS handshake included) did not complete within
+     * connectTimeout. Counted apart; handled as a connect failure (same
+     * retry rule, same 502). */
+    SL_UPSTREAM_ERR_CONNECT_TIMEOUT,
     SL_UPSTREAM_ERR__COUNT
 };
 
@@ -51,12 +55,13 @@ typedef struct sl_route_stats {
  * route stats. */
 typedef struct {
     _Atomic uint64_t rejections;
+    _Atomic uint64_t unavailable; /* scope stats only: 503s of an unreachable Redis */
 } __attribute__((aligned(64))) sl_policy_stats_slot_t;
 
 typedef struct sl_policy_stats {
     char *api;
     char *policy;
-    unsigned refs;               /* private, under the registry mutex */
+    unsigned refs; /* private, under the registry mutex */
     unsigned nslots;
     struct sl_policy_stats *next; /* private */
     sl_policy_stats_slot_t slots[];
@@ -97,9 +102,17 @@ sl_cluster_stats_t *sl_metrics_cluster_acquire(const char *cluster);
  * (refcounted like route stats). */
 sl_policy_stats_t *sl_metrics_policy_acquire(const char *api, const char *policy);
 void sl_metrics_policy_release(sl_policy_stats_t *s);
+/* The rate-limit counters of (api, scope "local"/"fleet"), the same type in
+ * a table of their own: sluice_rate_limit_rejections_total{api, scope,
+ * reason}; slot.rejections counts 429s, slot.unavailable 503s. */
+sl_policy_stats_t *sl_metrics_scope_acquire(const char *api, const char *scope);
+void sl_metrics_scope_release(sl_policy_stats_t *s);
 void sl_metrics_cluster_release(sl_cluster_stats_t *s);
 
 sl_worker_stats_t *sl_metrics_worker(unsigned worker);
+/* The worker slots of stats objects made now (sl_metrics_init's count, or
+ * SL_MAX_WORKERS before it). */
+unsigned sl_metrics_nworkers(void);
 
 /* Single-writer increment: a relaxed load and store, not a locked add. */
 #define SL_STAT_ADD(field, n)                                                                      \
@@ -126,6 +139,9 @@ typedef struct {
     _Atomic int64_t controller_connected; /* stream to the controller is up */
     _Atomic uint64_t controller_updates_acked;
     _Atomic uint64_t controller_updates_nacked;
+    _Atomic int64_t controller_synced;           /* every resource type applied once */
+    _Atomic uint64_t controller_connects;        /* stream came up (first time and reconnects) */
+    _Atomic uint64_t controller_stream_failures; /* stream ended, or a connect failed */
 } sl_metrics_gauges_t;
 extern sl_metrics_gauges_t sl_metrics_gauges;
 

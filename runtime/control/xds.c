@@ -811,6 +811,7 @@ static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__Discovery
         all &= x->types[i].received;
     if (all && !x->synced) {
         x->synced = 1;
+        atomic_store(&sl_metrics_gauges.controller_synced, 1);
         sl_log_notice("controller config applied: every resource type received");
     }
     sl_log_info("controller push of %s version %s applied (%zu resources)", sl_xds_type_names[t],
@@ -843,6 +844,7 @@ static void events_cb(evutil_socket_t fd, short what, void *arg)
             x->connected = 1;
             x->failure_logged = 0;
             atomic_store(&sl_metrics_gauges.controller_connected, 1);
+            atomic_fetch_add(&sl_metrics_gauges.controller_connects, 1);
             sl_log_notice("connected to controller %s as %s (fleet %s)", x->opt.controller,
                           x->opt.node_id, x->opt.fleet);
             break;
@@ -881,6 +883,7 @@ static void events_cb(evutil_socket_t fd, short what, void *arg)
             x->failure_logged = 1;
             x->connected = 0;
             atomic_store(&sl_metrics_gauges.controller_connected, 0);
+            atomic_fetch_add(&sl_metrics_gauges.controller_stream_failures, 1);
             free(x->last_error);
             x->last_error = e->message;
             e->message = NULL;

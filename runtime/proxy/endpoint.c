@@ -26,6 +26,8 @@
  */
 #include "endpoint.h"
 
+#include "metrics.h"
+
 #include "log.h"
 
 #include <arpa/inet.h>
@@ -258,9 +260,11 @@ sl_endpoint_state_t *sl_endpoint_acquire(const char *cluster, const char *addres
 
     /* Resolve without the lock: a slow DNS answer must not stall whoever
      * frees an old generation meanwhile. */
-    sl_endpoint_state_t *fresh = calloc(1, sizeof(*fresh));
+    unsigned nslots = sl_metrics_nworkers();
+    sl_endpoint_state_t *fresh = calloc(1, sizeof(*fresh) + nslots * sizeof(fresh->upconns[0]));
     if (fresh == NULL)
         goto fail_alloc;
+    fresh->nslots = nslots;
     fresh->cluster = strdup(cluster);
     fresh->address = strdup(address);
     if (fresh->cluster == NULL || fresh->address == NULL)

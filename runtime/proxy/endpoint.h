@@ -31,20 +31,25 @@ typedef struct sl_endpoint_state {
     char label[64];
     struct sockaddr_storage addr; /* resolved once at acquire */
     socklen_t addr_len;
-    atomic_int hc_healthy;             /* active checks' verdict; 1 when not checked */
+    atomic_int hc_healthy;                 /* active checks' verdict; 1 when not checked */
     atomic_uint_fast64_t ejected_until_ms; /* passive ejection, monotonic ms; 0 = not */
     atomic_uint consecutive_failures;
-    atomic_uint ejections;             /* times ejected, for back-off */
+    atomic_uint ejections; /* times ejected, for back-off */
     /* Active health checks: written by health.c (main thread), read by
      * /metrics and /clusters (admin). All 0 while nobody checks it. */
-    atomic_int hc_checked;                  /* 1 while a health check runs for it */
+    atomic_int hc_checked; /* 1 while a health check runs for it */
     atomic_uint hc_consecutive_successes;
     atomic_uint hc_consecutive_failures;
     atomic_uint_fast64_t hc_checks_succeeded; /* totals, monotonic while the state lives */
     atomic_uint_fast64_t hc_checks_failed;
     char hc_last_failure[SL_ENDPOINT_MAX_REASON_LEN]; /* private: sl_endpoint_hc_failure */
-    atomic_uint refs;                  /* private */
-    struct sl_endpoint_state *next;    /* private: registry chain */
+    atomic_uint refs;                                 /* private */
+    struct sl_endpoint_state *next;                   /* private: registry chain */
+    /* Open upstream connections (HTTP/1 and HTTP/2, connecting ones
+     * included), one counter per worker, each written only by its worker
+     * (SL_STAT_ADD) when it opens or closes one; /metrics sums them. */
+    unsigned nslots;
+    _Atomic int64_t upconns[];
 } sl_endpoint_state_t;
 
 /* Returns the shared state of that endpoint, creating it (healthy, not

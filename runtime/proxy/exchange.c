@@ -438,9 +438,12 @@ static void retry_attempt(sl_exchange_t *x)
         sl_request_retry_started(&x->r);
 }
 
-static void upstream_failed(sl_exchange_t *x, enum sl_upstream_error kind, int status)
+/* An attempt failed: counted as `counted` (a connect timeout is counted
+ * apart), then handled as `kind`. */
+static void upstream_failed_as(sl_exchange_t *x, enum sl_upstream_error counted,
+                               enum sl_upstream_error kind, int status)
 {
-    sl_request_count_error(&x->r, kind);
+    sl_request_count_error(&x->r, counted);
     /* A pooled connection that still failed before any response byte: the
      * origin closed it meanwhile. */
     if (kind == SL_UPSTREAM_ERR_RESET && x->up && x->up->requests > 1 && !x->resp_head_sent)
@@ -466,6 +469,11 @@ static void upstream_failed(sl_exchange_t *x, enum sl_upstream_error kind, int s
         x->ops->error(x, 502, "bad_upstream_response", "the backend sent an invalid response", 0);
         return;
     }
+}
+
+static void upstream_failed(sl_exchange_t *x, enum sl_upstream_error kind, int status)
+{
+    upstream_failed_as(x, kind, kind, status);
 }
 
 /* The response broke after its head went to the client. */
@@ -693,7 +701,7 @@ void sl_exchange_timeout(sl_exchange_t *x, int client_blocked)
 {
     switch (x->phase) {
     case SL_XP_CONNECTING:
-        upstream_failed(x, SL_UPSTREAM_ERR_CONNECT, 0);
+        upstream_failed_as(x, SL_UPSTREAM_ERR_CONNECT_TIMEOUT, SL_UPSTREAM_ERR_CONNECT, 0);
         return;
     case SL_XP_WAIT_HEAD:
         upstream_failed(x, SL_UPSTREAM_ERR_TIMEOUT, 0);

@@ -888,10 +888,19 @@ static int policy_replied(sl_request_t *r, sl_request_error_t *err)
     sl_req_policy_t *p = r->pol;
     p->replied = 1;
     if (p->reply.status >= 400 && r->route->policy_stats &&
-        r->route->policy_stats[p->v.rejected_index])
-        atomic_fetch_add_explicit(
-            &r->route->policy_stats[p->v.rejected_index]->slots[r->w->id].rejections, 1,
-            memory_order_relaxed);
+        r->route->policy_stats[p->v.rejected_index]) {
+        SL_STAT_ADD(r->route->policy_stats[p->v.rejected_index]->slots[r->w->id].rejections, 1);
+        sl_policy_stats_t *scope =
+            r->route->scope_stats ? r->route->scope_stats[p->v.rejected_index] : NULL;
+        if (scope && r->w->id < scope->nslots) {
+            /* A rate limit: over the limit (429), or unavailable (503:
+             * its Redis is unreachable and failOpen is false). */
+            if (p->reply.status == 429)
+                SL_STAT_ADD(scope->slots[r->w->id].rejections, 1);
+            else
+                SL_STAT_ADD(scope->slots[r->w->id].unavailable, 1);
+        }
+    }
     set_error(err, p->reply.status, p->reply.code, 0, "%s", p->reply.message);
     return SL_ERROR;
 }

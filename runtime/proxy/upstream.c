@@ -341,6 +341,9 @@ sl_upconn_t *sl_upstream_connect(sl_worker_t *w, sl_pool_t *pool, struct ssl_ctx
         }
     }
     pool->num_busy++;
+    uc->worker = w->id;
+    if (uc->worker < ep->nslots)
+        SL_STAT_ADD(ep->upconns[uc->worker], 1);
     return uc;
 fail:
     if (uc) {
@@ -353,6 +356,20 @@ fail:
     return NULL;
 }
 
+/* Closes the socket and frees the connection; counted out of the
+ * endpoint's open connections (on the worker that opened it, the only one
+ * that ever holds it). */
+static void upconn_free(sl_upconn_t *uc)
+{
+    sl_endpoint_state_t *ep = uc->pool->ep;
+    if (uc->worker < ep->nslots)
+        SL_STAT_ADD(ep->upconns[uc->worker], -1);
+    event_free(uc->ev);
+    tls_free(uc);
+    close(uc->fd);
+    free(uc);
+}
+
 void sl_upstream_close(sl_worker_t *w, sl_upconn_t *uc)
 {
     (void)w;
@@ -361,10 +378,7 @@ void sl_upstream_close(sl_worker_t *w, sl_upconn_t *uc)
         idle_unlink(uc);
     else if (p->num_busy)
         p->num_busy--;
-    event_free(uc->ev);
-    tls_free(uc);
-    close(uc->fd);
-    free(uc);
+    upconn_free(uc);
 }
 
 void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle,
@@ -375,10 +389,7 @@ void sl_upstream_release(sl_worker_t *w, sl_upconn_t *uc, uint32_t max_idle,
         uc->owner = NULL;
         if (p->num_busy)
             p->num_busy--;
-        event_free(uc->ev);
-        tls_free(uc);
-        close(uc->fd);
-        free(uc);
+        upconn_free(uc);
         return;
     }
     p->num_busy--;

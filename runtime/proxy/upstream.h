@@ -29,6 +29,7 @@ typedef struct sl_upconn {
     uint64_t idle_since_ms;
     uint32_t idle_timeout_ms;
     unsigned requests; /* requests started on it; > 0 = reused */
+    unsigned worker;   /* the worker that opened it (its slot of ep->upconns) */
     uint8_t connected;
     /* TLS to the upstream (Backend `tls`), else NULL; the handshake runs
      * after the TCP connect and before the first request byte. */

@@ -404,13 +404,32 @@ def test_runtime_started_before_controller_waits_unready(env):
     assert len(seen) >= 5 and all(s == 503 for s in seen), seen
     assert rt.metric("sluice_controller_connected") == 0
     assert rt.controller_state()["synced"] is False
+    # The stream state on /metrics: never connected, attempts failing.
+    m = {n: v for n, l, v in rt.metrics() if n.startswith("sluice_controller_")}
+    assert m["sluice_controller_synced"] == 0 and m["sluice_controller_connects_total"] == 0, m
+    assert m["sluice_controller_stream_failures_total"] >= 1, m
 
     ctl.start()
     wait_until(lambda: rt.ready_status() == 200, 15.0, what="runtime ready after the "
                "controller started")
     assert rt.get(port, "/petstore/v1/pets")[0] == 200
     assert rt.metric("sluice_controller_connected") == 1
+    assert rt.metric("sluice_controller_synced") == 1
+    assert rt.metric("sluice_controller_connects_total") == 1
     ctl.wait_converged(1)
+    assert ctl.metric("sluice_controller_fleet_runtimes_connected", fleet="default") == 1
+
+    # The controller goes away and comes back: one failure more, one connect more.
+    failures = rt.metric("sluice_controller_stream_failures_total")
+    ctl.stop()
+    wait_until(lambda: rt.metric("sluice_controller_connected") == 0, 15.0,
+               what="the runtime to notice the controller is gone")
+    assert rt.metric("sluice_controller_stream_failures_total") > failures
+    assert rt.metric("sluice_controller_synced") == 1  # still serving the last good config
+    ctl.start()
+    wait_until(lambda: rt.metric("sluice_controller_connects_total") == 2, 15.0,
+               what="the runtime to reconnect")
+    assert rt.metric("sluice_controller_connected") == 1
 
 
 # --- 6 ------------------------------------------------------------------------

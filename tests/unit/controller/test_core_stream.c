@@ -242,24 +242,53 @@ static void ack(fx_t *f, sl_stream_t *s, const Sluice__V1__DiscoveryResponse *r)
 
 /* ---- 1: NACK parking ------------------------------------------------------ */
 
+static uint64_t hist_count(const sl_ctrl_hist_t *h)
+{
+    uint64_t n = 0;
+    for (unsigned i = 0; i < SL_CTRL_HIST_BUCKETS; i++)
+        n += atomic_load(&h->buckets[i]);
+    return n;
+}
+
+/* sluice_controller_fleet_runtimes_connected{fleet="default"}, -1 if absent. */
+static long fleet_connected(fx_t *f)
+{
+    struct evbuffer *b = evbuffer_new();
+    sl_controller_render_metrics(f->ctl, b);
+    evbuffer_add(b, "", 1);
+    const char *text = (const char *)evbuffer_pullup(b, -1);
+    const char *line =
+        strstr(text, "\nsluice_controller_fleet_runtimes_connected{fleet=\"default\"} ");
+    long v = line ? strtol(strchr(line, '}') + 2, NULL, 10) : -1;
+    evbuffer_free(b);
+    return v;
+}
+
 static void test_nack_stops_resending_only_on_its_stream(void **state)
 {
     fx_t *f = *state;
+    uint64_t acks0 = hist_count(&sl_ctrl_push_ack_seconds);
+    uint64_t nacks0 = hist_count(&sl_ctrl_push_nack_seconds);
     sl_stream_t *a = open_stream(f, "ipv4:127.0.0.1:1001");
     subscribe_all(f, a, "node");
+    assert_int_equal(fleet_connected(f), 1);
     Sluice__V1__DiscoveryResponse *r;
     for (int t = 0; t < SL_XDS_LISTENER; t++) {
         r = next_sent(a);
         assert_non_null(r);
         ack(f, a, r);
     }
+    /* Push latency: one observation per ACK of a response in flight. */
+    assert_int_equal(hist_count(&sl_ctrl_push_ack_seconds) - acks0, SL_XDS_LISTENER);
     r = next_sent(a);
     assert_string_equal(r->type_url, SL_TYPE_LISTENER);
     request(f, a, NULL, SL_XDS_LISTENER, "", r->nonce, "port busy");
+    assert_int_equal(hist_count(&sl_ctrl_push_nack_seconds) - nacks0, 1);
     assert_null(next_sent(a));                            /* no NACK loop */
     request(f, a, NULL, SL_XDS_LISTENER, "", NULL, NULL); /* same version again */
     assert_null(next_sent(a));
     close_stream(f, a);
+    assert_int_equal(fleet_connected(f), 0);
 
     /* The runtime restarts (same node id): a new stream starts fresh. */
     sl_stream_t *b = open_stream(f, "ipv4:127.0.0.1:1002");

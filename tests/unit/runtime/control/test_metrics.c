@@ -260,6 +260,46 @@ static void test_label_values_are_escaped(void **state)
     sl_metrics_cluster_release(c);
 }
 
+/* Rate-limit counters by (api, scope): their own table (not the policy
+ * table, whose series would otherwise repeat), summed over workers,
+ * escaped, and gone with the last reference. */
+static void test_rate_limit_scopes(void **state)
+{
+    (void)state;
+    sl_policy_stats_t *l = sl_metrics_scope_acquire("ns/a\"pi", "local");
+    sl_policy_stats_t *f = sl_metrics_scope_acquire("ns/a\"pi", "fleet");
+    sl_policy_stats_t *again = sl_metrics_scope_acquire("ns/a\"pi", "local");
+    sl_policy_stats_t *p = sl_metrics_policy_acquire("ns/a\"pi", "rate-limit");
+    assert_ptr_equal(l, again);
+    assert_ptr_not_equal(l, f);
+    assert_ptr_not_equal(l, p);
+    SL_STAT_ADD(l->slots[0].rejections, 2);
+    SL_STAT_ADD(l->slots[1].rejections, 3);
+    SL_STAT_ADD(f->slots[1].unavailable, 4);
+    char *t = render_to_string();
+    const char *pre = "sluice_rate_limit_rejections_total{api=\"ns/a\\\"pi\",";
+    char series[200];
+    snprintf(series, sizeof(series), "%sscope=\"local\",reason=\"limited\"}", pre);
+    assert_true(sample(t, series) == 5);
+    snprintf(series, sizeof(series), "%sscope=\"local\",reason=\"unavailable\"}", pre);
+    assert_true(sample(t, series) == 0);
+    snprintf(series, sizeof(series), "%sscope=\"fleet\",reason=\"unavailable\"}", pre);
+    assert_true(sample(t, series) == 4);
+    assert_true(sample(t, "sluice_policy_rejections_total{api=\"ns/a\\\"pi\","
+                          "policy=\"rate-limit\"}") == 0);
+    assert_int_equal(count_occurrences(t, "# TYPE sluice_rate_limit_rejections_total counter\n"),
+                     1);
+    assert_valid_exposition(t);
+    free(t);
+    sl_metrics_scope_release(again);
+    sl_metrics_scope_release(l);
+    sl_metrics_scope_release(f);
+    sl_metrics_policy_release(p);
+    t = render_to_string();
+    assert_null(strstr(t, "sluice_rate_limit_rejections_total{"));
+    free(t);
+}
+
 static void test_cluster_counters_and_error_kinds(void **state)
 {
     (void)state;
@@ -272,7 +312,10 @@ static void test_cluster_counters_and_error_kinds(void **state)
     SL_STAT_ADD(c->slots[1].retries, 2);
     SL_STAT_ADD(c->slots[0].errors[SL_UPSTREAM_ERR_CONNECT], 3);
     SL_STAT_ADD(c->slots[1].errors[SL_UPSTREAM_ERR_POOL_FULL], 1);
+    SL_STAT_ADD(c->slots[1].errors[SL_UPSTREAM_ERR_CONNECT_TIMEOUT], 2);
     char *t = render_to_string();
+    assert_true(
+        sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"connect_timeout\"}") == 2);
     assert_true(sample(t, "sluice_upstream_requests_total{cluster=\"echo\"}") == 15);
     assert_true(sample(t, "sluice_upstream_retries_total{cluster=\"echo\"}") == 2);
     assert_true(sample(t, "sluice_upstream_errors_total{cluster=\"echo\",kind=\"connect\"}") == 3);
@@ -425,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_latency_buckets_and_status_classes),
         cmocka_unit_test(test_init_bounds_the_workers_summed),
         cmocka_unit_test(test_label_values_are_escaped),
+        cmocka_unit_test(test_rate_limit_scopes),
         cmocka_unit_test(test_cluster_counters_and_error_kinds),
         cmocka_unit_test(test_process_counters_and_gauges),
         cmocka_unit_test(test_ten_thousand_routes),
