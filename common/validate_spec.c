@@ -868,11 +868,31 @@ static void check_sql_table(sl_vctx_t *c, json_t *v, const void *arg)
     const char *s = json_string_value(v);
     if (!s || !*s)
         return;
+    const char *dot = strchr(s, '.');
+    if (dot && (strchr(dot + 1, '.') || !dot[1] || isdigit((unsigned char)dot[1]))) {
+        sl_validate_error(c, "a table name is letters, digits, '_' and one optional "
+                             "'database.' prefix");
+        return;
+    }
     for (const char *p = s; *p; p++)
         if (!(isalnum((unsigned char)*p) || *p == '_' || (*p == '.' && p != s)) ||
             (p == s && isdigit((unsigned char)*p))) {
             sl_validate_error(c, "a table name is letters, digits, '_' and one optional "
                                  "'database.' prefix");
+            return;
+        }
+}
+
+static void check_sql_database(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    sl_vcheck_string(c, v, arg);
+    const char *s = json_string_value(v);
+    if (!s || !*s)
+        return;
+    for (const char *p = s; *p; p++)
+        if (!(isalnum((unsigned char)*p) || *p == '_') || (p == s && isdigit((unsigned char)*p))) {
+            sl_validate_error(c, "a database name is letters, digits and '_', not starting with "
+                                 "a digit");
             return;
         }
 }
@@ -965,6 +985,12 @@ static void tlog_sink_extra(sl_vctx_t *c, json_t *s)
         at_key(c, "index", report, "only for type elasticsearch");
     if (!ch && sl_validate_get(s, "table"))
         at_key(c, "table", report, "only for type clickhouse");
+    if (!ch && sl_validate_get(s, "database"))
+        at_key(c, "database", report, "only for type clickhouse");
+    json_t *table = sl_validate_get(s, "table");
+    if (ch && sl_validate_get(s, "database") && table && strchr(json_string_value(table), '.'))
+        at_key(c, "database", report,
+               "the table already names its database (database.table): set one of the two");
     json_t *auth = sl_validate_get(s, "auth");
     if (auth && !es && sl_validate_get(auth, "apiKey"))
         at_key(c, "auth", report, "apiKey is only for type elasticsearch (use username/password)");
@@ -982,6 +1008,7 @@ static const sl_vfield_t tlog_sink_fields[] = {
     {"url", check_tlog_url, NULL, 0},
     {"index", check_es_index, NULL, 0},
     {"table", check_sql_table, NULL, 0},
+    {"database", check_sql_database, NULL, 0},
     {"auth", sl_vcheck_object, &tlog_auth_schema, 0},
     {"batch", sl_vcheck_object, &tlog_batch_schema, 0},
     {"bufferBytes", sl_vcheck_int, &tlog_buffer_range, 0},

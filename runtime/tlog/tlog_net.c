@@ -532,20 +532,61 @@ static enum sl_tlog_deliver_result es_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
 
 /* ---- clickhouse: INSERT ... FORMAT JSONEachRow ----------------------------- */
 
+/* Errors of a ClickHouse exception ("Code: N, ...", or the
+ * X-ClickHouse-Exception-Code header of newer servers) that come from the
+ * rows themselves or the table's schema: sending the same rows again would
+ * fail the same way, so they are dropped (counted, logged) instead of
+ * retried. ClickHouse answers them with HTTP 500 like a server in trouble. */
+static int ch_permanent(int code)
+{
+    static const int codes[] = {
+        6,   /* CANNOT_PARSE_TEXT */
+        16,  /* NO_SUCH_COLUMN_IN_TABLE */
+        26,  /* CANNOT_PARSE_QUOTED_STRING */
+        27,  /* CANNOT_PARSE_INPUT_ASSERTION_FAILED */
+        38,  /* CANNOT_PARSE_DATE */
+        41,  /* CANNOT_PARSE_DATETIME */
+        53,  /* TYPE_MISMATCH */
+        60,  /* UNKNOWN_TABLE */
+        62,  /* SYNTAX_ERROR */
+        70,  /* CANNOT_CONVERT_TYPE */
+        72,  /* CANNOT_PARSE_NUMBER */
+        81,  /* UNKNOWN_DATABASE */
+        117, /* INCORRECT_DATA */
+        192, /* UNKNOWN_USER */
+        193, /* WRONG_PASSWORD */
+        497, /* ACCESS_DENIED */
+    };
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (codes[i] == code)
+            return 1;
+    return 0;
+}
+
 static enum sl_tlog_deliver_result ch_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *batch,
                                               unsigned *nrec)
 {
     net_state_t *n = s->state;
     char target[1400];
-    /* input_format_skip_unknown_fields: a table need not have every field. */
+    /* input_format_skip_unknown_fields: a table need not have every field;
+     * date_time_input_format=best_effort: `time` (RFC 3339 with
+     * milliseconds and Z) loads into a DateTime (or DateTime64) column. */
     snprintf(target, sizeof(target),
-             "%s?input_format_skip_unknown_fields=1&query=INSERT%%20INTO%%20%s%%20FORMAT%%20"
-             "JSONEachRow",
+             "%s?input_format_skip_unknown_fields=1&date_time_input_format=best_effort&"
+             "query=INSERT%%20INTO%%20%s%%20FORMAT%%20JSONEachRow",
              n->path, s->cfg.table);
     char *rbody = NULL;
     size_t rlen = 0;
     int status =
         http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody, &rlen);
+    int code = 0;
+    if (status >= 500 && rbody && sscanf(rbody, "Code: %d", &code) == 1 && ch_permanent(code)) {
+        char why[400];
+        snprintf(why, sizeof(why), "ClickHouse refused the batch with HTTP %d: %.*s", status,
+                 (int)(rlen < 240 ? rlen : 240), rbody);
+        sl_tlog_sink_lost(s, *nrec, why);
+        return SL_TLOG_DELIVERED;
+    }
     return judge(s, n, status, rbody, rlen, *nrec);
 }
 

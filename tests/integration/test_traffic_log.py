@@ -125,6 +125,17 @@ def test_validation_names_the_field(tmp_path):
          "spec.trafficLog.sinks[0].url", "not for type file"),
         ({"sinks": [{"name": "a", "type": "http", "url": "http://x", "auth": {"username": "u"}}]},
          "spec.trafficLog.sinks[0].auth.password", "required"),
+        ({"sinks": [{"name": "c", "type": "clickhouse", "url": "http://x:8123",
+                     "database": "db", "table": "other.t"}]},
+         "spec.trafficLog.sinks[0].database", "set one of the two"),
+        ({"sinks": [{"name": "c", "type": "clickhouse", "url": "http://x:8123",
+                     "database": "my-db"}]},
+         "spec.trafficLog.sinks[0].database", "letters, digits and '_'"),
+        ({"sinks": [{"name": "c", "type": "clickhouse", "url": "http://x:8123",
+                     "table": "a.b.c"}]},
+         "spec.trafficLog.sinks[0].table", "one optional 'database.' prefix"),
+        ({"sinks": [{"name": "h", "type": "http", "url": "http://x", "database": "db"}]},
+         "spec.trafficLog.sinks[0].database", "only for type clickhouse"),
     ]
     for tl, where, what in bad:
         rc, out = _check(tmp_path, [gw(free_port(), tl)])
