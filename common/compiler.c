@@ -571,6 +571,8 @@ static void compile_tlog_sink(cctx_t *c, Sluice__V1__TrafficLogSink *o, json_t *
     o->username = cstr(c, jstr(auth, "username", ""));
     o->password = cstr(c, jstr(auth, "password", ""));
     o->api_key = cstr(c, jstr(auth, "apiKey", ""));
+    o->ca_pem = cstr(c, jstr(s, "caBundle", ""));
+    o->ca_file = cstr(c, jstr(s, "caFile", ""));
     json_t *b = jget(s, "batch");
     o->batch_max_records = (uint32_t)jint(b, "maxRecords", SL_TLOG_DEF_BATCH_RECORDS);
     o->batch_max_bytes = (uint32_t)jint(b, "maxBytes", SL_TLOG_DEF_BATCH_BYTES);
