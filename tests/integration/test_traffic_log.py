@@ -5,8 +5,12 @@ cap, validation with field paths, a reload that keeps a sink's records,
 size-based rotation, and the network sinks against collectors this test
 runs on loopback: http (JSON arrays) and elasticsearch (a _bulk endpoint
 that checks the NDJSON framing as Elasticsearch documents it and answers
-with the bulk response format, per-item errors included). A collector
-that is down does not slow traffic, and delivery resumes when it returns."""
+with the bulk response format, per-item errors included; basic and API-key
+auth, daily index names). A collector that is down does not slow traffic,
+and delivery resumes when it returns. https: collectors with certificates
+made here by openssl (caFile, caBundle, SNI, keep-alive, the wrong CA or
+name, a missing caFile, a handshake that never ends). ClickHouse has its
+own file (test_traffic_log_clickhouse.py, a real clickhouse-server)."""
 
 import base64
 import json
@@ -357,6 +361,54 @@ def test_elasticsearch_bulk(runtimes, backends):
         # The password never leaves through the admin listener.
         dump = rt.admin_get("/config_dump")[2]
         assert b'"pw"' not in dump
+    finally:
+        c.stop()
+
+
+def test_elasticsearch_api_key_and_daily_index(runtimes, backends):
+    """auth.apiKey is sent as "Authorization: ApiKey <key>"; every document
+    goes to <index>-YYYY.MM.DD of its own record's UTC day; a key the
+    cluster refuses (401) drops the batch, counted and logged."""
+    b = backends("echo")
+    port = free_port()
+    key = "VnVhQ2ZHY0JDZGJrUW0tZTVhT3g6dWkybHAyYXhUTm1zeWFrdzl0dk5udw=="
+    docs = []
+
+    def handle(path, headers, body):
+        if headers.get("Authorization") != "ApiKey " + key:
+            return 401, json.dumps({"error": {"type": "security_exception",
+                                              "reason": "unable to authenticate with provided "
+                                                        "credentials"}, "status": 401})
+        lines = body.decode().split("\n")
+        assert lines[-1] == "" and len(lines) % 2 == 1
+        items = []
+        for i in range(0, len(lines) - 1, 2):
+            action, doc = json.loads(lines[i]), json.loads(lines[i + 1])
+            docs.append((action["index"]["_index"], doc))
+            items.append({"index": {"_index": action["index"]["_index"], "status": 201}})
+        return 200, json.dumps({"took": 1, "errors": False, "items": items})
+    c = Collector(handle)
+    try:
+        common = {"type": "elasticsearch", "url": "http://127.0.0.1:%d/" % c.port,
+                  "index": "traffic-logs", "batch": {"maxRecords": 3, "maxDelay": "50ms"}}
+        tl = {"sinks": [dict(common, name="es", auth={"apiKey": key}),
+                        dict(common, name="badkey", auth={"apiKey": "d3Jvbmc6a2V5"})]}
+        rt = runtimes([gw(port, tl), backend("echo", [b.port]), api("t", "/t", "echo")])
+        for i in range(8):
+            assert request(port, "GET", "/t/k-%d" % i).status == 200
+        wait_until(lambda: len(docs) >= 8, 10, what="8 documents")
+        assert sorted(d["path"] for _, d in docs) == ["/t/k-%d" % i for i in range(8)]
+        for index, doc in docs:
+            assert index == "traffic-logs-" + doc["time"][:10].replace("-", "."), (index, doc)
+        wait_until(lambda: rt.metric("sluice_traffic_log_dropped_total", sink="badkey",
+                                     type="elasticsearch") == 8, 10, what="8 dropped")
+        assert rt.metric("sluice_traffic_log_records_total", sink="badkey",
+                         type="elasticsearch") == 0
+        assert re.search(r"sink badkey: \d+ record\(s\) dropped: the collector refused the batch "
+                         r"with HTTP 401: .*security_exception", rt.log()), rt.log()
+        sent = [h.get("Authorization") for _, h, _ in c.requests]
+        assert "ApiKey " + key in sent and "ApiKey d3Jvbmc6a2V5" in sent
+        assert not any(a and a.startswith("Basic") for a in sent)
     finally:
         c.stop()
 
