@@ -137,7 +137,7 @@ DEB_PKGS := build-essential pkg-config libevent-dev libnghttp2-dev \
     wrk nghttp2-client redis-server clang libclang-rt-14-dev iproute2 util-linux \
     valgrind python3-grpcio python3-protobuf protobuf-compiler python3-websockets python3-h2 \
     python3-ruamel.yaml python3-cryptography python3-jsonschema \
-    openssl prometheus
+    openssl prometheus clickhouse-server
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \

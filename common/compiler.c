@@ -562,13 +562,17 @@ static void compile_tlog_sink(cctx_t *c, Sluice__V1__TrafficLogSink *o, json_t *
     o->index = cstr(c, o->type == SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__ELASTICSEARCH
                            ? jstr(s, "index", SL_TLOG_DEF_ES_INDEX)
                            : "");
-    o->table = cstr(c, o->type == SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__CLICKHOUSE
-                           ? jstr(s, "table", SL_TLOG_DEF_CH_TABLE)
-                           : "");
+    /* database: X is the same as table X.<table>: the sink inserts into it. */
+    const char *db = jstr(s, "database", "");
+    o->table = o->type != SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__CLICKHOUSE ? cstr(c, "")
+               : db[0] ? cprintf(c, "%s.%s", db, jstr(s, "table", SL_TLOG_DEF_CH_TABLE))
+                       : cstr(c, jstr(s, "table", SL_TLOG_DEF_CH_TABLE));
     json_t *auth = jget(s, "auth");
     o->username = cstr(c, jstr(auth, "username", ""));
     o->password = cstr(c, jstr(auth, "password", ""));
     o->api_key = cstr(c, jstr(auth, "apiKey", ""));
+    o->ca_pem = cstr(c, jstr(s, "caBundle", ""));
+    o->ca_file = cstr(c, jstr(s, "caFile", ""));
     json_t *b = jget(s, "batch");
     o->batch_max_records = (uint32_t)jint(b, "maxRecords", SL_TLOG_DEF_BATCH_RECORDS);
     o->batch_max_bytes = (uint32_t)jint(b, "maxBytes", SL_TLOG_DEF_BATCH_BYTES);

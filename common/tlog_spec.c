@@ -3,6 +3,9 @@
  */
 #include "tlog_spec.h"
 
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,4 +149,46 @@ int sl_tlog_url_split(const char *url, int *tls, char *host, size_t hcap, char *
     }
     snprintf(path, pathcap, "%s", p);
     return 0;
+}
+
+int sl_tlog_ca_pem_load(X509_STORE *store, const char *pem, char *err, size_t errlen)
+{
+    ERR_clear_error();
+    BIO *bio = BIO_new_mem_buf(pem, -1);
+    if (!bio) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int n = 0;
+    for (;;) {
+        X509 *x = PEM_read_bio_X509(bio, NULL, NULL, NULL);
+        if (!x) {
+            unsigned long e = ERR_peek_last_error();
+            /* The end of the text is "no start line": anything else is a
+             * certificate that does not parse. */
+            if (ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE && n > 0)
+                break;
+            const char *r = ERR_reason_error_string(ERR_peek_error());
+            snprintf(err, errlen, "certificate %d does not parse: %s", n + 1,
+                     n == 0 && ERR_GET_REASON(e) == PEM_R_NO_START_LINE ? "no PEM certificate found"
+                     : r                                                ? r
+                                                                        : "unknown error");
+            BIO_free(bio);
+            ERR_clear_error();
+            return -1;
+        }
+        int ok = !store || X509_STORE_add_cert(store, x) == 1 ||
+                 ERR_GET_REASON(ERR_peek_last_error()) == X509_R_CERT_ALREADY_IN_HASH_TABLE;
+        X509_free(x);
+        if (!ok) {
+            snprintf(err, errlen, "certificate %d cannot be used", n + 1);
+            BIO_free(bio);
+            ERR_clear_error();
+            return -1;
+        }
+        n++;
+    }
+    BIO_free(bio);
+    ERR_clear_error();
+    return n;
 }

@@ -825,9 +825,6 @@ static void check_tlog_url(sl_vctx_t *c, json_t *v, const void *arg)
     if (sl_tlog_url_split(json_string_value(v), &tls, host, sizeof(host), port, sizeof(port), path,
                           sizeof(path), &why) != 0)
         sl_validate_error(c, "%s (e.g. http://collector:8080/ingest)", why);
-    else if (tls)
-        sl_validate_error(c, "https is not supported by the traffic log sinks yet; use http:// "
-                             "(e.g. to a collector on the runtime's host)");
     else if (strchr(path, '?'))
         sl_validate_error(c, "must not have a query: the sink adds its own");
 }
@@ -869,7 +866,7 @@ static void check_sql_table(sl_vctx_t *c, json_t *v, const void *arg)
     if (!s || !*s)
         return;
     const char *dot = strchr(s, '.');
-    if (dot && (strchr(dot + 1, '.') || dot[1] == '\0' || dot == s)) {
+    if (dot && (dot == s || strchr(dot + 1, '.') || !dot[1] || isdigit((unsigned char)dot[1]))) {
         sl_validate_error(c, "a table name is letters, digits, '_' and one optional "
                              "'database.' prefix");
         return;
@@ -881,6 +878,51 @@ static void check_sql_table(sl_vctx_t *c, json_t *v, const void *arg)
                                  "'database.' prefix");
             return;
         }
+}
+
+static void check_sql_database(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    sl_vcheck_string(c, v, arg);
+    const char *s = json_string_value(v);
+    if (!s || !*s)
+        return;
+    for (const char *p = s; *p; p++)
+        if (!(isalnum((unsigned char)*p) || *p == '_') || (p == s && isdigit((unsigned char)*p))) {
+            sl_validate_error(c, "a database name is letters, digits and '_', not starting with "
+                                 "a digit");
+            return;
+        }
+}
+
+/* caBundle: PEM CA certificates that parse (as the jwt policy's
+ * jwksCaBundle). */
+static void check_tlog_ca_pem(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    const char *s = json_string_value(v);
+    char why[200];
+    if (!s)
+        sl_validate_error(c, "expected a string of PEM certificates");
+    else if (json_string_length(v) > SL_TLOG_MAX_CA_PEM)
+        sl_validate_error(c, "longer than %d bytes", SL_TLOG_MAX_CA_PEM);
+    else if (!strstr(s, "-----BEGIN CERTIFICATE-----") || !strstr(s, "-----END CERTIFICATE-----"))
+        sl_validate_error(c, "expected PEM certificates (-----BEGIN CERTIFICATE----- ... "
+                             "-----END CERTIFICATE-----)");
+    else if (sl_tlog_ca_pem_load(NULL, s, why, sizeof(why)) < 0)
+        sl_validate_error(c, "%s", why);
+}
+
+/* caFile: a path on the runtime's machine (read by the runtime; its
+ * `--check` also reads it). */
+static void check_tlog_ca_file(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    const char *s = json_string_value(v);
+    if (!s || s[0] != '/')
+        sl_validate_error(c, "an absolute path on the runtime's machine (a PEM file of CA "
+                             "certificates)");
+    else if (strlen(s) > 4096)
+        sl_validate_error(c, "longer than 4096 characters");
 }
 
 static void tlog_auth_extra(sl_vctx_t *c, json_t *a)
@@ -951,7 +993,8 @@ static void tlog_sink_extra(sl_vctx_t *c, json_t *s)
     bool file = strcmp(type, "file") == 0, es = strcmp(type, "elasticsearch") == 0;
     bool ch = strcmp(type, "clickhouse") == 0;
     static const char *const file_only[] = {"format", "rotate", NULL};
-    static const char *const net_only[] = {"url", "auth", "timeout", "retry", NULL};
+    static const char *const net_only[] = {"url",    "auth",     "timeout", "retry",
+                                           "caFile", "caBundle", NULL};
     if (file && !sl_validate_get(s, "path"))
         at_key(c, "path", report, "required field missing (a file sink writes to this path)");
     if (!file && !sl_validate_get(s, "url"))
@@ -971,6 +1014,21 @@ static void tlog_sink_extra(sl_vctx_t *c, json_t *s)
         at_key(c, "index", report, "only for type elasticsearch");
     if (!ch && sl_validate_get(s, "table"))
         at_key(c, "table", report, "only for type clickhouse");
+    if (!ch && sl_validate_get(s, "database"))
+        at_key(c, "database", report, "only for type clickhouse");
+    json_t *table = sl_validate_get(s, "table");
+    if (ch && sl_validate_get(s, "database") && table && strchr(json_string_value(table), '.'))
+        at_key(c, "database", report,
+               "the table already names its database (database.table): set one of the two");
+    if (sl_validate_get(s, "caBundle") && sl_validate_get(s, "caFile"))
+        at_key(c, "caFile", report, "set at most one of caBundle (PEM) or caFile (a path)");
+    json_t *url = sl_validate_get(s, "url");
+    if (!file && url && strncasecmp(json_string_value(url), "https://", 8) != 0)
+        for (int i = 0; i < 2; i++) {
+            const char *k = i ? "caFile" : "caBundle";
+            if (sl_validate_get(s, k))
+                at_key(c, k, report, "only meaningful with an https:// url");
+        }
     json_t *auth = sl_validate_get(s, "auth");
     if (auth && !es && sl_validate_get(auth, "apiKey"))
         at_key(c, "auth", report, "apiKey is only for type elasticsearch (use username/password)");
@@ -988,6 +1046,9 @@ static const sl_vfield_t tlog_sink_fields[] = {
     {"url", check_tlog_url, NULL, 0},
     {"index", check_es_index, NULL, 0},
     {"table", check_sql_table, NULL, 0},
+    {"database", check_sql_database, NULL, 0},
+    {"caBundle", check_tlog_ca_pem, NULL, 0},
+    {"caFile", check_tlog_ca_file, NULL, 0},
     {"auth", sl_vcheck_object, &tlog_auth_schema, 0},
     {"batch", sl_vcheck_object, &tlog_batch_schema, 0},
     {"bufferBytes", sl_vcheck_int, &tlog_buffer_range, 0},
@@ -1034,15 +1095,26 @@ static const sl_vschema_t traffic_log_schema = {traffic_log_fields, traffic_log_
 /* spec.tracing: W3C trace context, Server-Timing, OTLP span export. */
 static void tracing_export_extra(sl_vctx_t *c, json_t *e)
 {
-    if (!sl_validate_get(e, "url"))
+    json_t *url = sl_validate_get(e, "url");
+    if (!url)
         at_key(c, "url", report,
                "required field missing (the collector's OTLP/HTTP traces endpoint, e.g. "
                "http://otel-collector:4318/v1/traces)");
+    if (sl_validate_get(e, "caBundle") && sl_validate_get(e, "caFile"))
+        at_key(c, "caFile", report, "set at most one of caBundle (PEM) or caFile (a path)");
+    if (url && strncasecmp(json_string_value(url), "https://", 8) != 0)
+        for (int i = 0; i < 2; i++) {
+            const char *k = i ? "caFile" : "caBundle";
+            if (sl_validate_get(e, k))
+                at_key(c, k, report, "only meaningful with an https:// url");
+        }
 }
 
 static const sl_vfield_t tracing_export_fields[] = {
     {"url", check_tlog_url, NULL, 0},
     {"serviceName", sl_vcheck_string, NULL, 0},
+    {"caBundle", check_tlog_ca_pem, NULL, 0},
+    {"caFile", check_tlog_ca_file, NULL, 0},
     {"batch", sl_vcheck_object, &tlog_batch_schema, 0},
     {"bufferBytes", sl_vcheck_int, &tlog_buffer_range, 0},
     {"timeout", sl_vcheck_duration, &tlog_delay_range, 0},
@@ -1853,6 +1925,14 @@ const sl_vopenapi_t sl_validate_spec_openapi[] = {
     {check_tlog_path, STR_DESC(4096, "an absolute path on the runtime's machine, or stdout"), NULL},
     {check_es_index,
      STR_DESC(200, "an Elasticsearch index prefix: lower case, no \\\\/*?\\\"<>| ,#:"), NULL},
+    {check_sql_database,
+     "{\"type\":\"string\",\"minLength\":1,\"maxLength\":256,\"pattern\":\"^[A-Za-z_][A-Za-z0-9_]*$\","
+     "\"description\":\"a ClickHouse database\"}",
+     NULL},
+    {check_tlog_ca_pem,
+     "{\"type\":\"string\",\"maxLength\":1048576,\"description\":\"PEM CA certificates\"}", NULL},
+    {check_tlog_ca_file, STR_DESC(4096, "an absolute path on the runtime's machine (a PEM file)"),
+     NULL},
     {check_sql_table,
      "{\"type\":\"string\",\"minLength\":1,\"maxLength\":256,\"pattern\":\"^([A-Za-z_][A-Za-z0-"
      "9_]*[.])?[A-Za-z_][A-Za-z0-9_]*$\",\"description\":\"a ClickHouse table, optionally "

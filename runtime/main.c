@@ -482,6 +482,11 @@ int main(int argc, char **argv)
             sl_log_error("config: %s", err);
             goto out_rcu;
         }
+        if (sl_tlog_check_snapshot(snap, err, sizeof(err)) != 0) {
+            sl_log_error("config: %s", err);
+            sl_generation_discard(gen);
+            goto out_rcu;
+        }
         sl_generation_discard(gen);
         printf("sluice-runtime: configuration %s is valid\n", source);
         exit_code = 0;

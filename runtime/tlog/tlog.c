@@ -1374,9 +1374,9 @@ static void sink_free(sl_tlog_sink_t *s)
 {
     if (!s)
         return;
-    const char **strs[] = {&s->cfg.name,    &s->cfg.type,        &s->cfg.path,     &s->cfg.url,
-                           &s->cfg.index,   &s->cfg.table,       &s->cfg.username, &s->cfg.password,
-                           &s->cfg.api_key, &s->cfg.service_name};
+    const char **strs[] = {&s->cfg.name,    &s->cfg.type,   &s->cfg.path,     &s->cfg.url,
+                           &s->cfg.index,   &s->cfg.table,  &s->cfg.username, &s->cfg.password,
+                           &s->cfg.api_key, &s->cfg.ca_pem, &s->cfg.ca_file,  &s->cfg.service_name};
     for (size_t i = 0; i < SL_ARRAY_LEN(strs); i++)
         free((char *)*strs[i]);
     free(s->key);
@@ -1391,14 +1391,15 @@ static void sink_free(sl_tlog_sink_t *s)
 static char *config_key(const sl_tlog_sink_config_t *c)
 {
     char *k = NULL;
-    if (asprintf(&k, "%s|%s|%s|%s|%d|%llu|%u|%s|%s|%s|%s|%s|%s|%u|%u|%u|%llu|%u|%u|%u",
+    if (asprintf(&k, "%s|%s|%s|%s|%d|%llu|%u|%s|%s|%s|%s|%s|%s|%u|%u|%u|%llu|%u|%u|%u|%s|%s",
                  c->service_name ? c->service_name : "", c->name, c->type, c->path ? c->path : "",
                  c->combined, (unsigned long long)c->rotate_max_bytes, c->rotate_keep,
                  c->url ? c->url : "", c->index ? c->index : "", c->table ? c->table : "",
                  c->username ? c->username : "", c->password ? c->password : "",
                  c->api_key ? c->api_key : "", c->batch_max_records, c->batch_max_bytes,
                  c->batch_max_delay_ms, (unsigned long long)c->buffer_bytes, c->timeout_ms,
-                 c->backoff_initial_ms, c->backoff_max_ms) < 0)
+                 c->backoff_initial_ms, c->backoff_max_ms, c->ca_pem ? c->ca_pem : "",
+                 c->ca_file ? c->ca_file : "") < 0)
         return NULL;
     return k;
 }
@@ -1458,11 +1459,13 @@ static sl_tlog_sink_t *sink_new(const sl_tlog_sink_config_t *in, char *err, size
     s->cfg.password = xstrdup(in->password);
     s->cfg.api_key = xstrdup(in->api_key);
     s->cfg.service_name = xstrdup(in->service_name);
+    s->cfg.ca_pem = xstrdup(in->ca_pem);
+    s->cfg.ca_file = xstrdup(in->ca_file);
     fill_defaults(&s->cfg);
     s->key = config_key(&s->cfg);
     if (!s->cfg.name || !s->cfg.type || !s->cfg.path || !s->cfg.url || !s->cfg.index ||
         !s->cfg.table || !s->cfg.username || !s->cfg.password || !s->cfg.api_key ||
-        !s->cfg.service_name || !s->key) {
+        !s->cfg.ca_pem || !s->cfg.ca_file || !s->cfg.service_name || !s->key) {
         snprintf(err, errlen, "out of memory");
         sink_free(s);
         return NULL;
@@ -1678,8 +1681,9 @@ static void free_pending(pending_cfg_t *p)
         return;
     for (size_t i = 0; i < p->n; i++) {
         sl_tlog_sink_config_t *c = &p->sinks[i];
-        const char *strs[] = {c->name,  c->type,     c->path,     c->url,     c->index,
-                              c->table, c->username, c->password, c->api_key, c->service_name};
+        const char *strs[] = {c->name,    c->type,   c->path,     c->url,
+                              c->index,   c->table,  c->username, c->password,
+                              c->api_key, c->ca_pem, c->ca_file,  c->service_name};
         for (size_t k = 0; k < SL_ARRAY_LEN(strs); k++)
             free((char *)strs[k]);
     }
@@ -1908,9 +1912,12 @@ int sl_tlog_configure(const sl_tlog_sink_config_t *sinks, size_t n, const sl_tlo
         c->password = xstrdup(sinks[i].password);
         c->api_key = xstrdup(sinks[i].api_key);
         c->service_name = xstrdup(sinks[i].service_name);
+        c->ca_pem = xstrdup(sinks[i].ca_pem);
+        c->ca_file = xstrdup(sinks[i].ca_file);
         p->n = i + 1;
         oom |= !c->name || !c->type || !c->path || !c->url || !c->index || !c->table ||
-               !c->username || !c->password || !c->api_key || !c->service_name;
+               !c->username || !c->password || !c->api_key || !c->ca_pem || !c->ca_file ||
+               !c->service_name;
     }
     p->strings[0] = xstrdup(origin ? origin->gateway : "");
     p->strings[1] = xstrdup(origin ? origin->fleet : "");

@@ -114,6 +114,7 @@ typedef struct {
     const char *table;
     const char *service_name; /* otlp: the resource's service.name */
     const char *username, *password, *api_key;
+    const char *ca_pem, *ca_file; /* https: caBundle / caFile; both "" = the system's CAs */
     uint32_t batch_max_records, batch_max_bytes, batch_max_delay_ms;
     uint64_t buffer_bytes;
     uint32_t timeout_ms, backoff_initial_ms, backoff_max_ms;

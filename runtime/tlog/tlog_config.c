@@ -5,6 +5,8 @@
  */
 #include "tlog_config.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,6 +76,8 @@ int sl_tlog_apply_snapshot(const Sluice__V1__Snapshot *snap)
             .username = s->username,
             .password = s->password,
             .api_key = s->api_key,
+            .ca_pem = s->ca_pem,
+            .ca_file = s->ca_file,
             .batch_max_records = s->batch_max_records,
             .batch_max_bytes = s->batch_max_bytes,
             .batch_max_delay_ms = s->batch_max_delay_ms,
@@ -91,4 +95,38 @@ int sl_tlog_apply_snapshot(const Sluice__V1__Snapshot *snap)
     int rc = sl_tlog_configure(v, k, &origin);
     free(v);
     return rc;
+}
+
+int sl_tlog_check_snapshot(const Sluice__V1__Snapshot *snap, char *err, size_t errlen)
+{
+    const Sluice__V1__TrafficLog *t = snap && snap->settings ? snap->settings->traffic_log : NULL;
+    for (size_t i = 0; t && i < t->n_sinks; i++) {
+        const char *path = t->sinks[i]->ca_file;
+        if (!path || !path[0])
+            continue;
+        char why[256] = "";
+        FILE *f = fopen(path, "re");
+        char *text = f ? calloc(1, SL_TLOG_MAX_CA_PEM + 1) : NULL;
+        if (!f)
+            snprintf(why, sizeof(why), "%s", strerror(errno));
+        else if (!text)
+            snprintf(why, sizeof(why), "out of memory");
+        else if (fread(text, 1, SL_TLOG_MAX_CA_PEM + 1, f) > SL_TLOG_MAX_CA_PEM)
+            snprintf(why, sizeof(why), "larger than %d bytes", SL_TLOG_MAX_CA_PEM);
+        else if (ferror(f))
+            snprintf(why, sizeof(why), "%s", strerror(errno));
+        else
+            sl_tlog_ca_pem_load(NULL, text, why, sizeof(why));
+        if (f)
+            fclose(f);
+        free(text);
+        if (why[0]) {
+            snprintf(err, errlen,
+                     "Gateway %s: spec.trafficLog.sinks[%zu].caFile: %s: %s (a readable PEM file "
+                     "of CA certificates on the runtime's machine)",
+                     t->gateway, i, path, why);
+            return -1;
+        }
+    }
+    return 0;
 }

@@ -20,4 +20,11 @@ const sl_tlog_sink_config_t *sl_tlog_cli_sink(void);
  * line's. 0, or -1 (out of memory: the previous set stays). */
 int sl_tlog_apply_snapshot(const Sluice__V1__Snapshot *snap);
 
+/* `--check`: what only the runtime's machine can tell, i.e. that every
+ * network sink's caFile can be read and holds PEM certificates. 0, or -1
+ * with err naming the field (spec.trafficLog.sinks[0].caFile: ...). A
+ * running runtime reads the file at its first connection instead, and a
+ * file it cannot use is a failed delivery, retried. */
+int sl_tlog_check_snapshot(const Sluice__V1__Snapshot *snap, char *err, size_t errlen);
+
 #endif

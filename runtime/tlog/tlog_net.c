@@ -4,8 +4,17 @@
  * per record, daily index names, per-item results) and clickhouse
  * (INSERT ... FORMAT JSONEachRow over its HTTP interface). All three speak
  * HTTP/1.1 through the small blocking client below, on the sink's own
- * thread, with a deadline on every connect, send and receive (the sink's
- * timeout), keep-alive between batches, and basic or API-key auth.
+ * thread, with a deadline on every connect, TLS handshake, send and
+ * receive (the sink's timeout), keep-alive between batches, and basic or
+ * API-key auth.
+ *
+ * https URLs: TLS 1.2 or later with OpenSSL, the server's certificate
+ * verified against the system's CAs, or the sink's caBundle (PEM) or
+ * caFile, for the URL's host name (SNI sent) or address. The CAs are
+ * loaded when the first connection is made and again after a failed
+ * handshake, so a caFile fixed on disk is picked up at the next retry. A
+ * handshake or verification failure is a failed delivery like a refused
+ * connection: logged with its reason, retried with the backoff.
  *
  * What is retried (with the sink's backoff): a connection that fails, a
  * timeout, 429 and 5xx answers, and Elasticsearch items refused with 429 or
@@ -13,8 +22,7 @@
  * document, 401/403 bad credentials) drops the records for good, counted
  * and logged: resending them would never succeed.
  *
- * Not here: queues, batching and backoff timing (tlog.c); TLS: https URLs
- * are refused by validation for now.
+ * Not here: queues, batching and backoff timing (tlog.c).
  */
 #include "tlog_sink.h"
 
@@ -23,10 +31,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +55,10 @@ typedef struct {
     char path[1024]; /* the URL's path, no trailing slash added */
     char auth[1024]; /* "Authorization: ...\r\n" or "" */
     int fd;
+    int tls;       /* an https URL */
+    int host_ip;   /* the host is an address: no SNI, the certificate names the address */
+    SSL_CTX *ctx;  /* https: made at the first connection, again after a failed handshake */
+    SSL *ssl;      /* https: the connection's */
     char why[768]; /* the last failure, for the log */
     sl_tlog_buf_t req, resp;
 } net_state_t;
@@ -57,13 +73,19 @@ int sl_tlog_net_open(sl_tlog_sink_t *s, char *err, size_t errlen)
     n->fd = -1;
     int tls = 0;
     const char *why = NULL;
+    char why_buf[200];
     if (sl_tlog_url_split(s->cfg.url, &tls, n->host, sizeof(n->host), n->port, sizeof(n->port),
-                          n->path, sizeof(n->path), &why) != 0 ||
-        tls) {
-        snprintf(err, errlen, "traffic log sink %s: url %s: %s", s->cfg.name, s->cfg.url,
-                 tls ? "https is not supported by the traffic log sinks yet (use http://, e.g. "
-                       "to a local collector)"
-                     : why);
+                          n->path, sizeof(n->path), &why) != 0) {
+        snprintf(err, errlen, "traffic log sink %s: url %s: %s", s->cfg.name, s->cfg.url, why);
+        free(n);
+        return -1;
+    }
+    n->tls = tls;
+    unsigned char addr[16];
+    n->host_ip = inet_pton(AF_INET, n->host, addr) == 1 || inet_pton(AF_INET6, n->host, addr) == 1;
+    if (tls && s->cfg.ca_pem[0] &&
+        sl_tlog_ca_pem_load(NULL, s->cfg.ca_pem, why_buf, sizeof(why_buf)) < 0) {
+        snprintf(err, errlen, "traffic log sink %s: caBundle: %s", s->cfg.name, why_buf);
         free(n);
         return -1;
     }
@@ -87,13 +109,6 @@ int sl_tlog_net_open(sl_tlog_sink_t *s, char *err, size_t errlen)
     return 0;
 }
 
-static void conn_close(net_state_t *n)
-{
-    if (n->fd >= 0)
-        close(n->fd);
-    n->fd = -1;
-}
-
 static int wait_fd(int fd, short events, uint64_t deadline_ms)
 {
     for (;;) {
@@ -109,7 +124,145 @@ static int wait_fd(int fd, short events, uint64_t deadline_ms)
     }
 }
 
-static int conn_open(net_state_t *n, uint64_t deadline)
+static void conn_close(net_state_t *n)
+{
+    if (n->ssl) {
+        /* A quiet close: the collector gets a close_notify if the socket
+         * takes it now, and nobody waits for its answer. */
+        SSL_shutdown(n->ssl);
+        SSL_free(n->ssl);
+        n->ssl = NULL;
+    }
+    if (n->fd >= 0)
+        close(n->fd);
+    n->fd = -1;
+    ERR_clear_error();
+}
+
+static const char *ssl_reason(void)
+{
+    unsigned long e = ERR_peek_last_error();
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    return r ? r : "unknown error";
+}
+
+/* The TLS context: TLS >= 1.2, peer verification against caBundle, caFile
+ * or the system's CAs. 0, or -1 with n->why. */
+static int tls_ctx(sl_tlog_sink_t *s, net_state_t *n)
+{
+    ERR_clear_error();
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        snprintf(n->why, sizeof(n->why), "out of memory for TLS");
+        return -1;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_AUTO_RETRY);
+    static const unsigned char alpn[] = "\x08http/1.1";
+    SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
+    char why[200];
+    if (s->cfg.ca_pem[0]) {
+        if (sl_tlog_ca_pem_load(SSL_CTX_get_cert_store(ctx), s->cfg.ca_pem, why, sizeof(why)) <=
+            0) {
+            snprintf(n->why, sizeof(n->why), "caBundle: %s", why);
+            goto fail;
+        }
+    } else if (s->cfg.ca_file[0]) {
+        /* Opened here first: OpenSSL's own error for a missing file is
+         * "system lib". */
+        FILE *f = fopen(s->cfg.ca_file, "re");
+        const char *reason = f ? NULL : strerror(errno);
+        if (f)
+            fclose(f);
+        if (reason || SSL_CTX_load_verify_locations(ctx, s->cfg.ca_file, NULL) != 1) {
+            snprintf(n->why, sizeof(n->why),
+                     "caFile %.200s cannot be used: %s (a readable PEM file of CA certificates)",
+                     s->cfg.ca_file, reason ? reason : ssl_reason());
+            goto fail;
+        }
+    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+        snprintf(n->why, sizeof(n->why), "the system's CA certificates could not be loaded: %s",
+                 ssl_reason());
+        goto fail;
+    }
+    ERR_clear_error();
+    n->ctx = ctx;
+    return 0;
+fail:
+    ERR_clear_error();
+    SSL_CTX_free(ctx);
+    return -1;
+}
+
+/* Waits for what the last SSL call wants; 1 when it may be called again,
+ * 0 when it failed for good or the deadline passed. */
+static int tls_wait(net_state_t *n, int r, uint64_t deadline)
+{
+    switch (SSL_get_error(n->ssl, r)) {
+    case SSL_ERROR_WANT_READ:
+        return wait_fd(n->fd, POLLIN, deadline) == 0;
+    case SSL_ERROR_WANT_WRITE:
+        return wait_fd(n->fd, POLLOUT, deadline) == 0;
+    default:
+        return 0;
+    }
+}
+
+/* The handshake on n->fd: SNI (for a name only, RFC 6066), the name or
+ * address the certificate must carry. 0, or -1 with n->why. */
+static int tls_connect(sl_tlog_sink_t *s, net_state_t *n, uint64_t deadline)
+{
+    if (!n->ctx && tls_ctx(s, n) != 0)
+        return -1;
+    if (!(n->ssl = SSL_new(n->ctx)) || SSL_set_fd(n->ssl, n->fd) != 1) {
+        snprintf(n->why, sizeof(n->why), "out of memory for TLS");
+        return -1;
+    }
+    X509_VERIFY_PARAM *param = SSL_get0_param(n->ssl);
+    X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+    if ((n->host_ip ? X509_VERIFY_PARAM_set1_ip_asc(param, n->host)
+                    : X509_VERIFY_PARAM_set1_host(param, n->host, 0)) != 1 ||
+        (!n->host_ip && SSL_set_tlsext_host_name(n->ssl, n->host) != 1)) {
+        snprintf(n->why, sizeof(n->why), "cannot set the name to verify: %s", ssl_reason());
+        return -1;
+    }
+    ERR_clear_error();
+    for (;;) {
+        int r = SSL_connect(n->ssl);
+        if (r == 1)
+            return 0;
+        if (tls_wait(n, r, deadline))
+            continue;
+        long vr = SSL_get_verify_result(n->ssl);
+        if (vr != X509_V_OK)
+            snprintf(n->why, sizeof(n->why),
+                     "TLS to %s:%s: certificate verify failed: %s (the server's certificate must "
+                     "chain to %s and name %s)",
+                     n->host, n->port, X509_verify_cert_error_string(vr),
+                     s->cfg.ca_pem[0]    ? "caBundle"
+                     : s->cfg.ca_file[0] ? "caFile"
+                                         : "a system CA (or set caFile / caBundle)",
+                     n->host);
+        else if (sl_tlog_now_ms() >= deadline)
+            snprintf(n->why, sizeof(n->why), "TLS to %s:%s: timed out in the handshake", n->host,
+                     n->port);
+        else if (ERR_peek_last_error())
+            snprintf(n->why, sizeof(n->why), "TLS to %s:%s: handshake failed: %s", n->host, n->port,
+                     ssl_reason());
+        else
+            snprintf(n->why, sizeof(n->why),
+                     "TLS to %s:%s: handshake failed: the connection was closed", n->host, n->port);
+        ERR_clear_error();
+        /* The CAs are loaded again for the next attempt. */
+        SSL_CTX_free(n->ctx);
+        n->ctx = NULL;
+        return -1;
+    }
+}
+
+static int conn_open(sl_tlog_sink_t *s, net_state_t *n, uint64_t deadline)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int rc = getaddrinfo(n->host, n->port, &hints, &res);
@@ -144,11 +297,34 @@ static int conn_open(net_state_t *n, uint64_t deadline)
     if (fd >= 0)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int));
     n->fd = fd;
-    return fd >= 0 ? 0 : -1;
+    if (fd < 0)
+        return -1;
+    if (n->tls && tls_connect(s, n, deadline) != 0) {
+        conn_close(n);
+        return -1;
+    }
+    return 0;
 }
 
 static int send_all(net_state_t *n, const char *p, size_t len, uint64_t deadline)
 {
+    while (len && n->ssl) {
+        ERR_clear_error();
+        int w = SSL_write(n->ssl, p, (int)(len > 1u << 30 ? 1u << 30 : len));
+        if (w > 0) {
+            p += w;
+            len -= (size_t)w;
+            continue;
+        }
+        if (tls_wait(n, w, deadline))
+            continue;
+        snprintf(n->why, sizeof(n->why), "send to %s:%s: %s", n->host, n->port,
+                 sl_tlog_now_ms() >= deadline ? "timed out"
+                 : ERR_peek_last_error()      ? ssl_reason()
+                                              : "the connection was closed");
+        ERR_clear_error();
+        return -1;
+    }
     while (len) {
         ssize_t w = send(n->fd, p, len, MSG_NOSIGNAL);
         if (w > 0) {
@@ -186,6 +362,34 @@ static int recv_more(net_state_t *n, uint64_t deadline)
             }
             n->resp.data = d;
             n->resp.cap = cap;
+        }
+        if (n->ssl) {
+            ERR_clear_error();
+            int r =
+                SSL_read(n->ssl, n->resp.data + n->resp.len, (int)(n->resp.cap - n->resp.len - 1));
+            if (r > 0) {
+                n->resp.len += (size_t)r;
+                n->resp.data[n->resp.len] = '\0';
+                return 1;
+            }
+            int e = SSL_get_error(n->ssl, r);
+            if (e == SSL_ERROR_ZERO_RETURN ||
+                (e == SSL_ERROR_SSL &&
+                 ERR_GET_REASON(ERR_peek_last_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING) ||
+                (e == SSL_ERROR_SYSCALL && ERR_peek_last_error() == 0 && errno == 0)) {
+                /* close_notify, or a close without it: the response's own
+                 * framing says whether it was complete. */
+                ERR_clear_error();
+                return 0;
+            }
+            if (tls_wait(n, r, deadline))
+                continue;
+            snprintf(n->why, sizeof(n->why), "receive from %s:%s: %s", n->host, n->port,
+                     sl_tlog_now_ms() >= deadline ? "timed out"
+                     : ERR_peek_last_error()      ? ssl_reason()
+                                                  : strerror(errno));
+            ERR_clear_error();
+            return -1;
         }
         ssize_t r = recv(n->fd, n->resp.data + n->resp.len, n->resp.cap - n->resp.len - 1, 0);
         if (r > 0) {
@@ -243,13 +447,14 @@ static int http_post(sl_tlog_sink_t *s, net_state_t *n, const char *target, cons
     for (int attempt = 0; attempt < 2; attempt++) {
         uint64_t deadline = sl_tlog_now_ms() + s->cfg.timeout_ms;
         int reused = n->fd >= 0;
-        if (!reused && conn_open(n, deadline) != 0)
+        if (!reused && conn_open(s, n, deadline) != 0)
             return 0;
         char head[2048];
         int hl = snprintf(head, sizeof(head),
-                          "POST %s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: sluice-runtime\r\n"
+                          "POST %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nUser-Agent: sluice-runtime\r\n"
                           "Content-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
-                          target, n->host, n->port, ctype, blen, n->auth);
+                          target, strchr(n->host, ':') ? "[" : "", n->host,
+                          strchr(n->host, ':') ? "]" : "", n->port, ctype, blen, n->auth);
         if (hl < 0 || (size_t)hl >= sizeof(head)) {
             snprintf(n->why, sizeof(n->why), "request head too long");
             return 0;
@@ -539,20 +744,61 @@ static enum sl_tlog_deliver_result es_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
 
 /* ---- clickhouse: INSERT ... FORMAT JSONEachRow ----------------------------- */
 
+/* Errors of a ClickHouse exception ("Code: N, ...", or the
+ * X-ClickHouse-Exception-Code header of newer servers) that come from the
+ * rows themselves or the table's schema: sending the same rows again would
+ * fail the same way, so they are dropped (counted, logged) instead of
+ * retried. ClickHouse answers them with HTTP 500 like a server in trouble. */
+static int ch_permanent(int code)
+{
+    static const int codes[] = {
+        6,   /* CANNOT_PARSE_TEXT */
+        16,  /* NO_SUCH_COLUMN_IN_TABLE */
+        26,  /* CANNOT_PARSE_QUOTED_STRING */
+        27,  /* CANNOT_PARSE_INPUT_ASSERTION_FAILED */
+        38,  /* CANNOT_PARSE_DATE */
+        41,  /* CANNOT_PARSE_DATETIME */
+        53,  /* TYPE_MISMATCH */
+        60,  /* UNKNOWN_TABLE */
+        62,  /* SYNTAX_ERROR */
+        70,  /* CANNOT_CONVERT_TYPE */
+        72,  /* CANNOT_PARSE_NUMBER */
+        81,  /* UNKNOWN_DATABASE */
+        117, /* INCORRECT_DATA */
+        192, /* UNKNOWN_USER */
+        193, /* WRONG_PASSWORD */
+        497, /* ACCESS_DENIED */
+    };
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+        if (codes[i] == code)
+            return 1;
+    return 0;
+}
+
 static enum sl_tlog_deliver_result ch_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *batch,
                                               unsigned *nrec)
 {
     net_state_t *n = s->state;
     char target[1400];
-    /* input_format_skip_unknown_fields: a table need not have every field. */
+    /* input_format_skip_unknown_fields: a table need not have every field;
+     * date_time_input_format=best_effort: `time` (RFC 3339 with
+     * milliseconds and Z) loads into a DateTime (or DateTime64) column. */
     snprintf(target, sizeof(target),
-             "%s?input_format_skip_unknown_fields=1&query=INSERT%%20INTO%%20%s%%20FORMAT%%20"
-             "JSONEachRow",
+             "%s?input_format_skip_unknown_fields=1&date_time_input_format=best_effort&"
+             "query=INSERT%%20INTO%%20%s%%20FORMAT%%20JSONEachRow",
              n->path, s->cfg.table);
     char *rbody = NULL;
     size_t rlen = 0;
     int status =
         http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody, &rlen);
+    int code = 0;
+    if (status >= 500 && rbody && sscanf(rbody, "Code: %d", &code) == 1 && ch_permanent(code)) {
+        char why[400];
+        snprintf(why, sizeof(why), "ClickHouse refused the batch with HTTP %d: %.*s", status,
+                 (int)(rlen < 240 ? rlen : 240), rbody);
+        sl_tlog_sink_lost(s, *nrec, why);
+        return SL_TLOG_DELIVERED;
+    }
     return judge(s, n, status, rbody, rlen, *nrec);
 }
 
@@ -562,6 +808,7 @@ static void net_close(sl_tlog_sink_t *s)
     if (!n)
         return;
     conn_close(n);
+    SSL_CTX_free(n->ctx);
     sl_tlog_buf_free(&n->req);
     sl_tlog_buf_free(&n->resp);
     OPENSSL_cleanse(n->auth, sizeof(n->auth));

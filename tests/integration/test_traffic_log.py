@@ -5,17 +5,24 @@ cap, validation with field paths, a reload that keeps a sink's records,
 size-based rotation, and the network sinks against collectors this test
 runs on loopback: http (JSON arrays) and elasticsearch (a _bulk endpoint
 that checks the NDJSON framing as Elasticsearch documents it and answers
-with the bulk response format, per-item errors included). A collector
-that is down does not slow traffic, and delivery resumes when it returns."""
+with the bulk response format, per-item errors included; basic and API-key
+auth, daily index names). A collector that is down does not slow traffic,
+and delivery resumes when it returns. https: collectors with certificates
+made here by openssl (caFile, caBundle, SNI, keep-alive, the wrong CA or
+name, a missing caFile, a handshake that never ends). ClickHouse has its
+own file (test_traffic_log_clickhouse.py, a real clickhouse-server)."""
 
 import base64
 import json
 import os
 import re
+import ssl
 import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 from helpers import (API_VERSION, api, backend, dump_docs, free_port, gateway, request,
                      runtime_binary, wait_until, Runtime)
@@ -125,6 +132,17 @@ def test_validation_names_the_field(tmp_path):
          "spec.trafficLog.sinks[0].url", "not for type file"),
         ({"sinks": [{"name": "a", "type": "http", "url": "http://x", "auth": {"username": "u"}}]},
          "spec.trafficLog.sinks[0].auth.password", "required"),
+        ({"sinks": [{"name": "c", "type": "clickhouse", "url": "http://x:8123",
+                     "database": "db", "table": "other.t"}]},
+         "spec.trafficLog.sinks[0].database", "set one of the two"),
+        ({"sinks": [{"name": "c", "type": "clickhouse", "url": "http://x:8123",
+                     "database": "my-db"}]},
+         "spec.trafficLog.sinks[0].database", "letters, digits and '_'"),
+        ({"sinks": [{"name": "c", "type": "clickhouse", "url": "http://x:8123",
+                     "table": "a.b.c"}]},
+         "spec.trafficLog.sinks[0].table", "one optional 'database.' prefix"),
+        ({"sinks": [{"name": "h", "type": "http", "url": "http://x", "database": "db"}]},
+         "spec.trafficLog.sinks[0].database", "only for type clickhouse"),
     ]
     for tl, where, what in bad:
         rc, out = _check(tmp_path, [gw(free_port(), tl)])
@@ -193,11 +211,14 @@ def test_rotation_by_size(runtimes, backends, tmp_path):
 # --- network sinks --------------------------------------------------------------------
 
 class Collector:
-    """A loopback HTTP collector. handler(path, headers, body) -> (status, body)."""
+    """A loopback HTTP collector. handler(path, headers, body) -> (status, body).
+    tls=(cert, key): HTTPS, recording the SNI names and the connections."""
 
-    def __init__(self, handler, port=0):
+    def __init__(self, handler, port=0, tls=None):
         self.handler = handler
         self.requests = []
+        self.sni = []
+        self.connections = set()
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -206,6 +227,7 @@ class Collector:
             def do_POST(self):
                 n = int(self.headers.get("Content-Length", "0"))
                 body = self.rfile.read(n)
+                outer.connections.add(self.client_address)
                 outer.requests.append((self.path, dict(self.headers), body))
                 status, out = outer.handler(self.path, self.headers, body)
                 out = out.encode() if isinstance(out, str) else out
@@ -219,6 +241,14 @@ class Collector:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), H)
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            ctx.sni_callback = lambda sock, name, _ctx: outer.sni.append(name)
+            # The handshake runs in the handler's thread (on the first read),
+            # so a failed one costs that thread only.
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True,
+                                                 do_handshake_on_connect=False)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -335,6 +365,54 @@ def test_elasticsearch_bulk(runtimes, backends):
         c.stop()
 
 
+def test_elasticsearch_api_key_and_daily_index(runtimes, backends):
+    """auth.apiKey is sent as "Authorization: ApiKey <key>"; every document
+    goes to <index>-YYYY.MM.DD of its own record's UTC day; a key the
+    cluster refuses (401) drops the batch, counted and logged."""
+    b = backends("echo")
+    port = free_port()
+    key = "VnVhQ2ZHY0JDZGJrUW0tZTVhT3g6dWkybHAyYXhUTm1zeWFrdzl0dk5udw=="
+    docs = []
+
+    def handle(path, headers, body):
+        if headers.get("Authorization") != "ApiKey " + key:
+            return 401, json.dumps({"error": {"type": "security_exception",
+                                              "reason": "unable to authenticate with provided "
+                                                        "credentials"}, "status": 401})
+        lines = body.decode().split("\n")
+        assert lines[-1] == "" and len(lines) % 2 == 1
+        items = []
+        for i in range(0, len(lines) - 1, 2):
+            action, doc = json.loads(lines[i]), json.loads(lines[i + 1])
+            docs.append((action["index"]["_index"], doc))
+            items.append({"index": {"_index": action["index"]["_index"], "status": 201}})
+        return 200, json.dumps({"took": 1, "errors": False, "items": items})
+    c = Collector(handle)
+    try:
+        common = {"type": "elasticsearch", "url": "http://127.0.0.1:%d/" % c.port,
+                  "index": "traffic-logs", "batch": {"maxRecords": 3, "maxDelay": "50ms"}}
+        tl = {"sinks": [dict(common, name="es", auth={"apiKey": key}),
+                        dict(common, name="badkey", auth={"apiKey": "d3Jvbmc6a2V5"})]}
+        rt = runtimes([gw(port, tl), backend("echo", [b.port]), api("t", "/t", "echo")])
+        for i in range(8):
+            assert request(port, "GET", "/t/k-%d" % i).status == 200
+        wait_until(lambda: len(docs) >= 8, 10, what="8 documents")
+        assert sorted(d["path"] for _, d in docs) == ["/t/k-%d" % i for i in range(8)]
+        for index, doc in docs:
+            assert index == "traffic-logs-" + doc["time"][:10].replace("-", "."), (index, doc)
+        wait_until(lambda: rt.metric("sluice_traffic_log_dropped_total", sink="badkey",
+                                     type="elasticsearch") == 8, 10, what="8 dropped")
+        assert rt.metric("sluice_traffic_log_records_total", sink="badkey",
+                         type="elasticsearch") == 0
+        assert re.search(r"sink badkey: \d+ record\(s\) dropped: the collector refused the batch "
+                         r"with HTTP 401: .*security_exception", rt.log()), rt.log()
+        sent = [h.get("Authorization") for _, h, _ in c.requests]
+        assert "ApiKey " + key in sent and "ApiKey d3Jvbmc6a2V5" in sent
+        assert not any(a and a.startswith("Basic") for a in sent)
+    finally:
+        c.stop()
+
+
 def test_budget_full_drops_and_counts(runtimes, backends):
     """A collector that never answers: the queue stops at bufferBytes, the
     rest is dropped and counted, and traffic is unaffected."""
@@ -356,3 +434,194 @@ def test_budget_full_drops_and_counts(runtimes, backends):
     wait_until(accounted, 5, what="queued + dropped == %d" % n)
     assert 0 < rt.metric("sluice_traffic_log_queue_bytes", sink="dead", type="http") <= 65536
     assert rt.metric("sluice_traffic_log_records_total", sink="dead", type="http") == 0
+
+
+# --- https ----------------------------------------------------------------------------
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """Two CAs made by openssl; "localhost" (for localhost and 127.0.0.1, by
+    ca) and "elsewhere" (for another name, by ca)."""
+    d = str(tmp_path_factory.mktemp("pki"))
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", ca + ".key", "-out", ca + ".crt", "-days", "30",
+                "-subj", "/CN=traffic log test " + ca, cwd=d)
+    for name, san in (("localhost", "DNS:localhost,IP:127.0.0.1"),
+                      ("elsewhere", "DNS:collector.elsewhere.example")):
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name, cwd=d)
+        with open(os.path.join(d, name + ".ext"), "w") as f:
+            f.write("subjectAltName=%s\n" % san)
+        openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", name + ".crt", "-days", "30",
+                "-extfile", name + ".ext", cwd=d)
+
+    class Pki:
+        def path(self, name):
+            return os.path.join(d, name)
+
+        def pem(self, name):
+            with open(os.path.join(d, name)) as f:
+                return f.read()
+
+        def server(self, name):
+            return (self.path(name + ".crt"), self.path(name + ".key"))
+    return Pki()
+
+
+def test_https_sinks_verify_and_keep_alive(runtimes, backends, pki):
+    """http and elasticsearch sinks over https, verified against caFile (by
+    name, SNI sent) and caBundle (by address): every record arrives, each
+    sink on one kept-alive TLS connection across its batches."""
+    b = backends("echo")
+    port = free_port()
+    got = []
+    http_c = Collector(lambda path, h, body: (got.extend(json.loads(body)) or (200, "{}")),
+                       tls=pki.server("localhost"))
+    state = {"seen": {}, "docs": []}
+    es_c = Collector(bulk_handler(state), tls=pki.server("localhost"))
+    try:
+        batch = {"maxRecords": 3, "maxDelay": "50ms"}
+        tl = {"sinks": [
+            {"name": "col", "type": "http", "url": "https://localhost:%d/in" % http_c.port,
+             "caFile": pki.path("ca.crt"), "batch": batch},
+            {"name": "es", "type": "elasticsearch", "url": "https://127.0.0.1:%d" % es_c.port,
+             "caBundle": pki.pem("ca.crt"), "auth": {"username": "elastic", "password": "pw"},
+             "batch": batch}]}
+        rt = runtimes([gw(port, tl), backend("echo", [b.port]), api("t", "/t", "echo")])
+        paths = ["/t/tls-%d" % i for i in range(12)]
+        for p in paths:
+            assert request(port, "GET", p).status == 200
+            time.sleep(0.03)
+        wait_until(lambda: len(got) >= 12 and len(state["docs"]) >= 12, 10,
+                   what="12 records at each collector")
+        assert sorted(r["path"] for r in got) == sorted(paths)
+        assert sorted(d["path"] for d in state["docs"]) == sorted(paths)
+        assert len(http_c.requests) > 1 and len(es_c.requests) > 1  # several batches
+        assert len(http_c.connections) == 1 and len(es_c.connections) == 1  # kept alive
+        assert http_c.sni and set(http_c.sni) == {"localhost"}
+        assert es_c.sni == [None]  # an address: no SNI (RFC 6066)
+        for s, t in (("col", "http"), ("es", "elasticsearch")):
+            wait_until(lambda: rt.metric("sluice_traffic_log_records_total", sink=s,
+                                         type=t) == 12, 5, what="%s: 12 delivered" % s)
+            assert rt.metric("sluice_traffic_log_dropped_total", sink=s, type=t) == 0
+    finally:
+        http_c.stop()
+        es_c.stop()
+
+
+def test_https_verification_failures(runtimes, backends, pki, tmp_path):
+    """The wrong CA, a certificate for another name, and a caFile that
+    cannot be read: nothing is delivered, the log says why, failed batches
+    are counted and retried, and the records past the budget are dropped
+    and counted."""
+    b = backends("echo")
+    port = free_port()
+    good = Collector(lambda path, h, body: (200, "{}"), tls=pki.server("localhost"))
+    other = Collector(lambda path, h, body: (200, "{}"), tls=pki.server("elsewhere"))
+    try:
+        common = {"type": "http", "bufferBytes": 65536,
+                  "batch": {"maxRecords": 20, "maxDelay": "50ms"},
+                  "retry": {"initialBackoff": "50ms", "maxBackoff": "200ms"}, "timeout": "1s"}
+        sinks = [dict(common, name="wrongca", url="https://localhost:%d/" % good.port,
+                      caBundle=pki.pem("other-ca.crt")),
+                 dict(common, name="wrongname", url="https://localhost:%d/" % other.port,
+                      caFile=pki.path("ca.crt")),
+                 dict(common, name="nocafile", url="https://localhost:%d/" % good.port,
+                      caFile=str(tmp_path / "missing-ca.pem"))]
+        rt = runtimes([gw(port, {"sinks": sinks}), backend("echo", [b.port]),
+                       api("t", "/t", "echo")])
+        n = 400
+        for i in range(n):
+            assert request(port, "GET", "/t/" + "x" * 200 + str(i)).status == 200
+        names = ("wrongca", "wrongname", "nocafile")
+        for s in names:
+            wait_until(lambda: rt.metric("sluice_traffic_log_failed_batches_total", sink=s,
+                                         type="http") >= 2, 10, what="%s retried" % s)
+
+        def accounted(s):
+            dropped = rt.metric("sluice_traffic_log_dropped_total", sink=s, type="http")
+            queued = rt.metric("sluice_traffic_log_queue_records", sink=s, type="http")
+            return dropped > 0 and dropped + queued == n
+        for s in names:
+            wait_until(lambda: accounted(s), 10, what="%s: queued + dropped == %d" % (s, n))
+            assert rt.metric("sluice_traffic_log_records_total", sink=s, type="http") == 0
+        assert good.requests == [] and other.requests == []
+        log = rt.log()
+        assert re.search(r"sink wrongca: delivery failed \(TLS to localhost:%d: certificate verify "
+                         r"failed: unable to get local issuer certificate \(the server's "
+                         r"certificate must chain to caBundle" % good.port, log), log
+        assert re.search(r"sink wrongname: delivery failed \(TLS to localhost:%d: certificate "
+                         r"verify failed: [Hh]ostname mismatch" % other.port, log), log
+        assert re.search(r"sink nocafile: delivery failed \(caFile \S+missing-ca.pem cannot be "
+                         r"used: No such file or directory", log), log
+    finally:
+        good.stop()
+        other.stop()
+
+
+def test_https_handshake_timeout(runtimes, backends, pki):
+    """A collector that accepts the connection and never answers the TLS
+    handshake: the sink's timeout ends it, logged, retried; traffic is not
+    slowed."""
+    import socket
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # the kernel completes TCP; nobody ever speaks TLS
+    try:
+        b = backends("echo")
+        port = free_port()
+        tl = {"sinks": [{"name": "mute", "type": "http",
+                         "url": "https://127.0.0.1:%d/" % silent.getsockname()[1],
+                         "caFile": pki.path("ca.crt"), "timeout": "300ms",
+                         "batch": {"maxRecords": 1, "maxDelay": "10ms"},
+                         "retry": {"initialBackoff": "50ms", "maxBackoff": "100ms"}}]}
+        rt = runtimes([gw(port, tl), backend("echo", [b.port]), api("t", "/t", "echo")])
+        t0 = time.monotonic()
+        for i in range(10):
+            assert request(port, "GET", "/t/%d" % i).status == 200
+        assert time.monotonic() - t0 < 3
+        wait_until(lambda: rt.metric("sluice_traffic_log_failed_batches_total", sink="mute",
+                                     type="http") >= 2, 10, what="two timed-out attempts")
+        assert "sink mute: delivery failed (TLS to 127.0.0.1:%d: timed out in the handshake)" % (
+            silent.getsockname()[1]) in rt.log()
+    finally:
+        silent.close()
+
+
+def test_https_validation_names_the_field(tmp_path, pki):
+    url = "https://collector.example:8443/in"
+    bad = [
+        ({"name": "h", "type": "http", "url": url, "caFile": "ca.pem"},
+         "spec.trafficLog.sinks[0].caFile", "an absolute path"),
+        ({"name": "h", "type": "http", "url": url,
+          "caBundle": "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"},
+         "spec.trafficLog.sinks[0].caBundle", "certificate 1 does not parse"),
+        ({"name": "h", "type": "http", "url": url, "caBundle": "not pem"},
+         "spec.trafficLog.sinks[0].caBundle", "expected PEM certificates"),
+        ({"name": "h", "type": "http", "url": "http://collector.example/in",
+          "caFile": pki.path("ca.crt")},
+         "spec.trafficLog.sinks[0].caFile", "only meaningful with an https:// url"),
+        ({"name": "h", "type": "elasticsearch", "url": url, "caFile": pki.path("ca.crt"),
+          "caBundle": pki.pem("ca.crt")},
+         "spec.trafficLog.sinks[0].caFile", "set at most one of caBundle"),
+        ({"name": "f", "type": "file", "path": "/tmp/x.jsonl", "caFile": pki.path("ca.crt")},
+         "spec.trafficLog.sinks[0].caFile", "not for type file"),
+        # Only the runtime's machine can say this: its --check reads the file.
+        ({"name": "h", "type": "clickhouse", "url": url, "caFile": str(tmp_path / "nope.pem")},
+         "spec.trafficLog.sinks[0].caFile", "nope.pem: No such file or directory"),
+        ({"name": "h", "type": "clickhouse", "url": url, "caFile": pki.path("ca.key")},
+         "spec.trafficLog.sinks[0].caFile", "certificate 1 does not parse"),
+    ]
+    for sink, where, what in bad:
+        rc, out = _check(tmp_path, [gw(free_port(), {"sinks": [sink]})])
+        assert rc != 0, sink
+        assert where in out and what in out, (sink, out)
+    ok = {"name": "h", "type": "http", "url": url, "caFile": pki.path("ca.crt")}
+    rc, out = _check(tmp_path, [gw(free_port(), {"sinks": [ok]})])
+    assert rc == 0, out
