@@ -713,6 +713,31 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
             }
         }
     }
+
+    add_header(out, "sluice_backend_responses_total", "counter",
+               "Requests a cluster was chosen for, by the status class the client got (a "
+               "gateway error after a failed attempt included).");
+    for (size_t i = 0; i < cluster_table.nbuckets; i++) {
+        for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next) {
+            uint64_t v[6] = {0}, total = 0;
+            for (unsigned w = 0; w < nworkers && w < s->nslots; w++)
+                for (unsigned c = 0; c < 6; c++)
+                    v[c] += LOAD(s->slots[w].by_class[c]);
+            for (unsigned c = 0; c < 6; c++)
+                total += v[c];
+            if (!total)
+                continue; /* idle clusters add no lines */
+            for (unsigned c = 0; c < 6; c++) {
+                if (c == 0 && v[0] == 0)
+                    continue;
+                static const char head[] = "sluice_backend_responses_total{cluster=\"";
+                evbuffer_add(out, head, sizeof(head) - 1);
+                add_label_value(out, s->cluster);
+                evbuffer_add_printf(out, "\",code_class=\"%s\"} %" PRIu64 "\n", class_names[c],
+                                    v[c]);
+            }
+        }
+    }
 }
 
 static void render_process(struct evbuffer *out, unsigned nworkers)

@@ -72,6 +72,10 @@ typedef struct {
     _Atomic uint64_t retries;
     _Atomic uint64_t reuse_failures; /* a pooled connection failed before the response */
     _Atomic uint64_t errors[SL_UPSTREAM_ERR__COUNT];
+    /* Requests that went to the cluster, by the status class the client
+     * got (index status / 100; 0 = none sent): the per-backend view of
+     * sluice_requests_total. */
+    _Atomic uint64_t by_class[6];
 } __attribute__((aligned(64))) sl_cluster_stats_slot_t;
 
 typedef struct sl_cluster_stats {

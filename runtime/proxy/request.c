@@ -396,6 +396,10 @@ void sl_request_log(sl_request_t *r)
     SL_STAT_ADD(sl_metrics_worker(r->w->id)->requests_total, 1);
     if (r->route) {
         sl_metrics_observe(r->route->stats, r->w->id, status, dur);
+        if (r->cluster) {
+            unsigned cls = (unsigned)status / 100;
+            SL_STAT_ADD(r->cluster->stats->slots[r->w->id].by_class[cls < 6 ? cls : 0], 1);
+        }
     } else {
         int cls = status / 100;
         if (cls >= 1 && cls <= 5)

@@ -204,3 +204,22 @@ def test_text_format_families_and_histograms(backends, runtimes):
     assert value(rt, "sluice_requests_total", api="default/t", code_class="2xx") == 2
     assert value(rt, "sluice_requests_total", api="default/t", code_class="4xx") == 1
     assert value(rt, "sluice_requests_total", api="default/t", code_class="5xx") == 1
+
+
+def test_backend_responses_by_status_class(backends, runtimes):
+    """Per backend: the status classes its requests got, the gateway's own
+    502 for an endpoint that refuses included; an idle backend adds no line."""
+    b = backends("b")
+    port = free_port()
+    rt = runtimes([gateway(port), backend("up", [b.port]), backend("down", [closed_port()]),
+                   backend("idle", [b.port]),
+                   api("t", "/t", "up"), api("d", "/d", "down"), api("i", "/i", "idle")])
+    for path in ("/t/x", "/t/y", "/t/status/404", "/t/status/503"):
+        request(port, "GET", path)
+    assert request(port, "GET", "/d/x").status == 502
+    name = "sluice_backend_responses_total"
+    assert value(rt, name, cluster="default/up", code_class="2xx") == 2
+    assert value(rt, name, cluster="default/up", code_class="4xx") == 1
+    assert value(rt, name, cluster="default/up", code_class="5xx") == 1
+    assert value(rt, name, cluster="default/down", code_class="5xx") == 1
+    assert not [1 for n, l, _ in rt.metrics() if n == name and l.get("cluster") == "default/idle"]
