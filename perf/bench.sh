@@ -153,6 +153,13 @@ if [ "$PROXY_CPU" -ge "$NCPU" ] || [ "$LOAD_CPU" -ge "$NCPU" ]; then
     die "needs CPUs $PROXY_CPU and $LOAD_CPU, this machine has $NCPU"
 fi
 CLK_TCK=$(getconf CLK_TCK)
+# Run under `chrt -f` to keep other work on the machine off the load CPU,
+# the proxies still run as they do in production, SCHED_OTHER: under a
+# real-time policy a busy worker thread never yields its CPU to the
+# runtime's other threads (traffic log logger and sinks, the main thread),
+# which then starve.
+PROXY_SCHED=()
+case $(chrt -p $$ 2>/dev/null) in *SCHED_FIFO* | *SCHED_RR*) PROXY_SCHED=(chrt -o 0) ;; esac
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX")
 PIDS=()
@@ -425,7 +432,7 @@ $chain
   - {name: all, method: "*", path: /, pathType: prefix}
 $consumer
 EOF
-        taskset -c "$PROXY_CPU" "$bin" --config "$dir/sluice.yaml" --workers 1 \
+        "${PROXY_SCHED[@]}" taskset -c "$PROXY_CPU" "$bin" --config "$dir/sluice.yaml" --workers 1 \
             "${admin[@]}" --access-log off --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
         ;;
     nginx | nginx-chain | nginx-log)
@@ -475,14 +482,14 @@ EOF
             LISTEN_PORT="$port" TLS_PORT="$TLS_PORT" H2C_PORT="$H2C_PORT" \
             ORIGIN_PORT="$ORIGIN_PORT" CERT="$TMP/tls/cert.pem" KEY="$TMP/tls/key.pem" \
             SUITES="$SUITES"
-        taskset -c "$PROXY_CPU" "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
+        "${PROXY_SCHED[@]}" taskset -c "$PROXY_CPU" "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
             >"$dir/stdout" 2>"$dir/stderr" &
         ;;
     haproxy)
         fill "$REPO/perf/haproxy.cfg.tmpl" "$dir/haproxy.cfg" \
             LISTEN_PORT="$port" TLS_PORT="$TLS_PORT" H2C_PORT="$H2C_PORT" \
             ORIGIN_PORT="$ORIGIN_PORT" CERT_PEM="$TMP/tls/haproxy.pem" SUITES="$SUITES"
-        taskset -c "$PROXY_CPU" "$HAPROXY" -db -f "$dir/haproxy.cfg" \
+        "${PROXY_SCHED[@]}" taskset -c "$PROXY_CPU" "$HAPROXY" -db -f "$dir/haproxy.cfg" \
             >"$dir/stdout" 2>"$dir/stderr" &
         ;;
     *) die "unknown proxy $name" ;;
