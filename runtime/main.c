@@ -45,6 +45,7 @@ typedef struct {
     const char *node_id;
     char node_id_buf[256];
     uint64_t drain_ms;
+    uint64_t drain_delay_ms; /* --drain-delay: /ready 503 but still serving */
     uint64_t max_routes;
     uint32_t max_connections;
     int check_only;
@@ -59,8 +60,10 @@ typedef struct {
     sl_admin_t *admin;
     sl_xds_t *xds;
     uint64_t next_version;
-    int draining;
+    int draining;          /* SIGTERM/SIGINT seen: /ready is 503 */
+    int drain_started;     /* the workers were told to drain */
     struct event *drain_poll;
+    struct event *drain_delay_ev;
     unsigned workers_done;
 } runtime_t;
 
@@ -81,6 +84,8 @@ static void usage(FILE *out)
             "  --access-log-format F  json (default) or combined\n"
             "  --fleet NAME           fleet whose Gateway to serve (default 'default')\n"
             "  --drain-timeout DUR    graceful shutdown limit, e.g. 10s (default 10s)\n"
+            "  --drain-delay DUR      after SIGTERM, keep serving this long with /ready 503\n"
+            "                         so load balancers stop sending, then drain (default 0)\n"
             "  --max-connections N    client connections of the whole process, split over\n"
             "                         workers (default 0 = only the open files limit)\n"
             "  --max-routes N         refuse configs with more routes (default 200000)\n"
@@ -114,6 +119,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"cert", required_argument, NULL, 1002},
         {"key", required_argument, NULL, 1003},
         {"drain-timeout", required_argument, NULL, 'd'},
+        {"drain-delay", required_argument, NULL, 1004},
         {"log-level", required_argument, NULL, 'L'},
         {"check", no_argument, NULL, 't'},
         {"max-routes", required_argument, NULL, 'M'},
@@ -187,6 +193,18 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 'd':
             if (parse_duration_arg(optarg, &o->drain_ms) != 0) {
                 fprintf(stderr, "sluice-runtime: --drain-timeout %s: use a duration like 10s\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case 1004:
+            if (strcmp(optarg, "0") == 0) {
+                o->drain_delay_ms = 0;
+            } else if (parse_duration_arg(optarg, &o->drain_delay_ms) != 0 ||
+                       o->drain_delay_ms > 3600000) {
+                fprintf(stderr,
+                        "sluice-runtime: --drain-delay %s: use a duration like 2s "
+                        "(0 to drain at once, at most 1h)\n",
                         optarg);
                 return -1;
             }
@@ -403,6 +421,37 @@ static void drain_poll_cb(evutil_socket_t fd, short what, void *arg)
         event_base_loopbreak(rt->base);
 }
 
+/* Tells every worker to drain: close its listeners and idle connections,
+ * finish in-flight requests within --drain-timeout, then exit. */
+static void start_drain(runtime_t *rt, const char *why)
+{
+    if (rt->drain_started)
+        return;
+    rt->drain_started = 1;
+    event_del(rt->drain_delay_ev);
+    sl_log_notice("%s: draining (up to %llu ms), then exiting", why,
+                  (unsigned long long)rt->opt.drain_ms);
+    for (unsigned i = 0; i < rt->opt.workers; i++) {
+        sl_worker_cmd_t *cmd = calloc(1, sizeof(*cmd));
+        if (!cmd)
+            continue;
+        cmd->kind = SL_WCMD_DRAIN;
+        cmd->drain_ms = (uint32_t)rt->opt.drain_ms;
+        sl_worker_send(&rt->workers[i], cmd);
+    }
+    /* The main loop keeps serving the admin listener (/ready is 503) until
+     * every worker has exited. */
+    struct timeval tv = {0, 20000};
+    event_add(rt->drain_poll, &tv);
+}
+
+static void drain_delay_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    start_drain(arg, "--drain-delay over");
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     (void)what;
@@ -422,25 +471,25 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     case SIGINT:
         if (rt->draining) {
             sl_log_notice("second %s: closing now", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+            /* still in --drain-delay: the workers must stop too */
+            start_drain(rt, sig == SIGTERM ? "SIGTERM" : "SIGINT");
             event_base_loopbreak(rt->base);
             break;
         }
-        rt->draining = 1;
-        sl_log_notice("%s: draining (up to %llu ms), then exiting",
-                      sig == SIGTERM ? "SIGTERM" : "SIGINT", (unsigned long long)rt->opt.drain_ms);
-        for (unsigned i = 0; i < rt->opt.workers; i++) {
-            sl_worker_cmd_t *cmd = calloc(1, sizeof(*cmd));
-            if (!cmd)
-                continue;
-            cmd->kind = SL_WCMD_DRAIN;
-            cmd->drain_ms = (uint32_t)rt->opt.drain_ms;
-            sl_worker_send(&rt->workers[i], cmd);
-        }
-        /* The main loop keeps serving the admin listener (/ready is 503 now,
-         * so load balancers stop sending) until every worker has exited. */
-        {
-            struct timeval tv = {0, 20000};
-            event_add(rt->drain_poll, &tv);
+        rt->draining = 1; /* /ready answers 503 from now on */
+        if (rt->opt.drain_delay_ms) {
+            /* Keep accepting and serving while load balancers' health checks
+             * see the 503 and take this runtime out; closing the listener and
+             * the idle keep-alive connections now would race with requests
+             * they are still sending here. */
+            sl_log_notice("%s: /ready answers 503; serving for %llu ms more (--drain-delay)",
+                          sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                          (unsigned long long)rt->opt.drain_delay_ms);
+            struct timeval tv = {(time_t)(rt->opt.drain_delay_ms / 1000),
+                                 (suseconds_t)(rt->opt.drain_delay_ms % 1000) * 1000};
+            event_add(rt->drain_delay_ev, &tv);
+        } else {
+            start_drain(rt, sig == SIGTERM ? "SIGTERM" : "SIGINT");
         }
         break;
     default:
@@ -591,6 +640,7 @@ int main(int argc, char **argv)
         event_add(sev[i], NULL);
     }
     rt.drain_poll = event_new(rt.base, -1, EV_PERSIST, drain_poll_cb, &rt);
+    rt.drain_delay_ev = evtimer_new(rt.base, drain_delay_cb, &rt);
     if (rt.xds)
         sl_log_notice("sluice-runtime %s started: %u workers, admin %s, config from controller "
                       "%s (node %s, fleet %s)",
@@ -608,6 +658,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < 4; i++)
         event_free(sev[i]);
     event_free(rt.drain_poll);
+    event_free(rt.drain_delay_ev);
     sl_log_notice("all workers stopped, exiting");
     exit_code = 0;
 

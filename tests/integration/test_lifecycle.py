@@ -166,3 +166,54 @@ def test_many_connections_and_max_connections(simple):
     # Once they are gone, new connections work again.
     wait_until(lambda: request(env.port, "GET", "/t/echo").status == 200, 5,
                what="a new connection to be served after the others closed")
+
+
+def test_drain_delay_keeps_serving_with_ready_503_then_drains(simple):
+    """--drain-delay: on SIGTERM /ready answers 503 at once while the
+    listener and keep-alive connections keep serving, so a load balancer's
+    health check takes the runtime out before it closes anything; after the
+    delay it drains as without one (tests/integration/test_fleet_lb.py shows
+    why, behind HAProxy)."""
+    env = simple(extra_args=["--drain-delay", "3s"])
+    rt = env.runtime
+    kept = connect(env.port)
+    reader = ResponseReader(kept)
+    assert request(env.port, "GET", "/t/echo", sock=kept, reader=reader).status == 200
+    assert rt.admin_get("/ready")[0] == 200
+    t0 = time.monotonic()
+    rt.signal(signal.SIGTERM)
+    wait_until(lambda: rt.admin_get("/ready")[0] == 503, 0.5,
+               what="/ready to answer 503 right after SIGTERM")
+    # Still serving: the kept-alive connection and new connections.
+    for _ in range(3):
+        assert request(env.port, "GET", "/t/echo", sock=kept, reader=reader).status == 200
+        assert request(env.port, "GET", "/t/echo").status == 200
+        time.sleep(0.1)
+    assert rt.alive()
+    # Then the drain: new connections refused, the idle one closed, exit 0.
+    wait_until(lambda: connection_refused(env.port), 3.0,
+               what="new connections refused after the drain delay")
+    assert time.monotonic() - t0 >= 2.9, "drained before --drain-delay was over"
+    assert is_closed(kept, 2.0, reader), "idle keep-alive connection not closed after the delay"
+    kept.close()
+    assert rt.wait_exit(10) == 0
+    assert "serving for 3000 ms more (--drain-delay)" in rt.log()
+    assert "--drain-delay over: draining" in rt.log()
+
+
+def test_drain_delay_second_sigterm_exits(simple):
+    env = simple(extra_args=["--drain-delay", "60s"])
+    rt = env.runtime
+    rt.signal(signal.SIGTERM)
+    wait_until(lambda: rt.admin_get("/ready")[0] == 503, 1.0, what="/ready 503 after SIGTERM")
+    rt.signal(signal.SIGTERM)
+    assert rt.wait_exit(5) == 0, "a second SIGTERM during --drain-delay did not exit"
+
+
+def test_drain_delay_bad_value_names_the_flag(tmp_path):
+    import subprocess
+    from helpers import runtime_binary
+    r = subprocess.run([runtime_binary(), "--drain-delay", "soon", "--config", str(tmp_path)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert r.returncode != 0
+    assert "--drain-delay soon: use a duration like 2s" in r.stderr, r.stderr
