@@ -13,8 +13,9 @@
 # which tells the worker (event_base_loop) from the traffic log's
 # logger and sink threads (drain_rings, sink_main) and the main thread.
 BIN=$1; CFG=$2; PORT=$3; shift 3
-rm -f /tmp/cg.out.*
-valgrind --tool=callgrind ${THREADS:+--separate-threads=yes} --instr-atstart=no --callgrind-out-file=/tmp/cg.out.%p $BIN --config $CFG --workers 1 --admin off --access-log off --log-level warn >/dev/null 2>&1 &
+CG_DIR=${CG_DIR:-/tmp} # another run at the same time needs its own
+rm -f "$CG_DIR"/cg.out.*
+valgrind --tool=callgrind ${THREADS:+--separate-threads=yes} --instr-atstart=no --callgrind-out-file="$CG_DIR"/cg.out.%p $BIN --config $CFG --workers 1 --admin off --access-log off --log-level warn >/dev/null 2>&1 &
 VP=$!
 for i in $(seq 100); do curl -s -o /dev/null "$@" http://127.0.0.1:$PORT/bench && break; sleep 0.2; done
 taskset -c 1 wrk -t1 -c4 -d2s "$@" http://127.0.0.1:$PORT/bench >/dev/null
@@ -24,10 +25,10 @@ callgrind_control -i off $VP >/dev/null
 callgrind_control -d $VP >/dev/null
 sleep 1
 kill $VP; wait $VP 2>/dev/null
-IR=$(grep -h "^summary:\|^totals:" /tmp/cg.out.* | awk '{s+=$2} END {print s}')
+IR=$(grep -h "^summary:\|^totals:" "$CG_DIR"/cg.out.* | awk '{s+=$2} END {print s}')
 echo "$N requests, $IR Ir, $(python3 -c "print(round($IR/$N))") Ir/request"
 if [ -n "${THREADS:-}" ]; then
-    for f in /tmp/cg.out.*; do
+    for f in "$CG_DIR"/cg.out.*; do
         ir=$(grep -h "^summary:\|^totals:" "$f" | awk '{s+=$2} END {print s+0}')
         [ "${ir:-0}" -gt 0 ] || continue
         top=$(callgrind_annotate --inclusive=yes "$f" 2>/dev/null |

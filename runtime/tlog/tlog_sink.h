@@ -23,6 +23,7 @@
 typedef struct {
     sl_tlog_record_t rec;
     const sl_tlog_origin_t *origin;
+    uint8_t padded; /* its strings have 7 readable bytes after them (in a ring) */
 } sl_tlog_view_t;
 
 /* A growable byte buffer of the logger and sink threads. */

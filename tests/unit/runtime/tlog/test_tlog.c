@@ -262,6 +262,10 @@ static void test_word_escaper_matches_bytewise(void **state)
             size_t gn = (size_t)(j_str(got, in, len) - got);
             assert_int_equal(gn, wn);
             assert_memory_equal(got, want, wn);
+            /* in[] has 7 bytes after any string up to 33 bytes */
+            gn = (size_t)(j_str_padded(got, in, len) - got);
+            assert_int_equal(gn, wn);
+            assert_memory_equal(got, want, wn);
         }
     }
 }
