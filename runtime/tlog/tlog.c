@@ -108,6 +108,7 @@ typedef struct {
     int16_t minor_version;
     uint8_t upstream_timed;
     uint8_t dest;
+    uint8_t nstr; /* strings that follow: a record without bodies has no body strings */
     uint32_t retries;
     uint32_t upstream_off_us;
     uint32_t slen[SL_TLOG_S__COUNT];
@@ -601,11 +602,22 @@ static inline char *j_cstr(char *o, const char *s)
     return j_str(o, s, n);
 }
 
+/* The strings a record carries: the body strings (the last ones) only
+ * when it holds a body, so a record without pays no loop for them. */
+static inline unsigned record_nstr(const sl_tlog_record_t *e)
+{
+    return sl_unlikely(e->fields &
+                       (SL_TLOG_BIT(SL_TLOG_F_REQUEST_BODY) | SL_TLOG_BIT(SL_TLOG_F_RESPONSE_BODY)))
+               ? SL_TLOG_S__COUNT
+               : SL_TLOG_S_REQUEST_BODY_META;
+}
+_Static_assert(SL_TLOG_S_REQUEST_BODY_META + 4 == SL_TLOG_S__COUNT, "the body strings are last");
+
 /* The most bytes format_json writes for v. */
 static size_t json_bound(const sl_tlog_record_t *e)
 {
     size_t n = JSON_FIXED_BYTES;
-    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++)
+    for (unsigned i = 0, ns = record_nstr(e); i < ns; i++)
         n += 6 * e->str[i].len;
     return n;
 }
@@ -1143,7 +1155,9 @@ void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
         .upstream_off_us = e->upstream_off_us,
     };
     size_t len = sizeof(h);
-    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++) {
+    unsigned nstr = record_nstr(e);
+    h.nstr = (uint8_t)nstr;
+    for (unsigned i = 0; i < nstr; i++) {
         size_t n = e->str[i].ptr ? e->str[i].len : 0;
         h.slen[i] = (uint32_t)(n < str_max[i] ? n : str_max[i]);
         len += h.slen[i];
@@ -1170,7 +1184,7 @@ void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
     char *dst = r->buf + off;
     memcpy(dst, &h, sizeof(h));
     dst += sizeof(h);
-    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++) {
+    for (unsigned i = 0; i < nstr; i++) {
         if (h.slen[i]) {
             memcpy(dst, e->str[i].ptr, h.slen[i]);
             dst += h.slen[i];
@@ -1685,7 +1699,7 @@ static void drain_rings(void)
             e->retries = h->retries;
             e->upstream_off_us = h->upstream_off_us;
             const char *str = (const char *)(h + 1);
-            for (unsigned k = 0; k < SL_TLOG_S__COUNT; k++) {
+            for (unsigned k = 0; k < h->nstr; k++) {
                 e->str[k] = (sl_str_t){str, h->slen[k]};
                 str += h->slen[k];
             }
