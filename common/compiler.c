@@ -597,8 +597,32 @@ static Sluice__V1__TrafficLog *compile_traffic_log(cctx_t *c, const sl_resource_
     t->gateway = gw ? cprintf(c, "%s/%s", gw->ns, gw->name) : cstr(c, "");
     t->enabled = jbool(tl, "enabled", true);
     t->sample_ppm = jget(tl, "sampling") ? sl_tlog_sample_ppm(jget(tl, "sampling")) : 1000000;
-    t->fields =
+    t->fields64 =
         jget(tl, "fields") ? sl_tlog_fields_mask(jget(tl, "fields")) : SL_TLOG_FIELDS_DEFAULT;
+    t->fields = (uint32_t)t->fields64;
+    json_t *bd = jget(tl, "bodies");
+    t->body_max_bytes = (uint32_t)jint(bd, "maxBytes", SL_TLOG_DEF_BODY_MAX_BYTES);
+    json_t *bredact = jget(bd, "redact");
+    size_t nbr = json_array_size(bredact);
+    t->redact_body_fields = (char **)carray(c, nbr, sizeof(*t->redact_body_fields));
+    for (size_t i = 0; t->redact_body_fields && i < nbr; i++)
+        t->redact_body_fields[t->n_redact_body_fields++] =
+            cstr(c, json_string_value(json_array_get(bredact, i)));
+    json_t *btypes = jget(bd, "contentTypes");
+    size_t nbt = 0;
+    if (!btypes)
+        while (sl_tlog_default_body_types[nbt])
+            nbt++;
+    else
+        nbt = json_array_size(btypes);
+    t->body_content_types = (char **)carray(c, nbt, sizeof(*t->body_content_types));
+    for (size_t i = 0; t->body_content_types && i < nbt; i++) {
+        char *ct = cstr(c, btypes ? json_string_value(json_array_get(btypes, i))
+                                  : sl_tlog_default_body_types[i]);
+        for (char *p = ct; p && *p; p++)
+            *p = (char)tolower((unsigned char)*p);
+        t->body_content_types[t->n_body_content_types++] = ct;
+    }
     json_t *h = jget(tl, "headers");
     t->header_max_bytes = (uint32_t)jint(h, "maxBytes", SL_TLOG_DEF_HEADER_MAX_BYTES);
     json_t *redact = jget(h, "redact");
@@ -671,8 +695,9 @@ compile_traffic_log_override(cctx_t *c, json_t *tl, const Sluice__V1__TrafficLog
     o->enabled = jbool(tl, "enabled", gw ? gw->enabled : true);
     o->sample_ppm = jget(tl, "sampling") ? sl_tlog_sample_ppm(jget(tl, "sampling"))
                                          : (gw ? gw->sample_ppm : 1000000);
-    o->fields = jget(tl, "fields") ? sl_tlog_fields_mask(jget(tl, "fields"))
-                                   : (gw ? gw->fields : SL_TLOG_FIELDS_DEFAULT);
+    o->fields64 = jget(tl, "fields") ? sl_tlog_fields_mask(jget(tl, "fields"))
+                                     : (gw ? gw->fields64 : SL_TLOG_FIELDS_DEFAULT);
+    o->fields = (uint32_t)o->fields64;
     return o;
 }
 

@@ -48,21 +48,30 @@ enum sl_tlog_field {
     SL_TLOG_F_RESPONSE_HEADERS,
     SL_TLOG_F_TRACE_ID,
     SL_TLOG_F_SPAN_ID,
+    SL_TLOG_F_REQUEST_BODY,
+    SL_TLOG_F_RESPONSE_BODY,
     SL_TLOG_F__COUNT
 };
 
 extern const char *const sl_tlog_field_names[SL_TLOG_F__COUNT + 1]; /* NULL-terminated */
-/* A field mask is 32 bits (snapshots carry it as uint32): a 33rd field needs a wider one. */
-_Static_assert(SL_TLOG_F__COUNT <= 32, "traffic log field masks are 32 bits");
+/* A field mask is 64 bits (snapshots carry it as uint64 `fields64`, and its
+ * low 32 bits as `fields` for a runtime that predates the wider mask). */
+_Static_assert(SL_TLOG_F__COUNT <= 64, "traffic log field masks are 64 bits");
+#define SL_TLOG_BIT(f) (1ull << (f))
 
-/* Every field but the headers. */
+/* Every field but the headers and the bodies. */
 #define SL_TLOG_FIELDS_DEFAULT                                                                     \
-    ((uint32_t)((1ull << SL_TLOG_F__COUNT) - 1) &                                                  \
-     ~((1u << SL_TLOG_F_REQUEST_HEADERS) | (1u << SL_TLOG_F_RESPONSE_HEADERS)))
+    (((SL_TLOG_BIT(SL_TLOG_F__COUNT - 1) << 1) - 1) &                                              \
+     ~(SL_TLOG_BIT(SL_TLOG_F_REQUEST_HEADERS) | SL_TLOG_BIT(SL_TLOG_F_RESPONSE_HEADERS) |          \
+       SL_TLOG_BIT(SL_TLOG_F_REQUEST_BODY) | SL_TLOG_BIT(SL_TLOG_F_RESPONSE_BODY)))
 
 /* Defaults (docs/configuration.md lists the same). */
 #define SL_TLOG_DEF_HEADER_MAX_BYTES 2048
 #define SL_TLOG_MAX_HEADER_MAX_BYTES 16384
+#define SL_TLOG_DEF_BODY_MAX_BYTES 4096
+#define SL_TLOG_MAX_BODY_MAX_BYTES 65536
+#define SL_TLOG_MAX_BODY_REDACT 64
+#define SL_TLOG_MAX_BODY_CONTENT_TYPES 32
 #define SL_TLOG_DEF_BATCH_RECORDS 500
 #define SL_TLOG_DEF_BATCH_BYTES (1024 * 1024)
 #define SL_TLOG_DEF_BATCH_DELAY_MS 1000
@@ -78,8 +87,18 @@ _Static_assert(SL_TLOG_F__COUNT <= 32, "traffic log field masks are 32 bits");
 /* Headers whose values are always replaced by "[redacted]". */
 extern const char *const sl_tlog_default_redact[];
 
+/* The content types whose bodies a record holds when `bodies.contentTypes`
+ * says nothing (NULL-terminated). */
+extern const char *const sl_tlog_default_body_types[];
+
+/* Whether a Content-Type value (parameters allowed, any case) matches one of
+ * the patterns ("type/subtype", "type/any" written with a star, or a star
+ * and "+suffix" as the subtype; lower case). */
+int sl_tlog_content_type_match(const char *const *patterns, size_t n, const char *ctype,
+                               size_t len);
+
 /* The mask of a validated `fields` list. */
-uint32_t sl_tlog_fields_mask(json_t *list);
+uint64_t sl_tlog_fields_mask(json_t *list);
 
 /* A validated sampling value (0..1) in records per million. */
 uint32_t sl_tlog_sample_ppm(json_t *v);

@@ -811,6 +811,51 @@ static const sl_vfield_t tlog_headers_fields[] = {
 };
 static const sl_vschema_t tlog_headers_schema = {tlog_headers_fields, NULL};
 
+/* bodies.redact: a JSON member or form field name, matched exactly. */
+static void check_body_field_name(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    size_t n = json_string_length(v);
+    if (n == 0 || n > 256)
+        sl_validate_error(c, "field names are 1..256 characters (matched exactly, case-sensitive)");
+}
+
+/* bodies.contentTypes: type/subtype, type/any (a star) or a star and +suffix. */
+static void check_body_media_type(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!want_string(c, v))
+        return;
+    const char *s = json_string_value(v);
+    const char *slash = strchr(s, '/');
+    int ok = slash && slash > s && slash[1] && strlen(s) <= 127;
+    for (const char *p = s; ok && *p; p++)
+        if (p != slash && !(is_tchar((unsigned char)*p) && *p != '*') &&
+            !(*p == '*' && p == slash + 1 && (p[1] == '\0' || p[1] == '+')))
+            ok = 0;
+    if (ok && slash[1] == '*' && slash[2] == '+' && !slash[3])
+        ok = 0;
+    if (!ok)
+        sl_validate_error(c,
+                          "'%.128s' is not a media type: give type/subtype (application/json), "
+                          "type/* (text/*) or type/*+suffix (application/*+json), without "
+                          "parameters",
+                          s);
+}
+
+static const sl_vrange_t tlog_body_bytes_range = {1, SL_TLOG_MAX_BODY_MAX_BYTES};
+static const sl_vfield_t tlog_bodies_fields[] = {
+    {"maxBytes", sl_vcheck_int, &tlog_body_bytes_range, 0},
+    {"redact", sl_vcheck_array,
+     &(const sl_varray_t){check_body_field_name, NULL, 0, SL_TLOG_MAX_BODY_REDACT}, 0},
+    {"contentTypes", sl_vcheck_array,
+     &(const sl_varray_t){check_body_media_type, NULL, 1, SL_TLOG_MAX_BODY_CONTENT_TYPES}, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t tlog_bodies_schema = {tlog_bodies_fields, NULL};
+
 static const char *const tlog_sink_types[] = {"file", "http", "elasticsearch", "clickhouse", NULL};
 static const char *const tlog_file_formats[] = {"json", "combined", NULL};
 
@@ -1087,6 +1132,7 @@ static const sl_vfield_t traffic_log_fields[] = {
     {"sampling", check_fraction, NULL, 0},
     {"fields", tlog_fields_extra_check, &tlog_fields_array, 0},
     {"headers", sl_vcheck_object, &tlog_headers_schema, 0},
+    {"bodies", sl_vcheck_object, &tlog_bodies_schema, 0},
     {"sinks", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &tlog_sink_schema, 0, 16}, 0},
     {NULL, NULL, NULL, 0},
 };
@@ -1921,12 +1967,22 @@ const sl_vopenapi_t sl_validate_spec_openapi[] = {
      "requests: 0 (none) to 1 (every request)\"}",
      NULL},
     {tlog_fields_extra_check, NULL, tlog_fields_openapi},
+    {check_body_field_name,
+     "{\"type\":\"string\",\"minLength\":1,\"maxLength\":256,\"description\":\"a JSON member or "
+     "form field name, matched exactly\"}",
+     NULL},
+    {check_body_media_type,
+     "{\"type\":\"string\",\"maxLength\":127,\"pattern\":\"^[!#$%&'+.^_`|~0-9A-Za-z-]+/"
+     "([!#$%&'+.^_`|~0-9A-Za-z-]+|[*]|[*][+][!#$%&'+.^_`|~0-9A-Za-z-]+)$\",\"description\":"
+     "\"type/subtype, type/* or type/*+suffix\"}",
+     NULL},
     {check_tlog_url, STR_DESC(2048, "an http:// or https:// URL without a query"), NULL},
     {check_tlog_path, STR_DESC(4096, "an absolute path on the runtime's machine, or stdout"), NULL},
     {check_es_index,
      STR_DESC(200, "an Elasticsearch index prefix: lower case, no \\\\/*?\\\"<>| ,#:"), NULL},
     {check_sql_database,
-     "{\"type\":\"string\",\"minLength\":1,\"maxLength\":256,\"pattern\":\"^[A-Za-z_][A-Za-z0-9_]*$\","
+     "{\"type\":\"string\",\"minLength\":1,\"maxLength\":256,\"pattern\":\"^[A-Za-z_][A-Za-z0-9_]*$"
+     "\","
      "\"description\":\"a ClickHouse database\"}",
      NULL},
     {check_tlog_ca_pem,

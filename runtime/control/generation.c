@@ -514,10 +514,15 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
     if (tlc) {
         gen->tlog.enabled = tlc->enabled;
         gen->tlog.sample_ppm = tlc->sample_ppm;
-        gen->tlog.fields = tlc->fields;
+        gen->tlog.fields = tlc->fields64 ? tlc->fields64 : tlc->fields;
         gen->tlog.header_max_bytes = tlc->header_max_bytes;
         gen->tlog.redact = tlc->redact_headers;
         gen->tlog.num_redact = tlc->n_redact_headers;
+        gen->tlog.body_max_bytes = tlc->body_max_bytes;
+        gen->tlog.body_redact = tlc->redact_body_fields;
+        gen->tlog.num_body_redact = tlc->n_redact_body_fields;
+        gen->tlog.body_types = tlc->body_content_types;
+        gen->tlog.num_body_types = tlc->n_body_content_types;
     }
     gen->tlog_tables =
         calloc(snap->n_route_tables ? snap->n_route_tables : 1, sizeof(*gen->tlog_tables));
@@ -531,17 +536,21 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
         if (o) {
             gen->tlog_tables[t].enabled = o->enabled;
             gen->tlog_tables[t].sample_ppm = o->sample_ppm;
-            gen->tlog_tables[t].fields = o->fields;
+            gen->tlog_tables[t].fields = o->fields64 ? o->fields64 : o->fields;
         }
     }
     for (size_t t = 0; t <= snap->n_route_tables; t++) {
         const sl_tlog_policy_t *p = t < snap->n_route_tables ? &gen->tlog_tables[t] : &gen->tlog;
         if (!p->enabled)
             continue;
-        if (p->fields & (1u << SL_TLOG_F_REQUEST_HEADERS))
+        if (p->fields & SL_TLOG_BIT(SL_TLOG_F_REQUEST_HEADERS))
             gen->tlog_headers_wanted |= 1;
-        if (p->fields & (1u << SL_TLOG_F_RESPONSE_HEADERS))
+        if (p->fields & SL_TLOG_BIT(SL_TLOG_F_RESPONSE_HEADERS))
             gen->tlog_headers_wanted |= 2;
+        if (p->fields & SL_TLOG_BIT(SL_TLOG_F_REQUEST_BODY))
+            gen->tlog_bodies_wanted |= 1;
+        if (p->fields & SL_TLOG_BIT(SL_TLOG_F_RESPONSE_BODY))
+            gen->tlog_bodies_wanted |= 2;
     }
 
     const Sluice__V1__Tracing *trc = gs ? gs->tracing : NULL;

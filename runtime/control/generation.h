@@ -173,6 +173,9 @@ typedef struct sl_generation {
     /* Some record of this generation holds the request's (bit 0) or the
      * response's (bit 1) headers: only then are they captured. */
     uint8_t tlog_headers_wanted;
+    /* Same for the bodies (request bit 0, response bit 1): only then is a
+     * request's body capture set up (request.c, tlog_body.h). */
+    uint8_t tlog_bodies_wanted;
     /* The Gateway's spec.tracing (docs/configuration.md "Tracing"). */
     struct {
         uint8_t enabled;       /* the gateway takes part: its own spans, traceparent rewritten */

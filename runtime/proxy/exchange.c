@@ -825,6 +825,12 @@ static ssize_t account_response_body(sl_exchange_t *x, char *p, size_t n, size_t
     }
 }
 
+/* The response body bytes the client gets still carry chunk framing. */
+static inline int resp_framed(const sl_exchange_t *x)
+{
+    return x->resp_body == SL_HTTP1_BODY_CHUNKED && !x->dechunk;
+}
+
 static void read_response_head(sl_exchange_t *x)
 {
     sl_upconn_t *up = x->up;
@@ -961,6 +967,7 @@ static void read_response_head(sl_exchange_t *x)
             sl_buf_append(x->ops->body_buf(x), sl_buf_head(&x->uin), keep);
             if (sl_unlikely(x->r.cache))
                 sl_cache_capture_body(x, sl_buf_head(&x->uin), keep);
+            sl_request_body_seen(&x->r, 1, sl_buf_head(&x->uin), keep, resp_framed(x));
             if ((size_t)used < extra)
                 x->up_reusable = 0; /* bytes past the response: never reuse */
         } else if (extra) {
@@ -1018,6 +1025,7 @@ static void read_response_body(sl_exchange_t *x)
                 }
                 if (sl_unlikely(x->r.cache))
                     sl_cache_capture_body(x, sl_buf_tail(out), keep);
+                sl_request_body_seen(&x->r, 1, sl_buf_tail(out), keep, resp_framed(x));
                 out->end += keep;
                 if (used < n)
                     x->up_reusable = 0;

@@ -1025,6 +1025,7 @@ static void pump_request_body(sl_conn_t *c)
                     break;
                 ssize_t n = client_read(c, sl_buf_tail(&c->x.uout), want);
                 if (n > 0) {
+                    sl_request_body_seen(&c->x.r, 0, sl_buf_tail(&c->x.uout), (size_t)n, 0);
                     c->x.uout.end += (size_t)n;
                     c->req_remaining -= (uint64_t)n;
                     c->x.r.bytes_received += (uint64_t)n;
@@ -1069,6 +1070,7 @@ static void pump_request_body(sl_conn_t *c)
             if (take > c->req_remaining)
                 take = (size_t)c->req_remaining;
             memcpy(sl_buf_tail(&c->x.uout), sl_buf_head(&c->in), take);
+            sl_request_body_seen(&c->x.r, 0, sl_buf_head(&c->in), take, 0);
             c->x.uout.end += take;
             sl_buf_consume(&c->in, take);
             c->req_remaining -= take;
@@ -1095,6 +1097,8 @@ static void pump_request_body(sl_conn_t *c)
                 return;
             }
             memcpy(sl_buf_tail(&c->x.uout), sl_buf_head(&c->in), payload);
+            /* Payload only for an HTTP/2 upstream; chunk-framed otherwise. */
+            sl_request_body_seen(&c->x.r, 0, sl_buf_head(&c->in), payload, !c->x.up_h2);
             c->x.uout.end += payload;
             sl_buf_consume(&c->in, (size_t)used);
             c->x.r.bytes_received = c->req_chunk.data_bytes;

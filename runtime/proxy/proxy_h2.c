@@ -761,6 +761,7 @@ static void x_pump_body(sl_exchange_t *x)
             sl_buf_append(&x->uout, line, (size_t)h);
         }
         memcpy(sl_buf_tail(&x->uout), sl_buf_head(&s->pending), take);
+        sl_request_body_seen(&x->r, 0, sl_buf_head(&s->pending), take, 0);
         x->uout.end += take;
         if (frame)
             sl_buf_append(&x->uout, "\r\n", 2);

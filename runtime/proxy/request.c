@@ -12,6 +12,7 @@
 #include "metrics.h"
 #include "path.h"
 #include "tlog.h"
+#include "tlog_body.h"
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -273,6 +274,128 @@ static void capture_headers(sl_request_t *r, int response, const sl_header_t *f,
     r->tlog_headers_len[response] = (uint32_t)sl_tlog_headers_json(p, names, values, n, buf, cap);
 }
 
+/* ---- bodies in the record (tlog_body.h) ------------------------------------ */
+
+struct sl_req_body_cap {
+    sl_http1_chunked_t dec; /* framed bytes: their payload */
+    uint64_t size;          /* payload bytes seen */
+    uint32_t cap, len;      /* bytes kept at most, kept */
+    uint8_t kind;           /* enum sl_tlog_body_kind */
+    uint8_t ctype_len;
+    char ctype[SL_TLOG_BODY_TYPE_MAX];
+    char *data; /* cap bytes, allocated with the first byte kept */
+};
+
+/* A body's capture, once its head is known and the request's record holds
+ * it (the route's settings: an Api may turn bodies off). */
+static void body_capture_begin(sl_request_t *r, int dir, const sl_header_t *f, size_t n)
+{
+    const sl_tlog_policy_t *p = r->route ? r->route->tlog : &r->gen->tlog;
+    uint64_t bit = SL_TLOG_BIT(dir ? SL_TLOG_F_RESPONSE_BODY : SL_TLOG_F_REQUEST_BODY);
+    if (!p->enabled || !(p->fields & bit) || !(sl_tlog_active() & SL_TLOG_TO_LOG))
+        return;
+    struct sl_req_body_cap *c = r->tlog_body[dir];
+    if (!c) {
+        c = calloc(1, sizeof(*c));
+        if (!c)
+            return; /* the record goes without it */
+        r->tlog_body[dir] = c;
+    }
+    /* A response head again (a retry): the earlier one's body is not this. */
+    c->size = 0;
+    c->len = 0;
+    c->cap = p->body_max_bytes;
+    sl_http1_chunked_init(&c->dec);
+    const sl_header_t *ct = sl_http1_find_header(f, n, "content-type", 12);
+    size_t tl = ct ? ct->value.len : 0;
+    if (tl > SL_TLOG_BODY_TYPE_MAX)
+        tl = SL_TLOG_BODY_TYPE_MAX;
+    if (tl)
+        memcpy(c->ctype, ct->value.ptr, tl);
+    c->ctype_len = (uint8_t)tl;
+    c->kind = (uint8_t)sl_tlog_body_kind(p, c->ctype, tl);
+}
+
+void sl_request_body_capture(sl_request_t *r, int dir, const char *p, size_t n, int framed)
+{
+    struct sl_req_body_cap *c = r->tlog_body[dir];
+    if (!n)
+        return;
+    if (c->kind != SL_TLOG_BODY_SKIP && c->len < c->cap && !c->data) {
+        c->data = malloc(c->cap);
+        if (!c->data)
+            c->kind = SL_TLOG_BODY_SKIP; /* counted, not kept */
+    }
+    if (!framed) {
+        c->size += n;
+        if (c->kind != SL_TLOG_BODY_SKIP && c->len < c->cap) {
+            size_t take = n < c->cap - c->len ? n : c->cap - c->len;
+            memcpy(c->data + c->len, p, take);
+            c->len += (uint32_t)take;
+        }
+        return;
+    }
+    /* Chunked framing: the raw bytes are copied into the room left and
+     * decoded there (the payload is never longer), so no more than the cap
+     * is ever copied; past the cap the framing is only scanned, for size.
+     * Bad framing stops the count; the codec answers it. */
+    int done = 0;
+    while (n && !done && c->kind != SL_TLOG_BODY_SKIP && c->len < c->cap) {
+        size_t take = n < c->cap - c->len ? n : c->cap - c->len;
+        memcpy(c->data + c->len, p, take);
+        size_t payload = 0;
+        ssize_t used = sl_http1_chunked_decode(&c->dec, c->data + c->len, take, &payload, &done);
+        if (used <= 0)
+            goto out;
+        c->len += (uint32_t)payload;
+        p += used;
+        n -= (size_t)used;
+    }
+    if (n && !done && !c->dec.error)
+        (void)sl_http1_chunked_scan(&c->dec, p, n, &done);
+out:
+    c->size = c->dec.data_bytes;
+}
+
+/* The record's body strings (meta members, text) of direction dir; the
+ * text may be a redacted copy in *scratch (malloc'd, freed by the caller). */
+static void body_record(sl_request_t *r, const sl_tlog_policy_t *p, int dir, sl_tlog_record_t *e,
+                        char *meta, char **scratch)
+{
+    struct sl_req_body_cap *c = r->tlog_body[dir];
+    if (!c || !c->size ||
+        !(p->fields & SL_TLOG_BIT(dir ? SL_TLOG_F_RESPONSE_BODY : SL_TLOG_F_REQUEST_BODY)))
+        return;
+    sl_tlog_body_t b = {
+        .kind = c->kind,
+        .ctype = {c->ctype, c->ctype_len},
+        .data = c->data,
+        .len = c->len,
+        .size = c->size,
+    };
+    if (p->num_body_redact && c->len &&
+        (c->kind == SL_TLOG_BODY_JSON || c->kind == SL_TLOG_BODY_FORM)) {
+        *scratch = malloc(SL_TLOG_BODY_REDACTED_MAX(c->len));
+        if (!*scratch)
+            return; /* no record of a body not redacted */
+    }
+    sl_str_t text;
+    size_t ml = sl_tlog_body_strings(p, &b, meta, &text, *scratch);
+    e->str[dir ? SL_TLOG_S_RESPONSE_BODY_META : SL_TLOG_S_REQUEST_BODY_META] = (sl_str_t){meta, ml};
+    e->str[dir ? SL_TLOG_S_RESPONSE_BODY : SL_TLOG_S_REQUEST_BODY] = text;
+}
+
+static void body_capture_free(sl_request_t *r)
+{
+    for (int d = 0; d < 2; d++) {
+        if (r->tlog_body[d]) {
+            free(r->tlog_body[d]->data);
+            free(r->tlog_body[d]);
+            r->tlog_body[d] = NULL;
+        }
+    }
+}
+
 void sl_request_set_head(sl_request_t *r, const sl_req_head_t *h)
 {
     const sl_header_t *ct = find_header(h, "content-type", 12);
@@ -377,6 +500,8 @@ void sl_request_reset(sl_request_t *r)
         r->tlog_headers[0] = r->tlog_headers[1] = NULL;
         r->tlog_headers_len[0] = r->tlog_headers_len[1] = 0;
     }
+    if (sl_unlikely(r->tlog_body[0] || r->tlog_body[1]))
+        body_capture_free(r);
     if (r->pol) {
         sl_policy_req_end(&r->pol->v);
         sl_buf_free(&r->pol->body);
@@ -489,6 +614,18 @@ void sl_request_log(sl_request_t *r)
         e.str[SL_TLOG_S_REQUEST_HEADERS] = (sl_str_t){r->tlog_headers[0], r->tlog_headers_len[0]};
     if (sl_unlikely(r->tlog_headers[1]))
         e.str[SL_TLOG_S_RESPONSE_HEADERS] = (sl_str_t){r->tlog_headers[1], r->tlog_headers_len[1]};
+    if (sl_unlikely(r->tlog_body[0] || r->tlog_body[1])) {
+        char meta[2][SL_TLOG_BODY_META_MAX];
+        char *scratch[2] = {NULL, NULL};
+        if (dest & SL_TLOG_TO_LOG) {
+            body_record(r, p, 0, &e, meta[0], &scratch[0]);
+            body_record(r, p, 1, &e, meta[1], &scratch[1]);
+        }
+        sl_tlog_write(r->w->id, &e);
+        free(scratch[0]);
+        free(scratch[1]);
+        return;
+    }
     sl_tlog_write(r->w->id, &e);
 }
 
@@ -499,6 +636,8 @@ void sl_request_upstream_head(sl_request_t *r, const sl_header_t *headers, size_
     r->upstream_head_us = now_mono_us();
     if (sl_unlikely(r->gen && (r->gen->tlog_headers_wanted & 2)))
         capture_headers(r, 1, headers, n);
+    if (sl_unlikely(r->gen && (r->gen->tlog_bodies_wanted & 2)))
+        body_capture_begin(r, 1, headers, n);
 }
 
 /* ---- routing -------------------------------------------------------------- */
@@ -771,6 +910,8 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
         return SL_ERROR;
     }
     hash_key(r, h);
+    if (sl_unlikely(gen->tlog_bodies_wanted & 1))
+        body_capture_begin(r, 0, h->headers, h->num_headers);
     if (r->route->timeouts.request_ms)
         r->deadline_ms = sl_endpoint_now_ms() + r->route->timeouts.request_ms;
     /* A gRPC client's deadline is the request's, when it is the shorter. */

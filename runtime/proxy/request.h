@@ -136,6 +136,9 @@ typedef struct sl_request {
      * record holds them (sl_tlog_headers_json); malloc'd, NULL = none. */
     char *tlog_headers[2];
     uint32_t tlog_headers_len[2];
+    /* The request's (0) and the response's (1) body capture for the
+     * record, when it holds them (sl_request_body_seen); NULL = none. */
+    struct sl_req_body_cap *tlog_body[2];
     /* W3C trace context (sl_request_set_head). trace_state: 0 none;
      * SL_TRACE_SEEN the client's valid traceparent, passed upstream
      * untouched (the Gateway has no spec.tracing); SL_TRACE_OWN the gateway
@@ -170,6 +173,21 @@ void sl_request_traceparent(const sl_request_t *r, char out[55]);
 /* The Server-Timing field value (gateway and upstream milliseconds so
  * far); returns its length (< cap). */
 size_t sl_request_server_timing(const sl_request_t *r, char *out, size_t cap);
+
+/* The traffic log's copy of body bytes as a codec moves them towards their
+ * peer (dir 0: the request's, to the upstream; 1: the response's, to the
+ * client): the first bodies.maxBytes of the payload are kept, the rest only
+ * counted, nothing is held back or read ahead. framed: p holds chunked
+ * framing (HTTP/1.1 passed through verbatim), which the copy strips.
+ * Without a capture set up (the record holds no body: every request of a
+ * Gateway without them) this is one test of a pointer. */
+void sl_request_body_capture(sl_request_t *r, int dir, const char *p, size_t n, int framed);
+static inline void sl_request_body_seen(sl_request_t *r, int dir, const char *p, size_t n,
+                                        int framed)
+{
+    if (sl_unlikely(r->tlog_body[dir] != NULL))
+        sl_request_body_capture(r, dir, p, n, framed);
+}
 
 /* Ready for a first request (zeroes it; no generation held). */
 void sl_request_init(sl_request_t *r, sl_worker_t *w, const char *client_ip);

@@ -255,6 +255,7 @@ static void move_body(sl_h2up_t *h, sl_exchange_t *x)
             memcpy(sl_buf_tail(out), sl_buf_head(&x->uin), n);
             if (sl_unlikely(x->r.cache))
                 sl_cache_capture_body(x, sl_buf_tail(out), n);
+            sl_request_body_seen(&x->r, 1, sl_buf_tail(out), n, 0);
             out->end += n;
             sl_buf_consume(&x->uin, n);
             nghttp2_session_consume(h->sess, x->h2_stream, n);

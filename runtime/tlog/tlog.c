@@ -15,6 +15,7 @@
  * Not here: the file and network sinks' I/O (tlog_file.c, tlog_net.c).
  */
 #include "tlog.h"
+#include "tlog_body.h"
 #include "tlog_sink.h"
 
 #include "log.h"
@@ -63,9 +64,12 @@ const sl_tlog_policy_t sl_tlog_policy_default = {
     .sample_ppm = 1000000,
     .fields = SL_TLOG_FIELDS_DEFAULT,
     .header_max_bytes = SL_TLOG_DEF_HEADER_MAX_BYTES,
+    .body_max_bytes = SL_TLOG_DEF_BODY_MAX_BYTES,
+    .body_types = (char *const *)sl_tlog_default_body_types,
+    .num_body_types = 4,
 };
 
-static const uint16_t str_max[SL_TLOG_S__COUNT] = {
+static const uint32_t str_max[SL_TLOG_S__COUNT] = {
     [SL_TLOG_S_REQUEST_ID] = FIELD_MAX_SHORT,
     [SL_TLOG_S_API] = FIELD_MAX_SHORT,
     [SL_TLOG_S_OPERATION] = FIELD_MAX_SHORT,
@@ -88,24 +92,30 @@ static const uint16_t str_max[SL_TLOG_S__COUNT] = {
     [SL_TLOG_S_SPAN_ID] = 16,
     [SL_TLOG_S_PARENT_ID] = 16,
     [SL_TLOG_S_UPSTREAM_SPAN_ID] = 16,
+    [SL_TLOG_S_REQUEST_BODY_META] = SL_TLOG_BODY_META_MAX,
+    [SL_TLOG_S_REQUEST_BODY] = SL_TLOG_BODY_REDACTED_MAX(SL_TLOG_MAX_BODY_MAX_BYTES),
+    [SL_TLOG_S_RESPONSE_BODY_META] = SL_TLOG_BODY_META_MAX,
+    [SL_TLOG_S_RESPONSE_BODY] = SL_TLOG_BODY_REDACTED_MAX(SL_TLOG_MAX_BODY_MAX_BYTES),
 };
 
 /* The record in a ring: this head, then the strings' bytes in order. */
 typedef struct {
-    uint32_t len; /* head + strings */
-    uint32_t fields;
+    uint32_t len;  /* head + strings */
+    uint32_t kind; /* 0, or WIRE_PAD */
+    uint64_t fields;
     uint64_t start_unix_us, duration_us, upstream_us, bytes_received, bytes_sent;
     int32_t status;
     int16_t minor_version;
     uint8_t upstream_timed;
     uint8_t dest;
+    uint8_t nstr; /* strings that follow: a record without bodies has no body strings */
     uint32_t retries;
     uint32_t upstream_off_us;
-    uint16_t slen[SL_TLOG_S__COUNT];
+    uint32_t slen[SL_TLOG_S__COUNT];
 } wire_head_t;
 
 /* A record never wraps around the ring's end: one that would not fit before
- * it is preceded by a pad (a head with fields == WIRE_PAD and len the bytes
+ * it is preceded by a pad (a head with kind == WIRE_PAD and len the bytes
  * to the end), so the logger reads every record in place. Records are
  * 8-byte aligned. */
 #define WIRE_PAD UINT32_MAX
@@ -445,6 +455,8 @@ static int field_is_number(unsigned f)
     case SL_TLOG_F_RETRIES:
     case SL_TLOG_F_REQUEST_HEADERS: /* an object: no quote either */
     case SL_TLOG_F_RESPONSE_HEADERS:
+    case SL_TLOG_F_REQUEST_BODY:
+    case SL_TLOG_F_RESPONSE_BODY:
         return 1;
     default:
         return 0;
@@ -617,11 +629,22 @@ static inline char *j_cstr(char *o, const char *s)
     return j_str(o, s, n);
 }
 
+/* The strings a record carries: the body strings (the last ones) only
+ * when it holds a body, so a record without pays no loop for them. */
+static inline unsigned record_nstr(const sl_tlog_record_t *e)
+{
+    return sl_unlikely(e->fields &
+                       (SL_TLOG_BIT(SL_TLOG_F_REQUEST_BODY) | SL_TLOG_BIT(SL_TLOG_F_RESPONSE_BODY)))
+               ? SL_TLOG_S__COUNT
+               : SL_TLOG_S_REQUEST_BODY_META;
+}
+_Static_assert(SL_TLOG_S_REQUEST_BODY_META + 4 == SL_TLOG_S__COUNT, "the body strings are last");
+
 /* The most bytes format_json writes for v. */
 static size_t json_bound(const sl_tlog_record_t *e)
 {
     size_t n = JSON_FIXED_BYTES;
-    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++)
+    for (unsigned i = 0, ns = record_nstr(e); i < ns; i++)
         n += 6 * e->str[i].len;
     return n;
 }
@@ -673,11 +696,11 @@ static size_t format_json(char *buf, size_t cap, const sl_tlog_view_t *v)
         return 0;
     char *o = buf;
     int first = 1;
-    uint32_t f = e->fields;
+    uint64_t f = e->fields;
     pthread_once(&keys_once, make_keys);
     *o++ = '{';
     while (f) {
-        unsigned i = (unsigned)__builtin_ctz(f);
+        unsigned i = (unsigned)__builtin_ctzll(f);
         f &= f - 1;
         int sidx = -1;
         switch ((enum sl_tlog_field)i) {
@@ -757,6 +780,28 @@ static size_t format_json(char *buf, size_t cap, const sl_tlog_view_t *v)
                 memcpy(o, "{}", 2);
                 o += 2;
             }
+            continue;
+        }
+        case SL_TLOG_F_REQUEST_BODY:
+        case SL_TLOG_F_RESPONSE_BODY: {
+            int req = i == SL_TLOG_F_REQUEST_BODY;
+            sl_str_t meta =
+                e->str[req ? SL_TLOG_S_REQUEST_BODY_META : SL_TLOG_S_RESPONSE_BODY_META];
+            sl_str_t text = e->str[req ? SL_TLOG_S_REQUEST_BODY : SL_TLOG_S_RESPONSE_BODY];
+            /* Absent for a request without a body (or none captured). */
+            if (!meta.len)
+                continue;
+            o = j_key(o, &first, i);
+            *o++ = '{';
+            memcpy(o, meta.ptr, meta.len);
+            o += meta.len;
+            if (text.len) {
+                memcpy(o, ",\"text\":\"", 9);
+                o += 9;
+                o = j_str(o, text.ptr, text.len);
+                *o++ = '"';
+            }
+            *o++ = '}';
             continue;
         }
         case SL_TLOG_F_REQUEST_ID:
@@ -896,7 +941,8 @@ int sl_tlog_format_spans(const sl_tlog_view_t *v, sl_tlog_buf_t *outb)
         return 0; /* not a traced request: no span */
     size_t bound = 2048;
     for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++)
-        if (i != SL_TLOG_S_REQUEST_HEADERS && i != SL_TLOG_S_RESPONSE_HEADERS)
+        if (i != SL_TLOG_S_REQUEST_HEADERS && i != SL_TLOG_S_RESPONSE_HEADERS &&
+            i < SL_TLOG_S_REQUEST_BODY_META)
             bound += 12 * s[i].len; /* each string may be written twice */
     if (buf_reserve(outb, bound) != 0)
         return -1;
@@ -1137,9 +1183,11 @@ void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
         .upstream_off_us = e->upstream_off_us,
     };
     size_t len = sizeof(h);
-    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++) {
+    unsigned nstr = record_nstr(e);
+    h.nstr = (uint8_t)nstr;
+    for (unsigned i = 0; i < nstr; i++) {
         size_t n = e->str[i].ptr ? e->str[i].len : 0;
-        h.slen[i] = (uint16_t)(n < str_max[i] ? n : str_max[i]);
+        h.slen[i] = (uint32_t)(n < str_max[i] ? n : str_max[i]);
         len += h.slen[i];
     }
     len = WIRE_ALIGN(len);
@@ -1164,7 +1212,7 @@ void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
     char *dst = r->buf + off;
     memcpy(dst, &h, sizeof(h));
     dst += sizeof(h);
-    for (unsigned i = 0; i < SL_TLOG_S__COUNT; i++) {
+    for (unsigned i = 0; i < nstr; i++) {
         if (h.slen[i]) {
             memcpy(dst, e->str[i].ptr, h.slen[i]);
             dst += h.slen[i];
@@ -1660,7 +1708,7 @@ static void drain_rings(void)
         size_t head = atomic_load_explicit(&r->head, memory_order_acquire);
         while (tail != head) {
             const wire_head_t *h = (const wire_head_t *)(r->buf + (tail & (RING_BYTES - 1)));
-            if (h->fields == WIRE_PAD) {
+            if (h->kind == WIRE_PAD) {
                 tail += h->len;
                 continue;
             }
@@ -1679,7 +1727,7 @@ static void drain_rings(void)
             e->retries = h->retries;
             e->upstream_off_us = h->upstream_off_us;
             const char *str = (const char *)(h + 1);
-            for (unsigned k = 0; k < SL_TLOG_S__COUNT; k++) {
+            for (unsigned k = 0; k < h->nstr; k++) {
                 e->str[k] = (sl_str_t){str, h->slen[k]};
                 str += h->slen[k];
             }

@@ -42,10 +42,16 @@
 typedef struct sl_tlog_policy {
     uint8_t enabled;
     uint32_t sample_ppm; /* records per million requests */
-    uint32_t fields;     /* SL_TLOG_F_* bits */
+    uint64_t fields;     /* SL_TLOG_BIT(SL_TLOG_F_*) bits */
     uint32_t header_max_bytes;
     char *const *redact; /* lower-case names, the generation's */
     size_t num_redact;
+    /* Bodies (fields request_body, response_body; tlog_body.h). */
+    uint32_t body_max_bytes;
+    char *const *body_redact; /* JSON / form field names, case-sensitive */
+    size_t num_body_redact;
+    char *const *body_types; /* lower-case content type patterns */
+    size_t num_body_types;
 } sl_tlog_policy_t;
 
 /* Every field of the default set, every request: a runtime without a
@@ -76,6 +82,13 @@ enum sl_tlog_str {
     SL_TLOG_S_SPAN_ID,          /* the gateway's server span: 16 hex digits, or empty */
     SL_TLOG_S_PARENT_ID,        /* the client's span, or empty (a trace started here) */
     SL_TLOG_S_UPSTREAM_SPAN_ID, /* the upstream call's span (sent upstream as parent) */
+    /* Bodies (tlog_body.h): the members of the body's object, already
+     * escaped ("content_type":"...","size":N,...), and the text it holds
+     * (raw bytes, escaped when formatted; empty = no "text"). */
+    SL_TLOG_S_REQUEST_BODY_META,
+    SL_TLOG_S_REQUEST_BODY,
+    SL_TLOG_S_RESPONSE_BODY_META,
+    SL_TLOG_S_RESPONSE_BODY,
     SL_TLOG_S__COUNT
 };
 
@@ -86,7 +99,7 @@ typedef struct {
     uint64_t upstream_us; /* first attempt to the upstream's response head */
     uint64_t bytes_received;
     uint64_t bytes_sent;
-    uint32_t fields; /* SL_TLOG_F_* to write */
+    uint64_t fields; /* SL_TLOG_BIT(SL_TLOG_F_*) to write */
     int status;
     int minor_version; /* HTTP/1.x: x; -1 for HTTP/2 */
     unsigned retries;
