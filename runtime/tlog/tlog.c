@@ -1332,6 +1332,10 @@ static size_t take_records(const sl_tlog_sink_t *s, size_t max_records, size_t m
 static void *sink_main(void *arg)
 {
     sl_tlog_sink_t *s = arg;
+    /* Named for top -H and perf/bench.sh's per-thread CPU figures. */
+    char tname[16];
+    snprintf(tname, sizeof(tname), "sl-sink-%.7s", s->cfg.name);
+    pthread_setname_np(pthread_self(), tname);
     sl_tlog_buf_t batch = {0};
     unsigned batch_records = 0;
     uint64_t backoff = s->cfg.backoff_initial_ms ? s->cfg.backoff_initial_ms : 200;
@@ -1866,6 +1870,7 @@ static void reap_retiring(int wait)
 static void *logger_main(void *arg)
 {
     (void)arg;
+    pthread_setname_np(pthread_self(), "sl-tlog");
     for (;;) {
         struct pollfd pfd = {.fd = tl.wake_fd, .events = POLLIN};
         if (poll(&pfd, 1, DRAIN_INTERVAL_MS) > 0) {
