@@ -20,7 +20,7 @@
 #
 # Why rotation is on: a 10-minute run at 5,000 records/s writes about 2 GB;
 # with rotation the disk stays bounded (maxBytes x (keep + 1), plus at most
-# one batch) and the run exercises the rename/reopen of a live sink ~30
+# one batch) and the run exercises the rename/reopen of a live sink ~25
 # times, with the oldest files deleted. Every record is still counted and
 # checked: a reader (Python, in this script) follows the file and its
 # rotated copies by inode, holds each open until it has read it to the end
@@ -405,9 +405,10 @@ alive() { # when pid...
 echo "tlog_soak: ${SOAK_SECONDS}s at $RATE req/s ($CLIENTS x $RPS), runtime pid $RUNTIME_PID" \
     "(127.0.0.1:$LISTEN, admin $ADMIN), work dir $WORK"
 
-# h2load runs 2 s past the last sample, so that sample never races with h2load
-# closing its connections; the achieved rate is h2load's own figure.
-H2LOAD=(h2load --h1 --rps="$RPS" -c "$CLIENTS" -D "$((SOAK_SECONDS + 2))"
+# h2load runs 5 s past the last sample, so that sample never races with h2load
+# closing its connections (it would show as an fd drop); the achieved rate is
+# h2load's own figure.
+H2LOAD=(h2load --h1 --rps="$RPS" -c "$CLIENTS" -D "$((SOAK_SECONDS + 5))"
     "http://127.0.0.1:$LISTEN/soak/pets/7")
 "${H2LOAD[@]}" >"$WORK/h2load.txt" 2>&1 &
 H2LOAD_PID=$!
