@@ -334,6 +334,28 @@ wrk.headers["Content-Type"] = "application/octet-stream"
 EOF
 done
 
+# sluice-runtime's CPU clock ticks by thread: "workers logger sinks other"
+# (threads named sl-worker-N, sl-tlog, sl-sink-NAME; the rest is the main
+# thread). The traffic log's own cost is the logger's and the sinks'.
+thread_ticks() { # pid
+    local t comm rest w=0 l=0 s=0 o=0 n
+    for t in /proc/"$1"/task/*; do
+        [ -r "$t/stat" ] || continue
+        comm=$(cat "$t/comm" 2>/dev/null || echo ?)
+        rest=$(sed 's/.*) //' "$t/stat")
+        # shellcheck disable=SC2086 # word splitting is the point
+        set -- $rest
+        n=$((${12} + ${13}))
+        case $comm in
+        sl-worker-*) w=$((w + n)) ;;
+        sl-tlog) l=$((l + n)) ;;
+        sl-sink-*) s=$((s + n)) ;;
+        *) o=$((o + n)) ;;
+        esac
+    done
+    echo "$w $l $s $o"
+}
+
 # Starts proxy $1 listening on $PORT (HTTP/1.1), $TLS_PORT (TLS 1.3, h2 and
 # http/1.1) and $H2C_PORT (h2c) and checks each answers; sets PROXY_PID.
 start_proxy() { # name
@@ -718,7 +740,9 @@ log_delivery() { # proxy
 RESULTS="$TMP/results"
 SLOW_RESULTS="$TMP/slow_results"
 LOG_RESULTS="$TMP/log_results"
+THREAD_RESULTS="$TMP/thread_results"
 : >"$LOG_RESULTS"
+: >"$THREAD_RESULTS"
 : >"$RESULTS"
 : >"$SLOW_RESULTS"
 : >"$TMP/tls/params"
@@ -757,12 +781,20 @@ for proxy in $order; do
                 awk -v s="$(seconds_of "$DURATION")" '{n = int($2 * s); print (n < 500 ? 500 : n)}')
         fi
         before=$(cpu_ticks "$PROXY_PID")
+        tbefore=""
+        case $proxy in sluice | sluice-log-*) tbefore=$(thread_ticks "$PROXY_PID") ;; esac
         run_load "$test" "$DURATION" "$TMP/$proxy-$test.txt" "$count"
         after=$(cpu_ticks "$PROXY_PID")
+        tafter=""
+        [ -z "$tbefore" ] || tafter=$(thread_ticks "$PROXY_PID")
         kill -0 "$PROXY_PID" 2>/dev/null || die "$proxy died during $test: $(tail -5 "$TMP/$proxy/stderr")"
         read -r requests rps errors < <(parse_load "$test" "$TMP/$proxy-$test.txt")
         cpu_us=$($PY -c "print('%.2f' % (($after - $before) * 1e6 / $CLK_TCK / max($requests, 1)))")
         echo "$proxy $test $requests $rps $cpu_us $errors $resumed" >>"$RESULTS"
+        if [ -n "$tafter" ]; then
+            # shellcheck disable=SC2086
+            echo "$proxy $test $requests $tbefore $tafter" >>"$THREAD_RESULTS"
+        fi
         printf '%-8s %-17s %10s req/s %8s us/req  errors %s%s\n' "$proxy" "$test" "$rps" \
             "$cpu_us" "$errors" "$([ "$resumed" = - ] || echo ", resumed $resumed")"
     done
@@ -799,7 +831,7 @@ if wants handshake_new || wants handshake_resumed; then KNOBS="$KNOBS HANDSHAKE_
 if wants h2_slow_reader; then KNOBS="$KNOBS SLOW_BYTES=$SLOW_BYTES SLOW_RATE=$SLOW_RATE"; fi
 if wants grpc_unary; then KNOBS="$KNOBS GRPC_CALLS=$GRPC_CALLS"; fi
 CMD="make bench  ($KNOBS perf/bench.sh)"
-TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" "$GRPC_RESULTS" "$GRPC_CALLS" "$LOG_RESULTS" <<'EOF'
+TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" "$GRPC_RESULTS" "$GRPC_CALLS" "$LOG_RESULTS" "$THREAD_RESULTS" "$CLK_TCK" <<'EOF'
 import sys
 import statistics
 # One row per (proxy, test): the median of its rounds (ROUNDS).
@@ -909,6 +941,32 @@ if logrows:
         a, b = float(plain[4]), float(lg[4])
         print("| %s | %s | %s | %.2f | %.2f | %.2f | %s | %.0f | %.0f |" % (
             v, what, names.get(t, t), a, b, b - a, ratio(b, a), float(plain[3]), float(lg[3])))
+    # Per thread: the logger's and the sinks' CPU is the log's own cost,
+    # measured directly (no difference of two noisy runs).
+    th = {}
+    for l in open(sys.argv[7]):
+        f = l.split()
+        if len(f) != 11:
+            continue
+        p, t, req = f[0], f[1], int(f[2])
+        b, a = [int(x) for x in f[3:7]], [int(x) for x in f[7:11]]
+        us = [(a[i] - b[i]) * 1e6 / int(sys.argv[8]) / max(req, 1) for i in range(4)]
+        th.setdefault((p, t), []).append(us)
+    if th:
+        print()
+        print("CPU µs/request by thread of sluice-runtime (median of the rounds): the worker, "
+              "the traffic log's logger thread and sink thread(s), the main thread; clock "
+              "ticks of /proc/PID/task/*/stat, 1/%s s each:" % sys.argv[8])
+        print()
+        print("| variant | test | worker | logger | sinks | main | logger + sinks vs all, no log |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        for (p, t), runs_ in sorted(th.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            m = [statistics.median(r[i] for r in runs_) for i in range(4)]
+            base = th.get(("sluice", t))
+            tot = sum(statistics.median(r[i] for r in base) for i in range(4)) if base else 0
+            print("| %s | %s | %.2f | %.2f | %.2f | %.2f | %s |" % (
+                p, names.get(t, t), m[0], m[1], m[2], m[3],
+                "%.1f%%" % (100 * (m[1] + m[2]) / tot) if tot and p != "sluice" else ""))
     if delivered:
         print()
         print("Records per variant over the whole run (warm-ups included; sluice: its /metrics "
