@@ -598,6 +598,16 @@ static int line_encode(sl_tlog_sink_t *s, const sl_tlog_view_t *v, const char *j
     return sl_tlog_buf_add(out, "\n", 1);
 }
 
+/* Every '\n' (the end of a record: a record has none inside) becomes ','
+ * so the records are a JSON array's elements; memchr scans a word or a
+ * vector at a time, a byte loop cost a sink ~1 instruction per byte. */
+static void lines_to_commas(char *p, size_t n)
+{
+    char *end = p + n;
+    while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL)
+        *p++ = ',';
+}
+
 static enum sl_tlog_deliver_result http_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *batch,
                                                 unsigned *nrec)
 {
@@ -608,9 +618,7 @@ static enum sl_tlog_deliver_result http_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t
     body->len = 0;
     if (sl_tlog_buf_add(body, "[", 1) != 0 || sl_tlog_buf_add(body, batch->data, batch->len) != 0)
         return SL_TLOG_RETRY;
-    for (size_t i = 1; i < body->len; i++)
-        if (body->data[i] == '\n')
-            body->data[i] = ',';
+    lines_to_commas(body->data + 1, body->len - 1);
     if (body->len > 1 && body->data[body->len - 1] == ',')
         body->data[body->len - 1] = ']';
     else if (sl_tlog_buf_add(body, "]", 1) != 0)
@@ -682,6 +690,16 @@ static enum sl_tlog_deliver_result es_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
         http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody, &rlen);
     if (status < 200 || status >= 300)
         return judge(s, n, status, rbody, rlen, *nrec);
+    /* 200 with "errors":false before "items": every document was indexed.
+     * Elasticsearch writes took, errors, then items; reading that flag
+     * spares parsing an item per document (~2 µs a record). */
+    if (rbody && rlen) {
+        const char *items = memmem(rbody, rlen, "\"items\"", 7);
+        if (items && memmem(rbody, (size_t)(items - rbody), "\"errors\":false", 15)) {
+            atomic_fetch_add_explicit(&s->written, *nrec, memory_order_relaxed);
+            return SL_TLOG_DELIVERED;
+        }
+    }
     /* 200: per item. */
     json_error_t jerr;
     json_t *doc = json_loadb(rbody, rlen, 0, &jerr);
@@ -882,9 +900,7 @@ static enum sl_tlog_deliver_result otlp_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t
     size_t spans_at = body->len;
     if (sl_tlog_buf_add(body, batch->data, batch->len) != 0)
         return SL_TLOG_RETRY;
-    for (size_t i = spans_at; i < body->len; i++)
-        if (body->data[i] == '\n')
-            body->data[i] = ',';
+    lines_to_commas(body->data + spans_at, body->len - spans_at);
     if (body->len > spans_at && body->data[body->len - 1] == ',')
         body->len--;
     if (sl_tlog_buf_add(body, "]}]}]}", 6) != 0)

@@ -330,7 +330,10 @@ def bulk_handler(state):
                 items.append({"index": {"_index": action["index"]["_index"], "_id": str(i),
                                         "result": "created", "status": 201}})
         errors = any(it["index"]["status"] >= 300 for it in items)
-        return 200, json.dumps({"took": 3, "errors": errors, "items": items})
+        # compact, as Elasticsearch writes it (the sink reads "errors":false
+        # before "items" without parsing the items)
+        return 200, json.dumps({"took": 3, "errors": errors, "items": items},
+                               separators=(",", ":"))
     return handle
 
 
@@ -386,7 +389,8 @@ def test_elasticsearch_api_key_and_daily_index(runtimes, backends):
             action, doc = json.loads(lines[i]), json.loads(lines[i + 1])
             docs.append((action["index"]["_index"], doc))
             items.append({"index": {"_index": action["index"]["_index"], "status": 201}})
-        return 200, json.dumps({"took": 1, "errors": False, "items": items})
+        return 200, json.dumps({"took": 1, "errors": False, "items": items},
+                               separators=(",", ":"))
     c = Collector(handle)
     try:
         common = {"type": "elasticsearch", "url": "http://127.0.0.1:%d/" % c.port,
