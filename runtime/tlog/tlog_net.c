@@ -694,8 +694,9 @@ static enum sl_tlog_deliver_result es_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
      * Elasticsearch writes took, errors, then items; reading that flag
      * spares parsing an item per document (~2 µs a record). */
     if (rbody && rlen) {
-        const char *items = memmem(rbody, rlen, "\"items\"", 7);
-        if (items && memmem(rbody, (size_t)(items - rbody), "\"errors\":false", 15)) {
+        static const char items_key[] = "\"items\"", no_errors[] = "\"errors\":false";
+        const char *items = memmem(rbody, rlen, items_key, sizeof(items_key) - 1);
+        if (items && memmem(rbody, (size_t)(items - rbody), no_errors, sizeof(no_errors) - 1)) {
             atomic_fetch_add_explicit(&s->written, *nrec, memory_order_relaxed);
             return SL_TLOG_DELIVERED;
         }

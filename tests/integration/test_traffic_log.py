@@ -417,6 +417,35 @@ def test_elasticsearch_api_key_and_daily_index(runtimes, backends):
         c.stop()
 
 
+def test_elasticsearch_errors_false_is_read_without_the_items(runtimes, backends):
+    """A 200 whose "errors":false comes before "items" (as Elasticsearch
+    writes it) delivers the whole batch without reading the items: this
+    endpoint leaves them out, which the per-item path would retry as
+    missing answers."""
+    b = backends("echo")
+    port = free_port()
+    got = []
+
+    def handle(path, headers, body):
+        got.append(body.count(b"\n") // 2)
+        return 200, '{"took":1,"errors":false,"items":[]}'
+    c = Collector(handle)
+    try:
+        tl = {"sinks": [{"name": "es", "type": "elasticsearch",
+                         "url": "http://127.0.0.1:%d/" % c.port,
+                         "batch": {"maxRecords": 2, "maxDelay": "50ms"}}]}
+        rt = runtimes([gw(port, tl), backend("echo", [b.port]), api("t", "/t", "echo")])
+        for i in range(6):
+            assert request(port, "GET", "/t/%d" % i).status == 200
+        wait_until(lambda: rt.metric("sluice_traffic_log_records_total", sink="es",
+                                     type="elasticsearch") == 6, 10, what="6 delivered")
+        time.sleep(0.3)
+        assert sum(got) == 6  # each document sent once: nothing retried
+        assert rt.metric("sluice_traffic_log_failed_batches_total", sink="es") == 0
+    finally:
+        c.stop()
+
+
 def test_budget_full_drops_and_counts(runtimes, backends):
     """A collector that never answers: the queue stops at bufferBytes, the
     rest is dropped and counted, and traffic is unaffected."""
