@@ -1256,11 +1256,11 @@ uint64_t sl_tlog_ring_bytes(void)
 
 void sl_tlog_sink_lost(sl_tlog_sink_t *s, uint64_t n, const char *why)
 {
-    static _Atomic uint64_t last_ms;
     atomic_fetch_add_explicit(&s->dropped, n, memory_order_relaxed);
-    uint64_t now = sl_tlog_now_ms(), prev = atomic_load(&last_ms);
+    /* Once a minute per sink: one sink's drops never hide another's. */
+    uint64_t now = sl_tlog_now_ms(), prev = atomic_load(&s->lost_logged_ms);
     if (why && (prev == 0 || now - prev >= 60000) &&
-        atomic_compare_exchange_strong(&last_ms, &prev, now ? now : 1))
+        atomic_compare_exchange_strong(&s->lost_logged_ms, &prev, now ? now : 1))
         sl_log_error("traffic log sink %s: %llu record(s) dropped: %s (counted in "
                      "sluice_traffic_log_dropped_total; said at most once a minute)",
                      s->cfg.name, (unsigned long long)n, why);

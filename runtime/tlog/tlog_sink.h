@@ -86,6 +86,7 @@ typedef struct sl_tlog_sink {
     _Atomic uint64_t written;
     _Atomic uint64_t dropped;
     _Atomic uint64_t batches_failed;
+    _Atomic uint64_t lost_logged_ms; /* when a drop was last logged (sl_tlog_sink_lost) */
 
     /* Type state (sink thread only, except what open set up). */
     void *state;

@@ -446,6 +446,26 @@ def test_elasticsearch_errors_false_is_read_without_the_items(runtimes, backends
         c.stop()
 
 
+def test_each_sink_says_why_it_drops(runtimes, backends):
+    """The once-a-minute drop message is per sink: a second sink dropping in
+    the same minute is logged too."""
+    b = backends("echo")
+    port = free_port()
+    c = Collector(lambda path, headers, body: (403, '{"error":"forbidden"}'))
+    try:
+        url = "http://127.0.0.1:%d/" % c.port
+        tl = {"sinks": [{"name": "one", "type": "http", "url": url},
+                        {"name": "two", "type": "http", "url": url}]}
+        rt = runtimes([gw(port, tl), backend("echo", [b.port]), api("t", "/t", "echo")])
+        assert request(port, "GET", "/t/x").status == 200
+        for name in ("one", "two"):
+            wait_until(lambda: re.search(r"sink %s: 1 record\(s\) dropped: the collector refused "
+                                         r"the batch with HTTP 403" % name, rt.log()), 10,
+                       what="sink %s's drop logged" % name)
+    finally:
+        c.stop()
+
+
 def test_budget_full_drops_and_counts(runtimes, backends):
     """A collector that never answers: the queue stops at bufferBytes, the
     rest is dropped and counted, and traffic is unaffected."""
