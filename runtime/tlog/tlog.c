@@ -167,7 +167,8 @@ static struct {
     unsigned chunk_n;
     unsigned chunk_dest; /* logger: the SL_TLOG_TO_* bits every record of the chunk has */
     sl_tlog_buf_t lines;
-    int need_json; /* logger: some sink takes JSON */
+    int need_json;      /* logger: some sink takes JSON */
+    size_t max_no_body; /* the most bytes a record without bodies takes in a ring */
 } tl = {
     .wake_fd = -1,
     .chunk_dest = SL_TLOG_TO_LOG | SL_TLOG_TO_TRACE,
@@ -1161,6 +1162,25 @@ static void wake_logger(void)
     (void)w;
 }
 
+/* The producer's side of a record: one release store, and past half full
+ * a wake-up of the logger, once (it drains every DRAIN_INTERVAL_MS
+ * anyway). */
+static inline void publish(ring_t *r, size_t new_head)
+{
+    atomic_store_explicit(&r->head, new_head, memory_order_release);
+    if (new_head - r->tail_seen >= RING_BYTES / 2) {
+        if (!r->woke) {
+            r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
+            if (new_head - r->tail_seen >= RING_BYTES / 2) {
+                r->woke = 1;
+                wake_logger();
+            }
+        }
+    } else {
+        r->woke = 0;
+    }
+}
+
 void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
 {
     if (sl_unlikely(worker >= tl.nworkers || !tl.rings)) {
@@ -1182,9 +1202,31 @@ void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
         .retries = e->retries,
         .upstream_off_us = e->upstream_off_us,
     };
-    size_t len = sizeof(h);
     unsigned nstr = record_nstr(e);
     h.nstr = (uint8_t)nstr;
+    size_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    size_t off = head & (RING_BYTES - 1);
+    /* A record without bodies is at most tl.max_no_body: with that much
+     * room known before the ring's end, its strings are measured and
+     * copied in one pass and its head written after them. */
+    if (sl_likely(nstr == SL_TLOG_S_REQUEST_BODY_META && RING_BYTES - off >= tl.max_no_body &&
+                  head + tl.max_no_body - r->tail_seen <= RING_BYTES)) {
+        char *dst = r->buf + off + sizeof(h);
+        for (unsigned i = 0; i < SL_TLOG_S_REQUEST_BODY_META; i++) {
+            size_t n = e->str[i].len < str_max[i] ? e->str[i].len : str_max[i];
+            h.slen[i] = (uint32_t)n;
+            if (n) {
+                memcpy(dst, e->str[i].ptr, n);
+                dst += n;
+            }
+        }
+        size_t len = WIRE_ALIGN((size_t)(dst - (r->buf + off)));
+        h.len = (uint32_t)len;
+        memcpy(r->buf + off, &h, sizeof(h));
+        publish(r, head + len);
+        return;
+    }
+    size_t len = sizeof(h);
     for (unsigned i = 0; i < nstr; i++) {
         size_t n = e->str[i].ptr ? e->str[i].len : 0;
         h.slen[i] = (uint32_t)(n < str_max[i] ? n : str_max[i]);
@@ -1192,8 +1234,6 @@ void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
     }
     len = WIRE_ALIGN(len);
     h.len = (uint32_t)len;
-    size_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-    size_t off = head & (RING_BYTES - 1);
     size_t pad = RING_BYTES - off < len ? RING_BYTES - off : 0;
     /* The logger's tail is read only when the room known from the last
      * read is not enough: its cache line stays with the logger. */
@@ -1218,21 +1258,7 @@ void sl_tlog_write(unsigned worker, const sl_tlog_record_t *e)
             dst += h.slen[i];
         }
     }
-    size_t new_head = head + pad + len;
-    atomic_store_explicit(&r->head, new_head, memory_order_release);
-    /* Past half full: wake the logger once (it drains every
-     * DRAIN_INTERVAL_MS anyway). */
-    if (new_head - r->tail_seen >= RING_BYTES / 2) {
-        if (!r->woke) {
-            r->tail_seen = atomic_load_explicit(&r->tail, memory_order_acquire);
-            if (new_head - r->tail_seen >= RING_BYTES / 2) {
-                r->woke = 1;
-                wake_logger();
-            }
-        }
-    } else {
-        r->woke = 0;
-    }
+    publish(r, head + pad + len);
 }
 
 uint64_t sl_tlog_ring_dropped(void)
@@ -1929,6 +1955,9 @@ int sl_tlog_init(unsigned nworkers, char *err, size_t errlen)
         snprintf(err, errlen, "traffic log: no workers");
         return -1;
     }
+    tl.max_no_body = sizeof(wire_head_t) + 8;
+    for (unsigned i = 0; i < SL_TLOG_S_REQUEST_BODY_META; i++)
+        tl.max_no_body += str_max[i];
     tl.nworkers = nworkers;
     tl.rings = calloc(nworkers, sizeof(*tl.rings));
     if (!tl.rings)
