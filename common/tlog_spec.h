@@ -106,12 +106,6 @@ uint32_t sl_tlog_sample_ppm(json_t *v);
 /* A caBundle's longest text. */
 #define SL_TLOG_MAX_CA_PEM (1024 * 1024)
 
-/* Parses the PEM CA certificates of a caBundle, adding each to store
- * (NULL: only parse). The number of certificates, or -1 with err
- * ("certificate 2 does not parse: ..."). */
-struct x509_store_st;
-int sl_tlog_ca_pem_load(struct x509_store_st *store, const char *pem, char *err, size_t errlen);
-
 /* Splits an http:// or https:// URL; 0, or -1 with why (a static string). */
 int sl_tlog_url_split(const char *url, int *tls, char *host, size_t hcap, char *port, size_t pcap,
                       char *path, size_t pathcap, const char **why);

@@ -371,3 +371,48 @@ fail:
     sl_pem_free(&c);
     return -1;
 }
+
+/* CA certificates (tls_pem.h). */
+int sl_pem_ca_load(X509_STORE *store, const char *pem, char *err, size_t errlen)
+{
+    ERR_clear_error();
+    BIO *bio = BIO_new_mem_buf(pem, -1);
+    if (!bio) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int n = 0;
+    for (;;) {
+        X509 *x = PEM_read_bio_X509(bio, NULL, NULL, NULL);
+        if (!x) {
+            unsigned long e = ERR_peek_last_error();
+            /* The end of the text is "no start line": anything else is a
+             * certificate that does not parse. */
+            if (ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE && n > 0)
+                break;
+            const char *r = ERR_reason_error_string(ERR_peek_error());
+            snprintf(err, errlen, "certificate %d does not parse: %s", n + 1,
+                     n == 0 && ERR_GET_REASON(e) == PEM_R_NO_START_LINE ? "no PEM certificate found"
+                     : r                                                ? r
+                                                                        : "unknown error");
+            BIO_free(bio);
+            ERR_clear_error();
+            return -1;
+        }
+        int ok = !store || X509_STORE_add_cert(store, x) == 1 ||
+                 ERR_GET_REASON(ERR_peek_last_error()) == X509_R_CERT_ALREADY_IN_HASH_TABLE;
+        X509_free(x);
+        if (!ok) {
+            const char *r = ERR_reason_error_string(ERR_peek_last_error());
+            snprintf(err, errlen, "certificate %d cannot be used: %s", n + 1,
+                     r ? r : "unknown error");
+            BIO_free(bio);
+            ERR_clear_error();
+            return -1;
+        }
+        n++;
+    }
+    BIO_free(bio);
+    ERR_clear_error();
+    return n;
+}

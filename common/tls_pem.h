@@ -91,4 +91,10 @@ const char *sl_pem_field_name(sl_pem_field_t f);
 /* ISO 8601 UTC ("2026-12-01T20:00:00Z") into buf (at least 21 bytes). */
 void sl_pem_format_time(int64_t unix_s, char *buf, size_t len);
 
+/* Loads every certificate of a PEM text (trust anchors: a caBundle) into
+ * store (NULL: only parses and counts them). The number loaded, or -1 with
+ * the reason in err ("certificate 2 does not parse: ..."). Shared by the jwt
+ * policy's JWKS client and the traffic log's https sinks. */
+int sl_pem_ca_load(X509_STORE *store, const char *pem, char *err, size_t errlen);
+
 #endif

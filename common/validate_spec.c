@@ -953,7 +953,7 @@ static void check_tlog_ca_pem(sl_vctx_t *c, json_t *v, const void *arg)
     else if (!strstr(s, "-----BEGIN CERTIFICATE-----") || !strstr(s, "-----END CERTIFICATE-----"))
         sl_validate_error(c, "expected PEM certificates (-----BEGIN CERTIFICATE----- ... "
                              "-----END CERTIFICATE-----)");
-    else if (sl_tlog_ca_pem_load(NULL, s, why, sizeof(why)) < 0)
+    else if (sl_pem_ca_load(NULL, s, why, sizeof(why)) < 0)
         sl_validate_error(c, "%s", why);
 }
 

@@ -6,6 +6,7 @@
 #include "jwks_fetch.h"
 
 #include "log.h"
+#include "tls_pem.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -147,60 +148,9 @@ static const char *ssl_reason(void)
     return r ? r : "unknown error";
 }
 
-/* The reason of the first error queued: for a parse, the innermost (the
- * last is a wrapper such as "ASN1 lib"). */
-static const char *first_reason(void)
-{
-    unsigned long e = ERR_peek_error();
-    const char *r = e ? ERR_reason_error_string(e) : NULL;
-    return r ? r : "unknown error";
-}
-
-/* Loads every certificate of a PEM text into store (NULL: only counts
- * them). The number loaded, or -1 with the reason in err. */
-static int load_pem_certs(X509_STORE *store, const char *pem, char *err, size_t errlen)
-{
-    ERR_clear_error();
-    BIO *bio = BIO_new_mem_buf(pem, -1);
-    if (!bio) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    int n = 0;
-    for (;;) {
-        X509 *x = PEM_read_bio_X509(bio, NULL, NULL, NULL);
-        if (!x) {
-            unsigned long e = ERR_peek_last_error();
-            /* The end of the text is "no start line": anything else is a
-             * certificate that does not parse. */
-            if (ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE && n > 0)
-                break;
-            snprintf(err, errlen, "certificate %d does not parse: %s", n + 1,
-                     n == 0 && ERR_GET_REASON(e) == PEM_R_NO_START_LINE ? "no PEM certificate found"
-                                                                        : first_reason());
-            BIO_free(bio);
-            ERR_clear_error();
-            return -1;
-        }
-        int ok = !store || X509_STORE_add_cert(store, x) == 1 ||
-                 ERR_GET_REASON(ERR_peek_last_error()) == X509_R_CERT_ALREADY_IN_HASH_TABLE;
-        X509_free(x);
-        if (!ok) {
-            snprintf(err, errlen, "certificate %d cannot be used: %s", n + 1, ssl_reason());
-            BIO_free(bio);
-            ERR_clear_error();
-            return -1;
-        }
-        n++;
-    }
-    BIO_free(bio);
-    ERR_clear_error();
-    return n;
-}
-
 int sl_jwks_ca_pem_check(const char *pem, char *err, size_t errlen)
 {
-    return load_pem_certs(NULL, pem, err, errlen) > 0 ? 0 : -1;
+    return sl_pem_ca_load(NULL, pem, err, errlen) > 0 ? 0 : -1;
 }
 
 sl_jwks_fetch_t *sl_jwks_fetch_new(const char *uri, unsigned ttl_s, const char *ca_pem,
@@ -399,7 +349,7 @@ static SSL_CTX *tls_ctx(sl_jwks_fetch_t *f, char *err, size_t errlen)
     SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
     char why[200];
     if (f->ca_pem) {
-        if (load_pem_certs(SSL_CTX_get_cert_store(ctx), f->ca_pem, why, sizeof(why)) <= 0) {
+        if (sl_pem_ca_load(SSL_CTX_get_cert_store(ctx), f->ca_pem, why, sizeof(why)) <= 0) {
             snprintf(err, errlen, "jwksCaBundle: %s", why);
             goto fail;
         }

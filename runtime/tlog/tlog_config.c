@@ -5,6 +5,8 @@
  */
 #include "tlog_config.h"
 
+#include "tls_pem.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,7 +118,7 @@ int sl_tlog_check_snapshot(const Sluice__V1__Snapshot *snap, char *err, size_t e
         else if (ferror(f))
             snprintf(why, sizeof(why), "%s", strerror(errno));
         else
-            sl_tlog_ca_pem_load(NULL, text, why, sizeof(why));
+            sl_pem_ca_load(NULL, text, why, sizeof(why));
         if (f)
             fclose(f);
         free(text);

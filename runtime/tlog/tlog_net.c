@@ -27,6 +27,7 @@
 #include "tlog_sink.h"
 
 #include "log.h"
+#include "tls_pem.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -84,7 +85,7 @@ int sl_tlog_net_open(sl_tlog_sink_t *s, char *err, size_t errlen)
     unsigned char addr[16];
     n->host_ip = inet_pton(AF_INET, n->host, addr) == 1 || inet_pton(AF_INET6, n->host, addr) == 1;
     if (tls && s->cfg.ca_pem[0] &&
-        sl_tlog_ca_pem_load(NULL, s->cfg.ca_pem, why_buf, sizeof(why_buf)) < 0) {
+        sl_pem_ca_load(NULL, s->cfg.ca_pem, why_buf, sizeof(why_buf)) < 0) {
         snprintf(err, errlen, "traffic log sink %s: caBundle: %s", s->cfg.name, why_buf);
         free(n);
         return -1;
@@ -164,8 +165,7 @@ static int tls_ctx(sl_tlog_sink_t *s, net_state_t *n)
     SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
     char why[200];
     if (s->cfg.ca_pem[0]) {
-        if (sl_tlog_ca_pem_load(SSL_CTX_get_cert_store(ctx), s->cfg.ca_pem, why, sizeof(why)) <=
-            0) {
+        if (sl_pem_ca_load(SSL_CTX_get_cert_store(ctx), s->cfg.ca_pem, why, sizeof(why)) <= 0) {
             snprintf(n->why, sizeof(n->why), "caBundle: %s", why);
             goto fail;
         }
