@@ -27,6 +27,7 @@
  * rather than recursing without bound on a hostile recursive message.
  */
 #include "pbjson.h"
+#include "utf8.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -61,37 +62,6 @@ static json_t *double_to_json(double v)
     return json_real(v);
 }
 
-static size_t utf8_valid_len(const unsigned char *s, size_t avail)
-{
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t n;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        if (c == 0xe0)
-            lo = 0xa0;
-        else if (c == 0xed)
-            hi = 0x9f; /* no UTF-16 surrogates */
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        if (c == 0xf0)
-            lo = 0x90;
-        else if (c == 0xf4)
-            hi = 0x8f; /* nothing above U+10FFFF */
-    } else
-        return 0;
-    if (avail < n || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if (s[i] < 0x80 || s[i] > 0xbf)
-            return 0;
-    return n;
-}
-
 static json_t *string_to_json(const char *s)
 {
     if (!s)
@@ -109,7 +79,7 @@ static json_t *string_to_json(const char *s)
     const unsigned char *p = (const unsigned char *)s;
     size_t o = 0;
     for (size_t i = 0; i < len;) {
-        size_t n = utf8_valid_len(p + i, len - i);
+        size_t n = sl_utf8_valid_len(p + i, len - i);
         if (n) {
             memcpy(fixed + o, p + i, n);
             o += n;

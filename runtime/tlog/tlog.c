@@ -17,6 +17,7 @@
 #include "tlog.h"
 #include "tlog_body.h"
 #include "tlog_sink.h"
+#include "utf8.h"
 
 #include "log.h"
 
@@ -269,40 +270,6 @@ static void put_2d(out_t *o, unsigned v)
 
 static const char hex_digits[] = "0123456789abcdef";
 
-/* Length of a valid UTF-8 sequence at s (RFC 3629: no overlongs, no
- * surrogates, nothing above U+10FFFF), or 0 if the byte at s does not start
- * one. */
-static size_t utf8_valid_len(const unsigned char *s, size_t avail)
-{
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t n;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        if (c == 0xe0)
-            lo = 0xa0;
-        else if (c == 0xed)
-            hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        if (c == 0xf0)
-            lo = 0x90;
-        else if (c == 0xf4)
-            hi = 0x8f;
-    } else
-        return 0;
-    if (avail < n || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if (s[i] < 0x80 || s[i] > 0xbf)
-            return 0;
-    return n;
-}
-
 /* A JSON string body: quote, backslash and control characters escaped;
  * valid UTF-8 copied; each byte that is not part of valid UTF-8 written as
  * \u00XX (its Latin-1 reading), so the record is valid JSON whatever bytes
@@ -358,7 +325,7 @@ static void put_json_str(out_t *o, const char *ptr, size_t len)
         default:
             break;
         }
-        size_t n = c >= 0x80 ? utf8_valid_len(p + i, len - i) : 0;
+        size_t n = c >= 0x80 ? sl_utf8_valid_len(p + i, len - i) : 0;
         if (n) {
             put(o, (const char *)p + i, n);
             i += n;
@@ -544,7 +511,7 @@ static char *j_str(char *o, const char *ptr, size_t len)
             i++;
             continue;
         }
-        size_t n = c >= 0x80 ? utf8_valid_len(p + i, len - i) : 0;
+        size_t n = c >= 0x80 ? sl_utf8_valid_len(p + i, len - i) : 0;
         if (n) {
             memcpy(o, p + i, n);
             o += n;
