@@ -674,6 +674,9 @@ static Sluice__V1__Tracing *compile_tracing(cctx_t *c, const sl_resource_t *gw)
         if (o) {
             sluice__v1__traffic_log_sink__init(o);
             compile_tlog_sink(c, o, ex);
+            /* an export has no name of its own: the sink is "tracing" */
+            if (o->name != protobuf_c_empty_string)
+                free(o->name);
             o->name = cstr(c, "tracing");
             o->type = SLUICE__V1__TRAFFIC_LOG_SINK__TYPE__OTLP;
             t->export = o;
