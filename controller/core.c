@@ -40,6 +40,7 @@
  * /api/v1/status say why, and the compile is retried.
  */
 #include "controller.h"
+#include "prom.h"
 
 #include "compiler.h"
 #include "consumers.h"
@@ -1761,7 +1762,7 @@ void sl_controller_render_metrics(sl_controller_t *ctl, struct evbuffer *b)
         for (runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next)
             n += rt->stream && rt->fleet_name && strcmp(rt->fleet_name, f->name) == 0;
         evbuffer_add(b, "sluice_controller_fleet_runtimes_connected{fleet=\"", 50);
-        sl_ctrl_label_value(b, f->name);
+        sl_prom_label_value(b, f->name);
         evbuffer_add_printf(b, "\"} %" PRIu64 "\n", n);
     }
 }

@@ -3,6 +3,8 @@
  */
 #include "ctrl_metrics.h"
 
+#include "prom.h"
+
 #include <event2/buffer.h>
 #include <event2/http.h>
 #include <inttypes.h>
@@ -36,22 +38,6 @@ void sl_ctrl_hist_observe(sl_ctrl_hist_t *h, uint64_t us)
     atomic_fetch_add_explicit(&h->sum_us, us, memory_order_relaxed);
 }
 
-/* 500 us -> "0.0005", 2.5 s -> "2.5", 10 s -> "10". */
-static void format_seconds(char *buf, size_t len, uint64_t us)
-{
-    uint64_t whole = us / 1000000, frac = us % 1000000;
-    if (frac == 0) {
-        snprintf(buf, len, "%" PRIu64, whole);
-        return;
-    }
-    char digits[8];
-    snprintf(digits, sizeof(digits), "%06" PRIu64, frac);
-    size_t n = strlen(digits);
-    while (n > 0 && digits[n - 1] == '0')
-        digits[--n] = '\0';
-    snprintf(buf, len, "%" PRIu64 ".%s", whole, digits);
-}
-
 void sl_ctrl_hist_render(struct evbuffer *b, const char *name, const char *labels,
                          const sl_ctrl_hist_t *h)
 {
@@ -61,7 +47,7 @@ void sl_ctrl_hist_render(struct evbuffer *b, const char *name, const char *label
         char le[32];
         cumulative += atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
         if (i < SL_CTRL_HIST_BUCKETS - 1)
-            format_seconds(le, sizeof(le), sl_ctrl_hist_bounds_us[i]);
+            sl_prom_seconds(le, sizeof(le), sl_ctrl_hist_bounds_us[i]);
         else
             strcpy(le, "+Inf");
         evbuffer_add_printf(b, "%s_bucket{%s%sle=\"%s\"} %" PRIu64 "\n", name, labels, sep, le,
@@ -73,20 +59,6 @@ void sl_ctrl_hist_render(struct evbuffer *b, const char *name, const char *label
                         sum / 1000000, sum % 1000000);
     /* The count is the +Inf bucket, so the two always agree. */
     evbuffer_add_printf(b, "%s_count%s%s%s %" PRIu64 "\n", name, open, labels, close, cumulative);
-}
-
-void sl_ctrl_label_value(struct evbuffer *b, const char *v)
-{
-    const char *run = v;
-    for (const char *p = v; *p; p++) {
-        const char *esc = *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : *p == '\n' ? "\\n" : NULL;
-        if (esc) {
-            evbuffer_add(b, run, (size_t)(p - run));
-            evbuffer_add(b, esc, 2);
-            run = p + 1;
-        }
-    }
-    evbuffer_add(b, run, strlen(run));
 }
 
 /* ---- REST requests ---------------------------------------------------------- */

@@ -34,10 +34,6 @@ void sl_ctrl_hist_observe(sl_ctrl_hist_t *h, uint64_t us);
 void sl_ctrl_hist_render(struct evbuffer *b, const char *name, const char *labels,
                          const sl_ctrl_hist_t *h);
 
-/* Appends v escaped as a label value of the text format (backslash, double
- * quote and line feed). */
-void sl_ctrl_label_value(struct evbuffer *b, const char *v);
-
 /* Store operations, timed by store.c: reads (get, list, load, counter
  * reads) and writes (transactions, fsync included). */
 extern sl_ctrl_hist_t sl_ctrl_store_read_seconds;

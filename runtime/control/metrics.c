@@ -19,6 +19,7 @@
  */
 #include "cache/cache_store.h"
 #include "metrics.h"
+#include "prom.h"
 
 #include "tlog.h"
 #include "endpoint.h"
@@ -335,9 +336,6 @@ void sl_metrics_scope_release(sl_policy_stats_t *s)
     policy_release_in(&scope_table, s);
 }
 
-static void add_label_value(struct evbuffer *out, const char *v);
-static void add_header(struct evbuffer *out, const char *name, const char *type, const char *help);
-
 /* ---- traffic log ------------------------------------------------------------ */
 
 typedef struct {
@@ -383,17 +381,17 @@ static void render_tlog(struct evbuffer *out)
          "Deliveries of a batch that failed (then retried with backoff, or dropped)."},
     };
     for (int f = 0; f < 5; f++) {
-        add_header(out, fam[f].name, fam[f].type, fam[f].help);
+        sl_prom_header(out, fam[f].name, fam[f].type, fam[f].help);
         tlog_render_t t = {out, f};
         sl_tlog_foreach_sink(tlog_series, &t);
     }
-    add_header(out, "sluice_traffic_log_ring_dropped_total", "counter",
-               "Traffic log records dropped because a worker's ring was full (also counted in "
-               "every sink's dropped total).");
+    sl_prom_header(out, "sluice_traffic_log_ring_dropped_total", "counter",
+                   "Traffic log records dropped because a worker's ring was full (also counted in "
+                   "every sink's dropped total).");
     evbuffer_add_printf(out, "sluice_traffic_log_ring_dropped_total %" PRIu64 "\n",
                         sl_tlog_ring_dropped());
-    add_header(out, "sluice_traffic_log_ring_bytes", "gauge",
-               "Bytes of records waiting in the workers' rings for the logger thread.");
+    sl_prom_header(out, "sluice_traffic_log_ring_bytes", "gauge",
+                   "Bytes of records waiting in the workers' rings for the logger thread.");
     evbuffer_add_printf(out, "sluice_traffic_log_ring_bytes %" PRIu64 "\n", sl_tlog_ring_bytes());
 }
 
@@ -403,17 +401,17 @@ static void render_policies(struct evbuffer *out)
 {
     if (!policy_table.count)
         return;
-    add_header(out, "sluice_policy_rejections_total", "counter",
-               "Requests a policy answered itself (401, 403, 429, ...), by Api and policy.");
+    sl_prom_header(out, "sluice_policy_rejections_total", "counter",
+                   "Requests a policy answered itself (401, 403, 429, ...), by Api and policy.");
     for (size_t i = 0; i < policy_table.nbuckets; i++) {
         for (const sl_policy_stats_t *s = policy_table.buckets[i]; s; s = s->next) {
             uint64_t n = 0;
             for (unsigned w = 0; w < s->nslots; w++)
                 n += atomic_load_explicit(&s->slots[w].rejections, memory_order_relaxed);
             evbuffer_add(out, "sluice_policy_rejections_total{api=\"", 36);
-            add_label_value(out, s->api);
+            sl_prom_label_value(out, s->api);
             evbuffer_add(out, "\",policy=\"", 10);
-            add_label_value(out, s->policy);
+            sl_prom_label_value(out, s->policy);
             evbuffer_add_printf(out, "\"} %" PRIu64 "\n", n);
         }
     }
@@ -423,10 +421,10 @@ static void render_policies(struct evbuffer *out)
  * of the active chains, zeros included. */
 static void render_rate_limits(struct evbuffer *out)
 {
-    add_header(out, "sluice_rate_limit_rejections_total", "counter",
-               "Requests a rate-limit policy refused, by Api, scope (local: this runtime's "
-               "buckets, fleet: shared in Redis) and reason (limited: 429 over the limit; "
-               "unavailable: 503, its Redis unreachable and failOpen false).");
+    sl_prom_header(out, "sluice_rate_limit_rejections_total", "counter",
+                   "Requests a rate-limit policy refused, by Api, scope (local: this runtime's "
+                   "buckets, fleet: shared in Redis) and reason (limited: 429 over the limit; "
+                   "unavailable: 503, its Redis unreachable and failOpen false).");
     for (size_t i = 0; i < scope_table.nbuckets; i++) {
         for (const sl_policy_stats_t *s = scope_table.buckets[i]; s; s = s->next) {
             uint64_t n[2] = {0, 0};
@@ -437,9 +435,9 @@ static void render_rate_limits(struct evbuffer *out)
             static const char *const reasons[2] = {"limited", "unavailable"};
             for (int r = 0; r < 2; r++) {
                 evbuffer_add(out, "sluice_rate_limit_rejections_total{api=\"", 40);
-                add_label_value(out, s->api);
+                sl_prom_label_value(out, s->api);
                 evbuffer_add(out, "\",scope=\"", 9);
-                add_label_value(out, s->policy);
+                sl_prom_label_value(out, s->policy);
                 evbuffer_add_printf(out, "\",reason=\"%s\"} %" PRIu64 "\n", reasons[r], n[r]);
             }
         }
@@ -534,37 +532,12 @@ void sl_metrics_observe(sl_route_stats_t *s, unsigned worker, int status, uint64
 /* Label value escaping of the text format: backslash, double quote and line
  * feed; every other byte goes through as is (the format is UTF-8 and names
  * come from validated config). */
-static void add_label_value(struct evbuffer *out, const char *v)
-{
-    const char *run = v;
-    for (const char *p = v; *p; p++) {
-        const char *esc = NULL;
-        if (*p == '\\')
-            esc = "\\\\";
-        else if (*p == '"')
-            esc = "\\\"";
-        else if (*p == '\n')
-            esc = "\\n";
-        if (esc) {
-            evbuffer_add(out, run, (size_t)(p - run));
-            evbuffer_add(out, esc, 2);
-            run = p + 1;
-        }
-    }
-    evbuffer_add(out, run, strlen(run));
-}
-
-static void add_header(struct evbuffer *out, const char *name, const char *type, const char *help)
-{
-    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
 static void add_route_labels(struct evbuffer *out, const sl_route_stats_t *s)
 {
     evbuffer_add(out, "api=\"", 5);
-    add_label_value(out, s->api);
+    sl_prom_label_value(out, s->api);
     evbuffer_add(out, "\",operation=\"", 13);
-    add_label_value(out, s->operation);
+    sl_prom_label_value(out, s->operation);
     evbuffer_add(out, "\"", 1);
 }
 
@@ -601,29 +574,13 @@ static void sum_route(const sl_route_stats_t *s, unsigned nworkers, route_totals
         t->count += t->buckets[b];
 }
 
-/* Bucket bounds printed as seconds: 500 us -> "0.0005", 2.5 s -> "2.5". */
-static void format_le(char *buf, size_t len, uint64_t bound_us)
-{
-    uint64_t whole = bound_us / 1000000, frac = bound_us % 1000000;
-    if (frac == 0) {
-        snprintf(buf, len, "%" PRIu64, whole);
-        return;
-    }
-    char digits[8];
-    snprintf(digits, sizeof(digits), "%06" PRIu64, frac);
-    size_t n = strlen(digits);
-    while (n > 0 && digits[n - 1] == '0')
-        digits[--n] = '\0';
-    snprintf(buf, len, "%" PRIu64 ".%s", whole, digits);
-}
-
 /* Route series appear once the route has answered a request: a config with
  * 10,000 mostly idle routes would otherwise put ~200,000 zero lines on every
  * scrape. */
 static void render_routes(struct evbuffer *out, unsigned nworkers)
 {
-    add_header(out, "sluice_requests_total", "counter",
-               "Responses to routed requests, by Api, operation and status class.");
+    sl_prom_header(out, "sluice_requests_total", "counter",
+                   "Responses to routed requests, by Api, operation and status class.");
     for (size_t i = 0; i < route_table.nbuckets; i++) {
         for (const sl_route_stats_t *s = route_table.buckets[i]; s; s = s->next) {
             route_totals_t t;
@@ -641,8 +598,9 @@ static void render_routes(struct evbuffer *out, unsigned nworkers)
         }
     }
 
-    add_header(out, "sluice_request_duration_seconds", "histogram",
-               "Time from the first byte of a routed request to the last byte of its response.");
+    sl_prom_header(
+        out, "sluice_request_duration_seconds", "histogram",
+        "Time from the first byte of a routed request to the last byte of its response.");
     for (size_t i = 0; i < route_table.nbuckets; i++) {
         for (const sl_route_stats_t *s = route_table.buckets[i]; s; s = s->next) {
             route_totals_t t;
@@ -654,7 +612,7 @@ static void render_routes(struct evbuffer *out, unsigned nworkers)
                 char le[32];
                 cumulative += t.buckets[b];
                 if (b < SL_METRICS_LATENCY_BUCKETS - 1)
-                    format_le(le, sizeof(le), sl_metrics_latency_bounds_us[b]);
+                    sl_prom_seconds(le, sizeof(le), sl_metrics_latency_bounds_us[b]);
                 else
                     strcpy(le, "+Inf");
                 evbuffer_add(out, "sluice_request_duration_seconds_bucket{", 39);
@@ -686,7 +644,7 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
          "before any response byte); also counted in errors_total{kind=\"reset\"}."},
     };
     for (unsigned f = 0; f < 4; f++) {
-        add_header(out, families[f].name, "counter", families[f].help);
+        sl_prom_header(out, families[f].name, "counter", families[f].help);
         for (size_t i = 0; i < cluster_table.nbuckets; i++) {
             for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next) {
                 uint64_t v[SL_UPSTREAM_ERR__COUNT] = {0};
@@ -705,7 +663,7 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
                 unsigned nseries = (f == 2) ? SL_UPSTREAM_ERR__COUNT : 1;
                 for (unsigned k = 0; k < nseries; k++) {
                     evbuffer_add_printf(out, "%s{cluster=\"", families[f].name);
-                    add_label_value(out, s->cluster);
+                    sl_prom_label_value(out, s->cluster);
                     if (f == 2)
                         evbuffer_add_printf(out, "\",kind=\"%s", upstream_error_names[k]);
                     evbuffer_add_printf(out, "\"} %" PRIu64 "\n", v[k]);
@@ -714,9 +672,9 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
         }
     }
 
-    add_header(out, "sluice_backend_responses_total", "counter",
-               "Requests a cluster was chosen for, by the status class the client got (a "
-               "gateway error after a failed attempt included).");
+    sl_prom_header(out, "sluice_backend_responses_total", "counter",
+                   "Requests a cluster was chosen for, by the status class the client got (a "
+                   "gateway error after a failed attempt included).");
     for (size_t i = 0; i < cluster_table.nbuckets; i++) {
         for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next) {
             uint64_t v[6] = {0}, total = 0;
@@ -732,7 +690,7 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
                     continue;
                 static const char head[] = "sluice_backend_responses_total{cluster=\"";
                 evbuffer_add(out, head, sizeof(head) - 1);
-                add_label_value(out, s->cluster);
+                sl_prom_label_value(out, s->cluster);
                 evbuffer_add_printf(out, "\",code_class=\"%s\"} %" PRIu64 "\n", class_names[c],
                                     v[c]);
             }
@@ -757,10 +715,10 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
     if (active < 0)
         active = 0;
 
-    add_header(out, "sluice_downstream_requests_total", "counter",
-               "Requests received from clients, routed or not.");
+    sl_prom_header(out, "sluice_downstream_requests_total", "counter",
+                   "Requests received from clients, routed or not.");
     evbuffer_add_printf(out, "sluice_downstream_requests_total %" PRIu64 "\n", requests);
-    add_header(
+    sl_prom_header(
         out, "sluice_unrouted_responses_total", "counter",
         "Responses the gateway answered before a route was chosen (400, 404, 405, 413, ...), "
         "by status class.");
@@ -771,55 +729,57 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
         evbuffer_add_printf(out,
                             "sluice_unrouted_responses_total{code_class=\"other\"} %" PRIu64 "\n",
                             unrouted[0]);
-    add_header(out, "sluice_connections_active", "gauge", "Open downstream connections.");
+    sl_prom_header(out, "sluice_connections_active", "gauge", "Open downstream connections.");
     evbuffer_add_printf(out, "sluice_connections_active %" PRId64 "\n", active);
-    add_header(out, "sluice_connections_accepted_total", "counter",
-               "Accepted downstream connections.");
+    sl_prom_header(out, "sluice_connections_accepted_total", "counter",
+                   "Accepted downstream connections.");
     evbuffer_add_printf(out, "sluice_connections_accepted_total %" PRIu64 "\n", accepted);
 
     int64_t alive =
         atomic_load_explicit(&sl_metrics_gauges.generations_alive, memory_order_relaxed);
-    add_header(out, "sluice_generation_version", "gauge",
-               "Snapshot version of the active config generation (0 = none yet).");
+    sl_prom_header(out, "sluice_generation_version", "gauge",
+                   "Snapshot version of the active config generation (0 = none yet).");
     evbuffer_add_printf(
         out, "sluice_generation_version %" PRIu64 "\n",
         atomic_load_explicit(&sl_metrics_gauges.generation_version, memory_order_relaxed));
-    add_header(out, "sluice_generation_swaps_total", "counter", "Config generations published.");
+    sl_prom_header(out, "sluice_generation_swaps_total", "counter",
+                   "Config generations published.");
     evbuffer_add_printf(
         out, "sluice_generation_swaps_total %" PRIu64 "\n",
         atomic_load_explicit(&sl_metrics_gauges.generation_swaps, memory_order_relaxed));
-    add_header(out, "sluice_config_errors_total", "counter",
-               "Configs rejected (invalid file on reload, snapshot that failed to compile).");
+    sl_prom_header(out, "sluice_config_errors_total", "counter",
+                   "Configs rejected (invalid file on reload, snapshot that failed to compile).");
     evbuffer_add_printf(
         out, "sluice_config_errors_total %" PRIu64 "\n",
         atomic_load_explicit(&sl_metrics_gauges.config_errors, memory_order_relaxed));
-    add_header(out, "sluice_generations_alive", "gauge",
-               "Config generations published and not yet freed (the active one plus those still "
-               "held by in-flight requests).");
+    sl_prom_header(
+        out, "sluice_generations_alive", "gauge",
+        "Config generations published and not yet freed (the active one plus those still "
+        "held by in-flight requests).");
     evbuffer_add_printf(out, "sluice_generations_alive %" PRId64 "\n", alive < 0 ? 0 : alive);
     if (atomic_load_explicit(&sl_metrics_gauges.controller_mode, memory_order_relaxed)) {
-        add_header(out, "sluice_controller_connected", "gauge",
-                   "1 while the config stream to the controller is up.");
+        sl_prom_header(out, "sluice_controller_connected", "gauge",
+                       "1 while the config stream to the controller is up.");
         evbuffer_add_printf(
             out, "sluice_controller_connected %" PRId64 "\n",
             atomic_load_explicit(&sl_metrics_gauges.controller_connected, memory_order_relaxed));
-        add_header(out, "sluice_controller_synced", "gauge",
-                   "1 once every resource type has been received from the controller and "
-                   "applied (the runtime serves the controller's config).");
+        sl_prom_header(out, "sluice_controller_synced", "gauge",
+                       "1 once every resource type has been received from the controller and "
+                       "applied (the runtime serves the controller's config).");
         evbuffer_add_printf(out, "sluice_controller_synced %" PRId64 "\n",
                             LOAD(sl_metrics_gauges.controller_synced));
-        add_header(out, "sluice_controller_connects_total", "counter",
-                   "Times the config stream to the controller came up: the first connect and "
-                   "every reconnect.");
+        sl_prom_header(out, "sluice_controller_connects_total", "counter",
+                       "Times the config stream to the controller came up: the first connect and "
+                       "every reconnect.");
         evbuffer_add_printf(out, "sluice_controller_connects_total %" PRIu64 "\n",
                             LOAD(sl_metrics_gauges.controller_connects));
-        add_header(out, "sluice_controller_stream_failures_total", "counter",
-                   "Config stream attempts that failed to connect or streams that ended "
-                   "(controller down, restarted, refused this runtime).");
+        sl_prom_header(out, "sluice_controller_stream_failures_total", "counter",
+                       "Config stream attempts that failed to connect or streams that ended "
+                       "(controller down, restarted, refused this runtime).");
         evbuffer_add_printf(out, "sluice_controller_stream_failures_total %" PRIu64 "\n",
                             LOAD(sl_metrics_gauges.controller_stream_failures));
-        add_header(out, "sluice_controller_updates_total", "counter",
-                   "Pushes from the controller, by result (ack = applied, nack = rejected).");
+        sl_prom_header(out, "sluice_controller_updates_total", "counter",
+                       "Pushes from the controller, by result (ack = applied, nack = rejected).");
         evbuffer_add_printf(out, "sluice_controller_updates_total{result=\"ack\"} %" PRIu64 "\n",
                             atomic_load_explicit(&sl_metrics_gauges.controller_updates_acked,
                                                  memory_order_relaxed));
@@ -846,9 +806,9 @@ static void add_endpoint_labels(struct evbuffer *out, const sl_endpoint_state_t 
     char hp[300];
     sl_endpoint_format(ep, hp, sizeof(hp));
     evbuffer_add(out, "cluster=\"", 9);
-    add_label_value(out, ep->cluster);
+    sl_prom_label_value(out, ep->cluster);
     evbuffer_add(out, "\",endpoint=\"", 12);
-    add_label_value(out, hp);
+    sl_prom_label_value(out, hp);
     evbuffer_add(out, "\"", 1);
 }
 
@@ -893,13 +853,13 @@ static void render_endpoint(sl_endpoint_state_t *ep, void *arg)
 static void render_health(struct evbuffer *out)
 {
     health_render_t r = {out, 0, NULL, 0};
-    add_header(out, "sluice_health_checks_total", "counter",
-               "Active health checks of an endpoint, by result.");
+    sl_prom_header(out, "sluice_health_checks_total", "counter",
+                   "Active health checks of an endpoint, by result.");
     sl_endpoint_foreach(render_endpoint, &r);
     r.family = 1;
-    add_header(out, "sluice_endpoint_healthy", "gauge",
-               "1 when the endpoint passes its active health checks, 0 when they marked it "
-               "unhealthy; only health-checked endpoints.");
+    sl_prom_header(out, "sluice_endpoint_healthy", "gauge",
+                   "1 when the endpoint passes its active health checks, 0 when they marked it "
+                   "unhealthy; only health-checked endpoints.");
     sl_endpoint_foreach(render_endpoint, &r);
 
     static const struct {
@@ -915,7 +875,7 @@ static void render_health(struct evbuffer *out)
     };
     r.now_ms = sl_endpoint_now_ms();
     for (int f = 0; f < 3; f++) {
-        add_header(out, fam[f].name, fam[f].type, fam[f].help);
+        sl_prom_header(out, fam[f].name, fam[f].type, fam[f].help);
         r.family = 2 + f;
         r.name = fam[f].name;
         sl_endpoint_foreach(render_endpoint, &r);
@@ -965,12 +925,12 @@ static void render_certificates(struct evbuffer *out)
     pthread_mutex_lock(&cert_lock);
     if (cert_count) {
         int64_t now = (int64_t)time(NULL);
-        add_header(out, "sluice_certificate_expiry_seconds", "gauge",
-                   "Seconds until the certificate's notAfter (negative once expired), for the "
-                   "certificates of the active configuration.");
+        sl_prom_header(out, "sluice_certificate_expiry_seconds", "gauge",
+                       "Seconds until the certificate's notAfter (negative once expired), for the "
+                       "certificates of the active configuration.");
         for (size_t i = 0; i < cert_count; i++) {
             evbuffer_add_printf(out, "sluice_certificate_expiry_seconds{certificate=\"");
-            add_label_value(out, cert_names[i]);
+            sl_prom_label_value(out, cert_names[i]);
             evbuffer_add_printf(out, "\"} %" PRId64 "\n", cert_not_after[i] - now);
         }
     }
@@ -1006,7 +966,7 @@ static void render_cache_zone(const sl_cache_zone_stats_t *s, void *arg)
     if (c->family < 0) {
         for (int r = 0; r < SL_CACHE_RESULTS; r++) {
             evbuffer_add(c->out, "sluice_cache_lookups_total{api=\"", 32);
-            add_label_value(c->out, s->name);
+            sl_prom_label_value(c->out, s->name);
             evbuffer_add_printf(c->out, "\",result=\"%s\"} %" PRIu64 "\n", sl_cache_result_names[r],
                                 s->lookups[r]);
         }
@@ -1014,7 +974,7 @@ static void render_cache_zone(const sl_cache_zone_stats_t *s, void *arg)
     }
     const uint64_t values[] = {s->bytes, s->max_bytes, s->entries, s->stores, s->evictions};
     evbuffer_add_printf(c->out, "%s{api=\"", cache_families[c->family].name);
-    add_label_value(c->out, s->name);
+    sl_prom_label_value(c->out, s->name);
     evbuffer_add_printf(c->out, "\"} %" PRIu64 "\n", values[c->family]);
 }
 
@@ -1025,13 +985,13 @@ static void render_cache(struct evbuffer *out)
     if (!c.zones)
         return;
     c.out = out;
-    add_header(out, "sluice_cache_lookups_total", "counter",
-               "Response cache lookups by Api and result: hit, miss, expired (a stale entry "
-               "was dropped), coalesced (waited for another request's response), pass (the "
-               "key's last response was not storable), bypass (the request is not cacheable).");
+    sl_prom_header(out, "sluice_cache_lookups_total", "counter",
+                   "Response cache lookups by Api and result: hit, miss, expired (a stale entry "
+                   "was dropped), coalesced (waited for another request's response), pass (the "
+                   "key's last response was not storable), bypass (the request is not cacheable).");
     sl_cache_zones_foreach(render_cache_zone, &c);
     for (size_t f = 0; f < SL_ARRAY_LEN(cache_families); f++) {
-        add_header(out, cache_families[f].name, cache_families[f].type, cache_families[f].help);
+        sl_prom_header(out, cache_families[f].name, cache_families[f].type, cache_families[f].help);
         c.family = (int)f;
         sl_cache_zones_foreach(render_cache_zone, &c);
     }

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "rest.h"
+#include "prom.h"
 #include "ctrl_metrics.h"
 
 #include <event2/buffer.h>
@@ -105,7 +106,7 @@ void sl_controller_render_metrics(sl_controller_t *ctl, struct evbuffer *b)
     evbuffer_add_printf(b, "# HELP sluice_controller_fleet_runtimes_connected x\n"
                            "# TYPE sluice_controller_fleet_runtimes_connected gauge\n"
                            "sluice_controller_fleet_runtimes_connected{fleet=\"");
-    sl_ctrl_label_value(b, "a\"b\\c\nd");
+    sl_prom_label_value(b, "a\"b\\c\nd");
     evbuffer_add_printf(b, "\"} 2\n");
 }
 
