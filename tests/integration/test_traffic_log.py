@@ -73,6 +73,13 @@ def test_gateway_file_sink_record(runtimes, backends, tmp_path):
     assert denied["upstream"] == ""
     wait_until(lambda: rt.metric("sluice_traffic_log_records_total", sink="local",
                                  type="file") == 2, 5, what="2 records written")
+    # The pipeline's threads are named (top -H; perf/bench.sh reads each
+    # one's CPU by these names).
+    names = set()
+    for t in os.listdir("/proc/%d/task" % rt.pid):
+        with open("/proc/%d/task/%s/comm" % (rt.pid, t)) as f:
+            names.add(f.read().strip())
+    assert {"sl-tlog", "sl-sink-local", "sl-worker-0"} <= names, names
 
 
 def test_api_override_and_headers(runtimes, backends, tmp_path):
