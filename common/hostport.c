@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 int sl_hostport_parse(const char *addr, const char *what, int example_port, char *host,
                       size_t hostlen, unsigned short *port, char *err, size_t errlen)
@@ -36,8 +37,8 @@ int sl_hostport_parse(const char *addr, const char *what, int example_port, char
             return -1;
         }
         if (memchr(addr, ':', (size_t)(colon - addr))) {
-            snprintf(err, errlen, "%s %s: IPv6 addresses need brackets, e.g. [::1]:%d", what,
-                     addr, example_port);
+            snprintf(err, errlen, "%s %s: IPv6 addresses need brackets, e.g. [::1]:%d", what, addr,
+                     example_port);
             return -1;
         }
         hlen = (size_t)(colon - addr);
@@ -68,10 +69,84 @@ int sl_hostport_parse(const char *addr, const char *what, int example_port, char
     return 0;
 
 bad_host:
-    snprintf(err, errlen, "%s %s: invalid host; use an IP address such as 127.0.0.1 or [::1]",
-             what, addr);
+    snprintf(err, errlen, "%s %s: invalid host; use an IP address such as 127.0.0.1 or [::1]", what,
+             addr);
     return -1;
 bad_port:
     snprintf(err, errlen, "%s %s: invalid port; use a number from 0 to 65535", what, addr);
     return -1;
+}
+
+int sl_url_split(const char *url, int *tls, char *host, size_t hcap, char *port, size_t pcap,
+                 char *path, size_t pathcap, const char **why)
+{
+    const char *h;
+    if (strncasecmp(url, "http://", 7) == 0) {
+        *tls = 0;
+        h = url + 7;
+    } else if (strncasecmp(url, "https://", 8) == 0) {
+        *tls = 1;
+        h = url + 8;
+    } else {
+        *why = "must start with http:// or https://";
+        return -1;
+    }
+    const char *slash = strchr(h, '/');
+    size_t hp = slash ? (size_t)(slash - h) : strlen(h);
+    const char *p = slash ? slash : "/";
+    if (strlen(p) >= pathcap || strpbrk(p, " \t\r\n#")) {
+        *why = "the path must be under 1024 characters, without spaces or '#'";
+        return -1;
+    }
+    if (memchr(h, '@', hp)) {
+        *why = "credentials in the URL are not supported (use auth)";
+        return -1;
+    }
+    const char *hs = h, *he, *colon;
+    if (hp && h[0] == '[') {
+        const char *rb = memchr(h, ']', hp);
+        if (!rb) {
+            *why = "an IPv6 address needs a closing ']'";
+            return -1;
+        }
+        hs = h + 1;
+        he = rb;
+        colon = rb + 1 < h + hp && rb[1] == ':' ? rb + 1 : NULL;
+    } else {
+        colon = memchr(h, ':', hp);
+        he = colon ? colon : h + hp;
+    }
+    size_t hl = (size_t)(he - hs);
+    if (hl == 0 || hl >= hcap) {
+        *why = "the host is missing or too long";
+        return -1;
+    }
+    memcpy(host, hs, hl);
+    host[hl] = '\0';
+    const char *ps = colon ? colon + 1 : NULL;
+    size_t pl = ps ? (size_t)(h + hp - ps) : 0;
+    if (ps) {
+        if (pl == 0 || pl >= pcap) {
+            *why = "the port is missing or invalid";
+            return -1;
+        }
+        long n = 0;
+        for (size_t i = 0; i < pl; i++) {
+            if (ps[i] < '0' || ps[i] > '9') {
+                *why = "the port must be a number";
+                return -1;
+            }
+            n = n * 10 + (ps[i] - '0');
+        }
+        if (n < 1 || n > 65535) {
+            *why = "the port must be 1..65535";
+            return -1;
+        }
+        memcpy(port, ps, pl);
+        port[pl] = '\0';
+    } else {
+        snprintf(port, pcap, "%s", *tls ? "443" : "80");
+    }
+    snprintf(path, pathcap, "%s", p);
+    return 0;
 }

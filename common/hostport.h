@@ -17,4 +17,14 @@
 int sl_hostport_parse(const char *addr, const char *what, int example_port, char *host,
                       size_t hostlen, unsigned short *port, char *err, size_t errlen);
 
+/*
+ * Splits an http:// or https:// URL (the JWKS client's jwksUri, the traffic
+ * log sinks' url) into *tls, host (brackets of an IPv6 literal removed),
+ * port (the scheme's when absent) and path ("/" when absent). Refuses user
+ * info, a path with spaces or '#', a bad port. 0, or -1 with why (a static
+ * string).
+ */
+int sl_url_split(const char *url, int *tls, char *host, size_t hcap, char *port, size_t pcap,
+                 char *path, size_t pathcap, const char **why);
+
 #endif

@@ -106,8 +106,4 @@ uint32_t sl_tlog_sample_ppm(json_t *v);
 /* A caBundle's longest text. */
 #define SL_TLOG_MAX_CA_PEM (1024 * 1024)
 
-/* Splits an http:// or https:// URL; 0, or -1 with why (a static string). */
-int sl_tlog_url_split(const char *url, int *tls, char *host, size_t hcap, char *port, size_t pcap,
-                      char *path, size_t pathcap, const char **why);
-
 #endif

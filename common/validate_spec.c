@@ -9,6 +9,7 @@
  * defaults (compiler.c applies them; this file only checks what is written).
  */
 #include "policy.h"
+#include "hostport.h"
 #include "validate.h"
 
 #include "listener_http2.h"
@@ -867,8 +868,8 @@ static void check_tlog_url(sl_vctx_t *c, json_t *v, const void *arg)
     int tls;
     char host[256], port[8], path[1024];
     const char *why = NULL;
-    if (sl_tlog_url_split(json_string_value(v), &tls, host, sizeof(host), port, sizeof(port), path,
-                          sizeof(path), &why) != 0)
+    if (sl_url_split(json_string_value(v), &tls, host, sizeof(host), port, sizeof(port), path,
+                     sizeof(path), &why) != 0)
         sl_validate_error(c, "%s (e.g. http://collector:8080/ingest)", why);
     else if (strchr(path, '?'))
         sl_validate_error(c, "must not have a query: the sink adds its own");

@@ -5,6 +5,7 @@
  */
 #include "jwks_fetch.h"
 
+#include "hostport.h"
 #include "log.h"
 #include "tls_pem.h"
 
@@ -57,72 +58,15 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* Splits an http:// or https:// URI; 0 or -1 with err. */
+/* An http:// or https:// URI in its parts (hostport.h); 0 or -1 with err. */
 static int split_uri(const char *uri, int *tls, char *host, size_t hcap, char *port, size_t pcap,
                      char *path, size_t pathcap, char *err, size_t errlen)
 {
-    const char *h;
-    if (strncasecmp(uri, "https://", 8) == 0) {
-        *tls = 1;
-        h = uri + 8;
-    } else if (strncasecmp(uri, "http://", 7) == 0) {
-        *tls = 0;
-        h = uri + 7;
-    } else {
-        snprintf(err, errlen, "an https:// (or http://) URL");
-        return -1;
-    }
-    const char *slash = strchr(h, '/');
-    size_t hostport = slash ? (size_t)(slash - h) : strlen(h);
-    const char *p = slash ? slash : "/";
-    if (strlen(p) >= pathcap || strpbrk(p, " \t\r\n#")) {
-        snprintf(err, errlen, "the path is longer than %zu characters or has spaces", pathcap - 1);
-        return -1;
-    }
-    const char *colon = memchr(h, ':', hostport);
-    if (h[0] == '[') { /* [v6]:port */
-        const char *close = memchr(h, ']', hostport);
-        if (!close) {
-            snprintf(err, errlen, "an unterminated [IPv6] host");
-            return -1;
-        }
-        colon = close + 1 < h + hostport && close[1] == ':' ? close + 1 : NULL;
-        size_t hl = (size_t)(close - h - 1);
-        if (hl == 0 || hl >= hcap) {
-            snprintf(err, errlen, "a host of 1 to %zu characters", hcap - 1);
-            return -1;
-        }
-        memcpy(host, h + 1, hl);
-        host[hl] = '\0';
-    } else {
-        size_t hl = colon ? (size_t)(colon - h) : hostport;
-        if (hl == 0 || hl >= hcap || memchr(h, '@', hl)) {
-            snprintf(err, errlen, "a host of 1 to %zu characters (no user info)", hcap - 1);
-            return -1;
-        }
-        memcpy(host, h, hl);
-        host[hl] = '\0';
-    }
-    if (colon) {
-        size_t pl = (size_t)(h + hostport - colon - 1);
-        char tmp[8] = "";
-        if (pl == 0 || pl >= sizeof(tmp)) {
-            snprintf(err, errlen, "a port of 1 to 65535");
-            return -1;
-        }
-        memcpy(tmp, colon + 1, pl);
-        char *end;
-        long v = strtol(tmp, &end, 10);
-        if (*end || v < 1 || v > 65535) {
-            snprintf(err, errlen, "a port of 1 to 65535");
-            return -1;
-        }
-        snprintf(port, pcap, "%ld", v);
-    } else {
-        snprintf(port, pcap, "%s", *tls ? "443" : "80");
-    }
-    snprintf(path, pathcap, "%s", p);
-    return 0;
+    const char *why = NULL;
+    if (sl_url_split(uri, tls, host, hcap, port, pcap, path, pathcap, &why) == 0)
+        return 0;
+    snprintf(err, errlen, "%s", why);
+    return -1;
 }
 
 int sl_jwks_uri_check(const char *uri, int *tls, char *err, size_t errlen)

@@ -203,16 +203,8 @@ static int buf_reserve(sl_tlog_buf_t *b, size_t n)
 
 int sl_tlog_buf_add(sl_tlog_buf_t *b, const void *p, size_t n)
 {
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n)
-            cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d)
-            return -1;
-        b->data = d;
-        b->cap = cap;
-    }
+    if (buf_reserve(b, n) != 0)
+        return -1;
     if (n)
         memcpy(b->data + b->len, p, n);
     b->len += n;

@@ -25,6 +25,7 @@
  * Not here: queues, batching and backoff timing (tlog.c).
  */
 #include "tlog_sink.h"
+#include "hostport.h"
 
 #include "log.h"
 #include "tls_pem.h"
@@ -75,8 +76,8 @@ int sl_tlog_net_open(sl_tlog_sink_t *s, char *err, size_t errlen)
     int tls = 0;
     const char *why = NULL;
     char why_buf[200];
-    if (sl_tlog_url_split(s->cfg.url, &tls, n->host, sizeof(n->host), n->port, sizeof(n->port),
-                          n->path, sizeof(n->path), &why) != 0) {
+    if (sl_url_split(s->cfg.url, &tls, n->host, sizeof(n->host), n->port, sizeof(n->port), n->path,
+                     sizeof(n->path), &why) != 0) {
         snprintf(err, errlen, "traffic log sink %s: url %s: %s", s->cfg.name, s->cfg.url, why);
         free(n);
         return -1;
