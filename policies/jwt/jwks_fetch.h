@@ -63,12 +63,4 @@ void sl_jwks_fetch_refresh(sl_jwks_fetch_t *f);
 /* Stops and joins the thread, frees every set it ever published. */
 void sl_jwks_fetch_free(sl_jwks_fetch_t *f);
 
-/* Exposed for unit tests: the body of an HTTP/1.1 response held in buf
- * (Content-Length, chunked or close-delimited), in place. clean_end: the
- * connection ended with a FIN or a TLS close_notify; without it (a TLS
- * server that just closes) a close-delimited body may be truncated by an
- * attacker and is refused. Returns the body length and sets *body, or -1
- * with the reason in err. */
-long sl_jwks_http_body(char *buf, size_t len, int clean_end, char **body, char *err, size_t errlen);
-
 #endif

@@ -2,11 +2,11 @@
  * The network sinks: http (a JSON array per batch, POSTed to any
  * collector), elasticsearch (the _bulk API: an action line and the document
  * per record, daily index names, per-item results) and clickhouse
- * (INSERT ... FORMAT JSONEachRow over its HTTP interface). All three speak
- * HTTP/1.1 through the small blocking client below, on the sink's own
- * thread, with a deadline on every connect, TLS handshake, send and
- * receive (the sink's timeout), keep-alive between batches, and basic or
- * API-key auth.
+ * (INSERT ... FORMAT JSONEachRow over its HTTP interface), and otlp (spans).
+ * All speak HTTP/1.1 through the blocking client of common/httpc.h on the
+ * sink's own thread, with the sink's timeout as the deadline of every
+ * connect, TLS handshake, send and receive, keep-alive between batches, and
+ * basic or API-key auth.
  *
  * https URLs: TLS 1.2 or later with OpenSSL, the server's certificate
  * verified against the system's CAs, or the sink's caBundle (PEM) or
@@ -25,44 +25,21 @@
  * Not here: queues, batching and backoff timing (tlog.c).
  */
 #include "tlog_sink.h"
-#include "hostport.h"
 
+#include "httpc.h"
 #include "log.h"
 #include "tls_pem.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <openssl/err.h>
 #include <openssl/evp.h>
-#include <openssl/ssl.h>
-#include <openssl/x509v3.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#define RESPONSE_MAX_BYTES (64 * 1024 * 1024)
 
 typedef struct {
-    char host[256];
-    char port[8];
-    char path[1024]; /* the URL's path, no trailing slash added */
+    sl_httpc_t http; /* the URL's parts, the connection, c->why: the last failure */
     char auth[1024]; /* "Authorization: ...\r\n" or "" */
-    int fd;
-    int tls;       /* an https URL */
-    int host_ip;   /* the host is an address: no SNI, the certificate names the address */
-    SSL_CTX *ctx;  /* https: made at the first connection, again after a failed handshake */
-    SSL *ssl;      /* https: the connection's */
-    char why[768]; /* the last failure, for the log */
-    sl_tlog_buf_t req, resp;
+    sl_tlog_buf_t req;
 } net_state_t;
 
 int sl_tlog_net_open(sl_tlog_sink_t *s, char *err, size_t errlen)
@@ -72,20 +49,18 @@ int sl_tlog_net_open(sl_tlog_sink_t *s, char *err, size_t errlen)
         snprintf(err, errlen, "traffic log sink %s: out of memory", s->cfg.name);
         return -1;
     }
-    n->fd = -1;
-    int tls = 0;
     const char *why = NULL;
     char why_buf[200];
-    if (sl_url_split(s->cfg.url, &tls, n->host, sizeof(n->host), n->port, sizeof(n->port), n->path,
-                     sizeof(n->path), &why) != 0) {
+    if (sl_httpc_init(&n->http, s->cfg.url, &why) != 0) {
         snprintf(err, errlen, "traffic log sink %s: url %s: %s", s->cfg.name, s->cfg.url, why);
         free(n);
         return -1;
     }
-    n->tls = tls;
-    unsigned char addr[16];
-    n->host_ip = inet_pton(AF_INET, n->host, addr) == 1 || inet_pton(AF_INET6, n->host, addr) == 1;
-    if (tls && s->cfg.ca_pem[0] &&
+    n->http.ca_pem = s->cfg.ca_pem;
+    n->http.ca_file = s->cfg.ca_file;
+    n->http.ca_pem_name = "caBundle";
+    n->http.ca_file_name = "caFile";
+    if (n->http.tls && s->cfg.ca_pem[0] &&
         sl_pem_ca_load(NULL, s->cfg.ca_pem, why_buf, sizeof(why_buf)) < 0) {
         snprintf(err, errlen, "traffic log sink %s: caBundle: %s", s->cfg.name, why_buf);
         free(n);
@@ -111,457 +86,16 @@ int sl_tlog_net_open(sl_tlog_sink_t *s, char *err, size_t errlen)
     return 0;
 }
 
-static int wait_fd(int fd, short events, uint64_t deadline_ms)
-{
-    for (;;) {
-        uint64_t now = sl_tlog_now_ms();
-        if (now >= deadline_ms)
-            return -1;
-        struct pollfd p = {.fd = fd, .events = events};
-        int r = poll(&p, 1, (int)(deadline_ms - now));
-        if (r > 0)
-            return 0;
-        if (r < 0 && errno != EINTR)
-            return -1;
-    }
-}
-
-static void conn_close(net_state_t *n)
-{
-    if (n->ssl) {
-        /* A quiet close: the collector gets a close_notify if the socket
-         * takes it now, and nobody waits for its answer. */
-        SSL_shutdown(n->ssl);
-        SSL_free(n->ssl);
-        n->ssl = NULL;
-    }
-    if (n->fd >= 0)
-        close(n->fd);
-    n->fd = -1;
-    ERR_clear_error();
-}
-
-static const char *ssl_reason(void)
-{
-    unsigned long e = ERR_peek_last_error();
-    const char *r = e ? ERR_reason_error_string(e) : NULL;
-    return r ? r : "unknown error";
-}
-
-/* The TLS context: TLS >= 1.2, peer verification against caBundle, caFile
- * or the system's CAs. 0, or -1 with n->why. */
-static int tls_ctx(sl_tlog_sink_t *s, net_state_t *n)
-{
-    ERR_clear_error();
-    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
-    if (!ctx) {
-        snprintf(n->why, sizeof(n->why), "out of memory for TLS");
-        return -1;
-    }
-    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
-    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
-    SSL_CTX_set_mode(ctx, SSL_MODE_AUTO_RETRY);
-    static const unsigned char alpn[] = "\x08http/1.1";
-    SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
-    char why[200];
-    if (s->cfg.ca_pem[0]) {
-        if (sl_pem_ca_load(SSL_CTX_get_cert_store(ctx), s->cfg.ca_pem, why, sizeof(why)) <= 0) {
-            snprintf(n->why, sizeof(n->why), "caBundle: %s", why);
-            goto fail;
-        }
-    } else if (s->cfg.ca_file[0]) {
-        /* Opened here first: OpenSSL's own error for a missing file is
-         * "system lib". */
-        FILE *f = fopen(s->cfg.ca_file, "re");
-        const char *reason = f ? NULL : strerror(errno);
-        if (f)
-            fclose(f);
-        if (reason || SSL_CTX_load_verify_locations(ctx, s->cfg.ca_file, NULL) != 1) {
-            snprintf(n->why, sizeof(n->why),
-                     "caFile %.200s cannot be used: %s (a readable PEM file of CA certificates)",
-                     s->cfg.ca_file, reason ? reason : ssl_reason());
-            goto fail;
-        }
-    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
-        snprintf(n->why, sizeof(n->why), "the system's CA certificates could not be loaded: %s",
-                 ssl_reason());
-        goto fail;
-    }
-    ERR_clear_error();
-    n->ctx = ctx;
-    return 0;
-fail:
-    ERR_clear_error();
-    SSL_CTX_free(ctx);
-    return -1;
-}
-
-/* Waits for what the last SSL call wants; 1 when it may be called again,
- * 0 when it failed for good or the deadline passed. */
-static int tls_wait(net_state_t *n, int r, uint64_t deadline)
-{
-    switch (SSL_get_error(n->ssl, r)) {
-    case SSL_ERROR_WANT_READ:
-        return wait_fd(n->fd, POLLIN, deadline) == 0;
-    case SSL_ERROR_WANT_WRITE:
-        return wait_fd(n->fd, POLLOUT, deadline) == 0;
-    default:
-        return 0;
-    }
-}
-
-/* The handshake on n->fd: SNI (for a name only, RFC 6066), the name or
- * address the certificate must carry. 0, or -1 with n->why. */
-static int tls_connect(sl_tlog_sink_t *s, net_state_t *n, uint64_t deadline)
-{
-    if (!n->ctx && tls_ctx(s, n) != 0)
-        return -1;
-    if (!(n->ssl = SSL_new(n->ctx)) || SSL_set_fd(n->ssl, n->fd) != 1) {
-        snprintf(n->why, sizeof(n->why), "out of memory for TLS");
-        return -1;
-    }
-    X509_VERIFY_PARAM *param = SSL_get0_param(n->ssl);
-    X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
-    if ((n->host_ip ? X509_VERIFY_PARAM_set1_ip_asc(param, n->host)
-                    : X509_VERIFY_PARAM_set1_host(param, n->host, 0)) != 1 ||
-        (!n->host_ip && SSL_set_tlsext_host_name(n->ssl, n->host) != 1)) {
-        snprintf(n->why, sizeof(n->why), "cannot set the name to verify: %s", ssl_reason());
-        return -1;
-    }
-    ERR_clear_error();
-    for (;;) {
-        int r = SSL_connect(n->ssl);
-        if (r == 1)
-            return 0;
-        if (tls_wait(n, r, deadline))
-            continue;
-        long vr = SSL_get_verify_result(n->ssl);
-        if (vr != X509_V_OK)
-            snprintf(n->why, sizeof(n->why),
-                     "TLS to %s:%s: certificate verify failed: %s (the server's certificate must "
-                     "chain to %s and name %s)",
-                     n->host, n->port, X509_verify_cert_error_string(vr),
-                     s->cfg.ca_pem[0]    ? "caBundle"
-                     : s->cfg.ca_file[0] ? "caFile"
-                                         : "a system CA (or set caFile / caBundle)",
-                     n->host);
-        else if (sl_tlog_now_ms() >= deadline)
-            snprintf(n->why, sizeof(n->why), "TLS to %s:%s: timed out in the handshake", n->host,
-                     n->port);
-        else if (ERR_peek_last_error())
-            snprintf(n->why, sizeof(n->why), "TLS to %s:%s: handshake failed: %s", n->host, n->port,
-                     ssl_reason());
-        else
-            snprintf(n->why, sizeof(n->why),
-                     "TLS to %s:%s: handshake failed: the connection was closed", n->host, n->port);
-        ERR_clear_error();
-        /* The CAs are loaded again for the next attempt. */
-        SSL_CTX_free(n->ctx);
-        n->ctx = NULL;
-        return -1;
-    }
-}
-
-static int conn_open(sl_tlog_sink_t *s, net_state_t *n, uint64_t deadline)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    int rc = getaddrinfo(n->host, n->port, &hints, &res);
-    if (rc != 0) {
-        snprintf(n->why, sizeof(n->why), "cannot resolve %s: %s", n->host, gai_strerror(rc));
-        return -1;
-    }
-    int fd = -1;
-    for (struct addrinfo *a = res; a; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0)
-            continue;
-        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
-            break;
-        if (errno == EINPROGRESS && wait_fd(fd, POLLOUT, deadline) == 0) {
-            int soerr = 0;
-            socklen_t sl = sizeof(soerr);
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-            if (soerr == 0)
-                break;
-            errno = soerr;
-        }
-        snprintf(n->why, sizeof(n->why), "connect to %s:%s: %s", n->host, n->port,
-                 errno == EINPROGRESS ? "timed out" : strerror(errno));
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
-    /* A batch is sent as a head and a body: without NODELAY the body's last
-     * segment waits for the ACK of the head, which the collector delays (up
-     * to 40 ms on Linux): one batch per delayed ACK. */
-    if (fd >= 0)
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int));
-    n->fd = fd;
-    if (fd < 0)
-        return -1;
-    if (n->tls && tls_connect(s, n, deadline) != 0) {
-        conn_close(n);
-        return -1;
-    }
-    return 0;
-}
-
-static int send_all(net_state_t *n, const char *p, size_t len, uint64_t deadline)
-{
-    while (len && n->ssl) {
-        ERR_clear_error();
-        int w = SSL_write(n->ssl, p, (int)(len > 1u << 30 ? 1u << 30 : len));
-        if (w > 0) {
-            p += w;
-            len -= (size_t)w;
-            continue;
-        }
-        if (tls_wait(n, w, deadline))
-            continue;
-        snprintf(n->why, sizeof(n->why), "send to %s:%s: %s", n->host, n->port,
-                 sl_tlog_now_ms() >= deadline ? "timed out"
-                 : ERR_peek_last_error()      ? ssl_reason()
-                                              : "the connection was closed");
-        ERR_clear_error();
-        return -1;
-    }
-    while (len) {
-        ssize_t w = send(n->fd, p, len, MSG_NOSIGNAL);
-        if (w > 0) {
-            p += w;
-            len -= (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
-            wait_fd(n->fd, POLLOUT, deadline) == 0)
-            continue;
-        snprintf(n->why, sizeof(n->why), "send to %s:%s: %s", n->host, n->port,
-                 w < 0 && errno != EAGAIN ? strerror(errno) : "timed out");
-        return -1;
-    }
-    return 0;
-}
-
-/* Reads more into resp; 1 read, 0 closed, -1 error or timeout. */
-static int recv_more(net_state_t *n, uint64_t deadline)
-{
-    for (;;) {
-        if (n->resp.cap - n->resp.len < 16384) {
-            if (n->resp.len >= RESPONSE_MAX_BYTES) {
-                snprintf(n->why, sizeof(n->why), "the response is larger than %d bytes",
-                         RESPONSE_MAX_BYTES);
-                return -1;
-            }
-            size_t cap = n->resp.cap ? n->resp.cap * 2 : 65536;
-            char *d = realloc(n->resp.data, cap);
-            if (!d) {
-                snprintf(n->why, sizeof(n->why), "out of memory");
-                return -1;
-            }
-            n->resp.data = d;
-            n->resp.cap = cap;
-        }
-        if (n->ssl) {
-            ERR_clear_error();
-            int r =
-                SSL_read(n->ssl, n->resp.data + n->resp.len, (int)(n->resp.cap - n->resp.len - 1));
-            if (r > 0) {
-                n->resp.len += (size_t)r;
-                n->resp.data[n->resp.len] = '\0';
-                return 1;
-            }
-            int e = SSL_get_error(n->ssl, r);
-            if (e == SSL_ERROR_ZERO_RETURN ||
-                (e == SSL_ERROR_SSL &&
-                 ERR_GET_REASON(ERR_peek_last_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING) ||
-                (e == SSL_ERROR_SYSCALL && ERR_peek_last_error() == 0 && errno == 0)) {
-                /* close_notify, or a close without it: the response's own
-                 * framing says whether it was complete. */
-                ERR_clear_error();
-                return 0;
-            }
-            if (tls_wait(n, r, deadline))
-                continue;
-            snprintf(n->why, sizeof(n->why), "receive from %s:%s: %s", n->host, n->port,
-                     sl_tlog_now_ms() >= deadline ? "timed out"
-                     : ERR_peek_last_error()      ? ssl_reason()
-                                                  : strerror(errno));
-            ERR_clear_error();
-            return -1;
-        }
-        ssize_t r = recv(n->fd, n->resp.data + n->resp.len, n->resp.cap - n->resp.len - 1, 0);
-        if (r > 0) {
-            n->resp.len += (size_t)r;
-            n->resp.data[n->resp.len] = '\0';
-            return 1;
-        }
-        if (r == 0)
-            return 0;
-        if (errno == EINTR)
-            continue;
-        if ((errno == EAGAIN || errno == EWOULDBLOCK) && wait_fd(n->fd, POLLIN, deadline) == 0)
-            continue;
-        snprintf(n->why, sizeof(n->why), "receive from %s:%s: %s", n->host, n->port,
-                 errno == EAGAIN ? "timed out" : strerror(errno));
-        return -1;
-    }
-}
-
-/* Decodes a chunked body in place; its length, or -1 when incomplete or bad. */
-static long dechunk(char *p, size_t len, int *complete)
-{
-    size_t in = 0, out = 0;
-    *complete = 0;
-    for (;;) {
-        char *eol = memmem(p + in, len - in, "\r\n", 2);
-        if (!eol)
-            return (long)out;
-        char *end;
-        unsigned long sz = strtoul(p + in, &end, 16);
-        if (end == p + in)
-            return -1;
-        size_t data = (size_t)(eol - p) + 2;
-        if (sz == 0) {
-            *complete = memmem(p + data, len - data, "\r\n", 2) != NULL;
-            return (long)out;
-        }
-        if (len - data < sz + 2)
-            return (long)out;
-        memmove(p + out, p + data, sz);
-        out += sz;
-        in = data + sz + 2;
-        /* What is left is moved down with the next chunk's data. */
-        memmove(p + out, p + in, len - in);
-        len = out + (len - in);
-        in = out;
-    }
-}
-
-/* One request, one response. Returns the status (body in *body, owned by
- * n->resp) or 0 with n->why on a transport failure. */
+/* One batch POSTed: the status (body in *rbody) or 0 with n->http.why. */
 static int http_post(sl_tlog_sink_t *s, net_state_t *n, const char *target, const char *ctype,
-                     const char *body, size_t blen, char **rbody, size_t *rlen)
+                     const char *body, size_t blen, const char **rbody, size_t *rlen)
 {
-    for (int attempt = 0; attempt < 2; attempt++) {
-        uint64_t deadline = sl_tlog_now_ms() + s->cfg.timeout_ms;
-        int reused = n->fd >= 0;
-        if (!reused && conn_open(s, n, deadline) != 0)
-            return 0;
-        char head[2048];
-        int hl = snprintf(head, sizeof(head),
-                          "POST %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nUser-Agent: sluice-runtime\r\n"
-                          "Content-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
-                          target, strchr(n->host, ':') ? "[" : "", n->host,
-                          strchr(n->host, ':') ? "]" : "", n->port, ctype, blen, n->auth);
-        if (hl < 0 || (size_t)hl >= sizeof(head)) {
-            snprintf(n->why, sizeof(n->why), "request head too long");
-            return 0;
-        }
-        n->resp.len = 0;
-        if (send_all(n, head, (size_t)hl, deadline) != 0 ||
-            send_all(n, body, blen, deadline) != 0) {
-            conn_close(n);
-            if (reused)
-                continue; /* the collector closed an idle connection: once more on a new one */
-            return 0;
-        }
-        /* The head. */
-        char *hend = NULL;
-        int rr = 1;
-        while (!(hend = n->resp.len ? strstr(n->resp.data, "\r\n\r\n") : NULL)) {
-            rr = recv_more(n, deadline);
-            if (rr <= 0)
-                break;
-        }
-        if (!hend) {
-            conn_close(n);
-            if (rr == 0 && reused && n->resp.len == 0)
-                continue;
-            if (rr == 0)
-                snprintf(n->why, sizeof(n->why), "%s:%s closed the connection before answering",
-                         n->host, n->port);
-            return 0;
-        }
-        int status = 0;
-        if (sscanf(n->resp.data, "HTTP/1.%*d %d", &status) != 1 || status < 100 || status > 599) {
-            snprintf(n->why, sizeof(n->why), "not an HTTP response from %s:%s", n->host, n->port);
-            conn_close(n);
-            return 0;
-        }
-        size_t hlen = (size_t)(hend - n->resp.data) + 4;
-        *hend = '\0';
-        int chunked = 0, close_after = 0;
-        long clen = -1;
-        for (char *line = strstr(n->resp.data, "\r\n"); line && line < hend;
-             line = strstr(line + 2, "\r\n")) {
-            char *l = line + 2;
-            if (strncasecmp(l, "content-length:", 15) == 0)
-                clen = strtol(l + 15, NULL, 10);
-            else if (strncasecmp(l, "transfer-encoding:", 18) == 0 && strcasestr(l, "chunked"))
-                chunked = 1;
-            else if (strncasecmp(l, "connection:", 11) == 0 && strcasestr(l, "close"))
-                close_after = 1;
-        }
-        *hend = '\r';
-        /* The body. */
-        for (;;) {
-            size_t have = n->resp.len - hlen;
-            if (chunked) {
-                /* Decode a copy: a partial body is read further. */
-                char *copy = malloc(have + 1);
-                if (!copy) {
-                    conn_close(n);
-                    return 0;
-                }
-                memcpy(copy, n->resp.data + hlen, have);
-                int complete = 0;
-                long out = dechunk(copy, have, &complete);
-                if (out >= 0 && complete) {
-                    memcpy(n->resp.data + hlen, copy, (size_t)out);
-                    n->resp.data[hlen + (size_t)out] = '\0';
-                    free(copy);
-                    *rbody = n->resp.data + hlen;
-                    *rlen = (size_t)out;
-                    break;
-                }
-                free(copy);
-                if (out < 0) {
-                    snprintf(n->why, sizeof(n->why), "bad chunked body from %s:%s", n->host,
-                             n->port);
-                    conn_close(n);
-                    return 0;
-                }
-            } else if (clen >= 0 && have >= (size_t)clen) {
-                *rbody = n->resp.data + hlen;
-                *rlen = (size_t)clen;
-                break;
-            }
-            int r = recv_more(n, deadline);
-            if (r < 0) {
-                conn_close(n);
-                return 0;
-            }
-            if (r == 0) {
-                if (clen < 0 && !chunked) {
-                    *rbody = n->resp.data + hlen;
-                    *rlen = n->resp.len - hlen;
-                    close_after = 1;
-                    break;
-                }
-                snprintf(n->why, sizeof(n->why), "%s:%s closed the connection mid-response",
-                         n->host, n->port);
-                conn_close(n);
-                return 0;
-            }
-        }
-        if (close_after)
-            conn_close(n);
-        return status;
-    }
-    return 0;
+    char headers[1200];
+    snprintf(headers, sizeof(headers), "Content-Type: %s\r\n%s", ctype, n->auth);
+    int status = sl_httpc_request(&n->http, "POST", target, headers, body, blen, s->cfg.timeout_ms,
+                                  rbody, rlen);
+    OPENSSL_cleanse(headers, sizeof(headers));
+    return status;
 }
 
 /* What an answer means for a whole batch. */
@@ -574,10 +108,10 @@ static enum sl_tlog_deliver_result judge(sl_tlog_sink_t *s, net_state_t *n, int 
     }
     if (status == 0 || status == 429 || status >= 500) {
         if (status)
-            snprintf(n->why, sizeof(n->why), "HTTP %d: %.*s", status,
+            snprintf(n->http.why, sizeof(n->http.why), "HTTP %d: %.*s", status,
                      (int)(rlen < 160 ? rlen : 160), rbody ? rbody : "");
         sl_log_warn("traffic log sink %s: delivery failed (%s); retrying with backoff", s->cfg.name,
-                    n->why);
+                    n->http.why);
         return SL_TLOG_RETRY;
     }
     char why[400];
@@ -624,9 +158,10 @@ static enum sl_tlog_deliver_result http_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t
         body->data[body->len - 1] = ']';
     else if (sl_tlog_buf_add(body, "]", 1) != 0)
         return SL_TLOG_RETRY;
-    char *rbody = NULL;
+    const char *rbody = NULL;
     size_t rlen = 0;
-    int status = http_post(s, n, n->path, "application/json", body->data, body->len, &rbody, &rlen);
+    int status =
+        http_post(s, n, n->http.path, "application/json", body->data, body->len, &rbody, &rlen);
     return judge(s, n, status, rbody, rlen, *nrec);
 }
 
@@ -682,10 +217,10 @@ static enum sl_tlog_deliver_result es_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
 {
     net_state_t *n = s->state;
     char target[1100];
-    size_t pl = strlen(n->path);
+    size_t pl = strlen(n->http.path);
     snprintf(target, sizeof(target), "%.*s/_bulk",
-             (int)(pl && n->path[pl - 1] == '/' ? pl - 1 : pl), n->path);
-    char *rbody = NULL;
+             (int)(pl && n->http.path[pl - 1] == '/' ? pl - 1 : pl), n->http.path);
+    const char *rbody = NULL;
     size_t rlen = 0;
     int status =
         http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody, &rlen);
@@ -708,8 +243,8 @@ static enum sl_tlog_deliver_result es_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
     json_t *items = json_object_get(doc, "items");
     if (!doc || !json_is_array(items)) {
         json_decref(doc);
-        snprintf(n->why, sizeof(n->why), "the _bulk answer is not a bulk response");
-        sl_log_warn("traffic log sink %s: %s; retrying", s->cfg.name, n->why);
+        snprintf(n->http.why, sizeof(n->http.why), "the _bulk answer is not a bulk response");
+        sl_log_warn("traffic log sink %s: %s; retrying", s->cfg.name, n->http.why);
         return SL_TLOG_RETRY;
     }
     if (!json_is_true(json_object_get(doc, "errors")) && json_array_size(items) == *nrec) {
@@ -806,8 +341,8 @@ static enum sl_tlog_deliver_result ch_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t *
     snprintf(target, sizeof(target),
              "%s?input_format_skip_unknown_fields=1&date_time_input_format=best_effort&"
              "query=INSERT%%20INTO%%20%s%%20FORMAT%%20JSONEachRow",
-             n->path, s->cfg.table);
-    char *rbody = NULL;
+             n->http.path, s->cfg.table);
+    const char *rbody = NULL;
     size_t rlen = 0;
     int status =
         http_post(s, n, target, "application/x-ndjson", batch->data, batch->len, &rbody, &rlen);
@@ -827,10 +362,8 @@ static void net_close(sl_tlog_sink_t *s)
     net_state_t *n = s->state;
     if (!n)
         return;
-    conn_close(n);
-    SSL_CTX_free(n->ctx);
+    sl_httpc_free(&n->http);
     sl_tlog_buf_free(&n->req);
-    sl_tlog_buf_free(&n->resp);
     OPENSSL_cleanse(n->auth, sizeof(n->auth));
     free(n);
     s->state = NULL;
@@ -907,9 +440,10 @@ static enum sl_tlog_deliver_result otlp_deliver(sl_tlog_sink_t *s, sl_tlog_buf_t
         body->len--;
     if (sl_tlog_buf_add(body, "]}]}]}", 6) != 0)
         return SL_TLOG_RETRY;
-    char *rbody = NULL;
+    const char *rbody = NULL;
     size_t rlen = 0;
-    int status = http_post(s, n, n->path, "application/json", body->data, body->len, &rbody, &rlen);
+    int status =
+        http_post(s, n, n->http.path, "application/json", body->data, body->len, &rbody, &rlen);
     if (status >= 200 && status < 300 && rlen) {
         json_t *doc = json_loadb(rbody, rlen, 0, NULL);
         json_t *ps = json_object_get(doc, "partialSuccess");

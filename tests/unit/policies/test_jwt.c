@@ -259,31 +259,9 @@ static void test_claim_paths_and_values(void **state)
     json_decref(p);
 }
 
-static void test_http_body(void **state)
+static void test_uri_and_ca_checks(void **state)
 {
     (void)state;
-    char *body, err[128];
-    char a[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloEXTRA";
-    assert_int_equal(sl_jwks_http_body(a, strlen(a), 1, &body, err, sizeof(err)), 5);
-    assert_memory_equal(body, "hello", 5);
-    char b[] = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2;x=y\r\nlo\r\n0\r\n\r\n";
-    assert_int_equal(sl_jwks_http_body(b, strlen(b), 1, &body, err, sizeof(err)), 5);
-    assert_memory_equal(body, "hello", 5);
-    char c[] = "HTTP/1.0 200 OK\r\n\r\n{}";
-    assert_int_equal(sl_jwks_http_body(c, strlen(c), 1, &body, err, sizeof(err)), 2);
-    char d[] = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
-    assert_int_equal(sl_jwks_http_body(d, strlen(d), 1, &body, err, sizeof(err)), -1);
-    assert_string_equal(err, "status 404");
-    char e[] = "HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort";
-    assert_int_equal(sl_jwks_http_body(e, strlen(e), 1, &body, err, sizeof(err)), -1);
-    char f[] = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nff\r\nab";
-    assert_int_equal(sl_jwks_http_body(f, strlen(f), 1, &body, err, sizeof(err)), -1);
-    /* Over TLS without close_notify, only a framed body is complete. */
-    char g[] = "HTTP/1.1 200 OK\r\n\r\n{\"keys\"";
-    assert_int_equal(sl_jwks_http_body(g, strlen(g), 0, &body, err, sizeof(err)), -1);
-    assert_non_null(strstr(err, "close_notify"));
-    char h[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
-    assert_int_equal(sl_jwks_http_body(h, strlen(h), 0, &body, err, sizeof(err)), 2);
     char uerr[200];
     int tls = -1;
     assert_int_equal(sl_jwks_uri_check("http://idp:8080/k", &tls, uerr, sizeof(uerr)), 0);
@@ -344,7 +322,7 @@ int main(void)
         cmocka_unit_test(test_es_signature_conversion_and_verify),
         cmocka_unit_test(test_claims),
         cmocka_unit_test(test_claim_paths_and_values),
-        cmocka_unit_test(test_http_body),
+        cmocka_unit_test(test_uri_and_ca_checks),
         cmocka_unit_test(test_cache_is_bounded_and_expires),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

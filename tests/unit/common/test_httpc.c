@@ -1,0 +1,248 @@
+/*
+ * common/httpc.c against a loopback server this test runs: response
+ * framing (Content-Length, chunked with extensions, the end of the
+ * connection), statuses, truncated and malformed bodies, keep-alive and
+ * a kept connection the server closed, refused connections, timeouts and
+ * cancellation. TLS is exercised by the integration tests of its two users
+ * (test_policy_jwt.py, test_traffic_log.py).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "httpc.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* The server: answers the requests it reads, in order, with replies[i];
+ * after a reply whose `close` is set it closes the connection; a NULL
+ * text means "read the request and never answer". */
+typedef struct {
+    const char *text;
+    int close;
+} reply_t;
+
+static struct {
+    int listen_fd;
+    int port;
+    const reply_t *replies;
+    size_t n, next;
+    int connections;
+    pthread_t thread;
+} srv;
+
+static void *serve(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        int fd = accept(srv.listen_fd, NULL, NULL);
+        if (fd < 0)
+            return NULL;
+        srv.connections++;
+        char buf[4096];
+        size_t have = 0;
+        for (;;) {
+            char *end = have ? memmem(buf, have, "\r\n\r\n", 4) : NULL;
+            if (!end) {
+                ssize_t r = read(fd, buf + have, sizeof(buf) - have);
+                if (r <= 0)
+                    break;
+                have += (size_t)r;
+                continue;
+            }
+            size_t used = (size_t)(end - buf) + 4;
+            memmove(buf, buf + used, have - used);
+            have -= used;
+            if (srv.next >= srv.n)
+                break;
+            const reply_t *rp = &srv.replies[srv.next++];
+            if (!rp->text) {
+                usleep(500000); /* the client gives up first */
+                break;
+            }
+            ssize_t w = write(fd, rp->text, strlen(rp->text));
+            (void)w;
+            if (rp->close)
+                break;
+        }
+        close(fd);
+    }
+}
+
+static void serve_start(const reply_t *replies, size_t n)
+{
+    srv.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(srv.listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t al = sizeof(a);
+    getsockname(srv.listen_fd, (struct sockaddr *)&a, &al);
+    srv.port = ntohs(a.sin_port);
+    assert_int_equal(listen(srv.listen_fd, 8), 0);
+    srv.replies = replies;
+    srv.n = n;
+    srv.next = 0;
+    srv.connections = 0;
+    pthread_create(&srv.thread, NULL, serve, NULL);
+}
+
+static void serve_stop(void)
+{
+    shutdown(srv.listen_fd, SHUT_RDWR);
+    close(srv.listen_fd);
+    pthread_join(srv.thread, NULL);
+}
+
+static void client(sl_httpc_t *c)
+{
+    char url[64];
+    const char *why = NULL;
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/x", srv.port);
+    assert_int_equal(sl_httpc_init(c, url, &why), 0);
+}
+
+static int get(sl_httpc_t *c, const char **body, size_t *len)
+{
+    return sl_httpc_request(c, "GET", "/x", NULL, NULL, 0, 2000, body, len);
+}
+
+static void test_framing_and_keep_alive(void **state)
+{
+    (void)state;
+    static const reply_t r[] = {
+        {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", 0},
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: "
+         "chunked\r\n\r\n3\r\nhel\r\n2;x=y\r\nlo\r\n0\r\n\r\n",
+         0},
+        {"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found", 0},
+        {"HTTP/1.1 204 No Content\r\n\r\n", 0},
+        {"HTTP/1.0 200 OK\r\n\r\n{}", 1}, /* ends with the connection */
+    };
+    serve_start(r, 5);
+    sl_httpc_t c;
+    client(&c);
+    const char *body;
+    size_t len;
+    assert_int_equal(get(&c, &body, &len), 200);
+    assert_int_equal(len, 5);
+    assert_memory_equal(body, "hello", 5);
+    assert_int_equal(get(&c, &body, &len), 200);
+    assert_int_equal(len, 5);
+    assert_memory_equal(body, "hello", 5);
+    assert_int_equal(get(&c, &body, &len), 404);
+    assert_string_equal(body, "not found");
+    assert_int_equal(get(&c, &body, &len), 204);
+    assert_int_equal(len, 0);
+    assert_int_equal(get(&c, &body, &len), 200);
+    assert_int_equal(len, 2);
+    assert_memory_equal(body, "{}", 2);
+    /* All five on one connection. */
+    assert_int_equal(srv.connections, 1);
+    sl_httpc_free(&c);
+    serve_stop();
+}
+
+static void test_kept_connection_closed_by_the_server(void **state)
+{
+    (void)state;
+    static const reply_t r[] = {
+        {"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na", 1}, /* then closes */
+        {"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb", 0},
+    };
+    serve_start(r, 2);
+    sl_httpc_t c;
+    client(&c);
+    const char *body;
+    size_t len;
+    assert_int_equal(get(&c, &body, &len), 200);
+    usleep(50000); /* the close arrives while the client keeps the connection */
+    assert_int_equal(get(&c, &body, &len), 200);
+    assert_memory_equal(body, "b", 1);
+    assert_int_equal(srv.connections, 2);
+    sl_httpc_free(&c);
+    serve_stop();
+}
+
+static void test_truncated_and_malformed(void **state)
+{
+    (void)state;
+    static const reply_t r[] = {
+        {"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort", 1},
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n", 1},
+        {"SMTP ready\r\n\r\n", 1},
+    };
+    serve_start(r, 3);
+    sl_httpc_t c;
+    client(&c);
+    const char *body;
+    size_t len;
+    assert_int_equal(get(&c, &body, &len), 0);
+    assert_non_null(strstr(c.why, "closed the connection mid-response"));
+    assert_int_equal(get(&c, &body, &len), 0);
+    assert_non_null(strstr(c.why, "bad chunked body"));
+    assert_int_equal(get(&c, &body, &len), 0);
+    assert_non_null(strstr(c.why, "not an HTTP/1.x response"));
+    sl_httpc_free(&c);
+    serve_stop();
+}
+
+static int cancel_now(void *arg)
+{
+    (void)arg;
+    return 1;
+}
+
+static void test_refused_timeout_and_cancel(void **state)
+{
+    (void)state;
+    static const reply_t r[] = {{NULL, 0}, {NULL, 0}};
+    serve_start(r, 2);
+    sl_httpc_t c;
+    client(&c);
+    const char *body;
+    size_t len;
+    assert_int_equal(sl_httpc_request(&c, "GET", "/x", NULL, NULL, 0, 200, &body, &len), 0);
+    assert_non_null(strstr(c.why, "receive from 127.0.0.1:"));
+    assert_non_null(strstr(c.why, "timed out"));
+    /* A readable cancel descriptor whose hook says stop ends the wait. */
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(write(p[1], "s", 1), 1);
+    c.cancel_fd = p[0];
+    c.cancelled = cancel_now;
+    assert_int_equal(sl_httpc_request(&c, "GET", "/x", NULL, NULL, 0, 2000, &body, &len), 0);
+    assert_non_null(strstr(c.why, "cancelled"));
+    close(p[0]);
+    close(p[1]);
+    sl_httpc_free(&c);
+    int port = srv.port;
+    serve_stop();
+    /* Nothing listens there now. */
+    char url[64];
+    const char *why;
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/x", port);
+    assert_int_equal(sl_httpc_init(&c, url, &why), 0);
+    assert_int_equal(get(&c, &body, &len), 0);
+    assert_non_null(strstr(c.why, "connect to 127.0.0.1:"));
+    assert_non_null(strstr(c.why, "Connection refused"));
+    sl_httpc_free(&c);
+    assert_int_equal(sl_httpc_init(&c, "ftp://x/", &why), -1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_framing_and_keep_alive),
+        cmocka_unit_test(test_kept_connection_closed_by_the_server),
+        cmocka_unit_test(test_truncated_and_malformed),
+        cmocka_unit_test(test_refused_timeout_and_cancel),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
