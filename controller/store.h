@@ -91,6 +91,13 @@ int sl_store_counter_set(sl_store_t *st, const char *name, uint64_t value, char 
 int sl_store_counter_max(sl_store_t *st, const char *like, uint64_t limit, uint64_t *out, char *err,
                          size_t errlen);
 
+/* Called after every durable write, once per object (put_many: after the
+ * commit, in order): type "ADDED" (no object of that kind/namespace/name
+ * before), "MODIFIED" or "DELETED"; `obj` is the stored document (for
+ * DELETED the last stored one with metadata.resourceVersion set to the
+ * deletion's). Borrowed for the call. Feeds watches (watch.h). */
+typedef void (*sl_store_observer_fn)(void *arg, const char *type, enum sl_kind kind, json_t *obj);
+void sl_store_set_observer(sl_store_t *st, sl_store_observer_fn fn, void *arg);
 /* Time of the last write operation in microseconds (for metrics). */
 uint64_t sl_store_last_write_us(const sl_store_t *st);
 
