@@ -98,13 +98,14 @@ static void handle_ready(sl_admin_t *admin, struct evhttp_request *req)
         evhttp_send_error(req, 500, "Internal Server Error");
         return;
     }
-    if (ready) {
-        evbuffer_add(body, "ready\n", 6);
+    char note[512] = "";
+    if (admin->hooks.ready_note)
+        admin->hooks.ready_note(admin->hooks.ctx, note, sizeof(note));
+    evbuffer_add_printf(body, "%s%s%s\n", ready ? "ready" : "not ready", note[0] ? ": " : "", note);
+    if (ready)
         send_reply(req, 200, "OK", "text/plain; charset=utf-8", body);
-    } else {
-        evbuffer_add(body, "not ready\n", 10);
+    else
         send_reply(req, 503, "Service Unavailable", "text/plain; charset=utf-8", body);
-    }
     evbuffer_free(body);
 }
 

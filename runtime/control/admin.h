@@ -19,6 +19,9 @@ struct event_base;
 
 typedef struct {
     int (*is_ready)(void *ctx);
+    /* Optional: a line /ready adds to its body (e.g. serving a cached
+     * config); nothing written = nothing added. */
+    void (*ready_note)(void *ctx, char *buf, size_t len);
     /* New reference to a JSON object describing the active config; NULL = none. */
     json_t *(*config_dump)(void *ctx);
     void *ctx;
