@@ -17,6 +17,7 @@
 #include "hostport.h"
 
 #include "metrics.h"
+#include "policy.h"
 #include "sl_types.h"
 
 #include <arpa/inet.h>
@@ -135,20 +136,58 @@ static int dump_to_evbuffer(const char *buf, size_t size, void *data)
 /* Private keys and the traffic log sinks' credentials travel in the
  * snapshot (the stream is the secret channel);
  * the admin listener is not one, so they never leave through it. */
+/* A policy of a chain ({"name", "config_json", ...}): its config, parsed,
+ * with the policy's credentials hidden (policies/policy.h). */
+static void redact_policy(json_t *policy)
+{
+    const char *name = json_string_value(json_object_get(policy, "name"));
+    const char *text = json_string_value(json_object_get(policy, "config_json"));
+    json_t *config = text ? json_loads(text, 0, NULL) : NULL;
+    if (!config) {
+        /* Never shown when it cannot be checked for credentials. */
+        if (text && *text)
+            json_object_set_new(policy, "config_json", json_string("[redacted]"));
+        return;
+    }
+    sl_policy_redact(name, config);
+    char *out = json_dumps(config, JSON_COMPACT);
+    json_object_set_new(policy, "config_json", json_string(out ? out : "[redacted]"));
+    free(out);
+    json_decref(config);
+}
+
 void sl_admin_redact_secrets(json_t *doc)
 {
+    /* Fields of snapshot.proto that hold credentials or what stands for
+     * them (a password's crypt hash, an API key's SHA-256: both can be
+     * attacked offline). */
+    static const char *const secret_fields[] = {"private_key_pem", "password", "api_key",
+                                                "password_hash", NULL};
     const char *key;
     json_t *v;
     size_t i;
     if (json_is_object(doc)) {
+        if (json_is_string(json_object_get(doc, "config_json")))
+            redact_policy(doc);
         json_object_foreach(doc, key, v)
         {
-            if ((strcmp(key, "private_key_pem") == 0 || strcmp(key, "password") == 0 ||
-                 strcmp(key, "api_key") == 0) &&
-                json_is_string(v) && json_string_length(v) > 0)
+            int secret = 0;
+            for (size_t f = 0; secret_fields[f] && !secret; f++)
+                secret = strcmp(key, secret_fields[f]) == 0;
+            /* Consumer.ApiKey.sha256 (bytes, base64 here). */
+            if (strcmp(key, "api_keys") == 0 && json_is_array(v)) {
+                size_t j;
+                json_t *k;
+                json_array_foreach(v, j, k)
+                {
+                    if (json_string_length(json_object_get(k, "sha256")) > 0)
+                        json_object_set_new(k, "sha256", json_string("[redacted]"));
+                }
+            } else if (secret && json_is_string(v) && json_string_length(v) > 0) {
                 json_object_set_new(doc, key, json_string("[redacted]"));
-            else
+            } else {
                 sl_admin_redact_secrets(v);
+            }
         }
     } else if (json_is_array(doc)) {
         json_array_foreach(doc, i, v)
