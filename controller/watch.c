@@ -428,6 +428,11 @@ void sl_watch_publish(sl_watch_hub_t *hub, const char *type, enum sl_kind kind, 
     json_decref(rendered);
 }
 
+void sl_watch_observe(void *hub, const char *type, enum sl_kind kind, json_t *obj)
+{
+    sl_watch_publish(hub, type, kind, obj);
+}
+
 /* The single event a watch from an expired RV gets, as the API server sends
  * it; then the response ends. */
 static void send_expired(sl_watch_hub_t *hub, struct evhttp_request *req, uint64_t n)

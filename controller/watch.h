@@ -62,6 +62,10 @@ void sl_watch_hub_free(sl_watch_hub_t *hub);
  * connections). */
 void sl_watch_publish(sl_watch_hub_t *hub, const char *type, enum sl_kind kind, json_t *obj);
 
+/* sl_watch_publish with the store observer's signature (store.h), so that
+ * main.c wires the two with sl_store_set_observer(st, sl_watch_observe, hub). */
+void sl_watch_observe(void *hub, const char *type, enum sl_kind kind, json_t *obj);
+
 typedef struct {
     enum sl_kind kind;
     const char *ns;               /* NULL = all namespaces */

@@ -66,12 +66,6 @@ static json_t *render(void *ctx, enum sl_kind kind, json_t *stored)
     return o;
 }
 
-static void observe(void *arg, const char *type, enum sl_kind kind, json_t *obj)
-{
-    fixture_t *f = arg;
-    sl_watch_publish(f->hub, type, kind, obj);
-}
-
 /* A label selector of one "key=value". */
 static bool match_label(void *ctx, json_t *rendered)
 {
@@ -175,7 +169,7 @@ static fixture_t *setup_history(size_t history, void **state)
     f->port = ntohs(sa.sin_port);
     f->hub = sl_watch_hub_new(f->base, sl_store_resource_version(f->st), history, render, f);
     assert_non_null(f->hub);
-    sl_store_set_observer(f->st, observe, f);
+    sl_store_set_observer(f->st, sl_watch_observe, f->hub);
     *state = f;
     return f;
 }
@@ -649,6 +643,7 @@ static void test_expired_when_the_ring_dropped_the_events(void **state)
     sl_watch_hub_free(f->hub);
     f->hub = sl_watch_hub_new(f->base, sl_store_resource_version(f->st), 4, render, f);
     assert_non_null(f->hub);
+    sl_store_set_observer(f->st, sl_watch_observe, f->hub);
     expect_expired(f, "5", "too old resource version: 5 (6)");
     c = client_open(f, "/watch/backends?resourceVersion=6", 0);
     expect_nothing(f, c, 100);
@@ -799,6 +794,7 @@ static void test_hub_free_ends_every_watch(void **state)
     wait_count(f, 2);
     sl_watch_hub_free(f->hub);
     f->hub = sl_watch_hub_new(f->base, sl_store_resource_version(f->st), 0, render, f);
+    sl_store_set_observer(f->st, sl_watch_observe, f->hub);
     assert_null(next_event(f, c1, 3000));
     assert_true(c1->ended);
     assert_null(next_event(f, c2, 3000));
