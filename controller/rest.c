@@ -463,6 +463,7 @@ static void handle_metrics(call_t *c)
                         &sl_ctrl_push_ack_seconds);
     sl_ctrl_hist_render(b, "sluice_controller_push_duration_seconds", "result=\"nack\"",
                         &sl_ctrl_push_nack_seconds);
+    sl_ctrl_render_watch(b);
     sl_controller_render_metrics(c->rest->ctl, b);
     sl_ctrl_render_rest(b);
     send_body(c->req, 200, "text/plain; version=0.0.4; charset=utf-8", b);

@@ -9,7 +9,8 @@
  * in one BEGIN IMMEDIATE transaction (so kill -9 at any instant leaves the old
  * or the new state, never half of a file), the server-set metadata
  * (resourceVersion from one store-wide counter, generation bumped only when
- * the spec changes, uid, creationTimestamp), and durable monotonic counters.
+ * the spec changes, uid, creationTimestamp), durable monotonic counters, and
+ * telling one observer (the watch hub) of each change once it is committed.
  *
  * Not responsible for: validation (the documents given to it have passed
  * sl_model_parse), status (computed by the controller core and merged by the
@@ -113,6 +114,9 @@ struct sl_store {
     char *path; /* DATA_DIR/sluice.db, for messages */
     sqlite3_stmt *stmt[STMT__COUNT];
     uint64_t last_write_us;
+    /* Told of every committed change (watches); NULL = nobody. */
+    sl_store_observer_fn observer;
+    void *observer_arg;
 };
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -560,10 +564,12 @@ static int identity(json_t *obj, enum sl_kind *kind, const char **ns, const char
     return 0;
 }
 
-/* One put inside an open transaction. *stored: new reference on success. */
+/* One put inside an open transaction. *stored: new reference on success;
+ * *existed: whether an object of that kind/namespace/name was there before
+ * (the observer's ADDED or MODIFIED). */
 static enum sl_store_result put_one(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
-                                    const char *expect_rv, json_t **stored, char *err,
-                                    size_t errlen)
+                                    const char *expect_rv, json_t **stored, bool *existed,
+                                    char *err, size_t errlen)
 {
     enum sl_kind kind;
     const char *ns, *name;
@@ -670,6 +676,7 @@ static enum sl_store_result put_one(sl_store_t *st, json_t *obj, enum sl_store_m
         return SL_STORE_ERROR;
     }
     *stored = doc;
+    *existed = old.found;
     return SL_STORE_OK;
 
 oom_doc:
@@ -677,6 +684,23 @@ oom_doc:
 oom:
     set_err(err, errlen, "store: out of memory writing %s %s/%s", kname, ns, name);
     return SL_STORE_ERROR;
+}
+
+/* Tells the observer of one committed change. Called only after COMMIT, so a
+ * watcher never sees a change that a rollback undid. */
+static void notify(sl_store_t *st, const char *type, json_t *doc)
+{
+    enum sl_kind kind;
+    const char *ns, *name;
+    if (!st->observer || identity(doc, &kind, &ns, &name) != 0)
+        return;
+    st->observer(st->observer_arg, type, kind, doc);
+}
+
+void sl_store_set_observer(sl_store_t *st, sl_store_observer_fn fn, void *arg)
+{
+    st->observer = fn;
+    st->observer_arg = arg;
 }
 
 /* `obj` is borrowed; on SL_STORE_OK *stored is a new reference (the caller
@@ -689,7 +713,8 @@ enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mod
     if (tx_begin(st, err, errlen) != 0)
         return SL_STORE_ERROR;
     json_t *doc = NULL;
-    enum sl_store_result r = put_one(st, obj, mode, expect_rv, &doc, err, errlen);
+    bool existed = false;
+    enum sl_store_result r = put_one(st, obj, mode, expect_rv, &doc, &existed, err, errlen);
     if (r != SL_STORE_OK) {
         tx_rollback(st);
         return r;
@@ -700,6 +725,7 @@ enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mod
     }
     wrote(st, t0);
     *stored = doc;
+    notify(st, existed ? "MODIFIED" : "ADDED", doc);
     return SL_STORE_OK;
 }
 
@@ -720,7 +746,16 @@ enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs, json_t **st
         set_err(err, errlen, "store: out of memory");
         return SL_STORE_ERROR;
     }
+    /* Whether each item existed before, for the observer after the commit (a
+     * batch may hold the same object twice: the second is then MODIFIED). */
+    bool *existed = calloc(json_array_size(objs) + 1, sizeof(*existed));
+    if (!existed) {
+        json_decref(out);
+        set_err(err, errlen, "store: out of memory");
+        return SL_STORE_ERROR;
+    }
     if (tx_begin(st, err, errlen) != 0) {
+        free(existed);
         json_decref(out);
         return SL_STORE_ERROR;
     }
@@ -729,23 +764,28 @@ enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs, json_t **st
     json_array_foreach(objs, i, obj)
     {
         json_t *doc = NULL;
-        enum sl_store_result r = put_one(st, obj, SL_STORE_REPLACE, NULL, &doc, err, errlen);
+        enum sl_store_result r =
+            put_one(st, obj, SL_STORE_REPLACE, NULL, &doc, &existed[i], err, errlen);
         if (r == SL_STORE_OK && json_array_append_new(out, doc) != 0) {
             set_err(err, errlen, "store: out of memory");
             r = SL_STORE_ERROR;
         }
         if (r != SL_STORE_OK) {
             tx_rollback(st);
+            free(existed);
             json_decref(out);
             return r;
         }
     }
     if (tx_commit(st, err, errlen) != 0) {
+        free(existed);
         json_decref(out);
         return SL_STORE_ERROR;
     }
     wrote(st, t0);
     *stored = out;
+    json_array_foreach(out, i, obj) notify(st, existed[i] ? "MODIFIED" : "ADDED", obj);
+    free(existed);
     return SL_STORE_OK;
 }
 
@@ -838,6 +878,25 @@ enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const ch
         return SL_STORE_ERROR;
     }
     wrote(st, t0);
+    if (st->observer) {
+        /* The last stored document at the deletion's resourceVersion, as
+         * the API server sends it; the caller's copy keeps the stored one. */
+        json_t *gone = json_copy(row.body);
+        json_t *meta = gone ? json_copy(json_object_get(gone, "metadata")) : NULL;
+        char rvs[24];
+        snprintf(rvs, sizeof(rvs), "%" PRIu64, rv + 1);
+        if (meta && json_object_set_new(meta, "resourceVersion", json_string(rvs)) != 0) {
+            json_decref(meta);
+            meta = NULL;
+        }
+        /* json_object_set_new takes meta even when it fails. */
+        if (meta && json_object_set_new(gone, "metadata", meta) == 0)
+            notify(st, "DELETED", gone);
+        else
+            sl_log_error("store %s: out of memory telling watches of the deletion of %s %s/%s",
+                         st->path, kname, ns, name);
+        json_decref(gone);
+    }
     if (deleted)
         *deleted = row.body;
     else

@@ -460,6 +460,12 @@ static void test_health_ready_metrics(void **state)
         strstr(r.body, "\nsluice_controller_push_duration_seconds_count{result=\"nack\"} "));
     assert_non_null(strstr(
         r.body, "\nsluice_controller_fleet_runtimes_connected{fleet=\"a\\\"b\\\\c\\nd\"} 2\n"));
+    /* Watches (watch.c counts them; none in this process). */
+    assert_non_null(strstr(r.body, "# TYPE sluice_controller_watches gauge\n"
+                                   "sluice_controller_watches 0\n"));
+    assert_non_null(strstr(r.body, "# TYPE sluice_controller_watch_events_total counter\n"));
+    assert_non_null(
+        strstr(r.body, "\nsluice_controller_watch_events_total{type=\"BOOKMARK\"} 0\n"));
     /* REST responses by method and code: the POST above and the 503 of
      * /readyz. */
     assert_true(metric_value(r.body, "sluice_controller_http_requests_total{method=\"POST\","
