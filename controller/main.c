@@ -3,6 +3,7 @@
  * store (store.c), the REST admin API (rest.c), the core that compiles and
  * pushes (core.c) and the gRPC stream server (stream.c).
  */
+#include "bearer.h"
 #include "controller.h"
 #include "core.h"
 #include "crd.h"
@@ -237,7 +238,7 @@ int main(int argc, char **argv)
     sl_resource_set_t files;
     sl_resource_set_init(&files);
 
-    if (token_file && !(token = sl_rest_load_token(token_file, err, sizeof(err)))) {
+    if (token_file && !(token = sl_bearer_load("--admin-token-file", token_file, err, sizeof(err)))) {
         sl_log_error("%s", err);
         goto out;
     }
@@ -349,7 +350,7 @@ out:
     sl_tls_files_free(stream_ca_pem);
     sl_tls_files_free(rest_cert_pem);
     sl_tls_files_free(rest_key_pem);
-    free(token);
+    sl_bearer_free(token);
     free(resources);
     return exit_code;
 }

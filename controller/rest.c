@@ -25,6 +25,7 @@
 
 #include "ctrl_metrics.h"
 
+#include "bearer.h"
 #include "hostport.h"
 #include "log.h"
 #include "tls_pem.h"
@@ -62,7 +63,6 @@
 #define REST_TIMEOUT_S 60
 /* Path segments after /api/v1 (namespaces/{ns}/{plural}/{name}). */
 #define REST_MAX_SEGMENTS 5
-#define REST_MAX_TOKEN_BYTES 4096
 /* DNS-1123 bounds, as validate.c applies them to metadata. */
 #define REST_MAX_NAME 253
 #define REST_MAX_NAMESPACE 63
@@ -352,30 +352,11 @@ static void plural_list(char *out, size_t len)
 
 /* ---- authentication ------------------------------------------------------- */
 
-static void sha256(const void *data, size_t len, unsigned char out[32])
-{
-    unsigned int n = 0;
-    if (!EVP_Digest(data, len, out, &n, EVP_sha256(), NULL) || n != 32)
-        memset(out, 0, 32);
-}
-
-/* Compares digests of the two tokens with CRYPTO_memcmp so that neither the
- * content nor the length of the configured token leaks through timing. */
+/* The bearer token, compared in constant time (common/bearer.c). */
 static bool authorized(sl_rest_t *rest, struct evhttp_request *req, bool *presented)
 {
     const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-    *presented = h != NULL;
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
-        return false;
-    const char *tok = h + 7;
-    while (*tok == ' ')
-        tok++;
-    size_t len = strlen(tok);
-    while (len && (tok[len - 1] == ' ' || tok[len - 1] == '\t'))
-        len--;
-    unsigned char d[32];
-    sha256(tok, len, d);
-    return len > 0 && CRYPTO_memcmp(d, rest->token_sha256, sizeof(d)) == 0;
+    return sl_bearer_check(h, rest->token_sha256, presented);
 }
 
 /* ---- health and metrics -------------------------------------------------- */
@@ -1598,7 +1579,7 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
     }
     if (opt && opt->admin_token && opt->admin_token[0]) {
         r->have_token = true;
-        sha256(opt->admin_token, strlen(opt->admin_token), r->token_sha256);
+        sl_bearer_digest(opt->admin_token, strlen(opt->admin_token), r->token_sha256);
     }
     if (!is_loopback(host) && !r->have_token && !r->opt.insecure) {
         set_err(err, errlen,
@@ -1680,80 +1661,4 @@ void sl_rest_free(sl_rest_t *rest)
     SSL_CTX_free(rest->ssl_ctx);
     OPENSSL_cleanse(rest->token_sha256, sizeof(rest->token_sha256));
     free(rest);
-}
-
-char *sl_rest_load_token(const char *path, char *err, size_t errlen)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        set_err(err, errlen, "--admin-token-file %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        set_err(err, errlen, "--admin-token-file %s: not a regular file", path);
-        close(fd);
-        return NULL;
-    }
-    if (sb.st_size > REST_MAX_TOKEN_BYTES) {
-        set_err(err, errlen,
-                "--admin-token-file %s: larger than %d bytes; it must hold the token only", path,
-                REST_MAX_TOKEN_BYTES);
-        close(fd);
-        return NULL;
-    }
-    char *buf = malloc(REST_MAX_TOKEN_BYTES + 1);
-    if (!buf) {
-        close(fd);
-        set_err(err, errlen, "--admin-token-file %s: out of memory", path);
-        return NULL;
-    }
-    size_t len = 0;
-    for (;;) {
-        ssize_t n = read(fd, buf + len, REST_MAX_TOKEN_BYTES + 1 - len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            set_err(err, errlen, "--admin-token-file %s: %s", path, strerror(errno));
-            goto fail;
-        }
-        if (n == 0)
-            break;
-        len += (size_t)n;
-        if (len > REST_MAX_TOKEN_BYTES) {
-            set_err(err, errlen, "--admin-token-file %s: larger than %d bytes", path,
-                    REST_MAX_TOKEN_BYTES);
-            goto fail;
-        }
-    }
-    while (len && isspace((unsigned char)buf[len - 1]))
-        len--;
-    buf[len] = '\0';
-    if (len == 0) {
-        set_err(err, errlen,
-                "--admin-token-file %s: the file is empty; put a long random token in it "
-                "(e.g. openssl rand -hex 32)",
-                path);
-        goto fail;
-    }
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)buf[i];
-        if (ch <= ' ' || ch == 0x7f) {
-            set_err(err, errlen,
-                    "--admin-token-file %s: the token contains spaces or control characters "
-                    "(byte %zu); use printable characters only",
-                    path, i + 1);
-            goto fail;
-        }
-    }
-    if (sb.st_mode & S_IROTH)
-        sl_log_warn("--admin-token-file %s is readable by every user; chmod 600 it", path);
-    close(fd);
-    return buf;
-
-fail:
-    OPENSSL_cleanse(buf, REST_MAX_TOKEN_BYTES + 1);
-    free(buf);
-    close(fd);
-    return NULL;
 }

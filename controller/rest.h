@@ -32,7 +32,7 @@ typedef struct sl_rest sl_rest_t;
 
 typedef struct {
     /* Bearer token every /api/ request must carry (the content of
-     * --admin-token-file, see sl_rest_load_token); NULL or "" = no auth.
+     * --admin-token-file, read by sl_bearer_load); NULL or "" = no auth.
      * Copied by sl_rest_start. */
     const char *admin_token;
     /* --insecure-admin: allow a non-loopback address without a token. */
@@ -73,13 +73,5 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
 int sl_rest_port(const sl_rest_t *rest);
 /* Closes the listener and every open admin connection. NULL is fine. */
 void sl_rest_free(sl_rest_t *rest);
-
-/*
- * Reads --admin-token-file: the token is the file's content without trailing
- * whitespace (a final newline is usual). Refuses an empty file, a file over
- * 4 KiB, and tokens with control characters or spaces. Returns a malloc'd
- * string (caller frees), or NULL with err naming the file and the fix.
- */
-char *sl_rest_load_token(const char *path, char *err, size_t errlen);
 
 #endif
