@@ -273,3 +273,51 @@ def test_gateway_programmed_counts_the_runtimes_of_its_fleet(env):  # noqa: F811
                            lambda c, f: c["reason"] == "NoRuntimes")
     assert fleets["default"] == {"fleet": "default", "version": v2, "runtimes": 0,
                                  "programmed": 0}, fleets
+
+
+def test_gateway_rejected_when_a_runtime_nacks_its_listeners(env):  # noqa: F811
+    """A runtime that refuses the listeners version carrying a Gateway
+    change makes the Gateway Rejected, naming the listeners NACK."""
+    reason = grpc_peer_available()
+    if reason:
+        pytest.skip(reason)
+    ctl = env.controller()
+    b = env.backend("echo")
+    port = free_port()
+    ctl.apply(quickstart(port, b.port, listener_address="127.0.0.1"))
+    peer = FakeRuntime(ctl.stream_addr, "rt-peer")
+    try:
+        peer.subscribe()
+        got = set()
+        while len(got) < len(TYPE_URLS):
+            r = peer.recv()
+            got.add(NAMES[r.type_url])
+            peer.ack(r)
+        cond, fleets = wait_gw(ctl, "default", "Programmed on rt-peer",
+                               lambda c, f: c["status"] == "True")
+        v1 = fleets["default"]["version"]
+        assert cond["message"] == "fleet default: 1 of 1 runtime runs version %d" % v1, cond
+
+        gw = gateway(free_port(), name="default", address="127.0.0.1")
+        ctl.put(gw)
+        while True:
+            r = peer.recv()
+            if NAMES[r.type_url] == "listeners":
+                v2 = int(r.version_info)
+                peer.nack(r, "listener http: address in use", version=str(v1))
+                break
+            peer.ack(r)
+        assert v2 > v1
+        cond, fleets = wait_gw(ctl, "default", "Rejected by rt-peer",
+                               lambda c, f: c["reason"] == "Rejected")
+        assert cond["status"] == "False" and cond["observedGeneration"] == 2, cond
+        assert cond["message"] == (
+            "fleet default: 0 of 1 runtime run version %d; 1 runtime rejected it, rt-peer "
+            "NACKed listeners version %d: listener http: address in use" % (v2, v2)), cond
+        assert fleets["default"] == {"fleet": "default", "version": v2, "runtimes": 1,
+                                     "programmed": 0}, fleets
+        # The Api, whose routes the peer ACKed, stays Programmed.
+        cond, _, _ = programmed(ctl)
+        assert cond["status"] == "True", cond
+    finally:
+        peer.close()
