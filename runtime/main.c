@@ -4,6 +4,7 @@
  * the workers (worker.c, proxy.c).
  */
 #include "admin.h"
+#include "bearer.h"
 #include "compiler.h"
 #include "config.h"
 #include "tlog.h"
@@ -51,7 +52,8 @@ typedef struct {
     uint64_t max_routes;
     uint32_t max_connections;
     int check_only;
-    const char *cache_dir;     /* --cache-dir */
+    const char *admin_token_file; /* --admin-token-file */
+    const char *cache_dir;        /* --cache-dir */
     uint64_t cache_timeout_ms; /* --cache-timeout */
 } options_t;
 
@@ -94,6 +96,8 @@ static void usage(FILE *out)
             "                         the cache (default 3s)\n"
             "  --workers N            worker threads (default: number of CPUs)\n"
             "  --admin ADDR           admin listener, default 127.0.0.1:9901, or 'off'\n"
+            "  --admin-token-file F   the admin listener wants this bearer token on every\n"
+            "                         path but /live, /ready and /metrics\n"
             "  --access-log TARGET    file path, 'stdout' or 'off' (default off)\n"
             "  --access-log-format F  json (default) or combined\n"
             "  --fleet NAME           fleet whose Gateway to serve (default 'default')\n"
@@ -135,6 +139,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"drain-timeout", required_argument, NULL, 'd'},
         {"drain-delay", required_argument, NULL, 1004},
         {"cache-dir", required_argument, NULL, 1005},
+        {"admin-token-file", required_argument, NULL, 1007},
         {"cache-timeout", required_argument, NULL, 1006},
         {"log-level", required_argument, NULL, 'L'},
         {"check", no_argument, NULL, 't'},
@@ -229,6 +234,9 @@ static int parse_options(int argc, char **argv, options_t *o)
         case 1005:
             o->cache_dir = optarg;
             break;
+        case 1007:
+            o->admin_token_file = optarg;
+            break;
         case 1006:
             if (parse_duration_arg(optarg, &o->cache_timeout_ms) != 0 || o->cache_timeout_ms == 0 ||
                 o->cache_timeout_ms > 600000) {
@@ -293,6 +301,11 @@ static int parse_options(int argc, char **argv, options_t *o)
     if (o->num_config_paths && o->controller) {
         fprintf(stderr, "sluice-runtime: --config and --controller exclude each other (files "
                         "for a standalone runtime, the controller for a managed one)\n");
+        return -1;
+    }
+    if (o->admin_token_file && strcmp(o->admin, "off") == 0) {
+        fprintf(stderr, "sluice-runtime: --admin-token-file protects the admin listener: it "
+                        "needs --admin ADDR, not off\n");
         return -1;
     }
     if (o->cache_dir && !o->controller) {
@@ -772,6 +785,16 @@ int main(int argc, char **argv)
         if (!rt.admin) {
             sl_log_error("%s", err);
             goto out_workers;
+        }
+        if (rt.opt.admin_token_file) {
+            char *token =
+                sl_bearer_load("--admin-token-file", rt.opt.admin_token_file, err, sizeof(err));
+            if (!token) {
+                sl_log_error("%s", err);
+                goto out_workers;
+            }
+            sl_admin_set_token(rt.admin, token);
+            sl_bearer_free(token); /* the listener keeps a digest only */
         }
     }
     if (sl_workers_start(rt.workers, rt.opt.workers) != 0)

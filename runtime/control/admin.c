@@ -13,6 +13,7 @@
  * authentication, like Envoy's admin port.
  */
 #include "admin.h"
+#include "bearer.h"
 #include "endpoint.h"
 #include "hostport.h"
 
@@ -43,7 +44,22 @@ struct sl_admin {
     struct evhttp_bound_socket *bound;
     sl_admin_hooks_t hooks;
     int port;
+    bool have_token; /* --admin-token-file */
+    unsigned char token_sha256[32];
 };
+
+/* What a probe or a scraper needs, and tells nothing about the config:
+ * never behind the token (kubelet's probes send none), as the
+ * controller's /healthz, /readyz and /metrics. Every other path, present
+ * or future, needs it: new endpoints are protected unless listed here. */
+static const char *const open_paths[] = {"/live", "/ready", "/metrics", NULL};
+
+void sl_admin_set_token(sl_admin_t *admin, const char *token)
+{
+    admin->have_token = token && *token;
+    if (admin->have_token)
+        sl_bearer_digest(token, strlen(token), admin->token_sha256);
+}
 
 /* evhttp 2.1 writes the body of a HEAD response too; HEAD gets the headers
  * of the GET (Content-Length included) and no body, as RFC 9110 asks. */
@@ -367,6 +383,25 @@ static void admin_request(struct evhttp_request *req, void *arg)
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
 
+    bool open = false;
+    for (size_t i = 0; path && open_paths[i] && !open; i++)
+        open = strcmp(path, open_paths[i]) == 0;
+    bool presented = false;
+    if (admin->have_token && !open &&
+        !sl_bearer_check(
+            evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"),
+            admin->token_sha256, &presented)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
+                          presented ? "Bearer realm=\"sluice-runtime\", error=\"invalid_token\""
+                                    : "Bearer realm=\"sluice-runtime\"");
+        reply_error(req, 401, "Unauthorized", "unauthorized",
+                    presented ? "the bearer token is wrong; send Authorization: Bearer <the "
+                                "content of the runtime's --admin-token-file>"
+                              : "this endpoint needs Authorization: Bearer <the content of the "
+                                "runtime's --admin-token-file> (/live, /ready and /metrics "
+                                "do not)");
+        return;
+    }
     for (size_t i = 0; path && i < SL_ARRAY_LEN(admin_routes); i++) {
         if (strcmp(path, admin_routes[i].path) != 0)
             continue;

@@ -43,6 +43,11 @@ sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_a
  * returned. */
 void sl_admin_redact_secrets(json_t *doc);
 
+/* --admin-token-file: from now on every path but /live, /ready and
+ * /metrics needs "Authorization: Bearer <token>" (401 otherwise). Only a
+ * digest is kept. NULL or "" = no token. */
+void sl_admin_set_token(sl_admin_t *admin, const char *token);
+
 /* Port actually bound (for ":0"). */
 int sl_admin_port(const sl_admin_t *admin);
 void sl_admin_free(sl_admin_t *admin);
