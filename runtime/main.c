@@ -54,7 +54,7 @@ typedef struct {
     int check_only;
     const char *admin_token_file; /* --admin-token-file */
     const char *cache_dir;        /* --cache-dir */
-    uint64_t cache_timeout_ms; /* --cache-timeout */
+    uint64_t cache_timeout_ms;    /* --cache-timeout */
 } options_t;
 
 typedef struct {

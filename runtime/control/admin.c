@@ -388,9 +388,8 @@ static void admin_request(struct evhttp_request *req, void *arg)
         open = strcmp(path, open_paths[i]) == 0;
     bool presented = false;
     if (admin->have_token && !open &&
-        !sl_bearer_check(
-            evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"),
-            admin->token_sha256, &presented)) {
+        !sl_bearer_check(evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"),
+                         admin->token_sha256, &presented)) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
                           presented ? "Bearer realm=\"sluice-runtime\", error=\"invalid_token\""
                                     : "Bearer realm=\"sluice-runtime\"");
