@@ -60,6 +60,8 @@ static void usage(FILE *out)
             "  --insecure-admin         allow a non-loopback --rest without a token\n"
             "  --rest-tls-cert FILE     serve the REST admin API over HTTPS with this PEM chain\n"
             "  --rest-tls-key FILE      ... and this PEM key (both or neither)\n"
+            "  --max-body-bytes N       refuse REST and Kubernetes API request bodies over N\n"
+            "                           bytes with 413 (default 8388608)\n"
             "  --log-level LEVEL        debug, info, notice, warn, error (default info)\n"
             "  --max-routes N           refuse writes that make a fleet's config exceed N\n"
             "                           routes (default 200000)\n"
@@ -97,6 +99,7 @@ int main(int argc, char **argv)
         {"stream-client-ca", required_argument, NULL, 'a'},
         {"rest-tls-cert", required_argument, NULL, 'C'},
         {"rest-tls-key", required_argument, NULL, 'K'},
+        {"max-body-bytes", required_argument, NULL, 'B'},
         {"version", no_argument, NULL, 'V'},
         {"print-crds", no_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
@@ -109,6 +112,7 @@ int main(int argc, char **argv)
     const char **resources = calloc((size_t)argc, sizeof(char *));
     size_t nresources = 0;
     int insecure = 0, ch;
+    unsigned long long max_body = SL_REST_DEFAULT_MAX_BODY_BYTES;
     unsigned long long max_routes = 200000, max_runtimes = SL_CONTROLLER_DEFAULT_MAX_RUNTIMES;
     unsigned long long runtime_expiry_s = SL_CONTROLLER_DEFAULT_RUNTIME_EXPIRY_MS / 1000;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -146,6 +150,19 @@ int main(int argc, char **argv)
         case 'K':
             rest_key = optarg;
             break;
+        case 'B': {
+            char *end;
+            max_body = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-' || !optarg[0] || max_body < 1024 ||
+                max_body > (1ULL << 30)) {
+                fprintf(stderr,
+                        "sluice-controller: --max-body-bytes %s: must be a number from 1024 to "
+                        "1073741824\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        }
         case 'M': {
             char *end;
             max_routes = strtoull(optarg, &end, 10);
@@ -303,6 +320,7 @@ int main(int argc, char **argv)
         .ready_ctx = ctl,
         .tls_cert_pem = rest_cert_pem,
         .tls_key_pem = rest_key_pem,
+        .max_body_bytes = (size_t)max_body,
     };
     rest = sl_rest_start(base, rest_addr, store, ctl, &ropt, err, sizeof(err));
     if (!rest) {
