@@ -44,6 +44,9 @@ RUNTIME_DIRS := runtime runtime/net runtime/http runtime/proxy runtime/control r
 RUNTIME_SRC := $(filter-out runtime/main.c,$(wildcard $(RUNTIME_DIRS:%=%/*.c)))
 POLICY_SRC  := $(wildcard policies/*.c policies/*/*.c)
 CTRL_SRC    := $(filter-out controller/main.c,$(wildcard controller/*.c))
+# Watches on the Kubernetes-compatible API (kapi.c, main.c) are served once
+# the watch hub (controller/watch.c, contract in watch.h) is in the tree.
+CFLAGS      += $(if $(wildcard controller/watch.c),-DSL_HAVE_WATCH)
 
 # Policies link into both binaries: the controller runs their validators
 # and compile step (policies/policy.h), the runtime their hooks too.

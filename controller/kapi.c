@@ -1480,6 +1480,13 @@ static json_t *list_rendered(kreq_t *r, const filter_t *f, char *rv, size_t rvle
     return out;
 }
 
+#ifdef SL_HAVE_WATCH
+static void free_filter(void *f)
+{
+    free(f);
+}
+#endif
+
 static void handle_list(kreq_t *r)
 {
     filter_t *f;
@@ -1498,6 +1505,30 @@ static void handle_list(kreq_t *r)
         }
     }
     if (watch) {
+#ifdef SL_HAVE_WATCH
+        if (r->k->opt.watch_hub) {
+            const char *t = evhttp_find_header(&r->q, "timeoutSeconds");
+            const char *bm = evhttp_find_header(&r->q, "allowWatchBookmarks");
+            sl_watch_params_t p = {
+                .kind = r->kind,
+                .ns = r->ns[0] ? r->ns : NULL,
+                .resource_version = from,
+                .bookmarks = bm && strcmp(bm, "true") == 0,
+                .timeout_seconds = t ? (unsigned)strtoul(t, NULL, 10) : 0,
+                .initial = items,
+                .match = f ? filter_match : NULL,
+                .match_ctx = f,
+                .match_free = f ? free_filter : NULL,
+            };
+            char err[300] = "";
+            if (sl_watch_serve(r->k->opt.watch_hub, r->req, &p, err, sizeof(err)) != 0) {
+                free(f);
+                reply_status(r->req, 400, "BadRequest", NULL, "%s", err);
+            }
+            json_decref(items);
+            return;
+        }
+#endif
         free(f);
         json_decref(items);
         reply_status(r->req, 405, "MethodNotAllowed", NULL,

@@ -6,12 +6,14 @@
 #include "controller.h"
 #include "core.h"
 #include "crd.h"
+#include "kapi.h"
 #include "log.h"
 #include "model.h"
 #include "rest.h"
 #include "store.h"
 #include "stream.h"
 #include "tls_files.h"
+#include "watch.h"
 
 #include <event2/event.h>
 #include <getopt.h>
@@ -41,6 +43,14 @@ static int print_crds(void)
     free(text);
     return 0;
 }
+
+#ifdef SL_HAVE_WATCH
+/* Every durable write of the store feeds the watches of the Kubernetes API. */
+static void publish_write(void *hub, const char *type, enum sl_kind kind, json_t *obj)
+{
+    sl_watch_publish(hub, type, kind, obj);
+}
+#endif
 
 static void usage(FILE *out)
 {
@@ -250,6 +260,7 @@ int main(int argc, char **argv)
     sl_controller_t *ctl = NULL;
     sl_stream_server_t *srv = NULL;
     sl_rest_t *rest = NULL;
+    sl_watch_hub_t *hub = NULL; /* watches of the Kubernetes-compatible API */
     struct event_base *base = NULL;
     sl_resource_set_t files;
     sl_resource_set_init(&files);
@@ -309,6 +320,15 @@ int main(int argc, char **argv)
         sl_log_error("%s", err);
         goto out_grpc;
     }
+#ifdef SL_HAVE_WATCH
+    /* Objects are rendered for watches as the API serves them (kapi.h). */
+    hub = sl_watch_hub_new(base, sl_store_resource_version(store), 0, sl_kapi_render, ctl);
+    if (!hub) {
+        sl_log_error("watch hub: out of memory");
+        goto out_grpc;
+    }
+    sl_store_set_observer(store, publish_write, hub);
+#endif
     sl_rest_options_t ropt = {
         .admin_token = token,
         .insecure = insecure,
@@ -321,6 +341,7 @@ int main(int argc, char **argv)
         .tls_cert_pem = rest_cert_pem,
         .tls_key_pem = rest_key_pem,
         .max_body_bytes = (size_t)max_body,
+        .watch_hub = hub,
     };
     rest = sl_rest_start(base, rest_addr, store, ctl, &ropt, err, sizeof(err));
     if (!rest) {
@@ -349,6 +370,13 @@ int main(int argc, char **argv)
     exit_code = 0;
 
 out_grpc:
+#ifdef SL_HAVE_WATCH
+    /* Open watches end (their responses finish) before the listener goes. */
+    if (hub) {
+        sl_store_set_observer(store, NULL, NULL);
+        sl_watch_hub_free(hub);
+    }
+#endif
     if (rest)
         sl_rest_free(rest);
     if (srv)

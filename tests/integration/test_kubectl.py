@@ -607,3 +607,59 @@ def test_unauthorized_is_a_status(tmp_path):
         assert status == 401 and doc["error"]["code"] == "unauthorized"
     finally:
         e.close()
+
+
+# --- watch (served once the watch hub, controller/watch.c, is merged) ----------
+
+def watch_available(env):
+    _, _, rl = env.http("GET", GV)
+    return "watch" in {r["name"]: r for r in rl["resources"]}["apis"]["verbs"]
+
+
+def test_watch_events_and_kubectl_get_w(env):
+    if not watch_available(env):
+        status, _, doc = env.http("GET", NS + "/apis?watch=true")
+        assert_status(doc, 405, "MethodNotAllowed")
+        pytest.skip("this build has no watch hub (controller/watch.c): checked the 405 only")
+    import http.client
+    seed(env)
+    assert env.http("POST", NS + "/apis", api_doc("w0", labels={"w": "yes"}))[0] == 201
+    conn = http.client.HTTPConnection("127.0.0.1", env.ctl.rest_port, timeout=10)
+    conn.request("GET", NS + "/apis?watch=true&resourceVersion=0&labelSelector=w%3Dyes")
+    resp = conn.getresponse()
+    assert resp.status == 200
+
+    def event():
+        line = resp.readline()
+        assert line, "the watch ended"
+        ev = json.loads(line)
+        assert ev["object"]["apiVersion"] == "gateway.sluice.dev/v1alpha1"
+        return ev["type"], ev["object"]["metadata"]["name"]
+
+    assert event() == ("ADDED", "w0")  # the current state first
+    env.http("POST", NS + "/apis", api_doc("skip"))  # filtered out by the selector
+    env.http("POST", NS + "/apis", api_doc("w1", labels={"w": "yes"}))
+    assert event() == ("ADDED", "w1")
+    env.http("PATCH", NS + "/apis/w1", {"spec": {"basePath": "/w"}},
+             ctype="application/merge-patch+json")
+    assert event() == ("MODIFIED", "w1")
+    env.http("DELETE", NS + "/apis/w1")
+    assert event() == ("DELETED", "w1")
+    conn.close()
+
+    if KUBECTL is None:
+        return
+    p = subprocess.Popen([KUBECTL, "--kubeconfig", env.kubeconfig, "--cache-dir", env.cache,
+                          "get", "apis", "--watch"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        env.http("POST", NS + "/apis", api_doc("w2"))
+        deadline = time.monotonic() + 15
+        seen = ""
+        while time.monotonic() < deadline and "w2" not in seen:
+            seen += p.stdout.readline()
+        assert "w2" in seen, seen
+    finally:
+        p.terminate()
+        p.wait(10)
