@@ -1409,7 +1409,7 @@ static int load(kreq_t *r, const char *ns, const char *name, json_t **obj)
 {
     *obj = NULL;
     const sl_resource_set_t *set = r->k->opt.static_set;
-    if (!r->k->st && set) {
+    if (r->k->opt.read_only && set) {
         for (size_t i = 0; i < set->count && !*obj; i++)
             if (set->items[i].kind == r->kind && strcmp(set->items[i].ns, ns) == 0 &&
                 strcmp(set->items[i].name, name) == 0)
@@ -1452,7 +1452,7 @@ static json_t *list_rendered(kreq_t *r, const filter_t *f, char *rv, size_t rvle
     const char *ns = r->ns[0] ? r->ns : NULL;
     json_t *stored = NULL;
     snprintf(rv, rvlen, "0");
-    if (!r->k->st && r->k->opt.static_set) {
+    if (r->k->opt.read_only && r->k->opt.static_set) {
         const sl_resource_set_t *set = r->k->opt.static_set;
         stored = json_array();
         for (size_t i = 0; stored && i < set->count; i++)

@@ -36,9 +36,9 @@ TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
 
 class Env:
-    def __init__(self, tmp_path, extra_args=()):
+    def __init__(self, tmp_path, extra_args=(), resources=()):
         self.tmp = tmp_path
-        self.ctl = Controller(tmp_path / "controller",
+        self.ctl = Controller(tmp_path / "controller", resources=resources,
                               extra_args=["--max-body-bytes", str(MAX_BODY)] + list(extra_args))
         self.ctl.start()
         self.kubeconfig = str(tmp_path / "kubeconfig")
@@ -605,6 +605,26 @@ def test_unauthorized_is_a_status(tmp_path):
         assert status == 200 and doc["kind"] == "ApiList"
         status, _, doc = e.http("GET", "/api/v1/apis")
         assert status == 401 and doc["error"]["code"] == "unauthorized"
+    finally:
+        e.close()
+
+
+def test_read_only_resources_mode(tmp_path):
+    e = Env(tmp_path, resources=[QUICKSTART])
+    try:
+        status, _, doc = e.http("GET", NS + "/apis")
+        assert status == 200 and [i["metadata"]["name"] for i in doc["items"]] == ["petstore"]
+        status, _, doc = e.http("GET", NS + "/apis/petstore")
+        assert status == 200 and doc["spec"]["basePath"] == "/petstore/v1"
+        status, _, doc = e.http("POST", NS + "/apis", api_doc("new"))
+        assert_status(doc, 405, "MethodNotAllowed")
+        assert "--resources" in doc["message"]
+        status, _, doc = e.http("PATCH", NS + "/apis/petstore", {"spec": {}},
+                                ctype="application/merge-patch+json")
+        assert_status(doc, 405, "MethodNotAllowed")
+        _, _, rl = e.http("GET", GV)
+        assert set({r["name"]: r for r in rl["resources"]}["apis"]["verbs"]) <= {
+            "get", "list", "watch"}
     finally:
         e.close()
 
