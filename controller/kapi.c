@@ -138,9 +138,9 @@ static void reply_status_v(struct evhttp_request *req, int code, const char *rea
 {
     char msg[2048];
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    json_t *st = json_pack("{s:s, s:s, s:{}, s:s, s:s, s:s, s:i}", "kind", "Status", "apiVersion",
-                           "v1", "metadata", "status", "Failure", "message", msg, "reason", reason,
-                           "code", code);
+    json_t *st =
+        json_pack("{s:s, s:s, s:{}, s:s, s:s, s:s, s:i}", "kind", "Status", "apiVersion", "v1",
+                  "metadata", "status", "Failure", "message", msg, "reason", reason, "code", code);
     if (st && details)
         json_object_set_new(st, "details", details);
     else
@@ -148,10 +148,10 @@ static void reply_status_v(struct evhttp_request *req, int code, const char *rea
     send_json(req, code, st);
 }
 
-static void reply_status(struct evhttp_request *req, int code, const char *reason,
-                         json_t *details, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static void reply_status(struct evhttp_request *req, int code, const char *reason,
-                         json_t *details, const char *fmt, ...)
+static void reply_status(struct evhttp_request *req, int code, const char *reason, json_t *details,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void reply_status(struct evhttp_request *req, int code, const char *reason, json_t *details,
+                         const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -159,8 +159,8 @@ static void reply_status(struct evhttp_request *req, int code, const char *reaso
     va_end(ap);
 }
 
-void sl_kapi_reply_status(struct evhttp_request *req, int code, const char *reason,
-                          const char *fmt, ...)
+void sl_kapi_reply_status(struct evhttp_request *req, int code, const char *reason, const char *fmt,
+                          ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -200,8 +200,8 @@ static void reply_store_error(kreq_t *r, enum sl_store_result res, const char *n
 {
     switch (res) {
     case SL_STORE_EXISTS:
-        reply_status(r->req, 409, "AlreadyExists", details_of(r, name), "%s.%s \"%s\" already exists",
-                     sl_kind_plural(r->kind), SL_CRD_GROUP, name);
+        reply_status(r->req, 409, "AlreadyExists", details_of(r, name),
+                     "%s.%s \"%s\" already exists", sl_kind_plural(r->kind), SL_CRD_GROUP, name);
         break;
     case SL_STORE_CONFLICT:
         reply_status(r->req, 409, "Conflict", details_of(r, name),
@@ -341,8 +341,9 @@ static int parse_requirement(const char *s, size_t n, lreq_t *q, char *err, size
         goto bad;
     return 0;
 bad:
-    snprintf(err, errlen, "unable to parse requirement '%s': keys are [A-Za-z0-9._/-], values "
-                          "[A-Za-z0-9._-] of at most 63",
+    snprintf(err, errlen,
+             "unable to parse requirement '%s': keys are [A-Za-z0-9._/-], values "
+             "[A-Za-z0-9._-] of at most 63",
              text);
     return -1;
 }
@@ -416,8 +417,9 @@ static bool filter_match(void *ctx, json_t *obj)
     const char *name = meta_str(obj, "name"), *ns = meta_str(obj, "namespace");
     name = name ? name : "";
     ns = ns ? ns : "default";
-    if ((f->name[0] && strcmp(f->name, name) != 0) || (f->not_name[0] && !strcmp(f->not_name, name)) ||
-        (f->ns[0] && strcmp(f->ns, ns) != 0) || (f->not_ns[0] && !strcmp(f->not_ns, ns)))
+    if ((f->name[0] && strcmp(f->name, name) != 0) ||
+        (f->not_name[0] && !strcmp(f->not_name, name)) || (f->ns[0] && strcmp(f->ns, ns) != 0) ||
+        (f->not_ns[0] && !strcmp(f->not_ns, ns)))
         return false;
     json_t *labels = json_object_get(json_object_get(obj, "metadata"), "labels");
     for (size_t i = 0; i < f->nlabels; i++) {
@@ -576,7 +578,8 @@ static size_t jsonpath(json_t *root, const char *path, json_t **out)
                     json_t *it;
                     json_array_foreach(cur[i], j, it)
                     {
-                        const char *fv = filter ? json_string_value(json_object_get(it, fkey)) : NULL;
+                        const char *fv =
+                            filter ? json_string_value(json_object_get(it, fkey)) : NULL;
                         if (m < JP_MAX && (!filter || (fv && strcmp(fv, fval) == 0)))
                             next[m++] = it;
                     }
@@ -640,7 +643,8 @@ static bool wants_table(kreq_t *r)
 static json_t *table_of(kreq_t *r, json_t *items, const char *rv)
 {
     json_t *cols = json_object_get(
-        json_array_get(json_object_get(json_object_get(r->k->crds[r->kind], "spec"), "versions"), 0),
+        json_array_get(json_object_get(json_object_get(r->k->crds[r->kind], "spec"), "versions"),
+                       0),
         "additionalPrinterColumns");
     json_t *defs = json_array(), *rows = json_array();
     json_array_append_new(defs, json_pack("{s:s, s:s, s:s, s:s, s:i}", "name", "Name", "type",
@@ -652,18 +656,20 @@ static json_t *table_of(kreq_t *r, json_t *items, const char *rv)
     {
         json_t *prio = json_object_get(col, "priority");
         json_array_append_new(
-            defs, json_pack("{s:O, s:s, s:s, s:O, s:I}", "name", json_object_get(col, "name"),
-                            "type", strcmp(json_string_value(json_object_get(col, "type")), "date")
-                                        ? json_string_value(json_object_get(col, "type"))
-                                        : "string",
-                            "format", "", "description", json_object_get(col, "description"),
-                            "priority", prio ? json_integer_value(prio) : 0));
+            defs,
+            json_pack("{s:O, s:s, s:s, s:O, s:I}", "name", json_object_get(col, "name"), "type",
+                      strcmp(json_string_value(json_object_get(col, "type")), "date")
+                          ? json_string_value(json_object_get(col, "type"))
+                          : "string",
+                      "format", "", "description", json_object_get(col, "description"), "priority",
+                      prio ? json_integer_value(prio) : 0));
     }
     const char *include = evhttp_find_header(&r->q, "includeObject");
     json_array_foreach(items, j, obj)
     {
         json_t *cells = json_array();
-        json_array_append_new(cells, json_string(meta_str(obj, "name") ? meta_str(obj, "name") : ""));
+        json_array_append_new(cells,
+                              json_string(meta_str(obj, "name") ? meta_str(obj, "name") : ""));
         json_array_foreach(cols, i, col)
         {
             json_array_append_new(cells, cell_of(obj, col));
@@ -707,13 +713,12 @@ static json_t *build_resource_list(sl_kapi_t *k)
                                        "patch", "update");
         if (k->opt.watch_hub)
             json_array_append_new(verbs, json_string("watch"));
-        json_array_append_new(
-            res, json_pack("{s:O, s:O, s:b, s:O, s:o, s:O, s:O}", "name",
-                           json_object_get(names, "plural"), "singularName",
-                           json_object_get(names, "singular"), "namespaced", 1, "kind",
-                           json_object_get(names, "kind"), "verbs", verbs, "shortNames",
-                           json_object_get(names, "shortNames"), "categories",
-                           json_object_get(names, "categories")));
+        json_array_append_new(res, json_pack("{s:O, s:O, s:b, s:O, s:o, s:O, s:O}", "name",
+                                             json_object_get(names, "plural"), "singularName",
+                                             json_object_get(names, "singular"), "namespaced", 1,
+                                             "kind", json_object_get(names, "kind"), "verbs", verbs,
+                                             "shortNames", json_object_get(names, "shortNames"),
+                                             "categories", json_object_get(names, "categories")));
         char sub[80];
         snprintf(sub, sizeof(sub), "%s/status", sl_kind_plural((enum sl_kind)i));
         json_array_append_new(
@@ -740,11 +745,11 @@ static json_t *path_param(const char *name)
 
 static json_t *write_params(bool patch)
 {
-    json_t *p = json_pack("[o, o, o]",
-                          query_param("dryRun", "All: validate and answer without persisting"),
-                          query_param("fieldManager", "the writer's name (recorded nowhere)"),
-                          query_param("fieldValidation", "Strict, Warn (default) or Ignore: what "
-                                                         "unknown fields do"));
+    json_t *p =
+        json_pack("[o, o, o]", query_param("dryRun", "All: validate and answer without persisting"),
+                  query_param("fieldManager", "the writer's name (recorded nowhere)"),
+                  query_param("fieldValidation", "Strict, Warn (default) or Ignore: what "
+                                                 "unknown fields do"));
     if (patch)
         json_array_append_new(p, query_param("force", "server-side apply: accepted, no effect"));
     return p;
@@ -763,12 +768,11 @@ static json_t *operation(const char *id, const char *action, const char *kind, b
 {
     char ref[200];
     schema_ref(kind, list, ref, sizeof(ref));
-    json_t *op = json_pack("{s:s, s:[s], s:o, s:{s:{s:s, s:{s:{s:{s:s}}}}}, s:s, s:o}",
-                           "operationId", id, "tags", KAPI_GV, "parameters",
-                           params ? params : json_array(), "responses", "200", "description", "OK",
-                           "content", "application/json", "schema", "$ref", ref,
-                           "x-kubernetes-action", action, "x-kubernetes-group-version-kind",
-                           gvk(kind));
+    json_t *op =
+        json_pack("{s:s, s:[s], s:o, s:{s:{s:s, s:{s:{s:{s:s}}}}}, s:s, s:o}", "operationId", id,
+                  "tags", KAPI_GV, "parameters", params ? params : json_array(), "responses", "200",
+                  "description", "OK", "content", "application/json", "schema", "$ref", ref,
+                  "x-kubernetes-action", action, "x-kubernetes-group-version-kind", gvk(kind));
     if (op && body_types) {
         schema_ref(kind, false, ref, sizeof(ref));
         json_t *content = json_object();
@@ -793,10 +797,9 @@ static json_t *build_openapi(sl_kapi_t *k)
     for (int i = 0; i < SL_KIND__COUNT; i++) {
         const char *kind = sl_kind_name((enum sl_kind)i), *plural = sl_kind_plural((enum sl_kind)i);
         json_t *schema = json_deep_copy(json_object_get(
-            json_object_get(json_array_get(json_object_get(json_object_get(k->crds[i], "spec"),
-                                                           "versions"),
-                                           0),
-                            "schema"),
+            json_object_get(
+                json_array_get(json_object_get(json_object_get(k->crds[i], "spec"), "versions"), 0),
+                "schema"),
             "openAPIV3Schema"));
         json_object_set_new(schema, "x-kubernetes-group-version-kind", json_pack("[o]", gvk(kind)));
         char name[160], list_kind[64], id[160], p[300];
@@ -818,17 +821,18 @@ static json_t *build_openapi(sl_kapi_t *k)
         snprintf(p, sizeof(p), "%s/namespaces/{namespace}/%s", KAPI_PREFIX, plural);
         json_t *coll = json_object();
         snprintf(id, sizeof(id), "listNamespaced%s", kind);
-        json_object_set_new(coll, "get",
-                            operation(id, "list", kind, true,
-                                      json_pack("[o, o, o, o]",
-                                                query_param("labelSelector", "label selector"),
-                                                query_param("fieldSelector", "field selector"),
-                                                query_param("watch", "watch for changes"),
-                                                query_param("resourceVersion", "watch from")),
-                                      NULL));
+        json_object_set_new(
+            coll, "get",
+            operation(id, "list", kind, true,
+                      json_pack("[o, o, o, o]", query_param("labelSelector", "label selector"),
+                                query_param("fieldSelector", "field selector"),
+                                query_param("watch", "watch for changes"),
+                                query_param("resourceVersion", "watch from")),
+                      NULL));
         snprintf(id, sizeof(id), "createNamespaced%s", kind);
-        json_object_set_new(coll, "post", operation(id, "post", kind, false, write_params(false),
-                                                    "application/json application/yaml"));
+        json_object_set_new(coll, "post",
+                            operation(id, "post", kind, false, write_params(false),
+                                      "application/json application/yaml"));
         json_object_set_new(coll, "parameters", json_pack("[o]", path_param("namespace")));
         json_object_set_new(paths, p, coll);
 
@@ -841,19 +845,20 @@ static json_t *build_openapi(sl_kapi_t *k)
             snprintf(id, sizeof(id), "readNamespaced%s%s", kind, suffix);
             json_object_set_new(obj, "get", operation(id, "get", kind, false, NULL, NULL));
             snprintf(id, sizeof(id), "replaceNamespaced%s%s", kind, suffix);
-            json_object_set_new(obj, "put", operation(id, "put", kind, false, write_params(false),
-                                                      "application/json application/yaml"));
+            json_object_set_new(obj, "put",
+                                operation(id, "put", kind, false, write_params(false),
+                                          "application/json application/yaml"));
             snprintf(id, sizeof(id), "patchNamespaced%s%s", kind, suffix);
-            json_object_set_new(obj, "patch",
-                                operation(id, "patch", kind, false, write_params(true), patch_types));
+            json_object_set_new(
+                obj, "patch", operation(id, "patch", kind, false, write_params(true), patch_types));
             if (!sub) {
                 snprintf(id, sizeof(id), "deleteNamespaced%s", kind);
-                json_object_set_new(obj, "delete",
-                                    operation(id, "delete", kind, false,
-                                              json_pack("[o, o]", query_param("dryRun", "All"),
-                                                        query_param("propagationPolicy",
-                                                                    "accepted, no effect")),
-                                              NULL));
+                json_object_set_new(
+                    obj, "delete",
+                    operation(id, "delete", kind, false,
+                              json_pack("[o, o]", query_param("dryRun", "All"),
+                                        query_param("propagationPolicy", "accepted, no effect")),
+                              NULL));
             }
             json_object_set_new(obj, "parameters",
                                 json_pack("[o, o]", path_param("name"), path_param("namespace")));
@@ -865,12 +870,13 @@ static json_t *build_openapi(sl_kapi_t *k)
         snprintf(id, sizeof(id), "list%sForAllNamespaces", kind);
         json_object_set_new(
             paths, p,
-            json_pack("{s:o}", "get",
-                      operation(id, "list", kind, true,
-                                json_pack("[o, o, o]", query_param("labelSelector", "label selector"),
-                                          query_param("fieldSelector", "field selector"),
-                                          query_param("watch", "watch for changes")),
-                                NULL)));
+            json_pack(
+                "{s:o}", "get",
+                operation(id, "list", kind, true,
+                          json_pack("[o, o, o]", query_param("labelSelector", "label selector"),
+                                    query_param("fieldSelector", "field selector"),
+                                    query_param("watch", "watch for changes")),
+                          NULL)));
     }
     return json_pack("{s:s, s:{s:s, s:s}, s:o, s:{s:o}}", "openapi", "3.0.0", "info", "title",
                      "Sluice controller (Kubernetes-compatible API)", "version", KAPI_GIT_VERSION,
@@ -914,8 +920,9 @@ sl_kapi_t *sl_kapi_new(sl_store_t *st, sl_controller_t *ctl, const sl_kapi_optio
     k->openapi_text = doc ? json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(doc);
     if (!k->resource_list || !k->openapi_text) {
-        snprintf(err, errlen, "Kubernetes-compatible API: cannot build the discovery documents "
-                              "(out of memory?)");
+        snprintf(err, errlen,
+                 "Kubernetes-compatible API: cannot build the discovery documents "
+                 "(out of memory?)");
         goto fail;
     }
     unsigned char md[32];
@@ -1004,16 +1011,18 @@ static bool serve_discovery(kreq_t *r, const char *path)
                             "", "platform", "linux/amd64"));
     } else if (strcmp(path, "/api") == 0) {
         /* No core group: kubectl accepts an empty APIVersions. */
-        send_json(r->req, 200, json_pack("{s:s, s:[], s:[]}", "kind", "APIVersions", "versions",
-                                         "serverAddressByClientCIDRs"));
+        send_json(r->req, 200,
+                  json_pack("{s:s, s:[], s:[]}", "kind", "APIVersions", "versions",
+                            "serverAddressByClientCIDRs"));
     } else if (strcmp(path, "/apis") == 0 || strcmp(path, "/apis/" SL_CRD_GROUP) == 0) {
         json_t *group =
             json_pack("{s:s, s:[{s:s, s:s}], s:{s:s, s:s}}", "name", SL_CRD_GROUP, "versions",
                       "groupVersion", KAPI_GV, "version", SL_CRD_VERSION, "preferredVersion",
                       "groupVersion", KAPI_GV, "version", SL_CRD_VERSION);
         if (strcmp(path, "/apis") == 0) {
-            send_json(r->req, 200, json_pack("{s:s, s:s, s:[o]}", "kind", "APIGroupList",
-                                             "apiVersion", "v1", "groups", group));
+            send_json(r->req, 200,
+                      json_pack("{s:s, s:s, s:[o]}", "kind", "APIGroupList", "apiVersion", "v1",
+                                "groups", group));
         } else {
             json_object_set_new(group, "kind", json_string("APIGroup"));
             json_object_set_new(group, "apiVersion", json_string("v1"));
@@ -1175,7 +1184,8 @@ static int validate(kreq_t *r, json_t *obj, const char *name)
         if (r->fv == FV_STRICT && unknown == errs.count) {
             struct evbuffer *b = evbuffer_new();
             for (size_t i = 0; b && i < errs.count; i++)
-                evbuffer_add_printf(b, "%sunknown field \"%s\"", i ? ", " : "", errs.items[i].field);
+                evbuffer_add_printf(b, "%sunknown field \"%s\"", i ? ", " : "",
+                                    errs.items[i].field);
             if (b)
                 evbuffer_add(b, "", 1);
             reply_status(r->req, 400, "BadRequest", details_of(r, name),
@@ -1195,7 +1205,8 @@ static int validate(kreq_t *r, json_t *obj, const char *name)
                 continue;
             if (r->fv == FV_WARN) {
                 char w[700];
-                snprintf(w, sizeof(w), "299 - \"unknown field \\\"%.600s\\\"\"", errs.items[i].field);
+                snprintf(w, sizeof(w), "299 - \"unknown field \\\"%.600s\\\"\"",
+                         errs.items[i].field);
                 evhttp_add_header(evhttp_request_get_output_headers(r->req), "Warning", w);
             }
             delete_field(obj, errs.items[i].field);
@@ -1206,9 +1217,9 @@ static int validate(kreq_t *r, json_t *obj, const char *name)
     struct evbuffer *b = evbuffer_new();
     for (size_t i = 0; i < errs.count; i++) {
         const sl_error_t *e = &errs.items[i];
-        json_array_append_new(causes, json_pack("{s:s, s:s, s:s}", "reason", cause_reason(e->message),
-                                                "message", e->message, "field",
-                                                e->field[0] ? e->field : "<root>"));
+        json_array_append_new(causes, json_pack("{s:s, s:s, s:s}", "reason",
+                                                cause_reason(e->message), "message", e->message,
+                                                "field", e->field[0] ? e->field : "<root>"));
         if (b)
             evbuffer_add_printf(b, "%s%s: %s", i ? ", " : "", e->field[0] ? e->field : "<root>",
                                 e->message);
@@ -1218,8 +1229,8 @@ static int validate(kreq_t *r, json_t *obj, const char *name)
     json_t *d = details_of(r, name);
     json_object_set_new(d, "kind", json_string(sl_kind_name(r->kind)));
     json_object_set_new(d, "causes", causes);
-    reply_status(r->req, 422, "Invalid", d, "%s.%s \"%s\" is invalid: %s%s%s", sl_kind_name(r->kind),
-                 SL_CRD_GROUP, name, errs.count > 1 ? "[" : "",
+    reply_status(r->req, 422, "Invalid", d, "%s.%s \"%s\" is invalid: %s%s%s",
+                 sl_kind_name(r->kind), SL_CRD_GROUP, name, errs.count > 1 ? "[" : "",
                  b ? (const char *)evbuffer_pullup(b, -1) : "", errs.count > 1 ? "]" : "");
     if (b)
         evbuffer_free(b);
@@ -1421,8 +1432,8 @@ static int load(kreq_t *r, const char *ns, const char *name, json_t **obj)
         return 0;
     if (res == SL_STORE_NOT_FOUND)
         return 1;
-    reply_status(r->req, 500, "InternalError", NULL, "cannot read %s %s/%s (see the controller log)",
-                 sl_kind_name(r->kind), ns, name);
+    reply_status(r->req, 500, "InternalError", NULL,
+                 "cannot read %s %s/%s (see the controller log)", sl_kind_name(r->kind), ns, name);
     return -1;
 }
 
@@ -1475,8 +1486,8 @@ static json_t *list_rendered(kreq_t *r, const filter_t *f, char *rv, size_t rvle
     }
     json_decref(stored);
     if (!out)
-        reply_status(r->req, 500, "InternalError", NULL,
-                     "cannot list %s (see the controller log)", sl_kind_plural(r->kind));
+        reply_status(r->req, 500, "InternalError", NULL, "cannot list %s (see the controller log)",
+                     sl_kind_plural(r->kind));
     return out;
 }
 
@@ -1544,8 +1555,8 @@ static void handle_list(kreq_t *r)
     char list_kind[48];
     snprintf(list_kind, sizeof(list_kind), "%sList", sl_kind_name(r->kind));
     send_json(r->req, 200,
-              json_pack("{s:s, s:s, s:{s:s}, s:o}", "apiVersion", SL_API_VERSION, "kind",
-                        list_kind, "metadata", "resourceVersion", rv, "items", items));
+              json_pack("{s:s, s:s, s:{s:s}, s:o}", "apiVersion", SL_API_VERSION, "kind", list_kind,
+                        "metadata", "resourceVersion", rv, "items", items));
 }
 
 static void handle_get(kreq_t *r)
@@ -1719,9 +1730,9 @@ static void put_status(kreq_t *r, json_t *old, json_t *status, const char *expec
     if (!status) {
         json_t *d = details_of(r, r->name);
         json_object_set_new(d, "kind", json_string(sl_kind_name(r->kind)));
-        json_object_set_new(d, "causes", json_pack("[{s:s, s:s, s:s}]", "reason",
-                                                   "FieldValueRequired", "message",
-                                                   "Required value", "field", "status"));
+        json_object_set_new(d, "causes",
+                            json_pack("[{s:s, s:s, s:s}]", "reason", "FieldValueRequired",
+                                      "message", "Required value", "field", "status"));
         reply_status(r->req, 422, "Invalid", d, "%s.%s \"%s\" is invalid: status: Required value",
                      sl_kind_name(r->kind), SL_CRD_GROUP, r->name);
         return;
@@ -1787,9 +1798,10 @@ static void handle_patch(kreq_t *r)
         reply_status(r->req, 415, "UnsupportedMediaType", NULL,
                      "the body of a PATCH must be application/merge-patch+json, "
                      "application/json-patch+json or application/apply-patch+yaml, not '%s'%s",
-                     ct, strstr(ct, "strategic") ? " (strategic merge patch does not exist for "
-                                                   "custom resources: use --type merge)"
-                                                 : "");
+                     ct,
+                     strstr(ct, "strategic") ? " (strategic merge patch does not exist for "
+                                               "custom resources: use --type merge)"
+                                             : "");
         return;
     }
     json_t *patch = read_body(r, !jsonp);

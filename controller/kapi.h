@@ -34,10 +34,10 @@ struct evhttp_request;
 typedef struct sl_kapi sl_kapi_t;
 
 typedef struct {
-    size_t max_body_bytes;                 /* bodies over this: 413 Status */
-    bool read_only;                        /* --resources: writes answer 405 */
-    const sl_resource_set_t *static_set;   /* read_only: reads come from here */
-    sl_watch_hub_t *watch_hub;             /* NULL: watch=true answers 405 */
+    size_t max_body_bytes;               /* bodies over this: 413 Status */
+    bool read_only;                      /* --resources: writes answer 405 */
+    const sl_resource_set_t *static_set; /* read_only: reads come from here */
+    sl_watch_hub_t *watch_hub;           /* NULL: watch=true answers 405 */
 } sl_kapi_options_t;
 
 /* st and ctl borrowed (st NULL only with a static_set; ctl may be NULL).
@@ -55,8 +55,8 @@ void sl_kapi_handle(sl_kapi_t *k, struct evhttp_request *req);
 
 /* Answers with a meta/v1 Status: code, reason ("Unauthorized", "NotFound"...)
  * and message. For the caller's own errors on owned paths (401, 403). */
-void sl_kapi_reply_status(struct evhttp_request *req, int code, const char *reason,
-                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void sl_kapi_reply_status(struct evhttp_request *req, int code, const char *reason, const char *fmt,
+                          ...) __attribute__((format(printf, 4, 5)));
 
 /* A stored document as this API serves it (apiVersion and kind, the status
  * rule of objects.h, the Certificate view): a new reference. ctl is the

@@ -151,7 +151,6 @@ void sl_objects_public_view(json_t *doc)
     }
 }
 
-
 void sl_objects_written(sl_controller_t *ctl)
 {
     atomic_fetch_add(&sl_ctrl_metrics.store_writes, 1);
@@ -197,4 +196,3 @@ bool sl_objects_same_user_fields(json_t *a, json_t *b)
     json_decref(y);
     return same;
 }
-

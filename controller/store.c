@@ -544,7 +544,8 @@ static int row_get(sl_store_t *st, const char *kind, const char *ns, const char 
         copy_col(s, 3, row->spec_hash, sizeof(row->spec_hash));
         copy_col(s, 5, row->created_at, sizeof(row->created_at));
         if (sqlite3_column_type(s, 6) == SQLITE_TEXT &&
-            !(row->status = parse_body(st, (const char *)sqlite3_column_text(s, 6), kind, ns, name)))
+            !(row->status =
+                  parse_body(st, (const char *)sqlite3_column_text(s, 6), kind, ns, name)))
             ret = -1;
         /* With the body, the status moves into it (row->status is then
          * borrowed from the body); without, the caller owns row->status. */
@@ -928,8 +929,7 @@ enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, cons
     const char *kname = sl_kind_name(kind);
     uint64_t t0 = now_us(), rv;
     row_t row;
-    enum sl_store_result ret =
-        begin_write(st, kname, ns, name, expect_rv, &row, &rv, err, errlen);
+    enum sl_store_result ret = begin_write(st, kname, ns, name, expect_rv, &row, &rv, err, errlen);
     if (ret != SL_STORE_OK)
         return ret;
     char *body_text = NULL, *status_text = NULL;
@@ -938,8 +938,7 @@ enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, cons
     snprintf(rvs, sizeof(rvs), "%" PRIu64, rv);
     rfc3339_now(now);
     json_object_del(row.body, "status");
-    json_object_set_new(json_object_get(row.body, "metadata"), "resourceVersion",
-                        json_string(rvs));
+    json_object_set_new(json_object_get(row.body, "metadata"), "resourceVersion", json_string(rvs));
     body_text = json_dumps(row.body, JSON_COMPACT);
     status_text = json_dumps(status, JSON_COMPACT);
     if (!body_text || !status_text) {
@@ -956,8 +955,8 @@ enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, cons
     sqlite3_bind_text(s, 6, body_text, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 7, now, -1, SQLITE_STATIC);
     if (run(st, STMT_SET_STATUS) != 0 || counter_write(st, STORE_RV_COUNTER, rv) != 0) {
-        set_err(err, errlen, "store %s: cannot write the status of %s %s/%s: %s", st->path,
-                kname, ns, name, sqlite3_errmsg(st->db));
+        set_err(err, errlen, "store %s: cannot write the status of %s %s/%s: %s", st->path, kname,
+                ns, name, sqlite3_errmsg(st->db));
         goto fail;
     }
     if (tx_commit(st, err, errlen) != 0) {

@@ -21,11 +21,24 @@ static void test_human_duration_as_kubectl(void **state)
         int64_t s;
         const char *want;
     } cases[] = {
-        {-5, "<invalid>"}, {-1, "0s"},       {0, "0s"},          {119, "119s"},
-        {120, "2m"},       {330, "5m30s"},   {600, "10m"},       {10799, "179m"},
-        {10800, "3h"},     {12600, "3h30m"}, {28800, "8h"},      {169200, "47h"},
-        {172800, "2d"},    {190800, "2d5h"}, {691200, "8d"},     {400 * 86400, "400d"},
-        {(3 * 365 + 10) * 86400LL, "3y10d"}, {9 * 365 * 86400LL, "9y"},
+        {-5, "<invalid>"},
+        {-1, "0s"},
+        {0, "0s"},
+        {119, "119s"},
+        {120, "2m"},
+        {330, "5m30s"},
+        {600, "10m"},
+        {10799, "179m"},
+        {10800, "3h"},
+        {12600, "3h30m"},
+        {28800, "8h"},
+        {169200, "47h"},
+        {172800, "2d"},
+        {190800, "2d5h"},
+        {691200, "8d"},
+        {400 * 86400, "400d"},
+        {(3 * 365 + 10) * 86400LL, "3y10d"},
+        {9 * 365 * 86400LL, "9y"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char out[32];
@@ -37,8 +50,7 @@ static void test_human_duration_as_kubectl(void **state)
 static json_t *labelled(const char *name, const char *ns, const char *labels_json)
 {
     json_t *o = json_pack("{s:{s:s, s:s}}", "metadata", "name", name, "namespace", ns);
-    json_object_set_new(json_object_get(o, "metadata"), "labels",
-                        json_loads(labels_json, 0, NULL));
+    json_object_set_new(json_object_get(o, "metadata"), "labels", json_loads(labels_json, 0, NULL));
     return o;
 }
 
@@ -108,15 +120,14 @@ static void test_json_patch_rfc6902(void **state)
 {
     (void)state;
     json_t *doc = json_loads("{\"a\": [1, 2], \"b\": {\"x~/y\": 1}}", 0, NULL);
-    json_t *ops = json_loads(
-        "[{\"op\": \"add\", \"path\": \"/a/1\", \"value\": 9},"
-        " {\"op\": \"add\", \"path\": \"/a/-\", \"value\": 3},"
-        " {\"op\": \"remove\", \"path\": \"/a/0\"},"
-        " {\"op\": \"replace\", \"path\": \"/b/x~0~1y\", \"value\": 2},"
-        " {\"op\": \"copy\", \"from\": \"/b\", \"path\": \"/c\"},"
-        " {\"op\": \"move\", \"from\": \"/c/x~0~1y\", \"path\": \"/d\"},"
-        " {\"op\": \"test\", \"path\": \"/d\", \"value\": 2}]",
-        0, NULL);
+    json_t *ops = json_loads("[{\"op\": \"add\", \"path\": \"/a/1\", \"value\": 9},"
+                             " {\"op\": \"add\", \"path\": \"/a/-\", \"value\": 3},"
+                             " {\"op\": \"remove\", \"path\": \"/a/0\"},"
+                             " {\"op\": \"replace\", \"path\": \"/b/x~0~1y\", \"value\": 2},"
+                             " {\"op\": \"copy\", \"from\": \"/b\", \"path\": \"/c\"},"
+                             " {\"op\": \"move\", \"from\": \"/c/x~0~1y\", \"path\": \"/d\"},"
+                             " {\"op\": \"test\", \"path\": \"/d\", \"value\": 2}]",
+                             0, NULL);
     char err[300];
     assert_int_equal(json_patch(doc, ops, err, sizeof(err)), 0);
     assert_json(doc, "{\"a\": [9, 2, 3], \"b\": {\"x~/y\": 2}, \"c\": {}, \"d\": 2}");

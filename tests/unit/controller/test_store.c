@@ -244,8 +244,8 @@ static void test_put_status(void **state)
     char err[512];
     json_t *b = backend(NULL, "echo", 9001);
     json_t *v1 = put_ok(f->st, b, SL_STORE_CREATE, "");
-    const char *rv1 = json_string_value(json_object_get(json_object_get(v1, "metadata"),
-                                                        "resourceVersion"));
+    const char *rv1 =
+        json_string_value(json_object_get(json_object_get(v1, "metadata"), "resourceVersion"));
     json_t *status = json_pack("{s:[{s:s, s:s}]}", "conditions", "type", "Ready", "status", "True");
     json_t *stored = NULL;
     assert_int_equal(sl_store_put_status(f->st, SL_KIND_BACKEND, "default", "echo", status, "0",
@@ -283,9 +283,9 @@ static void test_put_status(void **state)
     json_decref(list);
     /* Deleted and created again: no written status. */
     json_t *gone = NULL;
-    assert_int_equal(sl_store_delete(f->st, SL_KIND_BACKEND, "default", "echo", "", &gone, err,
-                                     sizeof(err)),
-                     SL_STORE_OK);
+    assert_int_equal(
+        sl_store_delete(f->st, SL_KIND_BACKEND, "default", "echo", "", &gone, err, sizeof(err)),
+        SL_STORE_OK);
     json_decref(gone);
     json_object_del(b, "status");
     json_t *v3 = put_ok(f->st, b, SL_STORE_CREATE, "");
