@@ -25,7 +25,7 @@ import time
 import pytest
 
 from controller_env import QUICKSTART, Controller
-from helpers import http_request, wait_until
+from helpers import ResponseReader, http_request, wait_until
 
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
@@ -575,19 +575,11 @@ def test_body_over_the_limit_is_a_status_or_json_error(env):
         for _ in range((MAX_BODY // 4096) + 1):
             s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         s.sendall(b"0\r\n\r\n")
-        data = b""
-        while True:
-            part = s.recv(65536)
-            if not part:
-                break
-            data += part
+        resp = ResponseReader(s).read_response("POST")
     finally:
         s.close()
-    head, _, payload = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 413"), head
-    if b"chunked" in head.lower():
-        payload = b"".join(payload.split(b"\r\n")[1::2])
-    assert_status(json.loads(payload), 413, "RequestEntityTooLarge")
+    assert resp.status == 413, resp
+    assert_status(resp.json(), 413, "RequestEntityTooLarge")
 
 
 def test_unauthorized_is_a_status(tmp_path):
