@@ -8,6 +8,7 @@
 #include "core.h"
 #include "crd.h"
 #include "hostport.h"
+#include "kapi.h"
 #include "log.h"
 #include "model.h"
 #include "rest.h"
@@ -15,6 +16,7 @@
 #include "store.h"
 #include "stream.h"
 #include "tls_files.h"
+#include "watch.h"
 
 #include <event2/event.h>
 #include <getopt.h>
@@ -72,6 +74,8 @@ static void usage(FILE *out)
             "  --rest-plain-http        serve the REST API over plain HTTP even with a token\n"
             "                           (loopback only, unless --insecure-admin); kubectl then\n"
             "                           cannot send the token\n"
+            "  --max-body-bytes N       refuse REST and Kubernetes API request bodies over N\n"
+            "                           bytes with 413 (default 8388608)\n"
             "  --log-level LEVEL        debug, info, notice, warn, error (default info)\n"
             "  --max-routes N           refuse writes that make a fleet's config exceed N\n"
             "                           routes (default 200000)\n"
@@ -111,6 +115,7 @@ int main(int argc, char **argv)
         {"rest-tls-key", required_argument, NULL, 'K'},
         {"rest-tls-san", required_argument, NULL, 'S'},
         {"rest-plain-http", no_argument, NULL, 'H'},
+        {"max-body-bytes", required_argument, NULL, 'B'},
         {"version", no_argument, NULL, 'V'},
         {"print-crds", no_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
@@ -124,6 +129,7 @@ int main(int argc, char **argv)
     const char **rest_sans = calloc((size_t)argc, sizeof(char *));
     size_t nresources = 0, nrest_sans = 0;
     int insecure = 0, rest_plain = 0, ch;
+    unsigned long long max_body = SL_REST_DEFAULT_MAX_BODY_BYTES;
     if (!resources || !rest_sans) {
         fprintf(stderr, "sluice-controller: out of memory\n");
         free(resources);
@@ -179,6 +185,19 @@ int main(int argc, char **argv)
         case 'H':
             rest_plain = 1;
             break;
+        case 'B': {
+            char *end;
+            max_body = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-' || !optarg[0] || max_body < 1024 ||
+                max_body > (1ULL << 30)) {
+                fprintf(stderr,
+                        "sluice-controller: --max-body-bytes %s: must be a number from 1024 to "
+                        "1073741824\n",
+                        optarg);
+                goto bad_args;
+            }
+            break;
+        }
         case 'M': {
             char *end;
             max_routes = strtoull(optarg, &end, 10);
@@ -298,6 +317,7 @@ int main(int argc, char **argv)
     sl_controller_t *ctl = NULL;
     sl_stream_server_t *srv = NULL;
     sl_rest_t *rest = NULL;
+    sl_watch_hub_t *hub = NULL; /* watches of the Kubernetes-compatible API */
     struct event_base *base = NULL;
     sl_resource_set_t files;
     sl_resource_set_init(&files);
@@ -364,6 +384,14 @@ int main(int argc, char **argv)
         sl_log_error("%s", err);
         goto out_grpc;
     }
+    /* Objects are rendered for watches as the API serves them (kapi.h). */
+    hub = sl_watch_hub_new(base, sl_store_resource_version(store), 0, sl_kapi_render, ctl);
+    if (!hub) {
+        sl_log_error("watch hub: out of memory");
+        goto out_grpc;
+    }
+    /* Every durable write of the store feeds the watches. */
+    sl_store_set_observer(store, sl_watch_observe, hub);
     sl_rest_options_t ropt = {
         .admin_token = token,
         .insecure = insecure,
@@ -375,6 +403,8 @@ int main(int argc, char **argv)
         .ready_ctx = ctl,
         .tls_cert_pem = rest_cert_pem,
         .tls_key_pem = rest_key_pem,
+        .max_body_bytes = (size_t)max_body,
+        .watch_hub = hub,
     };
     rest = sl_rest_start(base, rest_addr, store, ctl, &ropt, err, sizeof(err));
     if (!rest) {
@@ -418,6 +448,11 @@ int main(int argc, char **argv)
     exit_code = 0;
 
 out_grpc:
+    /* Open watches end (their responses finish) before the listener goes. */
+    if (hub) {
+        sl_store_set_observer(store, NULL, NULL);
+        sl_watch_hub_free(hub);
+    }
     if (rest)
         sl_rest_free(rest);
     if (srv)

@@ -8,6 +8,8 @@
  *   /api/v1/resources        POST|PUT a whole multi-document file
  *   /api/v1/runtimes, /api/v1/status
  *   /healthz, /readyz, /metrics (never behind the token)
+ *   /version, /api, /apis/..., /openapi/...: the Kubernetes-compatible API
+ *       (kapi.h), behind the same token
  *
  * Every /api/ answer is JSON; errors are {"error":{"status","code","message"
  * [,"details":[{"field","message"}]]}}. docs/admin-api.md is the reference.
@@ -20,6 +22,7 @@
 #include "controller.h"
 #include "model.h"
 #include "store.h"
+#include "watch.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -54,6 +57,9 @@ typedef struct {
      * sl_tls_files_read_pair. Loaded into the API's SSL_CTX by
      * sl_rest_start, not kept. NULL = plain HTTP. */
     const char *tls_cert_pem, *tls_key_pem;
+    /* Watches on the Kubernetes-compatible paths (kapi.h); borrowed, must
+     * outlive the API. NULL = `watch=true` answers 405. */
+    sl_watch_hub_t *watch_hub;
 } sl_rest_options_t;
 
 /*

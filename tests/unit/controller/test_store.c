@@ -164,7 +164,7 @@ static void test_open_creates_nested_dir_wal_and_schema(void **state)
     db_path(f, path, sizeof(path));
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
-    assert_int_equal(sql_int(path, "SELECT max(version) FROM schema_version"), 1);
+    assert_int_equal(sql_int(path, "SELECT max(version) FROM schema_version"), 2);
 
     /* Nested directories are created (mkdir -p). */
     char nested[400], err[512];
@@ -210,8 +210,91 @@ static void test_open_refuses_newer_schema(void **state)
     assert_non_null(strstr(err, path));
     /* Nothing was changed by the refused open. */
     assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 99);
-    sql_exec(path, "UPDATE schema_version SET version = 1");
+    sql_exec(path, "UPDATE schema_version SET version = 2");
     reopen(f);
+}
+
+/* A store written by the schema of version 1 (before the status column)
+ * is migrated on open, keeping its objects. */
+static void test_migrates_version_1_store(void **state)
+{
+    fixture_t *f = *state;
+    char path[400];
+    db_path(f, path, sizeof(path));
+    json_t *b = backend(NULL, "old", 9001);
+    json_decref(put_ok(f->st, b, SL_STORE_CREATE, ""));
+    json_decref(b);
+    sl_store_close(f->st);
+    f->st = NULL;
+    sql_exec(path, "ALTER TABLE resources DROP COLUMN status; "
+                   "UPDATE schema_version SET version = 1");
+    reopen(f);
+    assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 2);
+    json_t *got = NULL;
+    assert_int_equal(sl_store_get(f->st, SL_KIND_BACKEND, "default", "old", &got), SL_STORE_OK);
+    assert_null(json_object_get(got, "status"));
+    json_decref(got);
+}
+
+/* The status subresource: stored durably, resourceVersion moves, generation
+ * does not, spec writes keep it, get and list return it, delete forgets it. */
+static void test_put_status(void **state)
+{
+    fixture_t *f = *state;
+    char err[512];
+    json_t *b = backend(NULL, "echo", 9001);
+    json_t *v1 = put_ok(f->st, b, SL_STORE_CREATE, "");
+    const char *rv1 =
+        json_string_value(json_object_get(json_object_get(v1, "metadata"), "resourceVersion"));
+    json_t *status = json_pack("{s:[{s:s, s:s}]}", "conditions", "type", "Ready", "status", "True");
+    json_t *stored = NULL;
+    assert_int_equal(sl_store_put_status(f->st, SL_KIND_BACKEND, "default", "echo", status, "0",
+                                         &stored, err, sizeof(err)),
+                     SL_STORE_CONFLICT);
+    assert_int_equal(sl_store_put_status(f->st, SL_KIND_BACKEND, "default", "nope", status, "",
+                                         &stored, err, sizeof(err)),
+                     SL_STORE_NOT_FOUND);
+    assert_int_equal(sl_store_put_status(f->st, SL_KIND_BACKEND, "default", "echo", status, rv1,
+                                         &stored, err, sizeof(err)),
+                     SL_STORE_OK);
+    json_t *m = json_object_get(stored, "metadata");
+    assert_true(json_equal(json_object_get(stored, "status"), status));
+    assert_int_equal(json_integer_value(json_object_get(m, "generation")), 1);
+    assert_true(strtoull(json_string_value(json_object_get(m, "resourceVersion")), NULL, 10) >
+                strtoull(rv1, NULL, 10));
+    assert_int_equal(sl_store_resource_version(f->st),
+                     strtoull(json_string_value(json_object_get(m, "resourceVersion")), NULL, 10));
+    json_decref(stored);
+
+    reopen(f);
+    json_t *got = NULL;
+    assert_int_equal(sl_store_get(f->st, SL_KIND_BACKEND, "default", "echo", &got), SL_STORE_OK);
+    assert_true(json_equal(json_object_get(got, "status"), status));
+    json_decref(got);
+    /* A spec write keeps the written status and ignores a status in the body. */
+    json_object_set_new(b, "status", json_pack("{s:s}", "bogus", "x"));
+    json_t *ep = json_array_get(json_object_get(json_object_get(b, "spec"), "endpoints"), 0);
+    json_object_set_new(ep, "port", json_integer(9002));
+    json_t *v2 = put_ok(f->st, b, SL_STORE_REPLACE, "");
+    assert_true(json_equal(json_object_get(v2, "status"), status));
+    json_t *list = NULL;
+    assert_int_equal(sl_store_list(f->st, SL_KIND_BACKEND, NULL, &list), SL_STORE_OK);
+    assert_true(json_equal(json_object_get(json_array_get(list, 0), "status"), status));
+    json_decref(list);
+    /* Deleted and created again: no written status. */
+    json_t *gone = NULL;
+    assert_int_equal(
+        sl_store_delete(f->st, SL_KIND_BACKEND, "default", "echo", "", &gone, err, sizeof(err)),
+        SL_STORE_OK);
+    json_decref(gone);
+    json_object_del(b, "status");
+    json_t *v3 = put_ok(f->st, b, SL_STORE_CREATE, "");
+    assert_null(json_object_get(v3, "status"));
+    json_decref(v1);
+    json_decref(v2);
+    json_decref(v3);
+    json_decref(b);
+    json_decref(status);
 }
 
 static void test_open_errors_name_path_and_fix(void **state)
@@ -921,6 +1004,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_put_preconditions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrates_version_1_store, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_order_and_namespace_filter, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_many_is_all_or_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_counters_and_versions_durable_across_reopen, setup,
