@@ -545,5 +545,15 @@ int main(int argc, char **argv) {
            O.rate, O.conns, measured, completed_measured, lost + non2xx, non2xx, failed, unsent,
            (double)completed_measured / (secs > 0 ? secs : 1), pct(sorted, nok, 50), pct(sorted, nok, 90),
            pct(sorted, nok, 99), pct(sorted, nok, 99.9), nok ? (double)sorted[nok - 1] / 1000.0 : 0.0);
+    for (int i = 0; i < O.conns; i++)
+        if (cs[i].fd >= 0) close(cs[i].fd);
+    close(tfd);
+    close(ep);
+    free(cs);
+    free(sorted);
+    free(lat_ns);
+    free(status_of);
+    free(reqbuf);
+    free(O.headers);
     return 0;
 }
