@@ -107,7 +107,7 @@ REPO=$PWD
 BUILD=${BUILD:-build}
 QUICK=${QUICK:-}
 if [ -n "$QUICK" ]; then
-    : "${DURATION:=1s}" "${WARMUP:=1s}" "${TESTS:=get post100k get_close}"
+    : "${DURATION:=1s}" "${WARMUP:=0}" "${TESTS:=get post100k get_close}"
     : "${ROUTE_SETS:=1 10000}" "${ROUTE_TESTS:=get}" "${SWEEP_DURATION:=1s}"
     : "${RATE_DURATION:=1}" "${FEATURE_PROXIES:=sluice-log-file sluice-chain nginx-chain}"
     : "${CONNECTIONS:=20}"
@@ -926,9 +926,10 @@ measure_proxy() { # proxy tests results
         handshake_new) resumed=0 ;; # h2load offers no session
         handshake_resumed) resumed=$(probe_resumption "$proxy") ;;
         esac
-        run_load "$test" "$WARMUP" "$log-$test-warmup.txt"
+        # WARMUP=0: none (the smoke run)
+        [ "$WARMUP" = 0 ] || run_load "$test" "$WARMUP" "$log-$test-warmup.txt"
         count=""
-        if [ "$test" = handshake_new ]; then
+        if [ "$test" = handshake_new ] && [ "$WARMUP" != 0 ]; then
             # as many connections as the warm-up's rate makes in $DURATION
             count=$(parse_load "$test" "$log-$test-warmup.txt" |
                 awk -v s="$(seconds_of "$DURATION")" '{n = int($2 * s); print (n < 500 ? 500 : n)}')
@@ -987,7 +988,7 @@ if in_section sweep; then
     for proxy in $PLAIN_PROXIES; do
         read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
         start_proxy "$proxy"
-        run_load get "$WARMUP" "$TMP/$proxy-sweep-warmup.txt"
+        [ "$WARMUP" = 0 ] || run_load get "$WARMUP" "$TMP/$proxy-sweep-warmup.txt"
         for conns in $SWEEP; do
             out="$TMP/$proxy-sweep-$conns.txt"
             taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" -d"$SWEEP_DURATION" --latency "${POLICY_HDRS[@]}" \

@@ -122,22 +122,22 @@ class Plot:
 
     def draw(self, name, script, size="960,540"):
         path = os.path.join(self.outdir, name + ".png")
-        head = ('set terminal pngcairo size %s font "sans,10"\nset output "%s"\n'
-                'set grid\nset key outside right top\n' % (size, path))
+        # Names relative to the report dir: `cd DIR && gnuplot NAME.gp` redraws.
+        head = ('set terminal pngcairo size %s font "sans,10"\nset output "%s.png"\n'
+                'set grid\nset key outside right top\n' % (size, name))
         gp = os.path.join(self.outdir, name + ".gp")
         with open(gp, "w") as f:
             f.write(head + script)
-        p = subprocess.run(["gnuplot", gp], capture_output=True, text=True)
+        p = subprocess.run(["gnuplot", name + ".gp"], capture_output=True, text=True, cwd=self.outdir)
         if p.returncode != 0 or not os.path.exists(path):
             sys.exit("gnuplot failed on %s: %s" % (gp, p.stderr))
         self.made.append(path)
 
     def data(self, name, rows):
-        path = os.path.join(self.outdir, name)
-        with open(path, "w") as f:
+        with open(os.path.join(self.outdir, name), "w") as f:
             for r in rows:
                 f.write(" ".join(str(x) if is_number(x) else '"%s"' % x for x in r) + "\n")
-        return path
+        return name
 
 
 def saturation(a, md, plot):
@@ -385,6 +385,11 @@ def main():
                 if v:
                     parts.append("%s +%s / +%s µs" % (t, fmt(v["p99"] - o["p99"]), fmt(v["p999"] - o["p999"])))
             notes.append("Added p99 / p99.9 at %d%% load: %s." % (top, ", ".join(parts)))
+            sl, ng = by_rate.get(("sluice", top)), by_rate.get(("nginx", top))
+            if sl and ng:
+                met = sl["p99"] <= ng["p99"] and sl["p999"] <= ng["p999"]
+                notes.append("Target (sluice's added p99 and p99.9 at or below nginx's) at %d%% "
+                             "load: %s." % (top, "met" if met else "not met"))
     if notes:
         md.append("## Headlines\n")
         md.extend("- " + x for x in notes)
