@@ -718,7 +718,8 @@ stop_proxy() {
 # or TLS) or h2load (HTTP/2, and full handshakes).
 run_load() { # test duration outfile [count: handshake_new's number of connections]
     local test=$1 dur=$2 out=$3 count=${4:-$((HANDSHAKE_CLIENTS * 20))} script=()
-    local url="http://127.0.0.1:$PORT$(route_path)"
+    local url
+    url="http://127.0.0.1:$PORT$(route_path)"
     case $test in
     get | post1k | post5k | post100k | get_close | https_get)
         case $test in
@@ -1045,9 +1046,12 @@ if in_section rate; then
                 --connections "$RATE_CONNECTIONS" --warmup 1 --duration "$RATE_DURATION" --timeout 5 \
                 "${OPENLOAD_HDRS[@]}" --csv "$TMP/$target-rate-$pct.csv" >"$out" 2>&1 ||
                 die "openload failed: $(cat "$out")"
-            # shellcheck disable=SC2046 # key=value words
-            (eval "$(tr ' ' '\n' <"$out" | grep -E '^[a-z0-9_]+=[0-9.]+$')"
-                echo "$target $pct $rate $p50_us $p90_us $p99_us $p999_us $max_us $errors $completed") >>"$RATE_RESULTS"
+            # openload's "key=value ..." line -> a row
+            awk -v t="$target" -v pct="$pct" -v rate="$rate" '/p50_us=/ {
+                for (i = 1; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}
+                print t, pct, rate, v["p50_us"], v["p90_us"], v["p99_us"], v["p999_us"], v["max_us"],
+                    v["errors"], v["completed"]; found = 1}
+                END {exit !found}' "$out" >>"$RATE_RESULTS" || die "openload printed no summary: $(cat "$out")"
             tail -1 "$RATE_RESULTS" | awk '{printf "%-8s rate %s%% = %s req/s  p50 %s  p99 %s  p99.9 %s  max %s us  errors %s\n", $1, $2, $3, $4, $6, $7, $8, $9}'
         done
         [ "$target" = origin ] || stop_proxy
