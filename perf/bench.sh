@@ -78,7 +78,7 @@
 #                                     into another tree and point BASELINE at it)
 #
 # Issue 15's sections (SECTIONS, default all five, in this order; every
-# section writes a CSV beside OUT, in $(dirname OUT)/benchmarks/, and
+# section writes a CSV beside OUT, in the directory ${OUT%.md}/, and
 # perf/bench_report.py draws the PNGs with gnuplot):
 #   saturation   the matrix above, for every route set of ROUTE_SETS: "1" (one
 #                Api, prefix /), "100x10" (100 Apis of 10 operations), "10000"
@@ -97,8 +97,9 @@
 #                plain proxies, each against plain GET of the same section
 #   scaling      sluice, nginx, HAProxy with 1..CPUS workers (CPUS=nproc),
 #                pinned to CPUs 0..N-1: requests/s per core
-# QUICK=1: a smoke run of all five in under 3 minutes (short durations,
-# fewer tests); its figures are not results.
+# QUICK=1: a smoke run of all five, meant to take under 3 minutes (1 s runs,
+# no warm-ups, fewer tests; 4 minutes under a load average of 10); its
+# figures are not results.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
