@@ -14,6 +14,7 @@
 #include "h2.h"
 #include "listener_http2.h"
 #include "log.h"
+#include "route_rules.h"
 #include "tls.h"
 #include "tls_client.h"
 #include "worker.h"
@@ -93,6 +94,7 @@ static void free_generation(sl_generation_t *gen)
                 free(routes[r].policy_stats);
                 free(routes[r].scope_stats);
                 sl_policy_chain_free(routes[r].chain);
+                sl_route_rules_free(routes[r].rules);
                 free(routes[r].policy_error);
                 if (routes[r].stats)
                     sl_metrics_route_release(routes[r].stats);
@@ -208,6 +210,11 @@ nomem:
     return -1;
 }
 
+static sl_gen_cluster_t *find_cluster_cb(void *gen, const char *name)
+{
+    return find_cluster(gen, name);
+}
+
 static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeouts, char *err,
                         size_t errlen)
 {
@@ -280,12 +287,28 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
             route->stats = sl_metrics_route_acquire(table->name, pb->name);
             if (!route->stats)
                 goto nomem;
+            if (pb->routing) {
+                /* Rules that cannot be compiled refuse the whole snapshot
+                 * (NACK): the controller validated them, so this is a
+                 * controller of another build or a hand-made snapshot. */
+                char why[512];
+                route->rules = sl_route_rules_build(
+                    pb->routing, pb->path, pb->path_kind == SLUICE__V1__ROUTE__PATH_KIND__TEMPLATE,
+                    find_cluster_cb, gen, route->backends, route->backend_weights,
+                    route->num_backends, gen->nworkers, why, sizeof(why));
+                if (!route->rules) {
+                    snprintf(err, errlen, "api %s operation %s: %s", table->name, pb->name, why);
+                    return -1;
+                }
+            }
             if (pb->n_policies) {
+                env.jwt_claims = sl_route_rules_reads_claims(route->rules);
                 /* A chain that cannot be built fails this route closed and
                  * leaves every other route (and Api) as it is. */
                 char why[512];
                 route->chain =
                     sl_policy_chain_build(pb->policies, pb->n_policies, &env, why, sizeof(why));
+                env.jwt_claims = 0;
                 size_t nchain = sl_policy_chain_len(route->chain);
                 if (route->chain) {
                     route->policy_stats = calloc(nchain, sizeof(*route->policy_stats));

@@ -124,6 +124,9 @@ typedef struct sl_gen_route {
      * the chain has none). */
     struct sl_policy_stats **scope_stats;
     const sl_tlog_policy_t *tlog; /* what its records hold: the Api's, or gen->tlog */
+    /* The `routing` rules (route_rules.h), NULL for none: then the backend
+     * is chosen from `backends` by weight, as before. */
+    struct sl_route_rules *rules;
 } sl_gen_route_t;
 
 /* One worker's requests on a generation (see "Worker holds" above). Its own

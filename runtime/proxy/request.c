@@ -4,6 +4,7 @@
  * outcomes, the gateway's error bodies, metrics and the traffic log record.
  */
 #include "request.h"
+#include "route_rules.h"
 
 #include "chain.h"
 
@@ -472,6 +473,7 @@ void sl_request_reset(sl_request_t *r)
     }
     r->route = NULL;
     r->cluster = NULL;
+    r->num_choices = 0;
     r->pool = NULL;
     r->ep_index = -1;
     r->replayable = 1;
@@ -722,6 +724,34 @@ static int pick_cluster(sl_request_t *r)
     return 0;
 }
 
+/* The route's `routing` rules choose the backend and its fallbacks, after
+ * the policies (the consumer and the token's claims are theirs). */
+static void route_by_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
+                           size_t base_path_len)
+{
+    sl_route_attrs_t a = {
+        .method = h->method,
+        .rel_path = {routed_path.ptr + base_path_len, routed_path.len - base_path_len},
+        .query = h->query,
+        .headers = h->headers,
+        .num_headers = h->num_headers,
+        .client_ip = r->client_ip,
+    };
+    if (r->pol) {
+        a.consumer = r->pol->v.consumer.name;
+        a.consumer_group = r->pol->v.consumer.group;
+        a.claims = r->pol->v.jwt_claims;
+    }
+    sl_route_choice_t ch;
+    sl_route_rules_eval(r->route->rules, &a, r->w->id, &ch);
+    _Static_assert(sizeof(r->choices) / sizeof(r->choices[0]) == SL_ROUTE_CHOICES_MAX,
+                   "a choice fits the request");
+    memcpy(r->choices, ch.clusters, ch.n * sizeof(ch.clusters[0]));
+    r->num_choices = (uint8_t)ch.n;
+    r->choice = 0;
+    r->cluster = r->choices[0];
+}
+
 static int clip(size_t len, size_t max)
 {
     return (int)(len > max ? max : len);
@@ -905,7 +935,9 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
             return SL_ERROR;
         }
     }
-    if (pick_cluster(r) != 0) {
+    if (sl_unlikely(r->route->rules)) {
+        route_by_rules(r, h, rq.path, rr.base_path_len);
+    } else if (pick_cluster(r) != 0) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
     }
@@ -1129,9 +1161,20 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
 {
     int why = SL_UPSTREAM_ERR_NO_HEALTHY;
     int exclude = r->attempts ? r->ep_index : -1;
+    /* A rule's priority list: a retry goes to the next backend. */
+    if (sl_unlikely(r->attempts && r->choice + 1 < r->num_choices)) {
+        r->cluster = r->choices[++r->choice];
+        exclude = -1;
+    }
     int idx = sl_upstream_pick(r->w, r->cluster, r->hash, exclude, &why);
     if (idx < 0 && exclude >= 0)
         idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
+    /* The first healthy backend of the list wins. */
+    while (sl_unlikely(idx < 0 && r->choice + 1 < r->num_choices)) {
+        SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[why], 1);
+        r->cluster = r->choices[++r->choice];
+        idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
+    }
     r->attempts++;
     if (idx < 0) {
         SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[why], 1);

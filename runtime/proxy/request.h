@@ -101,6 +101,10 @@ typedef struct sl_request {
     sl_generation_t *gen; /* held (sl_generation_acquire) while set */
     sl_gen_route_t *route;
     sl_gen_cluster_t *cluster;
+    /* The routing rules' choice (route_rules.h): cluster is choices[choice];
+     * a retry moves to the next. num_choices 0 = the route has no rules. */
+    uint8_t num_choices, choice;
+    sl_gen_cluster_t *choices[16];
     int ep_index;            /* endpoint of the current attempt, -1 none */
     sl_pool_t *pool;         /* that endpoint's pool on this worker */
     uint8_t counted_request; /* pool->active_requests counts this request */
