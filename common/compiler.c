@@ -51,6 +51,8 @@
 #define DEF_UPSTREAM_CONNECT_MS 5000
 #define DEF_UPSTREAM_RESPONSE_MS 30000
 #define DEF_RETRY_ATTEMPTS 1
+/* The body a `routing` block with body conditions reads, at most. */
+#define DEF_ROUTING_BODY_BYTES (64 * 1024)
 #define DEF_RETRY_BUDGET_PERCENT 20
 #define DEF_RETRY_MIN_CONCURRENCY 3
 #define DEF_HC_INTERVAL_MS 5000
@@ -1194,6 +1196,7 @@ static Sluice__V1__RouteMatch *compile_statement(cctx_t *c, json_t *st)
         {"cookie", SLUICE__V1__ROUTE_MATCH__ATTR__COOKIE},
         {"pathParam", SLUICE__V1__ROUTE_MATCH__ATTR__PATH_PARAM},
         {"claim", SLUICE__V1__ROUTE_MATCH__ATTR__CLAIM},
+        {"body", SLUICE__V1__ROUTE_MATCH__ATTR__BODY},
     };
     m->name = cstr(c, "");
     for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++) {
@@ -1330,11 +1333,74 @@ static Sluice__V1__Routing *compile_routing(cctx_t *c, const sl_resource_t *api,
         snprintf(field, sizeof(field), "%srouting.rules[%zu].", field_prefix, i);
         rule->output = compile_route_output(c, api, rj, field, quiet);
     }
+    r->max_body_bytes = jint(routing, "maxBodyBytes", DEF_ROUTING_BODY_BYTES);
     if (jget(routing, "default")) {
         snprintf(field, sizeof(field), "%srouting.default.", field_prefix);
         r->default_output = compile_route_output(c, api, jget(routing, "default"), field, quiet);
     }
     return r;
+}
+
+static int statement_reads_body(const Sluice__V1__RouteMatch *m)
+{
+    if (m->kind == SLUICE__V1__ROUTE_MATCH__KIND__CONDITION)
+        return m->attr == SLUICE__V1__ROUTE_MATCH__ATTR__BODY;
+    for (size_t i = 0; i < m->n_children; i++)
+        if (statement_reads_body(m->children[i]))
+            return 1;
+    return 0;
+}
+
+/* A block with body conditions chooses the backend after the upstream
+ * request head is written (the body comes after it): every backend it can
+ * choose must take the same head, so the same protocol and Host. */
+static void routing_body_check(cctx_t *c, const sl_resource_t *api, const Sluice__V1__Routing *r,
+                               const Sluice__V1__Route *rt, const Sluice__V1__RouteTable *t,
+                               const char *field)
+{
+    int reads = 0;
+    for (size_t i = 0; i < r->n_rules && !reads; i++)
+        for (size_t k = 0; k < r->rules[i]->n_match && !reads; k++)
+            reads = statement_reads_body(r->rules[i]->match[k]);
+    if (!reads)
+        return;
+    const char *first = NULL, *first_proto = NULL, *first_host = NULL;
+    const Sluice__V1__RouteOutput *outs[1001];
+    size_t nouts = 0;
+    for (size_t i = 0; i < r->n_rules && nouts < 1000; i++)
+        outs[nouts++] = r->rules[i]->output;
+    if (r->default_output)
+        outs[nouts++] = r->default_output;
+    size_t nrefs = rt->n_backends ? rt->n_backends : t->n_backends;
+    Sluice__V1__BackendRef **refs = rt->n_backends ? rt->backends : t->backends;
+    for (size_t o = 0; o <= nouts; o++) {
+        size_t nt = o < nouts ? (outs[o] ? outs[o]->n_targets : 0) : (r->default_output ? 0 : nrefs);
+        for (size_t i = 0; i < nt; i++) {
+            size_t nc = o < nouts ? outs[o]->targets[i]->n_clusters : 1;
+            for (size_t k = 0; k < nc; k++) {
+                const char *full = o < nouts ? outs[o]->targets[i]->clusters[k] : refs[i]->cluster;
+                const char *slash = strchr(full, '/');
+                const sl_resource_t *b = find_backend(c->set, api->ns, slash ? slash + 1 : full);
+                if (!b)
+                    continue;
+                json_t *spec = jget(b->obj, "spec");
+                const char *proto = jstr(spec, "protocol", "http1");
+                const char *host = jstr(spec, "hostRewrite", "");
+                if (!first) {
+                    first = full, first_proto = proto, first_host = host;
+                } else if (strcmp(proto, first_proto) != 0 || strcmp(host, first_host) != 0) {
+                    char msg[700];
+                    snprintf(msg, sizeof(msg),
+                             "a rule reads the body, so the backend is chosen after the upstream "
+                             "request head is written: Backends %s and %s differ in protocol or "
+                             "hostRewrite",
+                             first, full);
+                    cerr(c, api, field, "%s%s", msg, "");
+                    return;
+                }
+            }
+        }
+    }
 }
 
 static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t *api, json_t *op,
@@ -1421,8 +1487,13 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
         char prefix[64];
         snprintf(prefix, sizeof(prefix), "spec.operations[%zu].", index);
         rt->routing = compile_routing(c, api, jget(op, "routing"), prefix, 0);
+        snprintf(prefix, sizeof(prefix), "spec.operations[%zu].routing", index);
+        if (rt->routing)
+            routing_body_check(c, api, rt->routing, rt, table, prefix);
     } else if (jget(spec, "routing")) {
         rt->routing = compile_routing(c, api, jget(spec, "routing"), "spec.", index > 0);
+        if (rt->routing && index == 0)
+            routing_body_check(c, api, rt->routing, rt, table, "spec.routing");
     }
 }
 

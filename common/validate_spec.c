@@ -536,23 +536,23 @@ static const sl_varray_t upgrades_array = {sl_vcheck_object, &upgrade_schema, 0,
 
 /* --- routing (docs/routing.md "Rule-based backend choice") ---------------- */
 
-/* Bounds: a statement nests at most this deep, holds at most this many
- * items; an `in` list, a priority list and a split are bounded too, so a
+/* Bounds: a statement holds at most this many items (and nests three
+ * levels, below); an `in` list, a priority list and a split are bounded too, so a
  * request's evaluation and its fallback list are bounded
  * (runtime/proxy/route_rules.h). */
-#define SL_ROUTING_DEPTH_MAX 8
 #define SL_ROUTING_ITEMS_MAX 32
 #define SL_ROUTING_IN_MAX 256
 #define SL_ROUTING_PRIORITY_MAX 8
 #define SL_ROUTING_SPLIT_MAX 16
 
-static const char *const routing_subjects[] = {"header", "query",  "cookie",
-                                               "pathParam", "claim", "attribute", NULL};
+static const char *const routing_subjects[] = {"header", "query",     "cookie", "pathParam",
+                                               "claim",  "body",      "attribute", NULL};
 static const char *const routing_attributes[] = {"method", "clientIp", "consumer",
                                                  "consumerGroup", NULL};
 static const char *const routing_ops[] = {"equals", "notEquals", "in", "prefix", "regex", "lt",
                                           "le", "gt", "ge", "present", "absent", NULL};
 static const sl_vrange_t split_weight_range = {0, 1000};
+static const sl_vrange_t routing_body_range = {1, 16 * 1024 * 1024};
 
 /* An IPv4/IPv6 address, or one with a /prefix length. */
 static bool is_cidr(const char *s)
@@ -599,10 +599,6 @@ static void check_route_true(sl_vctx_t *c, json_t *v, const void *arg)
         sl_validate_error(c, "must be true (write present: true or absent: true)");
 }
 
-static void check_route_statement(sl_vctx_t *c, json_t *v, const void *arg);
-
-static const sl_varray_t route_statements = {check_route_statement, NULL, 1,
-                                             SL_ROUTING_ITEMS_MAX};
 static const sl_varray_t route_in_list = {check_route_scalar, NULL, 1, SL_ROUTING_IN_MAX};
 
 static void route_condition_extra(sl_vctx_t *c, json_t *obj)
@@ -625,8 +621,8 @@ static void route_condition_extra(sl_vctx_t *c, json_t *obj)
     if (nsubj != 1) {
         sl_validate_error(c,
                           "a condition names one attribute: header, query, cookie, pathParam, "
-                          "claim (with a name) or attribute (method, clientIp, consumer, "
-                          "consumerGroup)%s",
+                          "claim (with a name), body (a JSON pointer) or attribute (method, "
+                          "clientIp, consumer, consumerGroup)%s",
                           nsubj ? "; this one names several" : "");
         return;
     }
@@ -643,6 +639,15 @@ static void route_condition_extra(sl_vctx_t *c, json_t *obj)
         const char *n = json_string_value(sl_validate_get(obj, subj));
         if (!n || !*n || strlen(n) > 256) {
             at_key(c, subj, report, "expected a name of 1 to 256 characters");
+            return;
+        }
+    }
+    if (strcmp(subj, "body") == 0) {
+        const char *n = json_string_value(sl_validate_get(obj, "body"));
+        if (!n || n[0] != '/' || strlen(n) > 256) {
+            at_key(c, "body", report,
+                   "expected a JSON pointer of up to 256 characters, such as /amount or "
+                   "/customer/country");
             return;
         }
     }
@@ -679,59 +684,43 @@ static void route_condition_extra(sl_vctx_t *c, json_t *obj)
     sl_validate_pop(c, saved);
 }
 
-static const sl_vfield_t route_condition_fields[] = {
-    {"all", sl_vcheck_array, &route_statements, 0},
-    {"any", sl_vcheck_array, &route_statements, 0},
-    {"header", check_header_name, NULL, 0},
-    {"query", sl_vcheck_string, NULL, 0},
-    {"cookie", sl_vcheck_string, NULL, 0},
-    {"pathParam", sl_vcheck_string, NULL, 0},
-    {"claim", sl_vcheck_string, NULL, 0},
-    {"attribute", sl_vcheck_enum, routing_attributes, 0},
-    {"equals", check_route_scalar, NULL, 0},
-    {"notEquals", check_route_scalar, NULL, 0},
-    {"in", sl_vcheck_array, &route_in_list, 0},
-    {"prefix", check_route_scalar, NULL, 0},
-    {"regex", check_route_scalar, NULL, 0},
-    {"lt", check_route_number, NULL, 0},
-    {"le", check_route_number, NULL, 0},
-    {"gt", check_route_number, NULL, 0},
-    {"ge", check_route_number, NULL, 0},
-    {"present", check_route_true, NULL, 0},
-    {"absent", check_route_true, NULL, 0},
+/* A condition's fields; a statement adds all/any. Three levels, written
+ * out rather than recursive so that the CRD (generated from these tables)
+ * is a structural schema: match[] -> all/any -> all/any -> conditions. */
+#define ROUTE_CONDITION_FIELDS                                                                     \
+    {"header", check_header_name, NULL, 0}, {"query", sl_vcheck_string, NULL, 0},                 \
+        {"cookie", sl_vcheck_string, NULL, 0}, {"pathParam", sl_vcheck_string, NULL, 0},          \
+        {"claim", sl_vcheck_string, NULL, 0}, {"body", sl_vcheck_string, NULL, 0},                \
+        {"attribute", sl_vcheck_enum, routing_attributes, 0},                                     \
+        {"equals", check_route_scalar, NULL, 0}, {"notEquals", check_route_scalar, NULL, 0},      \
+        {"in", sl_vcheck_array, &route_in_list, 0}, {"prefix", check_route_scalar, NULL, 0},      \
+        {"regex", check_route_scalar, NULL, 0}, {"lt", check_route_number, NULL, 0},              \
+        {"le", check_route_number, NULL, 0}, {"gt", check_route_number, NULL, 0},                 \
+        {"ge", check_route_number, NULL, 0}, {"present", check_route_true, NULL, 0},              \
+        {"absent", check_route_true, NULL, 0}
+
+static const sl_vfield_t route_cond3_fields[] = {ROUTE_CONDITION_FIELDS, {NULL, NULL, NULL, 0}};
+static const sl_vschema_t route_cond3_schema = {route_cond3_fields, route_condition_extra};
+static const sl_varray_t route_statements3 = {sl_vcheck_object, &route_cond3_schema, 1,
+                                              SL_ROUTING_ITEMS_MAX};
+static const sl_vfield_t route_cond2_fields[] = {
+    {"all", sl_vcheck_array, &route_statements3, 0},
+    {"any", sl_vcheck_array, &route_statements3, 0},
+    ROUTE_CONDITION_FIELDS,
     {NULL, NULL, NULL, 0},
 };
-static const sl_vschema_t route_condition_schema = {route_condition_fields,
-                                                    route_condition_extra};
-
-static size_t statement_depth(json_t *v)
-{
-    size_t d = 0;
-    json_t *kids = json_is_object(v) ? json_object_get(v, "all") : NULL;
-    if (!json_is_array(kids))
-        kids = json_is_object(v) ? json_object_get(v, "any") : NULL;
-    for (size_t i = 0; json_is_array(kids) && i < json_array_size(kids); i++) {
-        size_t k = statement_depth(json_array_get(kids, i));
-        if (k > d)
-            d = k;
-        if (d > SL_ROUTING_DEPTH_MAX)
-            break;
-    }
-    return d + 1;
-}
-
-/* A statement: all: [...] (ANDed), any: [...] (ORed), or one condition.
- * Recursive, so the CRD describes it as an object of any shape
- * (sl_validate_spec_openapi) and this check is the schema. */
-static void check_route_statement(sl_vctx_t *c, json_t *v, const void *arg)
-{
-    (void)arg;
-    if (statement_depth(v) > SL_ROUTING_DEPTH_MAX) {
-        sl_validate_error(c, "statements nest at most %d levels deep", SL_ROUTING_DEPTH_MAX);
-        return;
-    }
-    sl_vcheck_object(c, v, &route_condition_schema);
-}
+static const sl_vschema_t route_cond2_schema = {route_cond2_fields, route_condition_extra};
+static const sl_varray_t route_statements2 = {sl_vcheck_object, &route_cond2_schema, 1,
+                                              SL_ROUTING_ITEMS_MAX};
+static const sl_vfield_t route_cond1_fields[] = {
+    {"all", sl_vcheck_array, &route_statements2, 0},
+    {"any", sl_vcheck_array, &route_statements2, 0},
+    ROUTE_CONDITION_FIELDS,
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t route_cond1_schema = {route_cond1_fields, route_condition_extra};
+static const sl_varray_t route_statements = {sl_vcheck_object, &route_cond1_schema, 1,
+                                             SL_ROUTING_ITEMS_MAX};
 
 static const sl_varray_t route_priority_array = {sl_vcheck_dns_subdomain, NULL, 1,
                                                  SL_ROUTING_PRIORITY_MAX};
@@ -836,6 +825,7 @@ static const sl_vfield_t routing_fields[] = {
     {"rules", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &route_rule_schema, 0, 1000},
      0},
     {"default", sl_vcheck_object, &route_default_schema, 0},
+    {"maxBodyBytes", sl_vcheck_int, &routing_body_range, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t routing_schema = {routing_fields, routing_extra};
@@ -2348,9 +2338,5 @@ const sl_vopenapi_t sl_validate_spec_openapi[] = {
      NULL},
     {check_route_number, "{\"type\":\"number\"}", NULL},
     {check_route_true, "{\"type\":\"boolean\",\"enum\":[true]}", NULL},
-    {check_route_statement,
-     "{\"type\":\"object\",\"x-kubernetes-preserve-unknown-fields\":true,\"description\":"
-     "\"all: [statements], any: [statements], or one condition (docs/routing.md)\"}",
-     NULL},
     {NULL, NULL, NULL},
 };

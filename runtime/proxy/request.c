@@ -726,8 +726,10 @@ static int pick_cluster(sl_request_t *r)
 
 /* The route's `routing` rules choose the backend and its fallbacks, after
  * the policies (the consumer and the token's claims are theirs). */
-static void route_by_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
-                           size_t base_path_len)
+static void apply_choice(sl_request_t *r, const sl_route_choice_t *ch);
+
+static void rule_attrs(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
+                       size_t base_path_len, sl_route_attrs_t *out)
 {
     sl_route_attrs_t a = {
         .method = h->method,
@@ -742,14 +744,68 @@ static void route_by_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t rou
         a.consumer_group = r->pol->v.consumer.group;
         a.claims = r->pol->v.jwt_claims;
     }
+    *out = a;
+}
+
+static void route_by_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
+                           size_t base_path_len)
+{
+    sl_route_attrs_t a;
+    rule_attrs(r, h, routed_path, base_path_len, &a);
     sl_route_choice_t ch;
     sl_route_rules_eval(r->route->rules, &a, r->w->id, &ch);
+    apply_choice(r, &ch);
+}
+
+/* Rules that read the body: the head's conditions now, the choice once the
+ * body is read (sl_request_body_done); meanwhile the upstream head is
+ * written for a cluster of the block (all take the same head). */
+static void defer_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
+                        size_t base_path_len)
+{
+    sl_route_attrs_t a;
+    rule_attrs(r, h, routed_path, base_path_len, &a);
+    sl_route_rules_defer(r->route->rules, &a, &r->pol->rule_bits);
+    r->pol->rules_deferred = 1;
+    r->cluster = sl_route_rules_head_cluster(r->route->rules);
+    r->num_choices = 0;
+}
+
+static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp)
+{
+    const sl_route_choice_t ch = *cp;
     _Static_assert(sizeof(r->choices) / sizeof(r->choices[0]) == SL_ROUTE_CHOICES_MAX,
                    "a choice fits the request");
-    memcpy(r->choices, ch.clusters, ch.n * sizeof(ch.clusters[0]));
-    r->num_choices = (uint8_t)ch.n;
+    /* The first backend with a usable endpoint wins (the first listed when
+     * none has: its error is the answer). It is chosen here, before the
+     * upstream head is built for its protocol and Host; the fallbacks kept
+     * for retries are the later ones that speak the same protocol with the
+     * same Host, so that head stays right for them. */
+    uint64_t now = sl_endpoint_now_ms();
+    size_t first = 0;
+    for (size_t i = 0; i < ch.n; i++) {
+        const sl_gen_cluster_t *c = ch.clusters[i];
+        int usable = 0;
+        for (size_t e = 0; e < c->num_endpoints && !usable; e++)
+            usable = sl_endpoint_usable(c->endpoints[e], now);
+        if (usable) {
+            first = i;
+            break;
+        }
+    }
+    sl_gen_cluster_t *pick = ch.clusters[first];
+    size_t n = 0;
+    r->choices[n++] = pick;
+    for (size_t i = first + 1; i < ch.n; i++) {
+        sl_gen_cluster_t *c = ch.clusters[i];
+        if (c->pb->protocol == pick->pb->protocol && c->host_rewrite.len == pick->host_rewrite.len &&
+            (c->host_rewrite.len == 0 ||
+             memcmp(c->host_rewrite.ptr, pick->host_rewrite.ptr, c->host_rewrite.len) == 0))
+            r->choices[n++] = c;
+    }
+    r->num_choices = (uint8_t)n;
     r->choice = 0;
-    r->cluster = r->choices[0];
+    r->cluster = pick;
 }
 
 static int clip(size_t len, size_t max)
@@ -905,9 +961,16 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                   "a policy of this API cannot be applied; the API is not served without it");
         return SL_ERROR;
     }
-    if (r->route->chain) {
+    int rules_body = sl_unlikely(r->route->rules != NULL) &&
+                     sl_route_rules_reads_body(r->route->rules);
+    if (r->route->chain || rules_body) {
         if (run_policies(r, h, rq.path, rr.base_path_len, err) != SL_OK)
             return SL_ERROR;
+        /* Rules on the JSON body: it is read whole first (and forwarded
+         * unchanged), at most routing.maxBodyBytes. */
+        if (rules_body && r->pol->v.has_body &&
+            sl_route_rules_body_max(r->route->rules) > r->pol->body_cap)
+            r->pol->body_cap = sl_route_rules_body_max(r->route->rules);
         /* A preflight routed to another method's operation that cors did
          * not answer (a `when` skipped it) is not forwarded as that. */
         if (preflight) {
@@ -936,7 +999,10 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
         }
     }
     if (sl_unlikely(r->route->rules)) {
-        route_by_rules(r, h, rq.path, rr.base_path_len);
+        if (rules_body && r->pol->body_cap)
+            defer_rules(r, h, rq.path, rr.base_path_len);
+        else
+            route_by_rules(r, h, rq.path, rr.base_path_len);
     } else if (pick_cluster(r) != 0) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
@@ -1011,6 +1077,7 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     sl_buf_free(&p->body);
     p->replied = p->responded = 0;
     p->body_cap = 0;
+    p->rules_deferred = 0;
     memset(&p->v, 0, sizeof(p->v));
     /* The reply is cleared by sl_policy_chain_request: this memory was
      * another request's, and its reply must not leak into this one. */
@@ -1108,6 +1175,16 @@ int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *er
     if (rc != SL_POLICY_CONTINUE) {
         sl_buf_free(&p->body);
         return policy_replied(r, err);
+    }
+    if (p->rules_deferred) {
+        /* A body that is not JSON has no fields: its conditions are false. */
+        json_t *doc = json_loadb(bytes, sl_buf_len(&p->body), 0, NULL);
+        int rule = sl_route_rules_match_deferred(r->route->rules, &p->rule_bits, doc);
+        json_decref(doc);
+        sl_route_choice_t ch;
+        sl_route_rules_choose(r->route->rules, rule, r->w->id, &ch);
+        apply_choice(r, &ch);
+        p->rules_deferred = 0;
     }
     *body = p->body;
     p->body = (sl_buf_t){0};

@@ -36,6 +36,7 @@
 #include "generation.h"
 #include "http1.h"
 #include "policy.h"
+#include "route_rules.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -89,6 +90,10 @@ typedef struct sl_req_policy {
      * the codec reads it; 0 / empty for every other request. */
     uint64_t body_cap;
     sl_buf_t body;
+    /* Routing rules that read the body (route_rules.h): what the head's
+     * conditions said, until the body decides (sl_request_body_done). */
+    uint8_t rules_deferred;
+    sl_route_bits_t rule_bits;
 } sl_req_policy_t;
 
 typedef struct sl_request {

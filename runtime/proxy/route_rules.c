@@ -42,6 +42,7 @@ typedef struct cond {
     size_t seg_pre, seg_suf; /* literal bytes around the parameter in its segment */
     struct cond *kids;
     size_t nkids;
+    unsigned leaf; /* CONDITION: its index in the block (sl_route_bits_t) */
 } cond_t;
 
 typedef struct {
@@ -73,6 +74,9 @@ struct sl_route_rules {
     unsigned nworkers;
     uint8_t reads_claims;
     uint8_t reads_identity;
+    uint8_t reads_body;
+    unsigned nleaves;
+    uint64_t body_max;
 };
 
 /* ---- compiling -------------------------------------------------------------- */
@@ -167,6 +171,9 @@ static int cond_build(sl_route_rules_t *rr, cond_t *c, const Sluice__V1__RouteMa
     }
     c->attr = pb->attr;
     c->op = pb->op;
+    c->leaf = rr->nleaves++;
+    if (c->attr == SLUICE__V1__ROUTE_MATCH__ATTR__BODY)
+        rr->reads_body = 1;
     c->name = (sl_str_t){pb->name ? pb->name : "", pb->name ? strlen(pb->name) : 0};
     c->number = pb->number;
     if (c->attr == SLUICE__V1__ROUTE_MATCH__ATTR__CLAIM)
@@ -295,6 +302,38 @@ nomem:
     return -1;
 }
 
+static int same_head(const struct sl_gen_cluster *a, const struct sl_gen_cluster *b)
+{
+    return a->pb->protocol == b->pb->protocol && a->host_rewrite.len == b->host_rewrite.len &&
+           (a->host_rewrite.len == 0 ||
+            memcmp(a->host_rewrite.ptr, b->host_rewrite.ptr, a->host_rewrite.len) == 0);
+}
+
+/* A block that reads the body: bounded conditions, one upstream head. */
+static int body_check(const sl_route_rules_t *rr, char *err, size_t errlen)
+{
+    if (rr->nleaves > SL_ROUTE_DEFER_MAX) {
+        snprintf(err, errlen, "a routing block that reads the body has at most %d conditions",
+                 SL_ROUTE_DEFER_MAX);
+        return -1;
+    }
+    const struct sl_gen_cluster *first = rr->deflt.targets[0].clusters[0];
+    for (size_t r = 0; r <= rr->nrules; r++) {
+        const output_t *o = r < rr->nrules ? &rr->rules[r].out : &rr->deflt;
+        for (size_t i = 0; i < o->ntargets; i++)
+            for (size_t k = 0; k < o->targets[i].n; k++)
+                if (!same_head(first, o->targets[i].clusters[k])) {
+                    snprintf(err, errlen,
+                             "a rule reads the body, so every backend it can choose must take "
+                             "the same upstream head: %s and %s differ in protocol or "
+                             "hostRewrite",
+                             first->pb->name, o->targets[i].clusters[k]->pb->name);
+                    return -1;
+                }
+    }
+    return 0;
+}
+
 sl_route_rules_t *sl_route_rules_build(const Sluice__V1__Routing *pb, const char *route_path,
                                        int is_template, sl_route_find_fn find, void *find_ctx,
                                        struct sl_gen_cluster *const *backends,
@@ -366,6 +405,9 @@ sl_route_rules_t *sl_route_rules_build(const Sluice__V1__Routing *pb, const char
         }
         output_weights(&rr->deflt);
     }
+    rr->body_max = pb->max_body_bytes ? pb->max_body_bytes : 64 * 1024;
+    if (rr->reads_body && body_check(rr, err, errlen) != 0)
+        goto fail;
     return rr;
 fail:
     sl_route_rules_free(rr);
@@ -395,6 +437,21 @@ int sl_route_rules_reads_claims(const sl_route_rules_t *rr)
 int sl_route_rules_reads_identity(const sl_route_rules_t *rr)
 {
     return rr && rr->reads_identity;
+}
+
+int sl_route_rules_reads_body(const sl_route_rules_t *rr)
+{
+    return rr && rr->reads_body;
+}
+
+uint64_t sl_route_rules_body_max(const sl_route_rules_t *rr)
+{
+    return rr->body_max;
+}
+
+struct sl_gen_cluster *sl_route_rules_head_cluster(const sl_route_rules_t *rr)
+{
+    return rr->deflt.targets[0].clusters[0];
 }
 
 /* ---- evaluating ------------------------------------------------------------ */
@@ -429,6 +486,8 @@ static pcre2_match_data *thread_match_data(void)
 /* Per evaluation: what was looked up once (the client address). */
 typedef struct {
     const sl_route_attrs_t *a;
+    const sl_route_bits_t *bits; /* deferred: what the head said, per condition */
+    json_t *body;
     int ip_state; /* 0 not parsed, 1 v4, 2 v6, -1 none */
     uint8_t ip[16];
     char numbuf[64];
@@ -463,6 +522,29 @@ static sl_str_t query_decode(sl_str_t v, char *buf, size_t cap)
         buf[o++] = ch;
     }
     return (sl_str_t){buf, o};
+}
+
+/* A JSON value (claim, body field) as compared: strings as they are,
+ * numbers and booleans as their JSON text; null is missing. */
+static int json_value(eval_t *e, json_t *v, sl_str_t *out)
+{
+    if (!v || json_is_null(v))
+        return 0;
+    if (json_is_string(v)) {
+        *out = (sl_str_t){json_string_value(v), json_string_length(v)};
+    } else if (json_is_integer(v)) {
+        int n = snprintf(e->numbuf, sizeof(e->numbuf), "%" JSON_INTEGER_FORMAT,
+                         json_integer_value(v));
+        *out = (sl_str_t){e->numbuf, (size_t)n};
+    } else if (json_is_real(v)) {
+        int n = snprintf(e->numbuf, sizeof(e->numbuf), "%.17g", json_real_value(v));
+        *out = (sl_str_t){e->numbuf, (size_t)n};
+    } else if (json_is_boolean(v)) {
+        *out = json_is_true(v) ? (sl_str_t){"true", 4} : (sl_str_t){"false", 5};
+    } else {
+        *out = (sl_str_t){"", 0}; /* an object or array: present, equal to nothing */
+    }
+    return 1;
 }
 
 /* The attribute's value: 1 with *out, or 0 when the request has none. */
@@ -589,23 +671,36 @@ static int attr_value(eval_t *e, const cond_t *c, sl_str_t *out, char *scratch, 
         } else {
             v = json_object_get(a->claims, c->name.ptr);
         }
-        if (!v || json_is_null(v))
-            return 0;
-        if (json_is_string(v)) {
-            *out = (sl_str_t){json_string_value(v), json_string_length(v)};
-        } else if (json_is_integer(v)) {
-            int n = snprintf(e->numbuf, sizeof(e->numbuf), "%" JSON_INTEGER_FORMAT,
-                             json_integer_value(v));
-            *out = (sl_str_t){e->numbuf, (size_t)n};
-        } else if (json_is_real(v)) {
-            int n = snprintf(e->numbuf, sizeof(e->numbuf), "%.17g", json_real_value(v));
-            *out = (sl_str_t){e->numbuf, (size_t)n};
-        } else if (json_is_boolean(v)) {
-            *out = json_is_true(v) ? (sl_str_t){"true", 4} : (sl_str_t){"false", 5};
-        } else {
-            *out = (sl_str_t){"", 0}; /* an object or array: present, equal to nothing */
+        return json_value(e, v, out);
+    }
+    case SLUICE__V1__ROUTE_MATCH__ATTR__BODY: {
+        json_t *v = e->body;
+        const char *p = c->name.ptr + 1; /* after the leading '/' */
+        while (v && p) {
+            const char *slash = strchr(p, '/');
+            size_t kl = slash ? (size_t)(slash - p) : strlen(p);
+            char key[257];
+            size_t o = 0;
+            /* RFC 6901: ~1 is '/', ~0 is '~' */
+            for (size_t i = 0; i < kl && o < sizeof(key) - 1; i++) {
+                if (p[i] == '~' && i + 1 < kl && (p[i + 1] == '0' || p[i + 1] == '1')) {
+                    key[o++] = p[i + 1] == '0' ? '~' : '/';
+                    i++;
+                } else {
+                    key[o++] = p[i];
+                }
+            }
+            key[o] = '\0';
+            if (json_is_array(v)) {
+                char *end;
+                unsigned long idx = strtoul(key, &end, 10);
+                v = *key && !*end ? json_array_get(v, idx) : NULL;
+            } else {
+                v = json_object_get(v, key);
+            }
+            p = slash ? slash + 1 : NULL;
         }
-        return 1;
+        return json_value(e, v, out);
     }
     default:
         return 0;
@@ -661,6 +756,8 @@ static int cond_eval(eval_t *e, const cond_t *c)
                 return 1;
         return 0;
     }
+    if (e->bits && c->attr != SLUICE__V1__ROUTE_MATCH__ATTR__BODY)
+        return (int)((e->bits->w[c->leaf / 64] >> (c->leaf % 64)) & 1);
     char scratch[512];
     sl_str_t v;
     int has = attr_value(e, c, &v, scratch, sizeof(scratch));
@@ -720,18 +817,52 @@ static int cond_eval(eval_t *e, const cond_t *c)
     }
 }
 
-int sl_route_rules_match(const sl_route_rules_t *rr, const sl_route_attrs_t *a)
+static int match_rules(const sl_route_rules_t *rr, eval_t *e)
 {
-    eval_t e = {.a = a};
     for (size_t i = 0; i < rr->nrules; i++) {
         const rule_t *r = &rr->rules[i];
         if (r->nmatch == 0)
             return (int)i;
         for (size_t k = 0; k < r->nmatch; k++)
-            if (cond_eval(&e, &r->match[k]))
+            if (cond_eval(e, &r->match[k]))
                 return (int)i;
     }
     return -1;
+}
+
+int sl_route_rules_match(const sl_route_rules_t *rr, const sl_route_attrs_t *a)
+{
+    eval_t e = {.a = a, .body = a->body};
+    return match_rules(rr, &e);
+}
+
+static void defer_walk(eval_t *e, const cond_t *c, sl_route_bits_t *bits)
+{
+    for (size_t i = 0; i < c->nkids; i++)
+        defer_walk(e, &c->kids[i], bits);
+    if (c->kind != SLUICE__V1__ROUTE_MATCH__KIND__CONDITION ||
+        c->attr == SLUICE__V1__ROUTE_MATCH__ATTR__BODY || c->leaf >= SL_ROUTE_DEFER_MAX)
+        return;
+    if (cond_eval(e, c))
+        bits->w[c->leaf / 64] |= 1ULL << (c->leaf % 64);
+}
+
+void sl_route_rules_defer(const sl_route_rules_t *rr, const sl_route_attrs_t *a,
+                          sl_route_bits_t *bits)
+{
+    memset(bits, 0, sizeof(*bits));
+    eval_t e = {.a = a};
+    for (size_t i = 0; i < rr->nrules; i++)
+        for (size_t k = 0; k < rr->rules[i].nmatch; k++)
+            defer_walk(&e, &rr->rules[i].match[k], bits);
+}
+
+int sl_route_rules_match_deferred(const sl_route_rules_t *rr, const sl_route_bits_t *bits,
+                                  json_t *body)
+{
+    sl_route_attrs_t none = {0};
+    eval_t e = {.a = &none, .bits = bits, .body = body};
+    return match_rules(rr, &e);
 }
 
 static void add_unique(sl_route_choice_t *out, struct sl_gen_cluster *c)

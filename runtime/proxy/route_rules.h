@@ -46,6 +46,7 @@ typedef struct {
     const char *consumer;       /* authenticated Consumer (namespace/name), NULL = none */
     const char *consumer_group; /* its group, NULL = none */
     json_t *claims;             /* the verified JWT's claims, NULL = none */
+    json_t *body;               /* the JSON request body, NULL = none (or not JSON) */
 } sl_route_attrs_t;
 
 typedef struct {
@@ -77,6 +78,31 @@ int sl_route_rules_reads_claims(const sl_route_rules_t *rr);
 /* Some condition reads the consumer, its group or claims: they exist only
  * after the policy chain ran. */
 int sl_route_rules_reads_identity(const sl_route_rules_t *rr);
+
+/* Some condition reads the JSON body: the request's body is read whole
+ * (at most sl_route_rules_body_max bytes) before the choice. */
+int sl_route_rules_reads_body(const sl_route_rules_t *rr);
+uint64_t sl_route_rules_body_max(const sl_route_rules_t *rr);
+
+/*
+ * The choice in two steps, for a request whose body is read after its head
+ * is gone: sl_route_rules_defer evaluates every condition that does not
+ * read the body while the head is there and keeps the results in `bits`
+ * (one per condition; the build refuses more than SL_ROUTE_DEFER_MAX
+ * conditions in a block that reads the body); sl_route_rules_match_deferred
+ * then decides with those and the body. sl_route_rules_head_cluster is a
+ * cluster of the block, for the upstream head written meanwhile (every
+ * cluster the block can choose takes the same head: the build checks).
+ */
+#define SL_ROUTE_DEFER_MAX 256
+typedef struct {
+    uint64_t w[SL_ROUTE_DEFER_MAX / 64];
+} sl_route_bits_t;
+void sl_route_rules_defer(const sl_route_rules_t *rr, const sl_route_attrs_t *a,
+                          sl_route_bits_t *bits);
+int sl_route_rules_match_deferred(const sl_route_rules_t *rr, const sl_route_bits_t *bits,
+                                  json_t *body);
+struct sl_gen_cluster *sl_route_rules_head_cluster(const sl_route_rules_t *rr);
 
 /* The index of the first rule that matches a, or -1 (the default). */
 int sl_route_rules_match(const sl_route_rules_t *rr, const sl_route_attrs_t *a);

@@ -222,3 +222,86 @@ def test_config_errors_name_the_field(tmp_path):
         {"match": [{"any": [{"header": "x", "equals": 1}, {"query": "q", "lt": 5}]}],
          "backend": "a"}], "default": {"split": [{"backend": "a", "weight": 1}]}})], tmp_path)
     assert rc == 0, out
+
+
+SECRET = "0123456789abcdef0123456789abcdef-shared"
+
+
+def _hs256(claims):
+    import base64
+    import hmac
+    import json
+    import time
+
+    def b64u(b):
+        return base64.urlsafe_b64encode(b if isinstance(b, bytes) else b.encode()).rstrip(
+            b"=").decode()
+    now = int(time.time())
+    payload = {"sub": "alice", "iat": now, "exp": now + 600}
+    payload.update(claims)
+    signing = b64u(json.dumps({"alg": "HS256", "typ": "JWT"})) + "." + b64u(json.dumps(payload))
+    sig = hmac.new(SECRET.encode(), signing.encode(), hashlib.sha256).digest()
+    return signing + "." + b64u(sig)
+
+
+def test_jwt_claims(backends, runtimes):
+    routing = {"rules": [{"match": [{"claim": "tier", "equals": "gold"}], "backend": "gold"},
+                         {"match": [{"claim": "/org/region", "in": ["eu"]}], "backend": "eu"},
+                         {"match": [{"claim": "level", "ge": 3}], "backend": "lvl"}],
+               "default": {"backend": "a"}}
+    port, _ = _start(backends, runtimes, ["a", "gold", "eu", "lvl"], routing,
+                     policies=[{"name": "jwt", "config": {"secret": SECRET}}])
+
+    def who(claims):
+        return _who(port, headers={"Authorization": "Bearer " + _hs256(claims)})
+    assert who({}) == "a"
+    assert who({"tier": "gold"}) == "gold"
+    assert who({"tier": "silver", "org": {"region": "eu"}}) == "eu"
+    assert who({"level": 3}) == "lvl"
+    assert who({"level": 2}) == "a"
+
+
+def test_json_body_fields(backends, runtimes):
+    import json
+    routing = {"rules": [
+        {"match": [{"all": [{"body": "/amount", "gt": 1000},
+                            {"header": "X-Mode", "equals": "live"}]}], "backend": "big"},
+        {"match": [{"body": "/customer/country", "in": ["DE", "FR"]}], "backend": "eu"},
+        {"match": [{"body": "/items/0/sku", "prefix": "gift-"}], "backend": "gift"}],
+        "default": {"backend": "a"}, "maxBodyBytes": 4096}
+    port, bs = _start(backends, runtimes, ["a", "big", "eu", "gift"], routing)
+
+    def post(doc, headers=None):
+        body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+        return _who(port, method="POST", body=body,
+                    headers=dict({"Content-Type": "application/json"}, **(headers or {})))
+    assert post({"amount": 5000}, {"X-Mode": "live"}) == "big"
+    assert post({"amount": 5000}, {"X-Mode": "test"}) == "a"  # the head's condition counts
+    assert post({"amount": 10, "customer": {"country": "FR"}}) == "eu"
+    assert post({"items": [{"sku": "gift-7"}]}) == "gift"
+    assert post(b"not json") == "a"
+    assert _who(port) == "a"  # no body: body conditions are false
+    # the body reaches the chosen backend unchanged
+    doc = {"amount": 2000, "note": "x" * 100}
+    assert post(doc, {"X-Mode": "live"}) == "big"
+    import zlib
+    sent = json.dumps(doc).encode()
+    rec = bs["big"].requests[-1]
+    assert (rec["body_length"], rec["body_crc32"]) == (len(sent), zlib.crc32(sent)), rec
+    # over maxBodyBytes
+    from helpers import request
+    r = request(port, "POST", "/pay/x", body=b"{" + b" " * 5000 + b"}")
+    assert r.status == 413, r.status
+
+
+def test_body_rules_need_backends_that_take_the_same_head(tmp_path):
+    docs = [gateway(free_port()), backend_doc("a", [free_port()]),
+            backend_doc("h", [free_port()], protocol="h2c"),
+            _rules_api({"rules": [{"match": [{"body": "/x", "present": True}], "backend": "h"}],
+                        "default": {"backend": "a"}})]
+    rc, out = _check(docs, tmp_path)
+    assert rc != 0 and "spec.routing: a rule reads the body" in out, out
+    docs[-1] = _rules_api({"rules": [{"match": [{"body": "x", "present": True}],
+                                      "backend": "a"}]})
+    rc, out = _check(docs, tmp_path)
+    assert rc != 0 and "spec.routing.rules[0].match[0].body: expected a JSON pointer" in out, out
