@@ -805,6 +805,15 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
         out->pool->idle_timeout_ms = jdur(cp, "idleTimeout", DEF_POOL_IDLE_TIMEOUT_MS);
     }
 
+    json_t *cb = jget(spec, "circuitBreaker");
+    if (cb && (out->circuit_breaker = cnew(c, sizeof(*out->circuit_breaker)))) {
+        sluice__v1__circuit_breaker__init(out->circuit_breaker);
+        out->circuit_breaker->max_connections = (uint32_t)jint(cb, "maxConnections", 0);
+        out->circuit_breaker->max_pending_requests = (uint32_t)jint(cb, "maxPendingRequests", 0);
+        out->circuit_breaker->max_requests = (uint32_t)jint(cb, "maxRequests", 0);
+        out->circuit_breaker->max_retries = (uint32_t)jint(cb, "maxRetries", 0);
+    }
+
     out->connect_timeout_ms =
         jdur(jget(spec, "timeouts"), "connect", d->timeouts.upstream_connect_ms);
     out->host_rewrite = cstr(c, jstr(spec, "hostRewrite", ""));

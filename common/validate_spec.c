@@ -2106,6 +2106,16 @@ static const sl_vfield_t backend_tls_fields[] = {
 };
 static const sl_vschema_t backend_tls_schema = {backend_tls_fields, backend_tls_extra};
 
+static const sl_vrange_t breaker_range = {1, 10000000};
+static const sl_vfield_t circuit_breaker_fields[] = {
+    {"maxConnections", sl_vcheck_int, &breaker_range, 0},
+    {"maxPendingRequests", sl_vcheck_int, &breaker_range, 0},
+    {"maxRequests", sl_vcheck_int, &breaker_range, 0},
+    {"maxRetries", sl_vcheck_int, &breaker_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t circuit_breaker_schema = {circuit_breaker_fields, NULL};
+
 static const sl_vfield_t backend_fields[] = {
     {"endpoints", sl_vcheck_array,
      &(const sl_varray_t){sl_vcheck_object, &endpoint_schema, 1, 1024}, SL_VFIELD_REQUIRED},
@@ -2117,6 +2127,7 @@ static const sl_vfield_t backend_fields[] = {
     {"hostRewrite", check_host_header, NULL, 0},
     {"tls", sl_vcheck_object, &backend_tls_schema, 0},
     {"protocol", sl_vcheck_enum, backend_protocols, 0},
+    {"circuitBreaker", sl_vcheck_object, &circuit_breaker_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_backend = {backend_fields, backend_extra};

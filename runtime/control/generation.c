@@ -191,6 +191,14 @@ static int build_clusters(sl_generation_t *gen, char *err, size_t errlen)
             c->outlier_base_ejection_ms = 30000;
             c->max_ejection_percent = 50;
         }
+        if (pb->circuit_breaker) {
+            c->cb_max[SL_CB_CONNECTIONS] = pb->circuit_breaker->max_connections;
+            c->cb_max[SL_CB_PENDING] = pb->circuit_breaker->max_pending_requests;
+            c->cb_max[SL_CB_REQUESTS] = pb->circuit_breaker->max_requests;
+            c->cb_max[SL_CB_RETRIES] = pb->circuit_breaker->max_retries;
+            for (unsigned k = 0; k < SL_CB__COUNT; k++)
+                c->cb_any |= c->cb_max[k] != 0;
+        }
         if (pb->pool) {
             c->pool_max_connections = pb->pool->max_connections;
             c->pool_max_idle = pb->pool->max_idle;

@@ -89,6 +89,9 @@ typedef struct sl_gen_cluster {
     uint32_t outlier_failures;
     uint32_t outlier_base_ejection_ms;
     uint32_t pool_max_connections;
+    /* circuitBreaker limits (0 = none), indexed by SL_CB_*; cb_any: one is set */
+    uint32_t cb_max[SL_CB__COUNT];
+    uint8_t cb_any;
     uint32_t pool_max_idle;
     uint32_t pool_idle_timeout_ms;
     uint32_t connect_timeout_ms;

@@ -672,6 +672,35 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
         }
     }
 
+    static const char *const cb_names[SL_CB__COUNT] = {"max_connections", "max_pending_requests",
+                                                       "max_requests", "max_retries"};
+    sl_prom_header(out, "sluice_circuit_open_total", "counter",
+                   "Requests (or retries) a Backend's circuit breaker refused, by the limit: "
+                   "answered 503 circuit_open (a retry is not made).");
+    for (size_t i = 0; i < cluster_table.nbuckets; i++)
+        for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next)
+            for (unsigned k = 0; k < SL_CB__COUNT; k++) {
+                uint64_t v = atomic_load_explicit(&s->cb_open[k], memory_order_relaxed);
+                if (!v)
+                    continue;
+                evbuffer_add_printf(out, "sluice_circuit_open_total{cluster=\"");
+                sl_prom_label_value(out, s->cluster);
+                evbuffer_add_printf(out, "\",limit=\"%s\"} %" PRIu64 "\n", cb_names[k], v);
+            }
+    sl_prom_header(out, "sluice_circuit_active", "gauge",
+                   "What a Backend's circuit breaker counts now: requests in flight, waiting for "
+                   "a connection, retries (only for the limits it has).");
+    for (size_t i = 0; i < cluster_table.nbuckets; i++)
+        for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next)
+            for (unsigned k = SL_CB_PENDING; k < SL_CB__COUNT; k++) {
+                int64_t v = atomic_load_explicit(&s->cb_active[k], memory_order_relaxed);
+                if (!v)
+                    continue;
+                evbuffer_add_printf(out, "sluice_circuit_active{cluster=\"");
+                sl_prom_label_value(out, s->cluster);
+                evbuffer_add_printf(out, "\",limit=\"%s\"} %" PRId64 "\n", cb_names[k], v);
+            }
+
     sl_prom_header(out, "sluice_backend_responses_total", "counter",
                    "Requests a cluster was chosen for, by the status class the client got (a "
                    "gateway error after a failed attempt included).");

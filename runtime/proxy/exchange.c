@@ -554,6 +554,10 @@ static void start_attempt(sl_exchange_t *x)
         sl_exchange_drive(x);
         return;
     }
+    if (sl_unlikely(x->r.cluster->cb_any) && sl_request_cb_connect(&x->r, &err) != SL_OK) {
+        x->ops->error(x, err.status, err.code, err.message, err.close);
+        return;
+    }
     up = sl_upstream_connect(x->r.w, x->r.pool, x->r.cluster->tls, x->r.cluster->tls_name);
     if (!up) {
         upstream_failed(x, SL_UPSTREAM_ERR_CONNECT, 0);
@@ -663,6 +667,8 @@ void sl_exchange_upstream_event(sl_exchange_t *x, short what)
             upstream_failed(x, SL_UPSTREAM_ERR_CONNECT, 0);
             goto out;
         }
+        if (sl_unlikely(x->r.cb_held))
+            sl_request_cb_connected(&x->r);
         x->phase = SL_XP_WAIT_HEAD;
         x->ops->arm_timer(x, x->r.route->timeouts.response_ms);
         sl_exchange_drive(x);

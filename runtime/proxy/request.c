@@ -451,8 +451,80 @@ void sl_request_begin(sl_request_t *r)
     r->start_unix_us = now_unix_us();
 }
 
+static void set_error(sl_request_error_t *err, int status, const char *code, int close,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* ---- circuit breakers (Backend circuitBreaker) ---------------------------- */
+
+static void cb_release(sl_request_t *r, unsigned kind)
+{
+    if (r->cb_held & (1u << kind)) {
+        atomic_fetch_sub_explicit(&r->cb_stats->cb_active[kind], 1, memory_order_relaxed);
+        r->cb_held &= (uint8_t)~(1u << kind);
+    }
+}
+
+/* Takes one of the Backend's `kind` gauge under its limit: SL_OK, or
+ * SL_ERROR (counted as refused) when it is full. */
+static int cb_take(sl_request_t *r, unsigned kind)
+{
+    sl_gen_cluster_t *c = r->cluster;
+    if (!c->cb_max[kind] || (r->cb_held & (1u << kind)))
+        return SL_OK;
+    if (r->cb_held && r->cb_stats != c->stats) {
+        for (unsigned k = 0; k < SL_CB__COUNT; k++)
+            cb_release(r, k);
+    }
+    sl_cluster_stats_t *s = c->stats;
+    int64_t now = atomic_fetch_add_explicit(&s->cb_active[kind], 1, memory_order_relaxed) + 1;
+    if (now > (int64_t)c->cb_max[kind]) {
+        atomic_fetch_sub_explicit(&s->cb_active[kind], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->cb_open[kind], 1, memory_order_relaxed);
+        return SL_ERROR;
+    }
+    r->cb_stats = s;
+    r->cb_held |= (uint8_t)(1u << kind);
+    return SL_OK;
+}
+
+int sl_request_cb_connect(sl_request_t *r, sl_request_error_t *err)
+{
+    sl_gen_cluster_t *c = r->cluster;
+    if (sl_likely(!c->cb_any))
+        return SL_OK;
+    if (c->cb_max[SL_CB_CONNECTIONS]) {
+        int64_t open = 0;
+        for (size_t e = 0; e < c->num_endpoints; e++)
+            for (unsigned w = 0; w < c->endpoints[e]->nslots; w++)
+                open += atomic_load_explicit(&c->endpoints[e]->upconns[w], memory_order_relaxed);
+        if (open >= (int64_t)c->cb_max[SL_CB_CONNECTIONS]) {
+            atomic_fetch_add_explicit(&c->stats->cb_open[SL_CB_CONNECTIONS], 1,
+                                      memory_order_relaxed);
+            set_error(err, 503, "circuit_open", 0,
+                      "the backend's circuit breaker is open: %u connections (maxConnections)",
+                      c->cb_max[SL_CB_CONNECTIONS]);
+            return SL_ERROR;
+        }
+    }
+    if (cb_take(r, SL_CB_PENDING) != SL_OK) {
+        set_error(err, 503, "circuit_open", 0,
+                  "the backend's circuit breaker is open: %u requests wait for a connection "
+                  "(maxPendingRequests)",
+                  c->cb_max[SL_CB_PENDING]);
+        return SL_ERROR;
+    }
+    return SL_OK;
+}
+
+void sl_request_cb_connected(sl_request_t *r)
+{
+    cb_release(r, SL_CB_PENDING);
+}
+
 void sl_request_leave_pool(sl_request_t *r)
 {
+    if (sl_unlikely(r->cb_held & (1u << SL_CB_PENDING)))
+        cb_release(r, SL_CB_PENDING);
     if (r->counted_request && r->pool && r->pool->active_requests)
         r->pool->active_requests--;
     r->counted_request = 0;
@@ -471,6 +543,9 @@ void sl_request_reset(sl_request_t *r)
         sl_generation_release(r->w, r->gen);
         r->gen = NULL;
     }
+    if (sl_unlikely(r->cb_held))
+        for (unsigned k = 0; k < SL_CB__COUNT; k++)
+            cb_release(r, k);
     r->route = NULL;
     r->cluster = NULL;
     r->num_choices = 0;
@@ -1253,6 +1328,12 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
         idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
     }
     r->attempts++;
+    if (sl_unlikely(r->cluster->cb_any) && idx >= 0 && cb_take(r, SL_CB_REQUESTS) != SL_OK) {
+        set_error(err, 503, "circuit_open", 0,
+                  "the backend's circuit breaker is open: %u requests in flight (maxRequests)",
+                  r->cluster->cb_max[SL_CB_REQUESTS]);
+        return SL_ERROR;
+    }
     if (idx < 0) {
         SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[why], 1);
         if (why == SL_UPSTREAM_ERR_POOL_FULL)
@@ -1309,6 +1390,14 @@ int sl_request_retry_allowed(const sl_request_t *r, enum sl_upstream_error kind,
     } else {
         return 0;
     }
+    /* The Backend's circuit breaker: a retry over maxRetries is not made. */
+    if (sl_unlikely(r->cluster->cb_max[SL_CB_RETRIES]) && !(r->cb_held & (1u << SL_CB_RETRIES)) &&
+        atomic_load_explicit(&r->cluster->stats->cb_active[SL_CB_RETRIES], memory_order_relaxed) >=
+            (int64_t)r->cluster->cb_max[SL_CB_RETRIES]) {
+        atomic_fetch_add_explicit(&r->cluster->stats->cb_open[SL_CB_RETRIES], 1,
+                                  memory_order_relaxed);
+        return 0;
+    }
     /* Retry budget: retries in flight on this worker and endpoint stay under
      * budget_percent of active requests (never below the minimum), so a
      * failing backend does not get its load multiplied. */
@@ -1329,6 +1418,8 @@ void sl_request_count_retry(sl_request_t *r)
 
 void sl_request_retry_started(sl_request_t *r)
 {
+    if (sl_unlikely(r->cluster->cb_max[SL_CB_RETRIES]))
+        (void)cb_take(r, SL_CB_RETRIES); /* checked by sl_request_retry_allowed */
     if (r->pool && !r->counted_retry) {
         r->pool->retries_active++;
         r->counted_retry = 1;

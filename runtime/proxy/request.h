@@ -110,6 +110,10 @@ typedef struct sl_request {
      * a retry moves to the next. num_choices 0 = the route has no rules. */
     uint8_t num_choices, choice;
     sl_gen_cluster_t *choices[16];
+    /* The circuit breaker gauges this request holds (bit SL_CB_*), on
+     * cb_stats: the Backend's whose breaker counted it. */
+    uint8_t cb_held;
+    struct sl_cluster_stats *cb_stats;
     int ep_index;            /* endpoint of the current attempt, -1 none */
     sl_pool_t *pool;         /* that endpoint's pool on this worker */
     uint8_t counted_request; /* pool->active_requests counts this request */
@@ -236,6 +240,13 @@ int sl_request_retry_allowed(const sl_request_t *r, enum sl_upstream_error kind,
  * attempt is under way, its place in the endpoint's retry budget. */
 void sl_request_count_retry(sl_request_t *r);
 void sl_request_retry_started(sl_request_t *r);
+
+/* The Backend's circuit breaker (circuitBreaker) before a new upstream
+ * connection: SL_OK, or SL_ERROR with *err (503 circuit_open) when its
+ * connections or requests waiting for one are at their limit. Then
+ * sl_request_cb_connected once the connection is up. */
+int sl_request_cb_connect(sl_request_t *r, sl_request_error_t *err);
+void sl_request_cb_connected(sl_request_t *r);
 
 /* Counts an attempt on a pooled connection that the upstream had closed. */
 void sl_request_count_reuse_failure(sl_request_t *r);
