@@ -1491,6 +1491,16 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
     rt->tunnel_idle_ms =
         jdur(to, "tunnelIdle", jdur(jget(spec, "timeouts"), "tunnelIdle", DEF_TUNNEL_IDLE_MS));
     compile_policies(c, rt, jget(spec, "policies"), jget(op, "policies"));
+    json_t *faults = jget(op, "faults") ? jget(op, "faults") : jget(spec, "faults");
+    if (faults && (rt->faults = cnew(c, sizeof(*rt->faults)))) {
+        sluice__v1__faults__init(rt->faults);
+        json_t *d = jget(faults, "delay"), *a = jget(faults, "abort");
+        rt->faults->delay_ms = (uint32_t)jint(d, "ms", 0);
+        rt->faults->delay_ppm = d ? (uint32_t)(json_number_value(jget(d, "percent")) * 10000 + 0.5) : 0;
+        rt->faults->abort_status = (uint32_t)jint(a, "status", 0);
+        rt->faults->abort_ppm = a ? (uint32_t)(json_number_value(jget(a, "percent")) * 10000 + 0.5) : 0;
+        rt->faults->header = lower_dup(c, jstr(faults, "header", ""));
+    }
     /* The operation's routing block replaces the Api's whole. */
     if (jget(op, "routing")) {
         char prefix[64];

@@ -923,6 +923,45 @@ static const sl_vfield_t policy_when_fields[] = {
 };
 const sl_vschema_t sl_validate_policy_when = {policy_when_fields, NULL};
 
+/* --- fault injection ------------------------------------------------------- */
+
+static const sl_vrange_t fault_ms_range = {1, 3600000};
+static const sl_vrange_t fault_status_range = {200, 599};
+
+static void check_percent_number(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!json_is_number(v) || json_number_value(v) < 0 || json_number_value(v) > 100)
+        sl_validate_error(c, "expected a percentage from 0 to 100 (decimals allowed: 0.5)");
+}
+
+static const sl_vfield_t fault_delay_fields[] = {
+    {"ms", sl_vcheck_int, &fault_ms_range, SL_VFIELD_REQUIRED},
+    {"percent", check_percent_number, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t fault_delay_schema = {fault_delay_fields, NULL};
+static const sl_vfield_t fault_abort_fields[] = {
+    {"status", sl_vcheck_int, &fault_status_range, SL_VFIELD_REQUIRED},
+    {"percent", check_percent_number, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t fault_abort_schema = {fault_abort_fields, NULL};
+
+static void faults_extra(sl_vctx_t *c, json_t *obj)
+{
+    if (!sl_validate_get(obj, "delay") && !sl_validate_get(obj, "abort"))
+        sl_validate_error(c, "set delay, abort or both");
+}
+
+static const sl_vfield_t faults_fields[] = {
+    {"delay", sl_vcheck_object, &fault_delay_schema, 0},
+    {"abort", sl_vcheck_object, &fault_abort_schema, 0},
+    {"header", check_header_name, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t faults_schema = {faults_fields, faults_extra};
+
 static const sl_vfield_t operation_fields[] = {
     {"name", sl_vcheck_string, NULL, 0},
     {"method", check_method, NULL, 0},
@@ -935,6 +974,7 @@ static const sl_vfield_t operation_fields[] = {
      0},
     {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
     {"routing", sl_vcheck_object, &routing_schema, 0},
+    {"faults", sl_vcheck_object, &faults_schema, 0},
     {"timeouts", sl_vcheck_object, &op_timeout_schema, 0},
     {"retries", sl_vcheck_object, &retry_schema, 0},
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
@@ -1532,6 +1572,7 @@ static const sl_vfield_t api_fields[] = {
     {"version", sl_vcheck_string, NULL, 0},
     {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
     {"routing", sl_vcheck_object, &routing_schema, 0},
+    {"faults", sl_vcheck_object, &faults_schema, 0},
     {"operations", sl_vcheck_array,
      &(const sl_varray_t){sl_vcheck_object, &operation_schema, 1, 10000}, SL_VFIELD_REQUIRED},
     {"timeouts", sl_vcheck_object, &api_timeout_schema, 0},
@@ -2349,5 +2390,9 @@ const sl_vopenapi_t sl_validate_spec_openapi[] = {
      NULL},
     {check_route_number, "{\"type\":\"number\"}", NULL},
     {check_route_true, "{\"type\":\"boolean\",\"enum\":[true]}", NULL},
+    {check_percent_number,
+     "{\"type\":\"number\",\"minimum\":0,\"maximum\":100,\"description\":\"a "
+     "percentage of requests\"}",
+     NULL},
     {NULL, NULL, NULL},
 };

@@ -295,6 +295,7 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
             route->stats = sl_metrics_route_acquire(table->name, pb->name);
             if (!route->stats)
                 goto nomem;
+            route->faults = pb->faults;
             if (pb->routing) {
                 /* Rules that cannot be compiled refuse the whole snapshot
                  * (NACK): the controller validated them, so this is a

@@ -130,6 +130,8 @@ typedef struct sl_gen_route {
     /* The `routing` rules (route_rules.h), NULL for none: then the backend
      * is chosen from `backends` by weight, as before. */
     struct sl_route_rules *rules;
+    /* Fault injection (docs/configuration.md), NULL for none: the snapshot's. */
+    const Sluice__V1__Faults *faults;
 } sl_gen_route_t;
 
 /* One worker's requests on a generation (see "Worker holds" above). Its own

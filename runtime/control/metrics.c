@@ -577,6 +577,25 @@ static void sum_route(const sl_route_stats_t *s, unsigned nworkers, route_totals
 /* Route series appear once the route has answered a request: a config with
  * 10,000 mostly idle routes would otherwise put ~200,000 zero lines on every
  * scrape. */
+static void render_faults(struct evbuffer *out, unsigned nworkers)
+{
+    static const char *const kinds[2] = {"delay", "abort"};
+    sl_prom_header(out, "sluice_faults_injected_total", "counter",
+                   "Faults injected by an Api's or operation's `faults`, by kind.");
+    for (size_t i = 0; i < route_table.nbuckets; i++)
+        for (const sl_route_stats_t *s = route_table.buckets[i]; s; s = s->next)
+            for (unsigned k = 0; k < 2; k++) {
+                uint64_t v = 0;
+                for (unsigned w = 0; w < nworkers && w < s->nslots; w++)
+                    v += LOAD(s->slots[w].faults[k]);
+                if (!v)
+                    continue;
+                evbuffer_add(out, "sluice_faults_injected_total{", 29);
+                add_route_labels(out, s);
+                evbuffer_add_printf(out, ",kind=\"%s\"} %" PRIu64 "\n", kinds[k], v);
+            }
+}
+
 static void render_routes(struct evbuffer *out, unsigned nworkers)
 {
     sl_prom_header(out, "sluice_requests_total", "counter",
@@ -1031,6 +1050,7 @@ void sl_metrics_render(struct evbuffer *out)
     unsigned nworkers = metrics_nworkers;
     pthread_mutex_lock(&registry_lock);
     render_routes(out, nworkers);
+    render_faults(out, nworkers);
     render_clusters(out, nworkers);
     render_policies(out);
     render_rate_limits(out);

@@ -37,6 +37,7 @@ typedef struct {
     _Atomic uint64_t responses_by_class[6]; /* [1..5] = 1xx..5xx */
     _Atomic uint64_t latency_buckets[SL_METRICS_LATENCY_BUCKETS];
     _Atomic uint64_t latency_sum_us;
+    _Atomic uint64_t faults[2]; /* injected: [0] delays, [1] aborts (in the slot's padding) */
 } __attribute__((aligned(64))) sl_route_stats_slot_t;
 
 typedef struct sl_route_stats {

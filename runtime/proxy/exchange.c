@@ -574,6 +574,11 @@ void sl_exchange_start(sl_exchange_t *x)
 {
     if (sl_unlikely(x->r.pol) && x->r.pol->v.cache && sl_cache_start(x) == SL_DONE)
         return;
+    if (sl_unlikely(x->r.fault_delay_ms)) {
+        x->phase = SL_XP_FAULT_DELAY;
+        x->ops->arm_timer(x, x->r.fault_delay_ms);
+        return;
+    }
     start_attempt(x);
 }
 
@@ -714,6 +719,11 @@ void sl_exchange_timeout(sl_exchange_t *x, int client_blocked)
         return;
     case SL_XP_CACHE_WAIT:
         sl_cache_wait_timeout(x); /* coalesceTimeout: go upstream alone */
+        return;
+    case SL_XP_FAULT_DELAY:
+        x->phase = SL_XP_NONE;
+        x->r.fault_delay_ms = 0;
+        start_attempt(x);
         return;
     case SL_XP_BODY:
     default:

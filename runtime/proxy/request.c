@@ -549,6 +549,7 @@ void sl_request_reset(sl_request_t *r)
     r->route = NULL;
     r->cluster = NULL;
     r->num_choices = 0;
+    r->fault_delay_ms = 0;
     r->pool = NULL;
     r->ep_index = -1;
     r->replayable = 1;
@@ -883,6 +884,25 @@ static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp)
     r->cluster = pick;
 }
 
+/* Fault injection: an abort answers now; a delay is kept for the exchange
+ * (sl_exchange_start waits it out before the first attempt). */
+static int inject_faults(sl_request_t *r, const sl_req_head_t *h, sl_request_error_t *err)
+{
+    const Sluice__V1__Faults *f = r->route->faults;
+    if (f->header[0] && !find_header(h, f->header, strlen(f->header)))
+        return SL_OK;
+    if (f->abort_ppm && sl_lb_rng_next(&r->w->rng) % 1000000 < f->abort_ppm) {
+        SL_STAT_ADD(r->route->stats->slots[r->w->id].faults[1], 1);
+        set_error(err, (int)f->abort_status, "fault_abort", 0, "fault injected by the gateway");
+        return SL_ERROR;
+    }
+    if (f->delay_ppm && sl_lb_rng_next(&r->w->rng) % 1000000 < f->delay_ppm) {
+        SL_STAT_ADD(r->route->stats->slots[r->w->id].faults[0], 1);
+        r->fault_delay_ms = f->delay_ms;
+    }
+    return SL_OK;
+}
+
 static int clip(size_t len, size_t max)
 {
     return (int)(len > max ? max : len);
@@ -1036,6 +1056,8 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                   "a policy of this API cannot be applied; the API is not served without it");
         return SL_ERROR;
     }
+    if (sl_unlikely(r->route->faults) && inject_faults(r, h, err) != SL_OK)
+        return SL_ERROR;
     int rules_body = sl_unlikely(r->route->rules != NULL) &&
                      sl_route_rules_reads_body(r->route->rules);
     if (r->route->chain || rules_body) {

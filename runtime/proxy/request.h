@@ -113,6 +113,7 @@ typedef struct sl_request {
     /* The circuit breaker gauges this request holds (bit SL_CB_*), on
      * cb_stats: the Backend's whose breaker counted it. */
     uint8_t cb_held;
+    uint32_t fault_delay_ms; /* injected before the first attempt (sl_exchange_start) */
     struct sl_cluster_stats *cb_stats;
     int ep_index;            /* endpoint of the current attempt, -1 none */
     sl_pool_t *pool;         /* that endpoint's pool on this worker */
