@@ -1501,6 +1501,25 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
         rt->faults->abort_ppm = a ? (uint32_t)(json_number_value(jget(a, "percent")) * 10000 + 0.5) : 0;
         rt->faults->header = lower_dup(c, jstr(faults, "header", ""));
     }
+    json_t *mirror = jget(op, "mirror") ? jget(op, "mirror") : jget(spec, "mirror");
+    if (mirror) {
+        const char *name = jstr(mirror, "backend", "");
+        char field[96], full[600];
+        snprintf(field, sizeof(field), "%s", jget(op, "mirror") ? "" : "spec.mirror.backend");
+        if (jget(op, "mirror"))
+            snprintf(field, sizeof(field), "spec.operations[%zu].mirror.backend", index);
+        if (!find_backend(c->set, api->ns, name)) {
+            snprintf(full, sizeof(full), "%s/%s", api->ns, name);
+            if (jget(op, "mirror") || index == 0)
+                cerr(c, api, field, "Backend \"%s\" not found%s", full, "");
+            else
+                c->failed = true;
+        } else if ((rt->mirror = cnew(c, sizeof(*rt->mirror)))) {
+            sluice__v1__mirror__init(rt->mirror);
+            rt->mirror->cluster = cprintf(c, "%s/%s", api->ns, name);
+            rt->mirror->ppm = (uint32_t)(json_number_value(jget(mirror, "percent")) * 10000 + 0.5);
+        }
+    }
     /* The operation's routing block replaces the Api's whole. */
     if (jget(op, "routing")) {
         char prefix[64];

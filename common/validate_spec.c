@@ -962,6 +962,13 @@ static const sl_vfield_t faults_fields[] = {
 };
 static const sl_vschema_t faults_schema = {faults_fields, faults_extra};
 
+static const sl_vfield_t mirror_fields[] = {
+    {"backend", sl_vcheck_dns_subdomain, NULL, SL_VFIELD_REQUIRED},
+    {"percent", check_percent_number, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t mirror_schema = {mirror_fields, NULL};
+
 static const sl_vfield_t operation_fields[] = {
     {"name", sl_vcheck_string, NULL, 0},
     {"method", check_method, NULL, 0},
@@ -975,6 +982,7 @@ static const sl_vfield_t operation_fields[] = {
     {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
     {"routing", sl_vcheck_object, &routing_schema, 0},
     {"faults", sl_vcheck_object, &faults_schema, 0},
+    {"mirror", sl_vcheck_object, &mirror_schema, 0},
     {"timeouts", sl_vcheck_object, &op_timeout_schema, 0},
     {"retries", sl_vcheck_object, &retry_schema, 0},
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
@@ -1573,6 +1581,7 @@ static const sl_vfield_t api_fields[] = {
     {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
     {"routing", sl_vcheck_object, &routing_schema, 0},
     {"faults", sl_vcheck_object, &faults_schema, 0},
+    {"mirror", sl_vcheck_object, &mirror_schema, 0},
     {"operations", sl_vcheck_array,
      &(const sl_varray_t){sl_vcheck_object, &operation_schema, 1, 10000}, SL_VFIELD_REQUIRED},
     {"timeouts", sl_vcheck_object, &api_timeout_schema, 0},

@@ -14,6 +14,7 @@
 #include "h2.h"
 #include "listener_http2.h"
 #include "log.h"
+#include "mirror.h"
 #include "route_rules.h"
 #include "tls.h"
 #include "tls_client.h"
@@ -296,6 +297,20 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
             if (!route->stats)
                 goto nomem;
             route->faults = pb->faults;
+            if (pb->mirror) {
+                route->mirror = find_cluster(gen, pb->mirror->cluster);
+                route->mirror_ppm = pb->mirror->ppm;
+                char why[200];
+                if (!route->mirror) {
+                    snprintf(err, errlen, "api %s operation %s: mirror backend %s is not in the "
+                             "snapshot", table->name, pb->name, pb->mirror->cluster);
+                    return -1;
+                }
+                if (sl_mirror_start(gen->nworkers, why, sizeof(why)) != 0) {
+                    snprintf(err, errlen, "%s", why);
+                    return -1;
+                }
+            }
             if (pb->routing) {
                 /* Rules that cannot be compiled refuse the whole snapshot
                  * (NACK): the controller validated them, so this is a

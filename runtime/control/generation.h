@@ -132,6 +132,9 @@ typedef struct sl_gen_route {
     struct sl_route_rules *rules;
     /* Fault injection (docs/configuration.md), NULL for none: the snapshot's. */
     const Sluice__V1__Faults *faults;
+    /* Traffic mirroring (mirror.h), NULL for none: the shadow cluster. */
+    struct sl_gen_cluster *mirror;
+    uint32_t mirror_ppm;
 } sl_gen_route_t;
 
 /* One worker's requests on a generation (see "Worker holds" above). Its own

@@ -17,6 +17,7 @@
  * scrape sums the slots with relaxed loads: each counter is monotonic on its
  * own, the sum across counters is not a snapshot, which Prometheus accepts.
  */
+#include "mirror.h"
 #include "cache/cache_store.h"
 #include "metrics.h"
 #include "prom.h"
@@ -596,6 +597,17 @@ static void render_faults(struct evbuffer *out, unsigned nworkers)
             }
 }
 
+static void render_mirror(struct evbuffer *out)
+{
+    sl_prom_header(out, "sluice_mirror_requests_total", "counter",
+                   "Mirrored copies of requests (Api/operation mirror), by result: sent (any "
+                   "answer), failed (no answer), dropped (the queue was full), skipped (a "
+                   "streamed body, too large, a TLS or endpoint-less shadow).");
+    for (int k = 0; k < SL_MIRROR__N; k++)
+        evbuffer_add_printf(out, "sluice_mirror_requests_total{result=\"%s\"} %" PRIu64 "\n",
+                            sl_mirror_result_names[k], sl_mirror_count(k));
+}
+
 static void render_routes(struct evbuffer *out, unsigned nworkers)
 {
     sl_prom_header(out, "sluice_requests_total", "counter",
@@ -1051,6 +1063,7 @@ void sl_metrics_render(struct evbuffer *out)
     pthread_mutex_lock(&registry_lock);
     render_routes(out, nworkers);
     render_faults(out, nworkers);
+    render_mirror(out);
     render_clusters(out, nworkers);
     render_policies(out);
     render_rate_limits(out);

@@ -5,6 +5,7 @@
  */
 #include "request.h"
 #include "route_rules.h"
+#include "mirror.h"
 
 #include "chain.h"
 
@@ -581,6 +582,10 @@ void sl_request_reset(sl_request_t *r)
     if (sl_unlikely(r->tlog_body[0] || r->tlog_body[1]))
         body_capture_free(r);
     if (r->pol) {
+        if (sl_unlikely(r->pol->mirror)) {
+            sl_mirror_discard(r->pol->mirror);
+            r->pol->mirror = NULL;
+        }
         sl_policy_req_end(&r->pol->v);
         sl_buf_free(&r->pol->body);
         sl_worker_t *w = r->w;
@@ -903,6 +908,60 @@ static int inject_faults(sl_request_t *r, const sl_req_head_t *h, sl_request_err
     return SL_OK;
 }
 
+static int hop_by_hop_name(sl_str_t n)
+{
+    static const char *const names[] = {"connection", "keep-alive", "te", "trailer",
+                                        "transfer-encoding", "upgrade", "proxy-connection",
+                                        "proxy-authorization", "host", "content-length",
+                                        "expect", NULL};
+    for (size_t i = 0; names[i]; i++)
+        if (n.len == strlen(names[i]) && strncasecmp(n.ptr, names[i], n.len) == 0)
+            return 1;
+    return 0;
+}
+
+/* A copy of the request for the route's shadow Backend (mirror.h): now
+ * when it has no body, when its body is read (sl_request_body_done) when a
+ * policy or a rule reads it whole; a streamed body is not mirrored. */
+static void mirror_request(sl_request_t *r, const sl_req_head_t *h, sl_str_t path)
+{
+    sl_gen_cluster_t *c = r->route->mirror;
+    int has_body = !(h->has_length && h->content_length == 0);
+    if (c->tls || (has_body && !(r->pol && r->pol->body_cap)) || h->num_headers > 128) {
+        sl_mirror_skip();
+        return;
+    }
+    uint64_t now = sl_endpoint_now_ms();
+    size_t n = c->num_endpoints, start = n ? (size_t)(sl_lb_rng_next(&r->w->rng) % n) : 0;
+    const sl_endpoint_state_t *ep = NULL;
+    for (size_t i = 0; i < n && !ep; i++)
+        if (sl_endpoint_usable(c->endpoints[(start + i) % n], now))
+            ep = c->endpoints[(start + i) % n];
+    if (!ep) {
+        sl_mirror_skip();
+        return;
+    }
+    char host_port[300];
+    int v6 = strchr(ep->address, ':') != NULL;
+    snprintf(host_port, sizeof(host_port), v6 ? "[%s]:%u" : "%s:%u", ep->address, ep->port);
+    sl_str_t names[128], values[128];
+    size_t k = 0;
+    for (size_t i = 0; i < h->num_headers; i++) {
+        if (hop_by_hop_name(h->headers[i].name))
+            continue;
+        names[k] = h->headers[i].name;
+        values[k++] = h->headers[i].value;
+    }
+    struct sl_mirror_copy *cp = sl_mirror_prepare(host_port, h->method, path, h->query,
+                                                  h->has_query, names, values, k);
+    if (!cp)
+        return;
+    if (has_body)
+        r->pol->mirror = cp;
+    else
+        sl_mirror_push(r->w->id, cp, NULL, 0);
+}
+
 static int clip(size_t len, size_t max)
 {
     return (int)(len > max ? max : len);
@@ -1105,6 +1164,9 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
         return SL_ERROR;
     }
     hash_key(r, h);
+    if (sl_unlikely(r->route->mirror) &&
+        sl_lb_rng_next(&r->w->rng) % 1000000 < r->route->mirror_ppm)
+        mirror_request(r, h, *path);
     if (sl_unlikely(gen->tlog_bodies_wanted & 1))
         body_capture_begin(r, 0, h->headers, h->num_headers);
     if (r->route->timeouts.request_ms)
@@ -1167,6 +1229,7 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
         }
         /* A cached state's claims and body were released by sl_request_reset. */
         p->v.jwt_claims = NULL;
+        p->mirror = NULL;
         p->body = (sl_buf_t){0};
         r->pol = p;
     }
@@ -1175,6 +1238,7 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     p->replied = p->responded = 0;
     p->body_cap = 0;
     p->rules_deferred = 0;
+    p->mirror = NULL;
     memset(&p->v, 0, sizeof(p->v));
     /* The reply is cleared by sl_policy_chain_request: this memory was
      * another request's, and its reply must not leak into this one. */
@@ -1272,6 +1336,10 @@ int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *er
     if (rc != SL_POLICY_CONTINUE) {
         sl_buf_free(&p->body);
         return policy_replied(r, err);
+    }
+    if (sl_unlikely(p->mirror)) {
+        sl_mirror_push(r->w->id, p->mirror, bytes, sl_buf_len(&p->body));
+        p->mirror = NULL;
     }
     if (p->rules_deferred) {
         /* A body that is not JSON has no fields: its conditions are false. */

@@ -94,6 +94,8 @@ typedef struct sl_req_policy {
      * conditions said, until the body decides (sl_request_body_done). */
     uint8_t rules_deferred;
     sl_route_bits_t rule_bits;
+    /* A mirror copy waiting for the body (mirror.h), NULL = none. */
+    struct sl_mirror_copy *mirror;
 } sl_req_policy_t;
 
 typedef struct sl_request {
