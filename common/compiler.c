@@ -51,6 +51,8 @@
 #define DEF_UPSTREAM_CONNECT_MS 5000
 #define DEF_UPSTREAM_RESPONSE_MS 30000
 #define DEF_RETRY_ATTEMPTS 1
+/* The body a `routing` block with body conditions reads, at most. */
+#define DEF_ROUTING_BODY_BYTES (64 * 1024)
 #define DEF_RETRY_BUDGET_PERCENT 20
 #define DEF_RETRY_MIN_CONCURRENCY 3
 #define DEF_HC_INTERVAL_MS 5000
@@ -803,6 +805,15 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
         out->pool->idle_timeout_ms = jdur(cp, "idleTimeout", DEF_POOL_IDLE_TIMEOUT_MS);
     }
 
+    json_t *cb = jget(spec, "circuitBreaker");
+    if (cb && (out->circuit_breaker = cnew(c, sizeof(*out->circuit_breaker)))) {
+        sluice__v1__circuit_breaker__init(out->circuit_breaker);
+        out->circuit_breaker->max_connections = (uint32_t)jint(cb, "maxConnections", 0);
+        out->circuit_breaker->max_pending_requests = (uint32_t)jint(cb, "maxPendingRequests", 0);
+        out->circuit_breaker->max_requests = (uint32_t)jint(cb, "maxRequests", 0);
+        out->circuit_breaker->max_retries = (uint32_t)jint(cb, "maxRetries", 0);
+    }
+
     out->connect_timeout_ms =
         jdur(jget(spec, "timeouts"), "connect", d->timeouts.upstream_connect_ms);
     out->host_rewrite = cstr(c, jstr(spec, "hostRewrite", ""));
@@ -1137,6 +1148,270 @@ static void compile_policies(cctx_t *c, Sluice__V1__Route *rt, json_t *api_list,
     free(chain);
 }
 
+/* --- routing (Api/operation `routing`) ------------------------------------ */
+
+/* A value written as a number or boolean is compared as its text. */
+static char *scalar_text(cctx_t *c, json_t *v)
+{
+    if (json_is_string(v))
+        return cstr(c, json_string_value(v));
+    char buf[64];
+    if (json_is_integer(v))
+        snprintf(buf, sizeof(buf), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    else if (json_is_real(v))
+        snprintf(buf, sizeof(buf), "%.17g", json_real_value(v));
+    else
+        snprintf(buf, sizeof(buf), "%s", json_is_true(v) ? "true" : "false");
+    return cstr(c, buf);
+}
+
+static char *lower_dup(cctx_t *c, const char *s)
+{
+    char *d = cstr(c, s);
+    for (char *p = d; *p; p++)
+        *p = (char)tolower((unsigned char)*p);
+    return d;
+}
+
+static Sluice__V1__RouteMatch *compile_statement(cctx_t *c, json_t *st)
+{
+    Sluice__V1__RouteMatch *m = cnew(c, sizeof(*m));
+    if (!m)
+        return NULL;
+    sluice__v1__route_match__init(m);
+    json_t *kids = jget(st, "all");
+    m->kind = SLUICE__V1__ROUTE_MATCH__KIND__ALL;
+    if (!kids) {
+        kids = jget(st, "any");
+        m->kind = SLUICE__V1__ROUTE_MATCH__KIND__ANY;
+    }
+    if (kids) {
+        m->children = (Sluice__V1__RouteMatch **)carray(c, json_array_size(kids),
+                                                       sizeof(*m->children));
+        for (size_t i = 0; m->children && i < json_array_size(kids); i++) {
+            Sluice__V1__RouteMatch *k = compile_statement(c, json_array_get(kids, i));
+            if (k)
+                m->children[m->n_children++] = k;
+        }
+        return m;
+    }
+    m->kind = SLUICE__V1__ROUTE_MATCH__KIND__CONDITION;
+    static const struct {
+        const char *key;
+        Sluice__V1__RouteMatch__Attr attr;
+    } named[] = {
+        {"header", SLUICE__V1__ROUTE_MATCH__ATTR__HEADER},
+        {"query", SLUICE__V1__ROUTE_MATCH__ATTR__QUERY},
+        {"cookie", SLUICE__V1__ROUTE_MATCH__ATTR__COOKIE},
+        {"pathParam", SLUICE__V1__ROUTE_MATCH__ATTR__PATH_PARAM},
+        {"claim", SLUICE__V1__ROUTE_MATCH__ATTR__CLAIM},
+        {"body", SLUICE__V1__ROUTE_MATCH__ATTR__BODY},
+    };
+    m->name = cstr(c, "");
+    for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++) {
+        const char *n = jstr(st, named[i].key, NULL);
+        if (!n)
+            continue;
+        m->attr = named[i].attr;
+        free(m->name);
+        m->name = named[i].attr == SLUICE__V1__ROUTE_MATCH__ATTR__HEADER ? lower_dup(c, n)
+                                                                           : cstr(c, n);
+    }
+    const char *a = jstr(st, "attribute", NULL);
+    if (a)
+        m->attr = strcmp(a, "method") == 0     ? SLUICE__V1__ROUTE_MATCH__ATTR__METHOD
+                  : strcmp(a, "clientIp") == 0 ? SLUICE__V1__ROUTE_MATCH__ATTR__CLIENT_IP
+                  : strcmp(a, "consumer") == 0 ? SLUICE__V1__ROUTE_MATCH__ATTR__CONSUMER
+                                               : SLUICE__V1__ROUTE_MATCH__ATTR__CONSUMER_GROUP;
+    static const struct {
+        const char *key;
+        Sluice__V1__RouteMatch__Op op;
+    } ops[] = {
+        {"equals", SLUICE__V1__ROUTE_MATCH__OP__EQUALS},
+        {"notEquals", SLUICE__V1__ROUTE_MATCH__OP__NOT_EQUALS},
+        {"in", SLUICE__V1__ROUTE_MATCH__OP__IN},
+        {"prefix", SLUICE__V1__ROUTE_MATCH__OP__PREFIX},
+        {"regex", SLUICE__V1__ROUTE_MATCH__OP__REGEX},
+        {"lt", SLUICE__V1__ROUTE_MATCH__OP__LT},
+        {"le", SLUICE__V1__ROUTE_MATCH__OP__LE},
+        {"gt", SLUICE__V1__ROUTE_MATCH__OP__GT},
+        {"ge", SLUICE__V1__ROUTE_MATCH__OP__GE},
+        {"present", SLUICE__V1__ROUTE_MATCH__OP__PRESENT},
+        {"absent", SLUICE__V1__ROUTE_MATCH__OP__ABSENT},
+    };
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+        json_t *v = jget(st, ops[i].key);
+        if (!v)
+            continue;
+        m->op = ops[i].op;
+        if (json_is_array(v)) {
+            m->values = (char **)carray(c, json_array_size(v), sizeof(*m->values));
+            for (size_t k = 0; m->values && k < json_array_size(v); k++)
+                m->values[m->n_values++] = scalar_text(c, json_array_get(v, k));
+        } else if (json_is_number(v) && m->op >= SLUICE__V1__ROUTE_MATCH__OP__LT &&
+                   m->op <= SLUICE__V1__ROUTE_MATCH__OP__GE) {
+            m->number = json_number_value(v);
+        } else if (!json_is_true(v) || m->op < SLUICE__V1__ROUTE_MATCH__OP__PRESENT) {
+            m->values = (char **)carray(c, 1, sizeof(*m->values));
+            if (m->values)
+                m->values[m->n_values++] = scalar_text(c, v);
+        }
+    }
+    return m;
+}
+
+/* A rule's or the default's output; backend names are checked against the
+ * Backends of the Api's namespace (field: "spec.routing.rules[0]."). */
+static Sluice__V1__RouteOutput *compile_route_output(cctx_t *c, const sl_resource_t *api,
+                                                      json_t *obj, const char *field, int quiet)
+{
+    Sluice__V1__RouteOutput *o = cnew(c, sizeof(*o));
+    if (!o)
+        return NULL;
+    sluice__v1__route_output__init(o);
+    json_t *split = jget(obj, "split");
+    size_t n = split ? json_array_size(split) : 1;
+    o->targets = (Sluice__V1__RouteOutput__Target **)carray(c, n, sizeof(*o->targets));
+    for (size_t i = 0; o->targets && i < n; i++) {
+        json_t *src = split ? json_array_get(split, i) : obj;
+        Sluice__V1__RouteOutput__Target *t = cnew(c, sizeof(*t));
+        if (!t)
+            break;
+        sluice__v1__route_output__target__init(t);
+        o->targets[o->n_targets++] = t;
+        t->weight = split ? (uint32_t)jint(src, "weight", 1) : 1;
+        json_t *prio = jget(src, "priority");
+        json_t *one = jget(src, "backend");
+        size_t np = prio ? json_array_size(prio) : 1;
+        t->clusters = (char **)carray(c, np, sizeof(*t->clusters));
+        for (size_t k = 0; t->clusters && k < np; k++) {
+            const char *name = json_string_value(prio ? json_array_get(prio, k) : one);
+            char where[200], full[600];
+            if (split && prio)
+                snprintf(where, sizeof(where), "%ssplit[%zu].priority[%zu]", field, i, k);
+            else if (split)
+                snprintf(where, sizeof(where), "%ssplit[%zu].backend", field, i);
+            else if (prio)
+                snprintf(where, sizeof(where), "%spriority[%zu]", field, k);
+            else
+                snprintf(where, sizeof(where), "%sbackend", field);
+            if (!name || !find_backend(c->set, api->ns, name)) {
+                snprintf(full, sizeof(full), "%s/%s", api->ns, name ? name : "");
+                if (quiet)
+                    c->failed = true;
+                else
+                    cerr(c, api, where, "Backend \"%s\" not found%s", full, "");
+                continue;
+            }
+            t->clusters[t->n_clusters++] = cprintf(c, "%s/%s", api->ns, name);
+        }
+    }
+    return o;
+}
+
+/* quiet: the Api's block compiled again for another operation; its
+ * errors were reported with the first. */
+static Sluice__V1__Routing *compile_routing(cctx_t *c, const sl_resource_t *api, json_t *routing,
+                                            const char *field_prefix, int quiet)
+{
+    Sluice__V1__Routing *r = cnew(c, sizeof(*r));
+    if (!r)
+        return NULL;
+    sluice__v1__routing__init(r);
+    char field[160];
+    json_t *rules = jget(routing, "rules");
+    r->rules = (Sluice__V1__RouteRule **)carray(c, json_array_size(rules), sizeof(*r->rules));
+    for (size_t i = 0; r->rules && i < json_array_size(rules); i++) {
+        json_t *rj = json_array_get(rules, i);
+        Sluice__V1__RouteRule *rule = cnew(c, sizeof(*rule));
+        if (!rule)
+            break;
+        sluice__v1__route_rule__init(rule);
+        r->rules[r->n_rules++] = rule;
+        char deflt[32];
+        snprintf(deflt, sizeof(deflt), "rules[%zu]", i);
+        rule->name = cstr(c, jstr(rj, "name", deflt));
+        json_t *m = jget(rj, "match");
+        rule->match =
+            (Sluice__V1__RouteMatch **)carray(c, json_array_size(m), sizeof(*rule->match));
+        for (size_t k = 0; rule->match && k < json_array_size(m); k++) {
+            Sluice__V1__RouteMatch *st = compile_statement(c, json_array_get(m, k));
+            if (st)
+                rule->match[rule->n_match++] = st;
+        }
+        snprintf(field, sizeof(field), "%srouting.rules[%zu].", field_prefix, i);
+        rule->output = compile_route_output(c, api, rj, field, quiet);
+    }
+    r->max_body_bytes = jint(routing, "maxBodyBytes", DEF_ROUTING_BODY_BYTES);
+    if (jget(routing, "default")) {
+        snprintf(field, sizeof(field), "%srouting.default.", field_prefix);
+        r->default_output = compile_route_output(c, api, jget(routing, "default"), field, quiet);
+    }
+    return r;
+}
+
+static int statement_reads_body(const Sluice__V1__RouteMatch *m)
+{
+    if (m->kind == SLUICE__V1__ROUTE_MATCH__KIND__CONDITION)
+        return m->attr == SLUICE__V1__ROUTE_MATCH__ATTR__BODY;
+    for (size_t i = 0; i < m->n_children; i++)
+        if (statement_reads_body(m->children[i]))
+            return 1;
+    return 0;
+}
+
+/* A block with body conditions chooses the backend after the upstream
+ * request head is written (the body comes after it): every backend it can
+ * choose must take the same head, so the same protocol and Host. */
+static void routing_body_check(cctx_t *c, const sl_resource_t *api, const Sluice__V1__Routing *r,
+                               const Sluice__V1__Route *rt, const Sluice__V1__RouteTable *t,
+                               const char *field)
+{
+    int reads = 0;
+    for (size_t i = 0; i < r->n_rules && !reads; i++)
+        for (size_t k = 0; k < r->rules[i]->n_match && !reads; k++)
+            reads = statement_reads_body(r->rules[i]->match[k]);
+    if (!reads)
+        return;
+    const char *first = NULL, *first_proto = NULL, *first_host = NULL;
+    const Sluice__V1__RouteOutput *outs[1001];
+    size_t nouts = 0;
+    for (size_t i = 0; i < r->n_rules && nouts < 1000; i++)
+        outs[nouts++] = r->rules[i]->output;
+    if (r->default_output)
+        outs[nouts++] = r->default_output;
+    size_t nrefs = rt->n_backends ? rt->n_backends : t->n_backends;
+    Sluice__V1__BackendRef **refs = rt->n_backends ? rt->backends : t->backends;
+    for (size_t o = 0; o <= nouts; o++) {
+        size_t nt = o < nouts ? (outs[o] ? outs[o]->n_targets : 0) : (r->default_output ? 0 : nrefs);
+        for (size_t i = 0; i < nt; i++) {
+            size_t nc = o < nouts ? outs[o]->targets[i]->n_clusters : 1;
+            for (size_t k = 0; k < nc; k++) {
+                const char *full = o < nouts ? outs[o]->targets[i]->clusters[k] : refs[i]->cluster;
+                const char *slash = strchr(full, '/');
+                const sl_resource_t *b = find_backend(c->set, api->ns, slash ? slash + 1 : full);
+                if (!b)
+                    continue;
+                json_t *spec = jget(b->obj, "spec");
+                const char *proto = jstr(spec, "protocol", "http1");
+                const char *host = jstr(spec, "hostRewrite", "");
+                if (!first) {
+                    first = full, first_proto = proto, first_host = host;
+                } else if (strcmp(proto, first_proto) != 0 || strcmp(host, first_host) != 0) {
+                    char msg[700];
+                    snprintf(msg, sizeof(msg),
+                             "a rule reads the body, so the backend is chosen after the upstream "
+                             "request head is written: Backends %s and %s differ in protocol or "
+                             "hostRewrite",
+                             first, full);
+                    cerr(c, api, field, "%s%s", msg, "");
+                    return;
+                }
+            }
+        }
+    }
+}
+
 static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t *api, json_t *op,
                           size_t index, const Sluice__V1__RouteTable *table)
 {
@@ -1216,6 +1491,48 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
     rt->tunnel_idle_ms =
         jdur(to, "tunnelIdle", jdur(jget(spec, "timeouts"), "tunnelIdle", DEF_TUNNEL_IDLE_MS));
     compile_policies(c, rt, jget(spec, "policies"), jget(op, "policies"));
+    json_t *faults = jget(op, "faults") ? jget(op, "faults") : jget(spec, "faults");
+    if (faults && (rt->faults = cnew(c, sizeof(*rt->faults)))) {
+        sluice__v1__faults__init(rt->faults);
+        json_t *d = jget(faults, "delay"), *a = jget(faults, "abort");
+        rt->faults->delay_ms = (uint32_t)jint(d, "ms", 0);
+        rt->faults->delay_ppm = d ? (uint32_t)(json_number_value(jget(d, "percent")) * 10000 + 0.5) : 0;
+        rt->faults->abort_status = (uint32_t)jint(a, "status", 0);
+        rt->faults->abort_ppm = a ? (uint32_t)(json_number_value(jget(a, "percent")) * 10000 + 0.5) : 0;
+        rt->faults->header = lower_dup(c, jstr(faults, "header", ""));
+    }
+    json_t *mirror = jget(op, "mirror") ? jget(op, "mirror") : jget(spec, "mirror");
+    if (mirror) {
+        const char *name = jstr(mirror, "backend", "");
+        char field[96], full[600];
+        snprintf(field, sizeof(field), "%s", jget(op, "mirror") ? "" : "spec.mirror.backend");
+        if (jget(op, "mirror"))
+            snprintf(field, sizeof(field), "spec.operations[%zu].mirror.backend", index);
+        if (!find_backend(c->set, api->ns, name)) {
+            snprintf(full, sizeof(full), "%s/%s", api->ns, name);
+            if (jget(op, "mirror") || index == 0)
+                cerr(c, api, field, "Backend \"%s\" not found%s", full, "");
+            else
+                c->failed = true;
+        } else if ((rt->mirror = cnew(c, sizeof(*rt->mirror)))) {
+            sluice__v1__mirror__init(rt->mirror);
+            rt->mirror->cluster = cprintf(c, "%s/%s", api->ns, name);
+            rt->mirror->ppm = (uint32_t)(json_number_value(jget(mirror, "percent")) * 10000 + 0.5);
+        }
+    }
+    /* The operation's routing block replaces the Api's whole. */
+    if (jget(op, "routing")) {
+        char prefix[64];
+        snprintf(prefix, sizeof(prefix), "spec.operations[%zu].", index);
+        rt->routing = compile_routing(c, api, jget(op, "routing"), prefix, 0);
+        snprintf(prefix, sizeof(prefix), "spec.operations[%zu].routing", index);
+        if (rt->routing)
+            routing_body_check(c, api, rt->routing, rt, table, prefix);
+    } else if (jget(spec, "routing")) {
+        rt->routing = compile_routing(c, api, jget(spec, "routing"), "spec.", index > 0);
+        if (rt->routing && index == 0)
+            routing_body_check(c, api, rt->routing, rt, table, "spec.routing");
+    }
 }
 
 static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resource_t *api,

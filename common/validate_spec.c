@@ -534,6 +534,336 @@ static const sl_vfield_t upgrade_fields[] = {
 static const sl_vschema_t upgrade_schema = {upgrade_fields, NULL};
 static const sl_varray_t upgrades_array = {sl_vcheck_object, &upgrade_schema, 0, 16};
 
+/* --- routing (docs/routing.md "Rule-based backend choice") ---------------- */
+
+/* Bounds: a statement holds at most this many items (and nests three
+ * levels, below); an `in` list, a priority list and a split are bounded too, so a
+ * request's evaluation and its fallback list are bounded
+ * (runtime/proxy/route_rules.h). */
+#define SL_ROUTING_ITEMS_MAX 32
+#define SL_ROUTING_IN_MAX 256
+#define SL_ROUTING_PRIORITY_MAX 8
+#define SL_ROUTING_SPLIT_MAX 16
+
+static const char *const routing_subjects[] = {"header", "query",     "cookie", "pathParam",
+                                               "claim",  "body",      "attribute", NULL};
+static const char *const routing_attributes[] = {"method", "clientIp", "consumer",
+                                                 "consumerGroup", NULL};
+static const char *const routing_ops[] = {"equals", "notEquals", "in", "prefix", "regex", "lt",
+                                          "le", "gt", "ge", "present", "absent", NULL};
+static const sl_vrange_t split_weight_range = {0, 1000};
+static const sl_vrange_t routing_body_range = {1, 16 * 1024 * 1024};
+
+/* An IPv4/IPv6 address, or one with a /prefix length. */
+static bool is_cidr(const char *s)
+{
+    char buf[64];
+    const char *slash = strchr(s, '/');
+    size_t n = slash ? (size_t)(slash - s) : strlen(s);
+    if (n == 0 || n >= sizeof(buf))
+        return false;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    unsigned char a[16];
+    int v6 = strchr(buf, ':') != NULL;
+    if (inet_pton(v6 ? AF_INET6 : AF_INET, buf, a) != 1)
+        return false;
+    if (!slash)
+        return true;
+    char *end;
+    long bits = strtol(slash + 1, &end, 10);
+    return slash[1] && !*end && bits >= 0 && bits <= (v6 ? 128 : 32);
+}
+
+/* A value compared as a string: YAML may type `equals: 1` as a number. */
+static void check_route_scalar(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (json_is_string(v) ? strlen(json_string_value(v)) <= SL_VALIDATE_STRING_MAX
+                          : (json_is_integer(v) || json_is_real(v) || json_is_boolean(v)))
+        return;
+    sl_validate_error(c, "expected a string (or a number), got %s", type_of(v));
+}
+
+static void check_route_number(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!json_is_number(v))
+        sl_validate_error(c, "expected a number, got %s", type_of(v));
+}
+
+static void check_route_true(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!json_is_true(v))
+        sl_validate_error(c, "must be true (write present: true or absent: true)");
+}
+
+static const sl_varray_t route_in_list = {check_route_scalar, NULL, 1, SL_ROUTING_IN_MAX};
+
+static void route_condition_extra(sl_vctx_t *c, json_t *obj)
+{
+    json_t *all = sl_validate_get(obj, "all"), *any = sl_validate_get(obj, "any");
+    size_t nsubj = 0, nops = 0;
+    const char *subj = NULL, *op = NULL;
+    for (size_t i = 0; routing_subjects[i]; i++)
+        if (sl_validate_get(obj, routing_subjects[i]))
+            nsubj++, subj = routing_subjects[i];
+    for (size_t i = 0; routing_ops[i]; i++)
+        if (sl_validate_get(obj, routing_ops[i]))
+            nops++, op = routing_ops[i];
+    if (all || any) {
+        if ((all && any) || nsubj || nops)
+            sl_validate_error(c, "a statement is either all: [...], any: [...] or one condition "
+                                 "(an attribute and an operator), not several");
+        return;
+    }
+    if (nsubj != 1) {
+        sl_validate_error(c,
+                          "a condition names one attribute: header, query, cookie, pathParam, "
+                          "claim (with a name), body (a JSON pointer) or attribute (method, "
+                          "clientIp, consumer, consumerGroup)%s",
+                          nsubj ? "; this one names several" : "");
+        return;
+    }
+    if (nops != 1) {
+        sl_validate_error(c,
+                          "a condition has exactly one operator: equals, notEquals, in, prefix, "
+                          "regex, lt, le, gt, ge, present or absent%s",
+                          nops ? "; this one has several" : "");
+        return;
+    }
+    if (strcmp(subj, "header") == 0 || strcmp(subj, "query") == 0 ||
+        strcmp(subj, "cookie") == 0 || strcmp(subj, "pathParam") == 0 ||
+        strcmp(subj, "claim") == 0) {
+        const char *n = json_string_value(sl_validate_get(obj, subj));
+        if (!n || !*n || strlen(n) > 256) {
+            at_key(c, subj, report, "expected a name of 1 to 256 characters");
+            return;
+        }
+    }
+    if (strcmp(subj, "body") == 0) {
+        const char *n = json_string_value(sl_validate_get(obj, "body"));
+        if (!n || n[0] != '/' || strlen(n) > 256) {
+            at_key(c, "body", report,
+                   "expected a JSON pointer of up to 256 characters, such as /amount or "
+                   "/customer/country");
+            return;
+        }
+    }
+    json_t *attr = sl_validate_get(obj, "attribute");
+    int client_ip = attr && strcmp(json_string_value(attr), "clientIp") == 0;
+    if (client_ip && strcmp(op, "in") != 0 && strcmp(op, "notEquals") != 0 &&
+        strcmp(op, "equals") != 0 && strcmp(op, "present") != 0 && strcmp(op, "absent") != 0) {
+        at_key(c, op, report,
+               "clientIp takes in (a list of addresses or CIDR ranges), equals, notEquals, "
+               "present or absent");
+        return;
+    }
+    json_t *val = sl_validate_get(obj, op);
+    size_t saved = sl_validate_push_key(c, op);
+    if (strcmp(op, "regex") == 0) {
+        if (!json_is_string(val))
+            sl_validate_error(c, "expected a regular expression (string)");
+        else
+            sl_vcheck_regex(c, val, NULL);
+    } else if (client_ip && strcmp(op, "in") == 0) {
+        for (size_t i = 0; i < json_array_size(val); i++) {
+            const char *s = json_string_value(json_array_get(val, i));
+            if (!s || !is_cidr(s)) {
+                size_t s2 = sl_validate_push_index(c, i);
+                sl_validate_error(c, "expected an IP address or a CIDR range such as "
+                                     "10.0.0.0/8 or 2001:db8::/32");
+                sl_validate_pop(c, s2);
+            }
+        }
+    } else if (client_ip && (strcmp(op, "equals") == 0 || strcmp(op, "notEquals") == 0)) {
+        if (!json_is_string(val) || !sl_validate_is_ip(json_string_value(val)))
+            sl_validate_error(c, "expected an IP address (use in: for CIDR ranges)");
+    }
+    sl_validate_pop(c, saved);
+}
+
+/* A condition's fields; a statement adds all/any. Three levels, written
+ * out rather than recursive so that the CRD (generated from these tables)
+ * is a structural schema: match[] -> all/any -> all/any -> conditions. */
+#define ROUTE_CONDITION_FIELDS                                                                     \
+    {"header", check_header_name, NULL, 0}, {"query", sl_vcheck_string, NULL, 0},                 \
+        {"cookie", sl_vcheck_string, NULL, 0}, {"pathParam", sl_vcheck_string, NULL, 0},          \
+        {"claim", sl_vcheck_string, NULL, 0}, {"body", sl_vcheck_string, NULL, 0},                \
+        {"attribute", sl_vcheck_enum, routing_attributes, 0},                                     \
+        {"equals", check_route_scalar, NULL, 0}, {"notEquals", check_route_scalar, NULL, 0},      \
+        {"in", sl_vcheck_array, &route_in_list, 0}, {"prefix", check_route_scalar, NULL, 0},      \
+        {"regex", check_route_scalar, NULL, 0}, {"lt", check_route_number, NULL, 0},              \
+        {"le", check_route_number, NULL, 0}, {"gt", check_route_number, NULL, 0},                 \
+        {"ge", check_route_number, NULL, 0}, {"present", check_route_true, NULL, 0},              \
+        {"absent", check_route_true, NULL, 0}
+
+static const sl_vfield_t route_cond3_fields[] = {ROUTE_CONDITION_FIELDS, {NULL, NULL, NULL, 0}};
+static const sl_vschema_t route_cond3_schema = {route_cond3_fields, route_condition_extra};
+static const sl_varray_t route_statements3 = {sl_vcheck_object, &route_cond3_schema, 1,
+                                              SL_ROUTING_ITEMS_MAX};
+static const sl_vfield_t route_cond2_fields[] = {
+    {"all", sl_vcheck_array, &route_statements3, 0},
+    {"any", sl_vcheck_array, &route_statements3, 0},
+    ROUTE_CONDITION_FIELDS,
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t route_cond2_schema = {route_cond2_fields, route_condition_extra};
+static const sl_varray_t route_statements2 = {sl_vcheck_object, &route_cond2_schema, 1,
+                                              SL_ROUTING_ITEMS_MAX};
+static const sl_vfield_t route_cond1_fields[] = {
+    {"all", sl_vcheck_array, &route_statements2, 0},
+    {"any", sl_vcheck_array, &route_statements2, 0},
+    ROUTE_CONDITION_FIELDS,
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t route_cond1_schema = {route_cond1_fields, route_condition_extra};
+static const sl_varray_t route_statements = {sl_vcheck_object, &route_cond1_schema, 1,
+                                             SL_ROUTING_ITEMS_MAX};
+
+static const sl_varray_t route_priority_array = {sl_vcheck_dns_subdomain, NULL, 1,
+                                                 SL_ROUTING_PRIORITY_MAX};
+
+static void route_target_extra(sl_vctx_t *c, json_t *obj)
+{
+    if (!!sl_validate_get(obj, "backend") + !!sl_validate_get(obj, "priority") != 1)
+        sl_validate_error(c, "a split entry has either backend or priority (a list), and a "
+                             "weight");
+}
+
+static const sl_vfield_t route_target_fields[] = {
+    {"backend", sl_vcheck_dns_subdomain, NULL, 0},
+    {"priority", sl_vcheck_array, &route_priority_array, 0},
+    {"weight", sl_vcheck_int, &split_weight_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t route_target_schema = {route_target_fields, route_target_extra};
+static const sl_varray_t route_split_array = {sl_vcheck_object, &route_target_schema, 1,
+                                              SL_ROUTING_SPLIT_MAX};
+
+/* The output part of a rule or of `default`: one backend, a priority
+ * list, or a split. */
+static void route_output_check(sl_vctx_t *c, json_t *obj)
+{
+    int n = !!sl_validate_get(obj, "backend") + !!sl_validate_get(obj, "priority") +
+            !!sl_validate_get(obj, "split");
+    if (n != 1) {
+        sl_validate_error(c, "%s: set one of backend, priority (a list of backends, the first "
+                             "healthy wins) or split (weighted entries)",
+                          n ? "more than one output" : "no output");
+        return;
+    }
+    json_t *split = sl_validate_get(obj, "split");
+    if (split) {
+        json_int_t sum = 0;
+        for (size_t i = 0; i < json_array_size(split); i++) {
+            json_t *w = sl_validate_get(json_array_get(split, i), "weight");
+            sum += w ? json_integer_value(w) : 1;
+        }
+        if (sum == 0)
+            at_key(c, "split", report,
+                   "the weights sum to 0: give at least one entry a weight above 0");
+    }
+}
+
+static void route_rule_extra(sl_vctx_t *c, json_t *obj)
+{
+    route_output_check(c, obj);
+}
+
+static const sl_vfield_t route_rule_fields[] = {
+    {"name", sl_vcheck_string, NULL, 0},
+    {"match", sl_vcheck_array, &route_statements, 0},
+    {"backend", sl_vcheck_dns_subdomain, NULL, 0},
+    {"priority", sl_vcheck_array, &route_priority_array, 0},
+    {"split", sl_vcheck_array, &route_split_array, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t route_rule_schema = {route_rule_fields, route_rule_extra};
+
+static const sl_vfield_t route_default_fields[] = {
+    {"backend", sl_vcheck_dns_subdomain, NULL, 0},
+    {"priority", sl_vcheck_array, &route_priority_array, 0},
+    {"split", sl_vcheck_array, &route_split_array, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t route_default_schema = {route_default_fields, route_output_check};
+
+/* A rule that can never match because an earlier one always does: an
+ * earlier rule without `match` takes every request, and an earlier rule
+ * with the same statements takes every request this one would. */
+static void routing_extra(sl_vctx_t *c, json_t *obj)
+{
+    json_t *rules = sl_validate_get(obj, "rules");
+    for (size_t j = 0; j < json_array_size(rules); j++) {
+        json_t *mj = sl_validate_get(json_array_get(rules, j), "match");
+        for (size_t i = 0; i < j; i++) {
+            json_t *mi = sl_validate_get(json_array_get(rules, i), "match");
+            if (mi && !(mj && json_equal(mi, mj)))
+                continue;
+            size_t saved = sl_validate_push_key(c, "rules");
+            size_t s2 = sl_validate_push_index(c, j);
+            if (!mi)
+                sl_validate_error(c,
+                                  "can never match: rules[%zu] has no match and takes every "
+                                  "request (move this rule before it, or give it a match)",
+                                  i);
+            else
+                sl_validate_error(c,
+                                  "can never match: rules[%zu] has the same match and comes "
+                                  "first",
+                                  i);
+            sl_validate_pop(c, s2);
+            sl_validate_pop(c, saved);
+            break;
+        }
+    }
+}
+
+static const sl_vfield_t routing_fields[] = {
+    {"rules", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &route_rule_schema, 0, 1000},
+     0},
+    {"default", sl_vcheck_object, &route_default_schema, 0},
+    {"maxBodyBytes", sl_vcheck_int, &routing_body_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t routing_schema = {routing_fields, routing_extra};
+
+/* Every pathParam a statement names, for the operation's check that its
+ * path has them. */
+static void route_params_check(sl_vctx_t *c, json_t *st, const char *path)
+{
+    json_t *kids = sl_validate_get(st, "all");
+    if (!kids)
+        kids = sl_validate_get(st, "any");
+    for (size_t i = 0; i < json_array_size(kids); i++)
+        route_params_check(c, json_array_get(kids, i), path);
+    const char *p = json_string_value(sl_validate_get(st, "pathParam"));
+    if (!p)
+        return;
+    char want[300];
+    snprintf(want, sizeof(want), "{%s}", p);
+    if (!strstr(path, want))
+        sl_validate_error(c, "pathParam '%s' is not a parameter of the operation's path %s", p,
+                          path);
+}
+
+static void route_rules_params_check(sl_vctx_t *c, json_t *routing, const char *path)
+{
+    json_t *rules = sl_validate_get(routing, "rules");
+    for (size_t i = 0; i < json_array_size(rules); i++) {
+        json_t *m = sl_validate_get(json_array_get(rules, i), "match");
+        for (size_t j = 0; j < json_array_size(m); j++) {
+            char field[64];
+            snprintf(field, sizeof(field), "routing.rules[%zu].match[%zu]", i, j);
+            size_t saved = sl_validate_push_key(c, field);
+            route_params_check(c, json_array_get(m, j), path);
+            sl_validate_pop(c, saved);
+        }
+    }
+}
+
 static void operation_extra(sl_vctx_t *c, json_t *op)
 {
     json_t *method = sl_validate_get(op, "method");
@@ -580,6 +910,8 @@ static void operation_extra(sl_vctx_t *c, json_t *op)
     sl_validate_pop(c, saved);
     if (sl_validate_get(op, "backendRefs"))
         backend_refs_unique(c, sl_validate_get(op, "backendRefs"), "backendRefs");
+    if (sl_validate_get(op, "routing") && strcmp(type, "template") == 0)
+        route_rules_params_check(c, sl_validate_get(op, "routing"), path);
 }
 
 static const sl_vfield_t policy_when_fields[] = {
@@ -590,6 +922,52 @@ static const sl_vfield_t policy_when_fields[] = {
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_policy_when = {policy_when_fields, NULL};
+
+/* --- fault injection ------------------------------------------------------- */
+
+static const sl_vrange_t fault_ms_range = {1, 3600000};
+static const sl_vrange_t fault_status_range = {200, 599};
+
+static void check_percent_number(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!json_is_number(v) || json_number_value(v) < 0 || json_number_value(v) > 100)
+        sl_validate_error(c, "expected a percentage from 0 to 100 (decimals allowed: 0.5)");
+}
+
+static const sl_vfield_t fault_delay_fields[] = {
+    {"ms", sl_vcheck_int, &fault_ms_range, SL_VFIELD_REQUIRED},
+    {"percent", check_percent_number, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t fault_delay_schema = {fault_delay_fields, NULL};
+static const sl_vfield_t fault_abort_fields[] = {
+    {"status", sl_vcheck_int, &fault_status_range, SL_VFIELD_REQUIRED},
+    {"percent", check_percent_number, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t fault_abort_schema = {fault_abort_fields, NULL};
+
+static void faults_extra(sl_vctx_t *c, json_t *obj)
+{
+    if (!sl_validate_get(obj, "delay") && !sl_validate_get(obj, "abort"))
+        sl_validate_error(c, "set delay, abort or both");
+}
+
+static const sl_vfield_t faults_fields[] = {
+    {"delay", sl_vcheck_object, &fault_delay_schema, 0},
+    {"abort", sl_vcheck_object, &fault_abort_schema, 0},
+    {"header", check_header_name, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t faults_schema = {faults_fields, faults_extra};
+
+static const sl_vfield_t mirror_fields[] = {
+    {"backend", sl_vcheck_dns_subdomain, NULL, SL_VFIELD_REQUIRED},
+    {"percent", check_percent_number, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t mirror_schema = {mirror_fields, NULL};
 
 static const sl_vfield_t operation_fields[] = {
     {"name", sl_vcheck_string, NULL, 0},
@@ -602,6 +980,9 @@ static const sl_vfield_t operation_fields[] = {
     {"query", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &query_match_schema, 0, 32},
      0},
     {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
+    {"routing", sl_vcheck_object, &routing_schema, 0},
+    {"faults", sl_vcheck_object, &faults_schema, 0},
+    {"mirror", sl_vcheck_object, &mirror_schema, 0},
     {"timeouts", sl_vcheck_object, &op_timeout_schema, 0},
     {"retries", sl_vcheck_object, &retry_schema, 0},
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
@@ -723,7 +1104,10 @@ static void api_extra(sl_vctx_t *c, json_t *spec)
         backend_refs_unique(c, refs, "backendRefs");
     } else {
         for (size_t i = 0; i < json_array_size(ops); i++) {
-            if (!sl_validate_get(json_array_get(ops, i), "backendRefs")) {
+            json_t *op = json_array_get(ops, i);
+            if (!sl_validate_get(op, "backendRefs") &&
+                !sl_validate_get(sl_validate_get(op, "routing"), "default") &&
+                !sl_validate_get(sl_validate_get(spec, "routing"), "default")) {
                 size_t saved = sl_validate_push_key(c, "backendRefs");
                 sl_validate_error(c,
                                   "required field missing (spec.operations[%zu] has no "
@@ -1195,6 +1579,9 @@ static const sl_vfield_t api_fields[] = {
     {"stripBasePath", sl_vcheck_bool, NULL, 0},
     {"version", sl_vcheck_string, NULL, 0},
     {"backendRefs", sl_vcheck_array, &backend_refs_array, 0},
+    {"routing", sl_vcheck_object, &routing_schema, 0},
+    {"faults", sl_vcheck_object, &faults_schema, 0},
+    {"mirror", sl_vcheck_object, &mirror_schema, 0},
     {"operations", sl_vcheck_array,
      &(const sl_varray_t){sl_vcheck_object, &operation_schema, 1, 10000}, SL_VFIELD_REQUIRED},
     {"timeouts", sl_vcheck_object, &api_timeout_schema, 0},
@@ -1769,6 +2156,16 @@ static const sl_vfield_t backend_tls_fields[] = {
 };
 static const sl_vschema_t backend_tls_schema = {backend_tls_fields, backend_tls_extra};
 
+static const sl_vrange_t breaker_range = {1, 10000000};
+static const sl_vfield_t circuit_breaker_fields[] = {
+    {"maxConnections", sl_vcheck_int, &breaker_range, 0},
+    {"maxPendingRequests", sl_vcheck_int, &breaker_range, 0},
+    {"maxRequests", sl_vcheck_int, &breaker_range, 0},
+    {"maxRetries", sl_vcheck_int, &breaker_range, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t circuit_breaker_schema = {circuit_breaker_fields, NULL};
+
 static const sl_vfield_t backend_fields[] = {
     {"endpoints", sl_vcheck_array,
      &(const sl_varray_t){sl_vcheck_object, &endpoint_schema, 1, 1024}, SL_VFIELD_REQUIRED},
@@ -1780,6 +2177,7 @@ static const sl_vfield_t backend_fields[] = {
     {"hostRewrite", check_host_header, NULL, 0},
     {"tls", sl_vcheck_object, &backend_tls_schema, 0},
     {"protocol", sl_vcheck_enum, backend_protocols, 0},
+    {"circuitBreaker", sl_vcheck_object, &circuit_breaker_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_backend = {backend_fields, backend_extra};
@@ -1994,6 +2392,16 @@ const sl_vopenapi_t sl_validate_spec_openapi[] = {
      "{\"type\":\"string\",\"minLength\":1,\"maxLength\":256,\"pattern\":\"^([A-Za-z_][A-Za-z0-"
      "9_]*[.])?[A-Za-z_][A-Za-z0-9_]*$\",\"description\":\"a ClickHouse table, optionally "
      "database.table\"}",
+     NULL},
+    {check_route_scalar,
+     "{\"x-kubernetes-int-or-string\":true,\"description\":\"a value compared as a "
+     "string\"}",
+     NULL},
+    {check_route_number, "{\"type\":\"number\"}", NULL},
+    {check_route_true, "{\"type\":\"boolean\",\"enum\":[true]}", NULL},
+    {check_percent_number,
+     "{\"type\":\"number\",\"minimum\":0,\"maximum\":100,\"description\":\"a "
+     "percentage of requests\"}",
      NULL},
     {NULL, NULL, NULL},
 };

@@ -124,7 +124,7 @@ sl_policy_chain_t *sl_policy_chain_build(Sluice__V1__Policy *const *ps, size_t n
         return NULL;
     }
     sl_policy_env_t env_chain = *env_in;
-    env_chain.jwt_claims = chain_reads_claims(ps, n);
+    env_chain.jwt_claims = env_in->jwt_claims || chain_reads_claims(ps, n);
     const sl_policy_env_t *env = &env_chain;
     ch->nworkers = env->nworkers ? env->nworkers : 1;
     for (size_t i = 0; i < n; i++) {

@@ -14,6 +14,8 @@
 #include "h2.h"
 #include "listener_http2.h"
 #include "log.h"
+#include "mirror.h"
+#include "route_rules.h"
 #include "tls.h"
 #include "tls_client.h"
 #include "worker.h"
@@ -93,6 +95,7 @@ static void free_generation(sl_generation_t *gen)
                 free(routes[r].policy_stats);
                 free(routes[r].scope_stats);
                 sl_policy_chain_free(routes[r].chain);
+                sl_route_rules_free(routes[r].rules);
                 free(routes[r].policy_error);
                 if (routes[r].stats)
                     sl_metrics_route_release(routes[r].stats);
@@ -189,6 +192,14 @@ static int build_clusters(sl_generation_t *gen, char *err, size_t errlen)
             c->outlier_base_ejection_ms = 30000;
             c->max_ejection_percent = 50;
         }
+        if (pb->circuit_breaker) {
+            c->cb_max[SL_CB_CONNECTIONS] = pb->circuit_breaker->max_connections;
+            c->cb_max[SL_CB_PENDING] = pb->circuit_breaker->max_pending_requests;
+            c->cb_max[SL_CB_REQUESTS] = pb->circuit_breaker->max_requests;
+            c->cb_max[SL_CB_RETRIES] = pb->circuit_breaker->max_retries;
+            for (unsigned k = 0; k < SL_CB__COUNT; k++)
+                c->cb_any |= c->cb_max[k] != 0;
+        }
         if (pb->pool) {
             c->pool_max_connections = pb->pool->max_connections;
             c->pool_max_idle = pb->pool->max_idle;
@@ -206,6 +217,11 @@ static int build_clusters(sl_generation_t *gen, char *err, size_t errlen)
 nomem:
     snprintf(err, errlen, "out of memory building clusters");
     return -1;
+}
+
+static sl_gen_cluster_t *find_cluster_cb(void *gen, const char *name)
+{
+    return find_cluster(gen, name);
 }
 
 static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeouts, char *err,
@@ -280,12 +296,43 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
             route->stats = sl_metrics_route_acquire(table->name, pb->name);
             if (!route->stats)
                 goto nomem;
+            route->faults = pb->faults;
+            if (pb->mirror) {
+                route->mirror = find_cluster(gen, pb->mirror->cluster);
+                route->mirror_ppm = pb->mirror->ppm;
+                char why[200];
+                if (!route->mirror) {
+                    snprintf(err, errlen, "api %s operation %s: mirror backend %s is not in the "
+                             "snapshot", table->name, pb->name, pb->mirror->cluster);
+                    return -1;
+                }
+                if (sl_mirror_start(gen->nworkers, why, sizeof(why)) != 0) {
+                    snprintf(err, errlen, "%s", why);
+                    return -1;
+                }
+            }
+            if (pb->routing) {
+                /* Rules that cannot be compiled refuse the whole snapshot
+                 * (NACK): the controller validated them, so this is a
+                 * controller of another build or a hand-made snapshot. */
+                char why[512];
+                route->rules = sl_route_rules_build(
+                    pb->routing, pb->path, pb->path_kind == SLUICE__V1__ROUTE__PATH_KIND__TEMPLATE,
+                    find_cluster_cb, gen, route->backends, route->backend_weights,
+                    route->num_backends, gen->nworkers, why, sizeof(why));
+                if (!route->rules) {
+                    snprintf(err, errlen, "api %s operation %s: %s", table->name, pb->name, why);
+                    return -1;
+                }
+            }
             if (pb->n_policies) {
+                env.jwt_claims = sl_route_rules_reads_claims(route->rules);
                 /* A chain that cannot be built fails this route closed and
                  * leaves every other route (and Api) as it is. */
                 char why[512];
                 route->chain =
                     sl_policy_chain_build(pb->policies, pb->n_policies, &env, why, sizeof(why));
+                env.jwt_claims = 0;
                 size_t nchain = sl_policy_chain_len(route->chain);
                 if (route->chain) {
                     route->policy_stats = calloc(nchain, sizeof(*route->policy_stats));

@@ -89,6 +89,9 @@ typedef struct sl_gen_cluster {
     uint32_t outlier_failures;
     uint32_t outlier_base_ejection_ms;
     uint32_t pool_max_connections;
+    /* circuitBreaker limits (0 = none), indexed by SL_CB_*; cb_any: one is set */
+    uint32_t cb_max[SL_CB__COUNT];
+    uint8_t cb_any;
     uint32_t pool_max_idle;
     uint32_t pool_idle_timeout_ms;
     uint32_t connect_timeout_ms;
@@ -124,6 +127,14 @@ typedef struct sl_gen_route {
      * the chain has none). */
     struct sl_policy_stats **scope_stats;
     const sl_tlog_policy_t *tlog; /* what its records hold: the Api's, or gen->tlog */
+    /* The `routing` rules (route_rules.h), NULL for none: then the backend
+     * is chosen from `backends` by weight, as before. */
+    struct sl_route_rules *rules;
+    /* Fault injection (docs/configuration.md), NULL for none: the snapshot's. */
+    const Sluice__V1__Faults *faults;
+    /* Traffic mirroring (mirror.h), NULL for none: the shadow cluster. */
+    struct sl_gen_cluster *mirror;
+    uint32_t mirror_ppm;
 } sl_gen_route_t;
 
 /* One worker's requests on a generation (see "Worker holds" above). Its own

@@ -17,6 +17,7 @@
  * scrape sums the slots with relaxed loads: each counter is monotonic on its
  * own, the sum across counters is not a snapshot, which Prometheus accepts.
  */
+#include "mirror.h"
 #include "cache/cache_store.h"
 #include "metrics.h"
 #include "prom.h"
@@ -577,6 +578,36 @@ static void sum_route(const sl_route_stats_t *s, unsigned nworkers, route_totals
 /* Route series appear once the route has answered a request: a config with
  * 10,000 mostly idle routes would otherwise put ~200,000 zero lines on every
  * scrape. */
+static void render_faults(struct evbuffer *out, unsigned nworkers)
+{
+    static const char *const kinds[2] = {"delay", "abort"};
+    sl_prom_header(out, "sluice_faults_injected_total", "counter",
+                   "Faults injected by an Api's or operation's `faults`, by kind.");
+    for (size_t i = 0; i < route_table.nbuckets; i++)
+        for (const sl_route_stats_t *s = route_table.buckets[i]; s; s = s->next)
+            for (unsigned k = 0; k < 2; k++) {
+                uint64_t v = 0;
+                for (unsigned w = 0; w < nworkers && w < s->nslots; w++)
+                    v += LOAD(s->slots[w].faults[k]);
+                if (!v)
+                    continue;
+                evbuffer_add(out, "sluice_faults_injected_total{", 29);
+                add_route_labels(out, s);
+                evbuffer_add_printf(out, ",kind=\"%s\"} %" PRIu64 "\n", kinds[k], v);
+            }
+}
+
+static void render_mirror(struct evbuffer *out)
+{
+    sl_prom_header(out, "sluice_mirror_requests_total", "counter",
+                   "Mirrored copies of requests (Api/operation mirror), by result: sent (any "
+                   "answer), failed (no answer), dropped (the queue was full), skipped (a "
+                   "streamed body, too large, a TLS or endpoint-less shadow).");
+    for (int k = 0; k < SL_MIRROR__N; k++)
+        evbuffer_add_printf(out, "sluice_mirror_requests_total{result=\"%s\"} %" PRIu64 "\n",
+                            sl_mirror_result_names[k], sl_mirror_count(k));
+}
+
 static void render_routes(struct evbuffer *out, unsigned nworkers)
 {
     sl_prom_header(out, "sluice_requests_total", "counter",
@@ -671,6 +702,35 @@ static void render_clusters(struct evbuffer *out, unsigned nworkers)
             }
         }
     }
+
+    static const char *const cb_names[SL_CB__COUNT] = {"max_connections", "max_pending_requests",
+                                                       "max_requests", "max_retries"};
+    sl_prom_header(out, "sluice_circuit_open_total", "counter",
+                   "Requests (or retries) a Backend's circuit breaker refused, by the limit: "
+                   "answered 503 circuit_open (a retry is not made).");
+    for (size_t i = 0; i < cluster_table.nbuckets; i++)
+        for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next)
+            for (unsigned k = 0; k < SL_CB__COUNT; k++) {
+                uint64_t v = atomic_load_explicit(&s->cb_open[k], memory_order_relaxed);
+                if (!v)
+                    continue;
+                evbuffer_add_printf(out, "sluice_circuit_open_total{cluster=\"");
+                sl_prom_label_value(out, s->cluster);
+                evbuffer_add_printf(out, "\",limit=\"%s\"} %" PRIu64 "\n", cb_names[k], v);
+            }
+    sl_prom_header(out, "sluice_circuit_active", "gauge",
+                   "What a Backend's circuit breaker counts now: requests in flight, waiting for "
+                   "a connection, retries (only for the limits it has).");
+    for (size_t i = 0; i < cluster_table.nbuckets; i++)
+        for (const sl_cluster_stats_t *s = cluster_table.buckets[i]; s; s = s->next)
+            for (unsigned k = SL_CB_PENDING; k < SL_CB__COUNT; k++) {
+                int64_t v = atomic_load_explicit(&s->cb_active[k], memory_order_relaxed);
+                if (!v)
+                    continue;
+                evbuffer_add_printf(out, "sluice_circuit_active{cluster=\"");
+                sl_prom_label_value(out, s->cluster);
+                evbuffer_add_printf(out, "\",limit=\"%s\"} %" PRId64 "\n", cb_names[k], v);
+            }
 
     sl_prom_header(out, "sluice_backend_responses_total", "counter",
                    "Requests a cluster was chosen for, by the status class the client got (a "
@@ -1007,6 +1067,8 @@ void sl_metrics_render(struct evbuffer *out)
     unsigned nworkers = metrics_nworkers;
     pthread_mutex_lock(&registry_lock);
     render_routes(out, nworkers);
+    render_faults(out, nworkers);
+    render_mirror(out);
     render_clusters(out, nworkers);
     render_policies(out);
     render_rate_limits(out);

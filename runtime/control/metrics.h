@@ -37,6 +37,7 @@ typedef struct {
     _Atomic uint64_t responses_by_class[6]; /* [1..5] = 1xx..5xx */
     _Atomic uint64_t latency_buckets[SL_METRICS_LATENCY_BUCKETS];
     _Atomic uint64_t latency_sum_us;
+    _Atomic uint64_t faults[2]; /* injected: [0] delays, [1] aborts (in the slot's padding) */
 } __attribute__((aligned(64))) sl_route_stats_slot_t;
 
 typedef struct sl_route_stats {
@@ -78,11 +79,19 @@ typedef struct {
     _Atomic uint64_t by_class[6];
 } __attribute__((aligned(64))) sl_cluster_stats_slot_t;
 
+enum { SL_CB_CONNECTIONS = 0, SL_CB_PENDING, SL_CB_REQUESTS, SL_CB_RETRIES, SL_CB__COUNT };
+
 typedef struct sl_cluster_stats {
     char *cluster;
     unsigned refs;
     unsigned nslots; /* slots allocated */
     struct sl_cluster_stats *next;
+    /* The circuit breaker's gauges (Backend circuitBreaker): the Backend's
+     * across workers, so shared atomics, kept by name across config swaps
+     * like the counters; indexed by SL_CB_* (connections are counted on
+     * the endpoints instead). And the requests each limit refused. */
+    _Atomic int64_t cb_active[SL_CB__COUNT];
+    _Atomic uint64_t cb_open[SL_CB__COUNT];
     sl_cluster_stats_slot_t slots[]; /* one per worker, as above */
 } sl_cluster_stats_t;
 

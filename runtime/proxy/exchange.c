@@ -554,6 +554,10 @@ static void start_attempt(sl_exchange_t *x)
         sl_exchange_drive(x);
         return;
     }
+    if (sl_unlikely(x->r.cluster->cb_any) && sl_request_cb_connect(&x->r, &err) != SL_OK) {
+        x->ops->error(x, err.status, err.code, err.message, err.close);
+        return;
+    }
     up = sl_upstream_connect(x->r.w, x->r.pool, x->r.cluster->tls, x->r.cluster->tls_name);
     if (!up) {
         upstream_failed(x, SL_UPSTREAM_ERR_CONNECT, 0);
@@ -570,6 +574,11 @@ void sl_exchange_start(sl_exchange_t *x)
 {
     if (sl_unlikely(x->r.pol) && x->r.pol->v.cache && sl_cache_start(x) == SL_DONE)
         return;
+    if (sl_unlikely(x->r.fault_delay_ms)) {
+        x->phase = SL_XP_FAULT_DELAY;
+        x->ops->arm_timer(x, x->r.fault_delay_ms);
+        return;
+    }
     start_attempt(x);
 }
 
@@ -663,6 +672,8 @@ void sl_exchange_upstream_event(sl_exchange_t *x, short what)
             upstream_failed(x, SL_UPSTREAM_ERR_CONNECT, 0);
             goto out;
         }
+        if (sl_unlikely(x->r.cb_held))
+            sl_request_cb_connected(&x->r);
         x->phase = SL_XP_WAIT_HEAD;
         x->ops->arm_timer(x, x->r.route->timeouts.response_ms);
         sl_exchange_drive(x);
@@ -708,6 +719,11 @@ void sl_exchange_timeout(sl_exchange_t *x, int client_blocked)
         return;
     case SL_XP_CACHE_WAIT:
         sl_cache_wait_timeout(x); /* coalesceTimeout: go upstream alone */
+        return;
+    case SL_XP_FAULT_DELAY:
+        x->phase = SL_XP_NONE;
+        x->r.fault_delay_ms = 0;
+        start_attempt(x);
         return;
     case SL_XP_BODY:
     default:

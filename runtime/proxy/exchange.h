@@ -46,6 +46,8 @@ enum sl_exchange_phase {
     SL_XP_BODY,      /* streaming the response body */
     /* parked until another request's response is cached (cache.h) */
     SL_XP_CACHE_WAIT,
+    /* an injected delay (Api/operation faults) before the first attempt */
+    SL_XP_FAULT_DELAY,
 };
 
 struct sl_exchange;

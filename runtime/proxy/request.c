@@ -4,6 +4,8 @@
  * outcomes, the gateway's error bodies, metrics and the traffic log record.
  */
 #include "request.h"
+#include "route_rules.h"
+#include "mirror.h"
 
 #include "chain.h"
 
@@ -450,8 +452,80 @@ void sl_request_begin(sl_request_t *r)
     r->start_unix_us = now_unix_us();
 }
 
+static void set_error(sl_request_error_t *err, int status, const char *code, int close,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* ---- circuit breakers (Backend circuitBreaker) ---------------------------- */
+
+static void cb_release(sl_request_t *r, unsigned kind)
+{
+    if (r->cb_held & (1u << kind)) {
+        atomic_fetch_sub_explicit(&r->cb_stats->cb_active[kind], 1, memory_order_relaxed);
+        r->cb_held &= (uint8_t)~(1u << kind);
+    }
+}
+
+/* Takes one of the Backend's `kind` gauge under its limit: SL_OK, or
+ * SL_ERROR (counted as refused) when it is full. */
+static int cb_take(sl_request_t *r, unsigned kind)
+{
+    sl_gen_cluster_t *c = r->cluster;
+    if (!c->cb_max[kind] || (r->cb_held & (1u << kind)))
+        return SL_OK;
+    if (r->cb_held && r->cb_stats != c->stats) {
+        for (unsigned k = 0; k < SL_CB__COUNT; k++)
+            cb_release(r, k);
+    }
+    sl_cluster_stats_t *s = c->stats;
+    int64_t now = atomic_fetch_add_explicit(&s->cb_active[kind], 1, memory_order_relaxed) + 1;
+    if (now > (int64_t)c->cb_max[kind]) {
+        atomic_fetch_sub_explicit(&s->cb_active[kind], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->cb_open[kind], 1, memory_order_relaxed);
+        return SL_ERROR;
+    }
+    r->cb_stats = s;
+    r->cb_held |= (uint8_t)(1u << kind);
+    return SL_OK;
+}
+
+int sl_request_cb_connect(sl_request_t *r, sl_request_error_t *err)
+{
+    sl_gen_cluster_t *c = r->cluster;
+    if (sl_likely(!c->cb_any))
+        return SL_OK;
+    if (c->cb_max[SL_CB_CONNECTIONS]) {
+        int64_t open = 0;
+        for (size_t e = 0; e < c->num_endpoints; e++)
+            for (unsigned w = 0; w < c->endpoints[e]->nslots; w++)
+                open += atomic_load_explicit(&c->endpoints[e]->upconns[w], memory_order_relaxed);
+        if (open >= (int64_t)c->cb_max[SL_CB_CONNECTIONS]) {
+            atomic_fetch_add_explicit(&c->stats->cb_open[SL_CB_CONNECTIONS], 1,
+                                      memory_order_relaxed);
+            set_error(err, 503, "circuit_open", 0,
+                      "the backend's circuit breaker is open: %u connections (maxConnections)",
+                      c->cb_max[SL_CB_CONNECTIONS]);
+            return SL_ERROR;
+        }
+    }
+    if (cb_take(r, SL_CB_PENDING) != SL_OK) {
+        set_error(err, 503, "circuit_open", 0,
+                  "the backend's circuit breaker is open: %u requests wait for a connection "
+                  "(maxPendingRequests)",
+                  c->cb_max[SL_CB_PENDING]);
+        return SL_ERROR;
+    }
+    return SL_OK;
+}
+
+void sl_request_cb_connected(sl_request_t *r)
+{
+    cb_release(r, SL_CB_PENDING);
+}
+
 void sl_request_leave_pool(sl_request_t *r)
 {
+    if (sl_unlikely(r->cb_held & (1u << SL_CB_PENDING)))
+        cb_release(r, SL_CB_PENDING);
     if (r->counted_request && r->pool && r->pool->active_requests)
         r->pool->active_requests--;
     r->counted_request = 0;
@@ -470,8 +544,13 @@ void sl_request_reset(sl_request_t *r)
         sl_generation_release(r->w, r->gen);
         r->gen = NULL;
     }
+    if (sl_unlikely(r->cb_held))
+        for (unsigned k = 0; k < SL_CB__COUNT; k++)
+            cb_release(r, k);
     r->route = NULL;
     r->cluster = NULL;
+    r->num_choices = 0;
+    r->fault_delay_ms = 0;
     r->pool = NULL;
     r->ep_index = -1;
     r->replayable = 1;
@@ -503,6 +582,10 @@ void sl_request_reset(sl_request_t *r)
     if (sl_unlikely(r->tlog_body[0] || r->tlog_body[1]))
         body_capture_free(r);
     if (r->pol) {
+        if (sl_unlikely(r->pol->mirror)) {
+            sl_mirror_discard(r->pol->mirror);
+            r->pol->mirror = NULL;
+        }
         sl_policy_req_end(&r->pol->v);
         sl_buf_free(&r->pol->body);
         sl_worker_t *w = r->w;
@@ -722,6 +805,163 @@ static int pick_cluster(sl_request_t *r)
     return 0;
 }
 
+/* The route's `routing` rules choose the backend and its fallbacks, after
+ * the policies (the consumer and the token's claims are theirs). */
+static void apply_choice(sl_request_t *r, const sl_route_choice_t *ch);
+
+static void rule_attrs(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
+                       size_t base_path_len, sl_route_attrs_t *out)
+{
+    sl_route_attrs_t a = {
+        .method = h->method,
+        .rel_path = {routed_path.ptr + base_path_len, routed_path.len - base_path_len},
+        .query = h->query,
+        .headers = h->headers,
+        .num_headers = h->num_headers,
+        .client_ip = r->client_ip,
+    };
+    if (r->pol) {
+        a.consumer = r->pol->v.consumer.name;
+        a.consumer_group = r->pol->v.consumer.group;
+        a.claims = r->pol->v.jwt_claims;
+    }
+    *out = a;
+}
+
+static void route_by_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
+                           size_t base_path_len)
+{
+    sl_route_attrs_t a;
+    rule_attrs(r, h, routed_path, base_path_len, &a);
+    sl_route_choice_t ch;
+    sl_route_rules_eval(r->route->rules, &a, r->w->id, &ch);
+    apply_choice(r, &ch);
+}
+
+/* Rules that read the body: the head's conditions now, the choice once the
+ * body is read (sl_request_body_done); meanwhile the upstream head is
+ * written for a cluster of the block (all take the same head). */
+static void defer_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
+                        size_t base_path_len)
+{
+    sl_route_attrs_t a;
+    rule_attrs(r, h, routed_path, base_path_len, &a);
+    sl_route_rules_defer(r->route->rules, &a, &r->pol->rule_bits);
+    r->pol->rules_deferred = 1;
+    r->cluster = sl_route_rules_head_cluster(r->route->rules);
+    r->num_choices = 0;
+}
+
+static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp)
+{
+    const sl_route_choice_t ch = *cp;
+    _Static_assert(sizeof(r->choices) / sizeof(r->choices[0]) == SL_ROUTE_CHOICES_MAX,
+                   "a choice fits the request");
+    /* The first backend with a usable endpoint wins (the first listed when
+     * none has: its error is the answer). It is chosen here, before the
+     * upstream head is built for its protocol and Host; the fallbacks kept
+     * for retries are the later ones that speak the same protocol with the
+     * same Host, so that head stays right for them. */
+    uint64_t now = sl_endpoint_now_ms();
+    size_t first = 0;
+    for (size_t i = 0; i < ch.n; i++) {
+        const sl_gen_cluster_t *c = ch.clusters[i];
+        int usable = 0;
+        for (size_t e = 0; e < c->num_endpoints && !usable; e++)
+            usable = sl_endpoint_usable(c->endpoints[e], now);
+        if (usable) {
+            first = i;
+            break;
+        }
+    }
+    sl_gen_cluster_t *pick = ch.clusters[first];
+    size_t n = 0;
+    r->choices[n++] = pick;
+    for (size_t i = first + 1; i < ch.n; i++) {
+        sl_gen_cluster_t *c = ch.clusters[i];
+        if (c->pb->protocol == pick->pb->protocol && c->host_rewrite.len == pick->host_rewrite.len &&
+            (c->host_rewrite.len == 0 ||
+             memcmp(c->host_rewrite.ptr, pick->host_rewrite.ptr, c->host_rewrite.len) == 0))
+            r->choices[n++] = c;
+    }
+    r->num_choices = (uint8_t)n;
+    r->choice = 0;
+    r->cluster = pick;
+}
+
+/* Fault injection: an abort answers now; a delay is kept for the exchange
+ * (sl_exchange_start waits it out before the first attempt). */
+static int inject_faults(sl_request_t *r, const sl_req_head_t *h, sl_request_error_t *err)
+{
+    const Sluice__V1__Faults *f = r->route->faults;
+    if (f->header[0] && !find_header(h, f->header, strlen(f->header)))
+        return SL_OK;
+    if (f->abort_ppm && sl_lb_rng_next(&r->w->rng) % 1000000 < f->abort_ppm) {
+        SL_STAT_ADD(r->route->stats->slots[r->w->id].faults[1], 1);
+        set_error(err, (int)f->abort_status, "fault_abort", 0, "fault injected by the gateway");
+        return SL_ERROR;
+    }
+    if (f->delay_ppm && sl_lb_rng_next(&r->w->rng) % 1000000 < f->delay_ppm) {
+        SL_STAT_ADD(r->route->stats->slots[r->w->id].faults[0], 1);
+        r->fault_delay_ms = f->delay_ms;
+    }
+    return SL_OK;
+}
+
+static int hop_by_hop_name(sl_str_t n)
+{
+    static const char *const names[] = {"connection", "keep-alive", "te", "trailer",
+                                        "transfer-encoding", "upgrade", "proxy-connection",
+                                        "proxy-authorization", "host", "content-length",
+                                        "expect", NULL};
+    for (size_t i = 0; names[i]; i++)
+        if (n.len == strlen(names[i]) && strncasecmp(n.ptr, names[i], n.len) == 0)
+            return 1;
+    return 0;
+}
+
+/* A copy of the request for the route's shadow Backend (mirror.h): now
+ * when it has no body, when its body is read (sl_request_body_done) when a
+ * policy or a rule reads it whole; a streamed body is not mirrored. */
+static void mirror_request(sl_request_t *r, const sl_req_head_t *h, sl_str_t path)
+{
+    sl_gen_cluster_t *c = r->route->mirror;
+    int has_body = !(h->has_length && h->content_length == 0);
+    if (c->tls || (has_body && !(r->pol && r->pol->body_cap)) || h->num_headers > 128) {
+        sl_mirror_skip();
+        return;
+    }
+    uint64_t now = sl_endpoint_now_ms();
+    size_t n = c->num_endpoints, start = n ? (size_t)(sl_lb_rng_next(&r->w->rng) % n) : 0;
+    const sl_endpoint_state_t *ep = NULL;
+    for (size_t i = 0; i < n && !ep; i++)
+        if (sl_endpoint_usable(c->endpoints[(start + i) % n], now))
+            ep = c->endpoints[(start + i) % n];
+    if (!ep) {
+        sl_mirror_skip();
+        return;
+    }
+    char host_port[300];
+    int v6 = strchr(ep->address, ':') != NULL;
+    snprintf(host_port, sizeof(host_port), v6 ? "[%s]:%u" : "%s:%u", ep->address, ep->port);
+    sl_str_t names[128], values[128];
+    size_t k = 0;
+    for (size_t i = 0; i < h->num_headers; i++) {
+        if (hop_by_hop_name(h->headers[i].name))
+            continue;
+        names[k] = h->headers[i].name;
+        values[k++] = h->headers[i].value;
+    }
+    struct sl_mirror_copy *cp = sl_mirror_prepare(host_port, h->method, path, h->query,
+                                                  h->has_query, names, values, k);
+    if (!cp)
+        return;
+    if (has_body)
+        r->pol->mirror = cp;
+    else
+        sl_mirror_push(r->w->id, cp, NULL, 0);
+}
+
 static int clip(size_t len, size_t max)
 {
     return (int)(len > max ? max : len);
@@ -875,9 +1115,18 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                   "a policy of this API cannot be applied; the API is not served without it");
         return SL_ERROR;
     }
-    if (r->route->chain) {
+    if (sl_unlikely(r->route->faults) && inject_faults(r, h, err) != SL_OK)
+        return SL_ERROR;
+    int rules_body = sl_unlikely(r->route->rules != NULL) &&
+                     sl_route_rules_reads_body(r->route->rules);
+    if (r->route->chain || rules_body) {
         if (run_policies(r, h, rq.path, rr.base_path_len, err) != SL_OK)
             return SL_ERROR;
+        /* Rules on the JSON body: it is read whole first (and forwarded
+         * unchanged), at most routing.maxBodyBytes. */
+        if (rules_body && r->pol->v.has_body &&
+            sl_route_rules_body_max(r->route->rules) > r->pol->body_cap)
+            r->pol->body_cap = sl_route_rules_body_max(r->route->rules);
         /* A preflight routed to another method's operation that cors did
          * not answer (a `when` skipped it) is not forwarded as that. */
         if (preflight) {
@@ -905,11 +1154,19 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
             return SL_ERROR;
         }
     }
-    if (pick_cluster(r) != 0) {
+    if (sl_unlikely(r->route->rules)) {
+        if (rules_body && r->pol->body_cap)
+            defer_rules(r, h, rq.path, rr.base_path_len);
+        else
+            route_by_rules(r, h, rq.path, rr.base_path_len);
+    } else if (pick_cluster(r) != 0) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
     }
     hash_key(r, h);
+    if (sl_unlikely(r->route->mirror) &&
+        sl_lb_rng_next(&r->w->rng) % 1000000 < r->route->mirror_ppm)
+        mirror_request(r, h, *path);
     if (sl_unlikely(gen->tlog_bodies_wanted & 1))
         body_capture_begin(r, 0, h->headers, h->num_headers);
     if (r->route->timeouts.request_ms)
@@ -972,6 +1229,7 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
         }
         /* A cached state's claims and body were released by sl_request_reset. */
         p->v.jwt_claims = NULL;
+        p->mirror = NULL;
         p->body = (sl_buf_t){0};
         r->pol = p;
     }
@@ -979,6 +1237,8 @@ static int run_policies(sl_request_t *r, const sl_req_head_t *h, sl_str_t path,
     sl_buf_free(&p->body);
     p->replied = p->responded = 0;
     p->body_cap = 0;
+    p->rules_deferred = 0;
+    p->mirror = NULL;
     memset(&p->v, 0, sizeof(p->v));
     /* The reply is cleared by sl_policy_chain_request: this memory was
      * another request's, and its reply must not leak into this one. */
@@ -1077,6 +1337,20 @@ int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *er
         sl_buf_free(&p->body);
         return policy_replied(r, err);
     }
+    if (sl_unlikely(p->mirror)) {
+        sl_mirror_push(r->w->id, p->mirror, bytes, sl_buf_len(&p->body));
+        p->mirror = NULL;
+    }
+    if (p->rules_deferred) {
+        /* A body that is not JSON has no fields: its conditions are false. */
+        json_t *doc = json_loadb(bytes, sl_buf_len(&p->body), 0, NULL);
+        int rule = sl_route_rules_match_deferred(r->route->rules, &p->rule_bits, doc);
+        json_decref(doc);
+        sl_route_choice_t ch;
+        sl_route_rules_choose(r->route->rules, rule, r->w->id, &ch);
+        apply_choice(r, &ch);
+        p->rules_deferred = 0;
+    }
     *body = p->body;
     p->body = (sl_buf_t){0};
     return SL_OK;
@@ -1129,10 +1403,27 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
 {
     int why = SL_UPSTREAM_ERR_NO_HEALTHY;
     int exclude = r->attempts ? r->ep_index : -1;
+    /* A rule's priority list: a retry goes to the next backend. */
+    if (sl_unlikely(r->attempts && r->choice + 1 < r->num_choices)) {
+        r->cluster = r->choices[++r->choice];
+        exclude = -1;
+    }
     int idx = sl_upstream_pick(r->w, r->cluster, r->hash, exclude, &why);
     if (idx < 0 && exclude >= 0)
         idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
+    /* The first healthy backend of the list wins. */
+    while (sl_unlikely(idx < 0 && r->choice + 1 < r->num_choices)) {
+        SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[why], 1);
+        r->cluster = r->choices[++r->choice];
+        idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
+    }
     r->attempts++;
+    if (sl_unlikely(r->cluster->cb_any) && idx >= 0 && cb_take(r, SL_CB_REQUESTS) != SL_OK) {
+        set_error(err, 503, "circuit_open", 0,
+                  "the backend's circuit breaker is open: %u requests in flight (maxRequests)",
+                  r->cluster->cb_max[SL_CB_REQUESTS]);
+        return SL_ERROR;
+    }
     if (idx < 0) {
         SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[why], 1);
         if (why == SL_UPSTREAM_ERR_POOL_FULL)
@@ -1189,6 +1480,14 @@ int sl_request_retry_allowed(const sl_request_t *r, enum sl_upstream_error kind,
     } else {
         return 0;
     }
+    /* The Backend's circuit breaker: a retry over maxRetries is not made. */
+    if (sl_unlikely(r->cluster->cb_max[SL_CB_RETRIES]) && !(r->cb_held & (1u << SL_CB_RETRIES)) &&
+        atomic_load_explicit(&r->cluster->stats->cb_active[SL_CB_RETRIES], memory_order_relaxed) >=
+            (int64_t)r->cluster->cb_max[SL_CB_RETRIES]) {
+        atomic_fetch_add_explicit(&r->cluster->stats->cb_open[SL_CB_RETRIES], 1,
+                                  memory_order_relaxed);
+        return 0;
+    }
     /* Retry budget: retries in flight on this worker and endpoint stay under
      * budget_percent of active requests (never below the minimum), so a
      * failing backend does not get its load multiplied. */
@@ -1209,6 +1508,8 @@ void sl_request_count_retry(sl_request_t *r)
 
 void sl_request_retry_started(sl_request_t *r)
 {
+    if (sl_unlikely(r->cluster->cb_max[SL_CB_RETRIES]))
+        (void)cb_take(r, SL_CB_RETRIES); /* checked by sl_request_retry_allowed */
     if (r->pool && !r->counted_retry) {
         r->pool->retries_active++;
         r->counted_retry = 1;

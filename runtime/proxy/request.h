@@ -36,6 +36,7 @@
 #include "generation.h"
 #include "http1.h"
 #include "policy.h"
+#include "route_rules.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -89,6 +90,12 @@ typedef struct sl_req_policy {
      * the codec reads it; 0 / empty for every other request. */
     uint64_t body_cap;
     sl_buf_t body;
+    /* Routing rules that read the body (route_rules.h): what the head's
+     * conditions said, until the body decides (sl_request_body_done). */
+    uint8_t rules_deferred;
+    sl_route_bits_t rule_bits;
+    /* A mirror copy waiting for the body (mirror.h), NULL = none. */
+    struct sl_mirror_copy *mirror;
 } sl_req_policy_t;
 
 typedef struct sl_request {
@@ -101,6 +108,15 @@ typedef struct sl_request {
     sl_generation_t *gen; /* held (sl_generation_acquire) while set */
     sl_gen_route_t *route;
     sl_gen_cluster_t *cluster;
+    /* The routing rules' choice (route_rules.h): cluster is choices[choice];
+     * a retry moves to the next. num_choices 0 = the route has no rules. */
+    uint8_t num_choices, choice;
+    sl_gen_cluster_t *choices[16];
+    /* The circuit breaker gauges this request holds (bit SL_CB_*), on
+     * cb_stats: the Backend's whose breaker counted it. */
+    uint8_t cb_held;
+    uint32_t fault_delay_ms; /* injected before the first attempt (sl_exchange_start) */
+    struct sl_cluster_stats *cb_stats;
     int ep_index;            /* endpoint of the current attempt, -1 none */
     sl_pool_t *pool;         /* that endpoint's pool on this worker */
     uint8_t counted_request; /* pool->active_requests counts this request */
@@ -227,6 +243,13 @@ int sl_request_retry_allowed(const sl_request_t *r, enum sl_upstream_error kind,
  * attempt is under way, its place in the endpoint's retry budget. */
 void sl_request_count_retry(sl_request_t *r);
 void sl_request_retry_started(sl_request_t *r);
+
+/* The Backend's circuit breaker (circuitBreaker) before a new upstream
+ * connection: SL_OK, or SL_ERROR with *err (503 circuit_open) when its
+ * connections or requests waiting for one are at their limit. Then
+ * sl_request_cb_connected once the connection is up. */
+int sl_request_cb_connect(sl_request_t *r, sl_request_error_t *err);
+void sl_request_cb_connected(sl_request_t *r);
 
 /* Counts an attempt on a pooled connection that the upstream had closed. */
 void sl_request_count_reuse_failure(sl_request_t *r);
