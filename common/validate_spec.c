@@ -436,6 +436,97 @@ static const sl_vfield_t retry_fields[] = {
 };
 static const sl_vschema_t retry_schema = {retry_fields, NULL};
 
+/* --- routing: success rate (runtime/proxy/srate.h; docs/routing.md
+ * "Success-rate routing"). The rule-based half of `routing` (rules,
+ * default) is validated with the rule evaluator. ----------------------- */
+
+typedef struct {
+    double min, max;
+    const char *what;
+} num_range_t;
+
+static void check_number_range(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    const num_range_t *r = arg;
+    if (!json_is_number(v)) {
+        sl_validate_error(c, "expected a number from %g to %g (%s)", r->min, r->max, r->what);
+        return;
+    }
+    double d = json_number_value(v);
+    if (!(d >= r->min && d <= r->max))
+        sl_validate_error(c, "%g is out of range: give a number from %g to %g (%s)", d, r->min,
+                          r->max, r->what);
+}
+
+static const num_range_t explore_percent_range = {0, 100, "the percentage of requests that ignore "
+                                                          "the scores"};
+static const num_range_t elimination_range = {0, 1, "0 turns elimination off"};
+static const sl_vrange_t sr_window_range = {1, 1024};
+static const sl_vrange_t sr_max_keys_range = {1, 100000};
+static const sl_vrange_t sr_status_range = {400, 599};
+static const char *const routing_strategies[] = {"weighted", "success-rate", NULL};
+static const char *const sr_failure_kinds[] = {"connect-failure", "reset", "timeout", "5xx", NULL};
+
+/* A scoring key: exactly one request attribute. */
+static void sr_key_extra(sl_vctx_t *c, json_t *k)
+{
+    int n = (sl_validate_get(k, "header") != NULL) + (sl_validate_get(k, "query") != NULL);
+    if (n != 1)
+        sl_validate_error(c, "a scoring key is one request attribute: give either "
+                             "{header: Name} or {query: name}");
+}
+
+static const sl_vfield_t sr_key_fields[] = {
+    {"header", check_header_name, NULL, 0},
+    {"query", sl_vcheck_string, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t sr_key_schema = {sr_key_fields, sr_key_extra};
+
+static const sl_vfield_t sr_failure_header_fields[] = {
+    {"name", check_header_name, NULL, SL_VFIELD_REQUIRED},
+    {"value", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t sr_failure_header_schema = {sr_failure_header_fields, NULL};
+
+static const sl_vfield_t sr_failure_fields[] = {
+    {"on", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_enum, sr_failure_kinds, 0, 4}, 0},
+    {"statuses", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_int, &sr_status_range, 0, 64},
+     0},
+    {"header", sl_vcheck_object, &sr_failure_header_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t sr_failure_schema = {sr_failure_fields, NULL};
+
+static const sl_vfield_t success_rate_fields[] = {
+    {"window", sl_vcheck_int, &sr_window_range, 0},
+    {"explorePercent", check_number_range, &explore_percent_range, 0},
+    {"eliminationThreshold", check_number_range, &elimination_range, 0},
+    {"keys", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &sr_key_schema, 0, 8}, 0},
+    {"maxKeys", sl_vcheck_int, &sr_max_keys_range, 0},
+    {"maxOutcomeAge", sl_vcheck_duration, &dur_any, 0},
+    {"failure", sl_vcheck_object, &sr_failure_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t success_rate_schema = {success_rate_fields, NULL};
+
+static void routing_extra(sl_vctx_t *c, json_t *r)
+{
+    json_t *s = sl_validate_get(r, "strategy");
+    int sr = s && strcmp(json_string_value(s), "success-rate") == 0;
+    if (!sr && sl_validate_get(r, "successRate"))
+        at_key(c, "successRate", report,
+               "only used with strategy: success-rate; set the strategy or remove this block");
+}
+
+static const sl_vfield_t routing_fields[] = {
+    {"strategy", sl_vcheck_enum, routing_strategies, 0},
+    {"successRate", sl_vcheck_object, &success_rate_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t routing_schema = {routing_fields, routing_extra};
+
 static void match_extra(sl_vctx_t *c, json_t *obj)
 {
     json_t *type = sl_validate_get(obj, "type");
@@ -607,6 +698,7 @@ static const sl_vfield_t operation_fields[] = {
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
     {"upgrades", sl_vcheck_array, &upgrades_array, 0},
     {"policies", sl_policy_vcheck_list, "operation", 0},
+    {"routing", sl_vcheck_object, &routing_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t operation_schema = {operation_fields, operation_extra};
@@ -1203,6 +1295,7 @@ static const sl_vfield_t api_fields[] = {
     {"upgrades", sl_vcheck_array, &upgrades_array, 0},
     {"policies", sl_policy_vcheck_list, "api", 0},
     {"trafficLog", sl_vcheck_object, &traffic_log_api_schema, 0},
+    {"routing", sl_vcheck_object, &routing_schema, 0},
     {NULL, NULL, NULL, 0},
 };
 const sl_vschema_t sl_validate_spec_api = {api_fields, api_extra};

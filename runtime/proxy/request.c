@@ -11,6 +11,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "path.h"
+#include "srate.h"
 #include "tlog.h"
 #include "tlog_body.h"
 
@@ -472,6 +473,7 @@ void sl_request_reset(sl_request_t *r)
     }
     r->route = NULL;
     r->cluster = NULL;
+    r->sr_pick.slot = 0;
     r->pool = NULL;
     r->ep_index = -1;
     r->replayable = 1;
@@ -701,12 +703,59 @@ static void hash_key(sl_request_t *r, const sl_req_head_t *h)
     }
 }
 
+/* A request attribute that makes up the success-rate scoring key. Query
+ * parameters are matched and returned raw (not percent-decoded). */
+static int srate_attr(void *ctx, const Sluice__V1__SuccessRate__Key *key, const char **value,
+                      size_t *len)
+{
+    const sl_req_head_t *h = ctx;
+    size_t nlen = strlen(key->name);
+    if (key->source == SLUICE__V1__SUCCESS_RATE__KEY__SOURCE__HEADER) {
+        const sl_header_t *f = find_header(h, key->name, nlen);
+        if (!f)
+            return 0;
+        *value = f->value.ptr;
+        *len = f->value.len;
+        return 1;
+    }
+    const char *p = h->query.ptr, *end = p + h->query.len;
+    while (p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *pe = amp ? amp : end;
+        const char *eq = memchr(p, '=', (size_t)(pe - p));
+        const char *ne = eq ? eq : pe;
+        if ((size_t)(ne - p) == nlen && memcmp(p, key->name, nlen) == 0) {
+            *value = eq ? eq + 1 : pe;
+            *len = eq ? (size_t)(pe - eq - 1) : 0;
+            return 1;
+        }
+        p = pe + 1;
+    }
+    return 0;
+}
+
+/* Success-rate routing: the best backend for the request's scoring key. */
+static int pick_by_success_rate(sl_request_t *r, const sl_req_head_t *h)
+{
+    sl_gen_route_t *rt = r->route;
+    char name[SL_SRATE_KEY_NAME_MAX];
+    uint64_t hash = sl_srate_key(rt->srate, srate_attr, (void *)h, name);
+    int idx = sl_srate_pick(rt->srate, rt->backend_weights, rt->srate->num_backends, hash, name,
+                            r->start_mono_us / 1000, &r->w->rng, &r->sr_pick, NULL);
+    if (idx < 0)
+        return -1;
+    r->cluster = rt->backends[idx];
+    return 0;
+}
+
 /* The backend of the route, by weight. */
-static int pick_cluster(sl_request_t *r)
+static int pick_cluster(sl_request_t *r, const sl_req_head_t *h)
 {
     sl_gen_route_t *rt = r->route;
     if (rt->num_backends == 0)
         return -1;
+    if (sl_unlikely(rt->srate != NULL))
+        return pick_by_success_rate(r, h);
     size_t idx = 0;
     if (rt->num_backends > 1) {
         uint64_t x = sl_lb_rng_next(&r->w->rng) % rt->backend_weight_total;
@@ -905,7 +954,7 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
             return SL_ERROR;
         }
     }
-    if (pick_cluster(r) != 0) {
+    if (pick_cluster(r, h) != 0) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
     }
@@ -1228,9 +1277,55 @@ int sl_request_retried_on_reset(const sl_request_t *r)
     return rp->on_reset && rp->attempts > 0 && (idempotent || rp->non_idempotent);
 }
 
+/* An outcome for success-rate routing, unless it is older than the
+ * configured age (a request that took longer than that). */
+static void srate_outcome(sl_request_t *r, int success)
+{
+    const sl_srate_route_t *sr = r->route->srate;
+    uint64_t now = sl_endpoint_now_ms();
+    if (sr->max_outcome_age_ms && now > r->start_mono_us / 1000 + sr->max_outcome_age_ms)
+        return;
+    sl_srate_record(sr, &r->sr_pick, success, now);
+}
+
 void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind)
 {
     SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[kind], 1);
+    if (sl_unlikely(r->route && r->route->srate && r->sr_pick.slot)) {
+        const sl_srate_route_t *sr = r->route->srate;
+        int failed = 0;
+        switch (kind) {
+        case SL_UPSTREAM_ERR_CONNECT:
+        case SL_UPSTREAM_ERR_CONNECT_TIMEOUT:
+        case SL_UPSTREAM_ERR_NO_HEALTHY:
+            failed = sr->fail_connect;
+            break;
+        case SL_UPSTREAM_ERR_TIMEOUT:
+            failed = sr->fail_timeout;
+            break;
+        case SL_UPSTREAM_ERR_RESET:
+            failed = sr->fail_reset;
+            break;
+        case SL_UPSTREAM_ERR_BAD_RESPONSE:
+            failed = sr->fail_5xx; /* answered as 502 */
+            break;
+        default:
+            break; /* pool full is ours; a 5xx is judged by its status */
+        }
+        if (failed)
+            srate_outcome(r, 0);
+    }
+}
+
+void sl_request_srate_response(sl_request_t *r, int status, const sl_header_t *headers, size_t n)
+{
+    const sl_srate_route_t *sr = r->route->srate;
+    const sl_header_t *f = NULL;
+    if (sr->fail_header_len)
+        f = sl_http1_find_header(headers, n, sr->pb->fail_header, sr->fail_header_len);
+    int ok = sl_srate_classify_status(sr, status, f ? f->value.ptr : NULL, f ? f->value.len : 0);
+    if (ok >= 0)
+        srate_outcome(r, ok);
 }
 
 void sl_request_note_outcome(sl_request_t *r, int success)

@@ -1,0 +1,332 @@
+"""Success-rate routing (docs/routing.md "Success-rate routing") through the
+real proxy: origins the test controls start failing (5xx or an
+`X-Outcome: failure` header), and the share of traffic each one receives is
+counted at the origins themselves.
+
+Each origin here is a small threaded HTTP/1.1 server whose behaviour is a
+function the test swaps at run time (`Origin.behave`), so one test can make a
+backend fail half its requests, heal it, or fail only for one kind of call.
+"""
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from helpers import API_VERSION, backend, free_port, gateway, request, wait_until
+
+
+class Origin:
+    """An origin that answers every request with behave(n, headers) ->
+    (status, extra_headers); n counts requests from 1."""
+
+    def __init__(self, name):
+        self.name = name
+        self.lock = threading.Lock()
+        self.n = 0
+        self.behave = lambda n, h: (200, [])
+        origin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *a):
+                pass
+
+            def _serve(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                with origin.lock:
+                    origin.n += 1
+                    n = origin.n
+                status, extra = origin.behave(n, self.headers)
+                body = json.dumps({"server": origin.name}).encode()
+                self.send_response(status)
+                self.send_header("X-Backend", origin.name)
+                for k, v in extra:
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _serve
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def origins():
+    made = []
+
+    def make(name):
+        o = Origin(name)
+        made.append(o)
+        return o
+
+    yield make
+    for o in made:
+        o.stop()
+
+
+def half_failing(status=503):
+    return lambda n, h: ((status, []) if n % 2 == 0 else (200, []))
+
+
+def config(port, steady, flaky, routing=None, extra_docs=()):
+    """The issue's Api, as written, with its two ordinary Backends; `routing`
+    replaces its routing block when given."""
+    text = """
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Api
+metadata: {name: pay}
+spec:
+  basePath: /pay
+  backendRefs: [{name: steady}, {name: flaky}]
+  routing:
+    strategy: success-rate
+    successRate: {window: 125, explorePercent: 5}
+  operations:
+  - {method: POST, path: /charge}
+"""
+    import yaml
+    api = yaml.safe_load(text)
+    if routing is not None:
+        api["spec"]["routing"] = routing
+    return [gateway(port), backend("steady", [steady.port]), backend("flaky", [flaky.port]),
+            api] + list(extra_docs)
+
+
+def charge(port, headers=None, sock=None, reader=None, query=""):
+    r = request(port, "POST", "/pay/charge" + query, headers=headers, body=b"{}", sock=sock,
+                reader=reader)
+    return r
+
+
+def send(port, n, headers=None, query=""):
+    """n POSTs on one connection; returns the X-Backend of each answer."""
+    from helpers import ResponseReader, connect
+    sock = connect(port)
+    reader = ResponseReader(sock)
+    out = []
+    try:
+        for _ in range(n):
+            r = charge(port, headers=headers, sock=sock, reader=reader, query=query)
+            out.append(r.header("X-Backend"))
+    finally:
+        sock.close()
+    return out
+
+
+def share(seq, name):
+    return sum(1 for x in seq if x == name) / float(len(seq))
+
+
+def scores(rt):
+    status, _, body = rt.admin_get("/scores")
+    assert status == 200, body
+    return json.loads(body)["scopes"]
+
+
+def score_of(rt, key, backend_name, scope="default/pay"):
+    for s in scores(rt):
+        if s["scope"] != scope:
+            continue
+        for e in s["entries"]:
+            if e["key"] == key:
+                for b in e["backends"]:
+                    if b["backend"] == backend_name:
+                        return b
+    return None
+
+
+def test_the_issue_yaml_sends_traffic_away_from_a_failing_backend(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    rt = runtimes(config(port, steady, flaky))
+    # Cold start is optimistic: both backends share the traffic by weight.
+    first = send(port, 200)
+    assert 0.3 < share(first, "flaky") < 0.7, "cold start should spread: %r" % share(first, "flaky")
+    flaky.behave = half_failing(503)
+    send(port, 100)  # the windows learn
+    later = send(port, 400)
+    # Only exploration (5%, half of it to flaky) still reaches flaky.
+    assert share(later, "flaky") < 0.08, "flaky kept %.3f of traffic" % share(later, "flaky")
+    b = score_of(rt, "*", "default/flaky")
+    assert b is not None and b["score"] < 1.0 and b["failures"] > 0, b
+    assert score_of(rt, "*", "default/steady")["score"] == 1.0
+    samples = rt.metrics()
+    from helpers import metric_sum
+    assert metric_sum(samples, "sluice_backend_score", api="default/pay", key="*",
+                      backend="default/flaky") < 1.0
+    assert metric_sum(samples, "sluice_backend_score", api="default/pay", key="*",
+                      backend="default/steady") == 1.0
+
+
+def test_exploration_brings_a_recovered_backend_back(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    runtimes(config(port, steady, flaky, routing={
+        "strategy": "success-rate", "successRate": {"window": 10, "explorePercent": 20}}))
+    flaky.behave = half_failing(503)
+    send(port, 200)
+    degraded = send(port, 200)
+    assert share(degraded, "flaky") < 0.2, share(degraded, "flaky")
+    flaky.behave = lambda n, h: (200, [])
+    # Exploration (10% of requests reach flaky) refills its window with
+    # successes; then it ties with steady and gets its weight's share again.
+    send(port, 300)
+    healed = send(port, 300)
+    assert share(healed, "flaky") > 0.35, share(healed, "flaky")
+
+
+def test_outcome_header_reports_business_failures(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    runtimes(config(port, steady, flaky, routing={
+        "strategy": "success-rate",
+        "successRate": {"window": 50, "explorePercent": 5,
+                        "failure": {"header": {"name": "X-Outcome", "value": "failure"}}}}))
+    # 200 OK, but the backend says the payment failed, every second time.
+    flaky.behave = lambda n, h: (200, [("X-Outcome", "failure")] if n % 2 == 0 else [])
+    send(port, 150)
+    later = send(port, 300)
+    assert share(later, "flaky") < 0.08, share(later, "flaky")
+
+
+def test_scoring_keys_keep_separate_scores(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    rt = runtimes(config(port, steady, flaky, routing={
+        "strategy": "success-rate",
+        "successRate": {"window": 50, "explorePercent": 5,
+                        "keys": [{"header": "X-Payment-Method"}, {"query": "currency"}]}}))
+
+    # flaky fails cards, steady fails UPI: each key must go its own way.
+    def fails_for(method):
+        def behave(n, h):
+            if h.get("X-Payment-Method") == method and n % 2 == 0:
+                return 503, []
+            return 200, []
+        return behave
+
+    flaky.behave = fails_for("card")
+    steady.behave = fails_for("upi")
+    for _ in range(2):
+        send(port, 100, headers={"X-Payment-Method": "card"}, query="?currency=EUR")
+        send(port, 100, headers={"X-Payment-Method": "upi"}, query="?currency=EUR")
+    card = send(port, 300, headers={"X-Payment-Method": "card"}, query="?currency=EUR")
+    upi = send(port, 300, headers={"X-Payment-Method": "upi"}, query="?currency=EUR")
+    assert share(card, "steady") > 0.92, share(card, "steady")
+    assert share(upi, "flaky") > 0.92, share(upi, "flaky")
+    assert score_of(rt, "card,EUR", "default/flaky")["score"] < 1.0
+    assert score_of(rt, "card,EUR", "default/steady")["score"] == 1.0
+    assert score_of(rt, "upi,EUR", "default/steady")["score"] < 1.0
+    assert score_of(rt, "upi,EUR", "default/flaky")["score"] == 1.0
+
+
+def test_client_errors_do_not_count_against_a_backend(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    rt = runtimes(config(port, steady, flaky))
+    flaky.behave = lambda n, h: (404, []) if n % 2 == 0 else (200, [])
+    send(port, 100)
+    later = send(port, 300)
+    assert 0.3 < share(later, "flaky") < 0.7, share(later, "flaky")
+    assert score_of(rt, "*", "default/flaky")["score"] == 1.0
+
+
+def test_chosen_statuses_count_as_failures(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    runtimes(config(port, steady, flaky, routing={
+        "strategy": "success-rate",
+        "successRate": {"window": 50, "failure": {"statuses": [429]}}}))
+    flaky.behave = lambda n, h: (429, []) if n % 2 == 0 else (200, [])
+    send(port, 100)
+    later = send(port, 300)
+    assert share(later, "flaky") < 0.08, share(later, "flaky")
+
+
+def test_connect_failures_count_and_elimination_shows(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    rt = runtimes(config(port, steady, flaky, routing={
+        "strategy": "success-rate",
+        "successRate": {"window": 20, "explorePercent": 50, "eliminationThreshold": 0.2}}))
+    flaky.stop()  # connection refused from now on
+    seen = send(port, 200)
+    assert seen.count(None) > 0  # the explored requests to flaky failed (502)
+    b = score_of(rt, "*", "default/flaky")
+    assert b["eliminated"] and b["score"] == 0.0, b
+    samples = rt.metrics()
+    from helpers import metric_sum
+    assert metric_sum(samples, "sluice_backend_eliminated", api="default/pay", key="*",
+                      backend="default/flaky") == 1
+    assert metric_sum(samples, "sluice_backend_eliminated", api="default/pay", key="*",
+                      backend="default/steady") == 0
+    status, _, body = rt.admin_get("/config_dump")
+    dump = json.loads(body)
+    elim = [(s["scope"], e["key"], b["backend"]) for s in dump["success_rate_eliminations"]
+            for e in s["entries"] for b in e["backends"]]
+    assert elim == [("default/pay", "*", "default/flaky")], elim
+
+
+def test_keys_are_bounded_and_the_bound_is_reported(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    rt = runtimes(config(port, steady, flaky, routing={
+        "strategy": "success-rate",
+        "successRate": {"maxKeys": 3, "keys": [{"header": "X-Merchant"}]}}))
+    for m in range(10):
+        send(port, 2, headers={"X-Merchant": "m%d" % m})
+    assert rt.metric("sluice_srate_keys", api="default/pay") == 3
+    assert rt.metric("sluice_srate_keys_max", api="default/pay") == 3
+    assert rt.metric("sluice_srate_key_evictions_total", api="default/pay") == 7
+    [scope] = [s for s in scores(rt) if s["scope"] == "default/pay"]
+    assert scope["maxKeys"] == 3 and scope["keys"] == 3 and len(scope["entries"]) == 3
+
+
+def test_windows_survive_a_config_swap(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    rt = runtimes(config(port, steady, flaky))
+    flaky.behave = half_failing(503)
+    send(port, 200)
+    before = score_of(rt, "*", "default/flaky")
+    assert before["score"] < 1.0
+    other = {"apiVersion": API_VERSION, "kind": "Api", "metadata": {"name": "other"},
+             "spec": {"basePath": "/other", "backendRefs": [{"name": "steady"}],
+                      "operations": [{"method": "GET", "path": "/x"}]}}
+    rt.reload(config(port, steady, flaky, extra_docs=[other]))
+    after = score_of(rt, "*", "default/flaky")
+    assert after["score"] == before["score"] and after["failures"] == before["failures"], \
+        (before, after)
+    later = send(port, 200)
+    assert share(later, "flaky") < 0.08
+
+
+def test_invalid_routing_is_refused_with_the_field(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    rt = runtimes(config(port, steady, flaky))
+    rt.reload_invalid(config(port, steady, flaky, routing={
+        "strategy": "success-rate", "successRate": {"window": 0, "explorePercent": 150}}))
+    log = rt.log()
+    assert "spec.routing.successRate.window" in log, log[-2000:]
+    assert "spec.routing.successRate.explorePercent" in log, log[-2000:]
+    rt.reload_invalid(config(port, steady, flaky, routing={
+        "successRate": {"window": 10}}))
+    assert "only used with strategy: success-rate" in rt.log()
