@@ -1310,6 +1310,10 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
     compile_policies(c, rt, jget(spec, "policies"), jget(op, "policies"));
     rt->success_rate =
         compile_success_rate(c, table->name, rt->name, jget(spec, "routing"), jget(op, "routing"));
+    const char *action = jstr(op, "action", "proxy");
+    rt->action = strcmp(action, "decide") == 0     ? SLUICE__V1__ROUTE__ACTION__DECIDE
+                 : strcmp(action, "feedback") == 0 ? SLUICE__V1__ROUTE__ACTION__FEEDBACK
+                                                   : SLUICE__V1__ROUTE__ACTION__PROXY;
 }
 
 static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resource_t *api,

@@ -465,6 +465,7 @@ static const sl_vrange_t sr_window_range = {1, 1024};
 static const sl_vrange_t sr_max_keys_range = {1, 100000};
 static const sl_vrange_t sr_status_range = {400, 599};
 static const char *const routing_strategies[] = {"weighted", "success-rate", NULL};
+static const char *const operation_actions[] = {"proxy", "decide", "feedback", NULL};
 static const char *const sr_failure_kinds[] = {"connect-failure", "reset", "timeout", "5xx", NULL};
 
 /* A scoring key: exactly one request attribute. */
@@ -699,6 +700,7 @@ static const sl_vfield_t operation_fields[] = {
     {"upgrades", sl_vcheck_array, &upgrades_array, 0},
     {"policies", sl_policy_vcheck_list, "operation", 0},
     {"routing", sl_vcheck_object, &routing_schema, 0},
+    {"action", sl_vcheck_enum, operation_actions, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t operation_schema = {operation_fields, operation_extra};

@@ -748,6 +748,281 @@ static int pick_by_success_rate(sl_request_t *r, const sl_req_head_t *h)
     return 0;
 }
 
+/* ---- the decision API (docs/routing.md "The decision API") ------------------ */
+
+/* Where the scoring key's attributes come from: the request itself, or the
+ * `attributes` object of a JSON body ({"headers": {...}, "query": {...}}). */
+typedef struct {
+    const sl_req_head_t *h;
+    json_t *attrs; /* NULL: the request's own */
+} action_attrs_t;
+
+static int action_attr(void *ctx, const Sluice__V1__SuccessRate__Key *key, const char **value,
+                       size_t *len)
+{
+    action_attrs_t *a = ctx;
+    if (!a->attrs)
+        return srate_attr((void *)a->h, key, value, len);
+    int header = key->source == SLUICE__V1__SUCCESS_RATE__KEY__SOURCE__HEADER;
+    json_t *obj = json_object_get(a->attrs, header ? "headers" : "query");
+    const char *k;
+    json_t *v;
+    json_object_foreach(obj, k, v)
+    {
+        if (!json_is_string(v))
+            continue;
+        if (header ? strcasecmp(k, key->name) == 0 : strcmp(k, key->name) == 0) {
+            *value = json_string_value(v);
+            *len = json_string_length(v);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* "ns/name" -> "name": Backends are referenced in their Api's namespace. */
+static const char *short_backend(const char *cluster)
+{
+    const char *s = strchr(cluster, '/');
+    return s ? s + 1 : cluster;
+}
+
+typedef struct {
+    size_t idx;
+    const sl_srate_score_t *s;
+    uint32_t weight;
+} fallback_t;
+
+static int cmp_fallback(const void *a, const void *b)
+{
+    const fallback_t *x = a, *y = b;
+    if (x->s && y->s) {
+        if (x->s->eliminated != y->s->eliminated)
+            return x->s->eliminated - y->s->eliminated;
+        if (x->s->score_ppm != y->s->score_ppm)
+            return x->s->score_ppm > y->s->score_ppm ? -1 : 1;
+    }
+    if (x->weight != y->weight)
+        return x->weight > y->weight ? -1 : 1;
+    return x->idx < y->idx ? -1 : 1;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The answer's JSON into the request's arena, as the chain's reply. */
+static int action_answer(sl_request_t *r, json_t *doc, sl_request_error_t *err)
+{
+    sl_req_policy_t *p = r->pol;
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    size_t n = text ? strlen(text) : 0;
+    char *body = text ? sl_policy_alloc(&p->v, n) : NULL;
+    if (!body) {
+        free(text);
+        set_error(err, 503, "overloaded", 0, "the answer does not fit the request's memory");
+        return SL_ERROR;
+    }
+    memcpy(body, text, n);
+    free(text);
+    const char *code =
+        r->route->pb->action == SLUICE__V1__ROUTE__ACTION__DECIDE ? "decide" : "feedback";
+    p->reply.status = 200;
+    p->reply.code = code;
+    p->reply.message[0] = '\0';
+    p->reply.num_headers = 0;
+    p->reply.body = body;
+    p->reply.body_len = n;
+    p->reply.content_type = "application/json";
+    p->replied = 1;
+    set_error(err, 200, code, 0, "%s", "");
+    return SL_ERROR;
+}
+
+static int action_decide(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
+                         sl_request_error_t *err)
+{
+    sl_gen_route_t *rt = r->route;
+    uint64_t t0 = mono_ns();
+    size_t n = rt->num_backends;
+    if (n == 0) {
+        set_error(err, 503, "no_backend", 0, "the route has no backend");
+        return SL_ERROR;
+    }
+    if (n > SL_SRATE_MAX_BACKENDS)
+        n = SL_SRATE_MAX_BACKENDS;
+    sl_srate_score_t scores[SL_SRATE_MAX_BACKENDS];
+    sl_srate_pick_t pick;
+    char key[SL_SRATE_KEY_NAME_MAX];
+    int idx;
+    action_attrs_t a = {h, attrs};
+    if (rt->srate) {
+        uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
+        idx = sl_srate_pick(rt->srate, rt->backend_weights, n, hash, key,
+                            sl_endpoint_now_ms(), &r->w->rng, &pick, scores);
+    } else {
+        uint64_t x = sl_lb_rng_next(&r->w->rng) % rt->backend_weight_total;
+        for (idx = 0; idx < (int)n - 1 && x >= rt->backend_weights[idx]; idx++)
+            x -= rt->backend_weights[idx];
+    }
+    fallback_t fb[SL_SRATE_MAX_BACKENDS];
+    size_t nfb = 0;
+    for (size_t b = 0; b < n; b++)
+        if ((int)b != idx)
+            fb[nfb++] = (fallback_t){b, rt->srate ? &scores[b] : NULL, rt->backend_weights[b]};
+    qsort(fb, nfb, sizeof(*fb), cmp_fallback);
+    uint64_t took_ns = mono_ns() - t0;
+    json_t *doc = json_object();
+    json_t *fallback = json_array();
+    for (size_t i = 0; i < nfb; i++)
+        json_array_append_new(fallback,
+                              json_string(short_backend(rt->backends[fb[i].idx]->pb->name)));
+    json_object_set_new(doc, "backend", json_string(short_backend(rt->backends[idx]->pb->name)));
+    json_object_set_new(doc, "fallback", fallback);
+    json_object_set_new(doc, "strategy", json_string(rt->srate ? "success-rate" : "weighted"));
+    /* Rule-based routing is not in this build: no rule ever matched. */
+    json_object_set_new(doc, "rule", json_null());
+    if (rt->srate) {
+        json_t *sc = json_array();
+        for (size_t b = 0; b < n; b++)
+            json_array_append_new(
+                sc, json_pack("{s:s, s:f, s:b, s:f, s:i}", "backend",
+                              short_backend(rt->backends[b]->pb->name), "score",
+                              scores[b].score_ppm / 1e6, "eliminated", scores[b].eliminated,
+                              "eliminationScore", scores[b].elimination_ppm / 1e6, "outcomes",
+                              (int)scores[b].outcomes));
+        json_object_set_new(doc, "key", json_string(key));
+        json_object_set_new(doc, "explored", json_boolean(pick.explored));
+        json_object_set_new(doc, "scores", sc);
+    }
+    json_object_set_new(doc, "decisionMicros", json_real(took_ns / 1000.0));
+    return action_answer(r, doc, err);
+}
+
+static int action_feedback(sl_request_t *r, const sl_req_head_t *h, json_t *body,
+                           sl_request_error_t *err)
+{
+    sl_gen_route_t *rt = r->route;
+    if (!rt->srate) {
+        set_error(err, 409, "not_success_rate", 0,
+                  "this operation's routing is not success-rate: set routing.strategy: "
+                  "success-rate on the Api or the operation");
+        return SL_ERROR;
+    }
+    json_t *backend = json_object_get(body, "backend");
+    json_t *outcome = json_object_get(body, "outcome");
+    json_t *attrs = json_object_get(body, "attributes");
+    if (!json_is_string(backend)) {
+        set_error(err, 400, "bad_feedback", 0,
+                  "backend: required, the name of one of the Api's backendRefs");
+        return SL_ERROR;
+    }
+    const char *o = json_string_value(outcome);
+    int success = o && strcmp(o, "success") == 0;
+    if (!o || (!success && strcmp(o, "failure") != 0)) {
+        set_error(err, 400, "bad_feedback", 0, "outcome: required, \"success\" or \"failure\"");
+        return SL_ERROR;
+    }
+    if (attrs && !json_is_object(attrs)) {
+        set_error(err, 400, "bad_feedback", 0,
+                  "attributes: an object {\"headers\": {...}, \"query\": {...}}");
+        return SL_ERROR;
+    }
+    const char *want = json_string_value(backend);
+    const char *cluster = NULL;
+    for (size_t b = 0; b < rt->srate->num_backends; b++) {
+        const char *name = rt->backends[b]->pb->name;
+        if (strcmp(name, want) == 0 || strcmp(short_backend(name), want) == 0)
+            cluster = name;
+    }
+    if (!cluster) {
+        set_error(err, 400, "bad_feedback", 0,
+                  "backend: '%.100s' is not one of this operation's backends", want);
+        return SL_ERROR;
+    }
+    action_attrs_t a = {h, attrs};
+    char key[SL_SRATE_KEY_NAME_MAX];
+    uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
+    sl_srate_feedback(rt->srate, hash, key, cluster, success, sl_endpoint_now_ms());
+    return action_answer(r,
+                         json_pack("{s:b, s:s, s:s, s:s}", "recorded", 1, "backend",
+                                   short_backend(cluster), "key", key, "outcome",
+                                   success ? "success" : "failure"),
+                         err);
+}
+
+/* A decide or feedback operation answers itself, from the request's
+ * attributes, or from its JSON body (body != NULL: read whole). */
+static int action_run(sl_request_t *r, const sl_req_head_t *h, const char *body, size_t len,
+                      sl_request_error_t *err)
+{
+    json_t *doc = NULL;
+    if (body && len) {
+        json_error_t je;
+        doc = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+        if (!json_is_object(doc)) {
+            json_decref(doc);
+            set_error(err, 400, "bad_json", 0,
+                      "the body must be a JSON object (line %d: %.100s)", je.line, je.text);
+            return SL_ERROR;
+        }
+    }
+    int rc;
+    if (r->route->pb->action == SLUICE__V1__ROUTE__ACTION__DECIDE) {
+        json_t *attrs = doc ? json_object_get(doc, "attributes") : NULL;
+        if (doc && !attrs)
+            attrs = doc; /* the body is the attributes object itself */
+        rc = action_decide(r, h, attrs, err);
+    } else {
+        if (!doc) {
+            set_error(err, 400, "bad_feedback", 0,
+                      "send a JSON body: {\"backend\": ..., \"attributes\": {...}, "
+                      "\"outcome\": \"success\" | \"failure\"}");
+            rc = SL_ERROR;
+        } else {
+            rc = action_feedback(r, h, doc, err);
+        }
+    }
+    json_decref(doc);
+    return rc;
+}
+
+/* The largest JSON body a decide or feedback operation reads. */
+#define SL_ACTION_MAX_BODY 65536
+
+static int action_route(sl_request_t *r, const sl_req_head_t *h, sl_request_error_t *err)
+{
+    sl_req_policy_t *p = r->pol;
+    if (p->v.has_body) {
+        /* Read first: sl_request_body_done answers. */
+        uint64_t cap = SL_ACTION_MAX_BODY;
+        if (r->max_body_bytes && r->max_body_bytes < cap)
+            cap = r->max_body_bytes;
+        if (cap > p->body_cap)
+            p->body_cap = cap;
+        if (h->has_length && h->content_length > p->body_cap) {
+            set_error(err, 413, "payload_too_large", 1,
+                      "the request body exceeds the limit of %llu bytes",
+                      (unsigned long long)p->body_cap);
+            return SL_ERROR;
+        }
+        if (r->route->num_backends == 0) {
+            set_error(err, 503, "no_backend", 0, "the route has no backend");
+            return SL_ERROR;
+        }
+        /* The codecs prepare an upstream head while the body is read, as
+         * for any request whose body a policy reads; it is never sent, and
+         * the cluster is cleared before the answer (no backend counts it). */
+        r->cluster = r->route->backends[0];
+        return SL_OK;
+    }
+    return action_run(r, h, NULL, 0, err);
+}
+
 /* The backend of the route, by weight. */
 static int pick_cluster(sl_request_t *r, const sl_req_head_t *h)
 {
@@ -924,7 +1199,7 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
                   "a policy of this API cannot be applied; the API is not served without it");
         return SL_ERROR;
     }
-    if (r->route->chain) {
+    if (r->route->chain || sl_unlikely(r->route->pb->action)) {
         if (run_policies(r, h, rq.path, rr.base_path_len, err) != SL_OK)
             return SL_ERROR;
         /* A preflight routed to another method's operation that cors did
@@ -954,6 +1229,8 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
             return SL_ERROR;
         }
     }
+    if (sl_unlikely(r->route->pb->action))
+        return action_route(r, h, err);
     if (pick_cluster(r, h) != 0) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
@@ -1125,6 +1402,15 @@ int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *er
     if (rc != SL_POLICY_CONTINUE) {
         sl_buf_free(&p->body);
         return policy_replied(r, err);
+    }
+    if (sl_unlikely(r->route->pb->action)) {
+        /* The head's buffers are gone by now (detach_view): the attributes
+         * come from the body, or the key is the request's none. */
+        sl_req_head_t none = {0};
+        r->cluster = NULL;
+        rc = action_run(r, &none, bytes, sl_buf_len(&p->body), err);
+        sl_buf_free(&p->body);
+        return rc;
     }
     *body = p->body;
     p->body = (sl_buf_t){0};

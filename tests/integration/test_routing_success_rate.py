@@ -330,3 +330,96 @@ def test_invalid_routing_is_refused_with_the_field(origins, runtimes):
     rt.reload_invalid(config(port, steady, flaky, routing={
         "successRate": {"window": 10}}))
     assert "only used with strategy: success-rate" in rt.log()
+
+
+# --- the decision API --------------------------------------------------------
+
+DECIDE_ROUTING = {"strategy": "success-rate",
+                  "successRate": {"window": 20, "explorePercent": 0,
+                                  "keys": [{"header": "X-Payment-Method"}]}}
+
+
+def decision_config(port, steady, flaky, routing=DECIDE_ROUTING):
+    docs = config(port, steady, flaky, routing=routing)
+    docs[-1]["spec"]["operations"] += [
+        {"name": "decide", "method": "POST", "path": "/decide", "action": "decide"},
+        {"name": "decide-get", "method": "GET", "path": "/decide", "action": "decide"},
+        {"name": "feedback", "method": "POST", "path": "/feedback", "action": "feedback"}]
+    return docs
+
+
+def post_json(port, path, doc, headers=None):
+    body = json.dumps(doc).encode()
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    r = request(port, "POST", path, headers=h, body=body)
+    return r.status, (json.loads(r.body) if r.body else None)
+
+
+def test_decide_answers_from_the_proxied_outcomes(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    runtimes(decision_config(port, steady, flaky))
+    flaky.behave = lambda n, h: (503, []) if h.get("X-Payment-Method") == "card" else (200, [])
+    send(port, 60, headers={"X-Payment-Method": "card"})
+    # No backend is called by a decision.
+    before = steady.n + flaky.n
+    status, d = post_json(port, "/pay/decide",
+                          {"attributes": {"headers": {"x-payment-method": "card"}}})
+    assert status == 200, d
+    assert d["backend"] == "steady" and d["fallback"] == ["flaky"], d
+    assert d["key"] == "card" and d["strategy"] == "success-rate" and d["rule"] is None
+    by = {s["backend"]: s for s in d["scores"]}
+    assert by["steady"]["score"] == 1.0 and by["flaky"]["score"] < 1.0, d
+    assert 0 <= d["decisionMicros"] < 10000
+    assert steady.n + flaky.n == before
+    # The request's own attributes, without a body; another key is still cold.
+    r = request(port, "GET", "/pay/decide", headers={"X-Payment-Method": "card"})
+    assert r.status == 200 and json.loads(r.body)["backend"] == "steady"
+    r = request(port, "GET", "/pay/decide", headers={"X-Payment-Method": "upi"})
+    d = json.loads(r.body)
+    assert d["key"] == "upi" and all(s["score"] == 1.0 for s in d["scores"]), d
+
+
+def test_feedback_moves_the_decisions(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    rt = runtimes(decision_config(port, steady, flaky))
+    attrs = {"headers": {"X-Payment-Method": "wallet"}}
+    for _ in range(5):
+        status, d = post_json(port, "/pay/feedback",
+                              {"backend": "flaky", "attributes": attrs, "outcome": "failure"})
+        assert status == 200 and d["recorded"] is True, d
+    for _ in range(20):
+        status, d = post_json(port, "/pay/decide", {"attributes": attrs})
+        assert d["backend"] == "steady", d
+    assert score_of(rt, "wallet", "default/flaky")["score"] == 0.75
+    # Proxied requests of that key now avoid flaky too.
+    seen = send(port, 50, headers={"X-Payment-Method": "wallet"})
+    assert share(seen, "steady") == 1.0
+    # Bad reports say which field is wrong.
+    status, d = post_json(port, "/pay/feedback", {"backend": "nope", "outcome": "failure"})
+    assert status == 400 and "backend" in d["error"]["message"], d
+    status, d = post_json(port, "/pay/feedback", {"backend": "flaky", "outcome": "meh"})
+    assert status == 400 and "outcome" in d["error"]["message"], d
+    r = request(port, "POST", "/pay/decide", headers={"Content-Type": "application/json"},
+                body=b"{not json")
+    assert r.status == 400 and json.loads(r.body)["error"]["code"] == "bad_json"
+
+
+def test_decide_without_success_rate_is_a_weighted_pick(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    docs = decision_config(port, steady, flaky, routing={"strategy": "weighted"})
+    docs[-1]["spec"]["backendRefs"] = [{"name": "steady", "weight": 3}, {"name": "flaky"}]
+    runtimes(docs)
+    picks = []
+    for _ in range(200):
+        r = request(port, "GET", "/pay/decide")
+        d = json.loads(r.body)
+        assert d["strategy"] == "weighted" and "scores" not in d
+        assert sorted([d["backend"]] + d["fallback"]) == ["flaky", "steady"]
+        picks.append(d["backend"])
+    assert 0.6 < share(picks, "steady") < 0.9
+    status, d = post_json(port, "/pay/feedback", {"backend": "flaky", "outcome": "failure"})
+    assert status == 409 and d["error"]["code"] == "not_success_rate"
