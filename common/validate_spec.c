@@ -2007,7 +2007,15 @@ static json_t *tlog_fields_openapi(const void *arg)
                      "x-kubernetes-list-type", "set");
 }
 
+static json_t *number_range_openapi(const void *arg)
+{
+    const num_range_t *r = arg;
+    return json_pack("{s:s, s:f, s:f, s:s}", "type", "number", "minimum", r->min, "maximum",
+                     r->max, "description", r->what);
+}
+
 const sl_vopenapi_t sl_validate_spec_openapi[] = {
+    {check_number_range, NULL, number_range_openapi},
     {check_method,
      "{\"type\":\"string\",\"description\":\"an HTTP method (GET, HEAD, POST, PUT, DELETE, PATCH, "
      "OPTIONS, TRACE, CONNECT) or \\\"*\\\" for any\"}",

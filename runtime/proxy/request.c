@@ -1568,9 +1568,14 @@ int sl_request_retried_on_reset(const sl_request_t *r)
 static void srate_outcome(sl_request_t *r, int success)
 {
     const sl_srate_route_t *sr = r->route->srate;
-    uint64_t now = sl_endpoint_now_ms();
-    if (sr->max_outcome_age_ms && now > r->start_mono_us / 1000 + sr->max_outcome_age_ms)
-        return;
+    /* The clock is read only when outcomes age: otherwise the request's
+     * start is a good enough time stamp for its slot. */
+    uint64_t start_ms = r->start_mono_us / 1000, now = start_ms;
+    if (sr->max_outcome_age_ms) {
+        now = sl_endpoint_now_ms();
+        if (now > start_ms + sr->max_outcome_age_ms)
+            return;
+    }
     sl_srate_record(sr, &r->sr_pick, success, now);
 }
 
