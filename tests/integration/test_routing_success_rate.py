@@ -423,3 +423,24 @@ def test_decide_without_success_rate_is_a_weighted_pick(origins, runtimes):
     assert 0.6 < share(picks, "steady") < 0.9
     status, d = post_json(port, "/pay/feedback", {"backend": "flaky", "outcome": "failure"})
     assert status == 409 and d["error"]["code"] == "not_success_rate"
+
+
+def test_decide_and_feedback_over_both_protocols(origins, runtimes, proto):
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    docs = decision_config(port, steady, flaky)
+    docs[0] = proto.gateway(port)
+    runtimes(docs)
+    attrs = json.dumps({"backend": "steady", "outcome": "failure",
+                        "attributes": {"headers": {"X-Payment-Method": "card"}}}).encode()
+    for _ in range(3):
+        r = proto.request(port, "POST", "/pay/feedback", body=attrs,
+                          headers={"Content-Type": "application/json"})
+        assert r.status == 200, r.body
+    r = proto.request(port, "POST", "/pay/decide",
+                      body=b'{"attributes": {"headers": {"X-Payment-Method": "card"}}}')
+    d = json.loads(r.body)
+    assert r.status == 200 and d["backend"] == "flaky" and d["fallback"] == ["steady"], d
+    r = proto.request(port, "GET", "/pay/decide", headers={"X-Payment-Method": "card"})
+    assert json.loads(r.body)["backend"] == "flaky"
+    assert steady.n == 0 and flaky.n == 0
