@@ -53,8 +53,8 @@
 #define DEF_RETRY_ATTEMPTS 1
 /* Success-rate routing defaults (docs/routing.md). */
 #define DEF_SR_WINDOW 125
-#define DEF_SR_EXPLORE_PPM 50000      /* 5% */
-#define DEF_SR_ELIMINATION_PPM 50000  /* 0.05 */
+#define DEF_SR_EXPLORE_PPM 50000     /* 5% */
+#define DEF_SR_ELIMINATION_PPM 50000 /* 0.05 */
 #define DEF_SR_MAX_KEYS 1024
 #define DEF_RETRY_BUDGET_PERCENT 20
 #define DEF_RETRY_MIN_CONCURRENCY 3

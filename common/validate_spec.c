@@ -458,8 +458,9 @@ static void check_number_range(sl_vctx_t *c, json_t *v, const void *arg)
                           r->max, r->what);
 }
 
-static const num_range_t explore_percent_range = {0, 100, "the percentage of requests that ignore "
-                                                          "the scores"};
+static const num_range_t explore_percent_range = {0, 100,
+                                                  "the percentage of requests that ignore "
+                                                  "the scores"};
 static const num_range_t elimination_range = {0, 1, "0 turns elimination off"};
 static const sl_vrange_t sr_window_range = {1, 1024};
 static const sl_vrange_t sr_max_keys_range = {1, 100000};
@@ -493,8 +494,7 @@ static const sl_vschema_t sr_failure_header_schema = {sr_failure_header_fields, 
 
 static const sl_vfield_t sr_failure_fields[] = {
     {"on", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_enum, sr_failure_kinds, 0, 4}, 0},
-    {"statuses", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_int, &sr_status_range, 0, 64},
-     0},
+    {"statuses", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_int, &sr_status_range, 0, 64}, 0},
     {"header", sl_vcheck_object, &sr_failure_header_schema, 0},
     {NULL, NULL, NULL, 0},
 };
@@ -2010,8 +2010,8 @@ static json_t *tlog_fields_openapi(const void *arg)
 static json_t *number_range_openapi(const void *arg)
 {
     const num_range_t *r = arg;
-    return json_pack("{s:s, s:f, s:f, s:s}", "type", "number", "minimum", r->min, "maximum",
-                     r->max, "description", r->what);
+    return json_pack("{s:s, s:f, s:f, s:s}", "type", "number", "minimum", r->min, "maximum", r->max,
+                     "description", r->what);
 }
 
 const sl_vopenapi_t sl_validate_spec_openapi[] = {

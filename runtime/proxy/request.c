@@ -862,8 +862,8 @@ static int action_decide(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
     action_attrs_t a = {h, attrs};
     if (rt->srate) {
         uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
-        idx = sl_srate_pick(rt->srate, rt->backend_weights, n, hash, key,
-                            sl_endpoint_now_ms(), &r->w->rng, &pick, scores);
+        idx = sl_srate_pick(rt->srate, rt->backend_weights, n, hash, key, sl_endpoint_now_ms(),
+                            &r->w->rng, &pick, scores);
     } else {
         uint64_t x = sl_lb_rng_next(&r->w->rng) % rt->backend_weight_total;
         for (idx = 0; idx < (int)n - 1 && x >= rt->backend_weights[idx]; idx++)
@@ -889,12 +889,12 @@ static int action_decide(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
     if (rt->srate) {
         json_t *sc = json_array();
         for (size_t b = 0; b < n; b++)
-            json_array_append_new(
-                sc, json_pack("{s:s, s:f, s:b, s:f, s:i}", "backend",
-                              short_backend(rt->backends[b]->pb->name), "score",
-                              scores[b].score_ppm / 1e6, "eliminated", scores[b].eliminated,
-                              "eliminationScore", scores[b].elimination_ppm / 1e6, "outcomes",
-                              (int)scores[b].outcomes));
+            json_array_append_new(sc, json_pack("{s:s, s:f, s:b, s:f, s:i}", "backend",
+                                                short_backend(rt->backends[b]->pb->name), "score",
+                                                scores[b].score_ppm / 1e6, "eliminated",
+                                                scores[b].eliminated, "eliminationScore",
+                                                scores[b].elimination_ppm / 1e6, "outcomes",
+                                                (int)scores[b].outcomes));
         json_object_set_new(doc, "key", json_string(key));
         json_object_set_new(doc, "explored", json_boolean(pick.explored));
         json_object_set_new(doc, "scores", sc);
@@ -966,8 +966,8 @@ static int action_run(sl_request_t *r, const sl_req_head_t *h, const char *body,
         doc = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
         if (!json_is_object(doc)) {
             json_decref(doc);
-            set_error(err, 400, "bad_json", 0,
-                      "the body must be a JSON object (line %d: %.100s)", je.line, je.text);
+            set_error(err, 400, "bad_json", 0, "the body must be a JSON object (line %d: %.100s)",
+                      je.line, je.text);
             return SL_ERROR;
         }
     }
