@@ -1218,6 +1218,8 @@ static Sluice__V1__SuccessRate *compile_success_rate(cctx_t *c, const char *tabl
             sr->fail_statuses[sr->n_fail_statuses++] =
                 (uint32_t)json_integer_value(json_array_get(st, i));
     }
+    if (strcmp(jstr(s, "sharing", "local"), "redis") == 0)
+        sr->redis_address = cstr(c, jstr(jget(s, "redis"), "address", ""));
     json_t *h = jget(f, "header");
     if (h) {
         sr->fail_header = cstr(c, jstr(h, "name", ""));

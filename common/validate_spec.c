@@ -500,7 +500,26 @@ static const sl_vfield_t sr_failure_fields[] = {
 };
 static const sl_vschema_t sr_failure_schema = {sr_failure_fields, NULL};
 
+static const sl_vfield_t sr_redis_fields[] = {
+    {"address", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t sr_redis_schema = {sr_redis_fields, NULL};
+static const char *const sr_sharing_kinds[] = {"local", "redis", NULL};
+
+static void success_rate_extra(sl_vctx_t *c, json_t *s)
+{
+    json_t *sharing = sl_validate_get(s, "sharing");
+    int redis = sharing && strcmp(json_string_value(sharing), "redis") == 0;
+    if (redis && !sl_validate_get(s, "redis"))
+        at_key(c, "redis", report, "required with sharing: redis (redis: {address: host:port})");
+    if (!redis && sl_validate_get(s, "redis"))
+        at_key(c, "redis", report, "only used with sharing: redis");
+}
+
 static const sl_vfield_t success_rate_fields[] = {
+    {"sharing", sl_vcheck_enum, sr_sharing_kinds, 0},
+    {"redis", sl_vcheck_object, &sr_redis_schema, 0},
     {"window", sl_vcheck_int, &sr_window_range, 0},
     {"explorePercent", check_number_range, &explore_percent_range, 0},
     {"eliminationThreshold", check_number_range, &elimination_range, 0},
@@ -510,7 +529,7 @@ static const sl_vfield_t success_rate_fields[] = {
     {"failure", sl_vcheck_object, &sr_failure_schema, 0},
     {NULL, NULL, NULL, 0},
 };
-static const sl_vschema_t success_rate_schema = {success_rate_fields, NULL};
+static const sl_vschema_t success_rate_schema = {success_rate_fields, success_rate_extra};
 
 static void routing_extra(sl_vctx_t *c, json_t *r)
 {

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <unistd.h>
 #include <string.h>
 
 #define Q24_ONE (1u << 24)
@@ -34,6 +35,9 @@ typedef struct {
     _Atomic uint32_t elim_q24;
     _Atomic uint64_t total_ok;
     _Atomic uint64_t total_fail;
+    /* sharing: redis: outcomes recorded here and not yet sent */
+    _Atomic uint32_t pending_ok;
+    _Atomic uint32_t pending_fail;
     _Atomic uint8_t *slots;   /* [window], 1 success, 0 failure */
     _Atomic uint32_t ts_ms[]; /* [window], ms since the group's epoch; 0 = cold */
 } window_t;
@@ -51,6 +55,11 @@ struct sl_srate_group {
     char *scope;
     uint32_t window;
     uint32_t max_keys;
+    char *redis_addr; /* sharing: redis, else NULL */
+    /* The share thread's, under registry_lock: the stream's last id read
+     * and whether an XREAD is outstanding. */
+    char last_id[64];
+    int reading;
     uint64_t epoch_ms;
     unsigned refs; /* under registry_lock */
     struct sl_srate_group *next;
@@ -110,8 +119,11 @@ static uint32_t now_rel(const sl_srate_group_t *g, uint64_t now_ms)
 /* Lock-free: concurrent records each move head and exchange one slot, so
  * `successes` always equals the successful slots once they are done. */
 static void window_record(window_t *w, uint32_t n, int ok, uint32_t now_rel_ms,
-                          uint32_t elim_floor_q24)
+                          uint32_t elim_floor_q24, int share)
 {
+    if (share)
+        atomic_fetch_add_explicit(ok ? &w->pending_ok : &w->pending_fail, 1,
+                                  memory_order_relaxed);
     uint32_t pos = atomic_fetch_add_explicit(&w->head, 1, memory_order_relaxed) % n;
     uint8_t old =
         atomic_exchange_explicit(&w->slots[pos], (uint8_t)(ok != 0), memory_order_relaxed);
@@ -298,14 +310,21 @@ static void group_free(sl_srate_group_t *g)
     free((void *)g->buckets);
     pthread_mutex_destroy(&g->lock);
     free(g->scope);
+    free(g->redis_addr);
     free(g);
 }
 
-static sl_srate_group_t *group_new(const char *scope, uint32_t window, uint32_t max_keys)
+static sl_srate_group_t *group_new(const char *scope, uint32_t window, uint32_t max_keys,
+                                   const char *redis)
 {
     sl_srate_group_t *g = calloc(1, sizeof(*g));
     if (!g)
         return NULL;
+    strcpy(g->last_id, "0");
+    if (redis && *redis && !(g->redis_addr = strdup(redis))) {
+        free(g);
+        return NULL;
+    }
     uint32_t nb = 2;
     while (nb < 2 * max_keys)
         nb <<= 1;
@@ -326,15 +345,22 @@ static sl_srate_group_t *group_new(const char *scope, uint32_t window, uint32_t 
 }
 
 /* Under registry_lock: the group for scope with this shape, shared or new. */
-static sl_srate_group_t *group_acquire(const char *scope, uint32_t window, uint32_t max_keys)
+static int same_redis(const char *a, const char *b)
+{
+    return strcmp(a ? a : "", b ? b : "") == 0;
+}
+
+static sl_srate_group_t *group_acquire(const char *scope, uint32_t window, uint32_t max_keys,
+                                       const char *redis)
 {
     for (sl_srate_group_t *g = registry; g; g = g->next) {
-        if (strcmp(g->scope, scope) == 0 && g->window == window && g->max_keys == max_keys) {
+        if (strcmp(g->scope, scope) == 0 && g->window == window && g->max_keys == max_keys &&
+            same_redis(g->redis_addr, redis)) {
             g->refs++;
             return g;
         }
     }
-    sl_srate_group_t *g = group_new(scope, window, max_keys);
+    sl_srate_group_t *g = group_new(scope, window, max_keys, redis);
     if (!g)
         return NULL;
     g->refs = 1;
@@ -376,6 +402,286 @@ static int group_backend(sl_srate_group_t *g, const char *name)
     return (int)g->nbackends++;
 }
 
+/* ---- sharing: redis ----------------------------------------------------------
+ *
+ * One thread of its own (never a worker, never the main thread) every
+ * SHARE_TICK_MS: for each group with sharing, the outcomes recorded since
+ * the last tick (the windows' pending counters) go to the group's Redis
+ * stream, one XADD per (key, backend) with counts, and the entries other
+ * runtimes added since the last read are applied to the local windows (an
+ * entry of this runtime's own is skipped by its id). The stream is capped
+ * (MAXLEN ~ SHARE_STREAM_MAX) and a new runtime reads it from the start, so
+ * it begins with the fleet's recent outcomes. Redis down: the pending
+ * counts wait (the windows themselves go on locally), the thread reconnects
+ * every second. Nothing here runs on the request path.
+ */
+#include <event2/event.h>
+#include <hiredis/adapters/libevent.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#define SHARE_TICK_MS 100
+#define SHARE_RECONNECT_MS 1000
+#define SHARE_STREAM_MAX "100000"
+#define SHARE_MAX_CONNS 8
+
+typedef struct {
+    char addr[160];
+    redisAsyncContext *ac;
+    int ready;
+    uint64_t connect_at_ms;
+} share_conn_t;
+
+static struct {
+    pthread_once_t once;
+    pthread_t thread;
+    struct event_base *base;
+    struct event *tick;
+    share_conn_t conns[SHARE_MAX_CONNS];
+    size_t nconns;
+    char id[40];
+} share = {.once = PTHREAD_ONCE_INIT};
+
+static void share_on_ping(redisAsyncContext *ac, void *r, void *priv)
+{
+    (void)priv;
+    share_conn_t *c = ac->data;
+    redisReply *reply = r;
+    if (reply && reply->type != REDIS_REPLY_ERROR)
+        c->ready = 1;
+}
+
+static void share_on_connect(const redisAsyncContext *ac, int status)
+{
+    share_conn_t *c = ac->data;
+    if (status != REDIS_OK) {
+        c->ac = NULL; /* hiredis frees it */
+        c->ready = 0;
+    }
+}
+
+static void share_on_disconnect(const redisAsyncContext *ac, int status)
+{
+    (void)status;
+    share_conn_t *c = ac->data;
+    c->ac = NULL;
+    c->ready = 0;
+    c->connect_at_ms = sl_endpoint_now_ms();
+}
+
+static share_conn_t *share_conn(const char *addr)
+{
+    share_conn_t *c = NULL;
+    for (size_t i = 0; i < share.nconns && !c; i++)
+        if (strcmp(share.conns[i].addr, addr) == 0)
+            c = &share.conns[i];
+    if (!c) {
+        if (share.nconns == SHARE_MAX_CONNS)
+            return NULL;
+        c = &share.conns[share.nconns++];
+        snprintf(c->addr, sizeof(c->addr), "%s", addr);
+    }
+    uint64_t now = sl_endpoint_now_ms();
+    if (c->ac || (c->connect_at_ms && now - c->connect_at_ms < SHARE_RECONNECT_MS))
+        return c;
+    c->connect_at_ms = now;
+    char host[160];
+    snprintf(host, sizeof(host), "%s", addr);
+    char *colon = strrchr(host, ':');
+    int port = 6379;
+    if (colon) {
+        *colon = '\0';
+        port = atoi(colon + 1);
+    }
+    if (host[0] == '[') { /* [v6]:port */
+        memmove(host, host + 1, strlen(host));
+        host[strcspn(host, "]")] = '\0';
+    }
+    redisAsyncContext *ac = redisAsyncConnect(host, port);
+    if (!ac || ac->err) {
+        if (ac)
+            redisAsyncFree(ac);
+        return c;
+    }
+    ac->data = c;
+    if (redisLibeventAttach(ac, share.base) != REDIS_OK) {
+        redisAsyncFree(ac);
+        return c;
+    }
+    c->ac = ac;
+    redisAsyncSetConnectCallback(ac, share_on_connect);
+    redisAsyncSetDisconnectCallback(ac, share_on_disconnect);
+    redisAsyncCommand(ac, share_on_ping, NULL, "PING");
+    return c;
+}
+
+static const char *reply_str(const redisReply *r)
+{
+    return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) ? r->str : NULL;
+}
+
+/* Applies one stream entry [id, [field, value, ...]] of another runtime. */
+static void share_apply(sl_srate_group_t *g, const redisReply *e, uint64_t now_ms)
+{
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 || !reply_str(e->element[0]))
+        return;
+    snprintf(g->last_id, sizeof(g->last_id), "%s", e->element[0]->str);
+    const redisReply *f = e->element[1];
+    const char *rt = NULL, *key = NULL, *backend = NULL;
+    unsigned ok = 0, fail = 0;
+    for (size_t i = 0; f->type == REDIS_REPLY_ARRAY && i + 1 < f->elements; i += 2) {
+        const char *name = reply_str(f->element[i]), *v = reply_str(f->element[i + 1]);
+        if (!name || !v)
+            continue;
+        if (strcmp(name, "rt") == 0)
+            rt = v;
+        else if (strcmp(name, "k") == 0)
+            key = v;
+        else if (strcmp(name, "b") == 0)
+            backend = v;
+        else if (strcmp(name, "ok") == 0)
+            ok = (unsigned)strtoul(v, NULL, 10);
+        else if (strcmp(name, "f") == 0)
+            fail = (unsigned)strtoul(v, NULL, 10);
+    }
+    if (!rt || !key || !backend || strcmp(rt, share.id) == 0)
+        return;
+    if (ok > g->window)
+        ok = g->window;
+    if (fail > g->window)
+        fail = g->window;
+    uint64_t h = sl_lb_hash(key, strlen(key));
+    pthread_mutex_lock(&g->lock);
+    uint32_t slot = insert_key(g, h ? h : 1, key, now_ms);
+    int gb = group_backend(g, backend);
+    pthread_mutex_unlock(&g->lock);
+    if (!slot || gb < 0)
+        return;
+    srkey_t *k = atomic_load_explicit(&g->keys[slot - 1], memory_order_acquire);
+    window_t *w = key_window(g, k, (uint8_t)gb);
+    if (!w)
+        return;
+    uint32_t e_q24 = atomic_load(&g->elimination_q24);
+    uint32_t floor = e_q24 ? e_q24 / 2 : Q24_ONE / 1000;
+    for (unsigned i = 0; i < ok || i < fail; i++) {
+        if (i < ok)
+            window_record(w, g->window, 1, now_rel(g, now_ms), floor, 0);
+        if (i < fail)
+            window_record(w, g->window, 0, now_rel(g, now_ms), floor, 0);
+    }
+}
+
+static void share_on_read(redisAsyncContext *ac, void *r, void *priv)
+{
+    (void)ac;
+    char *scope = priv;
+    redisReply *reply = r;
+    uint64_t now = sl_endpoint_now_ms();
+    pthread_mutex_lock(&registry_lock);
+    for (sl_srate_group_t *g = registry; g; g = g->next) {
+        if (!g->redis_addr || strcmp(g->scope, scope) != 0 || !g->reading)
+            continue;
+        g->reading = 0;
+        /* [[stream, [entry, ...]]], or nil when nothing is new */
+        if (reply && reply->type == REDIS_REPLY_ARRAY && reply->elements == 1 &&
+            reply->element[0]->type == REDIS_REPLY_ARRAY && reply->element[0]->elements == 2) {
+            const redisReply *entries = reply->element[0]->element[1];
+            for (size_t i = 0; entries->type == REDIS_REPLY_ARRAY && i < entries->elements; i++)
+                share_apply(g, entries->element[i], now);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    free(scope);
+}
+
+static void share_group(sl_srate_group_t *g, share_conn_t *c)
+{
+    char stream[600];
+    snprintf(stream, sizeof(stream), "sluice:sr:%s", g->scope);
+    pthread_mutex_lock(&g->lock);
+    uint32_t used = atomic_load(&g->used);
+    for (uint32_t i = 0; i < used; i++) {
+        srkey_t *k = atomic_load(&g->keys[i]);
+        if (!k || !atomic_load(&k->hash))
+            continue;
+        for (size_t b = 0; b < g->nbackends; b++) {
+            window_t *w = atomic_load(&k->win[b]);
+            if (!w)
+                continue;
+            uint32_t ok = atomic_exchange(&w->pending_ok, 0);
+            uint32_t fail = atomic_exchange(&w->pending_fail, 0);
+            if (!ok && !fail)
+                continue;
+            char okb[16], fb[16];
+            snprintf(okb, sizeof(okb), "%u", ok);
+            snprintf(fb, sizeof(fb), "%u", fail);
+            const char *argv[] = {"XADD", stream,           "MAXLEN", "~",          SHARE_STREAM_MAX,
+                                  "*",    "rt",             share.id, "k",          k->name,
+                                  "b",    g->backend_names[b], "ok",  okb,          "f",
+                                  fb};
+            redisAsyncCommandArgv(c->ac, NULL, NULL, 16, argv, NULL);
+        }
+    }
+    pthread_mutex_unlock(&g->lock);
+    if (!g->reading) {
+        char *scope = strdup(g->scope);
+        if (scope && redisAsyncCommand(c->ac, share_on_read, scope,
+                                       "XREAD COUNT 10000 STREAMS %s %s", stream,
+                                       g->last_id) == REDIS_OK)
+            g->reading = 1;
+        else
+            free(scope);
+    }
+}
+
+static void share_on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+    pthread_mutex_lock(&registry_lock);
+    for (sl_srate_group_t *g = registry; g; g = g->next) {
+        if (!g->redis_addr)
+            continue;
+        share_conn_t *c = share_conn(g->redis_addr);
+        if (!c || !c->ac || !c->ready) {
+            g->reading = 0; /* an XREAD of a dropped connection never answers */
+            continue;
+        }
+        share_group(g, c);
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static void *share_main(void *arg)
+{
+    (void)arg;
+    event_base_dispatch(share.base);
+    return NULL;
+}
+
+static void share_init(void)
+{
+    snprintf(share.id, sizeof(share.id), "%ld-%llx", (long)getpid(),
+             (unsigned long long)sl_lb_hash(&share, sizeof(&share)) ^ sl_endpoint_now_ms());
+    share.base = event_base_new();
+    if (!share.base)
+        return;
+    share.tick = event_new(share.base, -1, EV_PERSIST, share_on_tick, NULL);
+    struct timeval tv = {0, SHARE_TICK_MS * 1000};
+    if (!share.tick || event_add(share.tick, &tv) != 0 ||
+        pthread_create(&share.thread, NULL, share_main, NULL) != 0)
+        return;
+    pthread_setname_np(share.thread, "srate-share");
+}
+
+/* Starts the share thread once, on the first group with sharing. */
+static void share_start(void)
+{
+    pthread_once(&share.once, share_init);
+}
+
 sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
                                        const char *const *backend_names, size_t n, char *err,
                                        size_t errlen)
@@ -404,8 +710,8 @@ sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
         pthread_mutex_lock(&registry_lock);
         sl_srate_group_t *g = NULL;
         if (attempt == 0) {
-            g = group_acquire(pb->scope, pb->window, pb->max_keys);
-        } else if ((g = group_new(pb->scope, pb->window, pb->max_keys))) {
+            g = group_acquire(pb->scope, pb->window, pb->max_keys, pb->redis_address);
+        } else if ((g = group_new(pb->scope, pb->window, pb->max_keys, pb->redis_address))) {
             g->refs = 1;
             g->next = registry;
             registry = g;
@@ -424,6 +730,8 @@ sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
         }
         pthread_mutex_unlock(&g->lock);
         if (ok) {
+            if (g->redis_addr)
+                share_start();
             atomic_store(&g->elimination_q24, sr->elimination_q24);
             atomic_store(&g->max_outcome_age_ms, sr->max_outcome_age_ms);
             sr->group = g;
@@ -547,7 +855,7 @@ static void record_in(sl_srate_group_t *g, srkey_t *k, uint8_t gb, int success, 
     if (!w)
         return;
     uint32_t floor = elimination_q24 ? elimination_q24 / 2 : Q24_ONE / 1000;
-    window_record(w, g->window, success, now_rel(g, now_ms), floor);
+    window_record(w, g->window, success, now_rel(g, now_ms), floor, g->redis_addr != NULL);
 }
 
 void sl_srate_record(const sl_srate_route_t *sr, const sl_srate_pick_t *p, int success,

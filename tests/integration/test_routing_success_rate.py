@@ -444,3 +444,82 @@ def test_decide_and_feedback_over_both_protocols(origins, runtimes, proto):
     r = proto.request(port, "GET", "/pay/decide", headers={"X-Payment-Method": "card"})
     assert json.loads(r.body)["backend"] == "flaky"
     assert steady.n == 0 and flaky.n == 0
+
+
+# --- sharing: redis ------------------------------------------------------------
+
+@pytest.fixture
+def redis_server():
+    import shutil
+    import subprocess
+    port = free_port()
+    proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind",
+                             "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ready():
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=1)
+        except OSError:
+            return False
+        try:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+        finally:
+            s.close()
+
+    wait_until(ready, 10, what="redis-server on %d" % port)
+    yield proc, port
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_two_runtimes_share_outcomes_through_redis(origins, runtimes, redis_server):
+    proc, rport = redis_server
+    steady, flaky = origins("steady"), origins("flaky")
+    routing = {"strategy": "success-rate",
+               "successRate": {"window": 50, "explorePercent": 0,
+                               "keys": [{"header": "X-Payment-Method"}],
+                               "sharing": "redis",
+                               "redis": {"address": "127.0.0.1:%d" % rport}}}
+    port_a, port_b = free_port(), free_port()
+    rt_a = runtimes(decision_config(port_a, steady, flaky, routing=routing))
+    rt_b = runtimes(decision_config(port_b, steady, flaky, routing=routing))
+    flaky.behave = lambda n, h: (503, []) if n % 2 == 0 else (200, [])
+    # Only runtime a proxies; b learns a's outcomes through Redis.
+    send(port_a, 40, headers={"X-Payment-Method": "card"})
+    wait_until(lambda: (score_of(rt_b, "card", "default/flaky") or {}).get("score", 1) < 1.0,
+               10, what="runtime b to see flaky's failures")
+    b = score_of(rt_b, "card", "default/flaky")
+    a = score_of(rt_a, "card", "default/flaky")
+    assert b["failures"] == a["failures"] and b["failures"] > 0, (a, b)
+    r = request(port_b, "GET", "/pay/decide", headers={"X-Payment-Method": "card"})
+    assert json.loads(r.body)["backend"] == "steady"
+    # b's own outcomes go to a as well (and are not counted twice at b).
+    flaky.behave = lambda n, h: (200, [])
+    steady.behave = lambda n, h: (503, [])
+    before = score_of(rt_b, "card", "default/steady")["failures"]
+    send(port_b, 10, headers={"X-Payment-Method": "card"})
+    after = score_of(rt_b, "card", "default/steady")["failures"]
+    assert after > before
+
+    def counts(rt):
+        return [(x["successes"], x["failures"]) for x in
+                (score_of(rt, "card", "default/steady"), score_of(rt, "card", "default/flaky"))
+                if x]
+
+    def same(rt):
+        return counts(rt) == counts(rt_b)
+    wait_until(lambda: same(rt_a), 10, what=lambda: "a and b to agree: %r %r"
+               % (scores(rt_a), scores(rt_b)))
+    # A third runtime started now begins with the fleet's knowledge.
+    rt_c = runtimes(decision_config(free_port(), steady, flaky, routing=routing))
+    wait_until(lambda: same(rt_c), 10, what=lambda: "a new runtime to read the fleet's "
+               "outcomes: %r %r" % (scores(rt_c), scores(rt_b)))
+    # Redis down: each runtime goes on with its local windows.
+    proc.terminate()
+    proc.wait(10)
+    seen = send(port_a, 20, headers={"X-Payment-Method": "card"})
+    assert all(s in ("steady", "flaky") for s in seen)
+    assert score_of(rt_a, "card", "default/steady")["failures"] >= after

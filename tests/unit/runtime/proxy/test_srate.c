@@ -155,8 +155,8 @@ static void test_failures_age_out(void **state)
     uint32_t n = 10;
     window_t *w = window_new(n);
     sl_srate_score_t s;
-    window_record(w, n, 0, 1000, 0);
-    window_record(w, n, 0, 5000, 0);
+    window_record(w, n, 0, 1000, 0, 0);
+    window_record(w, n, 0, 5000, 0, 0);
     window_score(w, n, 0, 6000, 0, &s);
     assert_int_equal(s.score_ppm, 800000);
     window_score(w, n, 2000 /* max age */, 6000, 0, &s);
