@@ -2,7 +2,8 @@
 """The decision API's throughput and latency, and what success-rate routing
 costs a proxied request (issue 13's figures).
 
-1. `action: decide` (success-rate, local windows, one scoring key): the
+1. `action: decide` (success-rate, one scoring key; local windows, then
+   with `sharing: redis` to a redis-server the script starts): the
    runtime (one worker) pinned to CPU 0, wrk on CPU 1; a ceiling run (wrk
    -c8, as fast as it answers) gives decisions/s, decisions per CPU second
    of the runtime (utime + stime from /proc over the run) and p99; then a
@@ -74,9 +75,11 @@ def wait_port(port):
     raise SystemExit("runtime did not listen on %d" % port)
 
 
-def config(port, origin_port, strategy):
+def config(port, origin_port, strategy, redis_port=None):
+    sharing = (", sharing: redis, redis: {address: \"127.0.0.1:%d\"}" % redis_port
+               if redis_port else "")
     routing = ("  routing:\n    strategy: success-rate\n"
-               "    successRate: {keys: [{header: X-Payment-Method}]}\n"
+               "    successRate: {keys: [{header: X-Payment-Method}]%s}\n" % sharing
                if strategy == "success-rate" else "")
     return """apiVersion: gateway.sluice.dev/v1alpha1
 kind: Gateway
@@ -123,30 +126,16 @@ def main():
                 "127.0.0.1:%d; location / { return 200 \"ok\\n\"; } } }\n" % (d, d, oport))
     nginx = subprocess.Popen(["taskset", "-c", "1", "nginx", "-c", nconf])
     hdr = ["X-Payment-Method: card"]
+    rport = free_port()
+    redis = subprocess.Popen(["taskset", "-c", "1", "redis-server", "--port", str(rport), "--bind",
+                              "127.0.0.1", "--save", "", "--appendonly", "no"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        port = free_port()
-        rt = runtime(binary, d, "decide", config(port, oport, "success-rate"))
-        try:
-            wait_port(port)
-            url = "http://127.0.0.1:%d/pay/decide" % port
-            wrk(url, 2, 8, hdr)
-            c0 = cpu_us(rt.pid)
-            n, p99 = wrk(url, a.duration, 8, hdr)
-            cpu = cpu_us(rt.pid) - c0
-            ceiling = n / float(a.duration)
-            rate = ceiling / 2
-            lua = os.path.join(d, "pace.lua")
-            with open(lua, "w") as f:
-                f.write("function delay() return %d end\n" % max(1, round(64 * 1000 / rate)))
-            n2, p99_half = wrk(url, a.duration, 64, hdr, lua)
-            print("| decide (success-rate, local windows) | decisions/s | decisions per CPU second "
-                  "| CPU µs/decision | p99 at ceiling | rate at ~50% | p99 at ~50% |")
-            print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-            print("| 1 worker | %.0f | %.0f | %.2f | %.0f µs | %.0f/s | %.0f µs |" % (
-                ceiling, n / (cpu / 1e6), cpu / n, p99, n2 / float(a.duration), p99_half))
-        finally:
-            rt.terminate()
-            rt.wait(10)
+        print("| decide (success-rate) | decisions/s | decisions per CPU second "
+              "| CPU µs/decision | p99 at ceiling | rate at ~50% | p99 at ~50% |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for windows, rp in (("local windows", None), ("sharing: redis", rport)):
+            decide_run(binary, d, oport, hdr, a.duration, windows, rp)
         print()
         print("| proxied GET | requests | CPU µs/request | ratio |")
         print("| --- | ---: | ---: | ---: |")
@@ -169,6 +158,31 @@ def main():
     finally:
         nginx.terminate()
         nginx.wait(5)
+        redis.terminate()
+        redis.wait(5)
+
+
+def decide_run(binary, d, oport, hdr, duration, windows, redis_port):
+    """One row of the decide table: the ceiling, then ~50% of it."""
+    port = free_port()
+    rt = runtime(binary, d, "decide", config(port, oport, "success-rate", redis_port))
+    try:
+        wait_port(port)
+        url = "http://127.0.0.1:%d/pay/decide" % port
+        wrk(url, 2, 8, hdr)
+        c0 = cpu_us(rt.pid)
+        n, p99 = wrk(url, duration, 8, hdr)
+        cpu = cpu_us(rt.pid) - c0
+        ceiling = n / float(duration)
+        lua = os.path.join(d, "pace.lua")
+        with open(lua, "w") as f:
+            f.write("function delay() return %d end\n" % max(1, round(64 * 1000 / (ceiling / 2))))
+        n2, p99_half = wrk(url, duration, 64, hdr, lua)
+        print("| %s, 1 worker | %.0f | %.0f | %.2f | %.0f µs | %.0f/s | %.0f µs |" % (
+            windows, ceiling, n / (cpu / 1e6), cpu / n, p99, n2 / float(duration), p99_half))
+    finally:
+        rt.terminate()
+        rt.wait(10)
 
 
 if __name__ == "__main__":
