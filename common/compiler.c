@@ -53,6 +53,11 @@
 #define DEF_RETRY_ATTEMPTS 1
 /* The body a `routing` block with body conditions reads, at most. */
 #define DEF_ROUTING_BODY_BYTES (64 * 1024)
+/* Success-rate routing defaults (docs/routing.md). */
+#define DEF_SR_WINDOW 125
+#define DEF_SR_EXPLORE_PPM 50000     /* 5% */
+#define DEF_SR_ELIMINATION_PPM 50000 /* 0.05 */
+#define DEF_SR_MAX_KEYS 1024
 #define DEF_RETRY_BUDGET_PERCENT 20
 #define DEF_RETRY_MIN_CONCURRENCY 3
 #define DEF_HC_INTERVAL_MS 5000
@@ -1412,6 +1417,100 @@ static void routing_body_check(cctx_t *c, const sl_resource_t *api, const Sluice
     }
 }
 
+/*
+ * Success-rate routing (docs/routing.md "Success-rate routing"): the
+ * operation's `routing` block, else the Api's, when its strategy is
+ * success-rate; NULL otherwise (weighted pick by backendRefs). The scope
+ * names the windows: an operation with its own block has windows of its
+ * own, the other operations of the Api share the Api's.
+ */
+static Sluice__V1__SuccessRate *compile_success_rate(cctx_t *c, const char *table_name,
+                                                     const char *op_name, json_t *api_routing,
+                                                     json_t *op_routing)
+{
+    json_t *routing = op_routing ? op_routing : api_routing;
+    if (!routing || strcmp(jstr(routing, "strategy", "weighted"), "success-rate") != 0)
+        return NULL;
+    json_t *s = jget(routing, "successRate");
+    Sluice__V1__SuccessRate *sr = cnew(c, sizeof(*sr));
+    if (!sr)
+        return NULL;
+    sluice__v1__success_rate__init(sr);
+    sr->scope = op_routing ? cprintf(c, "%s %s", table_name, op_name) : cstr(c, table_name);
+    sr->window = (uint32_t)jint(s, "window", DEF_SR_WINDOW);
+    json_t *v = jget(s, "explorePercent");
+    sr->explore_ppm = v ? (uint32_t)(json_number_value(v) * 10000.0 + 0.5) : DEF_SR_EXPLORE_PPM;
+    v = jget(s, "eliminationThreshold");
+    sr->elimination_ppm =
+        v ? (uint32_t)(json_number_value(v) * 1000000.0 + 0.5) : DEF_SR_ELIMINATION_PPM;
+    sr->max_keys = (uint32_t)jint(s, "maxKeys", DEF_SR_MAX_KEYS);
+    sr->max_outcome_age_ms = jdur(s, "maxOutcomeAge", 0);
+    json_t *keys = jget(s, "keys");
+    size_t nk = json_array_size(keys);
+    sr->keys = (Sluice__V1__SuccessRate__Key **)carray(c, nk, sizeof(*sr->keys));
+    for (size_t i = 0; sr->keys && i < nk; i++) {
+        json_t *k = json_array_get(keys, i);
+        Sluice__V1__SuccessRate__Key *key = cnew(c, sizeof(*key));
+        if (!key)
+            break;
+        sluice__v1__success_rate__key__init(key);
+        sr->keys[sr->n_keys++] = key;
+        if (jget(k, "header")) {
+            key->source = SLUICE__V1__SUCCESS_RATE__KEY__SOURCE__HEADER;
+            key->name = cstr(c, jstr(k, "header", ""));
+            if (key->name != protobuf_c_empty_string)
+                for (char *p = key->name; *p; p++)
+                    *p = (char)tolower((unsigned char)*p);
+        } else {
+            key->source = SLUICE__V1__SUCCESS_RATE__KEY__SOURCE__QUERY;
+            key->name = cstr(c, jstr(k, "query", ""));
+        }
+    }
+    json_t *f = jget(s, "failure");
+    json_t *on = jget(f, "on");
+    if (on) {
+        for (size_t i = 0; i < json_array_size(on); i++) {
+            const char *kind = json_string_value(json_array_get(on, i));
+            if (strcmp(kind, "connect-failure") == 0)
+                sr->fail_connect = 1;
+            else if (strcmp(kind, "reset") == 0)
+                sr->fail_reset = 1;
+            else if (strcmp(kind, "timeout") == 0)
+                sr->fail_timeout = 1;
+            else if (strcmp(kind, "5xx") == 0)
+                sr->fail_5xx = 1;
+        }
+    } else {
+        sr->fail_connect = sr->fail_reset = sr->fail_timeout = sr->fail_5xx = 1;
+    }
+    json_t *st = jget(f, "statuses");
+    size_t ns = json_array_size(st);
+    if (ns) {
+        sr->fail_statuses = calloc(ns, sizeof(*sr->fail_statuses));
+        if (!sr->fail_statuses)
+            c->oom = true;
+        for (size_t i = 0; sr->fail_statuses && i < ns; i++)
+            sr->fail_statuses[sr->n_fail_statuses++] =
+                (uint32_t)json_integer_value(json_array_get(st, i));
+    }
+    if (strcmp(jstr(s, "sharing", "local"), "redis") == 0)
+        sr->redis_address = cstr(c, jstr(jget(s, "redis"), "address", ""));
+    json_t *h = jget(f, "header");
+    if (h) {
+        sr->fail_header = cstr(c, jstr(h, "name", ""));
+        if (sr->fail_header != protobuf_c_empty_string)
+            for (char *p = sr->fail_header; *p; p++)
+                *p = (char)tolower((unsigned char)*p);
+        sr->fail_header_value = cstr(c, jstr(h, "value", ""));
+    }
+    return sr;
+}
+
+static bool routing_has_rules(json_t *block)
+{
+    return block && (jget(block, "rules") || jget(block, "default"));
+}
+
 static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t *api, json_t *op,
                           size_t index, const Sluice__V1__RouteTable *table)
 {
@@ -1520,19 +1619,29 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
             rt->mirror->ppm = (uint32_t)(json_number_value(jget(mirror, "percent")) * 10000 + 0.5);
         }
     }
-    /* The operation's routing block replaces the Api's whole. */
-    if (jget(op, "routing")) {
+    /* The operation's routing block replaces the Api's whole. Rules are
+     * compiled when the block has rules or a default; a block with only a
+     * strategy (success-rate, below) picks among backendRefs itself. */
+    if (jget(op, "routing") && !routing_has_rules(jget(op, "routing"))) {
+        /* nothing: the operation's block has no rules, the Api's are replaced */
+    } else if (jget(op, "routing")) {
         char prefix[64];
         snprintf(prefix, sizeof(prefix), "spec.operations[%zu].", index);
         rt->routing = compile_routing(c, api, jget(op, "routing"), prefix, 0);
         snprintf(prefix, sizeof(prefix), "spec.operations[%zu].routing", index);
         if (rt->routing)
             routing_body_check(c, api, rt->routing, rt, table, prefix);
-    } else if (jget(spec, "routing")) {
+    } else if (routing_has_rules(jget(spec, "routing"))) {
         rt->routing = compile_routing(c, api, jget(spec, "routing"), "spec.", index > 0);
         if (rt->routing && index == 0)
             routing_body_check(c, api, rt->routing, rt, table, "spec.routing");
     }
+    rt->success_rate =
+        compile_success_rate(c, table->name, rt->name, jget(spec, "routing"), jget(op, "routing"));
+    const char *action = jstr(op, "action", "proxy");
+    rt->action = strcmp(action, "decide") == 0     ? SLUICE__V1__ROUTE__ACTION__DECIDE
+                 : strcmp(action, "feedback") == 0 ? SLUICE__V1__ROUTE__ACTION__FEEDBACK
+                                                   : SLUICE__V1__ROUTE__ACTION__PROXY;
 }
 
 static void compile_table(cctx_t *c, Sluice__V1__RouteTable *t, const sl_resource_t *api,

@@ -436,6 +436,110 @@ static const sl_vfield_t retry_fields[] = {
 };
 static const sl_vschema_t retry_schema = {retry_fields, NULL};
 
+/* --- routing: success rate (runtime/proxy/srate.h; docs/routing.md
+ * "Success-rate routing"). The rule-based half of `routing` (rules,
+ * default) is validated with the rule evaluator. ----------------------- */
+
+typedef struct {
+    double min, max;
+    const char *what;
+} num_range_t;
+
+static void check_number_range(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    const num_range_t *r = arg;
+    if (!json_is_number(v)) {
+        sl_validate_error(c, "expected a number from %g to %g (%s)", r->min, r->max, r->what);
+        return;
+    }
+    double d = json_number_value(v);
+    if (!(d >= r->min && d <= r->max))
+        sl_validate_error(c, "%g is out of range: give a number from %g to %g (%s)", d, r->min,
+                          r->max, r->what);
+}
+
+static const num_range_t explore_percent_range = {0, 100,
+                                                  "the percentage of requests that ignore "
+                                                  "the scores"};
+static const num_range_t elimination_range = {0, 1, "0 turns elimination off"};
+static const sl_vrange_t sr_window_range = {1, 1024};
+static const sl_vrange_t sr_max_keys_range = {1, 100000};
+static const sl_vrange_t sr_status_range = {400, 599};
+static const char *const routing_strategies[] = {"weighted", "success-rate", NULL};
+static const char *const operation_actions[] = {"proxy", "decide", "feedback", NULL};
+static const char *const sr_failure_kinds[] = {"connect-failure", "reset", "timeout", "5xx", NULL};
+
+/* A scoring key: exactly one request attribute. */
+static void sr_key_extra(sl_vctx_t *c, json_t *k)
+{
+    int n = (sl_validate_get(k, "header") != NULL) + (sl_validate_get(k, "query") != NULL);
+    if (n != 1)
+        sl_validate_error(c, "a scoring key is one request attribute: give either "
+                             "{header: Name} or {query: name}");
+}
+
+static const sl_vfield_t sr_key_fields[] = {
+    {"header", check_header_name, NULL, 0},
+    {"query", sl_vcheck_string, NULL, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t sr_key_schema = {sr_key_fields, sr_key_extra};
+
+static const sl_vfield_t sr_failure_header_fields[] = {
+    {"name", check_header_name, NULL, SL_VFIELD_REQUIRED},
+    {"value", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t sr_failure_header_schema = {sr_failure_header_fields, NULL};
+
+static const sl_vfield_t sr_failure_fields[] = {
+    {"on", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_enum, sr_failure_kinds, 0, 4}, 0},
+    {"statuses", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_int, &sr_status_range, 0, 64}, 0},
+    {"header", sl_vcheck_object, &sr_failure_header_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t sr_failure_schema = {sr_failure_fields, NULL};
+
+static const sl_vfield_t sr_redis_fields[] = {
+    {"address", sl_vcheck_string, NULL, SL_VFIELD_REQUIRED},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t sr_redis_schema = {sr_redis_fields, NULL};
+static const char *const sr_sharing_kinds[] = {"local", "redis", NULL};
+
+static void success_rate_extra(sl_vctx_t *c, json_t *s)
+{
+    json_t *sharing = sl_validate_get(s, "sharing");
+    int redis = sharing && strcmp(json_string_value(sharing), "redis") == 0;
+    if (redis && !sl_validate_get(s, "redis"))
+        at_key(c, "redis", report, "required with sharing: redis (redis: {address: host:port})");
+    if (!redis && sl_validate_get(s, "redis"))
+        at_key(c, "redis", report, "only used with sharing: redis");
+}
+
+static const sl_vfield_t success_rate_fields[] = {
+    {"sharing", sl_vcheck_enum, sr_sharing_kinds, 0},
+    {"redis", sl_vcheck_object, &sr_redis_schema, 0},
+    {"window", sl_vcheck_int, &sr_window_range, 0},
+    {"explorePercent", check_number_range, &explore_percent_range, 0},
+    {"eliminationThreshold", check_number_range, &elimination_range, 0},
+    {"keys", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &sr_key_schema, 0, 8}, 0},
+    {"maxKeys", sl_vcheck_int, &sr_max_keys_range, 0},
+    {"maxOutcomeAge", sl_vcheck_duration, &dur_any, 0},
+    {"failure", sl_vcheck_object, &sr_failure_schema, 0},
+    {NULL, NULL, NULL, 0},
+};
+static const sl_vschema_t success_rate_schema = {success_rate_fields, success_rate_extra};
+
+static void strategy_extra(sl_vctx_t *c, json_t *r)
+{
+    json_t *s = sl_validate_get(r, "strategy");
+    int sr = s && strcmp(json_string_value(s), "success-rate") == 0;
+    if (!sr && sl_validate_get(r, "successRate"))
+        at_key(c, "successRate", report,
+               "only used with strategy: success-rate; set the strategy or remove this block");
+}
+
 static void match_extra(sl_vctx_t *c, json_t *obj)
 {
     json_t *type = sl_validate_get(obj, "type");
@@ -793,7 +897,7 @@ static const sl_vschema_t route_default_schema = {route_default_fields, route_ou
 /* A rule that can never match because an earlier one always does: an
  * earlier rule without `match` takes every request, and an earlier rule
  * with the same statements takes every request this one would. */
-static void routing_extra(sl_vctx_t *c, json_t *obj)
+static void rules_extra(sl_vctx_t *c, json_t *obj)
 {
     json_t *rules = sl_validate_get(obj, "rules");
     for (size_t j = 0; j < json_array_size(rules); j++) {
@@ -826,8 +930,24 @@ static const sl_vfield_t routing_fields[] = {
      0},
     {"default", sl_vcheck_object, &route_default_schema, 0},
     {"maxBodyBytes", sl_vcheck_int, &routing_body_range, 0},
+    {"strategy", sl_vcheck_enum, routing_strategies, 0},
+    {"successRate", sl_vcheck_object, &success_rate_schema, 0},
     {NULL, NULL, NULL, 0},
 };
+
+/* One `routing` block: rules (docs/routing.md "Rule-based backend choice")
+ * and the strategy among the chosen backends ("Success-rate routing"). */
+static void routing_extra(sl_vctx_t *c, json_t *obj)
+{
+    rules_extra(c, obj);
+    strategy_extra(c, obj);
+    json_t *s = sl_validate_get(obj, "strategy");
+    if (s && strcmp(json_string_value(s), "success-rate") == 0 &&
+        (sl_validate_get(obj, "rules") || sl_validate_get(obj, "default")))
+        at_key(c, "strategy", report,
+               "success-rate picks among backendRefs; with rules or a default it is not "
+               "supported yet: put the success-rate block on an operation without rules");
+}
 static const sl_vschema_t routing_schema = {routing_fields, routing_extra};
 
 /* Every pathParam a statement names, for the operation's check that its
@@ -988,6 +1108,7 @@ static const sl_vfield_t operation_fields[] = {
     {"maxRequestBodyBytes", sl_vcheck_int, &bytes_range, 0},
     {"upgrades", sl_vcheck_array, &upgrades_array, 0},
     {"policies", sl_policy_vcheck_list, "operation", 0},
+    {"action", sl_vcheck_enum, operation_actions, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t operation_schema = {operation_fields, operation_extra};
@@ -2310,7 +2431,15 @@ static json_t *tlog_fields_openapi(const void *arg)
                      "x-kubernetes-list-type", "set");
 }
 
+static json_t *number_range_openapi(const void *arg)
+{
+    const num_range_t *r = arg;
+    return json_pack("{s:s, s:f, s:f, s:s}", "type", "number", "minimum", r->min, "maximum", r->max,
+                     "description", r->what);
+}
+
 const sl_vopenapi_t sl_validate_spec_openapi[] = {
+    {check_number_range, NULL, number_range_openapi},
     {check_method,
      "{\"type\":\"string\",\"description\":\"an HTTP method (GET, HEAD, POST, PUT, DELETE, PATCH, "
      "OPTIONS, TRACE, CONNECT) or \\\"*\\\" for any\"}",

@@ -15,6 +15,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "pbjson.h"
+#include "srate.h"
 #include "tls_files.h"
 #include "worker.h"
 #include "snapcache.h"
@@ -534,6 +535,12 @@ static json_t *admin_config_dump(void *ctx)
                         sl_pbjson_from_message(&gen->snap->base));
     }
     rcu_thread_offline();
+    if (out) {
+        /* Success-rate routing: the (key, backend) pairs out of the choice. */
+        json_t *elim = sl_srate_scores_json(SIZE_MAX, 1);
+        if (elim)
+            json_object_set_new(out, "success_rate_eliminations", elim);
+    }
     if (rt->xds) {
         /* A managed runtime shows its stream state even before a config. */
         if (!out)

@@ -1,5 +1,6 @@
 /*
- * Runtime admin listener: /live, /ready, /metrics, /config_dump, /clusters
+ * Runtime admin listener: /live, /ready, /metrics, /config_dump, /clusters,
+ * /scores
  * over libevent's evhttp on the main thread's event_base.
  *
  * Responsible for: parsing the --admin address, binding it with an error that
@@ -19,6 +20,7 @@
 
 #include "metrics.h"
 #include "policy.h"
+#include "srate.h"
 #include "sl_types.h"
 
 #include <arpa/inet.h>
@@ -237,6 +239,45 @@ static void handle_config_dump(sl_admin_t *admin, struct evhttp_request *req)
     evbuffer_free(body);
 }
 
+/* /scores: the success-rate windows (srate.h), per scope the most recently
+ * used keys first; ?limit=N keys per scope (default 1000). */
+static void handle_scores(sl_admin_t *admin, struct evhttp_request *req)
+{
+    (void)admin;
+    size_t limit = 1000;
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *q = uri ? evhttp_uri_get_query(uri) : NULL;
+    struct evkeyvalq params = {0};
+    if (q && evhttp_parse_query_str(q, &params) == 0) {
+        const char *l = evhttp_find_header(&params, "limit");
+        char *end = NULL;
+        long v = l ? strtol(l, &end, 10) : 0;
+        if (l && (!*l || *end || v < 1 || v > 100000)) {
+            evhttp_clear_headers(&params);
+            reply_error(req, 400, "Bad Request", "bad_limit",
+                        "limit: give a number of keys per scope from 1 to 100000");
+            return;
+        }
+        if (l)
+            limit = (size_t)v;
+        evhttp_clear_headers(&params);
+    }
+    json_t *doc = json_pack("{s:o}", "scopes", sl_srate_scores_json(limit, 0));
+    struct evbuffer *body = evbuffer_new();
+    if (!doc || !body || json_dump_callback(doc, dump_to_evbuffer, body, JSON_INDENT(2)) != 0 ||
+        evbuffer_add(body, "\n", 1) != 0) {
+        json_decref(doc);
+        if (body)
+            evbuffer_free(body);
+        reply_error(req, 500, "Internal Server Error", "internal_error",
+                    "could not build the scores document");
+        return;
+    }
+    json_decref(doc);
+    send_reply(req, 200, "OK", "application/json", body);
+    evbuffer_free(body);
+}
+
 /* One endpoint of /clusters, added to its backend's array in `by_backend`
  * (an object keyed by backend name). Runs under the endpoint registry lock:
  * only reads the state. */
@@ -374,7 +415,7 @@ static const struct {
 } admin_routes[] = {
     {"/live", handle_live},         {"/ready", handle_ready},
     {"/metrics", handle_metrics},   {"/config_dump", handle_config_dump},
-    {"/clusters", handle_clusters},
+    {"/clusters", handle_clusters}, {"/scores", handle_scores},
 };
 
 static void admin_request(struct evhttp_request *req, void *arg)
@@ -415,7 +456,8 @@ static void admin_request(struct evhttp_request *req, void *arg)
         return;
     }
     reply_error(req, 404, "Not Found", "not_found",
-                "no such admin endpoint; try /live, /ready, /metrics, /config_dump or /clusters");
+                "no such admin endpoint; try /live, /ready, /metrics, /config_dump, /clusters "
+                "or /scores");
 }
 
 /* Error text for the caller; err may be NULL. vsnprintf truncates quietly

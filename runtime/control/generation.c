@@ -6,6 +6,7 @@
  * call_rcu thread.
  */
 #include "generation.h"
+#include "srate.h"
 
 #include "chain.h"
 #include "consumers.h"
@@ -86,6 +87,7 @@ static void free_generation(sl_generation_t *gen)
             for (size_t r = 0; r < gen->snap->route_tables[t]->n_routes; r++) {
                 free(routes[r].backends);
                 free(routes[r].backend_weights);
+                sl_srate_route_free(routes[r].srate);
                 for (size_t k = 0;
                      routes[r].policy_stats && k < sl_policy_chain_len(routes[r].chain); k++)
                     sl_metrics_policy_release(routes[r].policy_stats[k]);
@@ -292,6 +294,15 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 }
                 route->backend_weights[b] = refs[b]->weight ? refs[b]->weight : 1;
                 route->backend_weight_total += route->backend_weights[b];
+            }
+            if (pb->success_rate) {
+                const char *names[SL_SRATE_MAX_BACKENDS];
+                size_t nn = nrefs < SL_SRATE_MAX_BACKENDS ? nrefs : SL_SRATE_MAX_BACKENDS;
+                for (size_t b = 0; b < nn; b++)
+                    names[b] = route->backends[b]->pb->name;
+                route->srate = sl_srate_route_build(pb->success_rate, names, nn, err, errlen);
+                if (!route->srate)
+                    return -1;
             }
             route->stats = sl_metrics_route_acquire(table->name, pb->name);
             if (!route->stats)

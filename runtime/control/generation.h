@@ -40,7 +40,7 @@
  *
  * What survives a swap is not here but keyed by stable identity elsewhere:
  * endpoint health (endpoint.h), route/cluster counters (metrics.h), upstream
- * connection pools (upstream.h).
+ * connection pools (upstream.h), success-rate windows (srate.h).
  */
 #ifndef SL_GENERATION_H
 #define SL_GENERATION_H
@@ -112,6 +112,8 @@ typedef struct sl_gen_route {
     sl_gen_cluster_t **backends;
     uint32_t *backend_weights;
     uint32_t backend_weight_total;
+    /* Success-rate routing among the backends (srate.h), NULL = weighted. */
+    struct sl_srate_route *srate;
     sl_gen_timeouts_t timeouts;
     sl_gen_retry_t retry;
     uint64_t max_request_body_bytes; /* 0 = unlimited */

@@ -20,6 +20,7 @@
 #include "mirror.h"
 #include "cache/cache_store.h"
 #include "metrics.h"
+#include "srate.h"
 #include "prom.h"
 
 #include "tlog.h"
@@ -1077,4 +1078,5 @@ void sl_metrics_render(struct evbuffer *out)
     render_process(out, nworkers);
     render_health(out);
     render_certificates(out);
+    sl_srate_render_metrics(out);
 }

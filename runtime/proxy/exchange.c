@@ -935,6 +935,7 @@ static void read_response_head(sl_exchange_t *x)
         }
         if (resp.status >= 500 && sl_request_retry_allowed(&x->r, SL_UPSTREAM_ERR__COUNT,
                                                            resp.status, x->resp_head_sent)) {
+            sl_request_note_response(&x->r, resp.status, resp.headers, resp.num_headers);
             sl_buf_consume(&x->uin, sl_buf_len(&x->uin));
             sl_request_note_outcome(&x->r, 0);
             put_upconn(x, 0);
@@ -942,6 +943,7 @@ static void read_response_head(sl_exchange_t *x)
             return;
         }
         sl_request_note_outcome(&x->r, resp.status < 500);
+        sl_request_note_response(&x->r, resp.status, resp.headers, resp.num_headers);
         x->r.status = resp.status;
         sl_request_upstream_head(&x->r, resp.headers, resp.num_headers);
         x->resp_body = resp.body;

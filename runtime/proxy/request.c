@@ -13,6 +13,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "path.h"
+#include "srate.h"
 #include "tlog.h"
 #include "tlog_body.h"
 
@@ -551,6 +552,7 @@ void sl_request_reset(sl_request_t *r)
     r->cluster = NULL;
     r->num_choices = 0;
     r->fault_delay_ms = 0;
+    r->sr_pick.slot = 0;
     r->pool = NULL;
     r->ep_index = -1;
     r->replayable = 1;
@@ -784,12 +786,334 @@ static void hash_key(sl_request_t *r, const sl_req_head_t *h)
     }
 }
 
+/* A request attribute that makes up the success-rate scoring key. Query
+ * parameters are matched and returned raw (not percent-decoded). */
+static int srate_attr(void *ctx, const Sluice__V1__SuccessRate__Key *key, const char **value,
+                      size_t *len)
+{
+    const sl_req_head_t *h = ctx;
+    size_t nlen = strlen(key->name);
+    if (key->source == SLUICE__V1__SUCCESS_RATE__KEY__SOURCE__HEADER) {
+        const sl_header_t *f = find_header(h, key->name, nlen);
+        if (!f)
+            return 0;
+        *value = f->value.ptr;
+        *len = f->value.len;
+        return 1;
+    }
+    const char *p = h->query.ptr, *end = p + h->query.len;
+    while (p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *pe = amp ? amp : end;
+        const char *eq = memchr(p, '=', (size_t)(pe - p));
+        const char *ne = eq ? eq : pe;
+        if ((size_t)(ne - p) == nlen && memcmp(p, key->name, nlen) == 0) {
+            *value = eq ? eq + 1 : pe;
+            *len = eq ? (size_t)(pe - eq - 1) : 0;
+            return 1;
+        }
+        p = pe + 1;
+    }
+    return 0;
+}
+
+/* Success-rate routing: the best backend for the request's scoring key. */
+static int pick_by_success_rate(sl_request_t *r, const sl_req_head_t *h)
+{
+    sl_gen_route_t *rt = r->route;
+    char name[SL_SRATE_KEY_NAME_MAX];
+    uint64_t hash = sl_srate_key(rt->srate, srate_attr, (void *)h, name);
+    int idx = sl_srate_pick(rt->srate, rt->backend_weights, rt->srate->num_backends, hash, name,
+                            r->start_mono_us / 1000, &r->w->rng, &r->sr_pick, NULL);
+    if (idx < 0)
+        return -1;
+    r->cluster = rt->backends[idx];
+    return 0;
+}
+
+/* ---- the decision API (docs/routing.md "The decision API") ------------------ */
+
+/* Where the scoring key's attributes come from: the request itself, or the
+ * `attributes` object of a JSON body ({"headers": {...}, "query": {...}}). */
+typedef struct {
+    const sl_req_head_t *h;
+    json_t *attrs; /* NULL: the request's own */
+} action_attrs_t;
+
+static int action_attr(void *ctx, const Sluice__V1__SuccessRate__Key *key, const char **value,
+                       size_t *len)
+{
+    action_attrs_t *a = ctx;
+    if (!a->attrs)
+        return srate_attr((void *)a->h, key, value, len);
+    int header = key->source == SLUICE__V1__SUCCESS_RATE__KEY__SOURCE__HEADER;
+    json_t *obj = json_object_get(a->attrs, header ? "headers" : "query");
+    const char *k;
+    json_t *v;
+    json_object_foreach(obj, k, v)
+    {
+        if (!json_is_string(v))
+            continue;
+        if (header ? strcasecmp(k, key->name) == 0 : strcmp(k, key->name) == 0) {
+            *value = json_string_value(v);
+            *len = json_string_length(v);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* "ns/name" -> "name": Backends are referenced in their Api's namespace. */
+static const char *short_backend(const char *cluster)
+{
+    const char *s = strchr(cluster, '/');
+    return s ? s + 1 : cluster;
+}
+
+typedef struct {
+    size_t idx;
+    const sl_srate_score_t *s;
+    uint32_t weight;
+} fallback_t;
+
+static int cmp_fallback(const void *a, const void *b)
+{
+    const fallback_t *x = a, *y = b;
+    if (x->s && y->s) {
+        if (x->s->eliminated != y->s->eliminated)
+            return x->s->eliminated - y->s->eliminated;
+        if (x->s->score_ppm != y->s->score_ppm)
+            return x->s->score_ppm > y->s->score_ppm ? -1 : 1;
+    }
+    if (x->weight != y->weight)
+        return x->weight > y->weight ? -1 : 1;
+    return x->idx < y->idx ? -1 : 1;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The answer's JSON into the request's arena, as the chain's reply. */
+static int action_answer(sl_request_t *r, json_t *doc, sl_request_error_t *err)
+{
+    sl_req_policy_t *p = r->pol;
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    size_t n = text ? strlen(text) : 0;
+    char *body = text ? sl_policy_alloc(&p->v, n) : NULL;
+    if (!body) {
+        free(text);
+        set_error(err, 503, "overloaded", 0, "the answer does not fit the request's memory");
+        return SL_ERROR;
+    }
+    memcpy(body, text, n);
+    free(text);
+    const char *code =
+        r->route->pb->action == SLUICE__V1__ROUTE__ACTION__DECIDE ? "decide" : "feedback";
+    p->reply.status = 200;
+    p->reply.code = code;
+    p->reply.message[0] = '\0';
+    p->reply.num_headers = 0;
+    p->reply.body = body;
+    p->reply.body_len = n;
+    p->reply.content_type = "application/json";
+    p->replied = 1;
+    set_error(err, 200, code, 0, "%s", "");
+    return SL_ERROR;
+}
+
+static int action_decide(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
+                         sl_request_error_t *err)
+{
+    sl_gen_route_t *rt = r->route;
+    uint64_t t0 = mono_ns();
+    size_t n = rt->num_backends;
+    if (n == 0) {
+        set_error(err, 503, "no_backend", 0, "the route has no backend");
+        return SL_ERROR;
+    }
+    if (n > SL_SRATE_MAX_BACKENDS)
+        n = SL_SRATE_MAX_BACKENDS;
+    sl_srate_score_t scores[SL_SRATE_MAX_BACKENDS];
+    sl_srate_pick_t pick;
+    char key[SL_SRATE_KEY_NAME_MAX];
+    int idx;
+    action_attrs_t a = {h, attrs};
+    if (rt->srate) {
+        uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
+        idx = sl_srate_pick(rt->srate, rt->backend_weights, n, hash, key, sl_endpoint_now_ms(),
+                            &r->w->rng, &pick, scores);
+    } else {
+        uint64_t x = sl_lb_rng_next(&r->w->rng) % rt->backend_weight_total;
+        for (idx = 0; idx < (int)n - 1 && x >= rt->backend_weights[idx]; idx++)
+            x -= rt->backend_weights[idx];
+    }
+    fallback_t fb[SL_SRATE_MAX_BACKENDS];
+    size_t nfb = 0;
+    for (size_t b = 0; b < n; b++)
+        if ((int)b != idx)
+            fb[nfb++] = (fallback_t){b, rt->srate ? &scores[b] : NULL, rt->backend_weights[b]};
+    qsort(fb, nfb, sizeof(*fb), cmp_fallback);
+    uint64_t took_ns = mono_ns() - t0;
+    json_t *doc = json_object();
+    json_t *fallback = json_array();
+    for (size_t i = 0; i < nfb; i++)
+        json_array_append_new(fallback,
+                              json_string(short_backend(rt->backends[fb[i].idx]->pb->name)));
+    json_object_set_new(doc, "backend", json_string(short_backend(rt->backends[idx]->pb->name)));
+    json_object_set_new(doc, "fallback", fallback);
+    json_object_set_new(doc, "strategy", json_string(rt->srate ? "success-rate" : "weighted"));
+    /* Rule-based routing is not in this build: no rule ever matched. */
+    json_object_set_new(doc, "rule", json_null());
+    if (rt->srate) {
+        json_t *sc = json_array();
+        for (size_t b = 0; b < n; b++)
+            json_array_append_new(sc, json_pack("{s:s, s:f, s:b, s:f, s:i}", "backend",
+                                                short_backend(rt->backends[b]->pb->name), "score",
+                                                scores[b].score_ppm / 1e6, "eliminated",
+                                                scores[b].eliminated, "eliminationScore",
+                                                scores[b].elimination_ppm / 1e6, "outcomes",
+                                                (int)scores[b].outcomes));
+        json_object_set_new(doc, "key", json_string(key));
+        json_object_set_new(doc, "explored", json_boolean(pick.explored));
+        json_object_set_new(doc, "scores", sc);
+    }
+    json_object_set_new(doc, "decisionMicros", json_real(took_ns / 1000.0));
+    return action_answer(r, doc, err);
+}
+
+static int action_feedback(sl_request_t *r, const sl_req_head_t *h, json_t *body,
+                           sl_request_error_t *err)
+{
+    sl_gen_route_t *rt = r->route;
+    if (!rt->srate) {
+        set_error(err, 409, "not_success_rate", 0,
+                  "this operation's routing is not success-rate: set routing.strategy: "
+                  "success-rate on the Api or the operation");
+        return SL_ERROR;
+    }
+    json_t *backend = json_object_get(body, "backend");
+    json_t *outcome = json_object_get(body, "outcome");
+    json_t *attrs = json_object_get(body, "attributes");
+    if (!json_is_string(backend)) {
+        set_error(err, 400, "bad_feedback", 0,
+                  "backend: required, the name of one of the Api's backendRefs");
+        return SL_ERROR;
+    }
+    const char *o = json_string_value(outcome);
+    int success = o && strcmp(o, "success") == 0;
+    if (!o || (!success && strcmp(o, "failure") != 0)) {
+        set_error(err, 400, "bad_feedback", 0, "outcome: required, \"success\" or \"failure\"");
+        return SL_ERROR;
+    }
+    if (attrs && !json_is_object(attrs)) {
+        set_error(err, 400, "bad_feedback", 0,
+                  "attributes: an object {\"headers\": {...}, \"query\": {...}}");
+        return SL_ERROR;
+    }
+    const char *want = json_string_value(backend);
+    const char *cluster = NULL;
+    for (size_t b = 0; b < rt->srate->num_backends; b++) {
+        const char *name = rt->backends[b]->pb->name;
+        if (strcmp(name, want) == 0 || strcmp(short_backend(name), want) == 0)
+            cluster = name;
+    }
+    if (!cluster) {
+        set_error(err, 400, "bad_feedback", 0,
+                  "backend: '%.100s' is not one of this operation's backends", want);
+        return SL_ERROR;
+    }
+    action_attrs_t a = {h, attrs};
+    char key[SL_SRATE_KEY_NAME_MAX];
+    uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
+    sl_srate_feedback(rt->srate, hash, key, cluster, success, sl_endpoint_now_ms());
+    return action_answer(r,
+                         json_pack("{s:b, s:s, s:s, s:s}", "recorded", 1, "backend",
+                                   short_backend(cluster), "key", key, "outcome",
+                                   success ? "success" : "failure"),
+                         err);
+}
+
+/* A decide or feedback operation answers itself, from the request's
+ * attributes, or from its JSON body (body != NULL: read whole). */
+static int action_run(sl_request_t *r, const sl_req_head_t *h, const char *body, size_t len,
+                      sl_request_error_t *err)
+{
+    json_t *doc = NULL;
+    if (body && len) {
+        json_error_t je;
+        doc = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+        if (!json_is_object(doc)) {
+            json_decref(doc);
+            set_error(err, 400, "bad_json", 0, "the body must be a JSON object (line %d: %.100s)",
+                      je.line, je.text);
+            return SL_ERROR;
+        }
+    }
+    int rc;
+    if (r->route->pb->action == SLUICE__V1__ROUTE__ACTION__DECIDE) {
+        json_t *attrs = doc ? json_object_get(doc, "attributes") : NULL;
+        if (doc && !attrs)
+            attrs = doc; /* the body is the attributes object itself */
+        rc = action_decide(r, h, attrs, err);
+    } else {
+        if (!doc) {
+            set_error(err, 400, "bad_feedback", 0,
+                      "send a JSON body: {\"backend\": ..., \"attributes\": {...}, "
+                      "\"outcome\": \"success\" | \"failure\"}");
+            rc = SL_ERROR;
+        } else {
+            rc = action_feedback(r, h, doc, err);
+        }
+    }
+    json_decref(doc);
+    return rc;
+}
+
+/* The largest JSON body a decide or feedback operation reads. */
+#define SL_ACTION_MAX_BODY 65536
+
+static int action_route(sl_request_t *r, const sl_req_head_t *h, sl_request_error_t *err)
+{
+    sl_req_policy_t *p = r->pol;
+    if (p->v.has_body) {
+        /* Read first: sl_request_body_done answers. */
+        uint64_t cap = SL_ACTION_MAX_BODY;
+        if (r->max_body_bytes && r->max_body_bytes < cap)
+            cap = r->max_body_bytes;
+        if (cap > p->body_cap)
+            p->body_cap = cap;
+        if (h->has_length && h->content_length > p->body_cap) {
+            set_error(err, 413, "payload_too_large", 1,
+                      "the request body exceeds the limit of %llu bytes",
+                      (unsigned long long)p->body_cap);
+            return SL_ERROR;
+        }
+        if (r->route->num_backends == 0) {
+            set_error(err, 503, "no_backend", 0, "the route has no backend");
+            return SL_ERROR;
+        }
+        /* The codecs prepare an upstream head while the body is read, as
+         * for any request whose body a policy reads; it is never sent, and
+         * the cluster is cleared before the answer (no backend counts it). */
+        r->cluster = r->route->backends[0];
+        return SL_OK;
+    }
+    return action_run(r, h, NULL, 0, err);
+}
+
 /* The backend of the route, by weight. */
-static int pick_cluster(sl_request_t *r)
+static int pick_cluster(sl_request_t *r, const sl_req_head_t *h)
 {
     sl_gen_route_t *rt = r->route;
     if (rt->num_backends == 0)
         return -1;
+    if (sl_unlikely(rt->srate != NULL))
+        return pick_by_success_rate(r, h);
     size_t idx = 0;
     if (rt->num_backends > 1) {
         uint64_t x = sl_lb_rng_next(&r->w->rng) % rt->backend_weight_total;
@@ -1119,7 +1443,7 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
         return SL_ERROR;
     int rules_body = sl_unlikely(r->route->rules != NULL) &&
                      sl_route_rules_reads_body(r->route->rules);
-    if (r->route->chain || rules_body) {
+    if (r->route->chain || rules_body || sl_unlikely(r->route->pb->action)) {
         if (run_policies(r, h, rq.path, rr.base_path_len, err) != SL_OK)
             return SL_ERROR;
         /* Rules on the JSON body: it is read whole first (and forwarded
@@ -1154,12 +1478,16 @@ int sl_request_route(sl_request_t *r, const sl_req_head_t *h, sl_str_t *path,
             return SL_ERROR;
         }
     }
+    /* An operation that answers a routing decision itself (action: decide
+     * or feedback) proxies nothing. */
+    if (sl_unlikely(r->route->pb->action))
+        return action_route(r, h, err);
     if (sl_unlikely(r->route->rules)) {
         if (rules_body && r->pol->body_cap)
             defer_rules(r, h, rq.path, rr.base_path_len);
         else
             route_by_rules(r, h, rq.path, rr.base_path_len);
-    } else if (pick_cluster(r) != 0) {
+    } else if (pick_cluster(r, h) != 0) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
     }
@@ -1336,6 +1664,15 @@ int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *er
     if (rc != SL_POLICY_CONTINUE) {
         sl_buf_free(&p->body);
         return policy_replied(r, err);
+    }
+    if (sl_unlikely(r->route->pb->action)) {
+        /* The head's buffers are gone by now (detach_view): the attributes
+         * come from the body, or the key is the request's none. */
+        sl_req_head_t none = {0};
+        r->cluster = NULL;
+        rc = action_run(r, &none, bytes, sl_buf_len(&p->body), err);
+        sl_buf_free(&p->body);
+        return rc;
     }
     if (sl_unlikely(p->mirror)) {
         sl_mirror_push(r->w->id, p->mirror, bytes, sl_buf_len(&p->body));
@@ -1529,9 +1866,60 @@ int sl_request_retried_on_reset(const sl_request_t *r)
     return rp->on_reset && rp->attempts > 0 && (idempotent || rp->non_idempotent);
 }
 
+/* An outcome for success-rate routing, unless it is older than the
+ * configured age (a request that took longer than that). */
+static void srate_outcome(sl_request_t *r, int success)
+{
+    const sl_srate_route_t *sr = r->route->srate;
+    /* The clock is read only when outcomes age: otherwise the request's
+     * start is a good enough time stamp for its slot. */
+    uint64_t start_ms = r->start_mono_us / 1000, now = start_ms;
+    if (sr->max_outcome_age_ms) {
+        now = sl_endpoint_now_ms();
+        if (now > start_ms + sr->max_outcome_age_ms)
+            return;
+    }
+    sl_srate_record(sr, &r->sr_pick, success, now);
+}
+
 void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind)
 {
     SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[kind], 1);
+    if (sl_unlikely(r->route && r->route->srate && r->sr_pick.slot)) {
+        const sl_srate_route_t *sr = r->route->srate;
+        int failed = 0;
+        switch (kind) {
+        case SL_UPSTREAM_ERR_CONNECT:
+        case SL_UPSTREAM_ERR_CONNECT_TIMEOUT:
+        case SL_UPSTREAM_ERR_NO_HEALTHY:
+            failed = sr->fail_connect;
+            break;
+        case SL_UPSTREAM_ERR_TIMEOUT:
+            failed = sr->fail_timeout;
+            break;
+        case SL_UPSTREAM_ERR_RESET:
+            failed = sr->fail_reset;
+            break;
+        case SL_UPSTREAM_ERR_BAD_RESPONSE:
+            failed = sr->fail_5xx; /* answered as 502 */
+            break;
+        default:
+            break; /* pool full is ours; a 5xx is judged by its status */
+        }
+        if (failed)
+            srate_outcome(r, 0);
+    }
+}
+
+void sl_request_srate_response(sl_request_t *r, int status, const sl_header_t *headers, size_t n)
+{
+    const sl_srate_route_t *sr = r->route->srate;
+    const sl_header_t *f = NULL;
+    if (sr->fail_header_len)
+        f = sl_http1_find_header(headers, n, sr->pb->fail_header, sr->fail_header_len);
+    int ok = sl_srate_classify_status(sr, status, f ? f->value.ptr : NULL, f ? f->value.len : 0);
+    if (ok >= 0)
+        srate_outcome(r, ok);
 }
 
 void sl_request_note_outcome(sl_request_t *r, int success)

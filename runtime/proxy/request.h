@@ -37,6 +37,7 @@
 #include "http1.h"
 #include "policy.h"
 #include "route_rules.h"
+#include "srate.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -117,6 +118,7 @@ typedef struct sl_request {
     uint8_t cb_held;
     uint32_t fault_delay_ms; /* injected before the first attempt (sl_exchange_start) */
     struct sl_cluster_stats *cb_stats;
+    sl_srate_pick_t sr_pick; /* success-rate routing: what to score (slot 0 = nothing) */
     int ep_index;            /* endpoint of the current attempt, -1 none */
     sl_pool_t *pool;         /* that endpoint's pool on this worker */
     uint8_t counted_request; /* pool->active_requests counts this request */
@@ -321,8 +323,19 @@ void sl_request_make_id(sl_lb_rng_t *rng, char out[37]);
 /* Reports the attempt's outcome to passive outlier detection. */
 void sl_request_note_outcome(sl_request_t *r, int success);
 
-/* Counts an upstream failure of the current attempt. */
+/* Counts an upstream failure of the current attempt (and scores it for
+ * success-rate routing when its kind is a failure there). */
 void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind);
+
+/* The upstream's response head of the current attempt, for success-rate
+ * routing (status, failure.statuses, failure.header). */
+void sl_request_srate_response(sl_request_t *r, int status, const sl_header_t *headers, size_t n);
+static inline void sl_request_note_response(sl_request_t *r, int status, const sl_header_t *headers,
+                                            size_t n)
+{
+    if (sl_unlikely(r->route && r->route->srate && r->sr_pick.slot))
+        sl_request_srate_response(r, status, headers, n);
+}
 
 /* Leaves the pool counters of the current attempt. */
 void sl_request_leave_pool(sl_request_t *r);

@@ -298,6 +298,7 @@ static void deliver_head(sl_h2up_t *h, sl_exchange_t *x, int end_stream)
         sl_exchange_failed(x, SL_UPSTREAM_ERR_BAD_RESPONSE, 0);
         return;
     }
+    sl_request_note_response(&x->r, status, f, n);
     if (status >= 500 && sl_request_retry_allowed(&x->r, SL_UPSTREAM_ERR__COUNT, status, 0)) {
         sl_h2up_detach(x);
         sl_exchange_failed(x, SL_UPSTREAM_ERR__COUNT, status);

@@ -124,7 +124,8 @@ static void test_snapshot_to_json(void **state)
         "     \"retry\":{\"attempts\":2,\"on_connect_failure\":true,\"on_reset\":false,"
         "       \"on_status\":[502,503,504],\"non_idempotent\":false,\"budget_percent\":0,"
         "       \"min_retry_concurrency\":0,\"per_try_timeout_ms\":0},"
-        "     \"max_request_body_bytes\":0,\"upgrades\":[],\"tunnel_idle_ms\":0,\"policies\":[]}],"
+        "     \"max_request_body_bytes\":0,\"upgrades\":[],\"tunnel_idle_ms\":0,\"policies\":[],"
+        "     \"action\":\"PROXY\"}],"
         "   \"max_request_body_bytes\":1099511627776,\"version\":\"\"}],"
         " \"certificates\":[], \"consumers\":[]}",
         0, &jerr);

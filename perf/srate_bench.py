@@ -1,0 +1,189 @@
+#!/usr/bin/python3
+"""The decision API's throughput and latency, and what success-rate routing
+costs a proxied request (issue 13's figures).
+
+1. `action: decide` (success-rate, one scoring key; local windows, then
+   with `sharing: redis` to a redis-server the script starts): the
+   runtime (one worker) pinned to CPU 0, wrk on CPU 1; a ceiling run (wrk
+   -c8, as fast as it answers) gives decisions/s, decisions per CPU second
+   of the runtime (utime + stime from /proc over the run) and p99; then a
+   paced run at half the ceiling (wrk -c64, each connection waiting between
+   requests through a Lua delay()) gives the p99 at 50% load.
+2. Proxied GETs to an nginx origin (`return 200`) through an Api with two
+   Backends on the same origin, weighted pick vs success-rate: CPU µs per
+   request of the runtime, side by side.
+
+The Hyperswitch decision engine's published figure is 835 decisions/s on a
+2-core pod (about 418 per core). Not a test: run it on a quiet machine.
+Loopback only; servers on ports picked here, stopped at the end.
+
+usage: perf/srate_bench.py [--build build] [--duration 10]
+"""
+import argparse
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def cpu_us(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url, duration, conns, headers=(), script=None):
+    args = ["taskset", "-c", "1", "wrk", "-t1", "-c%d" % conns, "-d%ds" % duration, "--latency"]
+    for h in headers:
+        args += ["-H", h]
+    if script:
+        args += ["-s", script]
+    out = subprocess.run(args + [url], capture_output=True, text=True).stdout
+    n = int(re.search(r"(\d+) requests in", out).group(1))
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    mult = {"us": 1, "ms": 1000, "s": 1000000}[p99.group(2)]
+    return n, float(p99.group(1)) * mult
+
+
+def runtime(binary, d, name, text):
+    cfg = os.path.join(d, name + ".yaml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    return subprocess.Popen(["taskset", "-c", "0", binary, "--config", cfg, "--workers", "1",
+                             "--admin", "off", "--access-log", "off", "--log-level", "warn"])
+
+
+def wait_port(port):
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("runtime did not listen on %d" % port)
+
+
+def config(port, origin_port, strategy, redis_port=None):
+    sharing = (", sharing: redis, redis: {address: \"127.0.0.1:%d\"}" % redis_port
+               if redis_port else "")
+    routing = ("  routing:\n    strategy: success-rate\n"
+               "    successRate: {keys: [{header: X-Payment-Method}]%s}\n" % sharing
+               if strategy == "success-rate" else "")
+    return """apiVersion: gateway.sluice.dev/v1alpha1
+kind: Gateway
+metadata: {name: g}
+spec:
+  listeners: [{name: http, port: %d, protocol: http, address: 127.0.0.1}]
+---
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Backend
+metadata: {name: a}
+spec:
+  endpoints: [{address: 127.0.0.1, port: %d}]
+---
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Backend
+metadata: {name: b}
+spec:
+  endpoints: [{address: 127.0.0.1, port: %d}]
+---
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Api
+metadata: {name: pay}
+spec:
+  basePath: /pay
+  backendRefs: [{name: a}, {name: b}]
+%s  operations:
+  - {name: decide, method: GET, path: /decide, action: decide}
+  - {name: charge, method: GET, path: /charge}
+""" % (port, origin_port, origin_port, routing)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--duration", type=int, default=10)
+    a = ap.parse_args()
+    binary = os.path.join(REPO, a.build, "bin", "sluice-runtime")
+    d = tempfile.mkdtemp(prefix="srate-bench-")
+    oport = free_port()
+    nconf = os.path.join(d, "nginx.conf")
+    with open(nconf, "w") as f:
+        f.write("worker_processes 1;\ndaemon off;\npid %s/nginx.pid;\nerror_log %s/nginx.err;\n"
+                "events { worker_connections 4096; }\nhttp { access_log off; server { listen "
+                "127.0.0.1:%d; location / { return 200 \"ok\\n\"; } } }\n" % (d, d, oport))
+    nginx = subprocess.Popen(["taskset", "-c", "1", "nginx", "-c", nconf])
+    hdr = ["X-Payment-Method: card"]
+    rport = free_port()
+    redis = subprocess.Popen(["taskset", "-c", "1", "redis-server", "--port", str(rport), "--bind",
+                              "127.0.0.1", "--save", "", "--appendonly", "no"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        print("| decide (success-rate) | decisions/s | decisions per CPU second "
+              "| CPU µs/decision | p99 at ceiling | rate at ~50% | p99 at ~50% |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for windows, rp in (("local windows", None), ("sharing: redis", rport)):
+            decide_run(binary, d, oport, hdr, a.duration, windows, rp)
+        print()
+        print("| proxied GET | requests | CPU µs/request | ratio |")
+        print("| --- | ---: | ---: | ---: |")
+        base = None
+        for strategy in ("weighted", "success-rate"):
+            port = free_port()
+            rt = runtime(binary, d, strategy, config(port, oport, strategy))
+            try:
+                wait_port(port)
+                url = "http://127.0.0.1:%d/pay/charge" % port
+                wrk(url, 2, 4, hdr)
+                c0 = cpu_us(rt.pid)
+                n, _ = wrk(url, a.duration, 4, hdr)
+                per = (cpu_us(rt.pid) - c0) / n
+                base = base or per
+                print("| %s | %d | %.2f | %.3f |" % (strategy, n, per, per / base))
+            finally:
+                rt.terminate()
+                rt.wait(10)
+    finally:
+        nginx.terminate()
+        nginx.wait(5)
+        redis.terminate()
+        redis.wait(5)
+
+
+def decide_run(binary, d, oport, hdr, duration, windows, redis_port):
+    """One row of the decide table: the ceiling, then ~50% of it."""
+    port = free_port()
+    rt = runtime(binary, d, "decide", config(port, oport, "success-rate", redis_port))
+    try:
+        wait_port(port)
+        url = "http://127.0.0.1:%d/pay/decide" % port
+        wrk(url, 2, 8, hdr)
+        c0 = cpu_us(rt.pid)
+        n, p99 = wrk(url, duration, 8, hdr)
+        cpu = cpu_us(rt.pid) - c0
+        ceiling = n / float(duration)
+        lua = os.path.join(d, "pace.lua")
+        with open(lua, "w") as f:
+            f.write("function delay() return %d end\n" % max(1, round(64 * 1000 / (ceiling / 2))))
+        n2, p99_half = wrk(url, duration, 64, hdr, lua)
+        print("| %s, 1 worker | %.0f | %.0f | %.2f | %.0f µs | %.0f/s | %.0f µs |" % (
+            windows, ceiling, n / (cpu / 1e6), cpu / n, p99, n2 / float(duration), p99_half))
+    finally:
+        rt.terminate()
+        rt.wait(10)
+
+
+if __name__ == "__main__":
+    main()
