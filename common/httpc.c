@@ -149,6 +149,29 @@ static int tls_ctx(sl_httpc_t *c)
                  ssl_reason());
         goto fail;
     }
+    if (set(c->cert_pem)) {
+        /* Checked by the same code as a listener's (tls_pem.c): the chain
+         * in order, the key matching its leaf. */
+        sl_pem_cert_t pc;
+        sl_pem_field_t field;
+        const char *kp = c->key_pem ? c->key_pem : "";
+        if (sl_pem_load(&pc, c->cert_pem, strlen(c->cert_pem), kp, strlen(kp), 0, 0, &field, why,
+                        sizeof(why)) != 0) {
+            snprintf(c->why, sizeof(c->why), "%s: %s: %s", c->cert_name ? c->cert_name : "client certificate",
+                     sl_pem_field_name(field), why);
+            goto fail;
+        }
+        int ok = SSL_CTX_use_certificate(ctx, pc.leaf) == 1 &&
+                 SSL_CTX_use_PrivateKey(ctx, pc.key) == 1;
+        for (int i = 0; ok && i < sk_X509_num(pc.chain); i++)
+            ok = SSL_CTX_add1_chain_cert(ctx, sk_X509_value(pc.chain, i)) == 1;
+        sl_pem_free(&pc);
+        if (!ok) {
+            snprintf(c->why, sizeof(c->why), "%s: cannot be used: %s",
+                     c->cert_name ? c->cert_name : "client certificate", ssl_reason());
+            goto fail;
+        }
+    }
     ERR_clear_error();
     c->ctx = ctx;
     return 0;
@@ -425,16 +448,27 @@ static size_t dechunk(char *p, size_t len)
     }
 }
 
-int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, const char *headers,
-                     const char *body, size_t blen, uint64_t timeout_ms, const char **rbody,
-                     size_t *rlen)
+/* What the head of a response says about its body. */
+typedef struct {
+    int status;
+    size_t hlen; /* bytes of the head in c->buf */
+    int chunked, close_after;
+    long clen; /* -1 = none */
+} head_t;
+
+/* Sends a request and reads the head of its response (a kept connection the
+ * server had closed is tried once more on a new one). 0 with *h, or -1 with
+ * c->why (the connection closed). */
+static int send_and_head(sl_httpc_t *c, const char *method, const char *target,
+                         const char *headers, const char *body, size_t blen, uint64_t timeout_ms,
+                         head_t *h)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
         uint64_t deadline = now_ms() + timeout_ms;
         int reused = c->fd >= 0;
         if (!reused && conn_open(c, deadline) != 0)
-            return 0;
-        char head[2048], length[48] = "";
+            return -1;
+        char head[2048 + 4096], length[48] = "";
         if (body)
             snprintf(length, sizeof(length), "Content-Length: %zu\r\n", blen);
         int v6 = strchr(c->host, ':') != NULL;
@@ -445,7 +479,7 @@ int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, cons
                           dflt ? "" : c->port, length, headers ? headers : "");
         if (hl < 0 || (size_t)hl >= sizeof(head)) {
             snprintf(c->why, sizeof(c->why), "request head too long");
-            return 0;
+            return -1;
         }
         c->len = 0;
         if (send_all(c, head, (size_t)hl, deadline) != 0 ||
@@ -453,7 +487,7 @@ int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, cons
             sl_httpc_close(c);
             if (reused)
                 continue; /* the server closed an idle connection: once more on a new one */
-            return 0;
+            return -1;
         }
         /* The head. */
         char *hend = NULL;
@@ -470,7 +504,7 @@ int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, cons
             if (rr == 0)
                 snprintf(c->why, sizeof(c->why), "%s:%s closed the connection before answering",
                          c->host, c->port);
-            return 0;
+            return -1;
         }
         int status = 0;
         if (c->len < 12 || strncmp(c->buf, "HTTP/1.", 7) != 0 ||
@@ -478,71 +512,198 @@ int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, cons
             snprintf(c->why, sizeof(c->why), "not an HTTP/1.x response from %s:%s", c->host,
                      c->port);
             sl_httpc_close(c);
-            return 0;
+            return -1;
         }
-        size_t hlen = (size_t)(hend - c->buf) + 4;
-        int chunked = 0, close_after = 0;
-        long clen = -1;
-        for (char *line = memchr(c->buf, '\n', hlen); line && line < hend;
+        h->status = status;
+        h->hlen = (size_t)(hend - c->buf) + 4;
+        h->chunked = 0;
+        h->close_after = 0;
+        h->clen = -1;
+        for (char *line = memchr(c->buf, '\n', h->hlen); line && line < hend;
              line = memchr(line, '\n', (size_t)(hend - line))) {
             line++;
             if (strncasecmp(line, "content-length:", 15) == 0)
-                clen = strtol(line + 15, NULL, 10);
+                h->clen = strtol(line + 15, NULL, 10);
             else if (strncasecmp(line, "transfer-encoding:", 18) == 0)
-                chunked = 1; /* nothing but chunked is ever sent to a request without TE */
+                h->chunked = 1; /* nothing but chunked is ever sent to a request without TE */
             else if (strncasecmp(line, "connection:", 11) == 0) {
                 const char *eol = memchr(line, '\r', (size_t)(hend + 2 - line));
                 for (const char *p = line + 11; eol && p + 5 <= eol; p++)
                     if (strncasecmp(p, "close", 5) == 0)
-                        close_after = 1;
+                        h->close_after = 1;
             }
         }
         if (strcasecmp(method, "HEAD") == 0 || status == 204 || status == 304 || status < 200)
-            clen = 0, chunked = 0;
-        /* The body. */
-        for (;;) {
-            size_t have = c->len - hlen;
-            if (chunked) {
-                int whole = chunked_complete(c->buf + hlen, have);
-                if (whole > 0) {
-                    *rlen = dechunk(c->buf + hlen, have);
-                    break;
-                }
-                if (whole < 0) {
-                    snprintf(c->why, sizeof(c->why), "bad chunked body from %s:%s", c->host,
-                             c->port);
-                    sl_httpc_close(c);
-                    return 0;
-                }
-            } else if (clen >= 0 && have >= (size_t)clen) {
-                *rlen = (size_t)clen;
+            h->clen = 0, h->chunked = 0;
+        return 0;
+    }
+    return -1;
+}
+
+/* Reads the whole body after the head: the status, or 0 with c->why. */
+static int read_body(sl_httpc_t *c, head_t *h, uint64_t deadline, const char **rbody, size_t *rlen)
+{
+    size_t hlen = h->hlen;
+    for (;;) {
+        size_t have = c->len - hlen;
+        if (h->chunked) {
+            int whole = chunked_complete(c->buf + hlen, have);
+            if (whole > 0) {
+                *rlen = dechunk(c->buf + hlen, have);
                 break;
             }
-            int r = recv_more(c, deadline);
-            if (r < 0) {
+            if (whole < 0) {
+                snprintf(c->why, sizeof(c->why), "bad chunked body from %s:%s", c->host, c->port);
                 sl_httpc_close(c);
                 return 0;
             }
-            if (r == 0) {
-                if (clen < 0 && !chunked && c->clean_eof) {
-                    *rlen = c->len - hlen;
-                    close_after = 1;
-                    break;
-                }
-                snprintf(c->why, sizeof(c->why), "%s:%s %s", c->host, c->port,
-                         clen < 0 && !chunked
-                             ? "ended a response without a length with no TLS close_notify: "
-                               "it may be truncated"
-                             : "closed the connection mid-response");
-                sl_httpc_close(c);
-                return 0;
-            }
+        } else if (h->clen >= 0 && have >= (size_t)h->clen) {
+            *rlen = (size_t)h->clen;
+            break;
         }
-        *rbody = c->buf + hlen;
-        c->buf[hlen + *rlen] = '\0';
-        if (close_after)
+        int r = recv_more(c, deadline);
+        if (r < 0) {
             sl_httpc_close(c);
-        return status;
+            return 0;
+        }
+        if (r == 0) {
+            if (h->clen < 0 && !h->chunked && c->clean_eof) {
+                *rlen = c->len - hlen;
+                h->close_after = 1;
+                break;
+            }
+            snprintf(c->why, sizeof(c->why), "%s:%s %s", c->host, c->port,
+                     h->clen < 0 && !h->chunked
+                         ? "ended a response without a length with no TLS close_notify: "
+                           "it may be truncated"
+                         : "closed the connection mid-response");
+            sl_httpc_close(c);
+            return 0;
+        }
     }
+    *rbody = c->buf + hlen;
+    c->buf[hlen + *rlen] = '\0';
+    if (h->close_after)
+        sl_httpc_close(c);
+    return h->status;
+}
+
+int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, const char *headers,
+                     const char *body, size_t blen, uint64_t timeout_ms, const char **rbody,
+                     size_t *rlen)
+{
+    head_t h;
+    uint64_t deadline = now_ms() + timeout_ms;
+    if (send_and_head(c, method, target, headers, body, blen, timeout_ms, &h) != 0)
+        return 0;
+    return read_body(c, &h, deadline, rbody, rlen);
+}
+
+/* Drops the first n bytes of the buffer (what was handed out). */
+static void consume(sl_httpc_t *c, size_t n)
+{
+    memmove(c->buf, c->buf + n, c->len - n);
+    c->len -= n;
+    c->buf[c->len] = '\0';
+}
+
+int sl_httpc_stream(sl_httpc_t *c, const char *method, const char *target, const char *headers,
+                    uint64_t head_timeout_ms, uint64_t idle_timeout_ms, sl_httpc_body_fn on_body,
+                    void *arg, const char **rbody, size_t *rlen)
+{
+    head_t h;
+    uint64_t deadline = now_ms() + head_timeout_ms;
+    if (send_and_head(c, method, target, headers, NULL, 0, head_timeout_ms, &h) != 0)
+        return 0;
+    if (h.status < 200 || h.status > 299)
+        return read_body(c, &h, deadline, rbody, rlen);
+    *rbody = "";
+    *rlen = 0;
+    consume(c, h.hlen);
+    /* Chunked: in_chunk bytes of the current chunk's data are still to
+     * come (then its CRLF); 0 = a size line is next. */
+    size_t in_chunk = 0, left = h.clen >= 0 ? (size_t)h.clen : 0;
+    int need_crlf = 0;
+    for (;;) {
+        /* Hand out whatever whole pieces the buffer holds. */
+        for (;;) {
+            if (!h.chunked) {
+                size_t n = c->len;
+                if (h.clen >= 0 && n > left)
+                    n = left;
+                if (n && on_body(arg, c->buf, n) != 0) {
+                    sl_httpc_close(c);
+                    return h.status;
+                }
+                consume(c, n);
+                if (h.clen >= 0 && (left -= n) == 0)
+                    goto done;
+                break;
+            }
+            if (need_crlf) {
+                if (c->len < 2)
+                    break;
+                if (memcmp(c->buf, "\r\n", 2) != 0)
+                    goto bad_chunk;
+                consume(c, 2);
+                need_crlf = 0;
+            }
+            if (in_chunk) {
+                size_t n = c->len < in_chunk ? c->len : in_chunk;
+                if (!n)
+                    break;
+                if (on_body(arg, c->buf, n) != 0) {
+                    sl_httpc_close(c);
+                    return h.status;
+                }
+                consume(c, n);
+                if ((in_chunk -= n) == 0)
+                    need_crlf = 1;
+                continue;
+            }
+            char *eol = c->len ? memmem(c->buf, c->len, "\r\n", 2) : NULL;
+            if (!eol) {
+                if (c->len > 1024)
+                    goto bad_chunk;
+                break;
+            }
+            char *end;
+            unsigned long long sz = strtoull(c->buf, &end, 16);
+            if (end == c->buf || sz > (1ull << 40))
+                goto bad_chunk;
+            if (sz == 0) {
+                /* The last chunk: trailers until an empty line. */
+                char *t = memmem(eol, c->len - (size_t)(eol - c->buf), "\r\n\r\n", 4);
+                if (!t)
+                    break;
+                consume(c, (size_t)(t - c->buf) + 4);
+                goto done;
+            }
+            consume(c, (size_t)(eol - c->buf) + 2);
+            in_chunk = (size_t)sz;
+        }
+        int r = recv_more(c, now_ms() + idle_timeout_ms);
+        if (r < 0) {
+            sl_httpc_close(c);
+            return 0;
+        }
+        if (r == 0) {
+            if (h.clen < 0 && !h.chunked && c->clean_eof) {
+                sl_httpc_close(c);
+                return h.status;
+            }
+            snprintf(c->why, sizeof(c->why), "%s:%s closed the connection mid-response", c->host,
+                     c->port);
+            sl_httpc_close(c);
+            return 0;
+        }
+    }
+done:
+    if (h.close_after)
+        sl_httpc_close(c);
+    return h.status;
+bad_chunk:
+    snprintf(c->why, sizeof(c->why), "bad chunked body from %s:%s", c->host, c->port);
+    sl_httpc_close(c);
     return 0;
 }

@@ -6,6 +6,8 @@
 #include "controller.h"
 #include "core.h"
 #include "crd.h"
+#include "ksource.h"
+#include "kubeconfig.h"
 #include "log.h"
 #include "model.h"
 #include "rest.h"
@@ -56,6 +58,14 @@ static void usage(FILE *out)
             "  --data-dir DIR           durable store, default ./sluice-data\n"
             "  --resources PATH         serve these files (repeatable); the REST API is then\n"
             "                           read-only (GitOps mode)\n"
+            "  --source SOURCE          where resources come from: store (default: the REST API\n"
+            "                           writes them to --data-dir), files (--resources), or\n"
+            "                           kubernetes (the API server's Sluice custom resources,\n"
+            "                           in-cluster or --kubeconfig; the REST API is read-only)\n"
+            "  --kubeconfig FILE        with --source kubernetes: use this kubeconfig's\n"
+            "                           current context instead of the pod's service account\n"
+            "  --namespace NS           with --source kubernetes: watch this namespace only\n"
+            "                           (default: every namespace)\n"
             "  --admin-token-file FILE  require 'Authorization: Bearer <token>' on /api/\n"
             "  --insecure-admin         allow a non-loopback --rest without a token\n"
             "  --rest-tls-cert FILE     serve the REST admin API over HTTPS with this PEM chain\n"
@@ -99,6 +109,9 @@ int main(int argc, char **argv)
         {"rest-tls-key", required_argument, NULL, 'K'},
         {"version", no_argument, NULL, 'V'},
         {"print-crds", no_argument, NULL, 'P'},
+        {"source", required_argument, NULL, 'S'},
+        {"kubeconfig", required_argument, NULL, 'G'},
+        {"namespace", required_argument, NULL, 'n'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -108,6 +121,7 @@ int main(int argc, char **argv)
     const char *rest_cert = NULL, *rest_key = NULL;
     const char **resources = calloc((size_t)argc, sizeof(char *));
     size_t nresources = 0;
+    const char *source = NULL, *kubeconfig = NULL, *kube_ns = NULL;
     int insecure = 0, ch;
     unsigned long long max_routes = 200000, max_runtimes = SL_CONTROLLER_DEFAULT_MAX_RUNTIMES;
     unsigned long long runtime_expiry_s = SL_CONTROLLER_DEFAULT_RUNTIME_EXPIRY_MS / 1000;
@@ -130,6 +144,15 @@ int main(int argc, char **argv)
             break;
         case 'I':
             insecure = 1;
+            break;
+        case 'S':
+            source = optarg;
+            break;
+        case 'G':
+            kubeconfig = optarg;
+            break;
+        case 'n':
+            kube_ns = optarg;
             break;
         case 'c':
             stream_cert = optarg;
@@ -205,6 +228,30 @@ int main(int argc, char **argv)
         fprintf(stderr, "sluice-controller: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
+    int kube = source && strcmp(source, "kubernetes") == 0;
+    if (source && !kube && strcmp(source, "store") != 0 && strcmp(source, "files") != 0) {
+        fprintf(stderr, "sluice-controller: --source %s: use store, files or kubernetes\n", source);
+        return 2;
+    }
+    if (source && strcmp(source, "files") == 0 && !nresources) {
+        fprintf(stderr, "sluice-controller: --source files needs --resources PATH\n");
+        return 2;
+    }
+    if (source && strcmp(source, "store") == 0 && nresources) {
+        fprintf(stderr, "sluice-controller: --resources serves files: use --source files (or "
+                        "leave --source out), not --source store\n");
+        return 2;
+    }
+    if (kube && nresources) {
+        fprintf(stderr, "sluice-controller: --source kubernetes reads the API server; "
+                        "--resources cannot be given with it\n");
+        return 2;
+    }
+    if ((kubeconfig || kube_ns) && !kube) {
+        fprintf(stderr, "sluice-controller: --%s is for --source kubernetes\n",
+                kubeconfig ? "kubeconfig" : "namespace");
+        return 2;
+    }
     if (!stream_cert != !stream_key) {
         fprintf(stderr, "sluice-controller: --stream-tls-cert and --stream-tls-key go together "
                         "(the stream's certificate chain and its private key)\n");
@@ -231,6 +278,9 @@ int main(int argc, char **argv)
     char *rest_cert_pem = NULL, *rest_key_pem = NULL;
     sl_store_t *store = NULL;
     sl_controller_t *ctl = NULL;
+    sl_ksource_t *ks = NULL;
+    sl_kubeconfig_t kc;
+    int kc_loaded = 0;
     sl_stream_server_t *srv = NULL;
     sl_rest_t *rest = NULL;
     struct event_base *base = NULL;
@@ -269,6 +319,16 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    if (kube) {
+        if ((kubeconfig ? sl_kubeconfig_load(&kc, kubeconfig, err, sizeof(err))
+                        : sl_kubeconfig_in_cluster(&kc, SL_KUBECONFIG_SA_DIR, err, sizeof(err))) !=
+            0) {
+            sl_log_error("%s", err);
+            exit_code = 2;
+            goto out;
+        }
+        kc_loaded = 1;
+    }
     store = sl_store_open(data_dir, err, sizeof(err));
     if (!store) {
         sl_log_error("%s", err);
@@ -283,7 +343,17 @@ int main(int argc, char **argv)
         goto out_grpc;
     sl_controller_set_max_routes(ctl, max_routes);
     sl_controller_set_runtime_limits(ctl, (size_t)max_runtimes, runtime_expiry_s * 1000);
-    sl_controller_compile_now(ctl);
+    if (kube) {
+        /* Compiles once every kind is listed. */
+        kc_loaded = 0;
+        ks = sl_ksource_start(base, ctl, &kc, kube_ns, err, sizeof(err));
+        if (!ks) {
+            sl_log_error("--source kubernetes: %s", err);
+            goto out_grpc;
+        }
+    } else {
+        sl_controller_compile_now(ctl);
+    }
     sl_stream_hooks_t hooks = sl_controller_stream_hooks(ctl);
     sl_stream_tls_t stream_tls = {
         .cert_pem = stream_cert_pem, .key_pem = stream_key_pem, .client_ca_pem = stream_ca_pem};
@@ -295,12 +365,15 @@ int main(int argc, char **argv)
     sl_rest_options_t ropt = {
         .admin_token = token,
         .insecure = insecure,
-        .read_only = nresources > 0,
-        .static_set = nresources ? &files : NULL,
-        /* Not ready while versions cannot be persisted (the reason is in
-         * the 503). */
-        .is_ready = sl_controller_ready,
-        .ready_ctx = ctl,
+        .read_only = nresources > 0 || kube,
+        .static_set = ks ? sl_ksource_set(ks) : nresources ? &files : NULL,
+        .read_only_why = ks ? "the controller reads its resources from Kubernetes (--source "
+                              "kubernetes): write them to the cluster (kubectl apply) instead"
+                            : NULL,
+        /* Not ready while versions cannot be persisted, or before the
+         * first list of every kind (the reason is in the 503). */
+        .is_ready = ks ? sl_ksource_ready : sl_controller_ready,
+        .ready_ctx = ks ? (void *)ks : (void *)ctl,
         .tls_cert_pem = rest_cert_pem,
         .tls_key_pem = rest_key_pem,
     };
@@ -324,7 +397,9 @@ int main(int argc, char **argv)
                   : stream_cert ? "TLS "
                                 : "",
                   sl_stream_server_port(srv), data_dir,
-                  nresources ? ", serving --resources files (read-only)" : "");
+                  nresources ? ", serving --resources files (read-only)"
+                  : kube     ? ", resources from Kubernetes (read-only)"
+                             : "");
     event_base_dispatch(base);
     event_free(sigterm);
     event_free(sigint);
@@ -335,6 +410,7 @@ out_grpc:
         sl_rest_free(rest);
     if (srv)
         sl_stream_server_stop(srv);
+    sl_ksource_stop(ks);
     if (ctl)
         sl_controller_free(ctl);
     grpc_shutdown();
@@ -344,6 +420,8 @@ out:
     if (base)
         event_base_free(base);
     sl_resource_set_free(&files);
+    if (kc_loaded)
+        sl_kubeconfig_free(&kc);
     sl_tls_files_free(stream_cert_pem);
     sl_tls_files_free(stream_key_pem);
     sl_tls_files_free(stream_ca_pem);
