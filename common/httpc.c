@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
@@ -108,6 +109,63 @@ void sl_httpc_free(sl_httpc_t *c)
     c->len = c->cap = 0;
 }
 
+/* A client certificate chain (leaf first) and its key into ctx: 0, or -1
+ * with why naming `name`. Not tls_pem.c's checks: those are a listener's
+ * (a client certificate names a user, "system:sluice", not a host). */
+static int load_client_cert(SSL_CTX *ctx, const char *cert_pem, const char *key_pem,
+                            const char *name, char *why, size_t whylen)
+{
+    if (!name)
+        name = "client certificate";
+    ERR_clear_error();
+    BIO *b = BIO_new_mem_buf(cert_pem, -1);
+    X509 *leaf = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    int ok = leaf && SSL_CTX_use_certificate(ctx, leaf) == 1;
+    X509_free(leaf);
+    if (!ok) {
+        snprintf(why, whylen, "%s: no PEM certificate could be read (%s)", name, ssl_reason());
+        BIO_free(b);
+        ERR_clear_error();
+        return -1;
+    }
+    X509 *more;
+    while (ok && (more = PEM_read_bio_X509(b, NULL, NULL, NULL)))
+        if (SSL_CTX_add0_chain_cert(ctx, more) != 1) {
+            X509_free(more);
+            ok = 0;
+        }
+    BIO_free(b);
+    ERR_clear_error();
+    b = BIO_new_mem_buf(key_pem ? key_pem : "", -1);
+    EVP_PKEY *key = b ? PEM_read_bio_PrivateKey(b, NULL, NULL, NULL) : NULL;
+    BIO_free(b);
+    if (!ok || !key || SSL_CTX_use_PrivateKey(ctx, key) != 1 ||
+        SSL_CTX_check_private_key(ctx) != 1) {
+        snprintf(why, whylen, "%s: %s", name,
+                 !ok    ? "a certificate after the first cannot be used"
+                 : !key ? "its key is not an unencrypted PEM private key"
+                        : "the key does not match the certificate");
+        EVP_PKEY_free(key);
+        ERR_clear_error();
+        return -1;
+    }
+    EVP_PKEY_free(key);
+    return 0;
+}
+
+int sl_httpc_check_client_cert(const char *cert_pem, const char *key_pem, const char *name,
+                               char *why, size_t whylen)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        snprintf(why, whylen, "out of memory for TLS");
+        return -1;
+    }
+    int rc = load_client_cert(ctx, cert_pem, key_pem, name, why, whylen);
+    SSL_CTX_free(ctx);
+    return rc;
+}
+
 /* The TLS context: TLS >= 1.2, the peer verified against the bundle, the
  * file or the system's CAs. Made at the first connection and again after
  * a failed handshake, so a CA file fixed on disk is picked up. */
@@ -149,29 +207,9 @@ static int tls_ctx(sl_httpc_t *c)
                  ssl_reason());
         goto fail;
     }
-    if (set(c->cert_pem)) {
-        /* Checked by the same code as a listener's (tls_pem.c): the chain
-         * in order, the key matching its leaf. */
-        sl_pem_cert_t pc;
-        sl_pem_field_t field;
-        const char *kp = c->key_pem ? c->key_pem : "";
-        if (sl_pem_load(&pc, c->cert_pem, strlen(c->cert_pem), kp, strlen(kp), 0, 0, &field, why,
-                        sizeof(why)) != 0) {
-            snprintf(c->why, sizeof(c->why), "%s: %s: %s", c->cert_name ? c->cert_name : "client certificate",
-                     sl_pem_field_name(field), why);
-            goto fail;
-        }
-        int ok = SSL_CTX_use_certificate(ctx, pc.leaf) == 1 &&
-                 SSL_CTX_use_PrivateKey(ctx, pc.key) == 1;
-        for (int i = 0; ok && i < sk_X509_num(pc.chain); i++)
-            ok = SSL_CTX_add1_chain_cert(ctx, sk_X509_value(pc.chain, i)) == 1;
-        sl_pem_free(&pc);
-        if (!ok) {
-            snprintf(c->why, sizeof(c->why), "%s: cannot be used: %s",
-                     c->cert_name ? c->cert_name : "client certificate", ssl_reason());
-            goto fail;
-        }
-    }
+    if (set(c->cert_pem) &&
+        load_client_cert(ctx, c->cert_pem, c->key_pem, c->cert_name, c->why, sizeof(c->why)) != 0)
+        goto fail;
     ERR_clear_error();
     c->ctx = ctx;
     return 0;

@@ -99,6 +99,11 @@ int sl_httpc_stream(sl_httpc_t *c, const char *method, const char *target, const
                     uint64_t head_timeout_ms, uint64_t idle_timeout_ms, sl_httpc_body_fn on_body,
                     void *arg, const char **rbody, size_t *rlen);
 
+/* Whether a client certificate chain and key (PEM) can be used: 0, or -1
+ * with why starting with `name`. */
+int sl_httpc_check_client_cert(const char *cert_pem, const char *key_pem, const char *name,
+                               char *why, size_t whylen);
+
 /* Closes the connection (kept: the TLS context, the buffer). */
 void sl_httpc_close(sl_httpc_t *c);
 

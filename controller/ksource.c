@@ -107,7 +107,8 @@ static int parse_event(const char *line, size_t len, kevent_t *ev, char *err, si
     }
     ev->type = (enum ev_type)t;
     ev->object = json_incref(obj);
-    json_decref(j);
+    json_decref(j); /* `type` pointed into it */
+    type = names[t];
     if (ev->type == EV_ERROR) {
         ev->code = (int)json_integer_value(json_object_get(ev->object, "code"));
         return 0;

@@ -4,6 +4,7 @@
  */
 #include "kubeconfig.h"
 
+#include "httpc.h"
 #include "model.h"
 
 #include <errno.h>
@@ -266,6 +267,13 @@ int sl_kubeconfig_load(sl_kubeconfig_t *kc, const char *path, char *err, size_t 
                      "kubeconfig %s: %s: client-certificate%s needs client-key%s (and the "
                      "other way round)",
                      path, what, kc->cert_pem ? "(-data)" : "", kc->cert_pem ? "(-data)" : "");
+            goto fail;
+        }
+        char cwhy[512];
+        if (kc->cert_pem &&
+            sl_httpc_check_client_cert(kc->cert_pem, kc->key_pem, kc->cert_name, cwhy,
+                                       sizeof(cwhy)) != 0) {
+            snprintf(err, errlen, "%s (a PEM certificate and its unencrypted key)", cwhy);
             goto fail;
         }
     }

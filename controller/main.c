@@ -231,25 +231,30 @@ int main(int argc, char **argv)
     int kube = source && strcmp(source, "kubernetes") == 0;
     if (source && !kube && strcmp(source, "store") != 0 && strcmp(source, "files") != 0) {
         fprintf(stderr, "sluice-controller: --source %s: use store, files or kubernetes\n", source);
+        free(resources);
         return 2;
     }
     if (source && strcmp(source, "files") == 0 && !nresources) {
         fprintf(stderr, "sluice-controller: --source files needs --resources PATH\n");
+        free(resources);
         return 2;
     }
     if (source && strcmp(source, "store") == 0 && nresources) {
         fprintf(stderr, "sluice-controller: --resources serves files: use --source files (or "
                         "leave --source out), not --source store\n");
+        free(resources);
         return 2;
     }
     if (kube && nresources) {
         fprintf(stderr, "sluice-controller: --source kubernetes reads the API server; "
                         "--resources cannot be given with it\n");
+        free(resources);
         return 2;
     }
     if ((kubeconfig || kube_ns) && !kube) {
         fprintf(stderr, "sluice-controller: --%s is for --source kubernetes\n",
                 kubeconfig ? "kubeconfig" : "namespace");
+        free(resources);
         return 2;
     }
     if (!stream_cert != !stream_key) {

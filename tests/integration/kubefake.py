@@ -29,8 +29,11 @@ PLURALS = {"Gateway": "gateways", "Api": "apis", "Backend": "backends",
 
 
 class FakeKube:
-    def __init__(self, port, token=None, certfile=None, keyfile=None, bookmark_s=60.0):
+    def __init__(self, port, token=None, certfile=None, keyfile=None, bookmark_s=60.0,
+                 client_ca=None):
         self.port = port
+        self.client_ca = client_ca  # require a client certificate issued by it
+        self.client_subjects = []   # the CNs of the client certificates seen
         self.token = token
         self.certfile, self.keyfile = certfile, keyfile
         self.bookmark_s = bookmark_s
@@ -281,7 +284,14 @@ class FakeKube:
                 if fake.certfile:
                     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
                     ctx.load_cert_chain(fake.certfile, fake.keyfile)
+                    if fake.client_ca:
+                        ctx.verify_mode = ssl.CERT_REQUIRED
+                        ctx.load_verify_locations(fake.client_ca)
                     sock = ctx.wrap_socket(sock, server_side=True)
+                    if fake.client_ca:
+                        subject = dict(x[0] for x in sock.getpeercert()["subject"])
+                        with fake.lock:
+                            fake.client_subjects.append(subject.get("commonName"))
                 return sock, addr
 
         self.server = Server(("127.0.0.1", self.port), Handler)
@@ -297,13 +307,16 @@ class FakeKube:
             self.server = None
         self.drop()
 
-    def kubeconfig(self, path, ca_pem=None, token=None):
+    def kubeconfig(self, path, ca_pem=None, token=None, cert_pem=None, key_pem=None):
         import base64
         scheme = "https" if self.certfile else "http"
         cluster = {"server": "%s://127.0.0.1:%d" % (scheme, self.port)}
         if ca_pem:
             cluster["certificate-authority-data"] = base64.b64encode(ca_pem.encode()).decode()
         user = {"token": token} if token else {}
+        if cert_pem:
+            user["client-certificate-data"] = base64.b64encode(cert_pem.encode()).decode()
+            user["client-key-data"] = base64.b64encode(key_pem.encode()).decode()
         cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "test",
                "clusters": [{"name": "fake", "cluster": cluster}],
                "users": [{"name": "u", "user": user}],

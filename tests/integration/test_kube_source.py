@@ -57,6 +57,37 @@ def kube(tmp_path):
         k.stop()
 
 
+def test_client_certificate_auth(env, kube, tmp_path):  # noqa: F811
+    """user.client-certificate-data + client-key-data: the certificate is
+    presented in the handshake (the API server's client-certificate auth),
+    no token is sent."""
+    d = os.path.dirname(kube.certfile)
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", "cli.key", "-out", "cli.csr", "-subj", "/CN=system:sluice", cwd=d)
+    with open(os.path.join(d, "cli.ext"), "w") as f:
+        f.write("extendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", "cli.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "cli.crt", "-days", "30", "-extfile", "cli.ext", cwd=d)
+    kube.stop()
+    kube.client_ca = os.path.join(d, "ca.crt")
+    kube.token = None
+    kube.start()
+    with open(os.path.join(d, "cli.crt")) as f:
+        cert = f.read()
+    with open(os.path.join(d, "cli.key")) as f:
+        key = f.read()
+    kube.config = kube.kubeconfig(str(tmp_path / "kubeconfig-cert"), ca_pem=kube.ca_pem,
+                                  cert_pem=cert, key_pem=key)
+    b = env.backend("echo")
+    port = free_port()
+    quickstart(kube, port, b.port)
+    kube_controller(env, kube)
+    rt = env.runtime("rt-cert")
+    wait_routes([rt], port, "/petstore/v1/pets", 200, 10.0)
+    assert kube.client_subjects and set(kube.client_subjects) == {"system:sluice"}
+    assert all(r.endswith("(no token)") for r in kube.requests)
+
+
 def kube_controller(env, kube, name="controller"):  # noqa: F811
     ctl = Controller(env.tmp / name, stream_host=env.hub,
                      extra_args=["--source", "kubernetes", "--kubeconfig", kube.config])

@@ -93,13 +93,10 @@ static void test_files_relative_and_token_rotation(void **state)
     char err[512] = "", hdr[256];
     assert_int_equal(load(HEAD "clusters:\n- name: k\n  cluster: {server: 'http://[::1]:80', "
                                "certificate-authority: ca.pem}\n"
-                               "users:\n- name: u\n  user: {tokenFile: tok, client-certificate: "
-                               "c.pem, client-key: k.pem}\n",
+                               "users:\n- name: u\n  user: {tokenFile: tok}\n",
                           &kc, err, sizeof(err)),
                      0);
     assert_string_equal(kc.ca_pem, "CA PEM\n");
-    assert_string_equal(kc.cert_pem, "CERT\n");
-    assert_string_equal(kc.key_pem, "KEY\n");
     assert_int_equal(sl_kubeconfig_auth_header(&kc, hdr, sizeof(hdr), err, sizeof(err)), 0);
     assert_string_equal(hdr, "Authorization: Bearer first\r\n");
     /* A rotated token (kubelet writes a new file and renames it). */
@@ -150,6 +147,9 @@ static void test_errors_name_field_and_fix(void **state)
     expect_error(HEAD "clusters:\n- name: k\n  cluster: {server: 'https://x'}\n"
                       "users:\n- name: u\n  user: {client-certificate-data: Q0VSVAo=}\n",
                  "client-key", NULL);
+    expect_error(HEAD "clusters:\n- name: k\n  cluster: {server: 'https://x'}\n"
+                      "users:\n- name: u\n  user: {client-certificate: c.pem, client-key: k.pem}\n",
+                 "users[u].user.client-certificate", "no PEM certificate could be read");
     expect_error("key: [unclosed\n", "not valid YAML", NULL);
     sl_kubeconfig_t kc;
     char err[512];
