@@ -585,7 +585,13 @@ static uint64_t allocate_version(sl_controller_t *ctl, char *err, size_t errlen)
          * newest object was deleted, or a runtime runs a version past
          * ours) the next one. */
         cur = ctl->config_version > ctl->version_floor ? ctl->config_version : ctl->version_floor;
-        uint64_t v = ctl->input_version > cur ? ctl->input_version : cur + 1;
+        /* A runtime reporting the input's version itself (it ran it from
+         * another replica, or from this one before a restart) is not past
+         * it: the same input keeps the same version. */
+        uint64_t v = ctl->input_version > ctl->config_version &&
+                             ctl->input_version >= ctl->version_floor
+                         ? ctl->input_version
+                         : cur + 1;
         if (v > SL_XDS_VERSION_MAX) {
             snprintf(err, errlen,
                      "the input's resourceVersion %" PRIu64 " is past 2^53-1, the largest "
@@ -1147,6 +1153,12 @@ static int check_version(sl_controller_t *ctl, const char *node, int t, const ch
     }
     uint64_t ours =
         ctl->config_version > ctl->version_floor ? ctl->config_version : ctl->version_floor;
+    if (ctl->derived_versions && ctl->input_version > ours)
+        ours = ctl->input_version;
+    /* Derived versions before the first list: nothing to compare with yet
+     * (the API server's resourceVersions may be far past 0). */
+    if (ctl->derived_versions && !ctl->input_ready)
+        return 0;
     if (*v > ours + VERSION_MAX_AHEAD) {
         snprintf(msg, len,
                  "node %s: %s version %s is more than %llu versions past this controller's "
