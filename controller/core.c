@@ -38,6 +38,12 @@
  * A version that cannot be persisted fails the whole compile: nothing is
  * pushed under a version the store does not hold; /readyz and
  * /api/v1/status say why, and the compile is retried.
+ *
+ * --source kubernetes (sl_controller_use_input): no counter; versions are
+ * derived from the input (the newest config resourceVersion, ksource.c),
+ * every type takes the new version when anything changed, nothing is
+ * persisted: every replica, and a restarted one, gives the same input the
+ * same version (docs/architecture.md has the limits).
  */
 #include "controller.h"
 #include "prom.h"
