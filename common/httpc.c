@@ -497,9 +497,8 @@ typedef struct {
 /* Sends a request and reads the head of its response (a kept connection the
  * server had closed is tried once more on a new one). 0 with *h, or -1 with
  * c->why (the connection closed). */
-static int send_and_head(sl_httpc_t *c, const char *method, const char *target,
-                         const char *headers, const char *body, size_t blen, uint64_t timeout_ms,
-                         head_t *h)
+static int send_and_head(sl_httpc_t *c, const char *method, const char *target, const char *headers,
+                         const char *body, size_t blen, uint64_t timeout_ms, head_t *h)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
         uint64_t deadline = now_ms() + timeout_ms;

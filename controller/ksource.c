@@ -33,7 +33,7 @@
 #define BACKOFF_MAX_MS 30000
 #define REQUEST_TIMEOUT_MS 30000 /* a LIST, a PATCH, a watch's head */
 #define WATCH_TIMEOUT_S 300      /* asked of the server, +-10% so replicas spread */
-#define WATCH_IDLE_MS 130000     /* no byte for this long (bookmarks come every minute): reconnect */
+#define WATCH_IDLE_MS 130000 /* no byte for this long (bookmarks come every minute): reconnect */
 #define LINE_MAX_BYTES (16u * 1024 * 1024) /* one watch event */
 #define STATUS_RECHECK_MS 5000
 
@@ -120,8 +120,8 @@ static int parse_event(const char *line, size_t len, kevent_t *ev, char *err, si
         ev->object = NULL;
         return -1;
     }
-    if (ev->type != EV_BOOKMARK && !json_is_string(json_object_get(
-                                       json_object_get(ev->object, "metadata"), "name"))) {
+    if (ev->type != EV_BOOKMARK &&
+        !json_is_string(json_object_get(json_object_get(ev->object, "metadata"), "name"))) {
         snprintf(err, errlen, "a %s event's object has no metadata.name", type);
         json_decref(ev->object);
         ev->object = NULL;
@@ -138,16 +138,17 @@ static json_t *normalize(json_t *obj, enum sl_kind kind)
     json_t *out = json_object(), *meta = json_object();
     json_object_set_new(out, "apiVersion", json_string(SL_API_VERSION));
     json_object_set_new(out, "kind", json_string(sl_kind_name(kind)));
-    static const char *const keep[] = {"name",    "namespace",  "labels", "annotations",
-                                       "resourceVersion", "generation", "uid",
-                                       "creationTimestamp"};
+    static const char *const keep[] = {"name",        "namespace",        "labels",
+                                       "annotations", "resourceVersion",  "generation",
+                                       "uid",         "creationTimestamp"};
     for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++) {
         json_t *v = json_object_get(m, keep[i]);
         if (v)
             json_object_set(meta, keep[i], v);
     }
     json_t *ann = json_object_get(meta, "annotations");
-    if (json_is_object(ann) && json_object_get(ann, "kubectl.kubernetes.io/last-applied-configuration")) {
+    if (json_is_object(ann) &&
+        json_object_get(ann, "kubectl.kubernetes.io/last-applied-configuration")) {
         /* Large and not part of the config. */
         json_t *copy = json_copy(ann);
         json_object_del(copy, "kubectl.kubernetes.io/last-applied-configuration");
@@ -524,7 +525,8 @@ static int do_list(watcher_t *w)
     json_error_t je;
     json_t *j = json_loadb(body, len, 0, &je);
     json_t *items = json_object_get(j, "items");
-    const char *rv = json_string_value(json_object_get(json_object_get(j, "metadata"), "resourceVersion"));
+    const char *rv =
+        json_string_value(json_object_get(json_object_get(j, "metadata"), "resourceVersion"));
     if (!json_is_array(items) && json_is_null(items))
         items = NULL;
     if (!j || (!json_is_array(items) && items) || !rv || !*rv) {
@@ -767,7 +769,8 @@ static void status_sync(sl_ksource_t *ks)
             const char *ns = json_string_value(json_object_get(meta, "namespace")) ?: "default";
             const char *name = json_string_value(json_object_get(meta, "name")) ?: "";
             json_t *st = json_object_get(ks->invalid, source);
-            st = st ? json_incref(st) : sl_controller_object_status(ks->ctl, (enum sl_kind)k, ns, name);
+            st = st ? json_incref(st)
+                    : sl_controller_object_status(ks->ctl, (enum sl_kind)k, ns, name);
             if (!st)
                 continue;
             json_t *copy = json_copy(st); /* the core's is shared: add to a copy */
@@ -786,8 +789,8 @@ static void status_sync(sl_ksource_t *ks)
             json_object_set(ks->written, source, st);
             pthread_mutex_lock(&ks->slock);
             json_object_set_new(ks->pending, source,
-                                json_pack("{s:i, s:s, s:s, s:o}", "kind", k, "ns", ns, "name",
-                                          name, "status", json_deep_copy(st)));
+                                json_pack("{s:i, s:s, s:s, s:o}", "kind", k, "ns", ns, "name", name,
+                                          "status", json_deep_copy(st)));
             pthread_mutex_unlock(&ks->slock);
             json_decref(st);
             queued++;
@@ -874,8 +877,8 @@ static int write_status(sl_ksource_t *ks, json_t *item)
         status_message(rbody, rlen, m, sizeof(m));
         if (st == 404) {
             /* Deleted meanwhile: nothing to write. */
-            sl_log_debug("kubernetes: status of %s/%s/%s not written: %s", sl_kind_plural(kind),
-                         ns, name, m);
+            sl_log_debug("kubernetes: status of %s/%s/%s not written: %s", sl_kind_plural(kind), ns,
+                         name, m);
             return 0;
         }
         snprintf(msg, sizeof(msg), "PATCH %.200s: HTTP %d: %.200s%s", target, st, m,

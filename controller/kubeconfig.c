@@ -162,8 +162,9 @@ int sl_kubeconfig_load(sl_kubeconfig_t *kc, const char *path, char *err, size_t 
     size_t len;
     char *text = read_file(path, &len, why, sizeof(why));
     if (!text) {
-        snprintf(err, errlen, "--kubeconfig %s: %s (the kubeconfig file kubectl uses, e.g. "
-                              "~/.kube/config)",
+        snprintf(err, errlen,
+                 "--kubeconfig %s: %s (the kubeconfig file kubectl uses, e.g. "
+                 "~/.kube/config)",
                  path, why);
         sl_kubeconfig_free(kc);
         return -1;
@@ -185,8 +186,9 @@ int sl_kubeconfig_load(sl_kubeconfig_t *kc, const char *path, char *err, size_t 
     json_t *cluster = NULL, *user = NULL, *ctx = NULL;
     const char *cur = str(cfg, "current-context");
     if (!json_is_object(cfg)) {
-        snprintf(err, errlen, "kubeconfig %s: not a kubeconfig (a mapping with clusters, users, "
-                              "contexts and current-context is expected)",
+        snprintf(err, errlen,
+                 "kubeconfig %s: not a kubeconfig (a mapping with clusters, users, "
+                 "contexts and current-context is expected)",
                  path);
         goto fail;
     }
@@ -217,8 +219,9 @@ int sl_kubeconfig_load(sl_kubeconfig_t *kc, const char *path, char *err, size_t 
     snprintf(what, sizeof(what), "clusters[%s].cluster", cname);
     const char *server = str(cluster, "server");
     if (!server || (strncmp(server, "https://", 8) != 0 && strncmp(server, "http://", 7) != 0)) {
-        snprintf(err, errlen, "kubeconfig %s: %s.server: %s (the API server's URL, e.g. "
-                              "https://10.0.0.1:6443)",
+        snprintf(err, errlen,
+                 "kubeconfig %s: %s.server: %s (the API server's URL, e.g. "
+                 "https://10.0.0.1:6443)",
                  path, what, server ? "must start with https:// or http://" : "missing");
         goto fail;
     }
@@ -258,8 +261,8 @@ int sl_kubeconfig_load(sl_kubeconfig_t *kc, const char *path, char *err, size_t 
             kc->token = strdup(str(user, "token"));
         else if (str(user, "tokenFile"))
             kc->token_file = resolve(path, str(user, "tokenFile"));
-        if (data_or_file(path, user, what, "client-certificate", &kc->cert_pem, &kc->cert_name,
-                         err, errlen) != 0 ||
+        if (data_or_file(path, user, what, "client-certificate", &kc->cert_pem, &kc->cert_name, err,
+                         errlen) != 0 ||
             data_or_file(path, user, what, "client-key", &kc->key_pem, NULL, err, errlen) != 0)
             goto fail;
         if (!kc->cert_pem != !kc->key_pem) {
@@ -270,9 +273,8 @@ int sl_kubeconfig_load(sl_kubeconfig_t *kc, const char *path, char *err, size_t 
             goto fail;
         }
         char cwhy[512];
-        if (kc->cert_pem &&
-            sl_httpc_check_client_cert(kc->cert_pem, kc->key_pem, kc->cert_name, cwhy,
-                                       sizeof(cwhy)) != 0) {
+        if (kc->cert_pem && sl_httpc_check_client_cert(kc->cert_pem, kc->key_pem, kc->cert_name,
+                                                       cwhy, sizeof(cwhy)) != 0) {
             snprintf(err, errlen, "%s (a PEM certificate and its unencrypted key)", cwhy);
             goto fail;
         }

@@ -31,12 +31,12 @@
 #define SL_KUBECONFIG_SA_DIR "/var/run/secrets/kubernetes.io/serviceaccount"
 
 typedef struct {
-    char *server;    /* "https://host:port" without a trailing '/' */
-    char *ca_pem;    /* trust for https (NULL = the system's CAs) */
-    char *ca_name;   /* where ca_pem came from, for messages */
-    char *token;     /* static bearer token, or NULL */
-    char *token_file;/* re-read when it changes, or NULL */
-    char *cert_pem;  /* client certificate chain and key, or NULL */
+    char *server;     /* "https://host:port" without a trailing '/' */
+    char *ca_pem;     /* trust for https (NULL = the system's CAs) */
+    char *ca_name;    /* where ca_pem came from, for messages */
+    char *token;      /* static bearer token, or NULL */
+    char *token_file; /* re-read when it changes, or NULL */
+    char *cert_pem;   /* client certificate chain and key, or NULL */
     char *key_pem;
     char *cert_name; /* where they came from, for messages */
     char *ns;        /* the context's namespace, or NULL */

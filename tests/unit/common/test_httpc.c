@@ -3,8 +3,8 @@
  * framing (Content-Length, chunked with extensions, the end of the
  * connection), statuses, truncated and malformed bodies, keep-alive and
  * a kept connection the server closed, refused connections, timeouts and
- * cancellation; streamed bodies (sl_httpc_stream). TLS is exercised by the integration tests of its two users
- * (test_policy_jwt.py, test_traffic_log.py).
+ * cancellation; streamed bodies (sl_httpc_stream). TLS is exercised by the integration tests of its
+ * two users (test_policy_jwt.py, test_traffic_log.py).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -275,8 +275,7 @@ static void test_stream(void **state)
         /* Content-Length */
         {"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nabcdef", 0, 1},
         /* the callback stops reading */
-        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n", 0,
-         0},
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n", 0, 0},
         /* the connection drops mid-body */
         {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n", 1, 0},
     };
@@ -286,23 +285,27 @@ static void test_stream(void **state)
     const char *body;
     size_t len;
     sink_t s = {0};
-    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len), 200);
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len),
+                     200);
     assert_int_equal(s.len, 13 + 14);
     assert_memory_equal(s.got, "{\"type\":\"A\"}\n{\"type\":\"BB\"}\n", 27);
     assert_true(s.pieces > 2); /* handed over as it arrived */
     memset(&s, 0, sizeof(s));
-    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len), 410);
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len),
+                     410);
     assert_int_equal(s.pieces, 0);
     assert_int_equal(len, 7);
     assert_memory_equal(body, "expired", 7);
-    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len), 200);
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len),
+                     200);
     assert_int_equal(s.len, 6);
     assert_memory_equal(s.got, "abcdef", 6);
     /* Three on one kept connection. */
     assert_int_equal(srv.connections, 1);
     memset(&s, 0, sizeof(s));
     s.stop_after = 3;
-    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len), 200);
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len),
+                     200);
     assert_int_equal(s.len, 3);
     memset(&s, 0, sizeof(s));
     assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len), 0);

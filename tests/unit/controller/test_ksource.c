@@ -65,7 +65,8 @@ static void test_parse_event(void **state)
     assert_int_equal(ev.type, EV_ADDED);
     assert_string_equal(ev.rv, "17");
     json_decref(ev.object);
-    const char *bm = "{\"type\":\"BOOKMARK\",\"object\":{\"metadata\":{\"resourceVersion\":\"40\"}}}";
+    const char *bm =
+        "{\"type\":\"BOOKMARK\",\"object\":{\"metadata\":{\"resourceVersion\":\"40\"}}}";
     assert_int_equal(parse_event(bm, strlen(bm), &ev, err, sizeof(err)), 0);
     assert_int_equal(ev.type, EV_BOOKMARK);
     assert_string_equal(ev.rv, "40");
@@ -132,12 +133,14 @@ static void test_cache_and_build(void **state)
      * config RV is the one recorded there, not the status write's. */
     json_t *listed = backend("d", "30", 83);
     json_object_set_new(json_object_get(listed, "metadata"), "generation", json_integer(2));
-    json_object_set_new(listed, "status", json_pack("{s:i, s:s}", "observedGeneration", 2,
-                                                    "configResourceVersion", "17"));
+    json_object_set_new(
+        listed, "status",
+        json_pack("{s:i, s:s}", "observedGeneration", 2, "configResourceVersion", "17"));
     json_t *stale = backend("e", "19", 84); /* status of an older generation: its RV */
     json_object_set_new(json_object_get(stale, "metadata"), "generation", json_integer(3));
-    json_object_set_new(stale, "status", json_pack("{s:i, s:s}", "observedGeneration", 2,
-                                                   "configResourceVersion", "4"));
+    json_object_set_new(
+        stale, "status",
+        json_pack("{s:i, s:s}", "observedGeneration", 2, "configResourceVersion", "4"));
     assert_int_equal(listed_config_rv(listed), 17);
     assert_int_equal(listed_config_rv(stale), 19);
     json_decref(listed);
@@ -213,17 +216,17 @@ static void reply_json(int fd, int status, const char *body)
 }
 
 #define BACKEND_ECHO                                                                               \
-    "{\"apiVersion\":\"gateway.sluice.dev/v1alpha1\",\"kind\":\"Backend\",\"metadata\":{"       \
-    "\"name\":\"echo\",\"namespace\":\"default\",\"resourceVersion\":\"3\"},\"spec\":{"           \
+    "{\"apiVersion\":\"gateway.sluice.dev/v1alpha1\",\"kind\":\"Backend\",\"metadata\":{"          \
+    "\"name\":\"echo\",\"namespace\":\"default\",\"resourceVersion\":\"3\"},\"spec\":{"            \
     "\"endpoints\":[{\"address\":\"127.0.0.1\",\"port\":9001}]}}"
 #define API_PET                                                                                    \
-    "{\"apiVersion\":\"gateway.sluice.dev/v1alpha1\",\"kind\":\"Api\",\"metadata\":{\"name\":"  \
-    "\"pet\",\"namespace\":\"default\",\"resourceVersion\":\"5\",\"generation\":1},\"spec\":{"   \
-    "\"basePath\":\"/pet\",\"backendRefs\":[{\"name\":\"echo\"}],\"operations\":[{\"method\":"   \
+    "{\"apiVersion\":\"gateway.sluice.dev/v1alpha1\",\"kind\":\"Api\",\"metadata\":{\"name\":"     \
+    "\"pet\",\"namespace\":\"default\",\"resourceVersion\":\"5\",\"generation\":1},\"spec\":{"     \
+    "\"basePath\":\"/pet\",\"backendRefs\":[{\"name\":\"echo\"}],\"operations\":[{\"method\":"     \
     "\"GET\",\"path\":\"/p\"}]}}"
 #define API_BAD                                                                                    \
-    "{\"apiVersion\":\"gateway.sluice.dev/v1alpha1\",\"kind\":\"Api\",\"metadata\":{\"name\":"  \
-    "\"bad\",\"namespace\":\"default\",\"resourceVersion\":\"11\",\"generation\":2},\"spec\":{"  \
+    "{\"apiVersion\":\"gateway.sluice.dev/v1alpha1\",\"kind\":\"Api\",\"metadata\":{\"name\":"     \
+    "\"bad\",\"namespace\":\"default\",\"resourceVersion\":\"11\",\"generation\":2},\"spec\":{"    \
     "\"basePath\":\"/bad\",\"bogus\":1}}"
 
 /* Waits until the client closes (a watch kept open). */
@@ -381,9 +384,9 @@ static void run_until(struct event_base *base, int (*cond)(void *), void *arg, i
 static int settled(void *arg)
 {
     sl_ksource_t *ks = arg;
-    return ks->set.count == 2 && log_has("resourceVersion=30") && log_has("backends?watch=true&resourceVersion=12") &&
-           log_has("/apis/bad/status") && log_has("/apis/pet/status") &&
-           log_has("/backends/echo/status");
+    return ks->set.count == 2 && log_has("resourceVersion=30") &&
+           log_has("backends?watch=true&resourceVersion=12") && log_has("/apis/bad/status") &&
+           log_has("/apis/pet/status") && log_has("/backends/echo/status");
 }
 
 static void test_source_against_a_fake_server(void **state)
@@ -423,10 +426,11 @@ static void test_source_against_a_fake_server(void **state)
         if (strcmp(ks->set.items[i].name, "echo") == 0)
             echo = ks->set.items[i].obj;
     assert_non_null(echo);
-    assert_int_equal(json_integer_value(json_object_get(
-                         json_array_get(json_object_get(json_object_get(echo, "spec"), "endpoints"), 0),
-                         "port")),
-                     9002);
+    assert_int_equal(
+        json_integer_value(json_object_get(
+            json_array_get(json_object_get(json_object_get(echo, "spec"), "endpoints"), 0),
+            "port")),
+        9002);
     /* The status of each, PATCHed as a merge patch. */
     assert_true(log_has("\"reason\":\"Invalid\""));
     assert_true(log_has("spec.bogus"));

@@ -54,8 +54,8 @@ static int load(const char *text, sl_kubeconfig_t *kc, char *err, size_t errlen)
 }
 
 #define HEAD                                                                                       \
-    "apiVersion: v1\nkind: Config\ncurrent-context: c\n"                                         \
-    "contexts:\n- name: other\n  context: {cluster: x, user: x}\n"                               \
+    "apiVersion: v1\nkind: Config\ncurrent-context: c\n"                                           \
+    "contexts:\n- name: other\n  context: {cluster: x, user: x}\n"                                 \
     "- name: c\n  context: {cluster: k, user: u, namespace: team}\n"
 
 #define USERS "users:\n- name: u\n  user: {}\n"
@@ -66,10 +66,11 @@ static void test_token_and_ca_data(void **state)
     sl_kubeconfig_t kc;
     char err[512] = "", hdr[256];
     /* "-----BEGIN CERTIFICATE-----\n" in base64 */
-    assert_int_equal(load(HEAD "clusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:6443/\n"
-                               "    certificate-authority-data: "
-                               "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==\n"
-                               "users:\n- name: u\n  user: {token: abc.def}\n",
+    assert_int_equal(load(HEAD
+                          "clusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:6443/\n"
+                          "    certificate-authority-data: "
+                          "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==\n"
+                          "users:\n- name: u\n  user: {token: abc.def}\n",
                           &kc, err, sizeof(err)),
                      0);
     assert_string_equal(kc.server, "https://127.0.0.1:6443");
