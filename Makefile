@@ -68,7 +68,8 @@ BINS := $(RUNTIME_BIN) $(if $(wildcard controller/main.c),$(CTRL_BIN))
 # Test helpers (tests/tools/*.c): small programs the integration tests run.
 TOOL_SRC    := $(wildcard tests/tools/*.c)
 TOOL_BIN    := $(TOOL_SRC:%.c=$(BUILD)/%)
-all: $(BINS) $(UNIT_BIN) $(TOOL_BIN)
+OPENLOAD    := $(BUILD)/perf/openload
+all: $(BINS) $(UNIT_BIN) $(TOOL_BIN) $(OPENLOAD)
 
 # --- generated code --------------------------------------------------------
 $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
@@ -124,6 +125,11 @@ $(BUILD)/perf/%: perf/%.c $(TEST_LIBS) | $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(TEST_LIBS) $(LDFLAGS) $(LDLIBS)
 perf-tools: $(PERF_BIN)
+# The open-loop load generator of `make bench` (latency at fixed rates): a
+# stand-alone program, built with `all` so that its integration test finds it.
+$(OPENLOAD): perf/openload.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(LDFLAGS) -lm
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
@@ -137,7 +143,7 @@ DEB_PKGS := build-essential pkg-config libevent-dev libnghttp2-dev \
     wrk nghttp2-client redis-server clang libclang-rt-14-dev iproute2 util-linux \
     valgrind python3-grpcio python3-protobuf protobuf-compiler python3-websockets python3-h2 \
     python3-ruamel.yaml python3-cryptography python3-jsonschema \
-    openssl prometheus clickhouse-server
+    openssl prometheus clickhouse-server gnuplot-nox
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
@@ -168,7 +174,7 @@ integration: $(BINS)
 	SLUICE_BUILD=$(BUILD) /usr/bin/python3 -m pytest -q -ra tests/integration $(PYTEST_ARGS)
 
 bench: deps
-	@$(MAKE) --no-print-directory $(BINS)
+	@$(MAKE) --no-print-directory $(BINS) $(OPENLOAD)
 	BUILD=$(BUILD) ./perf/bench.sh
 
 # Fuzz drivers (libFuzzer); FUZZ_SECONDS per driver, default 60.

@@ -170,10 +170,11 @@ static json_t *status_schema(const char *kind)
         "Unknown", "reason", "type", "string", "message", "type", "string", "observedGeneration",
         "type", "integer", "format", "int64", "lastTransitionTime", "type", "string", "format",
         "date-time", "required", "type", "status");
-    if (s && strcmp(kind, "Api") == 0)
-        /* Per fleet: the version that first contains the Api's current
-         * spec, the runtimes connected, and how many of them run it
-         * (controller/core.c, api_programmed). */
+    if (s && (strcmp(kind, "Api") == 0 || strcmp(kind, "Gateway") == 0))
+        /* Per fleet (every fleet for an Api, its own for a Gateway): the
+         * version that first contains the current spec, the runtimes
+         * connected, and how many of them run it (controller/core.c,
+         * object_programmed). */
         json_object_set_new(
             json_object_get(s, "properties"), "fleets",
             json_pack("{s:s, s:s, s:{s:s, s:{s:{s:s}, s:{s:s, s:s}, s:{s:s, s:s}, s:{s:s, s:s}}, "

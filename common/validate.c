@@ -173,6 +173,38 @@ void sl_vcheck_object(sl_vctx_t *c, json_t *v, const void *arg)
         schema->extra(c, v);
 }
 
+static void redact_value(sl_vcheck_fn check, const void *arg, json_t *v)
+{
+    if (check == sl_vcheck_object) {
+        sl_validate_redact(arg, v);
+    } else if (check == sl_vcheck_array && json_is_array(v)) {
+        const sl_varray_t *spec = arg;
+        size_t i;
+        json_t *item;
+        json_array_foreach(v, i, item)
+        {
+            redact_value(spec->check, spec->arg, item);
+        }
+    }
+}
+
+void sl_validate_redact(const sl_vschema_t *schema, json_t *obj)
+{
+    if (!schema || !json_is_object(obj))
+        return;
+    for (const sl_vfield_t *f = schema->fields; f->name; f++) {
+        json_t *v = json_object_get(obj, f->name);
+        if (!v)
+            continue;
+        if (f->flags & SL_VFIELD_SECRET) {
+            if (!(json_is_string(v) && json_string_length(v) == 0))
+                json_object_set_new(obj, f->name, json_string("[redacted]"));
+        } else {
+            redact_value(f->check, f->arg, v);
+        }
+    }
+}
+
 void sl_vcheck_array(sl_vctx_t *c, json_t *v, const void *arg)
 {
     const sl_varray_t *spec = arg;

@@ -33,6 +33,10 @@ typedef struct {
 typedef void (*sl_vcheck_fn)(sl_vctx_t *c, json_t *v, const void *arg);
 
 #define SL_VFIELD_REQUIRED 1u
+/* The value is a credential (a shared secret, a password): shown nowhere
+ * the config is echoed for reading (the runtime's /config_dump), see
+ * sl_validate_redact. */
+#define SL_VFIELD_SECRET 2u
 
 typedef struct {
     const char *name;
@@ -67,6 +71,12 @@ void sl_validate_pop(sl_vctx_t *c, size_t saved);
 /* Reads a field, treating an explicit null as absent (Kubernetes semantics:
  * `field: null` and a missing field mean the same). */
 json_t *sl_validate_get(json_t *obj, const char *key);
+
+/* Replaces, in a document valid against `schema`, every value of a field
+ * flagged SL_VFIELD_SECRET by the string "[redacted]" (an empty string
+ * stays empty: nothing to hide), through nested objects and arrays of
+ * objects. */
+void sl_validate_redact(const sl_vschema_t *schema, json_t *obj);
 
 /* Generic checks (arg in brackets). */
 void sl_vcheck_object(sl_vctx_t *c, json_t *v, const void *schema); /* [sl_vschema_t] */

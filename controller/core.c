@@ -174,12 +174,14 @@ struct sl_controller {
     json_t *api_routes;
     uint64_t total_routes;
     uint64_t max_routes;
-    /* Where each Api's current spec is programmed: "apis/<ns>/<name>" ->
-     * {"hash": spec hash, "generation": N, "fleets": {<fleet>: V}}, V the
-     * routes version of the first snapshot of that fleet that contains the
-     * spec (0: the fleet's snapshot does not contain it). Rebuilt by every
+    /* Where each Api's and Gateway's current spec is programmed:
+     * "apis/<ns>/<name>" or "gateways/<ns>/<name>" -> {"hash": spec hash,
+     * "generation": N, "fleets": {<fleet>: V}}, V the routes (Api) or
+     * listeners (Gateway) version of the first snapshot of that fleet that
+     * contains the spec (0: the fleet's snapshot does not contain it). An
+     * Api has every fleet, a Gateway only its own. Rebuilt by every
      * committed compile; the Programmed condition is computed from it and
-     * the runtimes' ACKs when the status is read (api_programmed). */
+     * the runtimes' ACKs when the status is read (object_programmed). */
     json_t *programmed;
     /* --source kubernetes: versions from the input (sl_controller_use_input). */
     int derived_versions;
@@ -696,13 +698,45 @@ static void check_policies(const sl_resource_set_t *all, const Sluice__V1__Snaps
 }
 
 /*
- * After a committed compile: for every Api and fleet, the routes version of
- * the first snapshot that contains the Api's current spec. Same spec (hash)
- * as at the last compile and contained then: the version recorded then.
- * Else, contained in the fleet's snapshot now (its route table is there):
- * the fleet's routes version now. Not contained (left out as invalid, or
- * the fleet's compile failed and it keeps an older snapshot): 0. `fresh`
- * drops what was recorded (versions were renumbered past a runtime's).
+ * Is the Gateway res in fleet f's snapshot? Accepted by this compile (a
+ * Gateway left out has Accepted False) and each of its listeners there by
+ * name (a fleet whose compile failed keeps an older snapshot).
+ */
+static int gateway_in_snapshot(sl_controller_t *ctl, const sl_resource_t *res, const fleet_t *f)
+{
+    json_t *conds = json_object_get(json_object_get(ctl->statuses, res->source), "conditions");
+    const char *accepted = json_string_value(json_object_get(json_array_get(conds, 0), "status"));
+    if (!f->snap || !accepted || strcmp(accepted, "True") != 0)
+        return 0;
+    json_t *ls = json_object_get(json_object_get(res->obj, "spec"), "listeners");
+    for (size_t i = 0; i < json_array_size(ls); i++) {
+        const char *name = json_string_value(json_object_get(json_array_get(ls, i), "name"));
+        size_t k = 0;
+        while (name && k < f->snap->n_listeners && strcmp(f->snap->listeners[k]->name, name) != 0)
+            k++;
+        if (!name || k == f->snap->n_listeners)
+            return 0;
+    }
+    return 1;
+}
+
+/* A Gateway's fleet: spec.fleet, "default" when absent. */
+static const char *gateway_fleet(json_t *obj)
+{
+    json_t *fl = json_object_get(json_object_get(obj, "spec"), "fleet");
+    return json_is_string(fl) ? json_string_value(fl) : "default";
+}
+
+/*
+ * After a committed compile: for every Api and fleet (for every Gateway and
+ * its fleet), the routes (listeners) version of the first snapshot that
+ * contains the current spec. Same spec (hash) as at the last compile and
+ * contained then: the version recorded then. Else, contained in the fleet's
+ * snapshot now (the Api's route table, the Gateway's listeners are there):
+ * the fleet's routes (listeners) version now. Not contained (left out as
+ * invalid, or the fleet's compile failed and it keeps an older snapshot):
+ * 0. `fresh` drops what was recorded (versions were renumbered past a
+ * runtime's).
  */
 static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all, int fresh)
 {
@@ -726,8 +760,9 @@ static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all
     }
     for (size_t r = 0; r < all->count; r++) {
         const sl_resource_t *res = &all->items[r];
-        if (res->kind != SL_KIND_API)
+        if (res->kind != SL_KIND_API && res->kind != SL_KIND_GATEWAY)
             continue;
+        const int gw = res->kind == SL_KIND_GATEWAY;
         char *text = json_dumps(json_object_get(res->obj, "spec"),
                                 JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
         uint64_t h = fnv1a(0xcbf29ce484222325ULL, text ? text : "", text ? strlen(text) : 0);
@@ -740,12 +775,14 @@ static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all
         snprintf(key, sizeof(key), "%s/%s", res->ns, res->name);
         i = 0;
         for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
+            if (gw && strcmp(f->name, gateway_fleet(res->obj)) != 0)
+                continue;
             json_int_t v = 0;
-            if (json_object_get(tables[i], key)) {
+            if (gw ? gateway_in_snapshot(ctl, res, f) : json_object_get(tables[i], key) != NULL) {
                 json_int_t was = same ? json_integer_value(json_object_get(
                                             json_object_get(prev, "fleets"), f->name))
                                       : 0;
-                v = was ? was : (json_int_t)f->t[SL_XDS_ROUTE].version;
+                v = was ? was : (json_int_t)f->t[gw ? SL_XDS_LISTENER : SL_XDS_ROUTE].version;
             }
             json_object_set_new(fl, f->name, json_integer(v));
         }
@@ -1427,16 +1464,20 @@ static void appendf(char *buf, size_t len, const char *fmt, ...)
 }
 
 /*
- * The Api's Programmed condition and status.fleets, from where its spec is
- * programmed (record_programmed) and what each connected runtime ACKed, so
- * ACKs, NACKs and disconnects show at the next read without any write. A
- * runtime runs the Api when its routes ACK is at or past the fleet's
- * version for it (types are pushed in order, routes after the clusters,
- * settings, consumers and secrets they use); it rejected the Api when it
- * runs an older one and its last routes NACK is for that version or later.
+ * The Programmed condition and status.fleets of an Api (type SL_XDS_ROUTE)
+ * or a Gateway (SL_XDS_LISTENER), from where its spec is programmed
+ * (record_programmed) and what each connected runtime ACKed, so ACKs, NACKs
+ * and disconnects show at the next read without any write. A runtime runs
+ * the object when its ACK of that type is at or past the fleet's version
+ * for it (types are pushed in order: routes after the clusters, settings,
+ * consumers and secrets they use, listeners last); it rejected the object
+ * when it runs an older one and its last NACK of that type is for that
+ * version or later. An Api counts the runtimes of every fleet, a Gateway
+ * those of its own fleet (the only one in its record).
  */
-static void api_programmed(sl_controller_t *ctl, json_t *rec, json_t *status)
+static void object_programmed(sl_controller_t *ctl, json_t *rec, json_t *status, int type)
 {
+    const int own_fleet_only = type == SL_XDS_LISTENER;
     json_t *conds = json_object_get(status, "conditions");
     const char *accepted = json_string_value(json_object_get(json_array_get(conds, 0), "status"));
     json_t *vers = json_object_get(rec, "fleets");
@@ -1464,14 +1505,15 @@ static void api_programmed(sl_controller_t *ctl, json_t *rec, json_t *status)
             ;
         if (i == nf)
             continue; /* a fleet not compiled yet */
+        if (own_fleet_only && !json_object_get(vers, fl[i]->name))
+            continue;
         uint64_t v = (uint64_t)json_integer_value(json_object_get(vers, fl[i]->name));
         conn[i]++;
         total++;
-        if (v && parse_version(rt->acked[SL_XDS_ROUTE]) >= v) {
+        if (v && parse_version(rt->acked[type]) >= v) {
             prog[i]++;
             total_prog++;
-        } else if (v && rt->nack[SL_XDS_ROUTE].message &&
-                   parse_version(rt->nack[SL_XDS_ROUTE].version) >= v) {
+        } else if (v && rt->nack[type].message && parse_version(rt->nack[type].version) >= v) {
             rejected++;
             if (!first_reject || strcmp(rt->node_id, first_reject->node_id) < 0)
                 first_reject = rt;
@@ -1481,6 +1523,8 @@ static void api_programmed(sl_controller_t *ctl, json_t *rec, json_t *status)
     char msg[PROGRAMMED_MESSAGE_MAX] = "";
     int missing = 0; /* fleets with runtimes whose snapshot lacks the spec */
     for (i = 0; i < nf; i++) {
+        if (own_fleet_only && !json_object_get(vers, fl[i]->name))
+            continue;
         json_int_t v = json_integer_value(json_object_get(vers, fl[i]->name));
         json_array_append_new(fleets,
                               json_pack("{s:s, s:I, s:i, s:i}", "fleet", fl[i]->name, "version", v,
@@ -1504,21 +1548,27 @@ static void api_programmed(sl_controller_t *ctl, json_t *rec, json_t *status)
                 msg[0] ? "; " : "");
     } else if (!total) {
         reason = "NoRuntimes";
-        snprintf(msg, sizeof(msg), "no runtime of any fleet is connected");
+        const char *only = NULL;
+        void *it = own_fleet_only ? json_object_iter(vers) : NULL;
+        if (it)
+            only = json_object_iter_key(it);
+        if (only)
+            snprintf(msg, sizeof(msg), "no runtime of fleet %s is connected", only);
+        else
+            snprintf(msg, sizeof(msg), "no runtime of any fleet is connected");
     } else if (rejected) {
         reason = "Rejected";
         /* The first NACK reason (by node id), cut short. */
-        const char *m = first_reject->nack[SL_XDS_ROUTE].message;
+        const char *m = first_reject->nack[type].message;
         size_t keep = strlen(m);
         if (keep > PROGRAMMED_NACK_SHOWN) {
             keep = PROGRAMMED_NACK_SHOWN;
             while (keep > 0 && ((unsigned char)m[keep] & 0xC0) == 0x80)
                 keep--;
         }
-        appendf(msg, sizeof(msg), "; %d runtime%s rejected it, %s NACKed routes version %s: %.*s%s",
-                rejected, rejected == 1 ? "" : "s", first_reject->node_id,
-                first_reject->nack[SL_XDS_ROUTE].version, (int)keep, m,
-                keep < strlen(m) ? "..." : "");
+        appendf(msg, sizeof(msg), "; %d runtime%s rejected it, %s NACKed %s version %s: %.*s%s",
+                rejected, rejected == 1 ? "" : "s", first_reject->node_id, sl_xds_type_names[type],
+                first_reject->nack[type].version, (int)keep, m, keep < strlen(m) ? "..." : "");
     } else if (total_prog == total && !missing) {
         st = "True";
         reason = "Programmed";
@@ -1541,7 +1591,9 @@ json_t *sl_controller_object_status(sl_controller_t *ctl, enum sl_kind kind, con
     char key[600];
     snprintf(key, sizeof(key), "%s/%s/%s", sl_kind_plural(kind), ns, name);
     json_t *st = json_object_get(ctl->statuses, key);
-    json_t *rec = kind == SL_KIND_API ? json_object_get(ctl->programmed, key) : NULL;
+    json_t *rec = kind == SL_KIND_API || kind == SL_KIND_GATEWAY
+                      ? json_object_get(ctl->programmed, key)
+                      : NULL;
     if (!st || !rec)
         return st ? json_incref(st) : NULL;
     /* A copy of the status and its conditions (the shared one stays as
@@ -1554,7 +1606,7 @@ json_t *sl_controller_object_status(sl_controller_t *ctl, enum sl_kind kind, con
         return json_incref(st);
     }
     json_object_set_new(out, "conditions", conds);
-    api_programmed(ctl, rec, out);
+    object_programmed(ctl, rec, out, kind == SL_KIND_GATEWAY ? SL_XDS_LISTENER : SL_XDS_ROUTE);
     return out;
 }
 

@@ -1,5 +1,5 @@
 /*
- * Controller histograms and REST counters (ctrl_metrics.h).
+ * Controller histograms, REST and watch counters (ctrl_metrics.h).
  */
 #include "ctrl_metrics.h"
 
@@ -109,4 +109,47 @@ void sl_ctrl_render_rest(struct evbuffer *b)
                                 m < NMETHODS - 1 ? methods[m].name : "other", code, v);
         }
     }
+}
+
+/* ---- watches ------------------------------------------------------------------ */
+
+static const char *const watch_event_types[] = {"ADDED", "MODIFIED", "DELETED", "BOOKMARK",
+                                                "ERROR"};
+#define NWATCH_TYPES (sizeof(watch_event_types) / sizeof(watch_event_types[0]))
+
+static _Atomic int64_t watches_open;
+static _Atomic uint64_t watch_events[NWATCH_TYPES];
+
+void sl_ctrl_watch_opened(void)
+{
+    atomic_fetch_add_explicit(&watches_open, 1, memory_order_relaxed);
+}
+
+void sl_ctrl_watch_closed(void)
+{
+    atomic_fetch_sub_explicit(&watches_open, 1, memory_order_relaxed);
+}
+
+void sl_ctrl_count_watch_event(const char *type)
+{
+    for (size_t i = 0; i < NWATCH_TYPES; i++) {
+        if (strcmp(type, watch_event_types[i]) == 0) {
+            atomic_fetch_add_explicit(&watch_events[i], 1, memory_order_relaxed);
+            return;
+        }
+    }
+}
+
+void sl_ctrl_render_watch(struct evbuffer *b)
+{
+    int64_t open = atomic_load_explicit(&watches_open, memory_order_relaxed);
+    sl_prom_header(b, "sluice_controller_watches", "gauge",
+                   "Open watches (?watch=true) on the controller's resources.");
+    evbuffer_add_printf(b, "sluice_controller_watches %" PRId64 "\n", open < 0 ? 0 : open);
+    sl_prom_header(b, "sluice_controller_watch_events_total", "counter",
+                   "Events written to watches (one per watch an event was sent to), by type.");
+    for (size_t i = 0; i < NWATCH_TYPES; i++)
+        evbuffer_add_printf(b, "sluice_controller_watch_events_total{type=\"%s\"} %" PRIu64 "\n",
+                            watch_event_types[i],
+                            atomic_load_explicit(&watch_events[i], memory_order_relaxed));
 }

@@ -51,6 +51,15 @@ void sl_ctrl_count_rest(int evhttp_cmd, int status);
  * included; only the pairs seen). */
 void sl_ctrl_render_rest(struct evbuffer *b);
 
+/* Watches (watch.c): open watches over every hub, and events written to
+ * them by type (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR). */
+void sl_ctrl_watch_opened(void);
+void sl_ctrl_watch_closed(void);
+void sl_ctrl_count_watch_event(const char *type);
+/* sluice_controller_watches and sluice_controller_watch_events_total{type}
+ * (HELP and TYPE included). */
+void sl_ctrl_render_watch(struct evbuffer *b);
+
 /* Monotonic microseconds. */
 uint64_t sl_ctrl_now_us(void);
 

@@ -3,17 +3,22 @@
  * store (store.c), the REST admin API (rest.c), the core that compiles and
  * pushes (core.c) and the gRPC stream server (stream.c).
  */
+#include "bearer.h"
 #include "controller.h"
 #include "core.h"
 #include "crd.h"
+#include "hostport.h"
+#include "kapi.h"
 #include "ksource.h"
 #include "kubeconfig.h"
 #include "log.h"
 #include "model.h"
 #include "rest.h"
+#include "rest_tls.h"
 #include "store.h"
 #include "stream.h"
 #include "tls_files.h"
+#include "watch.h"
 
 #include <event2/event.h>
 #include <getopt.h>
@@ -70,6 +75,17 @@ static void usage(FILE *out)
             "  --insecure-admin         allow a non-loopback --rest without a token\n"
             "  --rest-tls-cert FILE     serve the REST admin API over HTTPS with this PEM chain\n"
             "  --rest-tls-key FILE      ... and this PEM key (both or neither)\n"
+            "                           With --admin-token-file and no --rest-tls-cert, the\n"
+            "                           REST API serves HTTPS with a certificate issued by a\n"
+            "                           CA generated in --data-dir, which also gets a\n"
+            "                           kubeconfig for kubectl (docs/security.md)\n"
+            "  --rest-tls-san NAME      one more IP address or DNS name for that generated\n"
+            "                           certificate (repeatable)\n"
+            "  --rest-plain-http        serve the REST API over plain HTTP even with a token\n"
+            "                           (loopback only, unless --insecure-admin); kubectl then\n"
+            "                           cannot send the token\n"
+            "  --max-body-bytes N       refuse REST and Kubernetes API request bodies over N\n"
+            "                           bytes with 413 (default 8388608)\n"
             "  --log-level LEVEL        debug, info, notice, warn, error (default info)\n"
             "  --max-routes N           refuse writes that make a fleet's config exceed N\n"
             "                           routes (default 200000)\n"
@@ -107,9 +123,12 @@ int main(int argc, char **argv)
         {"stream-client-ca", required_argument, NULL, 'a'},
         {"rest-tls-cert", required_argument, NULL, 'C'},
         {"rest-tls-key", required_argument, NULL, 'K'},
+        {"rest-tls-san", required_argument, NULL, 'S'},
+        {"rest-plain-http", no_argument, NULL, 'H'},
+        {"max-body-bytes", required_argument, NULL, 'B'},
         {"version", no_argument, NULL, 'V'},
         {"print-crds", no_argument, NULL, 'P'},
-        {"source", required_argument, NULL, 'S'},
+        {"source", required_argument, NULL, 'O'},
         {"kubeconfig", required_argument, NULL, 'G'},
         {"namespace", required_argument, NULL, 'n'},
         {"help", no_argument, NULL, 'h'},
@@ -120,9 +139,17 @@ int main(int argc, char **argv)
     const char *stream_cert = NULL, *stream_key = NULL, *stream_ca = NULL;
     const char *rest_cert = NULL, *rest_key = NULL;
     const char **resources = calloc((size_t)argc, sizeof(char *));
-    size_t nresources = 0;
     const char *source = NULL, *kubeconfig = NULL, *kube_ns = NULL;
-    int insecure = 0, ch;
+    const char **rest_sans = calloc((size_t)argc, sizeof(char *));
+    size_t nresources = 0, nrest_sans = 0;
+    int insecure = 0, rest_plain = 0, ch;
+    unsigned long long max_body = SL_REST_DEFAULT_MAX_BODY_BYTES;
+    if (!resources || !rest_sans) {
+        fprintf(stderr, "sluice-controller: out of memory\n");
+        free(resources);
+        free(rest_sans);
+        return 1;
+    }
     unsigned long long max_routes = 200000, max_runtimes = SL_CONTROLLER_DEFAULT_MAX_RUNTIMES;
     unsigned long long runtime_expiry_s = SL_CONTROLLER_DEFAULT_RUNTIME_EXPIRY_MS / 1000;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -145,7 +172,7 @@ int main(int argc, char **argv)
         case 'I':
             insecure = 1;
             break;
-        case 'S':
+        case 'O':
             source = optarg;
             break;
         case 'G':
@@ -169,12 +196,37 @@ int main(int argc, char **argv)
         case 'K':
             rest_key = optarg;
             break;
+        case 'S': {
+            char e[512];
+            if (sl_rest_tls_check_san(optarg, e, sizeof(e)) != 0) {
+                fprintf(stderr, "sluice-controller: %s\n", e);
+                goto bad_args;
+            }
+            rest_sans[nrest_sans++] = optarg;
+            break;
+        }
+        case 'H':
+            rest_plain = 1;
+            break;
+        case 'B': {
+            char *end;
+            max_body = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-' || !optarg[0] || max_body < 1024 ||
+                max_body > (1ULL << 30)) {
+                fprintf(stderr,
+                        "sluice-controller: --max-body-bytes %s: must be a number from 1024 to "
+                        "1073741824\n",
+                        optarg);
+                goto bad_args;
+            }
+            break;
+        }
         case 'M': {
             char *end;
             max_routes = strtoull(optarg, &end, 10);
             if (*end || optarg[0] == '-' || !optarg[0]) {
                 fprintf(stderr, "sluice-controller: --max-routes %s: must be a number\n", optarg);
-                return 2;
+                goto bad_args;
             }
             break;
         }
@@ -187,7 +239,7 @@ int main(int argc, char **argv)
                 fprintf(stderr,
                         "sluice-controller: --%s %s: must be a number from %d to 100000000\n",
                         ch == 'N' ? "max-runtimes" : "runtime-expiry", optarg, ch == 'N');
-                return 2;
+                goto bad_args;
             }
             if (ch == 'N')
                 max_runtimes = v;
@@ -202,7 +254,7 @@ int main(int argc, char **argv)
                         "sluice-controller: --log-level %s: use debug, info, notice, "
                         "warn or error\n",
                         optarg);
-                return 2;
+                goto bad_args;
             }
             sl_log_set_level(lvl);
             break;
@@ -210,69 +262,96 @@ int main(int argc, char **argv)
         case 'V':
             printf("sluice-controller %s\n", SL_VERSION);
             free(resources);
+            free(rest_sans);
             return 0;
         case 'P':
             free(resources);
+            free(rest_sans);
             return print_crds();
         case 'h':
             usage(stdout);
             free(resources);
+            free(rest_sans);
             return 0;
         default:
             usage(stderr);
-            free(resources);
-            return 2;
+            goto bad_args;
         }
     }
     if (optind < argc) {
         fprintf(stderr, "sluice-controller: unexpected argument '%s'\n", argv[optind]);
-        return 2;
+        goto bad_args;
     }
     int kube = source && strcmp(source, "kubernetes") == 0;
     if (source && !kube && strcmp(source, "store") != 0 && strcmp(source, "files") != 0) {
         fprintf(stderr, "sluice-controller: --source %s: use store, files or kubernetes\n", source);
-        free(resources);
-        return 2;
+        goto bad_args;
     }
     if (source && strcmp(source, "files") == 0 && !nresources) {
         fprintf(stderr, "sluice-controller: --source files needs --resources PATH\n");
-        free(resources);
-        return 2;
+        goto bad_args;
     }
     if (source && strcmp(source, "store") == 0 && nresources) {
         fprintf(stderr, "sluice-controller: --resources serves files: use --source files (or "
                         "leave --source out), not --source store\n");
-        free(resources);
-        return 2;
+        goto bad_args;
     }
     if (kube && nresources) {
         fprintf(stderr, "sluice-controller: --source kubernetes reads the API server; "
                         "--resources cannot be given with it\n");
-        free(resources);
-        return 2;
+        goto bad_args;
     }
     if ((kubeconfig || kube_ns) && !kube) {
         fprintf(stderr, "sluice-controller: --%s is for --source kubernetes\n",
                 kubeconfig ? "kubeconfig" : "namespace");
-        free(resources);
-        return 2;
+        goto bad_args;
     }
     if (!stream_cert != !stream_key) {
         fprintf(stderr, "sluice-controller: --stream-tls-cert and --stream-tls-key go together "
                         "(the stream's certificate chain and its private key)\n");
-        return 2;
+        goto bad_args;
     }
     if (stream_ca && !stream_cert) {
         fprintf(stderr,
                 "sluice-controller: --stream-client-ca needs --stream-tls-cert and "
                 "--stream-tls-key (client certificates are checked in the TLS handshake)\n");
-        return 2;
+        goto bad_args;
     }
     if (!rest_cert != !rest_key) {
         fprintf(stderr, "sluice-controller: --rest-tls-cert and --rest-tls-key go together "
                         "(the REST API's certificate chain and its private key)\n");
-        return 2;
+        goto bad_args;
     }
+    if (rest_plain && rest_cert) {
+        fprintf(stderr, "sluice-controller: --rest-plain-http and --rest-tls-cert contradict each "
+                        "other; give one of them\n");
+        goto bad_args;
+    }
+    if (nrest_sans && (rest_cert || rest_plain || !token_file)) {
+        fprintf(stderr,
+                "sluice-controller: --rest-tls-san names the certificate the controller issues "
+                "itself, which it does only with --admin-token-file and without %s\n",
+                rest_cert ? "--rest-tls-cert (put the names in that certificate instead)"
+                          : "--rest-plain-http");
+        goto bad_args;
+    }
+    if (rest_plain && token_file && !insecure) {
+        char host[256], e[512];
+        unsigned short p;
+        if (sl_hostport_parse(rest_addr, "--rest", 9090, host, sizeof(host), &p, e, sizeof(e)) ==
+                0 &&
+            !sl_rest_tls_loopback_host(host)) {
+            fprintf(stderr,
+                    "sluice-controller: --rest-plain-http on the non-loopback --rest %s would "
+                    "send the admin token in clear text; drop --rest-plain-http (the controller "
+                    "then serves HTTPS with a generated certificate), give --rest-tls-cert, or "
+                    "pass --insecure-admin\n",
+                    rest_addr);
+            goto bad_args;
+        }
+    }
+    /* HTTPS with a certificate of our own: a token needs HTTPS for kubectl. */
+    const bool rest_autotls = token_file && !rest_cert && !rest_plain;
     signal(SIGPIPE, SIG_IGN);
 
     int exit_code = 1;
@@ -280,7 +359,7 @@ int main(int argc, char **argv)
     char *token = NULL;
     /* PEM texts, wiped and freed once the servers copied what they need. */
     char *stream_cert_pem = NULL, *stream_key_pem = NULL, *stream_ca_pem = NULL;
-    char *rest_cert_pem = NULL, *rest_key_pem = NULL;
+    char *rest_cert_pem = NULL, *rest_key_pem = NULL, *rest_ca_pem = NULL;
     sl_store_t *store = NULL;
     sl_controller_t *ctl = NULL;
     sl_ksource_t *ks = NULL;
@@ -288,11 +367,12 @@ int main(int argc, char **argv)
     int kc_loaded = 0;
     sl_stream_server_t *srv = NULL;
     sl_rest_t *rest = NULL;
+    sl_watch_hub_t *hub = NULL; /* watches of the Kubernetes-compatible API */
     struct event_base *base = NULL;
     sl_resource_set_t files;
     sl_resource_set_init(&files);
 
-    if (token_file && !(token = sl_rest_load_token(token_file, err, sizeof(err)))) {
+    if (token_file && !(token = sl_bearer_load("--admin-token-file", token_file, err, sizeof(err)))) {
         sl_log_error("%s", err);
         goto out;
     }
@@ -339,6 +419,13 @@ int main(int argc, char **argv)
         sl_log_error("%s", err);
         goto out;
     }
+    /* After the store: it creates --data-dir. */
+    if (rest_autotls &&
+        sl_rest_tls_prepare(data_dir, rest_addr, rest_sans, nrest_sans, &rest_cert_pem,
+                            &rest_key_pem, &rest_ca_pem, err, sizeof(err)) != 0) {
+        sl_log_error("%s", err);
+        goto out;
+    }
     base = event_base_new();
     if (!base)
         goto out;
@@ -367,6 +454,14 @@ int main(int argc, char **argv)
         sl_log_error("%s", err);
         goto out_grpc;
     }
+    /* Objects are rendered for watches as the API serves them (kapi.h). */
+    hub = sl_watch_hub_new(base, sl_store_resource_version(store), 0, sl_kapi_render, ctl);
+    if (!hub) {
+        sl_log_error("watch hub: out of memory");
+        goto out_grpc;
+    }
+    /* Every durable write of the store feeds the watches. */
+    sl_store_set_observer(store, sl_watch_observe, hub);
     sl_rest_options_t ropt = {
         .admin_token = token,
         .insecure = insecure,
@@ -381,11 +476,24 @@ int main(int argc, char **argv)
         .ready_ctx = ks ? (void *)ks : (void *)ctl,
         .tls_cert_pem = rest_cert_pem,
         .tls_key_pem = rest_key_pem,
+        .max_body_bytes = (size_t)max_body,
+        .watch_hub = hub,
     };
     rest = sl_rest_start(base, rest_addr, store, ctl, &ropt, err, sizeof(err));
     if (!rest) {
         sl_log_error("%s", err);
         goto out_grpc;
+    }
+    if (rest_autotls) {
+        char kc[4200];
+        if (sl_rest_tls_write_kubeconfig(data_dir, rest_addr, sl_rest_port(rest), rest_ca_pem,
+                                         token, kc, sizeof(kc), err, sizeof(err)) != 0) {
+            sl_log_error("%s", err);
+            goto out_grpc;
+        }
+        sl_log_notice("kubectl: export KUBECONFIG=%s (HTTPS with the CA %s/%s, the admin "
+                      "token as the user's)",
+                      kc, data_dir, SL_REST_TLS_CA_CERT);
     }
     /* Both servers hold their own copies now. */
     sl_tls_files_free(stream_key_pem);
@@ -397,7 +505,11 @@ int main(int argc, char **argv)
     event_add(sigint, NULL);
     sl_log_notice("sluice-controller %s started: REST %s %s(port %d), stream %s %s(port %d), data "
                   "%s%s",
-                  SL_VERSION, rest_addr, rest_cert ? "HTTPS " : "", sl_rest_port(rest), stream_addr,
+                  SL_VERSION, rest_addr,
+                  rest_cert      ? "HTTPS "
+                  : rest_autotls ? "HTTPS (generated certificate) "
+                                 : "",
+                  sl_rest_port(rest), stream_addr,
                   stream_ca     ? "TLS, client certificates required "
                   : stream_cert ? "TLS "
                                 : "",
@@ -411,6 +523,11 @@ int main(int argc, char **argv)
     exit_code = 0;
 
 out_grpc:
+    /* Open watches end (their responses finish) before the listener goes. */
+    if (hub) {
+        sl_store_set_observer(store, NULL, NULL);
+        sl_watch_hub_free(hub);
+    }
     if (rest)
         sl_rest_free(rest);
     if (srv)
@@ -432,7 +549,14 @@ out:
     sl_tls_files_free(stream_ca_pem);
     sl_tls_files_free(rest_cert_pem);
     sl_tls_files_free(rest_key_pem);
-    free(token);
+    sl_tls_files_free(rest_ca_pem);
+    sl_bearer_free(token);
     free(resources);
+    free(rest_sans);
     return exit_code;
+
+bad_args:
+    free(resources);
+    free(rest_sans);
+    return 2;
 }

@@ -8,6 +8,8 @@
  *   /api/v1/resources        POST|PUT a whole multi-document file
  *   /api/v1/runtimes, /api/v1/status
  *   /healthz, /readyz, /metrics (never behind the token)
+ *   /version, /api, /apis/..., /openapi/...: the Kubernetes-compatible API
+ *       (kapi.h), behind the same token
  *
  * Every /api/ answer is JSON; errors are {"error":{"status","code","message"
  * [,"details":[{"field","message"}]]}}. docs/admin-api.md is the reference.
@@ -20,6 +22,7 @@
 #include "controller.h"
 #include "model.h"
 #include "store.h"
+#include "watch.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -32,7 +35,7 @@ typedef struct sl_rest sl_rest_t;
 
 typedef struct {
     /* Bearer token every /api/ request must carry (the content of
-     * --admin-token-file, see sl_rest_load_token); NULL or "" = no auth.
+     * --admin-token-file, read by sl_bearer_load); NULL or "" = no auth.
      * Copied by sl_rest_start. */
     const char *admin_token;
     /* --insecure-admin: allow a non-loopback address without a token. */
@@ -58,6 +61,9 @@ typedef struct {
      * sl_tls_files_read_pair. Loaded into the API's SSL_CTX by
      * sl_rest_start, not kept. NULL = plain HTTP. */
     const char *tls_cert_pem, *tls_key_pem;
+    /* Watches on the Kubernetes-compatible paths (kapi.h); borrowed, must
+     * outlive the API. NULL = `watch=true` answers 405. */
+    sl_watch_hub_t *watch_hub;
 } sl_rest_options_t;
 
 /*
@@ -77,13 +83,5 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
 int sl_rest_port(const sl_rest_t *rest);
 /* Closes the listener and every open admin connection. NULL is fine. */
 void sl_rest_free(sl_rest_t *rest);
-
-/*
- * Reads --admin-token-file: the token is the file's content without trailing
- * whitespace (a final newline is usual). Refuses an empty file, a file over
- * 4 KiB, and tokens with control characters or spaces. Returns a malloc'd
- * string (caller frees), or NULL with err naming the file and the fix.
- */
-char *sl_rest_load_token(const char *path, char *err, size_t errlen);
 
 #endif

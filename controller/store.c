@@ -9,7 +9,8 @@
  * in one BEGIN IMMEDIATE transaction (so kill -9 at any instant leaves the old
  * or the new state, never half of a file), the server-set metadata
  * (resourceVersion from one store-wide counter, generation bumped only when
- * the spec changes, uid, creationTimestamp), and durable monotonic counters.
+ * the spec changes, uid, creationTimestamp), durable monotonic counters, and
+ * telling one observer (the watch hub) of each change once it is committed.
  *
  * Not responsible for: validation (the documents given to it have passed
  * sl_model_parse), status (computed by the controller core and merged by the
@@ -66,6 +67,10 @@ static const char *const migrations[] = {
     " updated_at TEXT NOT NULL,"
     " PRIMARY KEY (kind, namespace, name));"
     "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);",
+    /* 2: the status written through the Kubernetes /status subresource
+     * (kapi.c); NULL = never written, the controller's computed status is
+     * served. */
+    "ALTER TABLE resources ADD COLUMN status TEXT;",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
@@ -76,6 +81,7 @@ enum stmt_id {
     STMT_GET,
     STMT_UPSERT,
     STMT_DELETE,
+    STMT_SET_STATUS,
     STMT_LIST_KIND,
     STMT_LIST_KIND_NS,
     STMT_LIST_ALL,
@@ -88,7 +94,7 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_BEGIN] = "BEGIN IMMEDIATE",
     [STMT_COMMIT] = "COMMIT",
     [STMT_ROLLBACK] = "ROLLBACK",
-    [STMT_GET] = "SELECT uid, resource_version, generation, spec_hash, body, created_at"
+    [STMT_GET] = "SELECT uid, resource_version, generation, spec_hash, body, created_at, status"
                  " FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
     [STMT_UPSERT] =
         "INSERT INTO resources (kind, namespace, name, uid, resource_version, generation,"
@@ -98,9 +104,12 @@ static const char *const stmt_sql[STMT__COUNT] = {
         " spec_hash = excluded.spec_hash, body = excluded.body, created_at = excluded.created_at,"
         " updated_at = excluded.updated_at",
     [STMT_DELETE] = "DELETE FROM resources WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-    [STMT_LIST_KIND] = "SELECT body FROM resources WHERE kind = ?1 ORDER BY namespace, name",
+    [STMT_SET_STATUS] = "UPDATE resources SET status = ?4, resource_version = ?5, body = ?6,"
+                        " updated_at = ?7 WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+    [STMT_LIST_KIND] =
+        "SELECT body, status FROM resources WHERE kind = ?1 ORDER BY namespace, name",
     [STMT_LIST_KIND_NS] =
-        "SELECT body FROM resources WHERE kind = ?1 AND namespace = ?2 ORDER BY name",
+        "SELECT body, status FROM resources WHERE kind = ?1 AND namespace = ?2 ORDER BY name",
     [STMT_LIST_ALL] = "SELECT kind, namespace, name, body FROM resources"
                       " ORDER BY kind, namespace, name",
     [STMT_COUNTER_GET] = "SELECT value FROM counters WHERE name = ?1",
@@ -113,6 +122,9 @@ struct sl_store {
     char *path; /* DATA_DIR/sluice.db, for messages */
     sqlite3_stmt *stmt[STMT__COUNT];
     uint64_t last_write_us;
+    /* Told of every committed change (watches); NULL = nobody. */
+    sl_store_observer_fn observer;
+    void *observer_arg;
 };
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -492,7 +504,8 @@ typedef struct {
     int64_t generation;
     char spec_hash[72];
     char created_at[40];
-    json_t *body; /* owned, NULL unless asked for */
+    json_t *body;   /* owned, NULL unless asked for */
+    json_t *status; /* owned: the written status (NULL when never written) */
 } row_t;
 
 static void copy_col(sqlite3_stmt *s, int col, char *out, size_t outlen)
@@ -534,10 +547,22 @@ static int row_get(sl_store_t *st, const char *kind, const char *ns, const char 
         row->generation = sqlite3_column_int64(s, 2);
         copy_col(s, 3, row->spec_hash, sizeof(row->spec_hash));
         copy_col(s, 5, row->created_at, sizeof(row->created_at));
-        if (want_body) {
+        if (sqlite3_column_type(s, 6) == SQLITE_TEXT &&
+            !(row->status =
+                  parse_body(st, (const char *)sqlite3_column_text(s, 6), kind, ns, name)))
+            ret = -1;
+        /* With the body, the status moves into it (row->status is then
+         * borrowed from the body); without, the caller owns row->status. */
+        if (want_body && ret == 0) {
             row->body = parse_body(st, (const char *)sqlite3_column_text(s, 4), kind, ns, name);
             if (!row->body)
                 ret = -1;
+            else if (row->status)
+                json_object_set_new(row->body, "status", row->status);
+        }
+        if (want_body && ret != 0) {
+            json_decref(row->status);
+            row->status = NULL;
         }
     } else if (rc != SQLITE_DONE) {
         ret = -1;
@@ -560,11 +585,33 @@ static int identity(json_t *obj, enum sl_kind *kind, const char **ns, const char
     return 0;
 }
 
-/* One put inside an open transaction. *stored: new reference on success. */
+static enum sl_store_result put_one_row(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
+                                        const char *expect_rv, json_t **stored, row_t *old,
+                                        char *err, size_t errlen);
+
+/* One put inside an open transaction. *stored: new reference on success,
+ * with the written status (if any) kept: a spec write leaves it alone.
+ * *existed: whether an object of that kind/namespace/name was there before
+ * (the observer's ADDED or MODIFIED). */
 static enum sl_store_result put_one(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
-                                    const char *expect_rv, json_t **stored, char *err,
-                                    size_t errlen)
+                                    const char *expect_rv, json_t **stored, bool *existed,
+                                    char *err, size_t errlen)
 {
+    row_t old;
+    memset(&old, 0, sizeof(old));
+    enum sl_store_result r = put_one_row(st, obj, mode, expect_rv, stored, &old, err, errlen);
+    *existed = old.found;
+    if (r == SL_STORE_OK && old.status)
+        json_object_set(*stored, "status", old.status);
+    json_decref(old.status);
+    return r;
+}
+
+static enum sl_store_result put_one_row(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
+                                        const char *expect_rv, json_t **stored, row_t *oldp,
+                                        char *err, size_t errlen)
+{
+    row_t old;
     enum sl_kind kind;
     const char *ns, *name;
     if (identity(obj, &kind, &ns, &name) != 0) {
@@ -572,12 +619,13 @@ static enum sl_store_result put_one(sl_store_t *st, json_t *obj, enum sl_store_m
         return SL_STORE_ERROR;
     }
     const char *kname = sl_kind_name(kind);
-    row_t old;
     if (row_get(st, kname, ns, name, false, &old) != 0) {
+        json_decref(old.status);
         set_err(err, errlen, "store %s: cannot read %s %s/%s: %s", st->path, kname, ns, name,
                 sqlite3_errmsg(st->db));
         return SL_STORE_ERROR;
     }
+    *oldp = old; /* the caller releases old.status */
     if (mode == SL_STORE_CREATE && old.found) {
         set_err(err, errlen, "%s \"%s/%s\" already exists (use PUT to replace it)", kname, ns,
                 name);
@@ -679,6 +727,23 @@ oom:
     return SL_STORE_ERROR;
 }
 
+/* Tells the observer of one committed change. Called only after COMMIT, so a
+ * watcher never sees a change that a rollback undid. */
+static void notify(sl_store_t *st, const char *type, json_t *doc)
+{
+    enum sl_kind kind;
+    const char *ns, *name;
+    if (!st->observer || identity(doc, &kind, &ns, &name) != 0)
+        return;
+    st->observer(st->observer_arg, type, kind, doc);
+}
+
+void sl_store_set_observer(sl_store_t *st, sl_store_observer_fn fn, void *arg)
+{
+    st->observer = fn;
+    st->observer_arg = arg;
+}
+
 /* `obj` is borrowed; on SL_STORE_OK *stored is a new reference (the caller
  * decrefs it). On any other result nothing was written and *stored is NULL. */
 enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
@@ -689,7 +754,8 @@ enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mod
     if (tx_begin(st, err, errlen) != 0)
         return SL_STORE_ERROR;
     json_t *doc = NULL;
-    enum sl_store_result r = put_one(st, obj, mode, expect_rv, &doc, err, errlen);
+    bool existed = false;
+    enum sl_store_result r = put_one(st, obj, mode, expect_rv, &doc, &existed, err, errlen);
     if (r != SL_STORE_OK) {
         tx_rollback(st);
         return r;
@@ -700,6 +766,7 @@ enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mod
     }
     wrote(st, t0);
     *stored = doc;
+    notify(st, existed ? "MODIFIED" : "ADDED", doc);
     return SL_STORE_OK;
 }
 
@@ -720,7 +787,16 @@ enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs, json_t **st
         set_err(err, errlen, "store: out of memory");
         return SL_STORE_ERROR;
     }
+    /* Whether each item existed before, for the observer after the commit (a
+     * batch may hold the same object twice: the second is then MODIFIED). */
+    bool *existed = calloc(json_array_size(objs) + 1, sizeof(*existed));
+    if (!existed) {
+        json_decref(out);
+        set_err(err, errlen, "store: out of memory");
+        return SL_STORE_ERROR;
+    }
     if (tx_begin(st, err, errlen) != 0) {
+        free(existed);
         json_decref(out);
         return SL_STORE_ERROR;
     }
@@ -729,23 +805,28 @@ enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs, json_t **st
     json_array_foreach(objs, i, obj)
     {
         json_t *doc = NULL;
-        enum sl_store_result r = put_one(st, obj, SL_STORE_REPLACE, NULL, &doc, err, errlen);
+        enum sl_store_result r =
+            put_one(st, obj, SL_STORE_REPLACE, NULL, &doc, &existed[i], err, errlen);
         if (r == SL_STORE_OK && json_array_append_new(out, doc) != 0) {
             set_err(err, errlen, "store: out of memory");
             r = SL_STORE_ERROR;
         }
         if (r != SL_STORE_OK) {
             tx_rollback(st);
+            free(existed);
             json_decref(out);
             return r;
         }
     }
     if (tx_commit(st, err, errlen) != 0) {
+        free(existed);
         json_decref(out);
         return SL_STORE_ERROR;
     }
     wrote(st, t0);
     *stored = out;
+    json_array_foreach(out, i, obj) notify(st, existed[i] ? "MODIFIED" : "ADDED", obj);
+    free(existed);
     return SL_STORE_OK;
 }
 
@@ -777,6 +858,55 @@ enum sl_store_result sl_store_get(sl_store_t *st, enum sl_kind kind, const char 
     return r;
 }
 
+/*
+ * The start of a write to an existing object: opens the transaction, reads
+ * its row (with the body), checks expect_rv ("" = none) and reads the next
+ * resourceVersion. On SL_STORE_OK the transaction is open and the caller
+ * owns row->body; on any other result err says why, the transaction is
+ * rolled back and nothing is held.
+ */
+static enum sl_store_result begin_write(sl_store_t *st, const char *kname, const char *ns,
+                                        const char *name, const char *expect_rv, row_t *row,
+                                        uint64_t *next_rv, char *err, size_t errlen)
+{
+    memset(row, 0, sizeof(*row));
+    if (tx_begin(st, err, errlen) != 0)
+        return SL_STORE_ERROR;
+    if (row_get(st, kname, ns, name, true, row) != 0) {
+        set_err(err, errlen, "store %s: cannot read %s %s/%s: %s", st->path, kname, ns, name,
+                sqlite3_errmsg(st->db));
+        tx_rollback(st);
+        return SL_STORE_ERROR;
+    }
+    if (!row->found) {
+        set_err(err, errlen, "%s \"%s/%s\" not found", kname, ns, name);
+        tx_rollback(st);
+        return SL_STORE_NOT_FOUND;
+    }
+    enum sl_store_result r = SL_STORE_OK;
+    char cur[24];
+    snprintf(cur, sizeof(cur), "%" PRIu64, row->rv);
+    uint64_t rv = 0;
+    if (expect_rv && expect_rv[0] && strcmp(cur, expect_rv) != 0) {
+        set_err(err, errlen,
+                "%s \"%s/%s\" was modified: resourceVersion is %s, not %s (GET it again and "
+                "reapply your change)",
+                kname, ns, name, cur, expect_rv);
+        r = SL_STORE_CONFLICT;
+    } else if (counter_read(st, STORE_RV_COUNTER, &rv) != 0 || rv >= (uint64_t)INT64_MAX) {
+        set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s", st->path,
+                sqlite3_errmsg(st->db));
+        r = SL_STORE_ERROR;
+    }
+    if (r != SL_STORE_OK) {
+        json_decref(row->body);
+        row->body = NULL;
+        tx_rollback(st);
+    }
+    *next_rv = rv + 1;
+    return r;
+}
+
 /* A delete also takes a resourceVersion, so that a list's resourceVersion
  * changes whenever its content does. */
 enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const char *ns,
@@ -789,46 +919,20 @@ enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const ch
         set_err(err, errlen, "store: delete needs a kind and a name");
         return SL_STORE_ERROR;
     }
+    const char *kname = sl_kind_name(kind);
+    uint64_t t0 = now_us(), rv;
+    row_t row;
+    enum sl_store_result r =
+        begin_write(st, kname, ns ? ns : "default", name, expect_rv, &row, &rv, err, errlen);
+    if (r != SL_STORE_OK)
+        return r;
     if (!ns)
         ns = "default";
-    const char *kname = sl_kind_name(kind);
-    uint64_t t0 = now_us();
-    if (tx_begin(st, err, errlen) != 0)
-        return SL_STORE_ERROR;
-    row_t row;
-    if (row_get(st, kname, ns, name, true, &row) != 0) {
-        set_err(err, errlen, "store %s: cannot read %s %s/%s: %s", st->path, kname, ns, name,
-                sqlite3_errmsg(st->db));
-        goto fail;
-    }
-    if (!row.found) {
-        set_err(err, errlen, "%s \"%s/%s\" not found", kname, ns, name);
-        tx_rollback(st);
-        return SL_STORE_NOT_FOUND;
-    }
-    if (expect_rv && expect_rv[0]) {
-        char cur[24];
-        snprintf(cur, sizeof(cur), "%" PRIu64, row.rv);
-        if (strcmp(cur, expect_rv) != 0) {
-            set_err(err, errlen,
-                    "%s \"%s/%s\" was modified: resourceVersion is %s, not %s (GET it again)",
-                    kname, ns, name, cur, expect_rv);
-            json_decref(row.body);
-            tx_rollback(st);
-            return SL_STORE_CONFLICT;
-        }
-    }
-    uint64_t rv;
-    if (counter_read(st, STORE_RV_COUNTER, &rv) != 0 || rv >= (uint64_t)INT64_MAX) {
-        set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s", st->path,
-                sqlite3_errmsg(st->db));
-        goto fail_body;
-    }
     sqlite3_stmt *s = st->stmt[STMT_DELETE];
     sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
-    if (run(st, STMT_DELETE) != 0 || counter_write(st, STORE_RV_COUNTER, rv + 1) != 0) {
+    if (run(st, STMT_DELETE) != 0 || counter_write(st, STORE_RV_COUNTER, rv) != 0) {
         set_err(err, errlen, "store %s: cannot delete %s %s/%s: %s", st->path, kname, ns, name,
                 sqlite3_errmsg(st->db));
         goto fail_body;
@@ -838,6 +942,25 @@ enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const ch
         return SL_STORE_ERROR;
     }
     wrote(st, t0);
+    if (st->observer) {
+        /* The last stored document at the deletion's resourceVersion, as
+         * the API server sends it; the caller's copy keeps the stored one. */
+        json_t *gone = json_copy(row.body);
+        json_t *meta = gone ? json_copy(json_object_get(gone, "metadata")) : NULL;
+        char rvs[24];
+        snprintf(rvs, sizeof(rvs), "%" PRIu64, rv);
+        if (meta && json_object_set_new(meta, "resourceVersion", json_string(rvs)) != 0) {
+            json_decref(meta);
+            meta = NULL;
+        }
+        /* json_object_set_new takes meta even when it fails. */
+        if (meta && json_object_set_new(gone, "metadata", meta) == 0)
+            notify(st, "DELETED", gone);
+        else
+            sl_log_error("store %s: out of memory telling watches of the deletion of %s %s/%s",
+                         st->path, kname, ns, name);
+        json_decref(gone);
+    }
     if (deleted)
         *deleted = row.body;
     else
@@ -846,9 +969,75 @@ enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const ch
 
 fail_body:
     json_decref(row.body);
-fail:
     tx_rollback(st);
     return SL_STORE_ERROR;
+}
+
+/* The written status replaces the stored one in one transaction, with a new
+ * resourceVersion (also in the body's metadata) and the same generation. */
+enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                         const char *name, json_t *status, const char *expect_rv,
+                                         json_t **stored, char *err, size_t errlen)
+{
+    *stored = NULL;
+    if ((unsigned)kind >= SL_KIND__COUNT || !name || !json_is_object(status)) {
+        set_err(err, errlen, "store: a status write needs a kind, a name and a status object");
+        return SL_STORE_ERROR;
+    }
+    ns = ns ? ns : "default";
+    const char *kname = sl_kind_name(kind);
+    uint64_t t0 = now_us(), rv;
+    row_t row;
+    enum sl_store_result ret = begin_write(st, kname, ns, name, expect_rv, &row, &rv, err, errlen);
+    if (ret != SL_STORE_OK)
+        return ret;
+    char *body_text = NULL, *status_text = NULL;
+    ret = SL_STORE_ERROR;
+    char rvs[24], now[32];
+    snprintf(rvs, sizeof(rvs), "%" PRIu64, rv);
+    rfc3339_now(now);
+    json_object_del(row.body, "status");
+    json_object_set_new(json_object_get(row.body, "metadata"), "resourceVersion", json_string(rvs));
+    body_text = json_dumps(row.body, JSON_COMPACT);
+    status_text = json_dumps(status, JSON_COMPACT);
+    if (!body_text || !status_text) {
+        set_err(err, errlen, "store: out of memory writing the status of %s %s/%s", kname, ns,
+                name);
+        goto fail;
+    }
+    sqlite3_stmt *s = st->stmt[STMT_SET_STATUS];
+    sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 4, status_text, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 5, (sqlite3_int64)rv);
+    sqlite3_bind_text(s, 6, body_text, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 7, now, -1, SQLITE_STATIC);
+    if (run(st, STMT_SET_STATUS) != 0 || counter_write(st, STORE_RV_COUNTER, rv) != 0) {
+        set_err(err, errlen, "store %s: cannot write the status of %s %s/%s: %s", st->path, kname,
+                ns, name, sqlite3_errmsg(st->db));
+        goto fail;
+    }
+    if (tx_commit(st, err, errlen) != 0) {
+        ret = SL_STORE_ERROR;
+        goto out;
+    }
+    wrote(st, t0);
+    json_object_set(row.body, "status", status);
+    /* Watches see a status write like any other change (its own
+     * resourceVersion). */
+    notify(st, "MODIFIED", row.body);
+    *stored = row.body;
+    row.body = NULL;
+    ret = SL_STORE_OK;
+    goto out;
+fail:
+    tx_rollback(st);
+out:
+    free(body_text);
+    free(status_text);
+    json_decref(row.body);
+    return ret;
 }
 
 /* *array: new reference on SL_STORE_OK (possibly empty). */
@@ -872,6 +1061,12 @@ static enum sl_store_result list_impl(sl_store_t *st, enum sl_kind kind, const c
             parse_body(st, (const char *)sqlite3_column_text(s, 0), kname, ns ? ns : "*", "*");
         if (!v || json_array_append_new(out, v) != 0)
             goto fail;
+        if (sqlite3_column_type(s, 1) == SQLITE_TEXT) {
+            json_t *status =
+                parse_body(st, (const char *)sqlite3_column_text(s, 1), kname, ns ? ns : "*", "*");
+            if (!status || json_object_set_new(v, "status", status) != 0)
+                goto fail;
+        }
     }
     if (rc != SQLITE_DONE) {
         sl_log_error("store %s: list %s: %s", st->path, sl_kind_plural(kind),

@@ -35,8 +35,9 @@ enum sl_store_result {
  * Writes one object. `obj` is a validated document; the store sets
  * metadata.resourceVersion (a store-wide increasing integer, as a string),
  * metadata.generation (+1 when spec changes), metadata.uid and
- * metadata.creationTimestamp (kept from the existing object), and removes
- * `status` (the controller computes it). mode:
+ * metadata.creationTimestamp (kept from the existing object), and ignores
+ * `status` (the controller computes it; a status written through
+ * sl_store_put_status is kept). mode:
  *   SL_STORE_CREATE   fail with SL_STORE_EXISTS if present
  *   SL_STORE_REPLACE  create or replace
  * expect_rv: "" = no precondition, else must equal the stored
@@ -59,6 +60,16 @@ enum sl_store_result sl_store_get(sl_store_t *st, enum sl_kind kind, const char 
 enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const char *ns,
                                      const char *name, const char *expect_rv, json_t **deleted,
                                      char *err, size_t errlen);
+
+/* The status subresource (the Kubernetes-compatible API): stores `status`
+ * (an object, borrowed) as the object's written status, durable before
+ * return; resourceVersion moves on, generation does not. From then on get
+ * and list return the object with that status (until it is deleted); a
+ * spec write keeps it. expect_rv as for put. On success *stored is a new
+ * reference to the object with its status. */
+enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                         const char *name, json_t *status, const char *expect_rv,
+                                         json_t **stored, char *err, size_t errlen);
 
 /* Objects of a kind (ns NULL = all namespaces), ordered by namespace, name. */
 enum sl_store_result sl_store_list(sl_store_t *st, enum sl_kind kind, const char *ns,

@@ -62,6 +62,10 @@ void sl_watch_hub_free(sl_watch_hub_t *hub);
  * connections). */
 void sl_watch_publish(sl_watch_hub_t *hub, const char *type, enum sl_kind kind, json_t *obj);
 
+/* sl_watch_publish with the store observer's signature (store.h), so that
+ * main.c wires the two with sl_store_set_observer(st, sl_watch_observe, hub). */
+void sl_watch_observe(void *hub, const char *type, enum sl_kind kind, json_t *obj);
+
 typedef struct {
     enum sl_kind kind;
     const char *ns;               /* NULL = all namespaces */
@@ -77,9 +81,15 @@ typedef struct {
 
 /* Starts the response (200, Content-Type application/json, chunked) and
  * keeps it open. Returns 0; or -1 with err set and nothing sent (a bad
- * resourceVersion: the caller answers 400). */
+ * resourceVersion: the caller answers 400). On 0 the hub owns match_ctx
+ * (match_free runs when the watch ends, at once after a 410); on -1 the
+ * caller keeps it. The response carries Connection: close. */
 int sl_watch_serve(sl_watch_hub_t *hub, struct evhttp_request *req, const sl_watch_params_t *p,
                    char *err, size_t errlen);
+
+/* The bytes that may wait on one watch's connection before that watch is
+ * dropped as a slow client (0 = the default, 16 MiB). For tests and tuning. */
+void sl_watch_hub_set_max_output(sl_watch_hub_t *hub, size_t bytes);
 
 /* Open watches (for /metrics and tests). */
 size_t sl_watch_count(const sl_watch_hub_t *hub);

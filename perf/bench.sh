@@ -76,19 +76,50 @@
 #                                     "sluice-base", in the same run (before/after
 #                                     figures of a change: build the old commit
 #                                     into another tree and point BASELINE at it)
+#
+# Issue 15's sections (SECTIONS, default all five, in this order; every
+# section writes a CSV beside OUT, in the directory ${OUT%.md}/, and
+# perf/bench_report.py draws the PNGs with gnuplot):
+#   saturation   the matrix above, for every route set of ROUTE_SETS: "1" (one
+#                Api, prefix /), "100x10" (100 Apis of 10 operations), "10000"
+#                (1,000 Apis of 10 operations), each proxy given the same table
+#                (nginx exact locations, HAProxy a map); route sets other than
+#                "1" run ROUTE_TESTS. Tests include post100k and get_close (a
+#                new connection per request: Connection: close).
+#   sweep        wrk --latency at SWEEP connections (1 10 50 200 1000), for
+#                SWEEP_DURATION each: requests/s, p50, p99; the knee marked
+#   rate         perf/openload (open loop, no coordinated omission) at
+#                RATE_LOADS percent (25 50 75) of the slowest proxy's GET
+#                saturation rate, RATE_CONNECTIONS connections, RATE_DURATION
+#                seconds, through each proxy and to the origin directly
+#   features     GET through each of FEATURE_PROXIES (traffic log sinks,
+#                policy chains) and FEATURE_TESTS (https_get, h2c) through the
+#                plain proxies, each against plain GET of the same section
+#   scaling      sluice, nginx, HAProxy with 1..CPUS workers (CPUS=nproc),
+#                pinned to CPUs 0..N-1: requests/s per core
+# QUICK=1: a smoke run of all five, meant to take under 3 minutes (1 s runs,
+# no warm-ups, fewer tests; 4 minutes under a load average of 10); its
+# figures are not results.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
 BUILD=${BUILD:-build}
+QUICK=${QUICK:-}
+if [ -n "$QUICK" ]; then
+    : "${DURATION:=1s}" "${WARMUP:=0}" "${TESTS:=get post100k get_close}"
+    : "${ROUTE_SETS:=1 10000}" "${ROUTE_TESTS:=get}" "${SWEEP_DURATION:=1s}"
+    : "${RATE_DURATION:=1}" "${FEATURE_PROXIES:=sluice-log-file sluice-chain nginx-chain}"
+    : "${CONNECTIONS:=20}"
+fi
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-2s}
 CONNECTIONS=${CONNECTIONS:-50}
 WRK_THREADS=${WRK_THREADS:-1}
 PROXIES=${PROXIES:-"sluice nginx haproxy"}
-TESTS=${TESTS:-"get post1k post5k"}
-ALL_TESTS="get post1k post5k https_get h2c h2tls handshake_new handshake_resumed h2_slow_reader grpc_unary"
+TESTS=${TESTS:-"get post1k post5k post100k get_close"}
+ALL_TESTS="get post1k post5k post100k get_close https_get h2c h2tls handshake_new handshake_resumed h2_slow_reader grpc_unary"
 [ "$TESTS" != all ] || TESTS=$ALL_TESTS
 HANDSHAKE_CLIENTS=${HANDSHAKE_CLIENTS:-50}
 H2_CLIENTS=${H2_CLIENTS:-50}
@@ -100,10 +131,30 @@ SLOW_LIMIT_KB=$((64 * 1024)) # the target of issue 9: peak RSS within 64 MB of i
 # (each proxy picks by server preference, so all three negotiate the same one).
 SUITES=TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256
 PROXY_CPU=${PROXY_CPU:-0}
+PROXY_CPUSET=$PROXY_CPU # scaling: the CPUs of the workers
 LOAD_CPU=${LOAD_CPU:-1}
 OUT=${OUT:-docs/benchmarks.md}
 ROUNDS=${ROUNDS:-1}
 BASELINE=${BASELINE:-}
+SECTIONS=${SECTIONS:-"saturation sweep rate features scaling"}
+for section in $SECTIONS; do
+    case $section in saturation | sweep | rate | features | scaling) ;;
+    *) echo "bench: unknown section $section (known: saturation sweep rate features scaling)" >&2; exit 1 ;;
+    esac
+done
+ROUTE_SETS=${ROUTE_SETS:-"1 100x10 10000"}
+ROUTE_TESTS=${ROUTE_TESTS:-"get post1k get_close"}
+SWEEP=${SWEEP:-"1 10 50 200 1000"}
+SWEEP_DURATION=${SWEEP_DURATION:-5s}
+RATE_LOADS=${RATE_LOADS:-"25 50 75"}
+RATE_DURATION=${RATE_DURATION:-10}
+RATE_CONNECTIONS=${RATE_CONNECTIONS:-50}
+FEATURE_PROXIES=${FEATURE_PROXIES:-"sluice-log-file sluice-log-http sluice-chain sluice-jwt nginx-log nginx-chain"}
+FEATURE_TESTS=${FEATURE_TESTS:-"https_get h2c"}
+CPUS=${CPUS:-$(nproc)}
+# Set per measurement: the route set, the worker count and CPUs of the proxy.
+ROUTES=1
+WORKERS=1
 if [ -n "$BASELINE" ]; then
     [ -x "$BASELINE" ] || die_early=1
     case " $PROXIES " in *" sluice-base "*) ;; *) PROXIES="sluice-base $PROXIES" ;; esac
@@ -117,20 +168,40 @@ is_log_proxy() { case " $LOG_PROXIES " in *" $1 "*) return 0 ;; *) return 1 ;; e
 # A variant (policies, traffic log) runs the plain HTTP/1.1 tests only.
 is_variant_proxy() { is_policy_proxy "$1" || is_log_proxy "$1"; }
 WITH_POLICIES=""
-for p in $PROXIES; do if is_policy_proxy "$p"; then WITH_POLICIES=1; fi; done
+in_section() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+ALL_PROXIES=$PROXIES
+if in_section features; then ALL_PROXIES="$PROXIES $FEATURE_PROXIES"; fi
+for p in $ALL_PROXIES; do if is_policy_proxy "$p"; then WITH_POLICIES=1; fi; done
 case $RUNTIME in /*) ;; *) RUNTIME="$REPO/$RUNTIME" ;; esac
 PY=/usr/bin/python3
 
 die() { echo "bench: $*" >&2; exit 1; }
 
+# The sweep's 1,000 connections: wrk, the proxy (both sides) and the origin
+# each need that many descriptors and more.
+if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt 16384 ]; then
+    ulimit -n 16384 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+fi
+
 wants() { case " $TESTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 NEED_TLS=""
 for test in $TESTS; do
     case " $ALL_TESTS " in *" $test "*) ;; *) die "unknown test $test (known: $ALL_TESTS)" ;; esac
-    case $test in get | post1k | post5k | grpc_unary) ;; *) NEED_TLS=1 ;; esac
+    case $test in get | post1k | post5k | post100k | get_close | grpc_unary) ;; *) NEED_TLS=1 ;; esac
 done
+if in_section features; then
+    for test in $FEATURE_TESTS; do
+        case $test in https_get | h2c | h2tls) NEED_TLS=1 ;; *) die "FEATURE_TESTS: $test is not one of https_get h2c h2tls" ;; esac
+    done
+fi
 tools="nginx haproxy wrk taskset curl getconf openssl"
-if wants h2c || wants h2tls || wants handshake_new; then tools="$tools h2load"; fi
+if wants h2c || wants h2tls || wants handshake_new || in_section features; then tools="$tools h2load"; fi
+if in_section sweep || in_section rate || in_section features || in_section scaling; then tools="$tools gnuplot"; fi
+OPENLOAD="$BUILD/perf/openload"
+case $OPENLOAD in /*) ;; *) OPENLOAD="$REPO/$OPENLOAD" ;; esac
+if in_section rate; then
+    [ -x "$OPENLOAD" ] || die "$OPENLOAD not found: build it first (make BUILD=$BUILD $BUILD/perf/openload)"
+fi
 for tool in $tools; do
     command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] ||
         die "$tool not found (make deps installs it)"
@@ -144,7 +215,7 @@ fi
 GRPC_CALLS=${GRPC_CALLS:-10000}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
-case " $PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "* | *" sluice-log-"*)
+case " $ALL_PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "* | *" sluice-log-"*)
     [ -x "$RUNTIME" ] || die "$RUNTIME not found: build it first (make BUILD=$BUILD)" ;;
 esac
 [ -z "${die_early:-}" ] || die "BASELINE=$BASELINE is not an executable sluice-runtime"
@@ -174,7 +245,7 @@ cleanup() {
         kill -KILL "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
-    rm -rf "$TMP"
+    [ -n "${KEEP_TMP:-}" ] || rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -195,12 +266,12 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 }
 
 # Waits until GET http://127.0.0.1:$1/ answers 200 (the process $2 must live).
-wait_http() {
-    local port=$1 pid=$2 name=$3 code
+wait_http() { # port pid name [path]
+    local port=$1 pid=$2 name=$3 path=${4:-/} code
     for _ in $(seq 100); do
         kill -0 "$pid" 2>/dev/null || die "$name exited during start-up (see $TMP)"
         code=$(curl -s -o /dev/null -w '%{http_code}' "${POLICY_HDRS[@]}" \
-            "http://127.0.0.1:$port/" || true)
+            "http://127.0.0.1:$port$path" || true)
         [ "$code" = 200 ] && return 0
         sleep 0.1
     done
@@ -326,7 +397,7 @@ cat "$TMP/tls/cert.pem" "$TMP/tls/key.pem" >"$TMP/tls/haproxy.pem" # HAProxy's c
 CERT_SHA256=$(openssl x509 -in "$TMP/tls/cert.pem" -noout -fingerprint -sha256 | sed 's/.*=//')
 
 # --- wrk scripts -------------------------------------------------------------
-for size in 1024 5120; do
+for size in 1024 5120 102400; do
     cat >"$TMP/post$size.lua" <<EOF
 wrk.method = "POST"
 wrk.body = string.rep("x", $size)
@@ -354,6 +425,63 @@ thread_ticks() { # pid
         esac
     done
     echo "$w $l $s $o"
+}
+
+# The route set $ROUTES as "APIS OPERATIONS" ("1" = the one catch-all Api):
+# "AxB" = A Apis of B operations, "N" = N/10 Apis of 10 operations.
+route_dims() {
+    case $ROUTES in
+    1) echo "1 1" ;;
+    *x*) echo "${ROUTES%x*} ${ROUTES#*x}" ;;
+    *) echo "$((ROUTES / 10)) 10" ;;
+    esac
+}
+# The path every load requests: with a route table, its last route (the
+# worst place for a table searched in order).
+route_path() {
+    local a o
+    read -r a o < <(route_dims)
+    if [ "$ROUTES" = 1 ]; then echo /bench; else echo "/api$((a - 1))/op$((o - 1))"; fi
+}
+# Writes proxy $1's form of the route table $ROUTES into $2: every route an
+# exact path /apiI/opJ to the origin, anything else 404. sluice: one Api per
+# I (basePath /apiI, operations /opJ, pathType exact) appended to sluice.yaml;
+# nginx: routes.conf, one `location = /apiI/opJ` each (an exact-match tree);
+# HAProxy: routes.map (path -> backend, an exact-match tree) used by the
+# frontend's `use_backend %[path,map(...,notfound)]` (routing.line).
+route_table() { # proxy dir
+    local kind=$1 dir=$2 a o
+    read -r a o < <(route_dims)
+    case $kind in
+    sluice)
+        awk -v a="$a" -v o="$o" 'BEGIN {
+            for (i = 0; i < a; i++) {
+                printf "---\napiVersion: gateway.sluice.dev/v1alpha1\nkind: Api\nmetadata: {name: api%d}\n", i
+                printf "spec:\n  basePath: /api%d\n  backendRefs: [{name: origin}]\n  operations:\n", i
+                for (j = 0; j < o; j++) printf "  - {name: op%d, method: \"*\", path: /op%d, pathType: exact}\n", j, j
+            }}' >>"$dir/sluice.yaml"
+        ;;
+    nginx)
+        local pass="proxy_pass http://origin; proxy_http_version 1.1; proxy_set_header Connection \"\";"
+        if [ "$ROUTES" = 1 ]; then
+            printf 'location / {\n    include %s/chain-location.conf;\n    %s\n}\n' "$dir" "$pass" >"$dir/routes.conf"
+        else
+            awk -v a="$a" -v o="$o" -v pass="$pass" 'BEGIN {
+                for (i = 0; i < a; i++) for (j = 0; j < o; j++)
+                    printf "location = /api%d/op%d { %s }\n", i, j, pass
+                print "location / { return 404; }" }' >"$dir/routes.conf"
+        fi
+        ;;
+    haproxy)
+        if [ "$ROUTES" = 1 ]; then
+            echo "default_backend origin" >"$dir/routing.line"
+        else
+            awk -v a="$a" -v o="$o" 'BEGIN {
+                for (i = 0; i < a; i++) for (j = 0; j < o; j++) printf "/api%d/op%d origin\n", i, j }' >"$dir/routes.map"
+            echo "use_backend %[path,map($dir/routes.map,notfound)]" >"$dir/routing.line"
+        fi
+        ;;
+    esac
 }
 
 # Starts proxy $1 listening on $PORT (HTTP/1.1), $TLS_PORT (TLS 1.3, h2 and
@@ -414,7 +542,8 @@ $tlog"
         # The TLS and h2c listeners only when a test needs them, so that the
         # default run also works with a BASELINE built before they existed.
         local tls_listeners=""
-        [ -z "$NEED_TLS" ] || tls_listeners="  - name: https
+        # (not for variants, which run the plain tests only)
+        [ -z "$NEED_TLS" ] || is_variant_proxy "$name" || tls_listeners="  - name: https
     port: $TLS_PORT
     protocol: https
     address: 127.0.0.1
@@ -442,6 +571,9 @@ metadata: {name: origin}
 spec:
   endpoints:
   - {address: 127.0.0.1, port: $ORIGIN_PORT}
+EOF
+        if [ "$ROUTES" = 1 ]; then
+            cat >>"$dir/sluice.yaml" <<EOF
 ---
 apiVersion: gateway.sluice.dev/v1alpha1
 kind: Api
@@ -454,7 +586,10 @@ $chain
   - {name: all, method: "*", path: /, pathType: prefix}
 $consumer
 EOF
-        "${PROXY_SCHED[@]}" taskset -c "$PROXY_CPU" "$bin" --config "$dir/sluice.yaml" --workers 1 \
+        else
+            route_table sluice "$dir"
+        fi
+        "${PROXY_SCHED[@]}" taskset -c "$PROXY_CPUSET" "$bin" --config "$dir/sluice.yaml" --workers "$WORKERS" \
             "${admin[@]}" --access-log off --log-level warn >"$dir/stdout" 2>"$dir/stderr" &
         ;;
     nginx | nginx-chain | nginx-log)
@@ -500,32 +635,40 @@ add_header Access-Control-Allow-Origin \$cors_origin always;
 add_header Vary Origin always;
 EOF
         fi
+        route_table nginx "$dir"
         fill "$REPO/perf/nginx.conf.tmpl" "$dir/nginx.conf" PREFIX="$dir" \
             LISTEN_PORT="$port" TLS_PORT="$TLS_PORT" H2C_PORT="$H2C_PORT" \
             ORIGIN_PORT="$ORIGIN_PORT" CERT="$TMP/tls/cert.pem" KEY="$TMP/tls/key.pem" \
-            SUITES="$SUITES"
-        "${PROXY_SCHED[@]}" taskset -c "$PROXY_CPU" "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
+            SUITES="$SUITES" WORKERS="$WORKERS"
+        "${PROXY_SCHED[@]}" taskset -c "$PROXY_CPUSET" "$NGINX" -p "$dir" -c "$dir/nginx.conf" \
             >"$dir/stdout" 2>"$dir/stderr" &
         ;;
     haproxy)
+        route_table haproxy "$dir"
         fill "$REPO/perf/haproxy.cfg.tmpl" "$dir/haproxy.cfg" \
             LISTEN_PORT="$port" TLS_PORT="$TLS_PORT" H2C_PORT="$H2C_PORT" \
-            ORIGIN_PORT="$ORIGIN_PORT" CERT_PEM="$TMP/tls/haproxy.pem" SUITES="$SUITES"
-        "${PROXY_SCHED[@]}" taskset -c "$PROXY_CPU" "$HAPROXY" -db -f "$dir/haproxy.cfg" \
+            ORIGIN_PORT="$ORIGIN_PORT" CERT_PEM="$TMP/tls/haproxy.pem" SUITES="$SUITES" \
+            WORKERS="$WORKERS" ROUTING="$(cat "$dir/routing.line")"
+        "${PROXY_SCHED[@]}" taskset -c "$PROXY_CPUSET" "$HAPROXY" -db -f "$dir/haproxy.cfg" \
             >"$dir/stdout" 2>"$dir/stderr" &
         ;;
     *) die "unknown proxy $name" ;;
     esac
     PROXY_PID=$!
     PIDS+=("$PROXY_PID")
-    wait_http "$port" "$PROXY_PID" "$name"
+    wait_http "$port" "$PROXY_PID" "$name" "$(route_path)"
     # A POST must pass too, with the origin's answer.
     local body
     body=$(curl -s -X POST "${POLICY_HDRS[@]}" --data-binary @"$TMP/post1024.lua" \
-        "http://127.0.0.1:$port/x")
+        "http://127.0.0.1:$port$(route_path)")
     [ "$body" = "hello from the origin" ] || die "$name: POST through the proxy answered '$body'"
+    if [ "$ROUTES" != 1 ]; then # the table routes: a path outside it is not found
+        body=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/api0/nope")
+        [ "$body" = 404 ] || die "$name: a path outside the $ROUTES route set answered $body, not 404"
+    fi
     # A variant runs the plain HTTP/1.1 tests only.
-    [ -z "$NEED_TLS" ] || is_variant_proxy "$name" || check_tls_h2 "$name"
+    # (and only with the one-Api set: the route tables are on the HTTP listener)
+    [ -z "$NEED_TLS" ] || [ "$ROUTES" != 1 ] || is_variant_proxy "$name" || check_tls_h2 "$name"
 }
 
 # The TLS and h2c listeners answer through the proxy, with the run's
@@ -576,12 +719,15 @@ stop_proxy() {
 # or TLS) or h2load (HTTP/2, and full handshakes).
 run_load() { # test duration outfile [count: handshake_new's number of connections]
     local test=$1 dur=$2 out=$3 count=${4:-$((HANDSHAKE_CLIENTS * 20))} script=()
-    local url="http://127.0.0.1:$PORT/bench"
+    local url
+    url="http://127.0.0.1:$PORT$(route_path)"
     case $test in
-    get | post1k | post5k | https_get)
+    get | post1k | post5k | post100k | get_close | https_get)
         case $test in
         post1k) script=(-s "$TMP/post1024.lua") ;;
         post5k) script=(-s "$TMP/post5120.lua") ;;
+        post100k) script=(-s "$TMP/post102400.lua") ;;
+        get_close) script=(-H "Connection: close") ;; # a new connection per request
         https_get) url="https://127.0.0.1:$TLS_PORT/bench" ;; # wrk sends no ALPN: HTTP/1.1
         esac
         taskset -c "$LOAD_CPU" wrk -t"$WRK_THREADS" -c"$CONNECTIONS" -d"$dur" "${script[@]}" \
@@ -633,7 +779,7 @@ parse_load() { # test outfile
 import re, sys
 test, path = sys.argv[1], sys.argv[2]
 t = open(path).read()
-if test in ("get", "post1k", "post5k", "https_get", "handshake_resumed"):  # wrk
+if test in ("get", "post1k", "post5k", "post100k", "get_close", "https_get", "handshake_resumed"):  # wrk
     m = re.search(r"(\d+) requests in", t)
     rps = re.search(r"Requests/sec:\s+([\d.]+)", t)
     if not m or not rps:
@@ -688,7 +834,7 @@ EOF
 
 # --- traffic log variants: the collectors the sinks deliver to ---------------
 COLLECTOR_PORT="" CH_HTTP_PORT=""
-case " $PROXIES " in *" sluice-log-http "* | *" sluice-log-es "*)
+case " $ALL_PROXIES " in *" sluice-log-http "* | *" sluice-log-es "*)
     COLLECTOR_PORT=$(free_port)
     # Above wrk and the origin when the run may (root): a starved collector
     # would make the sinks drop, and the run would measure dropping.
@@ -700,7 +846,7 @@ case " $PROXIES " in *" sluice-log-http "* | *" sluice-log-es "*)
     wait_http "$COLLECTOR_PORT" "$!" "perf/log_collector.py"
     ;;
 esac
-case " $PROXIES " in *" sluice-log-ch "*)
+case " $ALL_PROXIES " in *" sluice-log-ch "*)
     # shellcheck source=perf/clickhouse.sh
     . "$REPO/perf/clickhouse.sh"
     CH_HTTP_PORT=$(free_port)
@@ -754,11 +900,20 @@ for round in $(seq "$ROUNDS"); do
         ROUND_ORDERS+=("$(echo "$PROXIES" | tr ' ' '\n' | grep . | tac | tr '\n' ' ')")
     fi
 done
-for order in "${ROUND_ORDERS[@]}"; do
-for proxy in $order; do
-    read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
-    start_proxy "$proxy"
-    for test in $TESTS; do
+# The proxies without variants (the peers of every section but features).
+PLAIN_PROXIES=""
+for proxy in $PROXIES; do
+    case $proxy in sluice | sluice-base | nginx | haproxy) PLAIN_PROXIES="$PLAIN_PROXIES $proxy" ;; esac
+done
+THREAD_OUT=$THREAD_RESULTS
+
+# Runs tests $2 against the started proxy $1 (a warm-up, then the measured
+# run with the proxy's CPU time around it); a row per test appended to $3:
+# "proxy test requests rps cpu_us errors resumed routes workers".
+measure_proxy() { # proxy tests results
+    local proxy=$1 tests=$2 results=$3 test resumed count before after tbefore tafter
+    local requests rps errors cpu_us log="$TMP/$1-$ROUTES-$WORKERS"
+    for test in $tests; do
         # A variant: the plain HTTP/1.1 tests only.
         if is_variant_proxy "$proxy"; then
             case $test in get | post1k | post5k) ;; *) continue ;; esac
@@ -773,35 +928,164 @@ for proxy in $order; do
         handshake_new) resumed=0 ;; # h2load offers no session
         handshake_resumed) resumed=$(probe_resumption "$proxy") ;;
         esac
-        run_load "$test" "$WARMUP" "$TMP/$proxy-$test-warmup.txt"
+        # WARMUP=0: none (the smoke run)
+        [ "$WARMUP" = 0 ] || run_load "$test" "$WARMUP" "$log-$test-warmup.txt"
         count=""
-        if [ "$test" = handshake_new ]; then
+        if [ "$test" = handshake_new ] && [ "$WARMUP" != 0 ]; then
             # as many connections as the warm-up's rate makes in $DURATION
-            count=$(parse_load "$test" "$TMP/$proxy-$test-warmup.txt" |
+            count=$(parse_load "$test" "$log-$test-warmup.txt" |
                 awk -v s="$(seconds_of "$DURATION")" '{n = int($2 * s); print (n < 500 ? 500 : n)}')
         fi
         before=$(cpu_ticks "$PROXY_PID")
         tbefore=""
         case $proxy in sluice | sluice-log-*) tbefore=$(thread_ticks "$PROXY_PID") ;; esac
-        run_load "$test" "$DURATION" "$TMP/$proxy-$test.txt" "$count"
+        run_load "$test" "$DURATION" "$log-$test.txt" "$count"
         after=$(cpu_ticks "$PROXY_PID")
         tafter=""
         [ -z "$tbefore" ] || tafter=$(thread_ticks "$PROXY_PID")
         kill -0 "$PROXY_PID" 2>/dev/null || die "$proxy died during $test: $(tail -5 "$TMP/$proxy/stderr")"
-        read -r requests rps errors < <(parse_load "$test" "$TMP/$proxy-$test.txt")
+        read -r requests rps errors < <(parse_load "$test" "$log-$test.txt")
         cpu_us=$($PY -c "print('%.2f' % (($after - $before) * 1e6 / $CLK_TCK / max($requests, 1)))")
-        echo "$proxy $test $requests $rps $cpu_us $errors $resumed" >>"$RESULTS"
-        if [ -n "$tafter" ]; then
+        echo "$proxy $test $requests $rps $cpu_us $errors $resumed $ROUTES $WORKERS" >>"$results"
+        if [ -n "$tafter" ] && [ "$ROUTES" = 1 ]; then
             # shellcheck disable=SC2086
-            echo "$proxy $test $requests $tbefore $tafter" >>"$THREAD_RESULTS"
+            echo "$proxy $test $requests $tbefore $tafter" >>"$THREAD_OUT"
         fi
-        printf '%-8s %-17s %10s req/s %8s us/req  errors %s%s\n' "$proxy" "$test" "$rps" \
-            "$cpu_us" "$errors" "$([ "$resumed" = - ] || echo ", resumed $resumed")"
+        printf '%-8s %-17s %10s req/s %8s us/req  errors %s%s%s\n' "$proxy" "$test" "$rps" \
+            "$cpu_us" "$errors" "$([ "$resumed" = - ] || echo ", resumed $resumed")" \
+            "$([ "$ROUTES" = 1 ] || echo ", routes $ROUTES")$([ "$WORKERS" = 1 ] || echo ", workers $WORKERS")"
     done
-    if is_log_proxy "$proxy"; then log_delivery "$proxy"; fi
+}
+
+# Starts proxy $1 on fresh ports, runs tests $2 into $3, stops it.
+measure() { # proxy tests results
+    read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
+    start_proxy "$1"
+    measure_proxy "$@"
+    if is_log_proxy "$1"; then log_delivery "$1"; fi
     stop_proxy
-done
-done
+}
+
+# --- saturation: every proxy, test and route set -------------------------------
+if in_section saturation; then
+    for order in "${ROUND_ORDERS[@]}"; do
+        for ROUTES in $ROUTE_SETS; do
+            for proxy in $order; do
+                if [ "$ROUTES" = 1 ]; then
+                    measure "$proxy" "$TESTS" "$RESULTS"
+                else # the route tables: the plain proxies only
+                    case " $PLAIN_PROXIES " in *" $proxy "*) measure "$proxy" "$ROUTE_TESTS" "$RESULTS" ;; esac
+                fi
+            done
+        done
+    done
+    ROUTES=1
+fi
+
+# --- sweep: requests/s and latency by number of connections --------------------
+# Rows of $SWEEP_RESULTS: "proxy connections rps p50_us p99_us errors".
+SWEEP_RESULTS="$TMP/sweep_results"
+: >"$SWEEP_RESULTS"
+if in_section sweep; then
+    for proxy in $PLAIN_PROXIES; do
+        read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
+        start_proxy "$proxy"
+        [ "$WARMUP" = 0 ] || run_load get "$WARMUP" "$TMP/$proxy-sweep-warmup.txt"
+        for conns in $SWEEP; do
+            out="$TMP/$proxy-sweep-$conns.txt"
+            taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" -d"$SWEEP_DURATION" --latency "${POLICY_HDRS[@]}" \
+                "http://127.0.0.1:$PORT/bench" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
+            kill -0 "$PROXY_PID" 2>/dev/null || die "$proxy died during the sweep at $conns connections"
+            read -r requests rps errors < <(parse_load get "$out")
+            $PY - "$out" "$proxy" "$conns" "$rps" "$errors" >>"$SWEEP_RESULTS" <<'EOF'
+import re, sys
+t = open(sys.argv[1]).read()
+unit = {"us": 1, "ms": 1e3, "s": 1e6}
+def pct(p):
+    m = re.search(r"^\s+%s%%\s+([\d.]+)(us|ms|s)\s*$" % p, t, re.M)
+    if not m:
+        sys.exit("no %s%% latency in wrk --latency output:\n%s" % (p, t))
+    return float(m.group(1)) * unit[m.group(2)]
+print(sys.argv[2], sys.argv[3], sys.argv[4], "%.1f" % pct(50), "%.1f" % pct(99), sys.argv[5])
+EOF
+            tail -1 "$SWEEP_RESULTS" | awk '{printf "%-8s sweep %5s connections %10s req/s  p50 %s us  p99 %s us  errors %s\n", $1, $2, $3, $4, $5, $6}'
+        done
+        stop_proxy
+    done
+fi
+
+# --- rate: latency at fixed rates, open loop (perf/openload) --------------------
+# Rows of $RATE_RESULTS: "target load_pct rate p50 p90 p99 p999 max errors
+# completed" (µs); target "origin" is the origin called directly.
+RATE_RESULTS="$TMP/rate_results"
+: >"$RATE_RESULTS"
+SAT_RATE=""
+if in_section rate; then
+    # The slowest plain proxy's GET saturation rate: this run's, or measured now.
+    sat_from() { awk -v p=" $PLAIN_PROXIES " '$2 == "get" && $8 == 1 && $9 == 1 && index(p, " " $1 " ") {
+        n[$1]++; r[$1] += $4} END {m = 0; for (k in n) {v = r[k] / n[k]; if (!m || v < m) m = v}; if (m) printf "%.0f", m}' "$1"; }
+    SAT_RATE=$(sat_from "$RESULTS")
+    if [ -z "$SAT_RATE" ]; then
+        : >"$TMP/rate_sat"
+        for proxy in $PLAIN_PROXIES; do measure "$proxy" get "$TMP/rate_sat"; done
+        SAT_RATE=$(sat_from "$TMP/rate_sat")
+    fi
+    [ -n "$SAT_RATE" ] || die "rate: no GET saturation rate (PROXIES has none of sluice nginx haproxy)"
+    OPENLOAD_HDRS=()
+    for h in "${POLICY_HDRS[@]}"; do [ "$h" = -H ] || OPENLOAD_HDRS+=(--header "$h"); done
+    for target in origin $PLAIN_PROXIES; do
+        port=$ORIGIN_PORT
+        if [ "$target" != origin ]; then
+            read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
+            start_proxy "$target"
+            port=$PORT
+        fi
+        for pct in $RATE_LOADS; do
+            rate=$((SAT_RATE * pct / 100))
+            out="$TMP/$target-rate-$pct.txt"
+            taskset -c "$LOAD_CPU" "$OPENLOAD" --port "$port" --path /bench --rate "$rate" \
+                --connections "$RATE_CONNECTIONS" --warmup 1 --duration "$RATE_DURATION" --timeout 5 \
+                "${OPENLOAD_HDRS[@]}" --csv "$TMP/$target-rate-$pct.csv" >"$out" 2>&1 ||
+                die "openload failed: $(cat "$out")"
+            # openload's "key=value ..." line -> a row
+            awk -v t="$target" -v pct="$pct" -v rate="$rate" '/p50_us=/ {
+                for (i = 1; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}
+                print t, pct, rate, v["p50_us"], v["p90_us"], v["p99_us"], v["p999_us"], v["max_us"],
+                    v["errors"], v["completed"]; found = 1}
+                END {exit !found}' "$out" >>"$RATE_RESULTS" || die "openload printed no summary: $(cat "$out")"
+            tail -1 "$RATE_RESULTS" | awk '{printf "%-8s rate %s%% = %s req/s  p50 %s  p99 %s  p99.9 %s  max %s us  errors %s\n", $1, $2, $3, $4, $6, $7, $8, $9}'
+        done
+        [ "$target" = origin ] || stop_proxy
+    done
+fi
+
+# --- features: each against plain GET through its proxy, one section ---------
+# FEATURE_PROXIES are start_proxy's variants (traffic log sinks, policy
+# chains); FEATURE_TESTS run through the plain proxies (TLS, HTTP/2).
+# Success-rate routing: when it lands, add its variant to start_proxy (e.g.
+# "sluice-srr": a Backend of several endpoints with success-rate balancing),
+# to FEATURE_PROXIES' default and to FEATURES in perf/bench_report.py.
+FEAT_RESULTS="$TMP/feature_results"
+: >"$FEAT_RESULTS"
+if in_section features; then
+    THREAD_OUT="$TMP/feature_threads"
+    for proxy in $PLAIN_PROXIES; do measure "$proxy" "get $FEATURE_TESTS" "$FEAT_RESULTS"; done
+    for proxy in $FEATURE_PROXIES; do measure "$proxy" get "$FEAT_RESULTS"; done
+    THREAD_OUT=$THREAD_RESULTS
+fi
+
+# --- scaling: 1..CPUS workers on CPUs 0..N-1 ----------------------------------
+SCALE_RESULTS="$TMP/scaling_results"
+: >"$SCALE_RESULTS"
+if in_section scaling; then
+    [ "$CPUS" -le "$NCPU" ] || die "CPUS=$CPUS but this machine has $NCPU"
+    for WORKERS in $(seq 1 "$CPUS"); do
+        PROXY_CPUSET=$([ "$WORKERS" = 1 ] && echo "$PROXY_CPU" || echo "0-$((WORKERS - 1))")
+        for proxy in $PLAIN_PROXIES; do measure "$proxy" get "$SCALE_RESULTS"; done
+    done
+    WORKERS=1
+    PROXY_CPUSET=$PROXY_CPU
+fi
 
 # grpc_unary: its own servers (a grpcio server and each proxy in front of
 # it), the same CPUs; rows "path p50 p99 added_p50 added_p99 cpu errors".
@@ -825,11 +1109,16 @@ COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! git -C "$REPO" diff --quiet HEAD -- runtime common proto 2>/dev/null; then
     COMMIT="$COMMIT + uncommitted changes in runtime/, common/ or proto/"
 fi
-KNOBS="BUILD=$BUILD${BASELINE:+ BASELINE=$BASELINE} ROUNDS=$ROUNDS DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS WRK_THREADS=$WRK_THREADS PROXIES=\"$PROXIES\" TESTS=\"$TESTS\""
+KNOBS="BUILD=$BUILD${QUICK:+ QUICK=$QUICK}${BASELINE:+ BASELINE=$BASELINE} SECTIONS=\"$SECTIONS\" ROUNDS=$ROUNDS DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS WRK_THREADS=$WRK_THREADS PROXIES=\"$PROXIES\" TESTS=\"$TESTS\""
 if wants h2c || wants h2tls; then KNOBS="$KNOBS H2_CLIENTS=$H2_CLIENTS H2_STREAMS=$H2_STREAMS"; fi
 if wants handshake_new || wants handshake_resumed; then KNOBS="$KNOBS HANDSHAKE_CLIENTS=$HANDSHAKE_CLIENTS"; fi
 if wants h2_slow_reader; then KNOBS="$KNOBS SLOW_BYTES=$SLOW_BYTES SLOW_RATE=$SLOW_RATE"; fi
 if wants grpc_unary; then KNOBS="$KNOBS GRPC_CALLS=$GRPC_CALLS"; fi
+in_section saturation && KNOBS="$KNOBS ROUTE_SETS=\"$ROUTE_SETS\" ROUTE_TESTS=\"$ROUTE_TESTS\""
+in_section sweep && KNOBS="$KNOBS SWEEP=\"$SWEEP\" SWEEP_DURATION=$SWEEP_DURATION"
+in_section rate && KNOBS="$KNOBS RATE_LOADS=\"$RATE_LOADS\" RATE_CONNECTIONS=$RATE_CONNECTIONS RATE_DURATION=$RATE_DURATION"
+in_section features && KNOBS="$KNOBS FEATURE_PROXIES=\"$FEATURE_PROXIES\" FEATURE_TESTS=\"$FEATURE_TESTS\""
+in_section scaling && KNOBS="$KNOBS CPUS=$CPUS"
 CMD="make bench  ($KNOBS perf/bench.sh)"
 TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" "$GRPC_RESULTS" "$GRPC_CALLS" "$LOG_RESULTS" "$THREAD_RESULTS" "$CLK_TCK" <<'EOF'
 import sys
@@ -839,6 +1128,8 @@ runs = {}
 for l in open(sys.argv[1]):
     if l.strip():
         r = l.split()
+        if len(r) > 8 and r[7] != "1":  # a route set: its own rows, "get@10000"
+            r[1] = r[1] + "@" + r[7]
         runs.setdefault((r[0], r[1]), []).append(r)
 rows = []
 for (proxy, test), rs in runs.items():
@@ -850,7 +1141,8 @@ limit_kb = int(sys.argv[3])
 grpc_rows = [l.split() for l in open(sys.argv[4]) if l.strip()]
 grpc_calls = sys.argv[5]
 by = {(r[0], r[1]): r for r in rows}
-names = {"get": "GET", "post1k": "POST 1 KB", "post5k": "POST 5 KB",
+names = {"get": "GET", "post1k": "POST 1 KB", "post5k": "POST 5 KB", "post100k": "POST 100 KB",
+         "get_close": "GET, new connection per request",
          "https_get": "HTTPS GET", "h2c": "h2c", "h2tls": "h2 (TLS)",
          "handshake_new": "TLS full handshake", "handshake_resumed": "TLS resumed handshake"}
 tests = []
@@ -861,19 +1153,7 @@ for r in rows:
 def ratio(a, b):
     return "%.2f" % (a / b) if b > 0 else "n/a"
 
-if rows:
-    print("| test | proxy | requests/s | CPU µs/request | errors | req/s vs nginx | CPU/req vs nginx |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for t in tests:
-        for r in rows:
-            if r[1] != t:
-                continue
-            proxy, _, req, rps, cpu, err, _ = r
-            ng = by.get(("nginx", t))
-            rr = ratio(float(rps), float(ng[3])) if ng else "n/a"
-            cr = ratio(float(cpu), float(ng[4])) if ng else "n/a"
-            print("| %s | %s | %.0f | %s | %s | %s | %s |" % (names.get(t, t), proxy, float(rps),
-                                                           cpu, err, rr, cr))
+# (the main table of these rows is perf/bench_report.py's "Saturation matrix")
 hs = [t for t in tests if t.startswith("handshake_")]
 if hs:
     print()
@@ -1001,12 +1281,24 @@ if grpc_rows:
         print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (path, p50, p99, a50, a99, cpu, err, vs))
 EOF
 )
+# Issue 15's sections: CSVs and PNGs beside OUT (benchmarks/), Markdown here.
+# (OUT=docs/benchmarks.md -> docs/benchmarks/*.csv, *.png)
+REPORT_DIR="$TMP/report"
+[ "$OUT" = "-" ] || REPORT_DIR="${OUT%.md}"
+SECTIONS_MD=$($PY "$REPO/perf/bench_report.py" --outdir "$REPORT_DIR" --img-prefix "$(basename "$REPORT_DIR")/" \
+    --results "$RESULTS" --sweep "$SWEEP_RESULTS" --rate "$RATE_RESULTS" --features "$FEAT_RESULTS" \
+    --scaling "$SCALE_RESULTS" --sat-rate "$SAT_RATE" --connections "$CONNECTIONS" \
+    --sweep-duration "$SWEEP_DURATION" --rate-connections "$RATE_CONNECTIONS" \
+    --rate-duration "$RATE_DURATION" --load-cpu "$LOAD_CPU") || die "perf/bench_report.py failed"
+
 # "TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 (all three)" or one entry per proxy.
-TLS_PARAMS=$(awk '{k = $2 ", " $3 ", " $4; n[k] = n[k] (n[k] ? " " : "") $1}
+TLS_PARAMS=$(awk '{k = $2 ", " $3 ", " $4; if (index(" " n[k] " ", " " $1 " ")) next; n[k] = n[k] (n[k] ? " " : "") $1}
     END {for (k in n) printf "%s%s (%s)", (i++ ? "; " : ""), k, n[k]}' "$TMP/tls/params")
 echo
 [ ! -s "$TMP/tls/params" ] || printf 'TLS negotiated: %s\n\n' "$TLS_PARAMS"
 echo "$TABLES"
+echo
+echo "$SECTIONS_MD"
 
 if [ "$OUT" != "-" ]; then
     mkdir -p "$(dirname "$OUT")"
@@ -1015,6 +1307,7 @@ if [ "$OUT" != "-" ]; then
 # Benchmarks
 
 Written by \`perf/bench.sh\`; do not edit by hand, run it again.
+$([ -z "$QUICK" ] || printf '\n**Smoke run (QUICK=1): short runs on a shared machine, to check the\nformat; these figures are not results.**\n')
 
 - Date: $(date -u '+%Y-%m-%d %H:%M UTC')
 - Commit: $COMMIT
@@ -1048,8 +1341,14 @@ EOF
   reading $SLOW_BYTES bytes over h2 (TLS) at most $SLOW_RATE bytes/s.
 EOF
         fi
+        if [ -n "$(echo "$TABLES" | tr -d '[:space:]')" ]; then
+            echo
+            echo "## Detail tables of the saturation run"
+            echo
+            echo "$TABLES"
+        fi
         echo
-        echo "$TABLES"
+        echo "$SECTIONS_MD"
     } >"$OUT"
     echo
     echo "wrote $OUT"

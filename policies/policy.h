@@ -296,9 +296,18 @@ typedef struct sl_policy_def {
      * sluice_rate_limit_rejections_total ("local", "fleet"); the runtime
      * counts rejections of policies with a scope there too. Static string. */
     const char *(*metric_scope)(const void *state);
+    /* Optional: hides, in a valid config, credentials the schema's
+     * SL_VFIELD_SECRET flags cannot name (inside free-form parts), for
+     * sl_policy_redact. */
+    void (*redact)(json_t *config);
 } sl_policy_def_t;
 
 /* The registry (registry.c): every built-in policy, by name. */
+/* Replaces the credentials in a valid config of policy `name` by
+ * "[redacted]": the schema's SL_VFIELD_SECRET fields and the policy's own
+ * redact hook. Unknown names leave config as it is. For every place that
+ * shows a config for reading (the runtime's /config_dump). */
+void sl_policy_redact(const char *name, json_t *config);
 const sl_policy_def_t *sl_policy_find(const char *name);
 /* NULL-terminated list of names, for "did you mean" and the docs. */
 const char *const *sl_policy_names(void);

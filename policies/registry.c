@@ -53,6 +53,16 @@ const sl_policy_def_t *sl_policy_find(const char *name)
     return NULL;
 }
 
+void sl_policy_redact(const char *name, json_t *config)
+{
+    const sl_policy_def_t *def = name ? sl_policy_find(name) : NULL;
+    if (!def || !json_is_object(config))
+        return;
+    sl_validate_redact(def->schema, config);
+    if (def->redact)
+        def->redact(config);
+}
+
 const char *const *sl_policy_names(void)
 {
     /* Immutable after the first call's fill: the table is static. */

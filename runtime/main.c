@@ -4,6 +4,7 @@
  * the workers (worker.c, proxy.c).
  */
 #include "admin.h"
+#include "bearer.h"
 #include "compiler.h"
 #include "config.h"
 #include "tlog.h"
@@ -16,6 +17,7 @@
 #include "pbjson.h"
 #include "tls_files.h"
 #include "worker.h"
+#include "snapcache.h"
 #include "xds.h"
 
 #include <grpc/grpc.h>
@@ -25,6 +27,7 @@
 #include <getopt.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +52,9 @@ typedef struct {
     uint64_t max_routes;
     uint32_t max_connections;
     int check_only;
+    const char *admin_token_file; /* --admin-token-file */
+    const char *cache_dir;        /* --cache-dir */
+    uint64_t cache_timeout_ms;    /* --cache-timeout */
 } options_t;
 
 typedef struct {
@@ -59,9 +65,15 @@ typedef struct {
     sl_health_t *health;
     sl_admin_t *admin;
     sl_xds_t *xds;
+    sl_snapcache_t *cache;
+    struct event *cache_timer;
+    /* Serving the --cache-dir snapshot of this version, until the
+     * controller's config replaces it (0 = not from the cache). */
+    uint64_t cache_version;
+    uint64_t cache_written_ms;
     uint64_t next_version;
-    int draining;          /* SIGTERM/SIGINT seen: /ready is 503 */
-    int drain_started;     /* the workers were told to drain */
+    int draining;      /* SIGTERM/SIGINT seen: /ready is 503 */
+    int drain_started; /* the workers were told to drain */
     struct event *drain_poll;
     struct event *drain_delay_ev;
     unsigned workers_done;
@@ -78,8 +90,14 @@ static void usage(FILE *out)
             "  --cert FILE            client certificate (PEM chain) for a controller that\n"
             "                         requires one; its SAN must be the --node-id\n"
             "  --key FILE             the client certificate's private key (PEM)\n"
+            "  --cache-dir DIR        keep the last config from the controller in DIR and\n"
+            "                         serve it when no controller answers at start-up\n"
+            "  --cache-timeout DUR    how long to wait for the controller before serving\n"
+            "                         the cache (default 3s)\n"
             "  --workers N            worker threads (default: number of CPUs)\n"
             "  --admin ADDR           admin listener, default 127.0.0.1:9901, or 'off'\n"
+            "  --admin-token-file F   the admin listener wants this bearer token on every\n"
+            "                         path but /live, /ready and /metrics\n"
             "  --access-log TARGET    file path, 'stdout' or 'off' (default off)\n"
             "  --access-log-format F  json (default) or combined\n"
             "  --fleet NAME           fleet whose Gateway to serve (default 'default')\n"
@@ -120,6 +138,9 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"key", required_argument, NULL, 1003},
         {"drain-timeout", required_argument, NULL, 'd'},
         {"drain-delay", required_argument, NULL, 1004},
+        {"cache-dir", required_argument, NULL, 1005},
+        {"admin-token-file", required_argument, NULL, 1007},
+        {"cache-timeout", required_argument, NULL, 1006},
         {"log-level", required_argument, NULL, 'L'},
         {"check", no_argument, NULL, 't'},
         {"max-routes", required_argument, NULL, 'M'},
@@ -135,6 +156,7 @@ static int parse_options(int argc, char **argv, options_t *o)
     o->access_log = "off";
     o->fleet = "default";
     o->drain_ms = 10000;
+    o->cache_timeout_ms = 3000;
     o->max_routes = 200000;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->workers = ncpu > 0 ? (unsigned)ncpu : 1;
@@ -209,6 +231,22 @@ static int parse_options(int argc, char **argv, options_t *o)
                 return -1;
             }
             break;
+        case 1005:
+            o->cache_dir = optarg;
+            break;
+        case 1007:
+            o->admin_token_file = optarg;
+            break;
+        case 1006:
+            if (parse_duration_arg(optarg, &o->cache_timeout_ms) != 0 || o->cache_timeout_ms == 0 ||
+                o->cache_timeout_ms > 600000) {
+                fprintf(stderr,
+                        "sluice-runtime: --cache-timeout %s: use a duration like 3s (more than "
+                        "0, at most 10m)\n",
+                        optarg);
+                return -1;
+            }
+            break;
         case 'L': {
             enum sl_log_level lvl;
             if (sl_log_level_from_string(optarg, &lvl) != 0) {
@@ -263,6 +301,16 @@ static int parse_options(int argc, char **argv, options_t *o)
     if (o->num_config_paths && o->controller) {
         fprintf(stderr, "sluice-runtime: --config and --controller exclude each other (files "
                         "for a standalone runtime, the controller for a managed one)\n");
+        return -1;
+    }
+    if (o->admin_token_file && strcmp(o->admin, "off") == 0) {
+        fprintf(stderr, "sluice-runtime: --admin-token-file protects the admin listener: it "
+                        "needs --admin ADDR, not off\n");
+        return -1;
+    }
+    if (o->cache_dir && !o->controller) {
+        fprintf(stderr, "sluice-runtime: --cache-dir keeps the controller's config: it needs "
+                        "--controller (a standalone runtime has its --config files)\n");
         return -1;
     }
     if ((o->controller_ca || o->cert || o->key) && !o->controller) {
@@ -366,8 +414,6 @@ static int reload(runtime_t *rt, const char *why)
     rt->next_version++;
     rcu_thread_online();
     sl_generation_t *gen = rcu_dereference(sl_generation_published);
-    if (rt->health && gen)
-        sl_health_update(rt->health, gen->snap, generation_cluster_tls, gen);
     size_t nroutes = 0;
     for (size_t i = 0; gen && i < gen->snap->n_route_tables; i++)
         nroutes += gen->snap->route_tables[i]->n_routes;
@@ -378,12 +424,100 @@ static int reload(runtime_t *rt, const char *why)
     return 0;
 }
 
+/* Every applied config, whatever its source: the health checks follow the
+ * published generation's clusters. */
+static void config_applied(void *arg)
+{
+    runtime_t *rt = arg;
+    rcu_thread_online();
+    sl_generation_t *gen = rcu_dereference(sl_generation_published);
+    if (rt->health && gen)
+        sl_health_update(rt->health, gen->snap, generation_cluster_tls, gen);
+    rcu_thread_offline();
+}
+
+/* --cache-timeout after start-up: no config from the controller yet, so
+ * serve the last one this runtime applied, until the controller's own
+ * replaces it (an ordinary swap: no connection is dropped). */
+static void cache_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    runtime_t *rt = arg;
+    if (sl_config_ready(rt->config) || sl_xds_synced(rt->xds))
+        return; /* the controller answered in time */
+    char err[4400], source[4600];
+    uint64_t version = 0, written = 0;
+    int absent = 0;
+    Sluice__V1__Snapshot *snap = sl_snapcache_load(rt->opt.cache_dir, rt->opt.fleet, &version,
+                                                   &written, &absent, err, sizeof(err));
+    if (!snap) {
+        if (absent)
+            sl_log_warn("no controller config after %llu ms and no cached one (%s): waiting "
+                        "for the controller",
+                        (unsigned long long)rt->opt.cache_timeout_ms, err);
+        else
+            sl_log_error("--cache-dir: the cached config is ignored: %s; waiting for the "
+                         "controller",
+                         err);
+        return;
+    }
+    snprintf(source, sizeof(source), "cache %s/%s (version %llu)", rt->opt.cache_dir,
+             SL_SNAPCACHE_FILE, (unsigned long long)version);
+    int rc = sl_config_check(rt->config, snap, err, sizeof(err));
+    if (rc != 0)
+        sl_snapshot_free(snap); /* sl_config_apply takes it, the check does not */
+    else
+        rc = sl_config_apply(rt->config, snap, source, err, sizeof(err));
+    if (rc != 0) {
+        sl_log_error("--cache-dir: the cached config (version %llu) cannot be applied: %s; "
+                     "waiting for the controller",
+                     (unsigned long long)version, err);
+        return;
+    }
+    struct timeval now;
+    gettimeofday(&now, NULL);
+    uint64_t now_ms = (uint64_t)now.tv_sec * 1000 + (uint64_t)now.tv_usec / 1000;
+    rt->cache_version = version;
+    rt->cache_written_ms = written;
+    atomic_store(&sl_metrics_gauges.config_from_cache, 1);
+    sl_log_warn("no controller config after %llu ms: serving the cached config version %llu "
+                "(written %llu s ago) until the controller answers",
+                (unsigned long long)rt->opt.cache_timeout_ms, (unsigned long long)version,
+                (unsigned long long)((now_ms > written ? now_ms - written : 0) / 1000));
+}
+
 /* ---- admin hooks ---------------------------------------------------------- */
 
 static int admin_ready(void *ctx)
 {
     runtime_t *rt = ctx;
     return !rt->draining && sl_config_ready(rt->config);
+}
+
+/* The cached config is served until the controller's replaces it. */
+static int serving_cache(const runtime_t *rt)
+{
+    return rt->cache_version &&
+           atomic_load_explicit(&sl_metrics_gauges.config_from_cache, memory_order_relaxed);
+}
+
+static json_t *cache_json(runtime_t *rt)
+{
+    return json_pack("{s:s, s:b, s:I, s:I}", "dir", rt->opt.cache_dir, "serving", serving_cache(rt),
+                     "version", (json_int_t)rt->cache_version, "written_unix_ms",
+                     (json_int_t)rt->cache_written_ms);
+}
+
+/* /ready's body says when the config is the cache's, not the controller's. */
+static void admin_ready_note(void *ctx, char *buf, size_t len)
+{
+    runtime_t *rt = ctx;
+    if (serving_cache(rt))
+        snprintf(buf, len,
+                 "serving the cached config version %llu from %s; the controller has not "
+                 "answered yet",
+                 (unsigned long long)rt->cache_version, rt->opt.cache_dir);
 }
 
 static json_t *admin_config_dump(void *ctx)
@@ -407,6 +541,8 @@ static json_t *admin_config_dump(void *ctx)
         if (out)
             json_object_set_new(out, "controller", sl_xds_status_json(rt->xds));
     }
+    if (out && rt->cache)
+        json_object_set_new(out, "cache", cache_json(rt));
     return out;
 }
 
@@ -588,6 +724,7 @@ int main(int argc, char **argv)
     rt.health = sl_health_new(rt.base);
     if (!rt.config || !rt.health)
         goto out_log;
+    sl_config_on_applied(rt.config, config_applied, &rt);
     rt.next_version = 1;
     if (rt.opt.controller) {
         grpc_init();
@@ -601,13 +738,22 @@ int main(int argc, char **argv)
             sl_tls_files_free(ca_pem);
             goto out_workers;
         }
+        if (rt.opt.cache_dir &&
+            !(rt.cache = sl_snapcache_open(rt.opt.cache_dir, err, sizeof(err)))) {
+            sl_log_error("%s", err);
+            sl_tls_files_free(ca_pem);
+            sl_tls_files_free(cert_pem);
+            sl_tls_files_free(key_pem);
+            goto out_workers;
+        }
         sl_xds_options_t xo = {.controller = rt.opt.controller,
                                .node_id = rt.opt.node_id,
                                .fleet = rt.opt.fleet,
                                .build_version = SL_VERSION,
                                .ca_pem = ca_pem,
                                .cert_pem = cert_pem,
-                               .key_pem = key_pem};
+                               .key_pem = key_pem,
+                               .cache = rt.cache};
         rt.xds = sl_xds_start(rt.base, &xo, rt.config, err, sizeof(err));
         /* The stream's credentials hold their own copies. */
         sl_tls_files_free(ca_pem);
@@ -617,17 +763,38 @@ int main(int argc, char **argv)
             sl_log_error("%s", err);
             goto out_workers;
         }
+        if (rt.cache) {
+            struct timeval tv = {(time_t)(rt.opt.cache_timeout_ms / 1000),
+                                 (suseconds_t)(rt.opt.cache_timeout_ms % 1000) * 1000};
+            rt.cache_timer = evtimer_new(rt.base, cache_timeout_cb, &rt);
+            if (!rt.cache_timer || evtimer_add(rt.cache_timer, &tv) != 0) {
+                sl_log_error("--cache-dir: cannot arm the start-up timer");
+                goto out_workers;
+            }
+        }
     } else if (reload(&rt, "start-up") != 0) {
         goto out_workers;
     }
 
-    sl_admin_hooks_t hooks = {
-        .is_ready = admin_ready, .config_dump = admin_config_dump, .ctx = &rt};
+    sl_admin_hooks_t hooks = {.is_ready = admin_ready,
+                              .ready_note = admin_ready_note,
+                              .config_dump = admin_config_dump,
+                              .ctx = &rt};
     if (strcmp(rt.opt.admin, "off") != 0) {
         rt.admin = sl_admin_start(rt.base, rt.opt.admin, &hooks, err, sizeof(err));
         if (!rt.admin) {
             sl_log_error("%s", err);
             goto out_workers;
+        }
+        if (rt.opt.admin_token_file) {
+            char *token =
+                sl_bearer_load("--admin-token-file", rt.opt.admin_token_file, err, sizeof(err));
+            if (!token) {
+                sl_log_error("%s", err);
+                goto out_workers;
+            }
+            sl_admin_set_token(rt.admin, token);
+            sl_bearer_free(token); /* the listener keeps a digest only */
         }
     }
     if (sl_workers_start(rt.workers, rt.opt.workers) != 0)
@@ -663,10 +830,15 @@ int main(int argc, char **argv)
     exit_code = 0;
 
 out_workers:
+    if (rt.cache_timer)
+        event_free(rt.cache_timer);
     if (rt.xds) {
         sl_xds_stop(rt.xds);
         rt.xds = NULL;
     }
+    /* After the stream: nothing queues a snapshot any more; what is
+     * queued is written before exit. */
+    sl_snapcache_close(rt.cache);
     if (rt.opt.controller)
         grpc_shutdown();
     if (rt.admin)

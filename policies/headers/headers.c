@@ -431,6 +431,42 @@ static void on_response(const void *state, sl_policy_req_t *req, int status)
     (void)apply(state, 1, req);
 }
 
+/* Header values are free-form, so a set or added credential (an upstream's
+ * Authorization, an API key header, a cookie) is hidden by the header's
+ * name: the names that carry credentials by convention. */
+static int credential_header(const char *name)
+{
+    static const char *const exact[] = {"authorization", "proxy-authorization", "cookie",
+                                        "set-cookie", NULL};
+    static const char *const parts[] = {"token",   "secret", "password",  "api-key",
+                                        "apikey",  "auth",   "session",   "signature",
+                                        NULL};
+    for (size_t i = 0; exact[i]; i++)
+        if (strcasecmp(name, exact[i]) == 0)
+            return 1;
+    for (size_t i = 0; parts[i]; i++)
+        if (strcasestr(name, parts[i]))
+            return 1;
+    return 0;
+}
+
+static void redact(json_t *config)
+{
+    static const char *const sides[2] = {"request", "response"};
+    static const char *const ops[2] = {"set", "add"};
+    for (int s = 0; s < 2; s++)
+        for (int o = 0; o < 2; o++) {
+            json_t *map = json_object_get(json_object_get(config, sides[s]), ops[o]);
+            const char *name;
+            json_t *v;
+            json_object_foreach(map, name, v)
+            {
+                if (credential_header(name))
+                    json_object_set_new(map, name, json_string("[redacted]"));
+            }
+        }
+}
+
 const sl_policy_def_t sl_policy_headers = {
     .name = "headers",
     .phase = SL_PHASE_REQUEST,
@@ -440,4 +476,5 @@ const sl_policy_def_t sl_policy_headers = {
     .on_request = on_request,
     .on_response = on_response,
     .refs = refs,
+    .redact = redact,
 };

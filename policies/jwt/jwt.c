@@ -265,7 +265,7 @@ static const sl_vfield_t fields[] = {
     {"jwksCacheSeconds", sl_vcheck_int, &cache_range, 0},
     {"jwksCaBundle", check_ca_pem, NULL, 0},
     {"jwksCaFile", check_ca_file, NULL, 0},
-    {"secret", check_short_string, NULL, 0},
+    {"secret", check_short_string, NULL, SL_VFIELD_SECRET},
     {"secretEncoding", sl_vcheck_enum, encodings, 0},
     {"algorithms", sl_vcheck_array,
      &(const sl_varray_t){sl_vcheck_enum, sl_jwt_alg_names, 1, SL_JWT_ALG_COUNT}, 0},
@@ -1162,6 +1162,24 @@ consumer:
     return SL_POLICY_CONTINUE;
 }
 
+/* Inline JWKs may carry secret material (RFC 7518 § 6: an oct key's "k",
+ * the private members of RSA, EC and OKP keys): the public parts stay
+ * visible, so /config_dump still shows which keys are configured. */
+static void redact(json_t *config)
+{
+    static const char *const private_members[] = {"k", "d", "p", "q", "dp", "dq", "qi", "oth",
+                                                  NULL};
+    json_t *keys = json_object_get(json_object_get(config, "jwks"), "keys");
+    size_t i;
+    json_t *key;
+    json_array_foreach(keys, i, key)
+    {
+        for (size_t m = 0; private_members[m]; m++)
+            if (json_object_get(key, private_members[m]))
+                json_object_set_new(key, private_members[m], json_string("[redacted]"));
+    }
+}
+
 const sl_policy_def_t sl_policy_jwt = {
     .name = "jwt",
     .phase = SL_PHASE_AUTHN,
@@ -1171,4 +1189,5 @@ const sl_policy_def_t sl_policy_jwt = {
     .on_request = on_request,
     .worker_new = worker_new,
     .worker_free = worker_free,
+    .redact = redact,
 };

@@ -119,7 +119,7 @@ static void check_address(sl_vctx_t *c, json_t *v, const void *arg)
 
 static const sl_vfield_t redis_fields[] = {
     {"address", check_address, NULL, SL_VFIELD_REQUIRED},
-    {"password", sl_vcheck_string, NULL, 0},
+    {"password", sl_vcheck_string, NULL, SL_VFIELD_SECRET},
     {"database", sl_vcheck_int, &database_range, 0},
     {"keyPrefix", sl_vcheck_string, NULL, 0},
     {NULL, NULL, NULL, 0},

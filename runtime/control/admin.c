@@ -13,10 +13,12 @@
  * authentication, like Envoy's admin port.
  */
 #include "admin.h"
+#include "bearer.h"
 #include "endpoint.h"
 #include "hostport.h"
 
 #include "metrics.h"
+#include "policy.h"
 #include "sl_types.h"
 
 #include <arpa/inet.h>
@@ -42,7 +44,22 @@ struct sl_admin {
     struct evhttp_bound_socket *bound;
     sl_admin_hooks_t hooks;
     int port;
+    bool have_token; /* --admin-token-file */
+    unsigned char token_sha256[32];
 };
+
+/* What a probe or a scraper needs, and tells nothing about the config:
+ * never behind the token (kubelet's probes send none), as the
+ * controller's /healthz, /readyz and /metrics. Every other path, present
+ * or future, needs it: new endpoints are protected unless listed here. */
+static const char *const open_paths[] = {"/live", "/ready", "/metrics", NULL};
+
+void sl_admin_set_token(sl_admin_t *admin, const char *token)
+{
+    admin->have_token = token && *token;
+    if (admin->have_token)
+        sl_bearer_digest(token, strlen(token), admin->token_sha256);
+}
 
 /* evhttp 2.1 writes the body of a HEAD response too; HEAD gets the headers
  * of the GET (Content-Length included) and no body, as RFC 9110 asks. */
@@ -98,13 +115,14 @@ static void handle_ready(sl_admin_t *admin, struct evhttp_request *req)
         evhttp_send_error(req, 500, "Internal Server Error");
         return;
     }
-    if (ready) {
-        evbuffer_add(body, "ready\n", 6);
+    char note[512] = "";
+    if (admin->hooks.ready_note)
+        admin->hooks.ready_note(admin->hooks.ctx, note, sizeof(note));
+    evbuffer_add_printf(body, "%s%s%s\n", ready ? "ready" : "not ready", note[0] ? ": " : "", note);
+    if (ready)
         send_reply(req, 200, "OK", "text/plain; charset=utf-8", body);
-    } else {
-        evbuffer_add(body, "not ready\n", 10);
+    else
         send_reply(req, 503, "Service Unavailable", "text/plain; charset=utf-8", body);
-    }
     evbuffer_free(body);
 }
 
@@ -134,20 +152,58 @@ static int dump_to_evbuffer(const char *buf, size_t size, void *data)
 /* Private keys and the traffic log sinks' credentials travel in the
  * snapshot (the stream is the secret channel);
  * the admin listener is not one, so they never leave through it. */
+/* A policy of a chain ({"name", "config_json", ...}): its config, parsed,
+ * with the policy's credentials hidden (policies/policy.h). */
+static void redact_policy(json_t *policy)
+{
+    const char *name = json_string_value(json_object_get(policy, "name"));
+    const char *text = json_string_value(json_object_get(policy, "config_json"));
+    json_t *config = text ? json_loads(text, 0, NULL) : NULL;
+    if (!config) {
+        /* Never shown when it cannot be checked for credentials. */
+        if (text && *text)
+            json_object_set_new(policy, "config_json", json_string("[redacted]"));
+        return;
+    }
+    sl_policy_redact(name, config);
+    char *out = json_dumps(config, JSON_COMPACT);
+    json_object_set_new(policy, "config_json", json_string(out ? out : "[redacted]"));
+    free(out);
+    json_decref(config);
+}
+
 void sl_admin_redact_secrets(json_t *doc)
 {
+    /* Fields of snapshot.proto that hold credentials or what stands for
+     * them (a password's crypt hash, an API key's SHA-256: both can be
+     * attacked offline). */
+    static const char *const secret_fields[] = {"private_key_pem", "password", "api_key",
+                                                "password_hash", NULL};
     const char *key;
     json_t *v;
     size_t i;
     if (json_is_object(doc)) {
+        if (json_is_string(json_object_get(doc, "config_json")))
+            redact_policy(doc);
         json_object_foreach(doc, key, v)
         {
-            if ((strcmp(key, "private_key_pem") == 0 || strcmp(key, "password") == 0 ||
-                 strcmp(key, "api_key") == 0) &&
-                json_is_string(v) && json_string_length(v) > 0)
+            int secret = 0;
+            for (size_t f = 0; secret_fields[f] && !secret; f++)
+                secret = strcmp(key, secret_fields[f]) == 0;
+            /* Consumer.ApiKey.sha256 (bytes, base64 here). */
+            if (strcmp(key, "api_keys") == 0 && json_is_array(v)) {
+                size_t j;
+                json_t *k;
+                json_array_foreach(v, j, k)
+                {
+                    if (json_string_length(json_object_get(k, "sha256")) > 0)
+                        json_object_set_new(k, "sha256", json_string("[redacted]"));
+                }
+            } else if (secret && json_is_string(v) && json_string_length(v) > 0) {
                 json_object_set_new(doc, key, json_string("[redacted]"));
-            else
+            } else {
                 sl_admin_redact_secrets(v);
+            }
         }
     } else if (json_is_array(doc)) {
         json_array_foreach(doc, i, v)
@@ -327,6 +383,24 @@ static void admin_request(struct evhttp_request *req, void *arg)
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
 
+    bool open = false;
+    for (size_t i = 0; path && open_paths[i] && !open; i++)
+        open = strcmp(path, open_paths[i]) == 0;
+    bool presented = false;
+    if (admin->have_token && !open &&
+        !sl_bearer_check(evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"),
+                         admin->token_sha256, &presented)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
+                          presented ? "Bearer realm=\"sluice-runtime\", error=\"invalid_token\""
+                                    : "Bearer realm=\"sluice-runtime\"");
+        reply_error(req, 401, "Unauthorized", "unauthorized",
+                    presented ? "the bearer token is wrong; send Authorization: Bearer <the "
+                                "content of the runtime's --admin-token-file>"
+                              : "this endpoint needs Authorization: Bearer <the content of the "
+                                "runtime's --admin-token-file> (/live, /ready and /metrics "
+                                "do not)");
+        return;
+    }
     for (size_t i = 0; path && i < SL_ARRAY_LEN(admin_routes); i++) {
         if (strcmp(path, admin_routes[i].path) != 0)
             continue;

@@ -19,6 +19,9 @@ struct event_base;
 
 typedef struct {
     int (*is_ready)(void *ctx);
+    /* Optional: a line /ready adds to its body (e.g. serving a cached
+     * config); nothing written = nothing added. */
+    void (*ready_note)(void *ctx, char *buf, size_t len);
     /* New reference to a JSON object describing the active config; NULL = none. */
     json_t *(*config_dump)(void *ctx);
     void *ctx;
@@ -30,11 +33,20 @@ typedef struct sl_admin sl_admin_t;
  * (e.g. "admin 127.0.0.1:9901: address in use"). */
 sl_admin_t *sl_admin_start(struct event_base *base, const char *addr, const sl_admin_hooks_t *hooks,
                            char *err, size_t errlen);
-/* Replaces, anywhere in doc, the value of every "private_key_pem" member
- * (TlsCertificate) by "[redacted]" (an empty one stays empty: nothing to
- * hide). /config_dump runs every document through it, whatever the hook
+/* Replaces every credential in doc by "[redacted]" (an empty one stays
+ * empty: nothing to hide): private keys, sink passwords and API keys,
+ * Consumers' password hashes and API key digests, and inside each policy's
+ * config_json what the policy declares secret (sl_policy_redact: e.g. the
+ * jwt secret and inline JWKs' private members, a Redis password, set
+ * Authorization headers). A config_json that does not parse is replaced
+ * whole. /config_dump runs every document through it, whatever the hook
  * returned. */
 void sl_admin_redact_secrets(json_t *doc);
+
+/* --admin-token-file: from now on every path but /live, /ready and
+ * /metrics needs "Authorization: Bearer <token>" (401 otherwise). Only a
+ * digest is kept. NULL or "" = no token. */
+void sl_admin_set_token(sl_admin_t *admin, const char *token);
 
 /* Port actually bound (for ":0"). */
 int sl_admin_port(const sl_admin_t *admin);

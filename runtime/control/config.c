@@ -36,7 +36,15 @@ struct sl_config {
     uint64_t version;
     int have_generation;
     uint64_t max_routes;
+    sl_config_applied_fn on_applied;
+    void *on_applied_arg;
 };
+
+void sl_config_on_applied(sl_config_t *cfg, sl_config_applied_fn fn, void *arg)
+{
+    cfg->on_applied = fn;
+    cfg->on_applied_arg = arg;
+}
 
 void sl_config_set_max_routes(sl_config_t *cfg, uint64_t max_routes)
 {
@@ -296,6 +304,8 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
     free(fds);
     free(keys);
     free(is_new);
+    if (cfg->on_applied)
+        cfg->on_applied(cfg->on_applied_arg);
     return 0;
 
 fail_close:

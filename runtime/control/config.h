@@ -17,6 +17,13 @@ sl_config_t *sl_config_new(sl_worker_t *workers, unsigned nworkers);
 /* Refuse snapshots with more routes than this (0 = no limit). */
 void sl_config_set_max_routes(sl_config_t *cfg, uint64_t max_routes);
 
+/* Called on the main thread after every successful sl_config_apply,
+ * whoever applied it (files, the controller stream, the --cache-dir
+ * snapshot), once the new generation is published: what follows the
+ * active config (health checks) hangs here, so no source can forget it. */
+typedef void (*sl_config_applied_fn)(void *arg);
+void sl_config_on_applied(sl_config_t *cfg, sl_config_applied_fn fn, void *arg);
+
 /* Checks a snapshot against the runtime's limits. 0, or -1 with err. */
 int sl_config_check(const sl_config_t *cfg, const Sluice__V1__Snapshot *snap, char *err,
                     size_t errlen);

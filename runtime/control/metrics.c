@@ -778,6 +778,11 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
                        "(controller down, restarted, refused this runtime).");
         evbuffer_add_printf(out, "sluice_controller_stream_failures_total %" PRIu64 "\n",
                             LOAD(sl_metrics_gauges.controller_stream_failures));
+        sl_prom_header(out, "sluice_config_from_cache", "gauge",
+                       "1 while the runtime serves the --cache-dir snapshot because the "
+                       "controller has not answered since start-up.");
+        evbuffer_add_printf(out, "sluice_config_from_cache %" PRId64 "\n",
+                            LOAD(sl_metrics_gauges.config_from_cache));
         sl_prom_header(out, "sluice_controller_updates_total", "counter",
                        "Pushes from the controller, by result (ack = applied, nack = rejected).");
         evbuffer_add_printf(out, "sluice_controller_updates_total{result=\"ack\"} %" PRIu64 "\n",

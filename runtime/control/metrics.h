@@ -146,6 +146,7 @@ typedef struct {
     _Atomic int64_t controller_synced;           /* every resource type applied once */
     _Atomic uint64_t controller_connects;        /* stream came up (first time and reconnects) */
     _Atomic uint64_t controller_stream_failures; /* stream ended, or a connect failed */
+    _Atomic int64_t config_from_cache;           /* serving the --cache-dir snapshot */
 } sl_metrics_gauges_t;
 extern sl_metrics_gauges_t sl_metrics_gauges;
 

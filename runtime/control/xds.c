@@ -41,6 +41,7 @@
 #include "grpc_util.h"
 #include "log.h"
 #include "metrics.h"
+#include "snapcache.h"
 #include "sluice/v1/discovery.pb-c.h"
 
 #include <errno.h>
@@ -594,14 +595,15 @@ static int apply_state(sl_xds_t *x, type_state_t *types, int dry_run, char *err,
     }
     protobuf_c_message_pack(&snap.base, buf);
     Sluice__V1__Snapshot *owned = sl_snapshot_unpack(buf, len);
-    free(buf);
     if (!owned) {
+        free(buf);
         snprintf(err, errlen, "snapshot does not re-encode");
         return -1;
     }
     char source[256];
     snprintf(source, sizeof(source), "controller %s version %" PRIu64, x->opt.controller, version);
     if (dry_run) {
+        free(buf);
         if (sl_config_check(x->cfg, owned, err, errlen) != 0) {
             sl_snapshot_free(owned);
             return -1;
@@ -612,7 +614,16 @@ static int apply_state(sl_xds_t *x, type_state_t *types, int dry_run, char *err,
         sl_generation_discard(gen);
         return 0;
     }
-    return sl_config_apply(x->cfg, owned, source, err, errlen);
+    int rc = sl_config_apply(x->cfg, owned, source, err, errlen);
+    /* Only what was applied is cached: a restart from the cache serves
+     * exactly what this runtime served. */
+    if (rc == 0) {
+        sl_snapcache_store(x->opt.cache, buf, len, version);
+        /* The controller's config replaced a cached one, if any. */
+        atomic_store(&sl_metrics_gauges.config_from_cache, 0);
+    }
+    free(buf);
+    return rc;
 }
 
 static void send_ack(sl_xds_t *x, uint64_t call_id, int t, const char *version, const char *nonce,

@@ -30,6 +30,8 @@ typedef struct {
      * (the pointers are not kept). ca_pem NULL = plaintext; cert_pem and
      * key_pem NULL = no client certificate. */
     const char *ca_pem, *cert_pem, *key_pem;
+    /* --cache-dir: every applied snapshot is handed to it (NULL = none). */
+    struct sl_snapcache *cache;
 } sl_xds_options_t;
 
 sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_config_t *cfg,

@@ -267,3 +267,48 @@ def test_config_directory_and_several_files(backends, runtimes, tmp_path):
     rt.config_path = str(d)
     rt.start()
     assert request(port, "GET", "/t/echo").status == 200
+
+
+def test_admin_token(runtimes, tmp_path):
+    """--admin-token-file: the config and the clusters need the token,
+    probes and metrics do not; a wrong or missing token is a 401 that says
+    what to send."""
+    token_file = tmp_path / "admin-token"
+    token_file.write_text("s3cr3t-admin-token-0123456789\n")
+    os.chmod(token_file, 0o600)
+    port = free_port()
+    rt = runtimes([gateway(port), backend("b", [free_port()]), api("t", "/t", "b")],
+                  extra_args=["--admin-token-file", str(token_file)])
+    for path in ("/live", "/ready", "/metrics"):
+        assert rt.admin_get(path)[0] == 200, path
+    for path in ("/config_dump", "/clusters", "/no-such-endpoint"):
+        status, headers, body = rt.admin_get(path)
+        assert status == 401, (path, status)
+        assert json.loads(body)["error"]["code"] == "unauthorized"
+        assert dict(headers)["WWW-Authenticate"] == 'Bearer realm="sluice-runtime"'
+        status, headers, _ = http_request("127.0.0.1", rt.admin_port, "GET", path,
+                                          headers=[("Authorization", "Bearer wrong")])
+        assert status == 401
+        assert "invalid_token" in dict(headers)["WWW-Authenticate"]
+    good = [("Authorization", "Bearer s3cr3t-admin-token-0123456789")]
+    status, _, body = http_request("127.0.0.1", rt.admin_port, "GET", "/config_dump",
+                                   headers=good)
+    assert status == 200 and json.loads(body)["snapshot"]
+    assert http_request("127.0.0.1", rt.admin_port, "GET", "/clusters", headers=good)[0] == 200
+    assert http_request("127.0.0.1", rt.admin_port, "GET", "/nope", headers=good)[0] == 404
+
+
+def test_admin_token_file_errors(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(dump_docs([gateway(free_port()), backend("b", [free_port()]),
+                              api("t", "/t", "b")]))
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for args, want in (
+            (["--admin-token-file", str(tmp_path / "missing")], "No such file or directory"),
+            (["--admin-token-file", str(empty)], "the file is empty"),
+            (["--admin", "off", "--admin-token-file", str(empty)], "needs --admin ADDR")):
+        r = subprocess.run([runtime_binary(), "--config", str(cfg), "--workers", "1"] + args,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
+        assert r.returncode != 0, args
+        assert want in r.stdout.decode(), (args, r.stdout.decode())

@@ -15,7 +15,7 @@ Run: SLUICE_BUILD=build /usr/bin/python3 -m pytest tests/integration/test_api_pr
 import pytest
 
 from controller_env import TYPE_URLS, FakeRuntime, grpc_peer_available, quickstart
-from helpers import api, free_port, wait_until
+from helpers import api, free_port, gateway, wait_until
 from test_controller import env, petstore_api, wait_connected, wait_routes  # noqa: F401
 
 NAMES = {v: k for k, v in TYPE_URLS.items()}
@@ -178,3 +178,146 @@ def test_programmed_is_false_for_an_api_left_out_and_untouched_versions(env):  #
     conds = {i["metadata"]["name"]: [c for c in i["status"]["conditions"]
                                      if c["type"] == "Programmed"][0]["status"] for i in items}
     assert conds == {"petstore": "True", "other": "True", "orphan": "False"}, conds
+
+
+# --- the Gateway's Programmed condition -------------------------------------------
+
+def gw_programmed(ctl, name):
+    """(Programmed condition, status.fleets as {fleet: entry}) of a Gateway."""
+    st = ctl.get("Gateway", name).get("status") or {}
+    cond = [c for c in st.get("conditions", []) if c["type"] == "Programmed"]
+    return (cond[0] if cond else None), {f["fleet"]: f for f in st.get("fleets", [])}
+
+
+def wait_gw(ctl, name, what, check, timeout=10.0):
+    last = {}
+
+    def ok():
+        cond, fleets = gw_programmed(ctl, name)
+        last["v"] = (cond, fleets)
+        return cond is not None and check(cond, fleets) and (cond, fleets)
+    try:
+        return wait_until(ok, timeout, interval=0.02, what=what)
+    except AssertionError:
+        raise AssertionError("%s: %r; runtimes %r" % (what, last.get("v"), ctl.runtimes()))
+
+
+def test_gateway_programmed_counts_the_runtimes_of_its_fleet(env):  # noqa: F811
+    """A Gateway's fleet is its runtimes: Programmed says how many runtimes
+    of that fleet run the listeners version that contains its spec; other
+    fleets' runtimes do not count, an Api change does not move its version,
+    a Gateway left out of the snapshot is NotAccepted."""
+    ctl = env.controller()
+    b = env.backend("echo")
+    port = free_port()
+    ctl.apply(quickstart(port, b.port, listener_address="127.0.0.1"))
+
+    cond, fleets = wait_gw(ctl, "default", "NoRuntimes before any runtime",
+                           lambda c, f: c["reason"] == "NoRuntimes")
+    assert cond["status"] == "False", cond
+    assert cond["message"] == "no runtime of fleet default is connected", cond
+    assert cond["observedGeneration"] == 1, cond
+    assert set(fleets) == {"default"}, fleets
+    v1 = fleets["default"]["version"]
+    assert v1 > 0, fleets
+
+    # A Gateway of another fleet, which no runtime serves.
+    ctl.put(gateway(free_port(), name="edge", fleet="edge"))
+    cond, fleets = wait_gw(ctl, "edge", "edge NoRuntimes",
+                           lambda c, f: c["reason"] == "NoRuntimes")
+    assert cond["message"] == "no runtime of fleet edge is connected", cond
+    assert set(fleets) == {"edge"} and fleets["edge"]["version"] > 0, fleets
+
+    # A runtime of fleet default runs it: 1 of 1; fleet edge still has none.
+    rt = env.runtime("rt-one")
+    cond, fleets = wait_gw(ctl, "default", "default Programmed", lambda c, f: c["status"] == "True")
+    assert cond["reason"] == "Programmed", cond
+    assert cond["message"] == "fleet default: 1 of 1 runtime runs version %d" % v1, cond
+    assert fleets == {"default": {"fleet": "default", "version": v1, "runtimes": 1,
+                                  "programmed": 1}}, fleets
+    wait_routes([rt], port, "/petstore/v1/pets", 200, timeout=5.0)
+    cond, fleets = gw_programmed(ctl, "edge")
+    assert cond["reason"] == "NoRuntimes" and fleets["edge"]["runtimes"] == 0, (cond, fleets)
+
+    # An Api change leaves the Gateway's version alone.
+    ctl.put(api("other", "/other", "echo"))
+    wait_programmed(ctl, "other programmed", lambda c, f: c["status"] == "True", name="other")
+    cond, fleets = gw_programmed(ctl, "default")
+    assert cond["status"] == "True" and fleets["default"]["version"] == v1, (cond, fleets)
+
+    # A Gateway change: a new listeners version, run by the runtime.
+    gw = gateway(port, name="default", address="127.0.0.1")
+    port2 = free_port()
+    gw["spec"]["listeners"].append({"name": "http-2", "port": port2, "protocol": "http",
+                                    "address": "127.0.0.1"})
+    ctl.put(gw)
+    cond, fleets = wait_gw(ctl, "default", "default Programmed at generation 2",
+                           lambda c, f: c["status"] == "True" and c["observedGeneration"] == 2)
+    v2 = fleets["default"]["version"]
+    assert v2 > v1, fleets
+    assert cond["message"] == "fleet default: 1 of 1 runtime runs version %d" % v2, cond
+    wait_routes([rt], port2, "/petstore/v1/pets", 200, timeout=5.0)
+
+    # A Gateway whose listener name clashes is left out: NotAccepted, in no
+    # snapshot.
+    ctl.put(gateway(free_port(), name="dup"))
+    cond, fleets = wait_gw(ctl, "dup", "dup NotAccepted",
+                           lambda c, f: c["reason"] == "NotAccepted")
+    assert cond["status"] == "False", cond
+    assert "not in the fleet's snapshot" in cond["message"], cond
+    assert fleets["default"]["version"] == 0 and fleets["default"]["programmed"] == 0, fleets
+
+    # The runtime stops: NoRuntimes, the version stays.
+    rt.stop()
+    cond, fleets = wait_gw(ctl, "default", "NoRuntimes after the runtime stopped",
+                           lambda c, f: c["reason"] == "NoRuntimes")
+    assert fleets["default"] == {"fleet": "default", "version": v2, "runtimes": 0,
+                                 "programmed": 0}, fleets
+
+
+def test_gateway_rejected_when_a_runtime_nacks_its_listeners(env):  # noqa: F811
+    """A runtime that refuses the listeners version carrying a Gateway
+    change makes the Gateway Rejected, naming the listeners NACK."""
+    reason = grpc_peer_available()
+    if reason:
+        pytest.skip(reason)
+    ctl = env.controller()
+    b = env.backend("echo")
+    port = free_port()
+    ctl.apply(quickstart(port, b.port, listener_address="127.0.0.1"))
+    peer = FakeRuntime(ctl.stream_addr, "rt-peer")
+    try:
+        peer.subscribe()
+        got = set()
+        while len(got) < len(TYPE_URLS):
+            r = peer.recv()
+            got.add(NAMES[r.type_url])
+            peer.ack(r)
+        cond, fleets = wait_gw(ctl, "default", "Programmed on rt-peer",
+                               lambda c, f: c["status"] == "True")
+        v1 = fleets["default"]["version"]
+        assert cond["message"] == "fleet default: 1 of 1 runtime runs version %d" % v1, cond
+
+        gw = gateway(free_port(), name="default", address="127.0.0.1")
+        ctl.put(gw)
+        while True:
+            r = peer.recv()
+            if NAMES[r.type_url] == "listeners":
+                v2 = int(r.version_info)
+                peer.nack(r, "listener http: address in use", version=str(v1))
+                break
+            peer.ack(r)
+        assert v2 > v1
+        cond, fleets = wait_gw(ctl, "default", "Rejected by rt-peer",
+                               lambda c, f: c["reason"] == "Rejected")
+        assert cond["status"] == "False" and cond["observedGeneration"] == 2, cond
+        assert cond["message"] == (
+            "fleet default: 0 of 1 runtime run version %d; 1 runtime rejected it, rt-peer "
+            "NACKed listeners version %d: listener http: address in use" % (v2, v2)), cond
+        assert fleets["default"] == {"fleet": "default", "version": v2, "runtimes": 1,
+                                     "programmed": 0}, fleets
+        # The Api, whose routes the peer ACKed, stays Programmed.
+        cond, _, _ = programmed(ctl)
+        assert cond["status"] == "True", cond
+    finally:
+        peer.close()

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "rest.h"
+#include "bearer.h"
 #include "prom.h"
 #include "ctrl_metrics.h"
 
@@ -460,6 +461,12 @@ static void test_health_ready_metrics(void **state)
         strstr(r.body, "\nsluice_controller_push_duration_seconds_count{result=\"nack\"} "));
     assert_non_null(strstr(
         r.body, "\nsluice_controller_fleet_runtimes_connected{fleet=\"a\\\"b\\\\c\\nd\"} 2\n"));
+    /* Watches (watch.c counts them; none in this process). */
+    assert_non_null(strstr(r.body, "# TYPE sluice_controller_watches gauge\n"
+                                   "sluice_controller_watches 0\n"));
+    assert_non_null(strstr(r.body, "# TYPE sluice_controller_watch_events_total counter\n"));
+    assert_non_null(
+        strstr(r.body, "\nsluice_controller_watch_events_total{type=\"BOOKMARK\"} 0\n"));
     /* REST responses by method and code: the POST above and the 503 of
      * /readyz. */
     assert_true(metric_value(r.body, "sluice_controller_http_requests_total{method=\"POST\","
@@ -1279,25 +1286,25 @@ static void test_load_token(void **state)
     snprintf(path, sizeof(path), "%s/token", f->dir);
     write_file(path, "abc123-XYZ\n");
     chmod(path, 0600);
-    char *t = sl_rest_load_token(path, err, sizeof(err));
+    char *t = sl_bearer_load("--admin-token-file", path, err, sizeof(err));
     assert_non_null(t);
     assert_string_equal(t, "abc123-XYZ");
     free(t);
 
     write_file(path, "\n  \n");
-    assert_null(sl_rest_load_token(path, err, sizeof(err)));
+    assert_null(sl_bearer_load("--admin-token-file", path, err, sizeof(err)));
     assert_non_null(strstr(err, "empty"));
     write_file(path, "two words\n");
-    assert_null(sl_rest_load_token(path, err, sizeof(err)));
+    assert_null(sl_bearer_load("--admin-token-file", path, err, sizeof(err)));
     assert_non_null(strstr(err, "spaces or control characters"));
     char big[5000];
     memset(big, 'a', sizeof(big) - 1);
     big[sizeof(big) - 1] = '\0';
     write_file(path, big);
-    assert_null(sl_rest_load_token(path, err, sizeof(err)));
+    assert_null(sl_bearer_load("--admin-token-file", path, err, sizeof(err)));
     assert_non_null(strstr(err, "larger than"));
     snprintf(path, sizeof(path), "%s/missing", f->dir);
-    assert_null(sl_rest_load_token(path, err, sizeof(err)));
+    assert_null(sl_bearer_load("--admin-token-file", path, err, sizeof(err)));
     assert_non_null(strstr(err, "No such file"));
 }
 

@@ -164,7 +164,7 @@ static void test_open_creates_nested_dir_wal_and_schema(void **state)
     db_path(f, path, sizeof(path));
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
-    assert_int_equal(sql_int(path, "SELECT max(version) FROM schema_version"), 1);
+    assert_int_equal(sql_int(path, "SELECT max(version) FROM schema_version"), 2);
 
     /* Nested directories are created (mkdir -p). */
     char nested[400], err[512];
@@ -210,8 +210,91 @@ static void test_open_refuses_newer_schema(void **state)
     assert_non_null(strstr(err, path));
     /* Nothing was changed by the refused open. */
     assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 99);
-    sql_exec(path, "UPDATE schema_version SET version = 1");
+    sql_exec(path, "UPDATE schema_version SET version = 2");
     reopen(f);
+}
+
+/* A store written by the schema of version 1 (before the status column)
+ * is migrated on open, keeping its objects. */
+static void test_migrates_version_1_store(void **state)
+{
+    fixture_t *f = *state;
+    char path[400];
+    db_path(f, path, sizeof(path));
+    json_t *b = backend(NULL, "old", 9001);
+    json_decref(put_ok(f->st, b, SL_STORE_CREATE, ""));
+    json_decref(b);
+    sl_store_close(f->st);
+    f->st = NULL;
+    sql_exec(path, "ALTER TABLE resources DROP COLUMN status; "
+                   "UPDATE schema_version SET version = 1");
+    reopen(f);
+    assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 2);
+    json_t *got = NULL;
+    assert_int_equal(sl_store_get(f->st, SL_KIND_BACKEND, "default", "old", &got), SL_STORE_OK);
+    assert_null(json_object_get(got, "status"));
+    json_decref(got);
+}
+
+/* The status subresource: stored durably, resourceVersion moves, generation
+ * does not, spec writes keep it, get and list return it, delete forgets it. */
+static void test_put_status(void **state)
+{
+    fixture_t *f = *state;
+    char err[512];
+    json_t *b = backend(NULL, "echo", 9001);
+    json_t *v1 = put_ok(f->st, b, SL_STORE_CREATE, "");
+    const char *rv1 =
+        json_string_value(json_object_get(json_object_get(v1, "metadata"), "resourceVersion"));
+    json_t *status = json_pack("{s:[{s:s, s:s}]}", "conditions", "type", "Ready", "status", "True");
+    json_t *stored = NULL;
+    assert_int_equal(sl_store_put_status(f->st, SL_KIND_BACKEND, "default", "echo", status, "0",
+                                         &stored, err, sizeof(err)),
+                     SL_STORE_CONFLICT);
+    assert_int_equal(sl_store_put_status(f->st, SL_KIND_BACKEND, "default", "nope", status, "",
+                                         &stored, err, sizeof(err)),
+                     SL_STORE_NOT_FOUND);
+    assert_int_equal(sl_store_put_status(f->st, SL_KIND_BACKEND, "default", "echo", status, rv1,
+                                         &stored, err, sizeof(err)),
+                     SL_STORE_OK);
+    json_t *m = json_object_get(stored, "metadata");
+    assert_true(json_equal(json_object_get(stored, "status"), status));
+    assert_int_equal(json_integer_value(json_object_get(m, "generation")), 1);
+    assert_true(strtoull(json_string_value(json_object_get(m, "resourceVersion")), NULL, 10) >
+                strtoull(rv1, NULL, 10));
+    assert_int_equal(sl_store_resource_version(f->st),
+                     strtoull(json_string_value(json_object_get(m, "resourceVersion")), NULL, 10));
+    json_decref(stored);
+
+    reopen(f);
+    json_t *got = NULL;
+    assert_int_equal(sl_store_get(f->st, SL_KIND_BACKEND, "default", "echo", &got), SL_STORE_OK);
+    assert_true(json_equal(json_object_get(got, "status"), status));
+    json_decref(got);
+    /* A spec write keeps the written status and ignores a status in the body. */
+    json_object_set_new(b, "status", json_pack("{s:s}", "bogus", "x"));
+    json_t *ep = json_array_get(json_object_get(json_object_get(b, "spec"), "endpoints"), 0);
+    json_object_set_new(ep, "port", json_integer(9002));
+    json_t *v2 = put_ok(f->st, b, SL_STORE_REPLACE, "");
+    assert_true(json_equal(json_object_get(v2, "status"), status));
+    json_t *list = NULL;
+    assert_int_equal(sl_store_list(f->st, SL_KIND_BACKEND, NULL, &list), SL_STORE_OK);
+    assert_true(json_equal(json_object_get(json_array_get(list, 0), "status"), status));
+    json_decref(list);
+    /* Deleted and created again: no written status. */
+    json_t *gone = NULL;
+    assert_int_equal(
+        sl_store_delete(f->st, SL_KIND_BACKEND, "default", "echo", "", &gone, err, sizeof(err)),
+        SL_STORE_OK);
+    json_decref(gone);
+    json_object_del(b, "status");
+    json_t *v3 = put_ok(f->st, b, SL_STORE_CREATE, "");
+    assert_null(json_object_get(v3, "status"));
+    json_decref(v1);
+    json_decref(v2);
+    json_decref(v3);
+    json_decref(b);
+    json_decref(status);
 }
 
 static void test_open_errors_name_path_and_fix(void **state)
@@ -778,6 +861,137 @@ static void test_kill9_loses_no_acknowledged_write(void **state)
     }
 }
 
+/* ---- observer ------------------------------------------------------------- */
+
+typedef struct {
+    char db[512];   /* read through a second connection: sees committed rows only */
+    json_t *events; /* [{type, kind, obj, committed_rv}] */
+} observed_t;
+
+/* The row's resource_version as another connection sees it (-1: no row). */
+static sqlite3_int64 committed_rv(const char *db_path, const char *kind, const char *ns,
+                                  const char *name)
+{
+    sqlite3 *db;
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db,
+                                        "SELECT resource_version FROM resources WHERE kind = ?1"
+                                        " AND namespace = ?2 AND name = ?3",
+                                        -1, &s, NULL),
+                     SQLITE_OK);
+    sqlite3_bind_text(s, 1, kind, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+    sqlite3_int64 v = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : -1;
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return v;
+}
+
+static void record(void *arg, const char *type, enum sl_kind kind, json_t *obj)
+{
+    observed_t *o = arg;
+    json_t *meta = json_object_get(obj, "metadata");
+    sqlite3_int64 rv = committed_rv(o->db, sl_kind_name(kind),
+                                    json_string_value(json_object_get(meta, "namespace")),
+                                    json_string_value(json_object_get(meta, "name")));
+    json_array_append_new(o->events, json_pack("{s:s, s:s, s:o, s:I}", "type", type, "kind",
+                                               sl_kind_name(kind), "obj", json_deep_copy(obj),
+                                               "committed_rv", (json_int_t)rv));
+}
+
+static void expect_event(observed_t *o, size_t i, const char *type, const char *name,
+                         const char *rv, json_int_t committed)
+{
+    json_t *e = json_array_get(o->events, i);
+    assert_non_null(e);
+    assert_string_equal(json_string_value(json_object_get(e, "type")), type);
+    assert_string_equal(json_string_value(json_object_get(e, "kind")), "Backend");
+    json_t *obj = json_object_get(e, "obj");
+    assert_string_equal(meta_str(obj, "name"), name);
+    assert_string_equal(meta_str(obj, "resourceVersion"), rv);
+    /* Told after the commit: another connection already sees the change. */
+    assert_int_equal(json_integer_value(json_object_get(e, "committed_rv")), committed);
+}
+
+static void test_observer_sees_each_committed_change_once(void **state)
+{
+    fixture_t *f = *state;
+    char err[512];
+    observed_t o = {.events = json_array()};
+    db_path(f, o.db, sizeof(o.db));
+    sl_store_set_observer(f->st, record, &o);
+
+    json_t *b = backend(NULL, "echo", 9001);
+    json_decref(put_ok(f->st, b, SL_STORE_CREATE, "")); /* rv 1: ADDED */
+    json_t *b2 = backend(NULL, "echo", 9002);
+    json_decref(put_ok(f->st, b2, SL_STORE_REPLACE, "1")); /* rv 2: MODIFIED */
+    assert_int_equal(json_array_size(o.events), 2);
+    expect_event(&o, 0, "ADDED", "echo", "1", 1);
+    expect_event(&o, 1, "MODIFIED", "echo", "2", 2);
+
+    /* Failed writes tell nothing. */
+    json_t *stored = NULL;
+    assert_int_equal(sl_store_put(f->st, b, SL_STORE_CREATE, "", &stored, err, sizeof(err)),
+                     SL_STORE_EXISTS);
+    assert_int_equal(sl_store_put(f->st, b, SL_STORE_REPLACE, "1", &stored, err, sizeof(err)),
+                     SL_STORE_CONFLICT);
+    json_t *bad = json_array();
+    json_array_append_new(bad, backend(NULL, "one", 9001));
+    json_array_append_new(bad, json_pack("{s:s, s:s, s:{}, s:{}}", "apiVersion", SL_API_VERSION,
+                                         "kind", "Backend", "metadata", "spec"));
+    assert_int_equal(sl_store_put_many(f->st, bad, &stored, err, sizeof(err)), SL_STORE_ERROR);
+    json_decref(bad);
+    assert_int_equal(
+        sl_store_delete(f->st, SL_KIND_BACKEND, "default", "echo", "1", NULL, err, sizeof(err)),
+        SL_STORE_CONFLICT);
+    assert_int_equal(json_array_size(o.events), 2);
+
+    /* put_many: after the commit, in order; the second write of "one" in the
+     * same batch is a MODIFIED. While the first is told, the whole batch is
+     * committed. */
+    json_t *many = json_array();
+    json_array_append_new(many, backend(NULL, "one", 9001));  /* rv 3 */
+    json_array_append_new(many, backend(NULL, "echo", 9003)); /* rv 4 */
+    json_array_append_new(many, backend(NULL, "one", 9004));  /* rv 5 */
+    assert_int_equal(sl_store_put_many(f->st, many, &stored, err, sizeof(err)), SL_STORE_OK);
+    json_decref(stored);
+    json_decref(many);
+    assert_int_equal(json_array_size(o.events), 5);
+    expect_event(&o, 2, "ADDED", "one", "3", 5);
+    expect_event(&o, 3, "MODIFIED", "echo", "4", 4);
+    expect_event(&o, 4, "MODIFIED", "one", "5", 5);
+
+    /* DELETED: the last stored document at the deletion's resourceVersion;
+     * the caller's copy keeps the stored one. */
+    json_t *deleted = NULL;
+    assert_int_equal(
+        sl_store_delete(f->st, SL_KIND_BACKEND, NULL, "echo", "4", &deleted, err, sizeof(err)),
+        SL_STORE_OK);
+    assert_string_equal(meta_str(deleted, "resourceVersion"), "4");
+    assert_int_equal(json_array_size(o.events), 6);
+    expect_event(&o, 5, "DELETED", "echo", "6", -1);
+    json_t *gone = json_object_get(json_array_get(o.events, 5), "obj");
+    json_t *ep = json_array_get(json_object_get(json_object_get(gone, "spec"), "endpoints"), 0);
+    assert_int_equal(json_integer_value(json_object_get(ep, "port")), 9003);
+    assert_string_equal(meta_str(gone, "uid"), meta_str(deleted, "uid"));
+    json_decref(deleted);
+
+    /* Re-created after the delete: ADDED again. */
+    json_decref(put_ok(f->st, b, SL_STORE_CREATE, "")); /* rv 7 */
+    expect_event(&o, 6, "ADDED", "echo", "7", 7);
+
+    /* No observer: nothing told. */
+    sl_store_set_observer(f->st, NULL, NULL);
+    json_decref(put_ok(f->st, b2, SL_STORE_REPLACE, ""));
+    assert_int_equal(json_array_size(o.events), 7);
+
+    json_decref(b);
+    json_decref(b2);
+    json_decref(o.events);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -790,12 +1004,16 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_put_preconditions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrates_version_1_store, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_order_and_namespace_filter, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_many_is_all_or_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_counters_and_versions_durable_across_reopen, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_load_all_builds_resource_set, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill9_loses_no_acknowledged_write, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_observer_sees_each_committed_change_once, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

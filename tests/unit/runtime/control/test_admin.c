@@ -28,6 +28,15 @@ static int hook_is_ready(void *ctx)
     return ctx == &ready_flag && atomic_load(&ready_flag);
 }
 
+static atomic_int note_flag; /* 1: the note hook says something */
+
+static void hook_ready_note(void *ctx, char *buf, size_t len)
+{
+    (void)ctx;
+    if (atomic_load(&note_flag))
+        snprintf(buf, len, "serving the cached config version 7");
+}
+
 static json_t *hook_config_dump(void *ctx)
 {
     (void)ctx;
@@ -59,7 +68,10 @@ static int setup(void **state)
     fixture_t *f = calloc(1, sizeof(*f));
     f->base = event_base_new();
     assert_non_null(f->base);
-    sl_admin_hooks_t hooks = {hook_is_ready, hook_config_dump, &ready_flag};
+    sl_admin_hooks_t hooks = {.is_ready = hook_is_ready,
+                              .ready_note = hook_ready_note,
+                              .config_dump = hook_config_dump,
+                              .ctx = &ready_flag};
     char err[256];
     f->admin = sl_admin_start(f->base, "127.0.0.1:0", &hooks, err, sizeof(err));
     if (!f->admin)
@@ -189,6 +201,14 @@ static void test_ready_follows_hook(void **state)
     assert_int_equal(r.status, 200);
     assert_string_equal(r.body, "ready\n");
     free(r.body);
+    /* The note (a cached config) is added to the line, the status is the
+     * readiness alone. */
+    atomic_store(&note_flag, 1);
+    get(f->port, "GET", "/ready", &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "ready: serving the cached config version 7\n");
+    free(r.body);
+    atomic_store(&note_flag, 0);
 }
 
 static void test_metrics_page(void **state)
