@@ -7,10 +7,11 @@ resourceVersion, statuses are written back to /status, the token goes over
 HTTPS only with the kubeconfig's certificate-authority-data, and two
 controller replicas give their runtimes the same version.
 
-The API server here is tests/integration/kubefake.py (the protocol of the
-Kubernetes API server for custom resources). The same checks against the
-controller's own Kubernetes-compatible API (controller/kapi.c +
-controller/watch.c) are to be added once those are merged.
+The API server is tests/integration/kubefake.py (the protocol of the
+Kubernetes API server for custom resources, with knobs to drop connections,
+expire resourceVersions, require client certificates), and, in the last
+test, another controller's own Kubernetes-compatible API (controller/kapi.c
++ controller/watch.c).
 
 Run: SLUICE_BUILD=build /usr/bin/python3 -m pytest tests/integration/test_kube_source.py
 """
@@ -317,3 +318,56 @@ def test_in_cluster_service_account(env, kube, tmp_path):  # noqa: F811
     kube.drop()
     kube.put(api("orders", "/orders", "echo", operations=[{"method": "GET", "path": "/o"}]))
     wait_routes([rt], port, "/orders/o", 200, 15.0)
+
+
+def test_against_the_controllers_own_kubernetes_api(env, tmp_path):  # noqa: F811
+    """Controller #1 (store mode) serves the Kubernetes-compatible API
+    (controller/kapi.c, watches from controller/watch.c); controller #2
+    runs --source kubernetes against it; a runtime of #2 serves what is
+    written to #1, deletes propagate, #2 writes statuses back to #1, and #2
+    resumes after #1 restarts."""
+    from controller_env import quickstart as quickstart_text
+    from helpers import http_request
+    import json
+    api_server = Controller(env.tmp / "api-server")
+    api_server.start()
+    try:
+        cfg = str(tmp_path / "kubeconfig-api-server")
+        with open(cfg, "w") as f:
+            f.write("apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: s\n"
+                    "  cluster: {server: \"http://127.0.0.1:%d\"}\ncontexts:\n- name: c\n"
+                    "  context: {cluster: s, user: u}\nusers:\n- name: u\n  user: {}\n"
+                    % api_server.rest_port)
+        b = env.backend("echo")
+        port = free_port()
+        api_server.apply(quickstart_text(port, b.port, listener_address="127.0.0.1"))
+        ctl = Controller(env.tmp / "controller", stream_host=env.hub,
+                         extra_args=["--source", "kubernetes", "--kubeconfig", cfg])
+        env.ctl = ctl
+        ctl.start()
+        rt = env.runtime("rt-kapi")
+        wait_routes([rt], port, "/petstore/v1/pets", 200, 10.0)
+        api_server.put(api("orders", "/orders", "echo",
+                           operations=[{"method": "GET", "path": "/o"}]))
+        wait_routes([rt], port, "/orders/o", 200, 5.0)
+        api_server.delete("Api", "orders")
+        wait_routes([rt], port, "/orders/o", 404, 5.0)
+
+        # The status #2 computed, written to #1's /status subresource.
+        def written():
+            st, _, raw = http_request("127.0.0.1", api_server.rest_port, "GET",
+                                      "/apis/gateway.sluice.dev/v1alpha1/namespaces/default/"
+                                      "apis/petstore")
+            return st == 200 and "configResourceVersion" in json.loads(raw).get("status", {})
+        wait_until(written, 10.0, what="#2's status of petstore on #1")
+
+        # #1 restarts: #2 resumes and follows what is written after.
+        api_server.stop()
+        api_server.start()
+        api_server.put(api("later", "/later", "echo",
+                           operations=[{"method": "GET", "path": "/l"}]))
+        wait_routes([rt], port, "/later/l", 200, 20.0)
+    finally:
+        api_server.stop()
+        problems = api_server.problems()
+        assert not problems, problems
