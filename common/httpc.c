@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
@@ -108,6 +109,63 @@ void sl_httpc_free(sl_httpc_t *c)
     c->len = c->cap = 0;
 }
 
+/* A client certificate chain (leaf first) and its key into ctx: 0, or -1
+ * with why naming `name`. Not tls_pem.c's checks: those are a listener's
+ * (a client certificate names a user, "system:sluice", not a host). */
+static int load_client_cert(SSL_CTX *ctx, const char *cert_pem, const char *key_pem,
+                            const char *name, char *why, size_t whylen)
+{
+    if (!name)
+        name = "client certificate";
+    ERR_clear_error();
+    BIO *b = BIO_new_mem_buf(cert_pem, -1);
+    X509 *leaf = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    int ok = leaf && SSL_CTX_use_certificate(ctx, leaf) == 1;
+    X509_free(leaf);
+    if (!ok) {
+        snprintf(why, whylen, "%s: no PEM certificate could be read (%s)", name, ssl_reason());
+        BIO_free(b);
+        ERR_clear_error();
+        return -1;
+    }
+    X509 *more;
+    while (ok && (more = PEM_read_bio_X509(b, NULL, NULL, NULL)))
+        if (SSL_CTX_add0_chain_cert(ctx, more) != 1) {
+            X509_free(more);
+            ok = 0;
+        }
+    BIO_free(b);
+    ERR_clear_error();
+    b = BIO_new_mem_buf(key_pem ? key_pem : "", -1);
+    EVP_PKEY *key = b ? PEM_read_bio_PrivateKey(b, NULL, NULL, NULL) : NULL;
+    BIO_free(b);
+    if (!ok || !key || SSL_CTX_use_PrivateKey(ctx, key) != 1 ||
+        SSL_CTX_check_private_key(ctx) != 1) {
+        snprintf(why, whylen, "%s: %s", name,
+                 !ok    ? "a certificate after the first cannot be used"
+                 : !key ? "its key is not an unencrypted PEM private key"
+                        : "the key does not match the certificate");
+        EVP_PKEY_free(key);
+        ERR_clear_error();
+        return -1;
+    }
+    EVP_PKEY_free(key);
+    return 0;
+}
+
+int sl_httpc_check_client_cert(const char *cert_pem, const char *key_pem, const char *name,
+                               char *why, size_t whylen)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        snprintf(why, whylen, "out of memory for TLS");
+        return -1;
+    }
+    int rc = load_client_cert(ctx, cert_pem, key_pem, name, why, whylen);
+    SSL_CTX_free(ctx);
+    return rc;
+}
+
 /* The TLS context: TLS >= 1.2, the peer verified against the bundle, the
  * file or the system's CAs. Made at the first connection and again after
  * a failed handshake, so a CA file fixed on disk is picked up. */
@@ -149,6 +207,9 @@ static int tls_ctx(sl_httpc_t *c)
                  ssl_reason());
         goto fail;
     }
+    if (set(c->cert_pem) &&
+        load_client_cert(ctx, c->cert_pem, c->key_pem, c->cert_name, c->why, sizeof(c->why)) != 0)
+        goto fail;
     ERR_clear_error();
     c->ctx = ctx;
     return 0;
@@ -425,16 +486,26 @@ static size_t dechunk(char *p, size_t len)
     }
 }
 
-int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, const char *headers,
-                     const char *body, size_t blen, uint64_t timeout_ms, const char **rbody,
-                     size_t *rlen)
+/* What the head of a response says about its body. */
+typedef struct {
+    int status;
+    size_t hlen; /* bytes of the head in c->buf */
+    int chunked, close_after;
+    long clen; /* -1 = none */
+} head_t;
+
+/* Sends a request and reads the head of its response (a kept connection the
+ * server had closed is tried once more on a new one). 0 with *h, or -1 with
+ * c->why (the connection closed). */
+static int send_and_head(sl_httpc_t *c, const char *method, const char *target, const char *headers,
+                         const char *body, size_t blen, uint64_t timeout_ms, head_t *h)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
         uint64_t deadline = now_ms() + timeout_ms;
         int reused = c->fd >= 0;
         if (!reused && conn_open(c, deadline) != 0)
-            return 0;
-        char head[2048], length[48] = "";
+            return -1;
+        char head[2048 + 4096], length[48] = "";
         if (body)
             snprintf(length, sizeof(length), "Content-Length: %zu\r\n", blen);
         int v6 = strchr(c->host, ':') != NULL;
@@ -445,7 +516,7 @@ int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, cons
                           dflt ? "" : c->port, length, headers ? headers : "");
         if (hl < 0 || (size_t)hl >= sizeof(head)) {
             snprintf(c->why, sizeof(c->why), "request head too long");
-            return 0;
+            return -1;
         }
         c->len = 0;
         if (send_all(c, head, (size_t)hl, deadline) != 0 ||
@@ -453,7 +524,7 @@ int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, cons
             sl_httpc_close(c);
             if (reused)
                 continue; /* the server closed an idle connection: once more on a new one */
-            return 0;
+            return -1;
         }
         /* The head. */
         char *hend = NULL;
@@ -470,7 +541,7 @@ int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, cons
             if (rr == 0)
                 snprintf(c->why, sizeof(c->why), "%s:%s closed the connection before answering",
                          c->host, c->port);
-            return 0;
+            return -1;
         }
         int status = 0;
         if (c->len < 12 || strncmp(c->buf, "HTTP/1.", 7) != 0 ||
@@ -478,71 +549,198 @@ int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, cons
             snprintf(c->why, sizeof(c->why), "not an HTTP/1.x response from %s:%s", c->host,
                      c->port);
             sl_httpc_close(c);
-            return 0;
+            return -1;
         }
-        size_t hlen = (size_t)(hend - c->buf) + 4;
-        int chunked = 0, close_after = 0;
-        long clen = -1;
-        for (char *line = memchr(c->buf, '\n', hlen); line && line < hend;
+        h->status = status;
+        h->hlen = (size_t)(hend - c->buf) + 4;
+        h->chunked = 0;
+        h->close_after = 0;
+        h->clen = -1;
+        for (char *line = memchr(c->buf, '\n', h->hlen); line && line < hend;
              line = memchr(line, '\n', (size_t)(hend - line))) {
             line++;
             if (strncasecmp(line, "content-length:", 15) == 0)
-                clen = strtol(line + 15, NULL, 10);
+                h->clen = strtol(line + 15, NULL, 10);
             else if (strncasecmp(line, "transfer-encoding:", 18) == 0)
-                chunked = 1; /* nothing but chunked is ever sent to a request without TE */
+                h->chunked = 1; /* nothing but chunked is ever sent to a request without TE */
             else if (strncasecmp(line, "connection:", 11) == 0) {
                 const char *eol = memchr(line, '\r', (size_t)(hend + 2 - line));
                 for (const char *p = line + 11; eol && p + 5 <= eol; p++)
                     if (strncasecmp(p, "close", 5) == 0)
-                        close_after = 1;
+                        h->close_after = 1;
             }
         }
         if (strcasecmp(method, "HEAD") == 0 || status == 204 || status == 304 || status < 200)
-            clen = 0, chunked = 0;
-        /* The body. */
-        for (;;) {
-            size_t have = c->len - hlen;
-            if (chunked) {
-                int whole = chunked_complete(c->buf + hlen, have);
-                if (whole > 0) {
-                    *rlen = dechunk(c->buf + hlen, have);
-                    break;
-                }
-                if (whole < 0) {
-                    snprintf(c->why, sizeof(c->why), "bad chunked body from %s:%s", c->host,
-                             c->port);
-                    sl_httpc_close(c);
-                    return 0;
-                }
-            } else if (clen >= 0 && have >= (size_t)clen) {
-                *rlen = (size_t)clen;
+            h->clen = 0, h->chunked = 0;
+        return 0;
+    }
+    return -1;
+}
+
+/* Reads the whole body after the head: the status, or 0 with c->why. */
+static int read_body(sl_httpc_t *c, head_t *h, uint64_t deadline, const char **rbody, size_t *rlen)
+{
+    size_t hlen = h->hlen;
+    for (;;) {
+        size_t have = c->len - hlen;
+        if (h->chunked) {
+            int whole = chunked_complete(c->buf + hlen, have);
+            if (whole > 0) {
+                *rlen = dechunk(c->buf + hlen, have);
                 break;
             }
-            int r = recv_more(c, deadline);
-            if (r < 0) {
+            if (whole < 0) {
+                snprintf(c->why, sizeof(c->why), "bad chunked body from %s:%s", c->host, c->port);
                 sl_httpc_close(c);
                 return 0;
             }
-            if (r == 0) {
-                if (clen < 0 && !chunked && c->clean_eof) {
-                    *rlen = c->len - hlen;
-                    close_after = 1;
-                    break;
-                }
-                snprintf(c->why, sizeof(c->why), "%s:%s %s", c->host, c->port,
-                         clen < 0 && !chunked
-                             ? "ended a response without a length with no TLS close_notify: "
-                               "it may be truncated"
-                             : "closed the connection mid-response");
-                sl_httpc_close(c);
-                return 0;
-            }
+        } else if (h->clen >= 0 && have >= (size_t)h->clen) {
+            *rlen = (size_t)h->clen;
+            break;
         }
-        *rbody = c->buf + hlen;
-        c->buf[hlen + *rlen] = '\0';
-        if (close_after)
+        int r = recv_more(c, deadline);
+        if (r < 0) {
             sl_httpc_close(c);
-        return status;
+            return 0;
+        }
+        if (r == 0) {
+            if (h->clen < 0 && !h->chunked && c->clean_eof) {
+                *rlen = c->len - hlen;
+                h->close_after = 1;
+                break;
+            }
+            snprintf(c->why, sizeof(c->why), "%s:%s %s", c->host, c->port,
+                     h->clen < 0 && !h->chunked
+                         ? "ended a response without a length with no TLS close_notify: "
+                           "it may be truncated"
+                         : "closed the connection mid-response");
+            sl_httpc_close(c);
+            return 0;
+        }
     }
+    *rbody = c->buf + hlen;
+    c->buf[hlen + *rlen] = '\0';
+    if (h->close_after)
+        sl_httpc_close(c);
+    return h->status;
+}
+
+int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, const char *headers,
+                     const char *body, size_t blen, uint64_t timeout_ms, const char **rbody,
+                     size_t *rlen)
+{
+    head_t h;
+    uint64_t deadline = now_ms() + timeout_ms;
+    if (send_and_head(c, method, target, headers, body, blen, timeout_ms, &h) != 0)
+        return 0;
+    return read_body(c, &h, deadline, rbody, rlen);
+}
+
+/* Drops the first n bytes of the buffer (what was handed out). */
+static void consume(sl_httpc_t *c, size_t n)
+{
+    memmove(c->buf, c->buf + n, c->len - n);
+    c->len -= n;
+    c->buf[c->len] = '\0';
+}
+
+int sl_httpc_stream(sl_httpc_t *c, const char *method, const char *target, const char *headers,
+                    uint64_t head_timeout_ms, uint64_t idle_timeout_ms, sl_httpc_body_fn on_body,
+                    void *arg, const char **rbody, size_t *rlen)
+{
+    head_t h;
+    uint64_t deadline = now_ms() + head_timeout_ms;
+    if (send_and_head(c, method, target, headers, NULL, 0, head_timeout_ms, &h) != 0)
+        return 0;
+    if (h.status < 200 || h.status > 299)
+        return read_body(c, &h, deadline, rbody, rlen);
+    *rbody = "";
+    *rlen = 0;
+    consume(c, h.hlen);
+    /* Chunked: in_chunk bytes of the current chunk's data are still to
+     * come (then its CRLF); 0 = a size line is next. */
+    size_t in_chunk = 0, left = h.clen >= 0 ? (size_t)h.clen : 0;
+    int need_crlf = 0;
+    for (;;) {
+        /* Hand out whatever whole pieces the buffer holds. */
+        for (;;) {
+            if (!h.chunked) {
+                size_t n = c->len;
+                if (h.clen >= 0 && n > left)
+                    n = left;
+                if (n && on_body(arg, c->buf, n) != 0) {
+                    sl_httpc_close(c);
+                    return h.status;
+                }
+                consume(c, n);
+                if (h.clen >= 0 && (left -= n) == 0)
+                    goto done;
+                break;
+            }
+            if (need_crlf) {
+                if (c->len < 2)
+                    break;
+                if (memcmp(c->buf, "\r\n", 2) != 0)
+                    goto bad_chunk;
+                consume(c, 2);
+                need_crlf = 0;
+            }
+            if (in_chunk) {
+                size_t n = c->len < in_chunk ? c->len : in_chunk;
+                if (!n)
+                    break;
+                if (on_body(arg, c->buf, n) != 0) {
+                    sl_httpc_close(c);
+                    return h.status;
+                }
+                consume(c, n);
+                if ((in_chunk -= n) == 0)
+                    need_crlf = 1;
+                continue;
+            }
+            char *eol = c->len ? memmem(c->buf, c->len, "\r\n", 2) : NULL;
+            if (!eol) {
+                if (c->len > 1024)
+                    goto bad_chunk;
+                break;
+            }
+            char *end;
+            unsigned long long sz = strtoull(c->buf, &end, 16);
+            if (end == c->buf || sz > (1ull << 40))
+                goto bad_chunk;
+            if (sz == 0) {
+                /* The last chunk: trailers until an empty line. */
+                char *t = memmem(eol, c->len - (size_t)(eol - c->buf), "\r\n\r\n", 4);
+                if (!t)
+                    break;
+                consume(c, (size_t)(t - c->buf) + 4);
+                goto done;
+            }
+            consume(c, (size_t)(eol - c->buf) + 2);
+            in_chunk = (size_t)sz;
+        }
+        int r = recv_more(c, now_ms() + idle_timeout_ms);
+        if (r < 0) {
+            sl_httpc_close(c);
+            return 0;
+        }
+        if (r == 0) {
+            if (h.clen < 0 && !h.chunked && c->clean_eof) {
+                sl_httpc_close(c);
+                return h.status;
+            }
+            snprintf(c->why, sizeof(c->why), "%s:%s closed the connection mid-response", c->host,
+                     c->port);
+            sl_httpc_close(c);
+            return 0;
+        }
+    }
+done:
+    if (h.close_after)
+        sl_httpc_close(c);
+    return h.status;
+bad_chunk:
+    snprintf(c->why, sizeof(c->why), "bad chunked body from %s:%s", c->host, c->port);
+    sl_httpc_close(c);
     return 0;
 }

@@ -13,6 +13,15 @@
  * end of the connection; over TLS the last needs the server's close_notify
  * (an abrupt end could be a truncation).
  *
+ * A client certificate (cert_pem + key_pem) is presented when the server
+ * asks for one (the Kubernetes API server's client-certificate auth).
+ *
+ * Streaming (sl_httpc_stream): a 2xx response's body is handed to a
+ * callback piece by piece as it arrives (chunked framing removed), for
+ * responses that stay open: the Kubernetes watch client
+ * (controller/ksource.c). Each wait for more has its own idle deadline;
+ * the response as a whole has none.
+ *
  * Errors: a request that gets no answer returns 0 and says why in c->why,
  * naming the peer ("connect to host:port: Connection refused", "TLS to
  * host:port: certificate verify failed: hostname mismatch (...)").
@@ -40,6 +49,10 @@ typedef struct sl_httpc {
      * caller's field names, "caBundle" / "jwksCaFile"). */
     const char *ca_pem, *ca_file;
     const char *ca_pem_name, *ca_file_name;
+    /* A client certificate chain and its key, PEM (borrowed; NULL = none),
+     * and the name for messages ("client-certificate-data"). */
+    const char *cert_pem, *key_pem;
+    const char *cert_name;
     /* Optional: a descriptor watched while waiting, and what to do when it
      * is readable: return nonzero to give up ("cancelled"). */
     int cancel_fd;
@@ -70,6 +83,26 @@ int sl_httpc_init(sl_httpc_t *c, const char *url, const char **why);
 int sl_httpc_request(sl_httpc_t *c, const char *method, const char *target, const char *headers,
                      const char *body, size_t blen, uint64_t timeout_ms, const char **rbody,
                      size_t *rlen);
+
+/* Called with each piece of a streamed body, in order; return nonzero to
+ * stop reading (the connection is closed). */
+typedef int (*sl_httpc_body_fn)(void *arg, const char *data, size_t len);
+
+/* A request whose 2xx response is streamed: the head must arrive within
+ * head_timeout_ms, then each body piece is given to on_body as it arrives,
+ * waiting at most idle_timeout_ms for the next. A status outside 200..299
+ * is read whole and returned with its body in *rbody / *rlen, as
+ * sl_httpc_request does (on_body is not called). Returns the status when
+ * the body ended (its framing said so, or on_body asked to stop), or 0
+ * with c->why (a connection closed mid-body, an idle timeout, a cancel). */
+int sl_httpc_stream(sl_httpc_t *c, const char *method, const char *target, const char *headers,
+                    uint64_t head_timeout_ms, uint64_t idle_timeout_ms, sl_httpc_body_fn on_body,
+                    void *arg, const char **rbody, size_t *rlen);
+
+/* Whether a client certificate chain and key (PEM) can be used: 0, or -1
+ * with why starting with `name`. */
+int sl_httpc_check_client_cert(const char *cert_pem, const char *key_pem, const char *name,
+                               char *why, size_t whylen);
 
 /* Closes the connection (kept: the TLS context, the buffer). */
 void sl_httpc_close(sl_httpc_t *c);

@@ -38,6 +38,12 @@
  * A version that cannot be persisted fails the whole compile: nothing is
  * pushed under a version the store does not hold; /readyz and
  * /api/v1/status say why, and the compile is retried.
+ *
+ * --source kubernetes (sl_controller_use_input): no counter; versions are
+ * derived from the input (the newest config resourceVersion, ksource.c),
+ * every type takes the new version when anything changed, nothing is
+ * persisted: every replica, and a restarted one, gives the same input the
+ * same version (docs/architecture.md has the limits).
  */
 #include "controller.h"
 #include "prom.h"
@@ -177,6 +183,12 @@ struct sl_controller {
      * committed compile; the Programmed condition is computed from it and
      * the runtimes' ACKs when the status is read (object_programmed). */
     json_t *programmed;
+    /* --source kubernetes: versions from the input (sl_controller_use_input). */
+    int derived_versions;
+    int input_ready;
+    uint64_t input_version;
+    void (*compiled_fn)(void *arg);
+    void *compiled_arg;
 };
 
 static uint64_t api_route_count(json_t *doc)
@@ -299,7 +311,7 @@ static fleet_t *fleet_get(sl_controller_t *ctl, const char *name)
         return NULL;
     f->name = strdup(name);
     /* What this fleet's runtimes may already run, from before a restart. */
-    for (int t = 0; t < SL_XDS__COUNT; t++) {
+    for (int t = 0; t < SL_XDS__COUNT && !ctl->derived_versions; t++) {
         char key[256];
         snprintf(key, sizeof(key), "fleet/%s/%s/version", name, sl_xds_type_names[t]);
         f->t[t].version = sl_store_counter_get(ctl->store, key);
@@ -562,6 +574,8 @@ static Sluice__V1__Snapshot *compile_fleet(sl_controller_t *ctl, const sl_resour
 static int persist_type(sl_controller_t *ctl, const char *fleet, int t, uint64_t version,
                         uint64_t hash, char *err, size_t errlen)
 {
+    if (ctl->derived_versions)
+        return 0; /* derived from the input again after a restart */
     char key[256];
     snprintf(key, sizeof(key), "fleet/%s/%s/version", fleet, sl_xds_type_names[t]);
     if (sl_store_counter_set(ctl->store, key, version, err, errlen) != 0)
@@ -574,6 +588,27 @@ static int persist_type(sl_controller_t *ctl, const char *fleet, int t, uint64_t
 static uint64_t allocate_version(sl_controller_t *ctl, char *err, size_t errlen)
 {
     uint64_t cur;
+    if (ctl->derived_versions) {
+        /* The input's version when it moved past ours; else (the input's
+         * newest object was deleted, or a runtime runs a version past
+         * ours) the next one. */
+        cur = ctl->config_version > ctl->version_floor ? ctl->config_version : ctl->version_floor;
+        /* A runtime reporting the input's version itself (it ran it from
+         * another replica, or from this one before a restart) is not past
+         * it: the same input keeps the same version. */
+        uint64_t v = ctl->input_version > ctl->config_version &&
+                             ctl->input_version >= ctl->version_floor
+                         ? ctl->input_version
+                         : cur + 1;
+        if (v > SL_XDS_VERSION_MAX) {
+            snprintf(err, errlen,
+                     "the input's resourceVersion %" PRIu64 " is past 2^53-1, the largest "
+                     "version runtimes accept",
+                     v);
+            return 0;
+        }
+        return v;
+    }
     if (sl_store_counter_read(ctl->store, "config_version", &cur, err, errlen) != 0)
         return 0;
     if (cur < ctl->version_floor)
@@ -787,6 +822,8 @@ static void compile_all(sl_controller_t *ctl)
     sl_resource_set_t loaded;
     sl_resource_set_init(&loaded);
     const sl_resource_set_t *all = ctl->static_set;
+    if (ctl->derived_versions && !ctl->input_ready)
+        return; /* nothing listed yet: an empty config would remove everything */
     if (!all) {
         char err[512];
         if (sl_store_load_all(ctl->store, &loaded, err, sizeof(err)) != SL_STORE_OK) {
@@ -838,6 +875,13 @@ static void compile_all(sl_controller_t *ctl)
             need_version |= stg[i].t[t].changed;
         }
     }
+    /* Derived versions: every type carries the version of the input it was
+     * compiled from, so that a replica compiling the same input from
+     * scratch gives each type the same version as one that followed every
+     * change (a type kept at an older version would depend on history). */
+    for (i = 0; ctl->derived_versions && need_version && i < nf; i++)
+        for (int t = 0; stg[i].snap && t < SL_XDS__COUNT; t++)
+            stg[i].t[t].changed = 1;
 
     for (i = 0; i < nf; i++)
         if (stg[i].snap) {
@@ -900,6 +944,8 @@ static void compile_all(sl_controller_t *ctl)
         sl_log_notice("config version %" PRIu64 " compiled", new_version);
     for (fleet_t *f = ctl->fleets; f; f = f->next)
         push_fleet(ctl, f->name);
+    if (ctl->compiled_fn)
+        ctl->compiled_fn(ctl->compiled_arg);
     return;
 
 persist_failed:
@@ -1150,6 +1196,12 @@ static int check_version(sl_controller_t *ctl, const char *node, int t, const ch
     }
     uint64_t ours =
         ctl->config_version > ctl->version_floor ? ctl->config_version : ctl->version_floor;
+    if (ctl->derived_versions && ctl->input_version > ours)
+        ours = ctl->input_version;
+    /* Derived versions before the first list: nothing to compare with yet
+     * (the API server's resourceVersions may be far past 0). */
+    if (ctl->derived_versions && !ctl->input_ready)
+        return 0;
     if (*v > ours + VERSION_MAX_AHEAD) {
         snprintf(msg, len,
                  "node %s: %s version %s is more than %llu versions past this controller's "
@@ -1739,6 +1791,26 @@ sl_controller_t *sl_controller_new(struct event_base *base, sl_store_t *store,
     ctl->config_version = sl_store_counter_get(store, "config_version");
     atomic_store(&sl_ctrl_metrics.config_version, ctl->config_version);
     return ctl;
+}
+
+void sl_controller_use_input(sl_controller_t *ctl, const sl_resource_set_t *set)
+{
+    ctl->static_set = set;
+    ctl->derived_versions = 1;
+    ctl->config_version = 0;
+    atomic_store(&sl_ctrl_metrics.config_version, 0);
+}
+
+void sl_controller_set_input_version(sl_controller_t *ctl, uint64_t input_version)
+{
+    ctl->input_version = input_version;
+    ctl->input_ready = 1;
+}
+
+void sl_controller_on_compiled(sl_controller_t *ctl, void (*fn)(void *arg), void *arg)
+{
+    ctl->compiled_fn = fn;
+    ctl->compiled_arg = arg;
 }
 
 void sl_controller_set_runtime_limits(sl_controller_t *ctl, size_t max_runtimes, uint64_t expiry_ms)

@@ -11,6 +11,23 @@
  * compile from the store. The set must outlive the controller. */
 sl_controller_t *sl_controller_new(struct event_base *base, sl_store_t *store,
                                    const sl_resource_set_t *static_set);
+/*
+ * --source kubernetes (ksource.c): the resources are `set`, owned by the
+ * caller and changed by it on the main thread between compiles (it calls
+ * sl_controller_changed after each change; nothing is compiled before the
+ * first sl_controller_set_input_version). Versions are then derived from
+ * the input instead of the store's durable counter, so that every replica
+ * watching the same API server gives the same content the same version:
+ * a compile that changes anything gives every type the version
+ * `input_version` (the newest resourceVersion of the input, see
+ * docs/architecture.md), or one past the current version when the input's
+ * did not move past it. Nothing is persisted in the store.
+ */
+void sl_controller_use_input(sl_controller_t *ctl, const sl_resource_set_t *set);
+void sl_controller_set_input_version(sl_controller_t *ctl, uint64_t input_version);
+/* Called on the main thread after every committed compile (the statuses
+ * are then current), e.g. to write statuses back. */
+void sl_controller_on_compiled(sl_controller_t *ctl, void (*fn)(void *arg), void *arg);
 /* --max-routes (0 = no limit). */
 void sl_controller_set_max_routes(sl_controller_t *ctl, uint64_t max_routes);
 /* Records of runtimes: at most max_runtimes (the one disconnected longest

@@ -9,6 +9,8 @@
 #include "crd.h"
 #include "hostport.h"
 #include "kapi.h"
+#include "ksource.h"
+#include "kubeconfig.h"
 #include "log.h"
 #include "model.h"
 #include "rest.h"
@@ -61,6 +63,14 @@ static void usage(FILE *out)
             "  --data-dir DIR           durable store, default ./sluice-data\n"
             "  --resources PATH         serve these files (repeatable); the REST API is then\n"
             "                           read-only (GitOps mode)\n"
+            "  --source SOURCE          where resources come from: store (default: the REST API\n"
+            "                           writes them to --data-dir), files (--resources), or\n"
+            "                           kubernetes (the API server's Sluice custom resources,\n"
+            "                           in-cluster or --kubeconfig; the REST API is read-only)\n"
+            "  --kubeconfig FILE        with --source kubernetes: use this kubeconfig's\n"
+            "                           current context instead of the pod's service account\n"
+            "  --namespace NS           with --source kubernetes: watch this namespace only\n"
+            "                           (default: every namespace)\n"
             "  --admin-token-file FILE  require 'Authorization: Bearer <token>' on /api/\n"
             "  --insecure-admin         allow a non-loopback --rest without a token\n"
             "  --rest-tls-cert FILE     serve the REST admin API over HTTPS with this PEM chain\n"
@@ -118,6 +128,9 @@ int main(int argc, char **argv)
         {"max-body-bytes", required_argument, NULL, 'B'},
         {"version", no_argument, NULL, 'V'},
         {"print-crds", no_argument, NULL, 'P'},
+        {"source", required_argument, NULL, 'O'},
+        {"kubeconfig", required_argument, NULL, 'G'},
+        {"namespace", required_argument, NULL, 'n'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -126,6 +139,7 @@ int main(int argc, char **argv)
     const char *stream_cert = NULL, *stream_key = NULL, *stream_ca = NULL;
     const char *rest_cert = NULL, *rest_key = NULL;
     const char **resources = calloc((size_t)argc, sizeof(char *));
+    const char *source = NULL, *kubeconfig = NULL, *kube_ns = NULL;
     const char **rest_sans = calloc((size_t)argc, sizeof(char *));
     size_t nresources = 0, nrest_sans = 0;
     int insecure = 0, rest_plain = 0, ch;
@@ -157,6 +171,15 @@ int main(int argc, char **argv)
             break;
         case 'I':
             insecure = 1;
+            break;
+        case 'O':
+            source = optarg;
+            break;
+        case 'G':
+            kubeconfig = optarg;
+            break;
+        case 'n':
+            kube_ns = optarg;
             break;
         case 'c':
             stream_cert = optarg;
@@ -259,6 +282,30 @@ int main(int argc, char **argv)
         fprintf(stderr, "sluice-controller: unexpected argument '%s'\n", argv[optind]);
         goto bad_args;
     }
+    int kube = source && strcmp(source, "kubernetes") == 0;
+    if (source && !kube && strcmp(source, "store") != 0 && strcmp(source, "files") != 0) {
+        fprintf(stderr, "sluice-controller: --source %s: use store, files or kubernetes\n", source);
+        goto bad_args;
+    }
+    if (source && strcmp(source, "files") == 0 && !nresources) {
+        fprintf(stderr, "sluice-controller: --source files needs --resources PATH\n");
+        goto bad_args;
+    }
+    if (source && strcmp(source, "store") == 0 && nresources) {
+        fprintf(stderr, "sluice-controller: --resources serves files: use --source files (or "
+                        "leave --source out), not --source store\n");
+        goto bad_args;
+    }
+    if (kube && nresources) {
+        fprintf(stderr, "sluice-controller: --source kubernetes reads the API server; "
+                        "--resources cannot be given with it\n");
+        goto bad_args;
+    }
+    if ((kubeconfig || kube_ns) && !kube) {
+        fprintf(stderr, "sluice-controller: --%s is for --source kubernetes\n",
+                kubeconfig ? "kubeconfig" : "namespace");
+        goto bad_args;
+    }
     if (!stream_cert != !stream_key) {
         fprintf(stderr, "sluice-controller: --stream-tls-cert and --stream-tls-key go together "
                         "(the stream's certificate chain and its private key)\n");
@@ -315,6 +362,9 @@ int main(int argc, char **argv)
     char *rest_cert_pem = NULL, *rest_key_pem = NULL, *rest_ca_pem = NULL;
     sl_store_t *store = NULL;
     sl_controller_t *ctl = NULL;
+    sl_ksource_t *ks = NULL;
+    sl_kubeconfig_t kc;
+    int kc_loaded = 0;
     sl_stream_server_t *srv = NULL;
     sl_rest_t *rest = NULL;
     sl_watch_hub_t *hub = NULL; /* watches of the Kubernetes-compatible API */
@@ -354,6 +404,16 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    if (kube) {
+        if ((kubeconfig ? sl_kubeconfig_load(&kc, kubeconfig, err, sizeof(err))
+                        : sl_kubeconfig_in_cluster(&kc, SL_KUBECONFIG_SA_DIR, err, sizeof(err))) !=
+            0) {
+            sl_log_error("%s", err);
+            exit_code = 2;
+            goto out;
+        }
+        kc_loaded = 1;
+    }
     store = sl_store_open(data_dir, err, sizeof(err));
     if (!store) {
         sl_log_error("%s", err);
@@ -375,7 +435,17 @@ int main(int argc, char **argv)
         goto out_grpc;
     sl_controller_set_max_routes(ctl, max_routes);
     sl_controller_set_runtime_limits(ctl, (size_t)max_runtimes, runtime_expiry_s * 1000);
-    sl_controller_compile_now(ctl);
+    if (kube) {
+        /* Compiles once every kind is listed. */
+        kc_loaded = 0;
+        ks = sl_ksource_start(base, ctl, &kc, kube_ns, err, sizeof(err));
+        if (!ks) {
+            sl_log_error("--source kubernetes: %s", err);
+            goto out_grpc;
+        }
+    } else {
+        sl_controller_compile_now(ctl);
+    }
     sl_stream_hooks_t hooks = sl_controller_stream_hooks(ctl);
     sl_stream_tls_t stream_tls = {
         .cert_pem = stream_cert_pem, .key_pem = stream_key_pem, .client_ca_pem = stream_ca_pem};
@@ -395,12 +465,15 @@ int main(int argc, char **argv)
     sl_rest_options_t ropt = {
         .admin_token = token,
         .insecure = insecure,
-        .read_only = nresources > 0,
-        .static_set = nresources ? &files : NULL,
-        /* Not ready while versions cannot be persisted (the reason is in
-         * the 503). */
-        .is_ready = sl_controller_ready,
-        .ready_ctx = ctl,
+        .read_only = nresources > 0 || kube,
+        .static_set = ks ? sl_ksource_set(ks) : nresources ? &files : NULL,
+        .read_only_why = ks ? "the controller reads its resources from Kubernetes (--source "
+                              "kubernetes): write them to the cluster (kubectl apply) instead"
+                            : NULL,
+        /* Not ready while versions cannot be persisted, or before the
+         * first list of every kind (the reason is in the 503). */
+        .is_ready = ks ? sl_ksource_ready : sl_controller_ready,
+        .ready_ctx = ks ? (void *)ks : (void *)ctl,
         .tls_cert_pem = rest_cert_pem,
         .tls_key_pem = rest_key_pem,
         .max_body_bytes = (size_t)max_body,
@@ -441,7 +514,9 @@ int main(int argc, char **argv)
                   : stream_cert ? "TLS "
                                 : "",
                   sl_stream_server_port(srv), data_dir,
-                  nresources ? ", serving --resources files (read-only)" : "");
+                  nresources ? ", serving --resources files (read-only)"
+                  : kube     ? ", resources from Kubernetes (read-only)"
+                             : "");
     event_base_dispatch(base);
     event_free(sigterm);
     event_free(sigint);
@@ -457,6 +532,7 @@ out_grpc:
         sl_rest_free(rest);
     if (srv)
         sl_stream_server_stop(srv);
+    sl_ksource_stop(ks);
     if (ctl)
         sl_controller_free(ctl);
     grpc_shutdown();
@@ -466,6 +542,8 @@ out:
     if (base)
         event_base_free(base);
     sl_resource_set_free(&files);
+    if (kc_loaded)
+        sl_kubeconfig_free(&kc);
     sl_tls_files_free(stream_cert_pem);
     sl_tls_files_free(stream_key_pem);
     sl_tls_files_free(stream_ca_pem);

@@ -967,8 +967,10 @@ static void reply_read_only(call_t *c)
 {
     evhttp_add_header(evhttp_request_get_output_headers(c->req), "Allow", "GET, HEAD");
     reply_error(c->req, 405, "read_only", NULL,
-                "the controller runs from --resources files (immutable mode): change the files "
-                "and restart the controller instead of writing through the API");
+                c->rest->opt.read_only_why
+                    ? c->rest->opt.read_only_why
+                    : "the controller runs from --resources files (immutable mode): change the "
+                      "files and restart the controller instead of writing through the API");
 }
 
 /* Splits the part of the path after /api/v1 into segments. Returns the
@@ -1483,7 +1485,9 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
     r->port = bound_port(r->bound);
     sl_log_info("admin API listening on %s (port %d)%s%s%s", addr, r->port,
                 r->ssl_ctx ? ", HTTPS" : "", r->have_token ? ", bearer token required" : "",
-                r->opt.read_only ? ", read-only (--resources)" : "");
+                !r->opt.read_only         ? ""
+                : r->opt.read_only_why    ? ", read-only (--source kubernetes)"
+                                          : ", read-only (--resources)");
     return r;
 
 fail_http:

@@ -45,6 +45,10 @@ typedef struct {
     /* In read_only mode, GETs answer from this set (the files given to
      * --resources) instead of the store. Borrowed: must outlive the API. */
     const sl_resource_set_t *static_set;
+    /* Why writes are refused in read_only mode (NULL: the --resources
+     * files' message), e.g. "the controller reads Kubernetes (--source
+     * kubernetes): kubectl apply to the cluster instead". */
+    const char *read_only_why;
     /* /readyz answers 200 when this returns non-zero; else 503 with the
      * reason it wrote to `why` (e.g. the store refuses to persist versions).
      * NULL = ready as soon as the API is started. */

@@ -57,6 +57,7 @@ VARIANTS = {
                        "controller": {"persistence": {"enabled": False},
                                       "adminToken": {"existingSecret": "my-token"}},
                        "serviceAccount": {"create": False}, "rbac": {"create": False}},
+    "store": {"controller": {"source": "store", "replicas": 1}},
 }
 
 
@@ -150,6 +151,8 @@ def test_templates_render_to_valid_yaml(variant, tmp_path):
     notes = rendered["NOTES.txt"]
     assert "helm" not in notes or True
     assert "/api/v1/resources" in notes and "port-forward" in notes
+    assert ("kubectl -n sluice apply -f examples/quickstart.yaml" in notes) == \
+        (variant != "store")
 
 
 def test_defaults_controller():
@@ -158,7 +161,10 @@ def test_defaults_controller():
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert dep["spec"]["strategy"]["type"] == "Recreate" and dep["spec"]["replicas"] == 1
+    # --source kubernetes: the API server is the store, several replicas.
+    assert "strategy" not in dep["spec"] and dep["spec"]["replicas"] == 2
+    assert "--source=kubernetes" in c["args"] and "--namespace=sluice" in c["args"]
+    assert not [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
     assert "--admin-token-file=/etc/sluice/admin/token" in c["args"]
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     svc = find(objs, "Service", "controller")
@@ -217,6 +223,12 @@ def test_variants_switch_what_they_say():
     assert "--controller-ca=/etc/sluice/tls/ca.crt" in rargs["args"]
     assert "--stream-client-ca=/etc/sluice/tls/ca.crt" in cargs["args"]
     assert find(objs, "Service", "redis") and find(objs, "Deployment", "redis")
+    objs = objects(render(VARIANTS["store"])[0])
+    dep = find(objs, "Deployment", "controller")
+    assert dep["spec"]["strategy"]["type"] == "Recreate" and dep["spec"]["replicas"] == 1
+    assert not any(a.startswith("--source") for a in
+                   dep["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
 
 
 def test_every_flag_in_the_templates_exists_in_the_binaries():
@@ -247,7 +259,7 @@ def test_crds_of_the_chart_are_structural_and_generated():
 
 def test_docs_walk_from_helm_install_to_a_routed_request():
     text = open(os.path.join(REPO, "docs", "kubernetes.md")).read()
-    steps = ["helm install", "kubectl -n sluice get pods", "/api/v1/resources",
+    steps = ["helm install", "kubectl -n sluice get pods", "kubectl -n sluice apply -f",
              "examples/quickstart.yaml", "/petstore/v1/pets", "docker build"]
     pos = [text.find(s) for s in steps]
     assert all(p >= 0 for p in pos), [s for s, p in zip(steps, pos) if p < 0]

@@ -3,8 +3,8 @@
  * framing (Content-Length, chunked with extensions, the end of the
  * connection), statuses, truncated and malformed bodies, keep-alive and
  * a kept connection the server closed, refused connections, timeouts and
- * cancellation. TLS is exercised by the integration tests of its two users
- * (test_policy_jwt.py, test_traffic_log.py).
+ * cancellation; streamed bodies (sl_httpc_stream). TLS is exercised by the integration tests of its
+ * two users (test_policy_jwt.py, test_traffic_log.py).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +28,7 @@
 typedef struct {
     const char *text;
     int close;
+    int slow; /* written a few bytes at a time, as a watch streams */
 } reply_t;
 
 static struct {
@@ -68,8 +69,16 @@ static void *serve(void *arg)
                 usleep(500000); /* the client gives up first */
                 break;
             }
-            ssize_t w = write(fd, rp->text, strlen(rp->text));
-            (void)w;
+            size_t tl = strlen(rp->text);
+            for (size_t off = 0; off < tl;) {
+                size_t n = rp->slow ? (tl - off < 7 ? tl - off : 7) : tl - off;
+                ssize_t w = write(fd, rp->text + off, n);
+                if (w <= 0)
+                    break;
+                off += (size_t)w;
+                if (rp->slow)
+                    usleep(2000);
+            }
             if (rp->close)
                 break;
         }
@@ -117,13 +126,13 @@ static void test_framing_and_keep_alive(void **state)
 {
     (void)state;
     static const reply_t r[] = {
-        {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", 0},
+        {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", 0, 0},
         {"HTTP/1.1 200 OK\r\nTransfer-Encoding: "
          "chunked\r\n\r\n3\r\nhel\r\n2;x=y\r\nlo\r\n0\r\n\r\n",
-         0},
-        {"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found", 0},
-        {"HTTP/1.1 204 No Content\r\n\r\n", 0},
-        {"HTTP/1.0 200 OK\r\n\r\n{}", 1}, /* ends with the connection */
+         0, 0},
+        {"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found", 0, 0},
+        {"HTTP/1.1 204 No Content\r\n\r\n", 0, 0},
+        {"HTTP/1.0 200 OK\r\n\r\n{}", 1, 0}, /* ends with the connection */
     };
     serve_start(r, 5);
     sl_httpc_t c;
@@ -153,8 +162,8 @@ static void test_kept_connection_closed_by_the_server(void **state)
 {
     (void)state;
     static const reply_t r[] = {
-        {"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na", 1}, /* then closes */
-        {"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb", 0},
+        {"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na", 1, 0}, /* then closes */
+        {"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb", 0, 0},
     };
     serve_start(r, 2);
     sl_httpc_t c;
@@ -174,9 +183,9 @@ static void test_truncated_and_malformed(void **state)
 {
     (void)state;
     static const reply_t r[] = {
-        {"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort", 1},
-        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n", 1},
-        {"SMTP ready\r\n\r\n", 1},
+        {"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort", 1, 0},
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n", 1, 0},
+        {"SMTP ready\r\n\r\n", 1, 0},
     };
     serve_start(r, 3);
     sl_httpc_t c;
@@ -202,7 +211,7 @@ static int cancel_now(void *arg)
 static void test_refused_timeout_and_cancel(void **state)
 {
     (void)state;
-    static const reply_t r[] = {{NULL, 0}, {NULL, 0}};
+    static const reply_t r[] = {{NULL, 0, 0}, {NULL, 0, 0}};
     serve_start(r, 2);
     sl_httpc_t c;
     client(&c);
@@ -236,6 +245,97 @@ static void test_refused_timeout_and_cancel(void **state)
     assert_int_equal(sl_httpc_init(&c, "ftp://x/", &why), -1);
 }
 
+typedef struct {
+    char got[4096];
+    size_t len;
+    int pieces;
+    size_t stop_after; /* stop once this much arrived (0 = never) */
+} sink_t;
+
+static int sink(void *arg, const char *data, size_t len)
+{
+    sink_t *s = arg;
+    assert_true(s->len + len < sizeof(s->got));
+    memcpy(s->got + s->len, data, len);
+    s->len += len;
+    s->pieces++;
+    return s->stop_after && s->len >= s->stop_after;
+}
+
+static void test_stream(void **state)
+{
+    (void)state;
+    static const reply_t r[] = {
+        /* chunked, arriving a few bytes at a time, with an extension and a trailer */
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "d\r\n{\"type\":\"A\"}\n\r\ne;ext=1\r\n{\"type\":\"BB\"}\n\r\n0\r\nX-T: 1\r\n\r\n",
+         0, 1},
+        /* not a 2xx: read whole, no callback */
+        {"HTTP/1.1 410 Gone\r\nContent-Length: 7\r\n\r\nexpired", 0, 0},
+        /* Content-Length */
+        {"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nabcdef", 0, 1},
+        /* the callback stops reading */
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n", 0, 0},
+        /* the connection drops mid-body */
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n", 1, 0},
+    };
+    serve_start(r, 5);
+    sl_httpc_t c;
+    client(&c);
+    const char *body;
+    size_t len;
+    sink_t s = {0};
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len),
+                     200);
+    assert_int_equal(s.len, 13 + 14);
+    assert_memory_equal(s.got, "{\"type\":\"A\"}\n{\"type\":\"BB\"}\n", 27);
+    assert_true(s.pieces > 2); /* handed over as it arrived */
+    memset(&s, 0, sizeof(s));
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len),
+                     410);
+    assert_int_equal(s.pieces, 0);
+    assert_int_equal(len, 7);
+    assert_memory_equal(body, "expired", 7);
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len),
+                     200);
+    assert_int_equal(s.len, 6);
+    assert_memory_equal(s.got, "abcdef", 6);
+    /* Three on one kept connection. */
+    assert_int_equal(srv.connections, 1);
+    memset(&s, 0, sizeof(s));
+    s.stop_after = 3;
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len),
+                     200);
+    assert_int_equal(s.len, 3);
+    memset(&s, 0, sizeof(s));
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 2000, sink, &s, &body, &len), 0);
+    assert_non_null(strstr(c.why, "closed the connection mid-response"));
+    assert_int_equal(s.len, 3); /* what came before the drop was handed over */
+    sl_httpc_free(&c);
+    serve_stop();
+}
+
+static void test_stream_idle_timeout(void **state)
+{
+    (void)state;
+    /* The head, one chunk, then nothing while the server waits. */
+    static const reply_t r[] = {
+        {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n", 0, 0},
+        {NULL, 0, 0},
+    };
+    serve_start(r, 2);
+    sl_httpc_t c;
+    client(&c);
+    const char *body;
+    size_t len;
+    sink_t s = {0};
+    assert_int_equal(sl_httpc_stream(&c, "GET", "/w", NULL, 2000, 150, sink, &s, &body, &len), 0);
+    assert_non_null(strstr(c.why, "timed out"));
+    assert_int_equal(s.len, 2);
+    sl_httpc_free(&c);
+    serve_stop();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -243,6 +343,8 @@ int main(void)
         cmocka_unit_test(test_kept_connection_closed_by_the_server),
         cmocka_unit_test(test_truncated_and_malformed),
         cmocka_unit_test(test_refused_timeout_and_cancel),
+        cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_stream_idle_timeout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
