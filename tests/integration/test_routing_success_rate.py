@@ -330,6 +330,12 @@ def test_invalid_routing_is_refused_with_the_field(origins, runtimes):
     rt.reload_invalid(config(port, steady, flaky, routing={
         "successRate": {"window": 10}}))
     assert "only used with strategy: success-rate" in rt.log()
+    # Success rate among a rule's output is not built yet: refused, never
+    # silently ignored in favour of the rules.
+    rt.reload_invalid(config(port, steady, flaky, routing={
+        "strategy": "success-rate", "default": {"backend": "steady"}}))
+    assert "spec.routing.strategy: success-rate picks among backendRefs" in rt.log(), \
+        rt.log()[-2000:]
 
 
 # --- the decision API --------------------------------------------------------
