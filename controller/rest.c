@@ -28,6 +28,7 @@
 #include "objects.h"
 
 #include "bearer.h"
+#include "rest_tls.h"
 #include "hostport.h"
 #include "log.h"
 
@@ -81,7 +82,6 @@ struct sl_rest {
     sl_kapi_t *kapi;  /* the Kubernetes-compatible paths */
 };
 
-static bool is_loopback(const char *host);
 
 /* What a request is about, once the path is parsed. */
 enum target {
@@ -1187,7 +1187,7 @@ static bool refuse_browser(call_t *c, bool kube)
         return false;
     const char *host = evhttp_find_header(in, "Host");
     char name[256];
-    if (host && (!host_name(host, name, sizeof(name)) || !is_loopback(name))) {
+    if (host && (!host_name(host, name, sizeof(name)) || !sl_rest_tls_loopback_host(name))) {
         static const char msg[] = "without --admin-token-file the admin API answers only to a "
                                   "loopback Host (localhost, 127.0.0.1, [::1]); this protects it "
                                   "from DNS rebinding";
@@ -1269,19 +1269,6 @@ static void on_request(struct evhttp_request *req, void *arg)
 /* ---- life cycle ----------------------------------------------------------- */
 
 /* Splits "host:port" or "[v6]:port". Returns 0, or -1 with err set. */
-
-static bool is_loopback(const char *host)
-{
-    struct in_addr a4;
-    struct in6_addr a6;
-    if (strcasecmp(host, "localhost") == 0)
-        return true;
-    if (inet_pton(AF_INET, host, &a4) == 1)
-        return (ntohl(a4.s_addr) >> 24) == 127;
-    if (inet_pton(AF_INET6, host, &a6) == 1)
-        return IN6_IS_ADDR_LOOPBACK(&a6);
-    return false;
-}
 
 static int bound_port(struct evhttp_bound_socket *bound)
 {
@@ -1420,7 +1407,7 @@ sl_rest_t *sl_rest_start(struct event_base *base, const char *addr, sl_store_t *
         r->have_token = true;
         sl_bearer_digest(opt->admin_token, strlen(opt->admin_token), r->token_sha256);
     }
-    if (!is_loopback(host) && !r->have_token && !r->opt.insecure) {
+    if (!sl_rest_tls_loopback_host(host) && !r->have_token && !r->opt.insecure) {
         set_err(err, errlen,
                 "--rest %s: refusing to serve the admin API on a non-loopback address without "
                 "--admin-token-file (or pass --insecure-admin)",

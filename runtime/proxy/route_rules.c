@@ -8,13 +8,13 @@
 
 #include "generation.h"
 #include "lb.h"
+#include "router.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <math.h>
 #include <pcre2.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -456,33 +456,6 @@ struct sl_gen_cluster *sl_route_rules_head_cluster(const sl_route_rules_t *rr)
 
 /* ---- evaluating ------------------------------------------------------------ */
 
-static __thread pcre2_match_data *tls_match_data;
-static pthread_key_t match_data_key;
-static pthread_once_t match_data_once = PTHREAD_ONCE_INIT;
-static bool match_data_key_ok;
-
-static void match_data_destroy(void *p)
-{
-    pcre2_match_data_free(p);
-}
-
-static void match_data_key_init(void)
-{
-    match_data_key_ok = pthread_key_create(&match_data_key, match_data_destroy) == 0;
-}
-
-static pcre2_match_data *thread_match_data(void)
-{
-    if (tls_match_data)
-        return tls_match_data;
-    pthread_once(&match_data_once, match_data_key_init);
-    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    if (md && match_data_key_ok)
-        pthread_setspecific(match_data_key, md);
-    tls_match_data = md;
-    return md;
-}
-
 /* Per evaluation: what was looked up once (the client address). */
 typedef struct {
     const sl_route_attrs_t *a;
@@ -789,7 +762,7 @@ static int cond_eval(eval_t *e, const cond_t *c)
     case SLUICE__V1__ROUTE_MATCH__OP__PREFIX:
         return v.len >= c->values[0].len && memcmp(v.ptr, c->values[0].ptr, c->values[0].len) == 0;
     case SLUICE__V1__ROUTE_MATCH__OP__REGEX: {
-        pcre2_match_data *md = thread_match_data();
+        pcre2_match_data *md = sl_router_match_data();
         if (!md)
             return 0;
         return pcre2_match(c->re, (PCRE2_SPTR)(v.ptr ? v.ptr : ""), v.len, 0, 0, md, NULL) >= 0;

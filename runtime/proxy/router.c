@@ -443,7 +443,7 @@ static void match_data_key_init(void)
 /* One pair of offsets is enough for every pattern: the router only asks
  * whether a regex matches, never for captures (a too-small ovector makes
  * pcre2_jit_match return 0, which still means "matched"). */
-static pcre2_match_data *thread_match_data(void)
+pcre2_match_data *sl_router_match_data(void)
 {
     if (sl_likely(tls_match_data != NULL))
         return tls_match_data;
@@ -1193,7 +1193,7 @@ typedef struct {
  * amount of time and never routes a request it was not proven to match. */
 static bool regex_match(mctx_t *c, const pcre2_code *re, const char *s, size_t n)
 {
-    pcre2_match_data *md = thread_match_data();
+    pcre2_match_data *md = sl_router_match_data();
     if (sl_unlikely(!md)) {
         c->error = true;
         return false;

@@ -58,4 +58,10 @@ void sl_router_free(sl_router_t *router);
 int sl_router_match(const sl_router_t *router, const sl_router_request_t *req,
                     sl_router_result_t *res);
 
+/* The calling thread's PCRE2 match data (one pair of offsets: the router
+ * and the routing rules only ask whether a regex matches), made on first
+ * use and freed when the thread exits; NULL when out of memory. */
+struct pcre2_real_match_data_8;
+struct pcre2_real_match_data_8 *sl_router_match_data(void);
+
 #endif

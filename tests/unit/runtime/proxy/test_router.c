@@ -958,7 +958,7 @@ static void test_regex_match_limit_is_no_match(void **state)
     /* Exponential backtracking: PCRE2's own default limit (10,000,000)
      * would spend tens of ms here; the router's limit stops it early and
      * the request is simply not routed by that regex. */
-    pcre2_match_data *md = thread_match_data();
+    pcre2_match_data *md = sl_router_match_data();
     assert_non_null(md);
     assert_int_equal(
         pcre2_jit_match(r->routes[0].path_re, (PCRE2_SPTR)path, strlen(path), 0, 0, md, r->mctx),
