@@ -25,10 +25,10 @@
 const char *const sl_mirror_result_names[SL_MIRROR__N] = {"sent", "failed", "dropped", "skipped"};
 
 typedef struct sl_mirror_copy {
-    char url[96];    /* "http://host:port" */
-    char *method;    /* the strings below point into this one allocation */
+    char url[96]; /* "http://host:port" */
+    char *method; /* the strings below point into this one allocation */
     char *target;
-    char *headers;   /* "Name: value\r\n" lines */
+    char *headers; /* "Name: value\r\n" lines */
     char *body;
     size_t body_len;
 } copy_t;
@@ -85,10 +85,10 @@ static void send_copy(copy_t *cp)
     sl_httpc_t *c = client_for(cp->url);
     const char *rbody;
     size_t rlen;
-    int status = c ? sl_httpc_request(c, cp->method, cp->target, cp->headers,
-                                      cp->body_len ? cp->body : NULL, cp->body_len,
-                                      MIRROR_TIMEOUT_MS, &rbody, &rlen)
-                   : 0;
+    int status =
+        c ? sl_httpc_request(c, cp->method, cp->target, cp->headers, cp->body_len ? cp->body : NULL,
+                             cp->body_len, MIRROR_TIMEOUT_MS, &rbody, &rlen)
+          : 0;
     atomic_fetch_add_explicit(&counts[status ? SL_MIRROR_SENT : SL_MIRROR_FAILED], 1,
                               memory_order_relaxed);
     if (!status && c)

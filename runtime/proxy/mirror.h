@@ -48,8 +48,7 @@ struct sl_mirror_copy *sl_mirror_prepare(const char *host_port, sl_str_t method,
 /* Worker: adds the body (when the request has one, read whole) and hands
  * the copy to the mirror thread through this worker's ring; drops and
  * counts it when the ring is full. The copy is no longer the caller's. */
-void sl_mirror_push(unsigned worker, struct sl_mirror_copy *cp, const char *body,
-                    size_t body_len);
+void sl_mirror_push(unsigned worker, struct sl_mirror_copy *cp, const char *body, size_t body_len);
 void sl_mirror_discard(struct sl_mirror_copy *cp);
 
 /* Counts a request that was not mirrored (streamed body, too large). */

@@ -38,7 +38,7 @@ typedef struct cond {
     pcre2_code *re;
     cidr_t *cidrs;
     size_t ncidrs;
-    int seg;              /* PATH_PARAM: segment index, -1 = not in this route's path */
+    int seg;                 /* PATH_PARAM: segment index, -1 = not in this route's path */
     size_t seg_pre, seg_suf; /* literal bytes around the parameter in its segment */
     struct cond *kids;
     size_t nkids;
@@ -54,10 +54,10 @@ typedef struct {
 typedef struct {
     size_t ntargets;
     target_t *targets;
-    uint32_t *weights;  /* [ntargets] for sl_lb_swrr_pick (0 -> 1, unusable) */
-    uint8_t *usable;    /* [ntargets]: weight > 0 */
-    int64_t *swrr;      /* [nworkers * stride] */
-    size_t stride;      /* a row per worker, whole cache lines */
+    uint32_t *weights; /* [ntargets] for sl_lb_swrr_pick (0 -> 1, unusable) */
+    uint8_t *usable;   /* [ntargets]: weight > 0 */
+    int64_t *swrr;     /* [nworkers * stride] */
+    size_t stride;     /* a row per worker, whole cache lines */
 } output_t;
 
 typedef struct {
@@ -225,7 +225,8 @@ static int cond_build(sl_route_rules_t *rr, cond_t *c, const Sluice__V1__RouteMa
         }
         (void)pcre2_jit_compile(c->re, PCRE2_JIT_COMPLETE); /* interpreted if JIT is unavailable */
     } else if ((c->op <= SLUICE__V1__ROUTE_MATCH__OP__PREFIX) && pb->n_values < 1) {
-        snprintf(err, errlen, "condition on %s without a value", c->name.len ? c->name.ptr : "an attribute");
+        snprintf(err, errlen, "condition on %s without a value",
+                 c->name.len ? c->name.ptr : "an attribute");
         return -1;
     }
     return 0;
@@ -254,7 +255,8 @@ static int output_alloc(output_t *o, size_t n, unsigned nworkers)
     o->swrr = aligned_alloc(64, (nworkers ? nworkers : 1) * (o->stride ? o->stride : 8) *
                                     sizeof(*o->swrr));
     if (o->swrr)
-        memset(o->swrr, 0, (nworkers ? nworkers : 1) * (o->stride ? o->stride : 8) * sizeof(*o->swrr));
+        memset(o->swrr, 0,
+               (nworkers ? nworkers : 1) * (o->stride ? o->stride : 8) * sizeof(*o->swrr));
     return o->targets && o->weights && o->usable && o->swrr ? 0 : -1;
 }
 
@@ -487,8 +489,7 @@ static sl_str_t query_decode(sl_str_t v, char *buf, size_t cap)
         char ch = v.ptr[i];
         if (ch == '+') {
             ch = ' ';
-        } else if (ch == '%' && i + 2 < v.len && hex(v.ptr[i + 1]) >= 0 &&
-                   hex(v.ptr[i + 2]) >= 0) {
+        } else if (ch == '%' && i + 2 < v.len && hex(v.ptr[i + 1]) >= 0 && hex(v.ptr[i + 2]) >= 0) {
             ch = (char)(hex(v.ptr[i + 1]) * 16 + hex(v.ptr[i + 2]));
             i += 2;
         }
@@ -506,8 +507,8 @@ static int json_value(eval_t *e, json_t *v, sl_str_t *out)
     if (json_is_string(v)) {
         *out = (sl_str_t){json_string_value(v), json_string_length(v)};
     } else if (json_is_integer(v)) {
-        int n = snprintf(e->numbuf, sizeof(e->numbuf), "%" JSON_INTEGER_FORMAT,
-                         json_integer_value(v));
+        int n =
+            snprintf(e->numbuf, sizeof(e->numbuf), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
         *out = (sl_str_t){e->numbuf, (size_t)n};
     } else if (json_is_real(v)) {
         int n = snprintf(e->numbuf, sizeof(e->numbuf), "%.17g", json_real_value(v));
@@ -531,7 +532,8 @@ static int attr_value(eval_t *e, const cond_t *c, sl_str_t *out, char *scratch, 
     case SLUICE__V1__ROUTE_MATCH__ATTR__HEADER:
         for (size_t i = 0; i < a->num_headers; i++) {
             const sl_http1_header_t *h = &a->headers[i];
-            if (h->name.len == c->name.len && strncasecmp(h->name.ptr, c->name.ptr, c->name.len) == 0) {
+            if (h->name.len == c->name.len &&
+                strncasecmp(h->name.ptr, c->name.ptr, c->name.len) == 0) {
                 *out = h->value;
                 return 1;
             }

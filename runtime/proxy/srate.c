@@ -122,8 +122,7 @@ static void window_record(window_t *w, uint32_t n, int ok, uint32_t now_rel_ms,
                           uint32_t elim_floor_q24, int share)
 {
     if (share)
-        atomic_fetch_add_explicit(ok ? &w->pending_ok : &w->pending_fail, 1,
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(ok ? &w->pending_ok : &w->pending_fail, 1, memory_order_relaxed);
     uint32_t pos = atomic_fetch_add_explicit(&w->head, 1, memory_order_relaxed) % n;
     uint8_t old =
         atomic_exchange_explicit(&w->slots[pos], (uint8_t)(ok != 0), memory_order_relaxed);
@@ -616,19 +615,18 @@ static void share_group(sl_srate_group_t *g, share_conn_t *c)
             char okb[16], fb[16];
             snprintf(okb, sizeof(okb), "%u", ok);
             snprintf(fb, sizeof(fb), "%u", fail);
-            const char *argv[] = {"XADD", stream,           "MAXLEN", "~",          SHARE_STREAM_MAX,
-                                  "*",    "rt",             share.id, "k",          k->name,
-                                  "b",    g->backend_names[b], "ok",  okb,          "f",
-                                  fb};
+            const char *argv[] = {"XADD",   stream, "MAXLEN", "~", SHARE_STREAM_MAX,    "*",  "rt",
+                                  share.id, "k",    k->name,  "b", g->backend_names[b], "ok", okb,
+                                  "f",      fb};
             redisAsyncCommandArgv(c->ac, NULL, NULL, 16, argv, NULL);
         }
     }
     pthread_mutex_unlock(&g->lock);
     if (!g->reading) {
         char *scope = strdup(g->scope);
-        if (scope && redisAsyncCommand(c->ac, share_on_read, scope,
-                                       "XREAD COUNT 10000 STREAMS %s %s", stream,
-                                       g->last_id) == REDIS_OK)
+        if (scope &&
+            redisAsyncCommand(c->ac, share_on_read, scope, "XREAD COUNT 10000 STREAMS %s %s",
+                              stream, g->last_id) == REDIS_OK)
             g->reading = 1;
         else
             free(scope);

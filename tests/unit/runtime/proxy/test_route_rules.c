@@ -78,9 +78,10 @@ static void test_rules_pick_and_missing_is_false(void **state)
     static char *cb[] = {"ns/b"}, *cc[] = {"ns/c", "ns/a"}, *ca[] = {"ns/a"};
     Sluice__V1__RouteMatch *m0[] = {cond(SLUICE__V1__ROUTE_MATCH__ATTR__HEADER, "x-canary",
                                          SLUICE__V1__ROUTE_MATCH__OP__EQUALS, on, 1, 0)};
-    Sluice__V1__RouteMatch *m1[] = {
-        cond(SLUICE__V1__ROUTE_MATCH__ATTR__QUERY, "cur", SLUICE__V1__ROUTE_MATCH__OP__IN, eu, 2, 0),
-        cond(SLUICE__V1__ROUTE_MATCH__ATTR__CLIENT_IP, "", SLUICE__V1__ROUTE_MATCH__OP__IN, net, 2, 0)};
+    Sluice__V1__RouteMatch *m1[] = {cond(SLUICE__V1__ROUTE_MATCH__ATTR__QUERY, "cur",
+                                         SLUICE__V1__ROUTE_MATCH__OP__IN, eu, 2, 0),
+                                    cond(SLUICE__V1__ROUTE_MATCH__ATTR__CLIENT_IP, "",
+                                         SLUICE__V1__ROUTE_MATCH__OP__IN, net, 2, 0)};
     Sluice__V1__RouteOutput o0, o1, od;
     Sluice__V1__RouteOutput__Target t0, t1, td, *tp0[1], *tp1[1], *tpd[1];
     Sluice__V1__RouteRule r0 = SLUICE__V1__ROUTE_RULE__INIT, r1 = SLUICE__V1__ROUTE_RULE__INIT;
@@ -97,13 +98,13 @@ static void test_rules_pick_and_missing_is_false(void **state)
     pb.n_rules = 2;
     pb.default_output = out1(ca, 1, 1, &td, &od, tpd);
     char err[300];
-    sl_route_rules_t *rr = sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, 2, err,
-                                                sizeof(err));
+    sl_route_rules_t *rr =
+        sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, 2, err, sizeof(err));
     assert_non_null(rr);
 
     sl_http1_header_t h[] = {{{"X-Canary", 8}, {"on", 2}}};
-    sl_route_attrs_t a = {.method = {"GET", 3}, .headers = h, .num_headers = 1,
-                          .client_ip = "192.0.2.1"};
+    sl_route_attrs_t a = {
+        .method = {"GET", 3}, .headers = h, .num_headers = 1, .client_ip = "192.0.2.1"};
     sl_route_choice_t ch;
     sl_route_rules_eval(rr, &a, 0, &ch);
     assert_int_equal(ch.rule, 0);
@@ -152,8 +153,8 @@ static void test_split_is_exact_per_worker(void **state)
     Sluice__V1__Routing pb = SLUICE__V1__ROUTING__INIT;
     pb.default_output = &o;
     char err[300];
-    sl_route_rules_t *rr = sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, 2, err,
-                                                sizeof(err));
+    sl_route_rules_t *rr =
+        sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, 2, err, sizeof(err));
     assert_non_null(rr);
     int count[3] = {0};
     sl_route_attrs_t a = {0};
