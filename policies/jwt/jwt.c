@@ -24,6 +24,7 @@
  * (jwks_fetch.c).
  */
 #include "consumers.h"
+#include "cookie.h"
 #include "jwk.h"
 #include "jwks_fetch.h"
 #include "policy.h"
@@ -807,19 +808,8 @@ static int find_cookie(const sl_policy_req_t *req, const char *name, sl_str_t *o
         const sl_policy_header_t *h = &req->headers[i];
         if (h->name.len != 6 || strncasecmp(h->name.ptr, "cookie", 6) != 0)
             continue;
-        const char *p = h->value.ptr, *end = p + h->value.len;
-        while (p < end) {
-            while (p < end && (*p == ' ' || *p == ';'))
-                p++;
-            const char *e = memchr(p, ';', (size_t)(end - p));
-            if (!e)
-                e = end;
-            if ((size_t)(e - p) > nl && memcmp(p, name, nl) == 0 && p[nl] == '=') {
-                *out = (sl_str_t){p + nl + 1, (size_t)(e - p - nl - 1)};
-                return 1;
-            }
-            p = e;
-        }
+        if (sl_cookie_find(h->value.ptr, h->value.len, name, nl, out))
+            return 1;
     }
     return 0;
 }

@@ -6,6 +6,7 @@
  */
 #include "route_rules.h"
 
+#include "cookie.h"
 #include "generation.h"
 #include "lb.h"
 #include "router.h"
@@ -560,25 +561,8 @@ static int attr_value(eval_t *e, const cond_t *c, sl_str_t *out, char *scratch, 
             const sl_http1_header_t *h = &a->headers[i];
             if (h->name.len != 6 || strncasecmp(h->name.ptr, "cookie", 6) != 0)
                 continue;
-            const char *p = h->value.ptr, *end = p + h->value.len;
-            while (p < end) {
-                while (p < end && (*p == ' ' || *p == ';'))
-                    p++;
-                const char *semi = memchr(p, ';', (size_t)(end - p));
-                const char *pe = semi ? semi : end;
-                const char *eq = memchr(p, '=', (size_t)(pe - p));
-                if (eq && (size_t)(eq - p) == c->name.len &&
-                    memcmp(p, c->name.ptr, c->name.len) == 0) {
-                    const char *vs = eq + 1, *ve = pe;
-                    while (ve > vs && ve[-1] == ' ')
-                        ve--;
-                    if (ve - vs >= 2 && *vs == '"' && ve[-1] == '"')
-                        vs++, ve--;
-                    *out = (sl_str_t){vs, (size_t)(ve - vs)};
-                    return 1;
-                }
-                p = pe;
-            }
+            if (sl_cookie_find(h->value.ptr, h->value.len, c->name.ptr, c->name.len, out))
+                return 1;
         }
         return 0;
     case SLUICE__V1__ROUTE_MATCH__ATTR__PATH_PARAM: {
