@@ -49,6 +49,9 @@
 #                                     headers + cors), for the cost of policies
 #   PROXIES="... sluice-jwt ..."      also sluice-runtime with the jwt policy alone
 #                                     (RS256, a 2048-bit key inline)
+#   PROXIES="... sluice-rr sluice-srate ..."  sluice-runtime with an Api of two
+#                                     Backends: the default weighted pick, and
+#                                     routing.strategy: success-rate (its cost)
 #   PROXIES="... nginx-chain ..."     also nginx with the chain's nginx equivalent
 #                                     (map of API keys + limit_req + add_header)
 #                                     The three policy variants run the GET and POST
@@ -149,7 +152,7 @@ SWEEP_DURATION=${SWEEP_DURATION:-5s}
 RATE_LOADS=${RATE_LOADS:-"25 50 75"}
 RATE_DURATION=${RATE_DURATION:-10}
 RATE_CONNECTIONS=${RATE_CONNECTIONS:-50}
-FEATURE_PROXIES=${FEATURE_PROXIES:-"sluice-log-file sluice-log-http sluice-chain sluice-jwt nginx-log nginx-chain"}
+FEATURE_PROXIES=${FEATURE_PROXIES:-"sluice-log-file sluice-log-http sluice-chain sluice-jwt sluice-rr sluice-srate nginx-log nginx-chain"}
 FEATURE_TESTS=${FEATURE_TESTS:-"https_get h2c"}
 CPUS=${CPUS:-$(nproc)}
 # Set per measurement: the route set, the worker count and CPUs of the proxy.
@@ -163,10 +166,12 @@ RUNTIME="$BUILD/bin/sluice-runtime"
 CHAIN_KEY=bench-key-0123456789
 POLICY_PROXIES="sluice-chain sluice-jwt nginx-chain"
 is_policy_proxy() { case " $POLICY_PROXIES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+ROUTING_PROXIES="sluice-rr sluice-srate"
+is_routing_proxy() { case " $ROUTING_PROXIES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 LOG_PROXIES="sluice-log-file sluice-log-http sluice-log-es sluice-log-ch nginx-log"
 is_log_proxy() { case " $LOG_PROXIES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # A variant (policies, traffic log) runs the plain HTTP/1.1 tests only.
-is_variant_proxy() { is_policy_proxy "$1" || is_log_proxy "$1"; }
+is_variant_proxy() { is_policy_proxy "$1" || is_log_proxy "$1" || is_routing_proxy "$1"; }
 WITH_POLICIES=""
 in_section() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 ALL_PROXIES=$PROXIES
@@ -215,7 +220,7 @@ fi
 GRPC_CALLS=${GRPC_CALLS:-10000}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
-case " $ALL_PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "* | *" sluice-log-"*)
+case " $ALL_PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "* | *" sluice-log-"* | *" sluice-rr "* | *" sluice-srate "*)
     [ -x "$RUNTIME" ] || die "$RUNTIME not found: build it first (make BUILD=$BUILD)" ;;
 esac
 [ -z "${die_early:-}" ] || die "BASELINE=$BASELINE is not an executable sluice-runtime"
@@ -490,13 +495,27 @@ start_proxy() { # name
     local name=$1 port=$PORT dir="$TMP/$1"
     mkdir -p "$dir"
     case $name in
-    sluice | sluice-base | sluice-chain | sluice-jwt | sluice-log-*)
+    sluice | sluice-base | sluice-chain | sluice-jwt | sluice-log-* | sluice-rr | sluice-srate)
         local bin=$RUNTIME
         [ "$name" != sluice-base ] || bin=$BASELINE
         # sluice-chain: the realistic chain of the policy issue on the Api
         # (the rate limit far above what one core can send, so every request
         # pays for the check and none is refused).
-        local chain="" consumer=""
+        local chain="" consumer="" refs="[{name: origin}]" backend2=""
+        # sluice-rr / sluice-srate: the cost of success-rate routing against
+        # the default weighted pick, both over two Backends (the same origin,
+        # so every request succeeds and both stay in the choice).
+        if is_routing_proxy "$name"; then
+            refs="[{name: origin}, {name: origin2}]"
+            backend2="---
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Backend
+metadata: {name: origin2}
+spec:
+  endpoints:
+  - {address: 127.0.0.1, port: $ORIGIN_PORT}"
+        fi
+        [ "$name" != sluice-srate ] || chain="  routing: {strategy: success-rate}"
         if [ "$name" = sluice-jwt ]; then
             chain="  policies:
   - name: jwt
@@ -571,6 +590,7 @@ metadata: {name: origin}
 spec:
   endpoints:
   - {address: 127.0.0.1, port: $ORIGIN_PORT}
+$backend2
 EOF
         if [ "$ROUTES" = 1 ]; then
             cat >>"$dir/sluice.yaml" <<EOF
@@ -580,7 +600,7 @@ kind: Api
 metadata: {name: bench}
 spec:
   basePath: /
-  backendRefs: [{name: origin}]
+  backendRefs: $refs
 $chain
   operations:
   - {name: all, method: "*", path: /, pathType: prefix}
@@ -1062,9 +1082,8 @@ fi
 # --- features: each against plain GET through its proxy, one section ---------
 # FEATURE_PROXIES are start_proxy's variants (traffic log sinks, policy
 # chains); FEATURE_TESTS run through the plain proxies (TLS, HTTP/2).
-# Success-rate routing: when it lands, add its variant to start_proxy (e.g.
-# "sluice-srr": a Backend of several endpoints with success-rate balancing),
-# to FEATURE_PROXIES' default and to FEATURES in perf/bench_report.py.
+# Success-rate routing: sluice-srate against sluice-rr (the same two
+# Backends with the default weighted pick).
 FEAT_RESULTS="$TMP/feature_results"
 : >"$FEAT_RESULTS"
 if in_section features; then

@@ -22,7 +22,8 @@ TEST_NAMES = {"get": "GET", "post1k": "POST 1 KB", "post5k": "POST 5 KB", "post1
               "get_close": "GET, new connection per request", "https_get": "HTTPS GET (TLS 1.3)",
               "h2c": "HTTP/2 (h2c) GET", "h2tls": "HTTP/2 over TLS GET"}
 # Cost of features: the row's proxy (and test) against its base proxy's plain
-# GET of the same section. Success-rate routing: add its variant here.
+# GET of the same section; success-rate routing against the weighted pick
+# over the same two Backends.
 FEATURES = {
     "sluice-log-file": ("sluice", "traffic log, file sink"),
     "sluice-log-http": ("sluice", "traffic log, http sink"),
@@ -30,6 +31,8 @@ FEATURES = {
     "sluice-log-ch": ("sluice", "traffic log, clickhouse sink"),
     "sluice-chain": ("sluice", "policy chain: api-key + rate-limit + headers + cors"),
     "sluice-jwt": ("sluice", "policy: jwt (RS256)"),
+    "sluice-rr": ("sluice", "two Backends, weighted pick"),
+    "sluice-srate": ("sluice-rr", "two Backends, success-rate routing"),
     "nginx-log": ("nginx", "JSON access_log"),
     "nginx-chain": ("nginx", "chain equivalent: key map + limit_req + add_header"),
 }
@@ -284,7 +287,9 @@ def features(a, md, plot):
         if proxy in PLAIN and test == "get":
             out.append([proxy, "plain proxying (HTTP/1.1 GET)", proxy, test, fmt(v["rps"]),
                         fmt(v["cpu"], 2), v["errors"], fmt(v["cpu"], 2), "0.00", "1.00"])
-    out.sort(key=lambda r: (PLAIN.index(r[0]) if r[0] in PLAIN else 9, r[9] != "1.00", r[1]))
+    def root(base):  # sluice-srate's base is sluice-rr, a variant of sluice
+        return base if base in PLAIN or base not in FEATURES else FEATURES[base][0]
+    out.sort(key=lambda r: (PLAIN.index(root(r[0])) if root(r[0]) in PLAIN else 9, r[9] != "1.00", r[1]))
     write_csv(a.outdir, "features.csv", ["base", "feature", "proxy", "test", "requests_per_s",
                                          "cpu_us_per_request", "errors", "base_cpu_us_per_request",
                                          "added_cpu_us", "cpu_ratio"], out)
@@ -295,7 +300,9 @@ def features(a, md, plot):
               'set xtics rotate by -45 left font ",8"\n'
               'plot "%s" using 0:2:3:xtic(1) with boxes lc variable\n' % d, size="1100,700")
     table(md, "Cost of features", "GET through each variant against plain GET through its proxy, in this section "
-              "(wrk, %s connections; TLS = HTTPS GET over TLS 1.3 with wrk, HTTP/2 = h2load h2c). "
+              "(wrk, %s connections; TLS = HTTPS GET over TLS 1.3 with wrk, HTTP/2 = h2load h2c); "
+              "success-rate routing against the weighted pick over the same two Backends (the "
+              "`plain GET µs` column then holds the weighted pick's). "
               "CSV: [features.csv](%sfeatures.csv)." % (a.connections, a.img_prefix),
           ["proxy", "feature", ">requests/s", ">CPU µs/request", ">errors", ">plain GET µs",
            ">added µs", ">ratio"], [[r[2], r[1]] + r[4:] for r in out], "features",
