@@ -21,6 +21,16 @@
  * The controller must already run; the program creates Backend and Api
  * "fanout-probe" (in the default namespace) and changes the Api each round.
  * It exits 1 when a stream fails or a round times out (10 s).
+ *
+ * With --controller-pid PID it also reports the controller's memory (VmRSS
+ * before the clients, after they synced: per connected client) and CPU
+ * time (utime + stime) of each phase. --storm then drops every stream at
+ * once and reconnects all clients together, twice: first as runtimes that
+ * kept their config (each reports the versions it runs: the controller
+ * should send nothing), then as runtimes that restarted empty (the whole
+ * config to every one); each storm reports the time until every client is
+ * served again, the responses received and the controller's CPU and peak
+ * memory (sampled every 10 ms).
  */
 #include "grpc_util.h"
 #include "sluice/v1/discovery.pb-c.h"
@@ -70,6 +80,9 @@ typedef struct client {
     send_item_t *send_head, *send_tail;
     int send_busy;
     int over;
+    int pending; /* batches started and not completed yet */
+    int responses;
+    double started_ms; /* when the stream was up (0: not yet) */
     char acked[SL_XDS__COUNT][VERSION_LEN];
     int received[SL_XDS__COUNT];
     double routes_acked_ms; /* monotonic ms of the last routes ACK */
@@ -81,6 +94,9 @@ static grpc_completion_queue *cq;
 static const char *fleet = "default";
 static double last_push_ms;
 static int failed;
+static int ctl_pid;
+static long ctl_peak_kb;
+static double last_sample_ms;
 
 static double now_ms(void)
 {
@@ -99,8 +115,10 @@ static void start_send(client_t *c)
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_SEND_MESSAGE;
     op.data.send_message.send_message = c->send_head->bb;
-    if (grpc_call_start_batch(c->call, &op, 1, &c->t_send, NULL) == GRPC_CALL_OK)
+    if (grpc_call_start_batch(c->call, &op, 1, &c->t_send, NULL) == GRPC_CALL_OK) {
         c->send_busy = 1;
+        c->pending++;
+    }
 }
 
 /* Queues one DiscoveryRequest; gRPC allows one send in flight per call. */
@@ -141,9 +159,14 @@ static int arm_recv(client_t *c)
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &c->recv_buf;
-    return grpc_call_start_batch(c->call, &op, 1, &c->t_recv, NULL) == GRPC_CALL_OK ? 0 : -1;
+    if (grpc_call_start_batch(c->call, &op, 1, &c->t_recv, NULL) != GRPC_CALL_OK)
+        return -1;
+    c->pending++;
+    return 0;
 }
 
+/* Opens the client's channel and stream; subscribes to every type with the
+ * versions in c->acked (empty: a new runtime). */
 static int client_start(client_t *c, const char *target)
 {
     /* A local subchannel pool: otherwise channels with equal arguments share
@@ -178,6 +201,7 @@ static int client_start(client_t *c, const char *target)
     ops[1].data.recv_initial_metadata.recv_initial_metadata = &c->md_initial;
     if (grpc_call_start_batch(c->call, ops, 2, &c->t_start, NULL) != GRPC_CALL_OK)
         return -1;
+    c->pending++;
     grpc_op st;
     memset(&st, 0, sizeof(st));
     st.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -186,10 +210,11 @@ static int client_start(client_t *c, const char *target)
     st.data.recv_status_on_client.status_details = &c->status_details;
     if (grpc_call_start_batch(c->call, &st, 1, &c->t_status, NULL) != GRPC_CALL_OK)
         return -1;
+    c->pending++;
     if (arm_recv(c) != 0)
         return -1;
     for (int t = 0; t < SL_XDS__COUNT; t++)
-        if (queue_request(c, t, "", "", t == 0) != 0)
+        if (queue_request(c, t, c->acked[t], "", t == 0) != 0)
             return -1;
     return 0;
 }
@@ -209,6 +234,7 @@ static void on_response(client_t *c)
     if (t >= 0) {
         snprintf(c->acked[t], sizeof(c->acked[t]), "%s", resp->version_info);
         c->received[t] = 1;
+        c->responses++;
         if (queue_request(c, t, resp->version_info, resp->nonce, 0) != 0)
             failed = 1;
         if (t == SL_XDS_ROUTE)
@@ -218,6 +244,51 @@ static void on_response(client_t *c)
     protobuf_c_message_free_unpacked(&resp->base, NULL);
 }
 
+/* ---- the controller's memory and CPU (--controller-pid) -------------------- */
+
+static long ctl_rss_kb(void)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", ctl_pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+/* utime + stime of the controller in ms, -1 without --controller-pid. */
+static double ctl_cpu_ms(void)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", ctl_pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command may hold spaces */
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
+}
+
+static void sample_peak(void)
+{
+    if (!ctl_pid || now_ms() - last_sample_ms < 10)
+        return;
+    last_sample_ms = now_ms();
+    long kb = ctl_rss_kb();
+    if (kb > ctl_peak_kb)
+        ctl_peak_kb = kb;
+}
+
 /* Runs the completion queue for up to `ms`, or until done() says so. */
 static void pump(double ms, int (*done)(void *), void *arg)
 {
@@ -225,6 +296,7 @@ static void pump(double ms, int (*done)(void *), void *arg)
     while (!failed && now_ms() < end) {
         if (done && done(arg))
             return;
+        sample_peak();
         grpc_event ev = grpc_completion_queue_next(
             cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(5, GPR_TIMESPAN)),
             NULL);
@@ -234,12 +306,14 @@ static void pump(double ms, int (*done)(void *), void *arg)
             break;
         tag_t *tag = ev.tag;
         client_t *c = tag->c;
+        c->pending--;
         switch (tag->kind) {
         case TAG_START:
             if (!ev.success) {
                 fprintf(stderr, "%s: stream did not start\n", c->node_id);
                 failed = 1;
             }
+            c->started_ms = now_ms();
             break;
         case TAG_RECV:
             if (ev.success && c->recv_buf) {
@@ -276,10 +350,13 @@ static void pump(double ms, int (*done)(void *), void *arg)
 static int all_synced(void *arg)
 {
     (void)arg;
-    for (int i = 0; i < nclients; i++)
+    for (int i = 0; i < nclients; i++) {
+        if (!clients[i].started_ms)
+            return 0;
         for (int t = 0; t < SL_XDS__COUNT; t++)
             if (!clients[i].received[t])
                 return 0;
+    }
     return now_ms() - last_push_ms > QUIET_MS;
 }
 
@@ -290,6 +367,121 @@ static int all_changed(void *arg)
         if (strcmp(clients[i].acked[SL_XDS_ROUTE], before[i]) == 0)
             return 0;
     return 1;
+}
+
+/* Cancels every stream and waits until each call's batches have all
+ * completed (so no tag of an old call arrives after its client is reused),
+ * then frees the calls and channels: the clients' TCP connections close. */
+static void stop_all(void)
+{
+    if (!clients)
+        return;
+    for (int i = 0; i < nclients; i++)
+        if (clients[i].call)
+            grpc_call_cancel(clients[i].call, NULL);
+    for (double end = now_ms() + 10000; now_ms() < end;) {
+        int left = 0;
+        for (int i = 0; i < nclients; i++)
+            left += clients[i].pending;
+        if (!left)
+            break;
+        grpc_event ev = grpc_completion_queue_next(
+            cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(100, GPR_TIMESPAN)),
+            NULL);
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        tag_t *tag = ev.tag;
+        client_t *c = tag->c;
+        c->pending--;
+        if (tag->kind == TAG_STATUS) {
+            c->over = 1;
+            grpc_slice_unref(c->status_details);
+        } else if (tag->kind == TAG_RECV && c->recv_buf) {
+            grpc_byte_buffer_destroy(c->recv_buf);
+            c->recv_buf = NULL;
+        } else if (tag->kind == TAG_SEND) {
+            send_item_t *it = c->send_head;
+            c->send_head = it->next;
+            if (!c->send_head)
+                c->send_tail = NULL;
+            grpc_byte_buffer_destroy(it->bb);
+            free(it);
+            c->send_busy = 0;
+        }
+    }
+    for (int i = 0; i < nclients; i++) {
+        client_t *c = &clients[i];
+        while (c->send_head) {
+            send_item_t *it = c->send_head;
+            c->send_head = it->next;
+            grpc_byte_buffer_destroy(it->bb);
+            free(it);
+        }
+        c->send_tail = NULL;
+        c->send_busy = 0;
+        if (c->call) {
+            grpc_call_unref(c->call);
+            grpc_metadata_array_destroy(&c->md_initial);
+            grpc_metadata_array_destroy(&c->md_trailing);
+        }
+        if (c->channel)
+            grpc_channel_destroy(c->channel);
+        c->call = NULL;
+        c->channel = NULL;
+        c->over = 0;
+        c->pending = 0;
+        c->started_ms = 0;
+    }
+}
+
+/* A reconnect storm: every stream dropped, then every client reconnects at
+ * once, reporting the versions it runs (keep) or none (a restarted, empty
+ * runtime). Served again: each client has its stream and, when it came
+ * empty, every type; then a quiet period without pushes. */
+static int storm(const char *target, int keep)
+{
+    stop_all();
+    for (int i = 0; i < nclients; i++) {
+        clients[i].responses = 0;
+        for (int t = 0; t < SL_XDS__COUNT; t++) {
+            clients[i].received[t] = keep;
+            if (!keep)
+                clients[i].acked[t][0] = '\0';
+        }
+    }
+    ctl_peak_kb = ctl_pid ? ctl_rss_kb() : 0;
+    double cpu0 = ctl_pid ? ctl_cpu_ms() : 0;
+    double t0 = now_ms();
+    last_push_ms = t0;
+    for (int i = 0; i < nclients; i++)
+        if (client_start(&clients[i], target) != 0) {
+            fprintf(stderr, "controller_fanout: storm: cannot restart client %d\n", i);
+            return -1;
+        }
+    pump(60000, all_synced, NULL);
+    if (failed || !all_synced(NULL)) {
+        fprintf(stderr, "controller_fanout: storm: the %d clients were not served in 60 s\n",
+                nclients);
+        return -1;
+    }
+    double served = last_push_ms - t0, took = 0;
+    for (int i = 0; i < nclients; i++)
+        if (clients[i].started_ms - t0 > took)
+            took = clients[i].started_ms - t0;
+    long responses = 0;
+    for (int i = 0; i < nclients; i++)
+        responses += clients[i].responses;
+    printf("storm (%s): %d clients reconnected at once: %s in %.0f ms, %ld responses "
+           "(%.2f per client)",
+           keep ? "with the versions they run" : "empty", nclients,
+           keep ? "all streams up, nothing left to push" : "all served", keep ? took : served,
+           responses, (double)responses / nclients);
+    if (ctl_pid)
+        printf("; controller CPU %.0f ms, peak RSS %.1f MB", ctl_cpu_ms() - cpu0,
+               (double)ctl_peak_kb / 1024.0);
+    printf("\n");
+    fflush(stdout);
+    return 0;
 }
 
 /* ---- REST ----------------------------------------------------------------- */
@@ -360,11 +552,12 @@ static double pct(const double *sorted, int n, double p)
 int main(int argc, char **argv)
 {
     const char *target = "127.0.0.1:18000", *rest = "127.0.0.1:9090";
-    int rounds = 10;
+    int rounds = 10, with_storm = 0;
     static const struct option longopts[] = {
         {"controller", required_argument, NULL, 'c'}, {"rest", required_argument, NULL, 'r'},
         {"clients", required_argument, NULL, 'n'},    {"rounds", required_argument, NULL, 'k'},
-        {"fleet", required_argument, NULL, 'f'},      {NULL, 0, NULL, 0},
+        {"fleet", required_argument, NULL, 'f'},      {"controller-pid", required_argument, NULL, 'p'},
+        {"storm", no_argument, NULL, 's'},            {NULL, 0, NULL, 0},
     };
     int ch;
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -384,9 +577,16 @@ int main(int argc, char **argv)
         case 'f':
             fleet = optarg;
             break;
+        case 'p':
+            ctl_pid = atoi(optarg);
+            break;
+        case 's':
+            with_storm = 1;
+            break;
         default:
             fprintf(stderr, "usage: controller_fanout --controller HOST:PORT --rest HOST:PORT "
-                            "[--clients N] [--rounds K] [--fleet NAME]\n");
+                            "[--clients N] [--rounds K] [--fleet NAME] [--controller-pid PID] "
+                            "[--storm]\n");
             return 2;
         }
     }
@@ -414,6 +614,12 @@ int main(int argc, char **argv)
         goto fail;
     }
 
+    if (ctl_pid && ctl_rss_kb() < 0) {
+        fprintf(stderr, "controller_fanout: --controller-pid %d: no such process\n", ctl_pid);
+        goto fail;
+    }
+    long rss0 = ctl_pid ? ctl_rss_kb() : 0;
+    double cpu0 = ctl_pid ? ctl_cpu_ms() : 0;
     double t0 = now_ms();
     for (int i = 0; i < nclients; i++) {
         clients[i].index = i;
@@ -430,6 +636,14 @@ int main(int argc, char **argv)
     }
     printf("clients %d synced in %.0f ms (incl. %d ms quiet period)\n", nclients, now_ms() - t0,
            QUIET_MS);
+    if (ctl_pid) {
+        long rss1 = ctl_rss_kb();
+        printf("controller: RSS %.1f MB before the clients, %.1f MB with them: %.1f KB per "
+               "connected client; CPU to connect and sync them %.0f ms\n",
+               rss0 / 1024.0, rss1 / 1024.0, (double)(rss1 - rss0) / nclients, ctl_cpu_ms() - cpu0);
+    }
+    fflush(stdout);
+    double cpu_rounds = ctl_pid ? ctl_cpu_ms() : 0;
 
     for (int r = 0; r < rounds; r++) {
         for (int i = 0; i < nclients; i++)
@@ -468,64 +682,17 @@ int main(int argc, char **argv)
         pump(QUIET_MS, NULL, NULL);
     }
     qsort(alls, (size_t)rounds, sizeof(*alls), cmp_double);
-    printf("summary: %d clients, %d rounds: all ACKed in p50 %.1f ms, max %.1f ms\n", nclients,
+    printf("summary: %d clients, %d rounds: all ACKed in p50 %.1f ms, max %.1f ms", nclients,
            rounds, pct(alls, rounds, 50), alls[rounds - 1]);
+    if (ctl_pid)
+        printf("; controller CPU %.1f ms per round", (ctl_cpu_ms() - cpu_rounds) / rounds);
+    printf("\n");
+    fflush(stdout);
+    if (with_storm && (storm(target, 1) != 0 || storm(target, 0) != 0))
+        goto fail;
     exit_code = 0;
 fail:
-    if (clients) {
-        for (int i = 0; i < nclients; i++) {
-            client_t *c = &clients[i];
-            if (c->call)
-                grpc_call_cancel(c->call, NULL);
-        }
-        /* Drain every outstanding batch before the calls go. */
-        failed = 0;
-        for (int left = 1; left;) {
-            left = 0;
-            for (int i = 0; i < nclients; i++)
-                left |= clients[i].call && !clients[i].over;
-            if (!left)
-                break;
-            grpc_event ev =
-                grpc_completion_queue_next(cq,
-                                           gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                                        gpr_time_from_millis(1000, GPR_TIMESPAN)),
-                                           NULL);
-            if (ev.type != GRPC_OP_COMPLETE)
-                break;
-            tag_t *tag = ev.tag;
-            if (tag->kind == TAG_STATUS) {
-                tag->c->over = 1;
-                grpc_slice_unref(tag->c->status_details);
-            } else if (tag->kind == TAG_RECV && tag->c->recv_buf) {
-                grpc_byte_buffer_destroy(tag->c->recv_buf);
-                tag->c->recv_buf = NULL;
-            } else if (tag->kind == TAG_SEND) {
-                send_item_t *it = tag->c->send_head;
-                tag->c->send_head = it->next;
-                if (!tag->c->send_head)
-                    tag->c->send_tail = NULL;
-                grpc_byte_buffer_destroy(it->bb);
-                free(it);
-                tag->c->send_busy = 0;
-            }
-        }
-        for (int i = 0; i < nclients; i++) {
-            client_t *c = &clients[i];
-            while (c->send_head) {
-                send_item_t *it = c->send_head;
-                c->send_head = it->next;
-                grpc_byte_buffer_destroy(it->bb);
-                free(it);
-            }
-            if (c->call)
-                grpc_call_unref(c->call);
-            if (c->channel)
-                grpc_channel_destroy(c->channel);
-            grpc_metadata_array_destroy(&c->md_initial);
-            grpc_metadata_array_destroy(&c->md_trailing);
-        }
-    }
+    stop_all();
     grpc_completion_queue_shutdown(cq);
     while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
            GRPC_QUEUE_SHUTDOWN)

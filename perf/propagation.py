@@ -20,8 +20,10 @@ Three measurements, all with the real binaries:
    answers, the runtime's RSS (VmRSS after, and the peak sampled every 20 ms)
    and, with N routes in place, the cost of one small change (a state of the
    world push rebuilds the whole table).
-3. fanout: perf/controller_fanout (make perf-tools) with 200 simulated
-   runtimes pushing one change to all.
+3. fanout: perf/controller_fanout (make perf-tools) with 1,000 simulated
+   runtimes pushing one change to all; the controller's memory per connected
+   runtime; a reconnect storm of all of them at once (with the versions they
+   run, then empty).
 
 Usage (root: the runtimes get network namespaces):
 
@@ -309,7 +311,8 @@ def measure_fanout(nclients, rounds):
     try:
         cpu0 = read_cpu_s(ctl.proc.pid)
         cmd = [tool, "--controller", ctl.stream_addr, "--rest", "127.0.0.1:%d" % ctl.rest_port,
-               "--clients", str(nclients), "--rounds", str(rounds)]
+               "--clients", str(nclients), "--rounds", str(rounds),
+               "--controller-pid", str(ctl.proc.pid), "--storm"]
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            timeout=600)
         cpu = read_cpu_s(ctl.proc.pid) - cpu0
@@ -318,8 +321,12 @@ def measure_fanout(nclients, rounds):
             raise RuntimeError("controller_fanout failed: %s %s" % (r.stdout, r.stderr))
         addrs = {x["address"] for x in ctl.ok("GET", "/api/v1/runtimes")["items"]}
         m = re.search(r"all ACKed in p50 ([\d.]+) ms, max ([\d.]+) ms", r.stdout)
+        per = re.search(r"([\d.]+) KB per connected client", r.stdout)
+        storms = re.findall(r"storm \((.*?)\): .* in (\d+) ms, .*peak RSS ([\d.]+) MB", r.stdout)
         return {"clients": nclients, "rounds": rounds, "output": r.stdout.strip(),
                 "all_p50_ms": float(m.group(1)), "all_max_ms": float(m.group(2)),
+                "kb_per_client": float(per.group(1)),
+                "storms": [(what, int(ms), float(peak)) for what, ms, peak in storms],
                 "connections": len(addrs), "controller_cpu_s": cpu,
                 "controller_rss_mb": rss / 1024.0}
     finally:
@@ -412,9 +419,11 @@ def report(results, argv):
     if results.get("fanout"):
         f = results["fanout"]
         out.append("### Fan-out: one change to %d simulated runtimes\n" % f["clients"])
-        out.append("`build/perf/controller_fanout --clients %d --rounds %d` against a fresh "
-                   "controller: %d gRPC streams on %d TCP connections; time from the REST answer "
-                   "until every client received and ACKed the new routes version.\n"
+        out.append("`build/perf/controller_fanout --clients %d --rounds %d --controller-pid PID "
+                   "--storm` against a fresh controller: %d gRPC streams on %d TCP connections; "
+                   "time from the REST answer until every client received and ACKed the new "
+                   "routes version; then every stream dropped and all clients reconnecting at "
+                   "once, first with the versions they run, then empty.\n"
                    % (f["clients"], f["rounds"], f["clients"], f["connections"]))
         out.append("    " + "\n    ".join(f["output"].splitlines()))
         out.append("")
@@ -422,7 +431,7 @@ def report(results, argv):
                    "(sync + rounds): %.2f s; controller RSS with %d streams: %.1f MB.\n"
                    % (f["clients"], f["all_p50_ms"], f["all_max_ms"], f["controller_cpu_s"],
                       f["clients"], f["controller_rss_mb"]))
-    out.append("### Targets (issue 3)\n")
+    out.append("### Targets (issues 3 and 14)\n")
     for line in targets(results):
         out.append("- " + line)
     out.append("")
@@ -449,6 +458,11 @@ def targets(results):
     if f:
         lines.append("%d runtimes ACKed one change in %.1f ms at worst (target < 1 s): %s" % (
             f["clients"], f["all_max_ms"], "met" if f["all_max_ms"] < 1000 else "**missed**"))
+        lines.append("controller memory per connected runtime: %.1f KB (issue 14 target < 50 KB): "
+                     "%s" % (f["kb_per_client"], "met" if f["kb_per_client"] < 50 else "**missed**"))
+        for what, ms, peak in f["storms"]:
+            lines.append("reconnect storm of all %d runtimes (%s): served again in %d ms, "
+                         "controller peak RSS %.1f MB" % (f["clients"], what, ms, peak))
     return lines
 
 
@@ -459,7 +473,7 @@ def main():
     ap.add_argument("--routes", default="10,1000,10000")
     ap.add_argument("--changes", type=int, default=50)
     ap.add_argument("--apply-routes", default="10000,100000")
-    ap.add_argument("--fanout", type=int, default=200)
+    ap.add_argument("--fanout", type=int, default=1000)
     ap.add_argument("--fanout-rounds", type=int, default=10)
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks-controller.md"),
                     help="report file (its 'Config propagation' section is replaced), or -")
