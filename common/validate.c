@@ -478,6 +478,33 @@ static void check_string_any(sl_vctx_t *c, json_t *v, const void *arg)
         sl_validate_error(c, "expected string, got %s", type_name(v));
 }
 
+/* metadata.managedFields (controller/ssa.c keeps them): entries with a
+ * manager and an operation; the field sets are read leniently there. */
+static void check_managed_fields(sl_vctx_t *c, json_t *v, const void *arg)
+{
+    (void)arg;
+    if (!json_is_array(v)) {
+        sl_validate_error(c, "expected list, got %s", type_name(v));
+        return;
+    }
+    if (json_array_size(v) > 1000) {
+        sl_validate_error(c, "at most 1000 entries");
+        return;
+    }
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        size_t saved = sl_validate_push_index(c, i);
+        if (!json_is_object(e))
+            sl_validate_error(c, "expected object, got %s", type_name(e));
+        else if (!json_is_string(json_object_get(e, "manager")) ||
+                 !json_is_string(json_object_get(e, "operation")))
+            sl_validate_error(c, "an entry needs manager and operation (strings)");
+        sl_validate_pop(c, saved);
+    }
+}
+
 static const sl_vrange_t generation_range = {0, INT64_MAX};
 
 static const sl_vfield_t metadata_fields[] = {
@@ -491,6 +518,7 @@ static const sl_vfield_t metadata_fields[] = {
     {"generation", sl_vcheck_int, &generation_range, 0},
     {"uid", check_string_any, NULL, 0},
     {"creationTimestamp", check_string_any, NULL, 0},
+    {"managedFields", check_managed_fields, NULL, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t metadata_schema = {metadata_fields, NULL};

@@ -11,11 +11,10 @@
  * subresource, meta/v1 Status errors, and handing watches to the watch hub
  * (watch.h).
  *
- * What server-side apply does here: the applied configuration is merged
- * into the live object like a JSON merge patch (created when absent).
- * There is no field ownership (managedFields), so no apply conflicts and
- * force changes nothing; a field removed from the applied file is left in
- * place (as a client-side apply without last-applied would).
+ * Server-side apply and every other write keep metadata.managedFields
+ * (ssa.c): an apply that would change another manager's field conflicts
+ * (409 with the fields, unless force=true), and a field its manager no
+ * longer applies is removed, as on a cluster.
  *
  * Not responsible for: the socket, TLS, the bearer token and the bound on
  * bodies (rest.c), durability and server metadata (store.c), what status
@@ -26,6 +25,7 @@
 
 #include "crd.h"
 #include "objects.h"
+#include "ssa.h"
 #include "validate.h"
 
 #include "log.h"
@@ -101,6 +101,8 @@ typedef struct {
     bool status_sub; /* .../{name}/status */
     bool dry_run;
     enum field_validation fv;
+    char manager[129]; /* fieldManager, else the User-Agent's product */
+    bool force;        /* server-side apply: take conflicting fields */
 } kreq_t;
 
 /* ---- replies -------------------------------------------------------------- */
@@ -747,11 +749,12 @@ static json_t *write_params(bool patch)
 {
     json_t *p =
         json_pack("[o, o, o]", query_param("dryRun", "All: validate and answer without persisting"),
-                  query_param("fieldManager", "the writer's name (recorded nowhere)"),
+                  query_param("fieldManager", "the writer's name, recorded in metadata.managedFields"),
                   query_param("fieldValidation", "Strict, Warn (default) or Ignore: what "
                                                  "unknown fields do"));
     if (patch)
-        json_array_append_new(p, query_param("force", "server-side apply: accepted, no effect"));
+        json_array_append_new(
+            p, query_param("force", "server-side apply: take the fields other managers own"));
     return p;
 }
 
@@ -1591,7 +1594,7 @@ static void commit(kreq_t *r, json_t *obj, json_t *old, const char *expect)
         reply_conflict(r, name, cur, expect);
         return;
     }
-    if (old && sl_objects_same_user_fields(old, obj)) {
+    if (old && sl_objects_same_user_fields(old, obj) && sl_ssa_same_ownership(old, obj)) {
         reply_object(r, 200, old);
         return;
     }
@@ -1685,6 +1688,55 @@ static int check_identity(kreq_t *r, json_t *obj, bool name_from_path)
     return 0;
 }
 
+static void now_rfc3339(char *out, size_t len)
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* An ordinary write (create, replace, merge or JSON patch) by the request's
+ * manager: it owns what it changed (ssa.h). */
+static void record_update(kreq_t *r, json_t *old, json_t *obj)
+{
+    char now[32];
+    now_rfc3339(now, sizeof(now));
+    sl_ssa_update(old, obj, r->manager, now);
+}
+
+/* 409 Conflict of a server-side apply, as a cluster words it (kubectl
+ * prints the causes and suggests --force-conflicts). */
+static void reply_apply_conflicts(kreq_t *r, json_t *conflicts)
+{
+    json_t *causes = json_array();
+    struct evbuffer *b = evbuffer_new();
+    size_t i;
+    json_t *c;
+    json_array_foreach(conflicts, i, c)
+    {
+        const char *m = json_string_value(json_object_get(c, "manager"));
+        const char *f = json_string_value(json_object_get(c, "field"));
+        char msg[300];
+        snprintf(msg, sizeof(msg), "conflict with \"%.128s\" using %s", m, KAPI_GV);
+        json_array_append_new(causes, json_pack("{s:s, s:s, s:s}", "reason",
+                                                "FieldManagerConflict", "message", msg, "field",
+                                                f));
+        if (b)
+            evbuffer_add_printf(b, "%s%s: %s", i ? ", " : "", msg, f);
+    }
+    if (b)
+        evbuffer_add(b, "", 1);
+    json_t *d = details_of(r, r->name);
+    json_object_set_new(d, "kind", json_string(sl_kind_plural(r->kind)));
+    json_object_set_new(d, "causes", causes);
+    size_t n = json_array_size(conflicts);
+    reply_status(r->req, 409, "Conflict", d, "Apply failed with %zu conflict%s: %s", n,
+                 n == 1 ? "" : "s", b ? (const char *)evbuffer_pullup(b, -1) : "");
+    if (b)
+        evbuffer_free(b);
+}
+
 static const char *body_rv(json_t *obj)
 {
     const char *rv = meta_str(obj, "resourceVersion");
@@ -1712,6 +1764,7 @@ static void handle_create(kreq_t *r)
     }
     /* A create ignores a resourceVersion copied from another object. */
     json_object_del(json_object_get(obj, "metadata"), "resourceVersion");
+    record_update(r, NULL, obj);
     commit(r, obj, NULL, "");
 out:
     json_decref(old);
@@ -1777,6 +1830,7 @@ static void handle_replace(kreq_t *r)
     }
     if (validate(r, obj, r->name) != 0)
         goto out;
+    record_update(r, old, obj);
     commit(r, obj, old, body_rv(obj));
 out:
     json_decref(old);
@@ -1800,21 +1854,47 @@ static void handle_patch(kreq_t *r)
                                              : "");
         return;
     }
+    if (r->force && !apply) {
+        reply_status(r->req, 422, "Invalid", NULL,
+                     "force: Forbidden: may not be specified for non-apply patch");
+        return;
+    }
+    if (apply && !evhttp_find_header(&r->q, "fieldManager")) {
+        reply_status(r->req, 422, "Invalid", NULL,
+                     "fieldManager: Required value: is required for apply patch");
+        return;
+    }
     json_t *patch = read_body(r, !jsonp);
     if (!patch)
         return;
-    json_t *old = NULL, *patched = NULL;
+    json_t *old = NULL, *patched = NULL, *conflicts = NULL;
     if (apply && check_identity(r, patch, true) != 0)
         goto out;
     int found = load(r, r->ns, r->name, &old);
     if (found < 0)
         goto out;
+    if (apply && !r->status_sub) {
+        /* Server-side apply (creating when absent): field ownership. */
+        char now[32];
+        now_rfc3339(now, sizeof(now));
+        int rc = sl_ssa_apply(found == 0 ? old : NULL, patch, r->manager, r->force, now,
+                              &patched, &conflicts);
+        if (rc == 1) {
+            reply_apply_conflicts(r, conflicts);
+            goto out;
+        }
+        if (rc != 0) {
+            reply_status(r->req, 400, "BadRequest", NULL, "the applied configuration must be "
+                                                          "an object");
+            goto out;
+        }
+        if (check_identity(r, patched, true) != 0 || validate(r, patched, r->name) != 0)
+            goto out;
+        commit(r, patched, found == 0 ? old : NULL, found == 0 ? body_rv(patched) : "");
+        goto out;
+    }
     if (found == 1) {
-        /* Server-side apply creates; the other patches need an object. */
-        if (apply && !r->status_sub && validate(r, patch, r->name) == 0)
-            commit(r, patch, NULL, "");
-        else if (!apply || r->status_sub)
-            reply_not_found(r, r->ns, r->name);
+        reply_not_found(r, r->ns, r->name);
         goto out;
     }
     patched = json_deep_copy(old);
@@ -1840,8 +1920,10 @@ static void handle_patch(kreq_t *r)
     }
     if (check_identity(r, patched, true) != 0 || validate(r, patched, r->name) != 0)
         goto out;
+    record_update(r, old, patched);
     commit(r, patched, old, body_rv(patched));
 out:
+    json_decref(conflicts);
     json_decref(patched);
     json_decref(old);
     json_decref(patch);
@@ -1921,6 +2003,31 @@ static int write_options(kreq_t *r)
                      "fieldValidation: Unsupported value: \"%.40s\": supported values: "
                      "\"Ignore\", \"Strict\", \"Warn\"",
                      fv);
+        return -1;
+    }
+    const char *fm = evhttp_find_header(&r->q, "fieldManager");
+    if (fm && fm[0]) {
+        size_t n = strlen(fm);
+        bool printable = n <= 128;
+        for (size_t i = 0; printable && i < n; i++)
+            printable = fm[i] >= 0x20 && fm[i] < 0x7f;
+        if (!printable) {
+            reply_status(r->req, 422, "Invalid", NULL,
+                         "fieldManager: Invalid value: must be at most 128 printable ASCII "
+                         "characters");
+            return -1;
+        }
+        snprintf(r->manager, sizeof(r->manager), "%s", fm);
+    } else {
+        sl_ssa_default_manager(
+            evhttp_find_header(evhttp_request_get_input_headers(r->req), "User-Agent"),
+            r->manager, sizeof(r->manager));
+    }
+    const char *force = evhttp_find_header(&r->q, "force");
+    r->force = force && strcmp(force, "true") == 0;
+    if (force && strcmp(force, "true") != 0 && strcmp(force, "false") != 0) {
+        reply_status(r->req, 400, "BadRequest", NULL,
+                     "force: Invalid value: \"%.40s\": true or false", force);
         return -1;
     }
     return 0;

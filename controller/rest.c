@@ -26,6 +26,7 @@
 #include "ctrl_metrics.h"
 #include "kapi.h"
 #include "objects.h"
+#include "ssa.h"
 
 #include "bearer.h"
 #include "rest_tls.h"
@@ -759,6 +760,15 @@ static void handle_write(call_t *c)
         }
     }
     bool created = !old;
+    {
+        /* Field ownership for kubectl's server-side apply (ssa.h): this
+         * write's manager is the client's product name ("curl"). */
+        char manager[129];
+        sl_ssa_default_manager(
+            evhttp_find_header(evhttp_request_get_input_headers(c->req), "User-Agent"), manager,
+            sizeof(manager));
+        sl_ssa_update(old, obj, manager, NULL);
+    }
     json_decref(old);
 
     char err[512] = "";

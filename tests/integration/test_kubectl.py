@@ -273,6 +273,57 @@ def test_kubectl_server_side_apply(env):
 
 
 @needs_kubectl
+def test_kubectl_server_side_apply_owns_fields(env):
+    """Field ownership as on a cluster: a field another manager changed
+    conflicts (kubectl names the manager and the field), --force-conflicts
+    takes it, and a field removed from the applied file is removed."""
+    seed(env)
+    doc = api_doc("owned", base_path="/owned", labels={"team": "pay"},
+                  timeouts={"request": "5s"})
+    applied = json.dumps(doc)
+    r = env.kubectl("apply", "--server-side", "-f", "-", input=applied)
+    assert "serverside-applied" in r.stdout, r
+    r = env.kubectl("get", "api", "owned", "-o", "json", "--show-managed-fields")
+    mf = json.loads(r.stdout)["metadata"]["managedFields"]
+    assert [(e["manager"], e["operation"]) for e in mf] == [("kubectl", "Apply")], mf
+    assert mf[0]["fieldsType"] == "FieldsV1"
+    assert "f:basePath" in mf[0]["fieldsV1"]["f:spec"]
+    assert "f:team" in mf[0]["fieldsV1"]["f:metadata"]["f:labels"]
+
+    # Someone patches basePath: the next apply of the file conflicts.
+    env.kubectl("patch", "api", "owned", "--type", "merge", "-p",
+                '{"spec": {"basePath": "/patched"}}')
+    r = env.kubectl("apply", "--server-side", "-f", "-", input=applied, expect=1)
+    assert 'conflict with "kubectl-patch"' in r.stderr and ".spec.basePath" in r.stderr, r.stderr
+    assert env.http("GET", NS + "/apis/owned")[2]["spec"]["basePath"] == "/patched"
+    # The same conflict over HTTP: a 409 Status with one cause per field.
+    status, _, st = env.http("PATCH", NS + "/apis/owned?fieldManager=kubectl", applied,
+                             ctype="application/apply-patch+yaml")
+    assert_status(st, 409, "Conflict")
+    assert st["details"]["causes"] == [{
+        "reason": "FieldManagerConflict", "field": ".spec.basePath",
+        "message": 'conflict with "kubectl-patch" using gateway.sluice.dev/v1alpha1'}], st
+    r = env.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=applied)
+    assert env.http("GET", NS + "/apis/owned")[2]["spec"]["basePath"] == "/owned"
+
+    # The file loses its label and its timeouts: the object loses them.
+    del doc["metadata"]["labels"]
+    del doc["spec"]["timeouts"]
+    env.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(doc))
+    now = env.http("GET", NS + "/apis/owned")[2]
+    assert "labels" not in now["metadata"] and "timeouts" not in now["spec"], now
+
+    # Apply needs a field manager; force only goes with apply.
+    status, _, st = env.http("PATCH", NS + "/apis/owned", applied,
+                             ctype="application/apply-patch+yaml")
+    assert_status(st, 422, "Invalid")
+    assert "fieldManager" in st["message"]
+    status, _, st = env.http("PATCH", NS + "/apis/owned?force=true", {"spec": {}},
+                             ctype="application/merge-patch+json")
+    assert_status(st, 422, "Invalid")
+
+
+@needs_kubectl
 def test_kubectl_invalid_api_prints_causes(env):
     bad = api_doc("bad", base_path="no-slash")
     bad["spec"]["operations"] = [{"method": "FETCH", "path": "/a"}]
