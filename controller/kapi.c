@@ -747,11 +747,11 @@ static json_t *path_param(const char *name)
 
 static json_t *write_params(bool patch)
 {
-    json_t *p =
-        json_pack("[o, o, o]", query_param("dryRun", "All: validate and answer without persisting"),
-                  query_param("fieldManager", "the writer's name, recorded in metadata.managedFields"),
-                  query_param("fieldValidation", "Strict, Warn (default) or Ignore: what "
-                                                 "unknown fields do"));
+    json_t *p = json_pack(
+        "[o, o, o]", query_param("dryRun", "All: validate and answer without persisting"),
+        query_param("fieldManager", "the writer's name, recorded in metadata.managedFields"),
+        query_param("fieldValidation", "Strict, Warn (default) or Ignore: what "
+                                       "unknown fields do"));
     if (patch)
         json_array_append_new(
             p, query_param("force", "server-side apply: take the fields other managers own"));
@@ -1719,9 +1719,8 @@ static void reply_apply_conflicts(kreq_t *r, json_t *conflicts)
         const char *f = json_string_value(json_object_get(c, "field"));
         char msg[300];
         snprintf(msg, sizeof(msg), "conflict with \"%.128s\" using %s", m, KAPI_GV);
-        json_array_append_new(causes, json_pack("{s:s, s:s, s:s}", "reason",
-                                                "FieldManagerConflict", "message", msg, "field",
-                                                f));
+        json_array_append_new(causes, json_pack("{s:s, s:s, s:s}", "reason", "FieldManagerConflict",
+                                                "message", msg, "field", f));
         if (b)
             evbuffer_add_printf(b, "%s%s: %s", i ? ", " : "", msg, f);
     }
@@ -1877,15 +1876,16 @@ static void handle_patch(kreq_t *r)
         /* Server-side apply (creating when absent): field ownership. */
         char now[32];
         now_rfc3339(now, sizeof(now));
-        int rc = sl_ssa_apply(found == 0 ? old : NULL, patch, r->manager, r->force, now,
-                              &patched, &conflicts);
+        int rc = sl_ssa_apply(found == 0 ? old : NULL, patch, r->manager, r->force, now, &patched,
+                              &conflicts);
         if (rc == 1) {
             reply_apply_conflicts(r, conflicts);
             goto out;
         }
         if (rc != 0) {
-            reply_status(r->req, 400, "BadRequest", NULL, "the applied configuration must be "
-                                                          "an object");
+            reply_status(r->req, 400, "BadRequest", NULL,
+                         "the applied configuration must be "
+                         "an object");
             goto out;
         }
         if (check_identity(r, patched, true) != 0 || validate(r, patched, r->name) != 0)
@@ -2020,8 +2020,8 @@ static int write_options(kreq_t *r)
         snprintf(r->manager, sizeof(r->manager), "%s", fm);
     } else {
         sl_ssa_default_manager(
-            evhttp_find_header(evhttp_request_get_input_headers(r->req), "User-Agent"),
-            r->manager, sizeof(r->manager));
+            evhttp_find_header(evhttp_request_get_input_headers(r->req), "User-Agent"), r->manager,
+            sizeof(r->manager));
     }
     const char *force = evhttp_find_header(&r->q, "force");
     r->force = force && strcmp(force, "true") == 0;

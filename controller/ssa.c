@@ -292,16 +292,16 @@ static json_t *entries_of(json_t *mf)
             continue;
         json_t *set = json_object();
         tree_collect(json_object_get(e, "fieldsV1"), "", set);
-        json_array_append_new(out, json_pack("{s:s, s:s, s:o, s:O}", "manager", m, "operation",
-                                             op, "set", set, "orig", e));
+        json_array_append_new(out, json_pack("{s:s, s:s, s:o, s:O}", "manager", m, "operation", op,
+                                             "set", set, "orig", e));
     }
     return out;
 }
 
 static bool is_subresource(json_t *entry)
 {
-    const char *sub = json_string_value(json_object_get(json_object_get(entry, "orig"),
-                                                        "subresource"));
+    const char *sub =
+        json_string_value(json_object_get(json_object_get(entry, "orig"), "subresource"));
     return sub && sub[0];
 }
 
@@ -344,9 +344,9 @@ static void store_entries(json_t *obj, json_t *entries)
         const char *time = json_string_value(json_object_get(e, "time"));
         if (!time)
             time = json_string_value(json_object_get(orig, "time"));
-        json_t *out = json_pack("{s:O, s:O, s:s}", "manager", json_object_get(e, "manager"),
-                                "operation", json_object_get(e, "operation"), "apiVersion",
-                                SL_SSA_API_VERSION);
+        json_t *out =
+            json_pack("{s:O, s:O, s:s}", "manager", json_object_get(e, "manager"), "operation",
+                      json_object_get(e, "operation"), "apiVersion", SL_SSA_API_VERSION);
         if (time)
             json_object_set_new(out, "time", json_string(time));
         json_object_set_new(out, "fieldsType", json_string("FieldsV1"));
@@ -368,8 +368,8 @@ static void store_entries(json_t *obj, json_t *entries)
 
 static json_t *entry_new(json_t *entries, const char *manager, const char *op)
 {
-    json_t *e = json_pack("{s:s, s:s, s:o}", "manager", manager, "operation", op, "set",
-                          json_object());
+    json_t *e =
+        json_pack("{s:s, s:s, s:o}", "manager", manager, "operation", op, "set", json_object());
     json_array_append_new(entries, e);
     return e;
 }
@@ -384,8 +384,7 @@ static void collect_nulls(json_t *v, const char *prefix, json_t *set)
     json_t *c;
     json_object_foreach(v, k, c)
     {
-        if (!prefix[0] && (!strcmp(k, "apiVersion") || !strcmp(k, "kind") ||
-                           !strcmp(k, "status")))
+        if (!prefix[0] && (!strcmp(k, "apiVersion") || !strcmp(k, "kind") || !strcmp(k, "status")))
             continue;
         char *p = join(prefix, k);
         if (!p)
@@ -414,8 +413,7 @@ int sl_ssa_apply(json_t *live, json_t *applied, const char *manager, bool force,
     json_t *e;
     json_array_foreach(entries, i, e)
     {
-        if (is_subresource(e) ||
-            !strcmp(json_string_value(json_object_get(e, "manager")), manager))
+        if (is_subresource(e) || !strcmp(json_string_value(json_object_get(e, "manager")), manager))
             continue;
         const char *path;
         json_t *v;
@@ -426,9 +424,9 @@ int sl_ssa_apply(json_t *live, json_t *applied, const char *manager, bool force,
             json_t *lv = value_at(live, path);
             if (!lv || json_equal(lv, value_at(applied, path)))
                 continue; /* the same value: shared ownership, no conflict */
-            json_array_append_new(found, json_pack("{s:O, s:o}", "manager",
-                                                   json_object_get(e, "manager"), "field",
-                                                   display(path)));
+            json_array_append_new(found,
+                                  json_pack("{s:O, s:o}", "manager", json_object_get(e, "manager"),
+                                            "field", display(path)));
             json_array_append_new(losers, json_pack("[O, s]", e, path));
         }
     }
@@ -442,8 +440,7 @@ int sl_ssa_apply(json_t *live, json_t *applied, const char *manager, bool force,
     json_decref(found);
     json_array_foreach(losers, i, e)
     {
-        json_object_del(entry_set(json_array_get(e, 0)),
-                        json_string_value(json_array_get(e, 1)));
+        json_object_del(entry_set(json_array_get(e, 0)), json_string_value(json_array_get(e, 1)));
     }
     json_decref(losers);
 

@@ -554,10 +554,14 @@ int main(int argc, char **argv)
     const char *target = "127.0.0.1:18000", *rest = "127.0.0.1:9090";
     int rounds = 10, with_storm = 0;
     static const struct option longopts[] = {
-        {"controller", required_argument, NULL, 'c'}, {"rest", required_argument, NULL, 'r'},
-        {"clients", required_argument, NULL, 'n'},    {"rounds", required_argument, NULL, 'k'},
-        {"fleet", required_argument, NULL, 'f'},      {"controller-pid", required_argument, NULL, 'p'},
-        {"storm", no_argument, NULL, 's'},            {NULL, 0, NULL, 0},
+        {"controller", required_argument, NULL, 'c'},
+        {"rest", required_argument, NULL, 'r'},
+        {"clients", required_argument, NULL, 'n'},
+        {"rounds", required_argument, NULL, 'k'},
+        {"fleet", required_argument, NULL, 'f'},
+        {"controller-pid", required_argument, NULL, 'p'},
+        {"storm", no_argument, NULL, 's'},
+        {NULL, 0, NULL, 0},
     };
     int ch;
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {

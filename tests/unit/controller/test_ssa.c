@@ -40,12 +40,11 @@ static json_t *entry(json_t *obj, const char *manager, const char *op)
     return NULL;
 }
 
-static const char *APPLIED =
-    "{\"apiVersion\":\"gateway.sluice.dev/v1alpha1\",\"kind\":\"Api\","
-    "\"metadata\":{\"name\":\"pets\",\"namespace\":\"default\","
-    "\"labels\":{\"app.kubernetes.io/name\":\"pets\"}},"
-    "\"spec\":{\"basePath\":\"/pets\",\"backendRefs\":[{\"name\":\"a\"}],"
-    "\"timeouts\":{\"request\":\"5s\"}}}";
+static const char *APPLIED = "{\"apiVersion\":\"gateway.sluice.dev/v1alpha1\",\"kind\":\"Api\","
+                             "\"metadata\":{\"name\":\"pets\",\"namespace\":\"default\","
+                             "\"labels\":{\"app.kubernetes.io/name\":\"pets\"}},"
+                             "\"spec\":{\"basePath\":\"/pets\",\"backendRefs\":[{\"name\":\"a\"}],"
+                             "\"timeouts\":{\"request\":\"5s\"}}}";
 
 static void test_apply_creates_and_owns_what_it_applied(void **state)
 {
@@ -53,8 +52,8 @@ static void test_apply_creates_and_owns_what_it_applied(void **state)
     json_t *a = doc(APPLIED), *out = NULL, *conf = NULL;
     assert_int_equal(sl_ssa_apply(NULL, a, "ci", false, NOW, &out, &conf), 0);
     assert_null(conf);
-    assert_string_equal(json_string_value(json_object_get(json_object_get(out, "spec"), "basePath")),
-                        "/pets");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(out, "spec"), "basePath")), "/pets");
     json_t *e = entry(out, "ci", "Apply");
     assert_non_null(e);
     assert_string_equal(json_string_value(json_object_get(e, "fieldsType")), "FieldsV1");
@@ -90,8 +89,8 @@ static void test_conflict_force_and_shared_values(void **state)
 
     /* force: human takes basePath; ci keeps the rest; both own backendRefs. */
     assert_int_equal(sl_ssa_apply(live, b, "human", true, NOW, &out, &conf), 0);
-    assert_string_equal(json_string_value(json_object_get(json_object_get(out, "spec"), "basePath")),
-                        "/other");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(out, "spec"), "basePath")), "/other");
     json_t *ci = json_object_get(entry(out, "ci", "Apply"), "fieldsV1");
     json_t *hu = json_object_get(entry(out, "human", "Apply"), "fieldsV1");
     assert_null(json_object_get(json_object_get(ci, "f:spec"), "f:basePath"));
@@ -122,8 +121,8 @@ static void test_dropped_field_is_removed_unless_shared(void **state)
     /* The emptied parents go too (timeouts, labels); spec stays. */
     assert_null(json_object_get(json_object_get(out, "spec"), "timeouts"));
     assert_null(json_object_get(json_object_get(out, "metadata"), "labels"));
-    assert_string_equal(json_string_value(json_object_get(json_object_get(out, "spec"), "basePath")),
-                        "/pets");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(out, "spec"), "basePath")), "/pets");
     json_decref(out);
 
     /* When an ordinary write (kubectl edit) also set the timeout to the same
@@ -136,8 +135,8 @@ static void test_dropped_field_is_removed_unless_shared(void **state)
     json_t *ed = entry(edited, "kubectl-edit", "Update");
     assert_non_null(ed);
     json_t *ci = json_object_get(entry(edited, "ci", "Apply"), "fieldsV1");
-    assert_null(json_object_get(json_object_get(json_object_get(ci, "f:spec"), "f:timeouts"),
-                                "f:request"));
+    assert_null(
+        json_object_get(json_object_get(json_object_get(ci, "f:spec"), "f:timeouts"), "f:request"));
     assert_int_equal(sl_ssa_apply(edited, a2, "ci", false, NOW, &out, &conf), 0);
     assert_string_equal(json_string_value(json_object_get(
                             json_object_get(json_object_get(out, "spec"), "timeouts"), "request")),
@@ -161,14 +160,13 @@ static void test_update_owns_changes_and_drops_removed(void **state)
     json_object_del(json_object_get(obj, "spec"), "timeouts");
     json_object_set_new(json_object_get(obj, "spec"), "basePath", json_string("/v2"));
     sl_ssa_update(old, obj, "curl", NOW);
-    json_t *cr = json_object_get(json_object_get(entry(obj, "kubectl-create", "Update"),
-                                                 "fieldsV1"),
-                                 "f:spec");
+    json_t *cr = json_object_get(
+        json_object_get(entry(obj, "kubectl-create", "Update"), "fieldsV1"), "f:spec");
     assert_null(json_object_get(cr, "f:basePath"));
     assert_null(json_object_get(cr, "f:timeouts"));
     assert_non_null(json_object_get(cr, "f:backendRefs"));
-    json_t *cu = json_object_get(json_object_get(entry(obj, "curl", "Update"), "fieldsV1"),
-                                 "f:spec");
+    json_t *cu =
+        json_object_get(json_object_get(entry(obj, "curl", "Update"), "fieldsV1"), "f:spec");
     assert_non_null(json_object_get(cu, "f:basePath"));
     assert_int_equal(json_object_size(cu), 1);
     /* Nothing changed: no entry for the writer, ownership the same. */
