@@ -64,6 +64,8 @@ typedef struct {
     _Atomic uint64_t config_version;
     _Atomic uint64_t streams_replaced; /* closed for a newer stream of the same node */
     _Atomic uint64_t streams_refused;  /* closed for an invalid request or a full table */
+    _Atomic uint64_t streams_over_limit;      /* ended at once: --max-streams */
+    _Atomic uint64_t stream_accepts_deferred; /* waited for --stream-accept-rate */
     _Atomic uint64_t runtimes_expired; /* records forgotten (expiry or --max-runtimes) */
     _Atomic uint64_t runtime_records;  /* records kept, connected or not */
 } sl_ctrl_metrics_t;

@@ -92,6 +92,11 @@ static void usage(FILE *out)
             "  --max-runtimes N         runtime records kept, connected or not; the one\n"
             "                           disconnected longest is forgotten first (default 10000)\n"
             "  --runtime-expiry SECONDS forget a runtime disconnected this long (default 3600)\n"
+            "  --max-streams N          end a new config stream at once (RESOURCE_EXHAUSTED)\n"
+            "                           while N are open; 0 = no limit (default 10000)\n"
+            "  --stream-accept-rate N   accept at most N new config streams a second, the\n"
+            "                           rest wait in order (a fleet reconnecting at once);\n"
+            "                           0 = no limit (default 500)\n"
             "  --version\n"
             "  --print-crds             print the CustomResourceDefinitions of the five kinds\n"
             "                           (helm/sluice/crds/) as YAML and exit\n");
@@ -118,6 +123,8 @@ int main(int argc, char **argv)
         {"max-routes", required_argument, NULL, 'M'},
         {"max-runtimes", required_argument, NULL, 'N'},
         {"runtime-expiry", required_argument, NULL, 'E'},
+        {"max-streams", required_argument, NULL, 'X'},
+        {"stream-accept-rate", required_argument, NULL, 'A'},
         {"stream-tls-cert", required_argument, NULL, 'c'},
         {"stream-tls-key", required_argument, NULL, 'k'},
         {"stream-client-ca", required_argument, NULL, 'a'},
@@ -151,6 +158,7 @@ int main(int argc, char **argv)
         return 1;
     }
     unsigned long long max_routes = 200000, max_runtimes = SL_CONTROLLER_DEFAULT_MAX_RUNTIMES;
+    unsigned long long max_streams = 10000, accept_rate = 500;
     unsigned long long runtime_expiry_s = SL_CONTROLLER_DEFAULT_RUNTIME_EXPIRY_MS / 1000;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
@@ -245,6 +253,23 @@ int main(int argc, char **argv)
                 max_runtimes = v;
             else
                 runtime_expiry_s = v;
+            break;
+        }
+        case 'X':
+        case 'A': {
+            char *end;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-' || !optarg[0] || v > 1000000ULL) {
+                fprintf(stderr,
+                        "sluice-controller: --%s %s: must be a number from 0 (no limit) to "
+                        "1000000\n",
+                        ch == 'X' ? "max-streams" : "stream-accept-rate", optarg);
+                goto bad_args;
+            }
+            if (ch == 'X')
+                max_streams = v;
+            else
+                accept_rate = v;
             break;
         }
         case 'L': {
@@ -454,6 +479,7 @@ int main(int argc, char **argv)
         sl_log_error("%s", err);
         goto out_grpc;
     }
+    sl_stream_server_set_limits(srv, (unsigned)max_streams, (unsigned)accept_rate);
     /* Objects are rendered for watches as the API serves them (kapi.h). */
     hub = sl_watch_hub_new(base, sl_store_resource_version(store), 0, sl_kapi_render, ctl);
     if (!hub) {

@@ -287,6 +287,12 @@ static void handle_metrics(call_t *c)
     metric(b, "sluice_controller_streams_refused_total", "counter",
            "Streams closed for an invalid request (node, version) or a full runtime table.",
            atomic_load(&m->streams_refused));
+    metric(b, "sluice_controller_streams_over_limit_total", "counter",
+           "New streams ended at once because --max-streams were open.",
+           atomic_load(&m->streams_over_limit));
+    metric(b, "sluice_controller_stream_accepts_deferred_total", "counter",
+           "New streams that waited (in order) for --stream-accept-rate.",
+           atomic_load(&m->stream_accepts_deferred));
     metric(b, "sluice_controller_runtime_records", "gauge",
            "Runtimes the controller keeps a record of, connected or not.",
            atomic_load(&m->runtime_records));

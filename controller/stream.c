@@ -10,6 +10,16 @@
  * completion) and one for the main thread (released after on_close ran).
  * The call is unref'd and the struct freed at zero.
  *
+ * Limits (sl_stream_server_set_limits), against a fleet that reconnects at
+ * once: past --max-streams a new call is ended at once with
+ * RESOURCE_EXHAUSTED (the runtime backs off with jitter and comes back, or
+ * its load balancer sends it to another replica) before any work is done
+ * for it; and new calls are accepted at most --stream-accept-rate per
+ * second: an accept is posted again only when the token bucket allows, so
+ * the calls beyond wait inside gRPC in arrival order (served in order,
+ * nothing refused, no burst of pushes). Per runtime at most one response
+ * is in flight (core.c waits for its ACK), so no send queue grows.
+ *
  * TLS (sl_stream_tls_t): gRPC's SSL server credentials. With a client CA
  * the handshake asks for a client certificate and verifies any that is
  * presented against the CA (an untrusted one never gets a connection), but
@@ -24,6 +34,7 @@
  */
 #include "stream.h"
 
+#include "controller.h"
 #include "grpc_util.h"
 #include "log.h"
 
@@ -37,6 +48,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PENDING_CALLS 8     /* accepts posted ahead, so connection bursts queue in gRPC */
@@ -110,6 +122,12 @@ struct sl_stream_server {
     int thread_started;
     atomic_int shutting_down;
     atomic_int live_streams;
+    /* Limits (0 = none); the bucket is the queue thread's alone. */
+    atomic_uint max_streams;
+    atomic_uint accept_rate; /* new calls per second, also the burst */
+    double tokens;
+    uint64_t refilled_ns;
+    unsigned deferred_accepts; /* accepts owed, posted as tokens come */
     int shutdown_done;
     tag_t t_shutdown;
     sl_stream_hooks_t hooks;
@@ -234,6 +252,99 @@ static int post_accept(sl_stream_server_t *srv)
         return -1;
     }
     return 0;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void refill(sl_stream_server_t *srv, unsigned rate)
+{
+    uint64_t now = mono_ns();
+    if (!srv->refilled_ns) /* the first call: a full bucket */
+        srv->tokens = rate;
+    else
+        srv->tokens += (double)(now - srv->refilled_ns) * rate / 1e9;
+    if (srv->tokens > rate)
+        srv->tokens = rate;
+    srv->refilled_ns = now;
+}
+
+/* Replaces a consumed accept, or owes it until the bucket has a token. */
+static void accept_next(sl_stream_server_t *srv)
+{
+    unsigned rate = atomic_load(&srv->accept_rate);
+    if (rate) {
+        refill(srv, rate);
+        if (srv->tokens < 1) {
+            srv->deferred_accepts++;
+            atomic_fetch_add(&sl_ctrl_metrics.stream_accepts_deferred, 1);
+            return;
+        }
+        srv->tokens -= 1;
+    }
+    post_accept(srv);
+}
+
+/* Posts the accepts owed that the bucket allows now; the wait until the
+ * next one is due (ms), or -1 when none is owed. */
+static int pay_deferred(sl_stream_server_t *srv)
+{
+    if (!srv->deferred_accepts)
+        return -1;
+    if (atomic_load(&srv->shutting_down)) {
+        srv->deferred_accepts = 0;
+        return -1;
+    }
+    unsigned rate = atomic_load(&srv->accept_rate);
+    if (rate)
+        refill(srv, rate);
+    while (srv->deferred_accepts && (!rate || srv->tokens >= 1)) {
+        if (rate)
+            srv->tokens -= 1;
+        srv->deferred_accepts--;
+        post_accept(srv);
+    }
+    if (!srv->deferred_accepts)
+        return -1;
+    int ms = (int)((1 - srv->tokens) * 1000 / rate) + 1;
+    return ms < 1 ? 1 : ms;
+}
+
+/* Ends a new call at once, before any work for it (over --max-streams):
+ * the accept's reference goes with the status batch. */
+static void reject_call(sl_stream_t *s, unsigned max)
+{
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "the controller serves at most %u streams (--max-streams %u); retry later or "
+             "reach another replica",
+             max, max);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[1].data.recv_close_on_server.cancelled = &s->cancelled;
+    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[2].data.send_status_from_server.status = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    grpc_slice details = grpc_slice_from_copied_string(msg);
+    ops[2].data.send_status_from_server.status_details = &details;
+    s->status_sent = 1;
+    s->over = 1;
+    atomic_fetch_add(&sl_ctrl_metrics.streams_over_limit, 1);
+    if (grpc_call_start_batch(s->call, ops, 3, &s->t_status, NULL) != GRPC_CALL_OK)
+        stream_unref(s);
+    grpc_slice_unref(details);
+}
+
+void sl_stream_server_set_limits(sl_stream_server_t *srv, unsigned max_streams,
+                                 unsigned accepts_per_second)
+{
+    atomic_store(&srv->max_streams, max_streams);
+    atomic_store(&srv->accept_rate, accepts_per_second);
 }
 
 static void arm_recv(sl_stream_t *s)
@@ -504,8 +615,12 @@ static void handle(sl_stream_server_t *srv, tag_t *tag, int ok)
             return;
         }
         if (!atomic_load(&srv->shutting_down))
-            post_accept(srv);
-        start_call(srv, s);
+            accept_next(srv);
+        unsigned max = atomic_load(&srv->max_streams);
+        if (max && (unsigned)atomic_load(&srv->live_streams) >= max)
+            reject_call(s, max);
+        else
+            start_call(srv, s);
         return;
     case TAG_RECV:
         if (ok && s->recv_buf) {
@@ -567,14 +682,18 @@ static void handle(sl_stream_server_t *srv, tag_t *tag, int ok)
 static void *cq_thread(void *arg)
 {
     sl_stream_server_t *srv = arg;
+    int wait_ms = -1; /* until an owed accept is due */
     for (;;) {
-        grpc_event ev =
-            grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        gpr_timespec deadline =
+            wait_ms < 0 ? gpr_inf_future(GPR_CLOCK_REALTIME)
+                        : gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                       gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
+        grpc_event ev = grpc_completion_queue_next(srv->cq, deadline, NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
-        if (ev.type != GRPC_OP_COMPLETE)
-            continue;
-        handle(srv, ev.tag, ev.success);
+        if (ev.type == GRPC_OP_COMPLETE)
+            handle(srv, ev.tag, ev.success);
+        wait_ms = pay_deferred(srv);
     }
     return NULL;
 }

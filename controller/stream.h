@@ -45,6 +45,11 @@ sl_stream_server_t *sl_stream_server_start(struct event_base *base, const char *
                                            const sl_stream_hooks_t *hooks, char *err,
                                            size_t errlen);
 int sl_stream_server_port(const sl_stream_server_t *srv);
+/* Past max_streams open streams a new one ends at once with
+ * RESOURCE_EXHAUSTED; new streams are accepted at most accepts_per_second
+ * (the rest wait in order). 0 = no limit. Any thread, any time. */
+void sl_stream_server_set_limits(sl_stream_server_t *srv, unsigned max_streams,
+                                 unsigned accepts_per_second);
 
 /* Stops accepting, ends every call with UNAVAILABLE (runtimes reconnect to
  * the next controller), waits for the queue thread and frees everything. */

@@ -354,3 +354,48 @@ def test_non_numeric_version_is_refused_not_read_as_zero(env, peers, version):  
     assert "is not a version" in details and "clusters" in details, details
     assert "node-nan" not in ctl.runtimes()
     assert log_lines(ctl.log(), r"node node-nan: refused: .*is not a version")
+
+
+# --- limits: a fleet reconnecting at once (issue 14) ---------------------------
+
+def test_streams_past_max_streams_end_at_once(env, peers):  # noqa: F811
+    ctl = env.controller(extra_args=["--max-streams", "2"])
+    b = env.backend("echo")
+    ctl.apply(quickstart(free_port(), b.port, listener_address="127.0.0.1"))
+    first = [peers("rt-%d" % i) for i in range(2)]
+    for p in first:
+        p.subscribe(["clusters"])
+        p.recv()
+    extra = peers("rt-extra")
+    extra.subscribe(["clusters"])
+    code, details = extra.end(5.0)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-streams 2" in details, details
+    assert ctl.metric("sluice_controller_streams_over_limit_total") == 1
+    # Refused before any work: the controller never registered it.
+    assert "rt-extra" not in ctl.runtimes()
+    # A stream closes: the next one is served.
+    first[0].close()
+    wait_until(lambda: not ctl.runtimes()["rt-0"]["connected"], 5.0, what="rt-0 disconnected")
+    again = peers("rt-extra-2")
+    again.subscribe(["clusters"])
+    assert again.recv().type_url == TYPE_URLS["clusters"]
+
+
+def test_new_streams_wait_in_order_for_the_accept_rate(env, peers):  # noqa: F811
+    ctl = env.controller(extra_args=["--stream-accept-rate", "4"])
+    b = env.backend("echo")
+    ctl.apply(quickstart(free_port(), b.port, listener_address="127.0.0.1"))
+    # 8 accepts are posted ahead and the bucket holds 4: the 20 streams
+    # opened at once beyond those 12 wait for 4 tokens a second.
+    t0 = time.monotonic()
+    fleet = [peers("herd-%d" % i) for i in range(32)]
+    for p in fleet:
+        p.subscribe(["clusters"])
+    for p in fleet:
+        assert p.recv(timeout=30).type_url == TYPE_URLS["clusters"]
+    took = time.monotonic() - t0
+    # Nothing refused, every stream served; the last ones waited for tokens.
+    assert ctl.metric("sluice_controller_stream_accepts_deferred_total") > 0
+    assert ctl.metric("sluice_controller_streams_over_limit_total") == 0
+    assert took >= 3.0, "32 streams served in %.1fs despite 4 accepts a second" % took
+    assert sum(1 for r in ctl.runtimes().values() if r["connected"]) == 32
