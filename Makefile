@@ -169,9 +169,11 @@ unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; \
 	[ $$fail = 0 ] || { echo "unit tests failed"; exit 1; }
 
+# --durations: the 15 slowest tests after the summary, to keep the suite
+# well under 20 minutes.
 PYTEST_ARGS ?=
 integration: $(BINS)
-	SLUICE_BUILD=$(BUILD) /usr/bin/python3 -m pytest -q -ra tests/integration $(PYTEST_ARGS)
+	SLUICE_BUILD=$(BUILD) /usr/bin/python3 -m pytest -q -ra --durations=15 tests/integration $(PYTEST_ARGS)
 
 bench: deps
 	@$(MAKE) --no-print-directory $(BINS) $(OPENLOAD)
