@@ -12,9 +12,9 @@ Responsible for: the protocol as the Kubernetes API server speaks it for
 custom resources and Secrets (one resourceVersion counter for every
 object, as etcd's revision). Not responsible for: validation (the
 controller validates), label selectors, other field selectors,
-server-side apply, discovery: kubectl is not pointed at this server. The controller's own Kubernetes-compatible API
-(controller/kapi.c) is the other server these tests are meant to run
-against.
+server-side apply, discovery: kubectl is not pointed at this server. The
+controller's own Kubernetes-compatible API (controller/kapi.c) is the other
+server these tests are meant to run against.
 """
 
 import base64

@@ -20,10 +20,11 @@ Run: SLUICE_BUILD=build /usr/bin/python3 -m pytest tests/integration/test_kube_s
 import os
 import socket
 import ssl
+import subprocess
 
 import pytest
 
-from helpers import API_VERSION, api, backend, free_port, gateway, wait_until
+from helpers import API_VERSION, api, backend, build_dir, dump_docs, free_port, gateway, wait_until
 from kubefake import tls_secret
 from test_controller import env  # noqa: F401  (env is a fixture)
 from test_kube_source import accepted, kube, kube_controller  # noqa: F401  (kube is a fixture)
@@ -261,3 +262,17 @@ def test_store_mode_refuses_secret_ref(env, tmp_path):  # noqa: F811
     # The https listener is not opened at all (no absent certificate served).
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", tls_port), timeout=2).close()
+
+
+def test_standalone_runtime_refuses_secret_ref(tmp_path):
+    """A runtime reading files cannot reach a Secret: the configuration is
+    refused, naming the field and the fix."""
+    cfg = tmp_path / "sluice.yaml"
+    cfg.write_text(dump_docs([https_gateway(free_port(), "web"), cert_ref("web", "web-tls")]))
+    r = subprocess.run([os.path.join(build_dir(), "bin", "sluice-runtime"), "--check",
+                        "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert ("spec.listeners[0].tls.certificateRefs[0].name: Certificate \"default/web\" uses "
+            "secretRef, which needs sluice-controller --source kubernetes; use certificate + "
+            "privateKey, or file") in r.stderr, r.stderr
+    assert "spec.secretRef: secretRef needs sluice-controller --source kubernetes" in r.stderr
