@@ -181,6 +181,8 @@ def test_secret_errors_fail_closed(env, kube, pki):  # noqa: F811
                    % (why, key_words, kube.status_of("Certificate", "web")))
         wait_until(lambda: (accepted(kube.status_of("Gateway", "secure")) or {}).get("status")
                    == "False", 10.0, what="the Gateway left out")
+        assert 'Certificate "default/web" not found' in \
+            accepted(kube.status_of("Gateway", "secure"))["message"]
         assert served_cert(tls_port, ca) is None
         assert http_ok()
 
