@@ -21,6 +21,7 @@ import os
 import socket
 import ssl
 import subprocess
+import time
 
 import pytest
 
@@ -278,3 +279,48 @@ def test_standalone_runtime_refuses_secret_ref(tmp_path):
             "secretRef, which needs sluice-controller --source kubernetes; use certificate + "
             "privateKey, or file") in r.stderr, r.stderr
     assert "spec.secretRef: secretRef needs sluice-controller --source kubernetes" in r.stderr
+
+
+def test_secret_watch_resumes_and_relists(env, kube, pki):  # noqa: F811
+    """The Secret's watch is as resilient as the kinds': a dropped
+    connection resumes from the last resourceVersion (no new list), an
+    expired one (410) lists again; a rotation after each is served."""
+    ca = os.path.join(pki, "ca.crt")
+    echo = env.backend("echo")
+    port = free_port()
+    kube.put(tls_secret("a-tls", read(pki, "a.crt"), read(pki, "a.key")))
+    kube.put(cert_ref("a-example", "a-tls"))
+    kube.put(https_gateway(port, "a-example"))
+    kube.put(backend("echo", [echo.port]))
+    kube.put(api("petstore", "/petstore/v1", "echo"))
+    ctl = kube_controller(env, kube)
+    env.runtime("rt-resume")
+    wait_until(lambda: served_cert(port, ca) == der(pki, "a"), 15.0,
+               what="the Secret's certificate served")
+    target = "/api/v1/namespaces/default/secrets?fieldSelector=metadata.name%3Da-tls"
+
+    def secret_lists():
+        return [r for r in kube.requests_matching(target) if "watch=true" not in r]
+
+    def secret_watches_from():
+        return [int(r.split("resourceVersion=")[1].split("&")[0])
+                for r in kube.requests_matching(target + "&watch=true")]
+    lists = len(secret_lists())
+    rv = kube.bump(20)
+    time.sleep(1.0)  # bookmarks move the Secret watch's resourceVersion too
+    kube.drop()
+    wait_until(lambda: any(v >= rv for v in secret_watches_from()), 10.0,
+               what="the Secret's watch resumed from the bookmark's resourceVersion")
+    rv = kube.put(tls_secret("a-tls", read(pki, "a2.crt"), read(pki, "a2.key")))
+    wait_until(lambda: served_cert(port, ca) == der(pki, "a2"), 15.0,
+               what="the rotation after a dropped watch served")
+    assert len(secret_lists()) == lists
+
+    kube.expire()
+    kube.drop()
+    kube.put(tls_secret("a-tls", read(pki, "a.crt"), read(pki, "a.key")))
+    wait_until(lambda: served_cert(port, ca) == der(pki, "a"), 15.0,
+               what="the rotation after 410 served")
+    wait_until(lambda: len(secret_lists()) > lists, 10.0,
+               what="the Secret listed again after 410")
+    assert "secret default/a-tls" in ctl.log()
