@@ -6,9 +6,11 @@
  * (precedence operation > Api > Gateway, documented in
  * docs/configuration.md); resolving backendRefs to Clusters and a https
  * listener's certificateRefs to the Certificates the snapshot carries (only
- * the referenced ones: they hold private keys); refusing what this runtime
- * cannot serve yet (secretRef Certificates). Also the
- * snapshot's wire helpers (pack, unpack, free).
+ * the referenced ones: they hold private keys); refusing a secretRef
+ * Certificate, which only `sluice-controller --source kubernetes` can load
+ * (controller/ksource.c reads the Secret and hands this file the PEM as an
+ * inline Certificate, so a secretRef that reaches here was not resolved).
+ * Also the snapshot's wire helpers (pack, unpack, free).
  *
  * Not responsible for checking single documents (validate.c already did, so
  * this file reads fields without re-checking their types) nor for turning a
@@ -218,6 +220,20 @@ static const sl_resource_t *find_certificate(const sl_resource_set_t *set, const
     return NULL;
 }
 
+/* A Certificate with spec.secretRef named at `field` of `r`: refused at
+ * both ends, so that the Certificate's status says it too. */
+static void refuse_secret_ref(cctx_t *c, const sl_resource_t *r, const char *field,
+                              const sl_resource_t *cert, const char *full)
+{
+    cerr(c, r, field, "Certificate \"%s\" uses secretRef, %s", full,
+         "which needs sluice-controller --source kubernetes; use certificate + privateKey, or "
+         "file");
+    cerr(c, cert, "spec.secretRef", "%s%s",
+         "secretRef needs sluice-controller --source kubernetes (it reads the Secret from the "
+         "Kubernetes API server)",
+         "; use certificate + privateKey, or file");
+}
+
 /* Adds the Certificate `r` (compiled name `full`) to the snapshot once,
  * however many listeners name it; errors are reported at the Certificate. */
 static void add_certificate(cctx_t *c, const sl_resource_t *r, const char *full)
@@ -352,9 +368,7 @@ static Sluice__V1__ListenerTls *compile_listener_tls(cctx_t *c, const sl_resourc
             continue;
         }
         if (jget(jget(cert->obj, "spec"), "secretRef")) {
-            cerr(c, gw, field,
-                 "Certificate \"%s\" uses secretRef, which this runtime cannot load yet%s", full,
-                 " (use certificate + privateKey, or file)");
+            refuse_secret_ref(c, gw, field, cert, full);
             continue;
         }
         add_certificate(c, cert, full);
@@ -845,10 +859,7 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
                     cerr(c, r, "spec.tls.clientCertificateRef.name",
                          "Certificate \"%s\" not found%s", full, "");
                 } else if (jget(jget(cert->obj, "spec"), "secretRef")) {
-                    cerr(c, r, "spec.tls.clientCertificateRef.name",
-                         "Certificate \"%s\" uses secretRef, which this runtime cannot load "
-                         "yet%s",
-                         full, " (use certificate + privateKey, or file)");
+                    refuse_secret_ref(c, r, "spec.tls.clientCertificateRef.name", cert, full);
                 } else {
                     add_certificate(c, cert, full);
                     t->client_certificate = cstr(c, full);

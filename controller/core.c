@@ -878,7 +878,14 @@ static void compile_all(sl_controller_t *ctl)
     /* Derived versions: every type carries the version of the input it was
      * compiled from, so that a replica compiling the same input from
      * scratch gives each type the same version as one that followed every
-     * change (a type kept at an older version would depend on history). */
+     * change (a type kept at an older version would depend on history).
+     * For the same reason an input that moved past our version is a new
+     * version even when the compiled content did not change (an edit
+     * reverted, a Secret's metadata rewritten): a replica started after
+     * it derives that version, so this one must too. */
+    if (ctl->derived_versions && ctl->input_version > ctl->config_version)
+        for (i = 0; i < nf; i++)
+            need_version |= stg[i].snap != NULL;
     for (i = 0; ctl->derived_versions && need_version && i < nf; i++)
         for (int t = 0; stg[i].snap && t < SL_XDS__COUNT; t++)
             stg[i].t[t].changed = 1;

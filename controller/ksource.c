@@ -11,13 +11,16 @@
 
 #include "core.h"
 #include "httpc.h"
+#include "kubeconfig.h"
 #include "log.h"
 #include "model.h"
+#include "tls_pem.h"
 
 #include <errno.h>
 #include <event2/event.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -29,6 +32,9 @@
 #include <unistd.h>
 
 #define GROUP_PATH "/apis/gateway.sluice.dev/v1alpha1"
+/* A Secret's watcher has this kind (one past the Sluice kinds). */
+#define KIND_SECRET SL_KIND__COUNT
+#define SECRET_TLS_TYPE "kubernetes.io/tls"
 #define BACKOFF_MIN_MS 500
 #define BACKOFF_MAX_MS 30000
 #define REQUEST_TIMEOUT_MS 30000 /* a LIST, a PATCH, a watch's head */
@@ -186,6 +192,12 @@ typedef struct {
     json_t *kinds[SL_KIND__COUNT];
     int synced[SL_KIND__COUNT];
     uint64_t deleted_rv; /* the newest deletion seen */
+    /* The Secrets that Certificates name (secret_*): "ns/name" -> {"wid":
+     * its watcher, "state": "listing" | "listed" | "unreadable", "obj":
+     * the Secret's type, tls.crt, tls.key and resourceVersion (secret_slim)
+     * or null when there is none, "error": why it cannot be listed}. */
+    json_t *secrets;
+    const char *only_ns; /* --namespace: Secrets elsewhere are not read */
 } kcache_t;
 
 static void cache_init(kcache_t *c)
@@ -193,12 +205,14 @@ static void cache_init(kcache_t *c)
     memset(c, 0, sizeof(*c));
     for (int k = 0; k < SL_KIND__COUNT; k++)
         c->kinds[k] = json_object();
+    c->secrets = json_object();
 }
 
 static void cache_free(kcache_t *c)
 {
     for (int k = 0; k < SL_KIND__COUNT; k++)
         json_decref(c->kinds[k]);
+    json_decref(c->secrets);
 }
 
 /*
@@ -291,27 +305,341 @@ static int all_synced(const kcache_t *c)
     return 1;
 }
 
+/* ---- Secrets that Certificates name ----------------------------------------
+ *
+ * A Certificate's spec.secretRef {name, namespace (default: the
+ * Certificate's)} names a Secret of type kubernetes.io/tls, what
+ * cert-manager and `kubectl create secret tls` write: data tls.crt and
+ * tls.key, base64 of the PEM chain and key. The compiler gets the
+ * Certificate with that PEM as if it were inline (spec.certificate and
+ * spec.privateKey), checked by tls_pem.c as inline ones are; the REST API
+ * keeps showing the Certificate as written (ks->view).
+ *
+ * How they are read: one list+watch per referenced Secret, by
+ * fieldSelector=metadata.name=NAME in its namespace, rather than one
+ * list+watch of every Secret (or of every kubernetes.io/tls Secret):
+ *   - RBAC: get/list/watch on secrets can be granted per namespace, and
+ *     even per name (the API server checks a list/watch whose
+ *     fieldSelector is metadata.name=NAME against a Role's resourceNames);
+ *     and the controller never receives a private key no Certificate names;
+ *   - memory: only the referenced Secrets, not every TLS Secret of the
+ *     cluster (a cert-manager installation holds hundreds);
+ *   - a Secret of the wrong type is seen and named, where a
+ *     type=kubernetes.io/tls selector would make it look missing.
+ * The cost is a thread and a connection per referenced Secret, idle but
+ * for the watch: fine for the tens to hundreds of Certificates of a gateway.
+ *
+ * Versions: a Secret has no status, so every resourceVersion it takes is a
+ * write of it. Its resourceVersion takes part in the input's version as an
+ * object's config resourceVersion does (every replica sees the same), and
+ * a deleted Secret's as a deletion.
+ *
+ * The PEM is checked without the clock, as the compiler checks a stored
+ * Certificate: whether a Secret is accepted must not depend on when a
+ * replica happens to rebuild (an expired certificate is the runtime's to
+ * refuse, with the expiry metric and the Expiring condition first).
+ */
+
+/* What is kept of a Secret: its type, tls.crt and tls.key (base64, as
+ * received) and resourceVersion. */
+static json_t *secret_slim(json_t *secret)
+{
+    json_t *data = json_object_get(secret, "data");
+    const char *type = json_string_value(json_object_get(secret, "type"));
+    const char *rv = obj_rv(secret);
+    json_t *d = json_object();
+    static const char *const keys[] = {"tls.crt", "tls.key"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = json_object_get(data, keys[i]);
+        if (json_is_string(v))
+            json_object_set(d, keys[i], v);
+    }
+    /* An empty type is Opaque (the API server's default). */
+    return json_pack("{s:s, s:o, s:s}", "type", type && *type ? type : "Opaque", "data", d,
+                     "resourceVersion", rv ? rv : "");
+}
+
+static const char *secret_state(json_t *e)
+{
+    const char *s = json_string_value(json_object_get(e, "state"));
+    return s ? s : "listing";
+}
+
+/* Applies an item of a Secret's watcher (the list: EV_SYNC with the items;
+ * an event; EV_ERROR: the list failed, obj is why): 1 when what the
+ * compile reads changed. Items of a watcher stopped since are dropped. */
+static int secret_apply(kcache_t *c, const char *key, uint64_t wid, enum ev_type type, json_t *obj)
+{
+    json_t *e = json_object_get(c->secrets, key);
+    if (!e || (uint64_t)json_integer_value(json_object_get(e, "wid")) != wid)
+        return 0;
+    const char *slash = strchr(key, '/');
+    const char *name = slash ? slash + 1 : key;
+    json_t *now = NULL;
+    if (type == EV_ERROR) {
+        if (strcmp(secret_state(e), "listed") == 0)
+            return 0; /* a failure later keeps what was listed, as for the kinds */
+        if (strcmp(secret_state(e), "unreadable") == 0 &&
+            json_equal(json_object_get(e, "error"), obj))
+            return 0;
+        json_object_set_new(e, "state", json_string("unreadable"));
+        json_object_set(e, "error", obj);
+        return 1;
+    }
+    if (type == EV_SYNC) {
+        size_t i;
+        json_t *item;
+        json_array_foreach(obj, i, item)
+        {
+            const char *n =
+                json_string_value(json_object_get(json_object_get(item, "metadata"), "name"));
+            if (n && strcmp(n, name) == 0) {
+                now = secret_slim(item);
+                break;
+            }
+        }
+    } else {
+        const char *n =
+            json_string_value(json_object_get(json_object_get(obj, "metadata"), "name"));
+        if (!n || strcmp(n, name) != 0)
+            return 0;
+        if (type == EV_DELETED) {
+            uint64_t rv = rv_number(obj_rv(obj));
+            if (rv > c->deleted_rv)
+                c->deleted_rv = rv;
+        } else if (type == EV_ADDED || type == EV_MODIFIED) {
+            now = secret_slim(obj);
+        } else {
+            return 0;
+        }
+    }
+    json_t *old = json_object_get(e, "obj");
+    int changed = strcmp(secret_state(e), "listed") != 0 ||
+                  (now ? !json_equal(old, now) : json_is_object(old));
+    json_object_set_new(e, "state", json_string("listed"));
+    json_object_del(e, "error");
+    json_object_set_new(e, "obj", now ? now : json_null());
+    return changed;
+}
+
+/* A name the API server could hold: DNS characters, at most max. */
+static int dns_name(const char *s, size_t max)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (!n || n > max)
+        return 0;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
+            return 0;
+    return 1;
+}
+
+/* The Secret a Certificate names, "ns/name" into key: 0, or -1 when it
+ * names none that can exist (validation says why). */
+static int cert_secret_key(json_t *cert, char *key, size_t keylen)
+{
+    json_t *ref = json_object_get(json_object_get(cert, "spec"), "secretRef");
+    const char *name = json_string_value(json_object_get(ref, "name"));
+    const char *ns = json_string_value(json_object_get(ref, "namespace"));
+    if (!ns)
+        ns = json_string_value(json_object_get(json_object_get(cert, "metadata"), "namespace"));
+    if (!ns)
+        ns = "default";
+    if (!dns_name(name, 253) || !dns_name(ns, 63) || strchr(ns, '.'))
+        return -1;
+    snprintf(key, keylen, "%s/%s", ns, name);
+    return 0;
+}
+
+static int key_in_namespace(const char *key, const char *ns)
+{
+    size_t n = strlen(ns);
+    return strncmp(key, ns, n) == 0 && key[n] == '/';
+}
+
+/* The Secrets the cached Certificates name and this controller reads:
+ * "ns/name" -> true. */
+static json_t *secrets_wanted(kcache_t *c)
+{
+    json_t *out = json_object();
+    const char *k;
+    json_t *e;
+    json_object_foreach(c->kinds[SL_KIND_CERTIFICATE], k, e)
+    {
+        char key[320];
+        if (cert_secret_key(json_object_get(e, "obj"), key, sizeof(key)) == 0 &&
+            (!c->only_ns || key_in_namespace(key, c->only_ns)))
+            json_object_set_new(out, key, json_true());
+    }
+    return out;
+}
+
+/* Every named Secret was listed, or failed to be: until then a Secret not
+ * read yet would be taken for a missing one. */
+static int secrets_settled(kcache_t *c)
+{
+    const char *k;
+    json_t *e;
+    json_object_foreach(c->secrets, k, e)
+    {
+        if (strcmp(secret_state(e), "listing") == 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* The PEM chain and key in a Secret (slim): 0 with *chain and *key
+ * (malloc'd, NUL-terminated; the caller cleanses the key), or -1 with the
+ * reason and msg naming the Secret and the data key. Never quotes data. */
+static int secret_pem(json_t *slim, const char *skey, char **chain, size_t *chain_len, char **key,
+                      size_t *key_len, const char **reason, char *msg, size_t msglen)
+{
+    static const char *const names[2] = {"tls.crt", "tls.key"};
+    char *out[2] = {NULL, NULL};
+    size_t lens[2] = {0, 0};
+    const char *type = json_string_value(json_object_get(slim, "type"));
+    *reason = "InvalidSecret";
+    if (!type || strcmp(type, SECRET_TLS_TYPE) != 0) {
+        snprintf(msg, msglen,
+                 "Secret %s has type %s: spec.secretRef needs a Secret of type " SECRET_TLS_TYPE
+                 " (data tls.crt and tls.key), as cert-manager and `kubectl create secret tls` "
+                 "write",
+                 skey, type ? type : "(none)");
+        return -1;
+    }
+    for (int i = 0; i < 2; i++) {
+        const char *b64 =
+            json_string_value(json_object_get(json_object_get(slim, "data"), names[i]));
+        if (!b64 || !*b64) {
+            snprintf(msg, msglen,
+                     "Secret %s has %s data %s (a " SECRET_TLS_TYPE " Secret holds the PEM "
+                     "certificate chain in tls.crt and the PEM private key in tls.key)",
+                     skey, b64 ? "empty" : "no", names[i]);
+            goto fail;
+        }
+        out[i] = sl_kubeconfig_b64_decode(b64, &lens[i]);
+        if (!out[i]) {
+            snprintf(msg, msglen, "Secret %s: data %s is not valid base64", skey, names[i]);
+            goto fail;
+        }
+        if (strlen(out[i]) != lens[i]) {
+            snprintf(msg, msglen, "Secret %s: data %s is not PEM text (it holds a NUL byte)", skey,
+                     names[i]);
+            goto fail;
+        }
+    }
+    sl_pem_cert_t pc;
+    sl_pem_field_t f;
+    char why[512];
+    if (sl_pem_load(&pc, out[0], lens[0], out[1], lens[1], 0, 0, &f, why, sizeof(why)) != 0) {
+        snprintf(msg, msglen, "Secret %s: data %s: %s", skey,
+                 f == SL_PEM_FIELD_PRIVATE_KEY ? names[1] : names[0], why);
+        goto fail;
+    }
+    sl_pem_free(&pc);
+    *chain = out[0];
+    *chain_len = lens[0];
+    *key = out[1];
+    *key_len = lens[1];
+    return 0;
+fail:
+    free(out[0]);
+    if (out[1])
+        OPENSSL_cleanse(out[1], lens[1]);
+    free(out[1]);
+    return -1;
+}
+
+/* A Certificate with spec.secretRef as the compiler takes it: a copy whose
+ * spec is the Secret's PEM (certificate + privateKey). NULL with the
+ * reason and msg when it cannot be (the Certificate is then left out, as an
+ * invalid one is). *secret_rv: the Secret's resourceVersion (0: none). */
+static json_t *cert_resolve(kcache_t *c, json_t *cert, const char **reason, char *msg,
+                            size_t msglen, uint64_t *secret_rv)
+{
+    char skey[320];
+    *secret_rv = 0;
+    *reason = "InvalidSecret";
+    if (cert_secret_key(cert, skey, sizeof(skey)) != 0) {
+        snprintf(msg, msglen, "spec.secretRef: not the name of a Secret");
+        return NULL;
+    }
+    if (c->only_ns && !key_in_namespace(skey, c->only_ns)) {
+        *reason = "RefNotPermitted";
+        snprintf(msg, msglen,
+                 "spec.secretRef.namespace: Secret %s is outside namespace %s, the only one this "
+                 "controller reads (--namespace): put the Secret in %s, or run the controller "
+                 "for every namespace",
+                 skey, c->only_ns, c->only_ns);
+        return NULL;
+    }
+    json_t *e = json_object_get(c->secrets, skey);
+    const char *state = secret_state(e);
+    if (!e || strcmp(state, "listing") == 0) {
+        *reason = "SecretPending";
+        snprintf(msg, msglen, "Secret %s is not listed yet", skey);
+        return NULL;
+    }
+    if (strcmp(state, "unreadable") == 0) {
+        *reason = "SecretUnreadable";
+        snprintf(msg, msglen, "Secret %s cannot be read: %s", skey,
+                 json_string_value(json_object_get(e, "error")) ?: "?");
+        return NULL;
+    }
+    json_t *slim = json_object_get(e, "obj");
+    if (!json_is_object(slim)) {
+        const char *slash = strchr(skey, '/');
+        *reason = "SecretNotFound";
+        snprintf(msg, msglen,
+                 "Secret %s not found (spec.secretRef): create it with type " SECRET_TLS_TYPE
+                 " and data tls.crt and tls.key (cert-manager writes such Secrets; by hand: "
+                 "kubectl create secret tls %s -n %.*s --cert=CHAIN.pem --key=KEY.pem)",
+                 skey, slash + 1, (int)(slash - skey), skey);
+        return NULL;
+    }
+    *secret_rv = rv_number(json_string_value(json_object_get(slim, "resourceVersion")));
+    char *chain, *key;
+    size_t chain_len, key_len;
+    if (secret_pem(slim, skey, &chain, &chain_len, &key, &key_len, reason, msg, msglen) != 0)
+        return NULL;
+    json_t *out = json_copy(cert); /* shallow: only spec is replaced */
+    json_t *spec = json_object();
+    json_object_set_new(spec, "certificate", json_stringn(chain, chain_len));
+    json_object_set_new(spec, "privateKey", json_stringn(key, key_len));
+    OPENSSL_cleanse(key, key_len);
+    free(key);
+    free(chain);
+    if (out)
+        json_object_set_new(out, "spec", spec);
+    else
+        json_decref(spec);
+    return out;
+}
+
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static json_t *invalid_status(json_t *obj, const char *message)
+static json_t *invalid_status(json_t *obj, const char *reason, const char *message)
 {
     json_t *gen = json_object_get(json_object_get(obj, "metadata"), "generation");
     return json_pack("{s:[{s:s, s:s, s:s, s:s}], s:I}", "conditions", "type", "Accepted", "status",
-                     "False", "reason", "Invalid", "message", message, "observedGeneration",
+                     "False", "reason", reason, "message", message, "observedGeneration",
                      json_is_integer(gen) ? json_integer_value(gen) : (json_int_t)1);
 }
 
 /*
  * The resource set of the cache, in (kind, namespace, name) order so that
- * every replica builds the same one. Invalid objects go to `invalid`
- * ("<plural>/<ns>/<name>" -> Accepted=False status) instead. Returns the
- * input's version: the newest config RV among the objects and the
- * deletions seen.
+ * every replica builds the same one: `set` to compile (a Certificate's
+ * Secret resolved, cert_resolve), `view` (may be NULL) the same objects as
+ * written. Invalid objects, and Certificates whose Secret cannot be used,
+ * go to `invalid` ("<plural>/<ns>/<name>" -> Accepted=False status)
+ * instead. Returns the input's version: the newest config RV among the
+ * objects, the Secrets they name and the deletions seen.
  */
-static uint64_t cache_build(kcache_t *c, sl_resource_set_t *set, json_t *invalid)
+static uint64_t cache_build(kcache_t *c, sl_resource_set_t *set, sl_resource_set_t *view,
+                            json_t *invalid)
 {
     uint64_t version = c->deleted_rv;
     json_object_clear(invalid);
@@ -343,10 +671,29 @@ static uint64_t cache_build(kcache_t *c, sl_resource_set_t *set, json_t *invalid
                                      errs.items[x].message);
                     used += w > 0 ? (size_t)w : 0;
                 }
-                json_object_set_new(invalid, source, invalid_status(obj, msg));
+                json_object_set_new(invalid, source, invalid_status(obj, "Invalid", msg));
                 sl_log_warn("%s left out: %s", source, msg);
+            } else if (k == SL_KIND_CERTIFICATE &&
+                       json_object_get(json_object_get(obj, "spec"), "secretRef")) {
+                const char *reason;
+                char msg[1024];
+                uint64_t secret_rv;
+                json_t *resolved = cert_resolve(c, obj, &reason, msg, sizeof(msg), &secret_rv);
+                if (secret_rv > version)
+                    version = secret_rv;
+                if (!resolved) {
+                    json_object_set_new(invalid, source, invalid_status(obj, reason, msg));
+                    sl_log_warn("%s left out: %s", source, msg);
+                } else {
+                    sl_resource_set_add(set, resolved, source, 0);
+                    if (view)
+                        sl_resource_set_add(view, obj, source, 0);
+                    json_decref(resolved);
+                }
             } else {
                 sl_resource_set_add(set, obj, source, 0);
+                if (view)
+                    sl_resource_set_add(view, obj, source, 0);
             }
             sl_errors_free(&errs);
         }
@@ -358,15 +705,27 @@ static uint64_t cache_build(kcache_t *c, sl_resource_set_t *set, json_t *invalid
 /* ---- threads and the queue ---------------------------------------------- */
 
 typedef struct qitem {
-    enum sl_kind kind;
-    enum ev_type type;
+    enum sl_kind kind; /* or KIND_SECRET */
+    enum ev_type type; /* a Secret's EV_ERROR: obj is why it cannot be listed */
     json_t *obj;
+    uint64_t wid;   /* a Secret's: its watcher */
+    char skey[320]; /* a Secret's: "ns/name" */
     struct qitem *next;
 } qitem_t;
 
 typedef struct watcher {
     struct sl_ksource *ks;
-    enum sl_kind kind;
+    enum sl_kind kind; /* or KIND_SECRET */
+    char label[340];   /* in logs: "apis", "secret default/tls-a" */
+    /* A Secret's watcher is started and stopped alone, as Certificates
+     * come to name the Secret and stop naming it: its own stop flag and
+     * cancel pipe (the source's stop also wakes it). */
+    char sns[64], sname[254];
+    uint64_t wid;
+    int cancel_pipe[2];
+    atomic_int stop;
+    int listed; /* listed once: a later failure keeps what was listed */
+    struct watcher *next;
     pthread_t thread;
     int running;
     sl_httpc_t http;
@@ -389,6 +748,8 @@ struct sl_ksource {
     int stop_pipe[2];
     atomic_int stop;
     watcher_t w[SL_KIND__COUNT];
+    watcher_t *swatchers; /* the Secrets' (main thread) */
+    uint64_t next_wid;
 
     pthread_mutex_t qlock;
     qitem_t *qhead, **qtail;
@@ -397,7 +758,9 @@ struct sl_ksource {
 
     /* Main thread. */
     kcache_t cache;
-    sl_resource_set_t set;
+    sl_resource_set_t set;  /* compiled: Secrets' PEM in their Certificates */
+    sl_resource_set_t view; /* the same objects as written, for the REST API */
+    int dirty;              /* a change not rebuilt yet (a Secret still listing) */
     json_t *invalid;
     json_t *written; /* "<plural>/<ns>/<name>" -> the status last given to the writer */
     struct event *recheck_ev;
@@ -425,30 +788,44 @@ static int stop_asked(void *arg)
     return atomic_load(&((sl_ksource_t *)arg)->stop);
 }
 
-/* Sleeps ms unless stopped: 1 when stopping. */
-static int nap(sl_ksource_t *ks, uint64_t ms)
+static int w_stopping(watcher_t *w)
 {
-    struct pollfd p = {ks->stop_pipe[0], POLLIN, 0};
-    poll(&p, 1, (int)ms);
-    return atomic_load(&ks->stop);
+    return atomic_load(&w->ks->stop) || atomic_load(&w->stop);
 }
 
-static void enqueue(sl_ksource_t *ks, enum sl_kind kind, enum ev_type type, json_t *obj)
+static int w_cancelled(void *arg)
 {
+    return w_stopping(arg);
+}
+
+/* Sleeps ms unless stopped: 1 when stopping. */
+static int nap(watcher_t *w, uint64_t ms)
+{
+    struct pollfd p = {w->http.cancel_fd, POLLIN, 0};
+    poll(&p, 1, (int)ms);
+    return w_stopping(w);
+}
+
+static void enqueue(watcher_t *w, enum ev_type type, json_t *obj)
+{
+    sl_ksource_t *ks = w->ks;
     qitem_t *it = calloc(1, sizeof(*it));
     if (!it) {
         json_decref(obj);
         return;
     }
-    it->kind = kind;
+    it->kind = w->kind;
     it->type = type;
     it->obj = obj;
+    it->wid = w->wid;
+    if (w->kind == (enum sl_kind)KIND_SECRET)
+        snprintf(it->skey, sizeof(it->skey), "%s/%s", w->sns, w->sname);
     pthread_mutex_lock(&ks->qlock);
     *ks->qtail = it;
     ks->qtail = &it->next;
     pthread_mutex_unlock(&ks->qlock);
-    ssize_t w = write(ks->qpipe[1], "", 1);
-    (void)w; /* a full pipe already holds a wake-up */
+    ssize_t n = write(ks->qpipe[1], "", 1);
+    (void)n; /* a full pipe already holds a wake-up */
 }
 
 static void collection_path(sl_ksource_t *ks, enum sl_kind kind, char *out, size_t len)
@@ -470,7 +847,7 @@ static void failing(watcher_t *w, const char *fmt, ...)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     if (strcmp(msg, w->failing) != 0)
-        sl_log_warn("kubernetes %s: %s; retrying with backoff", sl_kind_plural(w->kind), msg);
+        sl_log_warn("kubernetes %s: %s; retrying with backoff", w->label, msg);
     snprintf(w->failing, sizeof(w->failing), "%s", msg);
 }
 
@@ -478,7 +855,7 @@ static void recovered(watcher_t *w, const char *what)
 {
     if (!w->failing[0])
         return;
-    sl_log_notice("kubernetes %s: %s again", sl_kind_plural(w->kind), what);
+    sl_log_notice("kubernetes %s: %s again", w->label, what);
     w->failing[0] = '\0';
 }
 
@@ -498,28 +875,57 @@ static void status_message(const char *body, size_t len, char *out, size_t outle
     json_decref(j);
 }
 
+/* What a watcher lists (and watches, with watch=true added): the kind's
+ * collection, or a Secret's namespace with a fieldSelector on its name. */
+static void list_target(watcher_t *w, char *out, size_t len)
+{
+    if (w->kind == (enum sl_kind)KIND_SECRET)
+        snprintf(out, len, "%s/api/v1/namespaces/%s/secrets?fieldSelector=metadata.name%%3D%s",
+                 w->ks->prefix, w->sns, w->sname);
+    else
+        collection_path(w->ks, w->kind, out, len);
+}
+
+/* A list failure: logged once per cause; a Secret never listed yet is
+ * "unreadable" for the main thread (its Certificates say why) instead of
+ * holding every compile back. */
+static void list_failed(watcher_t *w, const char *msg)
+{
+    failing(w, "%s", msg);
+    if (w->kind == (enum sl_kind)KIND_SECRET && !w->listed) {
+        json_t *why = json_string(msg); /* NULL when not UTF-8 */
+        enqueue(w, EV_ERROR, why ? why : json_string("the list failed (see the log)"));
+    }
+}
+
 /* LIST: 0 with the kind's items queued and w->rv set, or -1 (logged). */
 static int do_list(watcher_t *w)
 {
-    char path[1400], hdr[8192];
-    collection_path(w->ks, w->kind, path, sizeof(path));
+    char path[1400], hdr[8192], msg[1024];
+    list_target(w, path, sizeof(path));
     auth_header(w, hdr, sizeof(hdr));
     strncat(hdr, "Accept: application/json\r\n", sizeof(hdr) - strlen(hdr) - 1);
     const char *body;
     size_t len;
     int st = sl_httpc_request(&w->http, "GET", path, hdr, NULL, 0, REQUEST_TIMEOUT_MS, &body, &len);
     if (st == 0) {
-        failing(w, "list: %s", w->http.why);
+        snprintf(msg, sizeof(msg), "list: %s", w->http.why);
+        list_failed(w, msg);
         return -1;
     }
     if (st != 200) {
         char m[400];
         status_message(body, len, m, sizeof(m));
-        failing(w, "list %s: HTTP %d: %s%s", path, st, m,
-                st == 401   ? " (the token or client certificate is not accepted)"
-                : st == 403 ? " (RBAC: the controller needs get, list and watch on this kind)"
-                : st == 404 ? " (are the CRDs installed? helm/sluice/crds/)"
-                            : "");
+        snprintf(msg, sizeof(msg), "list %.400s: HTTP %d: %s%s", path, st, m,
+                 st == 401 ? " (the token or client certificate is not accepted)"
+                 : st == 403 && w->kind == (enum sl_kind)KIND_SECRET
+                     ? " (RBAC: the controller needs get, list and watch on secrets in this "
+                       "namespace: helm/sluice's secrets Role)"
+                 : st == 403 ? " (RBAC: the controller needs get, list and watch on this kind)"
+                 : st == 404 && w->kind != (enum sl_kind)KIND_SECRET
+                     ? " (are the CRDs installed? helm/sluice/crds/)"
+                     : "");
+        list_failed(w, msg);
         return -1;
     }
     json_error_t je;
@@ -530,13 +936,15 @@ static int do_list(watcher_t *w)
     if (!json_is_array(items) && json_is_null(items))
         items = NULL;
     if (!j || (!json_is_array(items) && items) || !rv || !*rv) {
-        failing(w, "list %s: not a list with metadata.resourceVersion%s%s", path, j ? "" : ": ",
-                j ? "" : je.text);
+        snprintf(msg, sizeof(msg), "list %.400s: not a list with metadata.resourceVersion%s%s",
+                 path, j ? "" : ": ", j ? "" : je.text);
+        list_failed(w, msg);
         json_decref(j);
         return -1;
     }
     snprintf(w->rv, sizeof(w->rv), "%s", rv);
-    enqueue(w->ks, w->kind, EV_SYNC, items ? json_incref(items) : json_array());
+    w->listed = 1;
+    enqueue(w, EV_SYNC, items ? json_incref(items) : json_array());
     json_decref(j);
     recovered(w, "listing");
     return 0;
@@ -561,8 +969,8 @@ static int on_line(watcher_t *w, const char *line, size_t len)
     switch (ev.type) {
     case EV_ERROR:
         if (ev.code == 410) {
-            sl_log_info("kubernetes %s: resourceVersion %s expired, listing again",
-                        sl_kind_plural(w->kind), w->rv);
+            sl_log_info("kubernetes %s: resourceVersion %s expired, listing again", w->label,
+                        w->rv);
             w->relist = 1;
         } else {
             char m[400] = "";
@@ -579,7 +987,7 @@ static int on_line(watcher_t *w, const char *line, size_t len)
         return 0;
     default:
         snprintf(w->rv, sizeof(w->rv), "%s", ev.rv);
-        enqueue(w->ks, w->kind, ev.type, ev.object);
+        enqueue(w, ev.type, ev.object);
         return 0;
     }
 }
@@ -625,12 +1033,12 @@ static int on_body(void *arg, const char *data, size_t len)
 static int do_watch(watcher_t *w)
 {
     char path[1400], target[1700], hdr[8192];
-    collection_path(w->ks, w->kind, path, sizeof(path));
+    list_target(w, path, sizeof(path));
     unsigned timeout = WATCH_TIMEOUT_S - WATCH_TIMEOUT_S / 10 +
                        (unsigned)rand_r(&w->seed) % (WATCH_TIMEOUT_S / 5 + 1);
     snprintf(target, sizeof(target),
-             "%s?watch=true&resourceVersion=%s&allowWatchBookmarks=true&timeoutSeconds=%u", path,
-             w->rv, timeout);
+             "%s%cwatch=true&resourceVersion=%s&allowWatchBookmarks=true&timeoutSeconds=%u", path,
+             strchr(path, '?') ? '&' : '?', w->rv, timeout);
     auth_header(w, hdr, sizeof(hdr));
     w->len = 0;
     w->received = 0;
@@ -643,8 +1051,8 @@ static int do_watch(watcher_t *w)
     if (w->relist)
         return 0;
     if (st == 410) {
-        sl_log_info("kubernetes %s: resourceVersion %s expired (410), listing again",
-                    sl_kind_plural(w->kind), w->rv);
+        sl_log_info("kubernetes %s: resourceVersion %s expired (410), listing again", w->label,
+                    w->rv);
         w->relist = 1;
         return 0;
     }
@@ -662,7 +1070,7 @@ static int do_watch(watcher_t *w)
         return 0;
     }
     if (st == 0) {
-        if (atomic_load(&w->ks->stop))
+        if (w_stopping(w))
             return 0;
         if (strstr(w->http.why, "timed out") && w->received) {
             /* A quiet watch the server kept open with no bookmark: resume. */
@@ -680,10 +1088,9 @@ static int do_watch(watcher_t *w)
 static void *watch_main(void *arg)
 {
     watcher_t *w = arg;
-    sl_ksource_t *ks = w->ks;
     uint64_t backoff = 0;
     w->relist = 1;
-    while (!atomic_load(&ks->stop)) {
+    while (!w_stopping(w)) {
         int rc;
         if (w->relist) {
             rc = do_list(w);
@@ -692,7 +1099,7 @@ static void *watch_main(void *arg)
         } else {
             rc = do_watch(w);
         }
-        if (atomic_load(&ks->stop))
+        if (w_stopping(w))
             break;
         if (rc == 0) {
             if (w->received || !w->relist)
@@ -700,7 +1107,7 @@ static void *watch_main(void *arg)
             continue;
         }
         backoff = backoff_next(backoff);
-        if (nap(ks, jitter(backoff, &w->seed)))
+        if (nap(w, jitter(backoff, &w->seed)))
             break;
     }
     return NULL;
@@ -709,14 +1116,117 @@ static void *watch_main(void *arg)
 /* ---- the main thread ------------------------------------------------------- */
 
 static void status_sync(sl_ksource_t *ks);
+static int client_init(sl_ksource_t *ks, sl_httpc_t *c, char *err, size_t errlen);
+
+static void swatch_free(watcher_t *w)
+{
+    if (w->running) {
+        atomic_store(&w->stop, 1);
+        ssize_t n = write(w->cancel_pipe[1], "", 1);
+        (void)n;
+        pthread_join(w->thread, NULL);
+    }
+    sl_httpc_free(&w->http);
+    free(w->line);
+    for (int i = 0; i < 2; i++)
+        if (w->cancel_pipe[i] >= 0)
+            close(w->cancel_pipe[i]);
+    free(w);
+}
+
+/* Starts the watcher of Secret ns/name: NULL with err. Main thread. */
+static watcher_t *swatch_start(sl_ksource_t *ks, const char *ns, const char *name, char *err,
+                               size_t errlen)
+{
+    watcher_t *w = calloc(1, sizeof(*w));
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    w->ks = ks;
+    w->kind = (enum sl_kind)KIND_SECRET;
+    w->wid = ++ks->next_wid;
+    w->cancel_pipe[0] = w->cancel_pipe[1] = -1;
+    snprintf(w->sns, sizeof(w->sns), "%s", ns);
+    snprintf(w->sname, sizeof(w->sname), "%s", name);
+    snprintf(w->label, sizeof(w->label), "secret %s/%s", ns, name);
+    w->seed = (unsigned)(mono_ms() * 31 + w->wid);
+    if (pipe2(w->cancel_pipe, O_NONBLOCK | O_CLOEXEC) != 0) {
+        snprintf(err, errlen, "pipe: %s", strerror(errno));
+        goto fail;
+    }
+    if (client_init(ks, &w->http, err, errlen) != 0)
+        goto fail;
+    w->http.cancel_fd = w->cancel_pipe[0];
+    w->http.cancelled = w_cancelled;
+    w->http.cancel_arg = w;
+    if (pthread_create(&w->thread, NULL, watch_main, w) != 0) {
+        snprintf(err, errlen, "cannot start a thread: %s", strerror(errno));
+        goto fail;
+    }
+    w->running = 1;
+    return w;
+fail:
+    swatch_free(w);
+    return NULL;
+}
+
+/* Watches the Secrets the Certificates name now, and only those. Main
+ * thread. */
+static void secrets_reconcile(sl_ksource_t *ks)
+{
+    json_t *wanted = secrets_wanted(&ks->cache);
+    watcher_t **pp = &ks->swatchers;
+    while (*pp) {
+        watcher_t *w = *pp;
+        char key[320];
+        snprintf(key, sizeof(key), "%s/%s", w->sns, w->sname);
+        if (json_object_get(wanted, key)) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        json_object_del(ks->cache.secrets, key);
+        swatch_free(w);
+        sl_log_info("kubernetes: no Certificate names Secret %s now: not watched", key);
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(wanted, key, v)
+    {
+        if (json_object_get(ks->cache.secrets, key))
+            continue;
+        char ns[64], err[300];
+        const char *slash = strchr(key, '/');
+        snprintf(ns, sizeof(ns), "%.*s", (int)(slash - key), key);
+        watcher_t *w = swatch_start(ks, ns, slash + 1, err, sizeof(err));
+        if (w) {
+            w->next = ks->swatchers;
+            ks->swatchers = w;
+            json_object_set_new(
+                ks->cache.secrets, key,
+                json_pack("{s:I, s:s, s:n}", "wid", (json_int_t)w->wid, "state", "listing", "obj"));
+            sl_log_info("kubernetes: watching Secret %s (named by a Certificate)", key);
+        } else {
+            sl_log_error("kubernetes: Secret %s: %s", key, err);
+            json_object_set_new(ks->cache.secrets, key,
+                                json_pack("{s:i, s:s, s:n, s:s}", "wid", 0, "state", "unreadable",
+                                          "obj", "error", err));
+        }
+    }
+    json_decref(wanted);
+}
 
 static void rebuild(sl_ksource_t *ks)
 {
-    sl_resource_set_t fresh;
+    sl_resource_set_t fresh, view;
     sl_resource_set_init(&fresh);
-    uint64_t version = cache_build(&ks->cache, &fresh, ks->invalid);
+    sl_resource_set_init(&view);
+    uint64_t version = cache_build(&ks->cache, &fresh, &view, ks->invalid);
     sl_resource_set_free(&ks->set);
     ks->set = fresh;
+    sl_resource_set_free(&ks->view);
+    ks->view = view;
     if (!ks->started_compiling)
         sl_log_notice("kubernetes: every kind listed (%zu objects), compiling", fresh.count);
     ks->started_compiling = 1;
@@ -736,18 +1246,28 @@ static void on_queue(evutil_socket_t fd, short what, void *arg)
     ks->qhead = NULL;
     ks->qtail = &ks->qhead;
     pthread_mutex_unlock(&ks->qlock);
-    int changed = 0;
     while (it) {
         qitem_t *next = it->next;
-        changed |= cache_apply(&ks->cache, it->kind, it->type, it->obj);
+        if (it->kind == (enum sl_kind)KIND_SECRET)
+            ks->dirty |= secret_apply(&ks->cache, it->skey, it->wid, it->type, it->obj);
+        else
+            ks->dirty |= cache_apply(&ks->cache, it->kind, it->type, it->obj);
         json_decref(it->obj);
         free(it);
         it = next;
     }
-    if (all_synced(&ks->cache) && (changed || !ks->started_compiling))
+    if (ks->cache.synced[SL_KIND_CERTIFICATE])
+        secrets_reconcile(ks);
+    /* A Secret just named is listed before the next rebuild (at most a
+     * request's timeout): its Certificate is never taken for one whose
+     * Secret is missing. */
+    if (all_synced(&ks->cache) && secrets_settled(&ks->cache) &&
+        (ks->dirty || !ks->started_compiling)) {
+        ks->dirty = 0;
         rebuild(ks);
-    else if (ks->started_compiling)
+    } else if (ks->started_compiling) {
         status_sync(ks); /* e.g. a status another replica wrote */
+    }
 }
 
 /* ---- status write-back ------------------------------------------------------ */
@@ -936,18 +1456,26 @@ static void *status_main(void *arg)
 
 const sl_resource_set_t *sl_ksource_set(sl_ksource_t *ks)
 {
-    return &ks->set;
+    return &ks->view;
 }
 
 int sl_ksource_ready(void *arg, char *why, size_t whylen)
 {
     sl_ksource_t *ks = arg;
     if (!ks->started_compiling) {
-        char missing[128] = "";
+        char missing[512] = "";
         for (int k = 0; k < SL_KIND__COUNT; k++)
             if (!ks->cache.synced[k])
                 snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing), "%s%s",
                          missing[0] ? ", " : "", sl_kind_plural((enum sl_kind)k));
+        const char *key;
+        json_t *e;
+        json_object_foreach(ks->cache.secrets, key, e)
+        {
+            if (strcmp(secret_state(e), "listing") == 0)
+                snprintf(missing + strlen(missing), sizeof(missing) - strlen(missing),
+                         "%ssecret %s", missing[0] ? ", " : "", key);
+        }
         snprintf(why, whylen, "kubernetes: not listed yet: %s (see the log for why)", missing);
         return 0;
     }
@@ -995,7 +1523,9 @@ sl_ksource_t *sl_ksource_start(struct event_base *base, sl_controller_t *ctl, sl
     pthread_cond_init(&ks->scond, NULL);
     ks->qtail = &ks->qhead;
     cache_init(&ks->cache);
+    ks->cache.only_ns = ks->ns;
     sl_resource_set_init(&ks->set);
+    sl_resource_set_init(&ks->view);
     ks->invalid = json_object();
     ks->written = json_object();
     ks->pending = json_object();
@@ -1027,6 +1557,7 @@ sl_ksource_t *sl_ksource_start(struct event_base *base, sl_controller_t *ctl, sl
         watcher_t *w = &ks->w[k];
         w->ks = ks;
         w->kind = (enum sl_kind)k;
+        snprintf(w->label, sizeof(w->label), "%s", sl_kind_plural((enum sl_kind)k));
         w->seed = (unsigned)(mono_ms() * 31 + (uint64_t)k);
         if (client_init(ks, &w->http, err, errlen) != 0)
             goto fail;
@@ -1069,6 +1600,11 @@ void sl_ksource_stop(sl_ksource_t *ks)
         sl_httpc_free(&ks->w[k].http);
         free(ks->w[k].line);
     }
+    while (ks->swatchers) {
+        watcher_t *w = ks->swatchers;
+        ks->swatchers = w->next;
+        swatch_free(w);
+    }
     if (ks->srunning)
         pthread_join(ks->sthread, NULL);
     sl_httpc_free(&ks->shttp);
@@ -1094,6 +1630,7 @@ void sl_ksource_stop(sl_ksource_t *ks)
     }
     cache_free(&ks->cache);
     sl_resource_set_free(&ks->set);
+    sl_resource_set_free(&ks->view);
     json_decref(ks->invalid);
     json_decref(ks->written);
     json_decref(ks->pending);

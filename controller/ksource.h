@@ -21,6 +21,15 @@
  *     are; an invalid object is left out with an Accepted=False status and
  *     never stops the others. The core compiles it (core.h:
  *     sl_controller_use_input) with versions derived from the input.
+ *   - the Secrets that Certificates name (spec.secretRef, type
+ *     kubernetes.io/tls) are listed+watched one by one, by
+ *     fieldSelector=metadata.name=NAME in their namespace, each on a thread
+ *     started when a Certificate comes to name it and stopped when none
+ *     does; a rebuild hands the compiler such a Certificate with the
+ *     Secret's tls.crt/tls.key as inline PEM, or leaves it out with
+ *     Accepted=False and a reason (SecretNotFound, InvalidSecret,
+ *     SecretUnreadable, RefNotPermitted). Why per name, and how versions
+ *     count Secrets: ksource.c, "Secrets that Certificates name".
  *   - after every compile, and every few seconds for Programmed, each
  *     object's status (sl_controller_object_status) that differs from
  *     what the API server holds and from what was last written is PATCHed
@@ -51,7 +60,8 @@ typedef struct sl_ksource sl_ksource_t;
 sl_ksource_t *sl_ksource_start(struct event_base *base, sl_controller_t *ctl, sl_kubeconfig_t *kc,
                                const char *ns, char *err, size_t errlen);
 
-/* The resources as last rebuilt: stable for the source's life (its content
+/* The resources as last rebuilt, as written (a secretRef Certificate
+ * without its Secret's PEM): stable for the source's life (its content
  * changes on the main thread), for the read-only REST API. */
 const sl_resource_set_t *sl_ksource_set(sl_ksource_t *ks);
 

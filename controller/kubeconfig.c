@@ -41,8 +41,7 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
     return buf;
 }
 
-/* base64 (whitespace allowed) -> bytes, NUL-terminated; NULL when invalid. */
-static char *b64_decode(const char *in)
+char *sl_kubeconfig_b64_decode(const char *in, size_t *outlen)
 {
     size_t n = strlen(in);
     char *clean = malloc(n + 1);
@@ -71,6 +70,8 @@ static char *b64_decode(const char *in)
         r--;
     out[r] = '\0';
     free(clean);
+    if (outlen)
+        *outlen = (size_t)r;
     return (char *)out;
 }
 
@@ -123,7 +124,7 @@ static int data_or_file(const char *path, json_t *o, const char *what, const cha
     const char *d = str(o, dkey), *f = str(o, field);
     *out = NULL;
     if (d) {
-        if (!(*out = b64_decode(d))) {
+        if (!(*out = sl_kubeconfig_b64_decode(d, NULL))) {
             snprintf(err, errlen,
                      "kubeconfig %s: %s.%s is not valid base64 (the PEM file encoded with "
                      "`base64 -w0`)",

@@ -68,4 +68,9 @@ int sl_kubeconfig_auth_header(sl_kubeconfig_t *kc, char *out, size_t outlen, cha
 
 void sl_kubeconfig_free(sl_kubeconfig_t *kc);
 
+/* base64 (whitespace allowed) -> bytes, NUL-terminated, their count in
+ * *outlen (may be NULL); NULL when invalid or empty. For the -data fields
+ * here and a Secret's data (ksource.c). */
+char *sl_kubeconfig_b64_decode(const char *in, size_t *outlen);
+
 #endif

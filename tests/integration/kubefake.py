@@ -4,17 +4,20 @@ one (list with metadata.resourceVersion, watch with resourceVersion,
 bookmarks, ERROR 410 Expired, the /status subresource with merge patch,
 bearer tokens over HTTPS), with the knobs a test needs (drop every
 connection, stop and restart on the same port, expire old resourceVersions,
-a request log).
+a request log), and core/v1 Secrets (list and watch, namespaced, with
+fieldSelector=metadata.name=NAME: what the controller asks for the Secrets
+that Certificates name; `forbid_secrets` answers 403 as RBAC would).
 
 Responsible for: the protocol as the Kubernetes API server speaks it for
-custom resources (one resourceVersion counter for every object, as etcd's
-revision). Not responsible for: validation (the controller validates),
-label selectors, server-side apply, discovery: kubectl is not pointed at
-this server. The controller's own Kubernetes-compatible API
-(controller/kapi.c) is the other server these tests are meant to run
-against.
+custom resources and Secrets (one resourceVersion counter for every
+object, as etcd's revision). Not responsible for: validation (the
+controller validates), label selectors, other field selectors,
+server-side apply, discovery: kubectl is not pointed at this server. The
+controller's own Kubernetes-compatible API (controller/kapi.c) is the other
+server these tests are meant to run against.
 """
 
+import base64
 import json
 import socket
 import ssl
@@ -24,8 +27,20 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GROUP = "/apis/gateway.sluice.dev/v1alpha1"
+CORE = "/api/v1"
 PLURALS = {"Gateway": "gateways", "Api": "apis", "Backend": "backends",
-           "Consumer": "consumers", "Certificate": "certificates"}
+           "Consumer": "consumers", "Certificate": "certificates", "Secret": "secrets"}
+
+
+def tls_secret(name, cert_pem, key_pem, ns="default", type_="kubernetes.io/tls"):
+    """A Secret as cert-manager or `kubectl create secret tls` writes it."""
+    data = {}
+    if cert_pem is not None:
+        data["tls.crt"] = base64.b64encode(cert_pem.encode()).decode()
+    if key_pem is not None:
+        data["tls.key"] = base64.b64encode(key_pem.encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns},
+            "type": type_, "data": data}
 
 
 class FakeKube:
@@ -47,6 +62,7 @@ class FakeKube:
         self.epoch = 0         # bumped by drop(): open watches end abruptly
         self.conns = set()
         self.server = None
+        self.forbid_secrets = set()  # (ns, name): list/watch answer 403
 
     # -- what the test does ----------------------------------------------------
     def _event(self, typ, plural, obj):
@@ -64,7 +80,8 @@ class FakeKube:
             self.rv += 1
             obj = json.loads(json.dumps(doc))
             obj["metadata"]["resourceVersion"] = str(self.rv)
-            obj["metadata"]["generation"] = (old["metadata"]["generation"] + 1) if old else 1
+            if plural != "secrets":
+                obj["metadata"]["generation"] = (old["metadata"]["generation"] + 1) if old else 1
             obj["metadata"]["uid"] = old["metadata"]["uid"] if old else "uid-%d" % self.rv
             obj["metadata"]["managedFields"] = [{"manager": "kubectl"}]
             if old and "status" in old:
@@ -166,6 +183,11 @@ class FakeKube:
             def parse(self):
                 u = urllib.parse.urlsplit(self.path)
                 q = dict(urllib.parse.parse_qsl(u.query))
+                if u.path.startswith(CORE + "/"):
+                    parts = u.path[len(CORE) + 1:].split("/")
+                    if len(parts) == 3 and parts[0] == "namespaces" and parts[2] == "secrets":
+                        return parts[1], ["secrets"], q
+                    return None
                 if not u.path.startswith(GROUP + "/"):
                     return None
                 parts = u.path[len(GROUP) + 1:].split("/")
@@ -182,12 +204,27 @@ class FakeKube:
                     return self.status_error(404, "NotFound", "the server could not find the "
                                              "requested resource")
                 ns, (plural,), q = p
+                name = None
+                if plural == "secrets":
+                    sel = q.get("fieldSelector", "")
+                    if sel and not sel.startswith("metadata.name="):
+                        return self.status_error(400, "BadRequest",
+                                                 "only metadata.name= is served here")
+                    name = sel[len("metadata.name="):] or None
+                    if (ns, name) in fake.forbid_secrets:
+                        return self.status_error(
+                            403, "Forbidden", 'secrets "%s" is forbidden: User "sluice" cannot '
+                            'list resource "secrets" in API group "" in the namespace "%s"'
+                            % (name, ns))
                 if q.get("watch") == "true":
-                    return self.watch(ns, plural, q)
+                    return self.watch(ns, plural, q, name)
                 with fake.lock:
-                    items = [o for (pl, n, _), o in sorted(fake.objects.items())
-                             if pl == plural and (ns is None or n == ns)]
-                    doc = {"apiVersion": "gateway.sluice.dev/v1alpha1", "kind": "List",
+                    items = [o for (pl, n, nm), o in sorted(fake.objects.items())
+                             if pl == plural and (ns is None or n == ns) and
+                             (name is None or nm == name)]
+                    doc = {"apiVersion": "v1" if plural == "secrets"
+                           else "gateway.sluice.dev/v1alpha1",
+                           "kind": "SecretList" if plural == "secrets" else "List",
                            "metadata": {"resourceVersion": str(fake.rv)}, "items": items}
                 self.send_json(200, doc)
 
@@ -196,7 +233,7 @@ class FakeKube:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
-            def watch(self, ns, plural, q):
+            def watch(self, ns, plural, q, name=None):
                 rv = int(q.get("resourceVersion") or 0)
                 timeout = float(q.get("timeoutSeconds") or 1800)
                 bookmarks = q.get("allowWatchBookmarks") == "true"
@@ -225,7 +262,8 @@ class FakeKube:
                                                % (rv, fake.oldest_rv)}})
                                 break
                             out = [e for e in fake.events if e[0] > rv and e[2] == plural and
-                                   (ns is None or e[3] == ns)]
+                                   (ns is None or e[3] == ns) and
+                                   (name is None or e[4]["metadata"]["name"] == name)]
                             if out:
                                 rv = out[-1][0]
                             bookmark = None

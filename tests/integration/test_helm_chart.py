@@ -173,8 +173,22 @@ def test_defaults_controller():
     roles = [o for o in objs if o["kind"] == "Role"]
     assert len(roles) == 1
     for rule in roles[0]["rules"]:
+        if rule["apiGroups"] == [""]:
+            # The Secrets Certificates name (spec.secretRef): read-only.
+            assert rule["resources"] == ["secrets"] and "resourceNames" not in rule
+            assert set(rule["verbs"]) == {"get", "list", "watch"}
+            continue
         assert rule["apiGroups"] == ["gateway.sluice.dev"]
         assert set(rule["verbs"]) <= {"get", "list", "watch", "update", "patch"}
+    assert [r for r in roles[0]["rules"] if r["apiGroups"] == [""]]
+    # Narrowed to names, or not granted at all.
+    role = [o for o in objects(render({"rbac": {"secrets": {"names": ["a-tls", "b-tls"]}}})[0])
+            if o["kind"] == "Role"][0]
+    assert [r["resourceNames"] for r in role["rules"] if r["apiGroups"] == [""]] == \
+        [["a-tls", "b-tls"]]
+    role = [o for o in objects(render({"rbac": {"secrets": {"read": False}}})[0])
+            if o["kind"] == "Role"][0]
+    assert not [r for r in role["rules"] if r["apiGroups"] == [""]]
     secret = [o for o in objs if o["kind"] == "Secret"]
     assert len(secret) == 1 and len(secret[0]["data"]["token"]) >= 40
 

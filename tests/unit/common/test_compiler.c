@@ -701,8 +701,12 @@ static void test_https_certificate_refs(void **state)
     assert_string_equal(s, "gw.yaml doc 1: spec.listeners[0].tls.certificateRefs[0].name: "
                            "Certificate \"edge/missing\" not found\n"
                            "gw.yaml doc 1: spec.listeners[0].tls.certificateRefs[1].name: "
-                           "Certificate \"edge/k8s\" uses secretRef, which this runtime cannot "
-                           "load yet (use certificate + privateKey, or file)\n");
+                           "Certificate \"edge/k8s\" uses secretRef, which needs "
+                           "sluice-controller --source kubernetes; use certificate + privateKey, "
+                           "or file\n"
+                           "c.yaml doc 1: spec.secretRef: secretRef needs sluice-controller "
+                           "--source kubernetes (it reads the Secret from the Kubernetes API "
+                           "server); use certificate + privateKey, or file\n");
     free(s);
     sl_resource_set_free(&set);
 

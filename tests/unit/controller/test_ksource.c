@@ -5,7 +5,9 @@
  * API server run by this test: LIST, WATCH with events, a BOOKMARK, an
  * ERROR 410 that makes it list again, a dropped watch resumed from the last
  * resourceVersion, an invalid object left out with Accepted=False, and the
- * statuses PATCHed back. The real server (controller/kapi.c) is exercised
+ * statuses PATCHed back; the Secrets that Certificates name (decoding,
+ * the reasons a Secret cannot be used, rotation, deletion, the version).
+ * The real server (controller/kapi.c) is exercised
  * by tests/integration/test_kube_source.py.
  */
 #include <stdarg.h>
@@ -15,6 +17,7 @@
 
 #include "../../../controller/ksource.c"
 
+#include "common/tls_testcerts.h"
 #include "store.h"
 
 #include <arpa/inet.h>
@@ -149,7 +152,7 @@ static void test_cache_and_build(void **state)
     sl_resource_set_init(&set);
     json_t *invalid = json_object();
     /* The deletion is the newest input. */
-    assert_int_equal(cache_build(&c, &set, invalid), 20);
+    assert_int_equal(cache_build(&c, &set, NULL, invalid), 20);
     assert_int_equal(set.count, 1);
     assert_string_equal(set.items[0].name, "b");
     assert_string_equal(set.items[0].source, "backends/default/b");
@@ -166,6 +169,251 @@ static void test_cache_and_build(void **state)
     sl_resource_set_free(&set);
     json_decref(invalid);
     cache_free(&c);
+}
+
+/* ---- Secrets named by Certificates ------------------------------------------ */
+
+static char *b64(const char *s)
+{
+    size_t n = strlen(s);
+    char *out = malloc(4 * ((n + 2) / 3) + 1);
+    EVP_EncodeBlock((unsigned char *)out, (const unsigned char *)s, (int)n);
+    return out;
+}
+
+/* A Secret as the API server sends it (cert/key NULL: no such data). */
+static json_t *secret(const char *name, const char *rv, const char *type, const char *cert,
+                      const char *key)
+{
+    json_t *data = json_object();
+    if (cert) {
+        char *c = b64(cert);
+        json_object_set_new(data, "tls.crt", json_string(c));
+        free(c);
+    }
+    if (key) {
+        char *k = b64(key);
+        json_object_set_new(data, "tls.key", json_string(k));
+        free(k);
+    }
+    json_object_set_new(data, "ca.crt", json_string("aWdub3JlZA=="));
+    return json_pack("{s:s, s:s, s:{s:s, s:s, s:s}, s:s, s:o}", "apiVersion", "v1", "kind",
+                     "Secret", "metadata", "name", name, "namespace", "default", "resourceVersion",
+                     rv, "type", type, "data", data);
+}
+
+static json_t *cert_doc(const char *name, const char *rv, const char *secret_name)
+{
+    return json_pack("{s:s, s:s, s:{s:s, s:s, s:s}, s:{s:{s:s}}}", "apiVersion", SL_API_VERSION,
+                     "kind", "Certificate", "metadata", "name", name, "namespace", "default",
+                     "resourceVersion", rv, "spec", "secretRef", "name", secret_name);
+}
+
+/* secret_pem on a Secret object (through secret_slim): 0, or -1 with the
+ * reason and message. */
+static int pem_of(json_t *sec, char *msg, size_t msglen, const char **reason)
+{
+    json_t *slim = secret_slim(sec);
+    char *chain = NULL, *key = NULL;
+    size_t cl, kl;
+    int rc = secret_pem(slim, "default/web", &chain, &cl, &key, &kl, reason, msg, msglen);
+    if (rc == 0) {
+        assert_int_equal(strlen(chain), cl);
+        assert_non_null(strstr(chain, "BEGIN CERTIFICATE"));
+        assert_non_null(strstr(key, "PRIVATE KEY"));
+    }
+    free(chain);
+    free(key);
+    json_decref(slim);
+    json_decref(sec);
+    return rc;
+}
+
+static void test_secret_pem(void **state)
+{
+    (void)state;
+    tc_pair_t a, b;
+    tc_make(&a, TC_EC256, "a.example", "a.example", -3600, 86400, NULL, false);
+    tc_make(&b, TC_EC256, "b.example", "b.example", -3600, 86400, NULL, false);
+    char msg[1024];
+    const char *reason;
+    assert_int_equal(pem_of(secret("web", "5", "kubernetes.io/tls", a.cert_pem, a.key_pem), msg,
+                            sizeof(msg), &reason),
+                     0);
+    /* Only tls.crt, tls.key, the type and the resourceVersion are kept. */
+    json_t *s = secret("web", "5", "kubernetes.io/tls", a.cert_pem, a.key_pem);
+    json_t *slim = secret_slim(s);
+    assert_int_equal(json_object_size(json_object_get(slim, "data")), 2);
+    assert_string_equal(json_string_value(json_object_get(slim, "resourceVersion")), "5");
+    json_decref(slim);
+    json_decref(s);
+
+    struct {
+        json_t *sec;
+        const char *want[3];
+    } bad[] = {
+        {secret("web", "5", "Opaque", a.cert_pem, a.key_pem),
+         {"Secret default/web has type Opaque", "kubernetes.io/tls", NULL}},
+        {secret("web", "5", "kubernetes.io/tls", a.cert_pem, NULL),
+         {"Secret default/web has no data tls.key", NULL, NULL}},
+        {secret("web", "5", "kubernetes.io/tls", NULL, a.key_pem), {"no data tls.crt", NULL, NULL}},
+        /* The key of another certificate: tls_pem.c's check, at tls.key. */
+        {secret("web", "5", "kubernetes.io/tls", a.cert_pem, b.key_pem),
+         {"Secret default/web: data tls.key: ", NULL, NULL}},
+        /* A key where the chain belongs. */
+        {secret("web", "5", "kubernetes.io/tls", a.key_pem, a.key_pem),
+         {"data tls.crt: ", NULL, NULL}},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        msg[0] = '\0';
+        assert_int_equal(pem_of(bad[i].sec, msg, sizeof(msg), &reason), -1);
+        assert_string_equal(reason, "InvalidSecret");
+        for (int w = 0; w < 3 && bad[i].want[w]; w++)
+            if (!strstr(msg, bad[i].want[w]))
+                fail_msg("case %zu: \"%s\" not in \"%s\"", i, bad[i].want[w], msg);
+        /* Never a byte of the key. */
+        assert_null(strstr(msg, "PRIVATE KEY"));
+        assert_null(strstr(msg, a.key_pem + 28));
+    }
+    /* Bad base64, and an empty value. */
+    json_t *s64 = secret("web", "5", "kubernetes.io/tls", a.cert_pem, a.key_pem);
+    json_object_set_new(json_object_get(s64, "data"), "tls.key", json_string("no*base64"));
+    assert_int_equal(pem_of(s64, msg, sizeof(msg), &reason), -1);
+    assert_string_equal(msg, "Secret default/web: data tls.key is not valid base64");
+    s64 = secret("web", "5", "kubernetes.io/tls", a.cert_pem, a.key_pem);
+    json_object_set_new(json_object_get(s64, "data"), "tls.crt", json_string(""));
+    assert_int_equal(pem_of(s64, msg, sizeof(msg), &reason), -1);
+    assert_non_null(strstr(msg, "has empty data tls.crt"));
+    /* A NUL inside. */
+    s64 = secret("web", "5", "kubernetes.io/tls", a.cert_pem, a.key_pem);
+    json_object_set_new(json_object_get(s64, "data"), "tls.crt", json_string("AAAA"));
+    assert_int_equal(pem_of(s64, msg, sizeof(msg), &reason), -1);
+    assert_non_null(strstr(msg, "data tls.crt is not PEM text"));
+    tc_free(&a);
+    tc_free(&b);
+}
+
+static void test_secrets_in_the_cache(void **state)
+{
+    (void)state;
+    tc_pair_t a, a2;
+    tc_make(&a, TC_EC256, "a.example", "a.example", -3600, 86400, NULL, false);
+    tc_make(&a2, TC_EC256, "a.example", "a.example", -3600, 86400, NULL, false);
+    kcache_t c;
+    cache_init(&c);
+    for (int k = 0; k < SL_KIND__COUNT; k++) {
+        json_t *none = json_array();
+        cache_apply(&c, (enum sl_kind)k, EV_SYNC, none);
+        json_decref(none);
+    }
+    json_t *cert = cert_doc("web", "10", "web-tls");
+    assert_int_equal(cache_apply(&c, SL_KIND_CERTIFICATE, EV_ADDED, cert), 1);
+    json_decref(cert);
+    /* Named: wanted, not settled until listed (or failing). */
+    json_t *wanted = secrets_wanted(&c);
+    assert_non_null(json_object_get(wanted, "default/web-tls"));
+    assert_int_equal(json_object_size(wanted), 1);
+    json_decref(wanted);
+    json_object_set_new(c.secrets, "default/web-tls",
+                        json_pack("{s:i, s:s, s:n}", "wid", 7, "state", "listing", "obj"));
+    assert_false(secrets_settled(&c));
+
+    sl_resource_set_t set, view;
+    json_t *invalid = json_object();
+    /* Listed, not there: SecretNotFound, the Certificate left out. */
+    json_t *none = json_array();
+    assert_int_equal(secret_apply(&c, "default/web-tls", 6, EV_SYNC, none), 0); /* old watcher */
+    assert_int_equal(secret_apply(&c, "default/web-tls", 7, EV_SYNC, none), 1);
+    json_decref(none);
+    assert_true(secrets_settled(&c));
+    sl_resource_set_init(&set);
+    assert_int_equal(cache_build(&c, &set, NULL, invalid), 10);
+    assert_int_equal(set.count, 0);
+    json_t *cond = json_array_get(
+        json_object_get(json_object_get(invalid, "certificates/default/web"), "conditions"), 0);
+    assert_string_equal(json_string_value(json_object_get(cond, "reason")), "SecretNotFound");
+    assert_non_null(strstr(json_string_value(json_object_get(cond, "message")),
+                           "Secret default/web-tls not found"));
+    sl_resource_set_free(&set);
+
+    /* Created at 12: the compiled Certificate holds its PEM inline, the view
+     * the Certificate as written; the version is the Secret's. */
+    json_t *s = secret("web-tls", "12", "kubernetes.io/tls", a.cert_pem, a.key_pem);
+    assert_int_equal(secret_apply(&c, "default/web-tls", 7, EV_ADDED, s), 1);
+    assert_int_equal(secret_apply(&c, "default/web-tls", 7, EV_MODIFIED, s), 0); /* same */
+    json_decref(s);
+    /* Another Secret's event (never sent by a fieldSelector watch): ignored. */
+    json_t *other = secret("other", "13", "kubernetes.io/tls", a2.cert_pem, a2.key_pem);
+    assert_int_equal(secret_apply(&c, "default/web-tls", 7, EV_MODIFIED, other), 0);
+    json_decref(other);
+    sl_resource_set_init(&set);
+    sl_resource_set_init(&view);
+    assert_int_equal(cache_build(&c, &set, &view, invalid), 12);
+    assert_int_equal(json_object_size(invalid), 0);
+    assert_int_equal(set.count, 1);
+    json_t *spec = json_object_get(set.items[0].obj, "spec");
+    assert_string_equal(json_string_value(json_object_get(spec, "certificate")), a.cert_pem);
+    assert_string_equal(json_string_value(json_object_get(spec, "privateKey")), a.key_pem);
+    assert_null(json_object_get(spec, "secretRef"));
+    assert_int_equal(view.count, 1);
+    assert_non_null(json_object_get(json_object_get(view.items[0].obj, "spec"), "secretRef"));
+    assert_null(json_object_get(json_object_get(view.items[0].obj, "spec"), "privateKey"));
+    sl_resource_set_free(&set);
+    sl_resource_set_free(&view);
+
+    /* Rotated at 15: the new PEM, version 15. */
+    s = secret("web-tls", "15", "kubernetes.io/tls", a2.cert_pem, a2.key_pem);
+    assert_int_equal(secret_apply(&c, "default/web-tls", 7, EV_MODIFIED, s), 1);
+    json_decref(s);
+    sl_resource_set_init(&set);
+    assert_int_equal(cache_build(&c, &set, NULL, invalid), 15);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(set.items[0].obj, "spec"),
+                                                          "certificate")),
+                        a2.cert_pem);
+    sl_resource_set_free(&set);
+
+    /* Deleted at 20: not found again, the deletion is the version. */
+    s = secret("web-tls", "20", "kubernetes.io/tls", a2.cert_pem, a2.key_pem);
+    assert_int_equal(secret_apply(&c, "default/web-tls", 7, EV_DELETED, s), 1);
+    json_decref(s);
+    sl_resource_set_init(&set);
+    assert_int_equal(cache_build(&c, &set, NULL, invalid), 20);
+    assert_int_equal(set.count, 0);
+    assert_non_null(json_object_get(invalid, "certificates/default/web"));
+    sl_resource_set_free(&set);
+
+    /* A list failure (RBAC) of a Secret never listed: SecretUnreadable. */
+    json_object_set_new(c.secrets, "default/web-tls",
+                        json_pack("{s:i, s:s, s:n}", "wid", 8, "state", "listing", "obj"));
+    json_t *why = json_string("list ...: HTTP 403: forbidden");
+    assert_int_equal(secret_apply(&c, "default/web-tls", 8, EV_ERROR, why), 1);
+    assert_int_equal(secret_apply(&c, "default/web-tls", 8, EV_ERROR, why), 0);
+    json_decref(why);
+    assert_true(secrets_settled(&c));
+    sl_resource_set_init(&set);
+    cache_build(&c, &set, NULL, invalid);
+    cond = json_array_get(
+        json_object_get(json_object_get(invalid, "certificates/default/web"), "conditions"), 0);
+    assert_string_equal(json_string_value(json_object_get(cond, "reason")), "SecretUnreadable");
+    assert_non_null(strstr(json_string_value(json_object_get(cond, "message")), "HTTP 403"));
+    sl_resource_set_free(&set);
+
+    /* --namespace edge: a Secret elsewhere is neither watched nor used. */
+    c.only_ns = "edge";
+    wanted = secrets_wanted(&c);
+    assert_int_equal(json_object_size(wanted), 0);
+    json_decref(wanted);
+    sl_resource_set_init(&set);
+    cache_build(&c, &set, NULL, invalid);
+    cond = json_array_get(
+        json_object_get(json_object_get(invalid, "certificates/default/web"), "conditions"), 0);
+    assert_string_equal(json_string_value(json_object_get(cond, "reason")), "RefNotPermitted");
+    sl_resource_set_free(&set);
+
+    json_decref(invalid);
+    cache_free(&c);
+    tc_free(&a);
+    tc_free(&a2);
 }
 
 /* ---- a fake API server ---------------------------------------------------- */
@@ -457,6 +705,8 @@ int main(void)
         cmocka_unit_test(test_rv_number),
         cmocka_unit_test(test_parse_event),
         cmocka_unit_test(test_cache_and_build),
+        cmocka_unit_test(test_secret_pem),
+        cmocka_unit_test(test_secrets_in_the_cache),
         cmocka_unit_test(test_source_against_a_fake_server),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
