@@ -189,6 +189,13 @@ def test_defaults_controller():
     role = [o for o in objects(render({"rbac": {"secrets": {"read": False}}})[0])
             if o["kind"] == "Role"][0]
     assert not [r for r in role["rules"] if r["apiGroups"] == [""]]
+    # A Role grants only in its namespace: it and its binding go where the
+    # controller watches, the subject stays the release's service account.
+    other = objects(render({"controller": {"watchNamespace": "shop"}})[0])
+    for kind in ("Role", "RoleBinding"):
+        assert [o["metadata"]["namespace"] for o in other if o["kind"] == kind] == ["shop"], kind
+    binding = [o for o in other if o["kind"] == "RoleBinding"][0]
+    assert binding["subjects"][0]["namespace"] != "shop"
     secret = [o for o in objs if o["kind"] == "Secret"]
     assert len(secret) == 1 and len(secret[0]["data"]["token"]) >= 40
 
