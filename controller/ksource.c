@@ -11,6 +11,7 @@
 
 #include "core.h"
 #include "httpc.h"
+#include "kreplicas.h"
 #include "kubeconfig.h"
 #include "log.h"
 #include "model.h"
@@ -42,6 +43,7 @@
 #define WATCH_IDLE_MS 130000 /* no byte for this long (bookmarks come every minute): reconnect */
 #define LINE_MAX_BYTES (16u * 1024 * 1024) /* one watch event */
 #define STATUS_RECHECK_MS 5000
+#define PEERS_POLL_MS 10000 /* the controllers' EndpointSlices: who is live */
 
 /* ---- pure parts (unit-tested) --------------------------------------------- */
 
@@ -774,6 +776,16 @@ struct sl_ksource {
     pthread_cond_t scond;
     json_t *pending; /* key -> {kind, ns, name, status} */
     char sfailing[768];
+
+    /* Several replicas (kreplicas.h): this one's name (POD_NAME, else the
+     * host name) and, when SLUICE_CONTROLLER_SERVICE names the controllers'
+     * Service, the live replicas from its EndpointSlices (polled by the
+     * status writer; `live` under slock, NULL until a first answer). */
+    char replica[254];
+    char peers_service[254];
+    char peers_ns[64];
+    json_t *live;
+    char peers_failing[512];
 };
 
 static uint64_t mono_ms(void)
@@ -1301,8 +1313,24 @@ static void status_sync(sl_ksource_t *ks)
             snprintf(crv, sizeof(crv), "%" JSON_INTEGER_FORMAT,
                      json_integer_value(json_object_get(e, "crv")));
             json_object_set_new(st, "configResourceVersion", json_string(crv));
+            json_t *server = json_object_get(e, "status");
+            int replicas = 0;
+            if (k == SL_KIND_API || k == SL_KIND_GATEWAY) {
+                pthread_mutex_lock(&ks->slock);
+                json_t *live = ks->live ? json_deep_copy(ks->live) : NULL;
+                pthread_mutex_unlock(&ks->slock);
+                if (live) {
+                    json_t *agg = sl_kreplicas_status(st, server, ks->replica, live);
+                    json_decref(live);
+                    json_decref(st);
+                    if (!(st = agg))
+                        continue;
+                    replicas = 1;
+                }
+            }
             json_t *last = json_object_get(ks->written, source);
-            if (json_equal(st, json_object_get(e, "status")) || (last && json_equal(st, last))) {
+            if ((replicas ? sl_kreplicas_unchanged(server, st) : json_equal(st, server)) ||
+                (last && json_equal(st, last))) {
                 json_decref(st);
                 continue;
             }
@@ -1408,14 +1436,69 @@ static int write_status(sl_ksource_t *ks, json_t *item)
     return -1;
 }
 
+/* The live controller replicas: the ready Pods behind the controllers'
+ * Service. A failure keeps what was known (a replica never counts its peers
+ * as gone because the API server did not answer once). */
+static void poll_peers(sl_ksource_t *ks)
+{
+    char target[1700], hdr[8192], err[300], msg[512] = "";
+    snprintf(target, sizeof(target),
+             "%s/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices?labelSelector="
+             "kubernetes.io%%2Fservice-name%%3D%s",
+             ks->prefix, ks->peers_ns, ks->peers_service);
+    if (sl_kubeconfig_auth_header(&ks->kc, hdr, sizeof(hdr), err, sizeof(err)) != 0) {
+        snprintf(msg, sizeof(msg), "%s", err);
+    } else {
+        strncat(hdr, "Accept: application/json\r\n", sizeof(hdr) - strlen(hdr) - 1);
+        const char *body;
+        size_t len;
+        int st = sl_httpc_request(&ks->shttp, "GET", target, hdr, NULL, 0, REQUEST_TIMEOUT_MS,
+                                  &body, &len);
+        json_t *list = st == 200 ? json_loadb(body, len, 0, NULL) : NULL;
+        if (list) {
+            json_t *live = json_object();
+            sl_kreplicas_from_slices(list, live);
+            json_object_set_new(live, ks->replica, json_true());
+            json_decref(list);
+            pthread_mutex_lock(&ks->slock);
+            json_decref(ks->live);
+            ks->live = live;
+            pthread_mutex_unlock(&ks->slock);
+            if (ks->peers_failing[0])
+                sl_log_notice("kubernetes: the controllers' EndpointSlices are readable again");
+            ks->peers_failing[0] = '\0';
+            return;
+        }
+        if (st == 0)
+            snprintf(msg, sizeof(msg), "GET %.200s: %.200s", target, ks->shttp.why);
+        else
+            snprintf(msg, sizeof(msg), "GET %.200s: HTTP %d%s", target, st,
+                     st == 403 ? " (RBAC: the controller needs list on endpointslices in "
+                                 "discovery.k8s.io)"
+                               : "");
+    }
+    if (strcmp(msg, ks->peers_failing) != 0)
+        sl_log_warn("kubernetes: cannot tell which controller replicas are live: %s; the "
+                    "Programmed counts use the last known set",
+                    msg);
+    snprintf(ks->peers_failing, sizeof(ks->peers_failing), "%s", msg);
+}
+
 static void *status_main(void *arg)
 {
     sl_ksource_t *ks = arg;
-    uint64_t backoff = 0, retry_at = 0;
+    uint64_t backoff = 0, retry_at = 0, peers_at = 0;
     unsigned seed = (unsigned)mono_ms();
     pthread_mutex_lock(&ks->slock);
     while (!atomic_load(&ks->stop)) {
         uint64_t now = mono_ms();
+        if (ks->peers_service[0] && now >= peers_at) {
+            pthread_mutex_unlock(&ks->slock);
+            poll_peers(ks);
+            pthread_mutex_lock(&ks->slock);
+            peers_at = mono_ms() + PEERS_POLL_MS;
+            continue;
+        }
         if (!json_object_size(ks->pending) || now < retry_at) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -1517,6 +1600,19 @@ sl_ksource_t *sl_ksource_start(struct event_base *base, sl_controller_t *ctl, sl
     pthread_mutex_init(&ks->kc.lock, NULL);
     memset(kc, 0, sizeof(*kc));
     ks->ns = ns ? strdup(ns) : NULL;
+    {
+        const char *pod = getenv("POD_NAME"), *svc = getenv("SLUICE_CONTROLLER_SERVICE");
+        const char *pns = getenv("POD_NAMESPACE");
+        if (pod && *pod)
+            snprintf(ks->replica, sizeof(ks->replica), "%s", pod);
+        else if (gethostname(ks->replica, sizeof(ks->replica) - 1) != 0 || !ks->replica[0])
+            snprintf(ks->replica, sizeof(ks->replica), "sluice-controller");
+        if (svc && *svc) {
+            snprintf(ks->peers_service, sizeof(ks->peers_service), "%s", svc);
+            snprintf(ks->peers_ns, sizeof(ks->peers_ns), "%s",
+                     pns && *pns ? pns : ks->ns ? ks->ns : "default");
+        }
+    }
     ks->stop_pipe[0] = ks->stop_pipe[1] = ks->qpipe[0] = ks->qpipe[1] = -1;
     pthread_mutex_init(&ks->qlock, NULL);
     pthread_mutex_init(&ks->slock, NULL);
@@ -1634,6 +1730,7 @@ void sl_ksource_stop(sl_ksource_t *ks)
     json_decref(ks->invalid);
     json_decref(ks->written);
     json_decref(ks->pending);
+    json_decref(ks->live);
     pthread_mutex_destroy(&ks->qlock);
     pthread_mutex_destroy(&ks->slock);
     pthread_cond_destroy(&ks->scond);

@@ -177,8 +177,9 @@ class Controller:
     restarts, so kill9() + start() is a restart on the same store."""
 
     def __init__(self, workdir, stream_host="127.0.0.1", resources=(), log_level="info",
-                 extra_args=()):
+                 extra_args=(), extra_env=None):
         self.workdir = str(workdir)
+        self.extra_env = dict(extra_env or {})
         os.makedirs(self.workdir, exist_ok=True)
         self.data_dir = os.path.join(self.workdir, "data")
         self.log_path = os.path.join(self.workdir, "controller.log")
@@ -211,7 +212,7 @@ class Controller:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log,
                                          stdin=subprocess.DEVNULL, cwd=self.workdir,
-                                         env=Runtime.env())
+                                         env=dict(Runtime.env(), **self.extra_env))
         self.procs.append(self.proc)
         if wait_ready:
             self.wait_ready(timeout)

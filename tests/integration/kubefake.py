@@ -6,7 +6,9 @@ bearer tokens over HTTPS), with the knobs a test needs (drop every
 connection, stop and restart on the same port, expire old resourceVersions,
 a request log), and core/v1 Secrets (list and watch, namespaced, with
 fieldSelector=metadata.name=NAME: what the controller asks for the Secrets
-that Certificates name; `forbid_secrets` answers 403 as RBAC would).
+that Certificates name; `forbid_secrets` answers 403 as RBAC would), and
+the EndpointSlices of a Service (`endpoint_slices`, set by the test: which
+controller replicas are live).
 
 Responsible for: the protocol as the Kubernetes API server speaks it for
 custom resources and Secrets (one resourceVersion counter for every
@@ -30,6 +32,19 @@ GROUP = "/apis/gateway.sluice.dev/v1alpha1"
 CORE = "/api/v1"
 PLURALS = {"Gateway": "gateways", "Api": "apis", "Backend": "backends",
            "Consumer": "consumers", "Certificate": "certificates", "Secret": "secrets"}
+
+
+def merge_patch(target, patch):
+    """RFC 7386, as the API server applies application/merge-patch+json."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
 
 
 def tls_secret(name, cert_pem, key_pem, ns="default", type_="kubernetes.io/tls"):
@@ -58,6 +73,7 @@ class FakeKube:
         self.events = []       # (rv, type, plural, ns, object)
         self.oldest_rv = 0     # a watch from an RV below this gets 410
         self.requests = []     # "METHOD target"
+        self.endpoint_slices = {}  # (ns, service) -> [ready pod names]
         self.patches = []      # (path, body)
         self.epoch = 0         # bumped by drop(): open watches end abruptly
         self.conns = set()
@@ -196,9 +212,32 @@ class FakeKube:
                     ns, parts = parts[1], parts[2:]
                 return ns, parts, q
 
+            def endpoint_slices(self):
+                """GET .../namespaces/NS/endpointslices?labelSelector=
+                kubernetes.io/service-name=SVC: one slice of the ready
+                Pods the test listed."""
+                u = urllib.parse.urlsplit(self.path)
+                parts = u.path.split("/")
+                q = dict(urllib.parse.parse_qsl(u.query))
+                svc = q.get("labelSelector", "").partition("kubernetes.io/service-name=")[2]
+                with fake.lock:
+                    pods = fake.endpoint_slices.get((parts[5], svc), [])
+                    rv = str(fake.rv)
+                eps = [{"addresses": ["10.0.0.%d" % (i + 1)], "conditions": {"ready": True},
+                        "targetRef": {"kind": "Pod", "name": p, "namespace": parts[5]}}
+                       for i, p in enumerate(pods)]
+                self.send_json(200, {"apiVersion": "discovery.k8s.io/v1",
+                                     "kind": "EndpointSliceList",
+                                     "metadata": {"resourceVersion": rv},
+                                     "items": [{"metadata": {"name": svc + "-x"},
+                                                "addressType": "IPv4", "endpoints": eps}]})
+
             def do_GET(self):
                 if not self.authorized():
                     return
+                if self.path.startswith("/apis/discovery.k8s.io/v1/namespaces/") and \
+                        urllib.parse.urlsplit(self.path).path.endswith("/endpointslices"):
+                    return self.endpoint_slices()
                 p = self.parse()
                 if not p or len(p[1]) != 1 or p[1][0] not in PLURALS.values():
                     return self.status_error(404, "NotFound", "the server could not find the "
@@ -307,7 +346,7 @@ class FakeKube:
                                                  % (plural, name))
                     fake.rv += 1
                     obj = json.loads(json.dumps(obj))
-                    obj["status"] = patch["status"]
+                    obj["status"] = merge_patch(obj.get("status"), patch["status"])
                     obj["metadata"]["resourceVersion"] = str(fake.rv)
                     fake.objects[(plural, ns, name)] = obj
                     fake._event("MODIFIED", plural, obj)

@@ -170,8 +170,19 @@ def test_defaults_controller():
     svc = find(objs, "Service", "controller")
     assert {p["port"] for p in svc["spec"]["ports"]} == {9090, 18000}
     assert find(objs, "PodDisruptionBudget", "controller")
-    roles = [o for o in objs if o["kind"] == "Role"]
+    roles = [o for o in objs if o["kind"] == "Role" and
+             not o["metadata"]["name"].endswith("-controller-peers")]
     assert len(roles) == 1
+    # The live replicas (Programmed over several controllers): EndpointSlices,
+    # list only, in the release's namespace; the controller is told its Pod,
+    # namespace and Service.
+    peers = [o for o in objs if o["kind"] == "Role" and
+             o["metadata"]["name"].endswith("-controller-peers")]
+    assert [r for p in peers for r in p["rules"]] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+    envs = {e["name"]: e for e in c.get("env", [])}
+    assert envs["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert envs["SLUICE_CONTROLLER_SERVICE"]["value"] == svc["metadata"]["name"]
     for rule in roles[0]["rules"]:
         if rule["apiGroups"] == [""]:
             # The Secrets Certificates name (spec.secretRef): read-only.
@@ -183,18 +194,20 @@ def test_defaults_controller():
     assert [r for r in roles[0]["rules"] if r["apiGroups"] == [""]]
     # Narrowed to names, or not granted at all.
     role = [o for o in objects(render({"rbac": {"secrets": {"names": ["a-tls", "b-tls"]}}})[0])
-            if o["kind"] == "Role"][0]
+            if o["kind"] == "Role" and o["metadata"]["name"].endswith("-controller")][0]
     assert [r["resourceNames"] for r in role["rules"] if r["apiGroups"] == [""]] == \
         [["a-tls", "b-tls"]]
     role = [o for o in objects(render({"rbac": {"secrets": {"read": False}}})[0])
-            if o["kind"] == "Role"][0]
+            if o["kind"] == "Role" and o["metadata"]["name"].endswith("-controller")][0]
     assert not [r for r in role["rules"] if r["apiGroups"] == [""]]
     # A Role grants only in its namespace: it and its binding go where the
     # controller watches, the subject stays the release's service account.
     other = objects(render({"controller": {"watchNamespace": "shop"}})[0])
     for kind in ("Role", "RoleBinding"):
-        assert [o["metadata"]["namespace"] for o in other if o["kind"] == kind] == ["shop"], kind
-    binding = [o for o in other if o["kind"] == "RoleBinding"][0]
+        assert [o["metadata"]["namespace"] for o in other if o["kind"] == kind and
+                not o["metadata"]["name"].endswith("-peers")] == ["shop"], kind
+    binding = [o for o in other if o["kind"] == "RoleBinding" and
+               not o["metadata"]["name"].endswith("-peers")][0]
     assert binding["subjects"][0]["namespace"] != "shop"
     secret = [o for o in objs if o["kind"] == "Secret"]
     assert len(secret) == 1 and len(secret[0]["data"]["token"]) >= 40

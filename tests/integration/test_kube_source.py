@@ -371,3 +371,66 @@ def test_against_the_controllers_own_kubernetes_api(env, tmp_path):  # noqa: F81
         api_server.stop()
         problems = api_server.problems()
         assert not problems, problems
+
+
+def programmed(status):
+    for c in (status or {}).get("conditions", []):
+        if c["type"] == "Programmed":
+            return c
+    return None
+
+
+def test_replicas_count_their_runtimes_together(env, kube):  # noqa: F811
+    """Two replicas, one runtime on each: the Api's Programmed condition
+    counts both runtimes (each replica writes its own entry under
+    status.replicas); a replica that is gone from the controllers' Service
+    is no longer counted and its entry goes."""
+    lab = env.net(2)
+    b = env.backend("echo")
+    port = free_port()
+    quickstart(kube, port, b.port, host=lab.hub_ip, address="0.0.0.0")
+    kube.endpoint_slices[("default", "sluice-controller")] = ["ctl-a", "ctl-b"]
+    peers = {"SLUICE_CONTROLLER_SERVICE": "sluice-controller", "POD_NAMESPACE": "default"}
+    args = ["--source", "kubernetes", "--kubeconfig", kube.config]
+    ctl_a = Controller(env.tmp / "ca", stream_host=env.hub, extra_args=args,
+                       extra_env=dict(peers, POD_NAME="ctl-a"))
+    env.ctl = ctl_a
+    ctl_a.start()
+    ctl_b = Controller(env.tmp / "cb", stream_host=env.hub, extra_args=args,
+                       extra_env=dict(peers, POD_NAME="ctl-b"))
+    ctl_b.start()
+    try:
+        rt_a = env.runtime("rt-a")
+        rt_b = ManagedRuntime(env.tmp / "rt-b", ctl_b.stream_addr, "rt-b", lab=lab, index=1)
+        env.rts.append(rt_b)
+        rt_b.start(wait_ready=False)
+        wait_routes([rt_a, rt_b], port, "/petstore/v1/pets", 200, 10.0)
+
+        def both():
+            st = kube.status_of("Api", "petstore")
+            c = programmed(st)
+            return st if c and c["status"] == "True" and "2 of 2 runtimes" in c["message"] \
+                and set(st.get("replicas", {})) == {"ctl-a", "ctl-b"} else None
+        st = wait_until(both, 20.0, what="Programmed counting both replicas' runtimes")
+        assert "(2 controller replicas)" in programmed(st)["message"], st
+        assert st["fleets"] == [{"fleet": "default", "version": st["fleets"][0]["version"],
+                                 "runtimes": 2, "programmed": 2}], st
+        # The replicas agree: no more status writes once settled.
+        time.sleep(6)
+        before = len(kube.patches)
+        time.sleep(6)
+        assert len(kube.patches) == before, kube.patches[before:]
+
+        # ctl-b goes away (its Pod leaves the Service's endpoints).
+        kube.endpoint_slices[("default", "sluice-controller")] = ["ctl-a"]
+        ctl_b.stop()
+
+        def one():
+            st = kube.status_of("Api", "petstore")
+            c = programmed(st)
+            return st if c and "1 of 1 runtime runs" in c["message"] \
+                and set(st.get("replicas", {})) == {"ctl-a"} else None
+        st = wait_until(one, 30.0, what="ctl-b's runtime no longer counted")
+        assert programmed(st)["status"] == "True"
+    finally:
+        ctl_b.stop()
