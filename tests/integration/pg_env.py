@@ -11,7 +11,7 @@ import os
 import pwd
 import shutil
 import subprocess
-import time
+import tempfile
 
 from helpers import free_port, wait_until
 
@@ -36,9 +36,13 @@ def pg_missing():
 
 
 class Postgres:
-    def __init__(self, workdir):
-        self.dir = os.path.join(str(workdir), "pg")
-        os.makedirs(self.dir, exist_ok=True)
+    def __init__(self, workdir=None):
+        # Its own directory under /tmp rather than pytest's numbered base
+        # directory: a concurrent pytest session prunes old base directories
+        # (changing their modes as it goes), which a server running as
+        # another user does not survive. `workdir` is not used for data.
+        del workdir
+        self.dir = tempfile.mkdtemp(prefix="sluice-pg-")
         pw = pwd.getpwnam("postgres")
         # Every component on the way must be traversable by postgres.
         d = self.dir
@@ -108,4 +112,4 @@ class Postgres:
     def close(self):
         if self.running():
             self.stop("immediate")
-        time.sleep(0.1)
+        shutil.rmtree(self.dir, ignore_errors=True)
