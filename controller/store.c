@@ -170,11 +170,11 @@ static const char *const stmt_sql[STMT__COUNT] = {
 };
 
 struct sl_store {
-    sqlite3 *db;      /* SQLite backend, or */
-    sl_pg_t *pg;      /* PostgreSQL backend (--store postgres://...) */
-    uint64_t tx_rv;   /* resourceVersion taken by the open transaction */
+    sqlite3 *db;             /* SQLite backend, or */
+    sl_store_pg_t *pg;       /* PostgreSQL backend (--store postgres://...) */
+    uint64_t tx_rv;          /* resourceVersion taken by the open transaction */
     uint64_t loaded_version; /* config RV of the last load_all */
-    char *path; /* DATA_DIR/sluice.db or the URI without password, for messages */
+    char *path;              /* DATA_DIR/sluice.db or the URI without password, for messages */
     sqlite3_stmt *stmt[STMT__COUNT];
     uint64_t last_write_us;
     /* Told of every committed change (watches); NULL = nobody. */
@@ -289,7 +289,7 @@ static int mkdir_p(const char *dir, char *err, size_t errlen)
 /* The backend's last error, for messages. */
 static const char *db_errmsg(sl_store_t *st)
 {
-    return st->pg ? sl_pg_errmsg(st->pg) : sqlite3_errmsg(st->db);
+    return st->pg ? sl_store_pg_errmsg(st->pg) : sqlite3_errmsg(st->db);
 }
 
 static void stmt_done(sqlite3_stmt *s)
@@ -501,12 +501,12 @@ sl_store_t *sl_store_open_postgres(const char *url, char *err, size_t errlen)
         set_err(err, errlen, "store: out of memory");
         return NULL;
     }
-    st->pg = sl_pg_open(st, url, pg_migrations, STORE_SCHEMA_VERSION, display, sizeof(display),
-                        err, errlen);
+    st->pg = sl_store_pg_open(st, url, pg_migrations, STORE_SCHEMA_VERSION, display,
+                              sizeof(display), err, errlen);
     if (!st->pg || !(st->path = strdup(display))) {
         if (st->pg)
             set_err(err, errlen, "store: out of memory");
-        sl_pg_close(st->pg);
+        sl_store_pg_close(st->pg);
         free(st);
         return NULL;
     }
@@ -516,13 +516,13 @@ sl_store_t *sl_store_open_postgres(const char *url, char *err, size_t errlen)
 int sl_store_attach(sl_store_t *st, struct event_base *base, void (*on_change)(void *arg),
                     void *arg)
 {
-    return st->pg ? sl_pg_attach(st->pg, base, on_change, arg) : 0;
+    return st->pg ? sl_store_pg_attach(st->pg, base, on_change, arg) : 0;
 }
 
 int sl_store_available(void *arg, char *why, size_t whylen)
 {
     sl_store_t *st = arg;
-    return !st || !st->pg || sl_pg_available(st->pg, why, whylen);
+    return !st || !st->pg || sl_store_pg_available(st->pg, why, whylen);
 }
 
 const char *sl_store_name(const sl_store_t *st)
@@ -546,7 +546,7 @@ static enum sl_store_result outcome(sl_store_t *st, enum sl_store_result r, char
                                     size_t errlen)
 {
     char why[600];
-    if (r != SL_STORE_ERROR || !st || !st->pg || sl_pg_available(st->pg, why, sizeof(why)))
+    if (r != SL_STORE_ERROR || !st || !st->pg || sl_store_pg_available(st->pg, why, sizeof(why)))
         return r;
     set_err(err, errlen, "%s; retry when it is back", why);
     return SL_STORE_UNAVAILABLE;
@@ -557,7 +557,7 @@ void sl_store_close(sl_store_t *st)
     if (!st)
         return;
     if (st->pg) {
-        sl_pg_close(st->pg);
+        sl_store_pg_close(st->pg);
         free(st->path);
         free(st);
         return;
@@ -575,7 +575,7 @@ void sl_store_close(sl_store_t *st)
 static int counter_read(sl_store_t *st, const char *name, uint64_t *out)
 {
     if (st->pg)
-        return sl_pg_counter_read(st->pg, name, out);
+        return sl_store_pg_counter_read(st->pg, name, out);
     sqlite3_stmt *s = st->stmt[STMT_COUNTER_GET];
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
     int rc = sqlite3_step(s);
@@ -593,7 +593,7 @@ static int counter_read(sl_store_t *st, const char *name, uint64_t *out)
 static int counter_write(sl_store_t *st, const char *name, uint64_t value)
 {
     if (st->pg)
-        return sl_pg_counter_write(st->pg, name, value);
+        return sl_store_pg_counter_write(st->pg, name, value);
     sqlite3_stmt *s = st->stmt[STMT_COUNTER_SET];
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
     sqlite3_bind_int64(s, 2, (sqlite3_int64)value);
@@ -603,9 +603,8 @@ static int counter_write(sl_store_t *st, const char *name, uint64_t value)
 static int tx_begin(sl_store_t *st, char *err, size_t errlen)
 {
     st->tx_rv = 0;
-    if (st->pg ? sl_pg_begin(st->pg) != 0 : run(st, STMT_BEGIN) != 0) {
-        set_err(err, errlen, "store %s: cannot start a transaction: %s", st->path,
-                db_errmsg(st));
+    if (st->pg ? sl_store_pg_begin(st->pg) != 0 : run(st, STMT_BEGIN) != 0) {
+        set_err(err, errlen, "store %s: cannot start a transaction: %s", st->path, db_errmsg(st));
         return -1;
     }
     return 0;
@@ -615,7 +614,7 @@ static int tx_commit(sl_store_t *st, char *err, size_t errlen)
 {
     if (st->pg) {
         /* Other replicas are told by NOTIFY, in the transaction. */
-        if (sl_pg_commit(st->pg, st->tx_rv) != 0) {
+        if (sl_store_pg_commit(st->pg, st->tx_rv) != 0) {
             set_err(err, errlen, "store %s: commit failed: %s", st->path, db_errmsg(st));
             return -1;
         }
@@ -635,7 +634,7 @@ static int tx_commit(sl_store_t *st, char *err, size_t errlen)
 static void tx_rollback(sl_store_t *st)
 {
     if (st->pg) {
-        sl_pg_rollback(st->pg);
+        sl_store_pg_rollback(st->pg);
         return;
     }
     if (!sqlite3_get_autocommit(st->db) && run(st, STMT_ROLLBACK) != 0)
@@ -706,13 +705,13 @@ static int row_get(sl_store_t *st, const char *kind, const char *ns, const char 
 {
     memset(row, 0, sizeof(*row));
     if (st->pg) {
-        sl_pg_row_t r;
-        if (sl_pg_row_get(st->pg, kind, ns, name, &r) != 0)
+        sl_store_pg_row_t r;
+        if (sl_store_pg_row_get(st->pg, kind, ns, name, &r) != 0)
             return -1;
         if (!r.found)
             return 0;
-        return row_fill(st, kind, ns, name, want_body, row, r.uid, r.rv, r.generation,
-                        r.spec_hash, r.created_at, r.body, r.status);
+        return row_fill(st, kind, ns, name, want_body, row, r.uid, r.rv, r.generation, r.spec_hash,
+                        r.created_at, r.body, r.status);
     }
     sqlite3_stmt *s = st->stmt[STMT_GET];
     sqlite3_bind_text(s, 1, kind, -1, SQLITE_STATIC);
@@ -742,15 +741,15 @@ static int next_rv(sl_store_t *st, uint64_t *rv, char *err, size_t errlen)
 {
     uint64_t v = 0;
     if (st->pg) {
-        if (sl_pg_next_rv(st->pg, &v) != 0) {
+        if (sl_store_pg_next_rv(st->pg, &v) != 0) {
             set_err(err, errlen, "store %s: cannot take a resourceVersion: %s", st->path,
                     db_errmsg(st));
             return -1;
         }
     } else {
         if (counter_read(st, STORE_RV_COUNTER, &v) != 0) {
-            set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s",
-                    st->path, db_errmsg(st));
+            set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s", st->path,
+                    db_errmsg(st));
             return -1;
         }
         /* resource_version column is a signed SQLite integer. */
@@ -760,8 +759,8 @@ static int next_rv(sl_store_t *st, uint64_t *rv, char *err, size_t errlen)
         }
         v++;
         if (counter_write(st, STORE_RV_COUNTER, v) != 0) {
-            set_err(err, errlen, "store %s: cannot write the resourceVersion counter: %s",
-                    st->path, db_errmsg(st));
+            set_err(err, errlen, "store %s: cannot write the resourceVersion counter: %s", st->path,
+                    db_errmsg(st));
             return -1;
         }
     }
@@ -907,7 +906,8 @@ static enum sl_store_result put_one_row(sl_store_t *st, json_t *obj, enum sl_sto
 
     int rc;
     if (st->pg) {
-        rc = sl_pg_upsert(st->pg, kname, ns, name, uid, rv, generation, hash, body, created, now);
+        rc = sl_store_pg_upsert(st->pg, kname, ns, name, uid, rv, generation, hash, body, created,
+                                now);
     } else {
         sqlite3_stmt *s = st->stmt[STMT_UPSERT];
         sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
@@ -924,8 +924,7 @@ static enum sl_store_result put_one_row(sl_store_t *st, json_t *obj, enum sl_sto
     }
     free(body);
     bool config_changed = !meta_same || strcmp(old.spec_hash, hash) != 0;
-    if (rc != 0 ||
-        (config_changed && counter_write(st, STORE_CONFIG_RV_COUNTER, rv) != 0)) {
+    if (rc != 0 || (config_changed && counter_write(st, STORE_CONFIG_RV_COUNTER, rv) != 0)) {
         set_err(err, errlen, "store %s: cannot write %s %s/%s: %s", st->path, kname, ns, name,
                 db_errmsg(st));
         json_decref(doc);
@@ -964,7 +963,7 @@ static void notify(sl_store_t *st, const char *type, json_t *doc)
 static void committed(sl_store_t *st)
 {
     if (st->pg)
-        sl_pg_sync(st->pg);
+        sl_store_pg_sync(st->pg);
 }
 
 void sl_store__emit(sl_store_t *st, const char *type, const char *body, const char *status)
@@ -1018,8 +1017,8 @@ static enum sl_store_result put_impl(sl_store_t *st, json_t *obj, enum sl_store_
 /* All of `objs` or none: the first failing item rolls the whole transaction
  * back and its error names it. On SL_STORE_OK *stored is a new array, in the
  * order of `objs`. */
-static enum sl_store_result put_many_impl(sl_store_t *st, json_t *objs, json_t **stored,
-                                          char *err, size_t errlen)
+static enum sl_store_result put_many_impl(sl_store_t *st, json_t *objs, json_t **stored, char *err,
+                                          size_t errlen)
 {
     *stored = NULL;
     if (!json_is_array(objs)) {
@@ -1154,8 +1153,8 @@ static enum sl_store_result begin_write(sl_store_t *st, const char *kname, const
 /* A delete also takes a resourceVersion, so that a list's resourceVersion
  * changes whenever its content does. */
 static enum sl_store_result delete_impl(sl_store_t *st, enum sl_kind kind, const char *ns,
-                                        const char *name, const char *expect_rv,
-                                        json_t **deleted, char *err, size_t errlen)
+                                        const char *name, const char *expect_rv, json_t **deleted,
+                                        char *err, size_t errlen)
 {
     if (deleted)
         *deleted = NULL;
@@ -1194,8 +1193,8 @@ static enum sl_store_result delete_impl(sl_store_t *st, enum sl_kind kind, const
     int rc;
     if (st->pg) {
         /* The tombstone other replicas replay the deletion from. */
-        rc = !gone_text || sl_pg_delete(st->pg, kname, ns, name) != 0 ||
-             sl_pg_tombstone(st->pg, rv, kname, ns, name, gone_text) != 0;
+        rc = !gone_text || sl_store_pg_delete(st->pg, kname, ns, name) != 0 ||
+             sl_store_pg_tombstone(st->pg, rv, kname, ns, name, gone_text) != 0;
     } else {
         sqlite3_stmt *s = st->stmt[STMT_DELETE];
         sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
@@ -1236,9 +1235,8 @@ fail_body:
 /* The written status replaces the stored one in one transaction, with a new
  * resourceVersion (also in the body's metadata) and the same generation. */
 static enum sl_store_result put_status_impl(sl_store_t *st, enum sl_kind kind, const char *ns,
-                                            const char *name, json_t *status,
-                                            const char *expect_rv, json_t **stored, char *err,
-                                            size_t errlen)
+                                            const char *name, json_t *status, const char *expect_rv,
+                                            json_t **stored, char *err, size_t errlen)
 {
     *stored = NULL;
     if ((unsigned)kind >= SL_KIND__COUNT || !name || !json_is_object(status)) {
@@ -1268,7 +1266,7 @@ static enum sl_store_result put_status_impl(sl_store_t *st, enum sl_kind kind, c
     }
     int rc;
     if (st->pg) {
-        rc = sl_pg_set_status(st->pg, kname, ns, name, status_text, rv, body_text, now);
+        rc = sl_store_pg_set_status(st->pg, kname, ns, name, status_text, rv, body_text, now);
     } else {
         sqlite3_stmt *s = st->stmt[STMT_SET_STATUS];
         sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
@@ -1342,7 +1340,7 @@ static enum sl_store_result list_impl(sl_store_t *st, enum sl_kind kind, const c
     const char *kname = sl_kind_name(kind);
     list_ctx_t c = {st, out, kname, ns};
     if (st->pg) {
-        if (sl_pg_list(st->pg, kname, ns, list_row, &c) != 0) {
+        if (sl_store_pg_list(st->pg, kname, ns, list_row, &c) != 0) {
             sl_log_error("store %s: list %s: %s", st->path, sl_kind_plural(kind), db_errmsg(st));
             json_decref(out);
             return SL_STORE_ERROR;
@@ -1399,14 +1397,15 @@ static int load_row(void *arg, const char *kname, const char *ns, const char *na
     load_ctx_t *c = arg;
     enum sl_kind kind;
     if (!kname || !ns || !name || sl_kind_from_name(kname, &kind) != 0) {
-        set_err(c->err, c->errlen, "store %s: row of unknown kind '%s' (written by a newer version?)",
-                c->st->path, kname ? kname : "");
+        set_err(c->err, c->errlen,
+                "store %s: row of unknown kind '%s' (written by a newer version?)", c->st->path,
+                kname ? kname : "");
         return -1;
     }
     json_t *obj = parse_body(c->st, body, kname, ns, name);
     if (!obj) {
-        set_err(c->err, c->errlen, "store %s: %s %s/%s: stored body is corrupt", c->st->path,
-                kname, ns, name);
+        set_err(c->err, c->errlen, "store %s: %s %s/%s: stored body is corrupt", c->st->path, kname,
+                ns, name);
         return -1;
     }
     char source[600];
@@ -1432,7 +1431,7 @@ static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set
         err[0] = '\0';
     if (st->pg) {
         uint64_t crv = 0;
-        if (sl_pg_load_all(st->pg, load_row, &c, STORE_CONFIG_RV_COUNTER, &crv) != 0) {
+        if (sl_store_pg_load_all(st->pg, load_row, &c, STORE_CONFIG_RV_COUNTER, &crv) != 0) {
             if (!err || !err[0])
                 set_err(err, errlen, "store %s: cannot read resources: %s", st->path,
                         db_errmsg(st));
@@ -1499,8 +1498,7 @@ enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, cons
                                          const char *name, json_t *status, const char *expect_rv,
                                          json_t **stored, char *err, size_t errlen)
 {
-    return outcome(st,
-                   put_status_impl(st, kind, ns, name, status, expect_rv, stored, err, errlen),
+    return outcome(st, put_status_impl(st, kind, ns, name, status, expect_rv, stored, err, errlen),
                    err, errlen);
 }
 
@@ -1509,8 +1507,8 @@ enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, cons
 uint64_t sl_store_resource_version(sl_store_t *st)
 {
     if (st->pg) {
-        sl_pg_sync(st->pg);
-        return sl_pg_seen(st->pg);
+        sl_store_pg_sync(st->pg);
+        return sl_store_pg_seen(st->pg);
     }
     return sl_store_counter_get(st, STORE_RV_COUNTER);
 }
@@ -1527,8 +1525,7 @@ uint64_t sl_store_counter_next(sl_store_t *st, const char *name)
     }
     uint64_t v;
     if (counter_read(st, name, &v) != 0) {
-        sl_log_error("store %s: counter %s: cannot read it: %s", st->path, name,
-                     db_errmsg(st));
+        sl_log_error("store %s: counter %s: cannot read it: %s", st->path, name, db_errmsg(st));
         tx_rollback(st);
         return 0;
     }
@@ -1540,8 +1537,7 @@ uint64_t sl_store_counter_next(sl_store_t *st, const char *name)
         return 0;
     }
     if (counter_write(st, name, v + 1) != 0) {
-        sl_log_error("store %s: counter %s: cannot write it: %s", st->path, name,
-                     db_errmsg(st));
+        sl_log_error("store %s: counter %s: cannot write it: %s", st->path, name, db_errmsg(st));
         tx_rollback(st);
         return 0;
     }
@@ -1594,7 +1590,7 @@ int sl_store_counter_max(sl_store_t *st, const char *like, uint64_t limit, uint6
                          size_t errlen)
 {
     if (st->pg) {
-        if (sl_pg_counter_max(st->pg, like, limit, out) != 0) {
+        if (sl_store_pg_counter_max(st->pg, like, limit, out) != 0) {
             set_err(err, errlen, "store %s: %s", st->path, db_errmsg(st));
             return -1;
         }

@@ -52,9 +52,9 @@ uint64_t sl_store_loaded_version(const sl_store_t *st);
 enum sl_store_result {
     SL_STORE_OK = 0,
     SL_STORE_NOT_FOUND,
-    SL_STORE_EXISTS,   /* create of an existing object (409) */
-    SL_STORE_CONFLICT, /* resourceVersion precondition failed (409/412) */
-    SL_STORE_ERROR,    /* I/O or SQLite error, message in err */
+    SL_STORE_EXISTS,      /* create of an existing object (409) */
+    SL_STORE_CONFLICT,    /* resourceVersion precondition failed (409/412) */
+    SL_STORE_ERROR,       /* I/O or SQLite error, message in err */
     SL_STORE_UNAVAILABLE, /* PostgreSQL cannot be reached (503), message in err */
 };
 

@@ -38,7 +38,7 @@
  * replayed less recently than that compares its whole key set. */
 #define PG_TOMBSTONE_KEEP 100000
 
-struct sl_pg {
+struct sl_store_pg {
     sl_store_t *owner;
     char *url;
     char display[512];
@@ -79,7 +79,7 @@ static void copy_msg(char *out, size_t outlen, const char *msg)
             *p = (p[1] ? ' ' : '\0');
 }
 
-static void schedule(sl_pg_t *pg, unsigned ms)
+static void schedule(sl_store_pg_t *pg, unsigned ms)
 {
     if (!pg->check_ev)
         return;
@@ -87,7 +87,7 @@ static void schedule(sl_pg_t *pg, unsigned ms)
     event_add(pg->check_ev, &tv);
 }
 
-static void close_listen(sl_pg_t *pg)
+static void close_listen(sl_store_pg_t *pg)
 {
     if (pg->listen_ev) {
         event_free(pg->listen_ev);
@@ -101,7 +101,7 @@ static void close_listen(sl_pg_t *pg)
 
 /* The connection is gone: every call fails at once until the timer has
  * reconnected. */
-static void mark_down(sl_pg_t *pg, const char *why)
+static void mark_down(sl_store_pg_t *pg, const char *why)
 {
     if (!pg->down)
         sl_log_error("store %s: unavailable: %s (writes answer 503 store_unavailable; "
@@ -125,20 +125,20 @@ static void mark_down(sl_pg_t *pg, const char *why)
  * debug log, not to stderr. */
 static void on_notice(void *arg, const char *message)
 {
-    sl_pg_t *pg = arg;
+    sl_store_pg_t *pg = arg;
     char msg[400];
     copy_msg(msg, sizeof(msg), message);
     sl_log_debug("store %s: %s", pg->display, msg);
 }
 
-static PGconn *connect_url(sl_pg_t *pg, char *err, size_t errlen)
+static PGconn *connect_url(sl_store_pg_t *pg, char *err, size_t errlen)
 {
     /* Defaults first: the URI (dbname, expanded) overrides any of them. */
-    const char *const keys[] = {"connect_timeout",  "keepalives",       "keepalives_idle",
+    const char *const keys[] = {"connect_timeout",     "keepalives",       "keepalives_idle",
                                 "keepalives_interval", "keepalives_count", "tcp_user_timeout",
-                                "application_name", "dbname",           NULL};
-    const char *const vals[] = {"3", "1", "10", "3", "3", "10000", "sluice-controller", pg->url,
-                                NULL};
+                                "application_name",    "dbname",           NULL};
+    const char *const vals[] = {"3",     "1", "10", "3", "3", "10000", "sluice-controller",
+                                pg->url, NULL};
     PGconn *c = PQconnectdbParams(keys, vals, 1);
     if (!c || PQstatus(c) != CONNECTION_OK) {
         char msg[400];
@@ -157,8 +157,8 @@ static int exec_on(PGconn *c, const char *sql, ExecStatusType want, char *err, s
     PGresult *r = PQexec(c, sql);
     int ok = PQresultStatus(r) == want;
     if (!ok)
-        copy_msg(err, errlen, PQresultErrorMessage(r)[0] ? PQresultErrorMessage(r)
-                                                         : PQerrorMessage(c));
+        copy_msg(err, errlen,
+                 PQresultErrorMessage(r)[0] ? PQresultErrorMessage(r) : PQerrorMessage(c));
     PQclear(r);
     return ok ? 0 : -1;
 }
@@ -166,7 +166,7 @@ static int exec_on(PGconn *c, const char *sql, ExecStatusType want, char *err, s
 /* Session settings of the statement connection: no statement or lock wait
  * longer than 5 s (a stuck replica holding the write lock, a server that
  * stopped answering), unless the URI's options set them. */
-static int session_setup(sl_pg_t *pg, PGconn *c, char *err, size_t errlen)
+static int session_setup(sl_store_pg_t *pg, PGconn *c, char *err, size_t errlen)
 {
     char msg[400];
     if (!strstr(pg->url, "statement_timeout") &&
@@ -184,7 +184,7 @@ static int session_setup(sl_pg_t *pg, PGconn *c, char *err, size_t errlen)
 
 /* A statement on the main connection; NULL (pg->err says why) unless it
  * gives `want`. */
-static PGresult *q(sl_pg_t *pg, const char *sql, int n, const char *const *params,
+static PGresult *q(sl_store_pg_t *pg, const char *sql, int n, const char *const *params,
                    ExecStatusType want)
 {
     if (pg->down || !pg->conn) {
@@ -202,19 +202,19 @@ static PGresult *q(sl_pg_t *pg, const char *sql, int n, const char *const *param
     return NULL;
 }
 
-static int cmd(sl_pg_t *pg, const char *sql, int n, const char *const *params)
+static int cmd(sl_store_pg_t *pg, const char *sql, int n, const char *const *params)
 {
     PGresult *r = q(pg, sql, n, params, PGRES_COMMAND_OK);
     PQclear(r);
     return r ? 0 : -1;
 }
 
-const char *sl_pg_errmsg(sl_pg_t *pg)
+const char *sl_store_pg_errmsg(sl_store_pg_t *pg)
 {
     return pg->err;
 }
 
-int sl_pg_available(sl_pg_t *pg, char *why, size_t whylen)
+int sl_store_pg_available(sl_store_pg_t *pg, char *why, size_t whylen)
 {
     if (!pg->down)
         return 1;
@@ -224,7 +224,8 @@ int sl_pg_available(sl_pg_t *pg, char *why, size_t whylen)
 
 /* ---- schema -------------------------------------------------------------- */
 
-static int migrate(sl_pg_t *pg, const char *const *migrations, int n, char *err, size_t errlen)
+static int migrate(sl_store_pg_t *pg, const char *const *migrations, int n, char *err,
+                   size_t errlen)
 {
     char msg[400];
     PGconn *c = pg->conn;
@@ -291,7 +292,7 @@ out:
 
 /* What this replica knows at start: every key and the newest
  * resourceVersion, in one snapshot. */
-static int load_known(sl_pg_t *pg)
+static int load_known(sl_store_pg_t *pg)
 {
     json_object_clear(pg->known);
     if (cmd(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL))
@@ -356,10 +357,11 @@ static int display_of(const char *url, char *out, size_t outlen, char *err, size
     return 0;
 }
 
-sl_pg_t *sl_pg_open(sl_store_t *owner, const char *url, const char *const *migrations,
-                    int nmigrations, char *display, size_t displaylen, char *err, size_t errlen)
+sl_store_pg_t *sl_store_pg_open(sl_store_t *owner, const char *url, const char *const *migrations,
+                                int nmigrations, char *display, size_t displaylen, char *err,
+                                size_t errlen)
 {
-    sl_pg_t *pg = calloc(1, sizeof(*pg));
+    sl_store_pg_t *pg = calloc(1, sizeof(*pg));
     if (!pg || !(pg->url = strdup(url)) || !(pg->known = json_object())) {
         set_err(err, errlen, "store: out of memory");
         goto fail;
@@ -377,11 +379,11 @@ sl_pg_t *sl_pg_open(sl_store_t *owner, const char *url, const char *const *migra
     }
     return pg;
 fail:
-    sl_pg_close(pg);
+    sl_store_pg_close(pg);
     return NULL;
 }
 
-void sl_pg_close(sl_pg_t *pg)
+void sl_store_pg_close(sl_store_pg_t *pg)
 {
     if (!pg)
         return;
@@ -397,24 +399,24 @@ void sl_pg_close(sl_pg_t *pg)
 
 /* ---- transactions and rows ----------------------------------------------- */
 
-int sl_pg_begin(sl_pg_t *pg)
+int sl_store_pg_begin(sl_store_pg_t *pg)
 {
     /* The lock before any read: a write reads the row it checks and takes
      * the next resourceVersion only once no other replica writes. */
     if (cmd(pg, "BEGIN", 0, NULL))
         return -1;
     pg->in_tx = 1;
-    PGresult *r = q(pg, "SELECT pg_advisory_xact_lock(" PG_WRITE_LOCK ")", 0, NULL,
-                    PGRES_TUPLES_OK);
+    PGresult *r =
+        q(pg, "SELECT pg_advisory_xact_lock(" PG_WRITE_LOCK ")", 0, NULL, PGRES_TUPLES_OK);
     PQclear(r);
     if (!r) {
-        sl_pg_rollback(pg);
+        sl_store_pg_rollback(pg);
         return -1;
     }
     return 0;
 }
 
-int sl_pg_commit(sl_pg_t *pg, uint64_t notify_rv)
+int sl_store_pg_commit(sl_store_pg_t *pg, uint64_t notify_rv)
 {
     if (notify_rv) {
         char rvs[24];
@@ -423,7 +425,7 @@ int sl_pg_commit(sl_pg_t *pg, uint64_t notify_rv)
         PGresult *r = q(pg, "SELECT pg_notify('" PG_CHANNEL "', $1)", 1, p, PGRES_TUPLES_OK);
         PQclear(r);
         if (!r) {
-            sl_pg_rollback(pg);
+            sl_store_pg_rollback(pg);
             return -1;
         }
     }
@@ -432,14 +434,14 @@ int sl_pg_commit(sl_pg_t *pg, uint64_t notify_rv)
     return rc;
 }
 
-void sl_pg_rollback(sl_pg_t *pg)
+void sl_store_pg_rollback(sl_store_pg_t *pg)
 {
     if (pg->in_tx && !pg->down && pg->conn)
         PQclear(PQexec(pg->conn, "ROLLBACK"));
     pg->in_tx = 0;
 }
 
-int sl_pg_next_rv(sl_pg_t *pg, uint64_t *rv)
+int sl_store_pg_next_rv(sl_store_pg_t *pg, uint64_t *rv)
 {
     PGresult *r = q(pg, "SELECT nextval('sluice_resource_version')", 0, NULL, PGRES_TUPLES_OK);
     if (!r)
@@ -449,8 +451,8 @@ int sl_pg_next_rv(sl_pg_t *pg, uint64_t *rv)
     return 0;
 }
 
-int sl_pg_row_get(sl_pg_t *pg, const char *kind, const char *ns, const char *name,
-                  sl_pg_row_t *row)
+int sl_store_pg_row_get(sl_store_pg_t *pg, const char *kind, const char *ns, const char *name,
+                        sl_store_pg_row_t *row)
 {
     memset(row, 0, sizeof(*row));
     PQclear(pg->row);
@@ -478,9 +480,9 @@ int sl_pg_row_get(sl_pg_t *pg, const char *kind, const char *ns, const char *nam
     return 0;
 }
 
-int sl_pg_upsert(sl_pg_t *pg, const char *kind, const char *ns, const char *name, const char *uid,
-                 uint64_t rv, int64_t generation, const char *hash, const char *body,
-                 const char *created, const char *now)
+int sl_store_pg_upsert(sl_store_pg_t *pg, const char *kind, const char *ns, const char *name,
+                       const char *uid, uint64_t rv, int64_t generation, const char *hash,
+                       const char *body, const char *created, const char *now)
 {
     char rvs[24], gens[24];
     snprintf(rvs, sizeof(rvs), "%" PRIu64, rv);
@@ -496,14 +498,14 @@ int sl_pg_upsert(sl_pg_t *pg, const char *kind, const char *ns, const char *name
                10, p);
 }
 
-int sl_pg_delete(sl_pg_t *pg, const char *kind, const char *ns, const char *name)
+int sl_store_pg_delete(sl_store_pg_t *pg, const char *kind, const char *ns, const char *name)
 {
     const char *p[] = {kind, ns, name};
     return cmd(pg, "DELETE FROM resources WHERE kind = $1 AND namespace = $2 AND name = $3", 3, p);
 }
 
-int sl_pg_set_status(sl_pg_t *pg, const char *kind, const char *ns, const char *name,
-                     const char *status, uint64_t rv, const char *body, const char *now)
+int sl_store_pg_set_status(sl_store_pg_t *pg, const char *kind, const char *ns, const char *name,
+                           const char *status, uint64_t rv, const char *body, const char *now)
 {
     char rvs[24];
     snprintf(rvs, sizeof(rvs), "%" PRIu64, rv);
@@ -514,8 +516,8 @@ int sl_pg_set_status(sl_pg_t *pg, const char *kind, const char *ns, const char *
                7, p);
 }
 
-int sl_pg_tombstone(sl_pg_t *pg, uint64_t rv, const char *kind, const char *ns, const char *name,
-                    const char *body)
+int sl_store_pg_tombstone(sl_store_pg_t *pg, uint64_t rv, const char *kind, const char *ns,
+                          const char *name, const char *body)
 {
     char rvs[24], below[24];
     snprintf(rvs, sizeof(rvs), "%" PRIu64, rv);
@@ -540,7 +542,8 @@ int sl_pg_tombstone(sl_pg_t *pg, uint64_t rv, const char *kind, const char *ns, 
                : 0;
 }
 
-int sl_pg_list(sl_pg_t *pg, const char *kind, const char *ns, sl_pg_list_fn fn, void *arg)
+int sl_store_pg_list(sl_store_pg_t *pg, const char *kind, const char *ns, sl_store_pg_list_fn fn,
+                     void *arg)
 {
     const char *p[] = {kind, ns};
     PGresult *r = q(pg,
@@ -558,8 +561,8 @@ int sl_pg_list(sl_pg_t *pg, const char *kind, const char *ns, sl_pg_list_fn fn, 
     return rc;
 }
 
-int sl_pg_load_all(sl_pg_t *pg, sl_pg_load_fn fn, void *arg, const char *config_counter,
-                   uint64_t *config_rv)
+int sl_store_pg_load_all(sl_store_pg_t *pg, sl_store_pg_load_fn fn, void *arg,
+                         const char *config_counter, uint64_t *config_rv)
 {
     if (cmd(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", 0, NULL))
         return -1;
@@ -585,12 +588,12 @@ int sl_pg_load_all(sl_pg_t *pg, sl_pg_load_fn fn, void *arg, const char *config_
         rc = cmd(pg, "COMMIT", 0, NULL);
         pg->in_tx = 0;
     } else {
-        sl_pg_rollback(pg);
+        sl_store_pg_rollback(pg);
     }
     return rc;
 }
 
-int sl_pg_counter_read(sl_pg_t *pg, const char *name, uint64_t *out)
+int sl_store_pg_counter_read(sl_store_pg_t *pg, const char *name, uint64_t *out)
 {
     const char *p[] = {name};
     PGresult *r = q(pg, "SELECT value FROM counters WHERE name = $1", 1, p, PGRES_TUPLES_OK);
@@ -602,7 +605,7 @@ int sl_pg_counter_read(sl_pg_t *pg, const char *name, uint64_t *out)
     return 0;
 }
 
-int sl_pg_counter_write(sl_pg_t *pg, const char *name, uint64_t value)
+int sl_store_pg_counter_write(sl_store_pg_t *pg, const char *name, uint64_t value)
 {
     char v[24];
     snprintf(v, sizeof(v), "%" PRId64, (int64_t)value);
@@ -613,7 +616,7 @@ int sl_pg_counter_write(sl_pg_t *pg, const char *name, uint64_t value)
                2, p);
 }
 
-int sl_pg_counter_max(sl_pg_t *pg, const char *like, uint64_t limit, uint64_t *out)
+int sl_store_pg_counter_max(sl_store_pg_t *pg, const char *like, uint64_t limit, uint64_t *out)
 {
     char lim[24];
     snprintf(lim, sizeof(lim), "%" PRIu64, limit);
@@ -631,17 +634,16 @@ int sl_pg_counter_max(sl_pg_t *pg, const char *like, uint64_t limit, uint64_t *o
 
 /* ---- replaying changes ---------------------------------------------------- */
 
-uint64_t sl_pg_seen(sl_pg_t *pg)
+uint64_t sl_store_pg_seen(sl_store_pg_t *pg)
 {
     return pg->seen;
 }
 
 /* Deletions this replica cannot replay one by one (their tombstones were
  * pruned): every known key that is gone is reported DELETED. */
-static int resync_deleted(sl_pg_t *pg, uint64_t rv)
+static int resync_deleted(sl_store_pg_t *pg, uint64_t rv)
 {
-    PGresult *r =
-        q(pg, "SELECT kind, namespace, name FROM resources", 0, NULL, PGRES_TUPLES_OK);
+    PGresult *r = q(pg, "SELECT kind, namespace, name FROM resources", 0, NULL, PGRES_TUPLES_OK);
     if (!r)
         return -1;
     json_t *present = json_object();
@@ -682,14 +684,14 @@ static int resync_deleted(sl_pg_t *pg, uint64_t rv)
     return 0;
 }
 
-int sl_pg_sync(sl_pg_t *pg)
+int sl_store_pg_sync(sl_store_pg_t *pg)
 {
     if (pg->down || pg->in_tx)
         return pg->down ? -1 : 0;
     char seen[24];
     snprintf(seen, sizeof(seen), "%" PRIu64, pg->seen);
     uint64_t pruned = 0;
-    if (sl_pg_counter_read(pg, "deletions_pruned_below", &pruned) != 0)
+    if (sl_store_pg_counter_read(pg, "deletions_pruned_below", &pruned) != 0)
         return -1;
     const char *p[] = {seen};
     PGresult *r = q(pg,
@@ -737,7 +739,7 @@ static void on_listen(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    sl_pg_t *pg = arg;
+    sl_store_pg_t *pg = arg;
     if (!PQconsumeInput(pg->lconn)) {
         char msg[400];
         copy_msg(msg, sizeof(msg), PQerrorMessage(pg->lconn));
@@ -755,10 +757,10 @@ static void on_listen(evutil_socket_t fd, short what, void *arg)
         PQfreemem(nt);
     }
     if (got)
-        sl_pg_sync(pg);
+        sl_store_pg_sync(pg);
 }
 
-static int start_listen(sl_pg_t *pg)
+static int start_listen(sl_store_pg_t *pg)
 {
     char err[600], msg[400];
     PGconn *c = connect_url(pg, err, sizeof(err));
@@ -779,7 +781,7 @@ static int start_listen(sl_pg_t *pg)
     return 0;
 }
 
-static int reconnect(sl_pg_t *pg)
+static int reconnect(sl_store_pg_t *pg)
 {
     char err[600];
     PGconn *c = connect_url(pg, err, sizeof(err));
@@ -800,25 +802,26 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    sl_pg_t *pg = arg;
+    sl_store_pg_t *pg = arg;
     if (pg->down && reconnect(pg) != 0) {
-        pg->backoff_ms = pg->backoff_ms * 2 > PG_BACKOFF_MAX_MS ? PG_BACKOFF_MAX_MS
-                                                                : pg->backoff_ms * 2;
+        pg->backoff_ms =
+            pg->backoff_ms * 2 > PG_BACKOFF_MAX_MS ? PG_BACKOFF_MAX_MS : pg->backoff_ms * 2;
         schedule(pg, pg->backoff_ms);
         return;
     }
     if (!pg->lconn && start_listen(pg) != 0) {
         schedule(pg, PG_BACKOFF_MAX_MS);
-        sl_pg_sync(pg);
+        sl_store_pg_sync(pg);
         return;
     }
     /* Also repairs a missed notification. */
-    sl_pg_sync(pg);
+    sl_store_pg_sync(pg);
     if (!pg->down)
         schedule(pg, PG_CHECK_MS);
 }
 
-int sl_pg_attach(sl_pg_t *pg, struct event_base *base, void (*on_change)(void *arg), void *arg)
+int sl_store_pg_attach(sl_store_pg_t *pg, struct event_base *base, void (*on_change)(void *arg),
+                       void *arg)
 {
     pg->base = base;
     pg->on_change = on_change;

@@ -73,10 +73,10 @@ static int setup(void **state)
     return 0;
 }
 
-#define NEED_PG()                                                                                 \
-    do {                                                                                          \
-        if (!url())                                                                               \
-            skip();                                                                               \
+#define NEED_PG()                                                                                  \
+    do {                                                                                           \
+        if (!url())                                                                                \
+            skip();                                                                                \
     } while (0)
 
 static json_t *backend(const char *ns, const char *name, int port)
@@ -158,8 +158,7 @@ static void test_metadata_generation_preconditions(void **state)
     assert_int_equal(sl_store_get(st, SL_KIND_BACKEND, NULL, "echo", &got), SL_STORE_OK);
     assert_int_equal(port_of(got), 9002);
     json_decref(got);
-    assert_int_equal(sl_store_get(st, SL_KIND_BACKEND, "other", "echo", &got),
-                     SL_STORE_NOT_FOUND);
+    assert_int_equal(sl_store_get(st, SL_KIND_BACKEND, "other", "echo", &got), SL_STORE_NOT_FOUND);
 
     json_t *deleted = NULL;
     assert_int_equal(
@@ -171,9 +170,8 @@ static void test_metadata_generation_preconditions(void **state)
     assert_int_equal(port_of(deleted), 9002);
     json_decref(deleted);
     assert_int_equal(sl_store_get(st, SL_KIND_BACKEND, NULL, "echo", &got), SL_STORE_NOT_FOUND);
-    assert_int_equal(
-        sl_store_delete(st, SL_KIND_BACKEND, NULL, "echo", "", NULL, err, sizeof(err)),
-        SL_STORE_NOT_FOUND);
+    assert_int_equal(sl_store_delete(st, SL_KIND_BACKEND, NULL, "echo", "", NULL, err, sizeof(err)),
+                     SL_STORE_NOT_FOUND);
     /* The deletion took resourceVersion 5 and left a tombstone. */
     assert_string_equal(pg_sql("SELECT resource_version FROM deletions"), "5");
     assert_int_equal(sl_store_resource_version(st), 5);
@@ -239,9 +237,9 @@ static void test_list_put_many_status_counters_load_all(void **state)
      * put_many took resourceVersion 5 from the SEQUENCE: a gap, never a
      * repeat.) */
     json_t *status = json_pack("{s:s}", "phase", "Ready");
-    assert_int_equal(sl_store_put_status(st, SL_KIND_BACKEND, "b", "z", status, "", &stored, err,
-                                         sizeof(err)),
-                     SL_STORE_OK);
+    assert_int_equal(
+        sl_store_put_status(st, SL_KIND_BACKEND, "b", "z", status, "", &stored, err, sizeof(err)),
+        SL_STORE_OK);
     assert_string_equal(meta_str(stored, "resourceVersion"), "6");
     assert_int_equal(meta_int(stored, "generation"), 1);
     json_decref(stored);
@@ -252,8 +250,8 @@ static void test_list_put_many_status_counters_load_all(void **state)
     assert_int_equal(sl_store_loaded_version(st), 4);
     json_decref(put_ok(st, backend("b", "z", 9), SL_STORE_REPLACE, "6"));
     assert_int_equal(sl_store_get(st, SL_KIND_BACKEND, "b", "z", &got), SL_STORE_OK);
-    assert_string_equal(
-        json_string_value(json_object_get(json_object_get(got, "status"), "phase")), "Ready");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(got, "status"), "phase")),
+                        "Ready");
     assert_int_equal(meta_int(got, "generation"), 2);
     json_decref(got);
     sl_resource_set_init(&set);
@@ -265,9 +263,8 @@ static void test_list_put_many_status_counters_load_all(void **state)
     uint64_t v = 0;
     assert_int_equal(sl_store_counter_read(st, "absent", &v, err, sizeof(err)), 0);
     assert_int_equal(v, 0);
-    assert_int_equal(sl_store_counter_set(st, "fleet/a/routes/hash", UINT64_MAX - 1, err,
-                                          sizeof(err)),
-                     0);
+    assert_int_equal(
+        sl_store_counter_set(st, "fleet/a/routes/hash", UINT64_MAX - 1, err, sizeof(err)), 0);
     assert_int_equal(sl_store_counter_get(st, "fleet/a/routes/hash"), UINT64_MAX - 1);
     assert_int_equal(sl_store_counter_set(st, "fleet/a/routes/version", 7, err, sizeof(err)), 0);
     assert_int_equal(sl_store_counter_set(st, "fleet/b/routes/version", 9, err, sizeof(err)), 0);
@@ -293,10 +290,9 @@ static void record(void *arg, const char *type, enum sl_kind kind, json_t *obj)
 {
     observed_t *o = arg;
     (void)kind;
-    json_array_append_new(o->events,
-                          json_pack("{s:s, s:s, s:s, s:i}", "type", type, "name",
-                                    meta_str(obj, "name"), "rv", meta_str(obj, "resourceVersion"),
-                                    "port", port_of(obj)));
+    json_array_append_new(
+        o->events, json_pack("{s:s, s:s, s:s, s:i}", "type", type, "name", meta_str(obj, "name"),
+                             "rv", meta_str(obj, "resourceVersion"), "port", port_of(obj)));
 }
 
 static void expect_event(observed_t *o, size_t i, const char *type, const char *name,
@@ -322,8 +318,8 @@ static void test_two_replicas_observe_each_other(void **state)
     sl_store_set_observer(b, record, &ob);
     char err[512];
 
-    json_decref(put_ok(a, backend(NULL, "one", 1), SL_STORE_CREATE, "")); /* 2 */
-    json_decref(put_ok(b, backend(NULL, "two", 2), SL_STORE_CREATE, "")); /* 3 */
+    json_decref(put_ok(a, backend(NULL, "one", 1), SL_STORE_CREATE, ""));   /* 2 */
+    json_decref(put_ok(b, backend(NULL, "two", 2), SL_STORE_CREATE, ""));   /* 3 */
     json_decref(put_ok(a, backend(NULL, "two", 3), SL_STORE_REPLACE, "3")); /* 4 */
     assert_int_equal(
         sl_store_delete(b, SL_KIND_BACKEND, NULL, "one", "2", NULL, err, sizeof(err)), /* 5 */
