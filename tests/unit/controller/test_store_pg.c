@@ -118,6 +118,13 @@ static json_t *put_ok(sl_store_t *st, json_t *obj, enum sl_store_mode mode, cons
     return stored;
 }
 
+/* put_ok of a new document, both released. */
+static void put_new(sl_store_t *st, json_t *obj, enum sl_store_mode mode, const char *rv)
+{
+    json_decref(put_ok(st, obj, mode, rv));
+    json_decref(obj);
+}
+
 static void test_metadata_generation_preconditions(void **state)
 {
     (void)state;
@@ -191,7 +198,7 @@ static void test_list_put_many_status_counters_load_all(void **state)
     NEED_PG();
     sl_store_t *st = open_pg();
     char err[512];
-    json_decref(put_ok(st, backend("b", "z", 1), SL_STORE_CREATE, ""));
+    put_new(st, backend("b", "z", 1), SL_STORE_CREATE, "");
     json_t *many = json_array(), *stored = NULL;
     json_array_append_new(many, backend("a", "y", 2));
     json_array_append_new(many, backend("b", "a", 3));
@@ -248,7 +255,7 @@ static void test_list_put_many_status_counters_load_all(void **state)
     assert_int_equal(sl_store_load_all(st, &set, err, sizeof(err)), SL_STORE_OK);
     sl_resource_set_free(&set);
     assert_int_equal(sl_store_loaded_version(st), 4);
-    json_decref(put_ok(st, backend("b", "z", 9), SL_STORE_REPLACE, "6"));
+    put_new(st, backend("b", "z", 9), SL_STORE_REPLACE, "6");
     assert_int_equal(sl_store_get(st, SL_KIND_BACKEND, "b", "z", &got), SL_STORE_OK);
     assert_string_equal(json_string_value(json_object_get(json_object_get(got, "status"), "phase")),
                         "Ready");
@@ -318,9 +325,9 @@ static void test_two_replicas_observe_each_other(void **state)
     sl_store_set_observer(b, record, &ob);
     char err[512];
 
-    json_decref(put_ok(a, backend(NULL, "one", 1), SL_STORE_CREATE, ""));   /* 2 */
-    json_decref(put_ok(b, backend(NULL, "two", 2), SL_STORE_CREATE, ""));   /* 3 */
-    json_decref(put_ok(a, backend(NULL, "two", 3), SL_STORE_REPLACE, "3")); /* 4 */
+    put_new(a, backend(NULL, "one", 1), SL_STORE_CREATE, "");   /* 2 */
+    put_new(b, backend(NULL, "two", 2), SL_STORE_CREATE, "");   /* 3 */
+    put_new(a, backend(NULL, "two", 3), SL_STORE_REPLACE, "3"); /* 4 */
     assert_int_equal(
         sl_store_delete(b, SL_KIND_BACKEND, NULL, "one", "2", NULL, err, sizeof(err)), /* 5 */
         SL_STORE_OK);
@@ -359,7 +366,7 @@ static void test_concurrent_writers(void **state)
     (void)state;
     NEED_PG();
     sl_store_t *st = open_pg();
-    json_decref(put_ok(st, backend(NULL, "ctr", 1000), SL_STORE_CREATE, ""));
+    put_new(st, backend(NULL, "ctr", 1000), SL_STORE_CREATE, "");
     sl_store_close(st);
     enum { ROUNDS = 40 };
     int fds[2][2];
