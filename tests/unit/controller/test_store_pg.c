@@ -21,6 +21,7 @@
 
 #include "store.h"
 
+#include <event2/event.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <stdbool.h>
@@ -28,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *url(void)
@@ -358,6 +360,91 @@ static void test_two_replicas_observe_each_other(void **state)
     sl_store_close(b);
 }
 
+static void count_change(void *arg)
+{
+    (*(int *)arg)++;
+}
+
+static void stop_loop(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    event_base_loopbreak(arg);
+}
+
+/* Runs base until o has n events or `ms` passed; the time it took. */
+static long run_until(struct event_base *base, observed_t *o, size_t n, long ms)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct event *tick = event_new(base, -1, EV_PERSIST, stop_loop, base);
+    struct timeval tv = {0, 20000};
+    event_add(tick, &tv);
+    long took = 0;
+    while (json_array_size(o->events) < n && took < ms) {
+        event_base_dispatch(base);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        took = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    }
+    event_free(tick);
+    return took;
+}
+
+/* A replica learns another's write by LISTEN within milliseconds (well
+ * before the 5 s check); a LISTEN connection that is killed is replaced and
+ * what was missed meanwhile is replayed; a change no NOTIFY announced is
+ * found by the periodic check. */
+static void test_listen_notify_and_repair(void **state)
+{
+    (void)state;
+    NEED_PG();
+    sl_store_t *a = open_pg(), *b = open_pg();
+    struct event_base *base = event_base_new();
+    observed_t ob = {json_array()};
+    int changes = 0;
+    sl_store_set_observer(b, record, &ob);
+    assert_int_equal(sl_store_attach(b, base, count_change, &changes), 0);
+
+    put_new(a, backend(NULL, "n1", 1), SL_STORE_CREATE, ""); /* 2 */
+    long took = run_until(base, &ob, 1, 3000);
+    assert_int_equal(json_array_size(ob.events), 1);
+    expect_event(&ob, 0, "ADDED", "n1", "2");
+    assert_true(took < 1000);
+    assert_int_equal(changes, 1);
+
+    /* The LISTEN connection killed by the server: replaced, and the write
+     * made meanwhile replayed. */
+    pg_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+           " WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+           " AND datname = current_database()");
+    put_new(a, backend(NULL, "n2", 2), SL_STORE_CREATE, ""); /* 3 */
+    took = run_until(base, &ob, 2, 4000);
+    assert_int_equal(json_array_size(ob.events), 2);
+    expect_event(&ob, 1, "ADDED", "n2", "3");
+    assert_true(took < 3000);
+    assert_string_equal(
+        pg_sql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE "
+               "'LISTEN%' AND pid <> pg_backend_pid() AND datname = current_database()"),
+        "1");
+
+    /* A change that no NOTIFY announced (as if the notification was lost):
+     * the 5 s check finds it. */
+    pg_sql("UPDATE resources SET resource_version = nextval('sluice_resource_version')"
+           " WHERE name = 'n1'");
+    took = run_until(base, &ob, 3, 7000);
+    assert_int_equal(json_array_size(ob.events), 3);
+    json_t *e = json_array_get(ob.events, 2);
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "MODIFIED");
+    assert_string_equal(json_string_value(json_object_get(e, "name")), "n1");
+    assert_true(took > 500);
+    assert_int_equal(sl_store_resource_version(b), 4);
+
+    sl_store_close(b);
+    sl_store_close(a);
+    event_base_free(base);
+    json_decref(ob.events);
+}
+
 /* Two processes update one object with expect_rv as fast as they can:
  * every successful write is one increment (no lost update), the others are
  * SL_STORE_CONFLICT; resourceVersions are never handed out twice. */
@@ -490,6 +577,7 @@ int main(void)
         cmocka_unit_test_setup(test_metadata_generation_preconditions, setup),
         cmocka_unit_test_setup(test_list_put_many_status_counters_load_all, setup),
         cmocka_unit_test_setup(test_two_replicas_observe_each_other, setup),
+        cmocka_unit_test_setup(test_listen_notify_and_repair, setup),
         cmocka_unit_test_setup(test_concurrent_writers, setup),
         cmocka_unit_test_setup(test_concurrent_migrations, setup),
         cmocka_unit_test_setup(test_unreachable_server_named_without_password, setup),
