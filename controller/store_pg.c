@@ -54,6 +54,14 @@ struct sl_store_pg {
     json_t *known; /* "kind/ns/name" -> resourceVersion, of the objects replayed */
     struct event_base *base;
     struct event *check_ev, *listen_ev;
+    /* A reconnection in progress (non-blocking: PQconnectStartParams and
+     * PQconnectPoll on the event loop, so a server that does not answer
+     * never holds the controller's loop): the connection, its event, for
+     * which role, and when it is given up. */
+    PGconn *pending;
+    struct event *pending_ev;
+    int pending_listen;
+    struct timespec pending_deadline;
     void (*on_change)(void *arg);
     void *on_change_arg;
 };
@@ -99,6 +107,18 @@ static void close_listen(sl_store_pg_t *pg)
     }
 }
 
+static void cancel_pending(sl_store_pg_t *pg)
+{
+    if (pg->pending_ev) {
+        event_free(pg->pending_ev);
+        pg->pending_ev = NULL;
+    }
+    if (pg->pending) {
+        PQfinish(pg->pending);
+        pg->pending = NULL;
+    }
+}
+
 /* The connection is gone: every call fails at once until the timer has
  * reconnected. */
 static void mark_down(sl_store_pg_t *pg, const char *why)
@@ -116,6 +136,7 @@ static void mark_down(sl_store_pg_t *pg, const char *why)
         pg->conn = NULL;
     }
     close_listen(pg);
+    cancel_pending(pg);
     pg->in_tx = 0;
     pg->backoff_ms = PG_BACKOFF_MIN_MS;
     schedule(pg, pg->backoff_ms);
@@ -131,14 +152,24 @@ static void on_notice(void *arg, const char *message)
     sl_log_debug("store %s: %s", pg->display, msg);
 }
 
+/* Connection parameters: defaults first, the URI (dbname, expanded)
+ * overrides any of them. */
+static void connect_params(const sl_store_pg_t *pg, const char *keys[9], const char *vals[9])
+{
+    static const char *const k[] = {"connect_timeout",     "keepalives",       "keepalives_idle",
+                                    "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+                                    "application_name",    "dbname",           NULL};
+    static const char *const v[] = {"3", "1", "10", "3", "3", "10000", "sluice-controller"};
+    for (int i = 0; i < 9; i++) {
+        keys[i] = k[i];
+        vals[i] = i < 7 ? v[i] : i == 7 ? pg->url : NULL;
+    }
+}
+
 static PGconn *connect_url(sl_store_pg_t *pg, char *err, size_t errlen)
 {
-    /* Defaults first: the URI (dbname, expanded) overrides any of them. */
-    const char *const keys[] = {"connect_timeout",     "keepalives",       "keepalives_idle",
-                                "keepalives_interval", "keepalives_count", "tcp_user_timeout",
-                                "application_name",    "dbname",           NULL};
-    const char *const vals[] = {"3",     "1", "10", "3", "3", "10000", "sluice-controller",
-                                pg->url, NULL};
+    const char *keys[9], *vals[9];
+    connect_params(pg, keys, vals);
     PGconn *c = PQconnectdbParams(keys, vals, 1);
     if (!c || PQstatus(c) != CONNECTION_OK) {
         char msg[400];
@@ -389,6 +420,7 @@ void sl_store_pg_close(sl_store_pg_t *pg)
         return;
     if (pg->check_ev)
         event_free(pg->check_ev);
+    cancel_pending(pg);
     close_listen(pg);
     PQclear(pg->row);
     PQfinish(pg->conn);
@@ -760,12 +792,10 @@ static void on_listen(evutil_socket_t fd, short what, void *arg)
         sl_store_pg_sync(pg);
 }
 
-static int start_listen(sl_store_pg_t *pg)
+/* LISTEN on the connected c (taken: kept as lconn, or finished). */
+static int listen_on(sl_store_pg_t *pg, PGconn *c)
 {
-    char err[600], msg[400];
-    PGconn *c = connect_url(pg, err, sizeof(err));
-    if (!c)
-        return -1;
+    char msg[400] = "";
     if (exec_on(c, "LISTEN " PG_CHANNEL, PGRES_COMMAND_OK, msg, sizeof(msg)) ||
         PQsetnonblocking(c, 1) != 0) {
         sl_log_warn("store %s: LISTEN failed: %s", pg->display, msg);
@@ -781,21 +811,146 @@ static int start_listen(sl_store_pg_t *pg)
     return 0;
 }
 
-static int reconnect(sl_store_pg_t *pg)
+/* Blocking: at start-up only (the server has just answered). */
+static int start_listen(sl_store_pg_t *pg)
 {
     char err[600];
     PGconn *c = connect_url(pg, err, sizeof(err));
-    if (!c || session_setup(pg, c, err, sizeof(err)) != 0) {
-        PQfinish(c);
-        /* err starts with "store <url>: "; the reason is what follows. */
-        const char *why = strstr(err, ": ");
-        copy_msg(pg->reason, sizeof(pg->reason), why ? why + 2 : err);
+    if (!c)
         return -1;
+    return listen_on(pg, c);
+}
+
+static void connect_start(sl_store_pg_t *pg, int for_listen);
+
+/* A reconnection ended: c connected, or NULL with why. Sets what comes
+ * next (the LISTEN connection after the statement one, the periodic check,
+ * or a retry with backoff). */
+static void connect_done(sl_store_pg_t *pg, int for_listen, PGconn *c, const char *why)
+{
+    char err[600];
+    if (!for_listen) {
+        if (c && session_setup(pg, c, err, sizeof(err)) != 0) {
+            PQfinish(c);
+            c = NULL;
+            const char *p = strstr(err, ": ");
+            why = p ? p + 2 : err;
+        }
+        if (!c) {
+            copy_msg(pg->reason, sizeof(pg->reason), why);
+            pg->backoff_ms =
+                pg->backoff_ms * 2 > PG_BACKOFF_MAX_MS ? PG_BACKOFF_MAX_MS : pg->backoff_ms * 2;
+            schedule(pg, pg->backoff_ms);
+            return;
+        }
+        pg->conn = c;
+        pg->down = 0;
+        sl_log_notice("store %s: connected again", pg->display);
+        if (!pg->lconn) {
+            connect_start(pg, 1);
+            return;
+        }
+    } else if (!c || listen_on(pg, c) != 0) {
+        if (why)
+            sl_log_warn("store %s: cannot LISTEN: %s (retrying in %d s; the periodic check "
+                        "covers meanwhile)",
+                        pg->display, why, PG_CHECK_MS / 1000);
+        sl_store_pg_sync(pg);
+        if (!pg->down)
+            schedule(pg, PG_CHECK_MS);
+        return;
     }
-    pg->conn = c;
-    pg->down = 0;
-    sl_log_notice("store %s: connected again", pg->display);
-    return 0;
+    /* What was written while this replica was not listening. */
+    sl_store_pg_sync(pg);
+    if (!pg->down)
+        schedule(pg, PG_CHECK_MS);
+}
+
+static void on_connect_io(evutil_socket_t fd, short what, void *arg);
+
+static void connect_wait(sl_store_pg_t *pg, short flags)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long left_ms = (long)(pg->pending_deadline.tv_sec - now.tv_sec) * 1000 +
+                   (pg->pending_deadline.tv_nsec - now.tv_nsec) / 1000000;
+    if (left_ms < 1)
+        left_ms = 1;
+    if (pg->pending_ev)
+        event_free(pg->pending_ev);
+    /* libpq may change the socket between polls (another address). */
+    pg->pending_ev = event_new(pg->base, PQsocket(pg->pending), flags, on_connect_io, pg);
+    struct timeval tv = {left_ms / 1000, (left_ms % 1000) * 1000};
+    if (!pg->pending_ev || event_add(pg->pending_ev, &tv) != 0) {
+        int for_listen = pg->pending_listen;
+        cancel_pending(pg);
+        connect_done(pg, for_listen, NULL, "out of memory");
+    }
+}
+
+static void on_connect_io(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    sl_store_pg_t *pg = arg;
+    int for_listen = pg->pending_listen;
+    char why[400];
+    if (what & EV_TIMEOUT) {
+        cancel_pending(pg);
+        connect_done(pg, for_listen, NULL, "the server did not answer within connect_timeout");
+        return;
+    }
+    switch (PQconnectPoll(pg->pending)) {
+    case PGRES_POLLING_READING:
+        connect_wait(pg, EV_READ);
+        return;
+    case PGRES_POLLING_WRITING:
+        connect_wait(pg, EV_WRITE);
+        return;
+    case PGRES_POLLING_OK: {
+        PGconn *c = pg->pending;
+        pg->pending = NULL;
+        event_free(pg->pending_ev);
+        pg->pending_ev = NULL;
+        connect_done(pg, for_listen, c, NULL);
+        return;
+    }
+    default:
+        snprintf(why, sizeof(why), "cannot connect: ");
+        copy_msg(why + strlen(why), sizeof(why) - strlen(why), PQerrorMessage(pg->pending));
+        cancel_pending(pg);
+        connect_done(pg, for_listen, NULL, why);
+        return;
+    }
+}
+
+/* Starts a non-blocking connection for the statements or for LISTEN; its
+ * end calls connect_done. The deadline is the URI's connect_timeout (3 s by
+ * default), which libpq does not apply to non-blocking connections. */
+static void connect_start(sl_store_pg_t *pg, int for_listen)
+{
+    const char *keys[9], *vals[9];
+    connect_params(pg, keys, vals);
+    PGconn *c = PQconnectStartParams(keys, vals, 1);
+    if (!c || PQstatus(c) == CONNECTION_BAD) {
+        char why[400] = "cannot connect: ";
+        copy_msg(why + strlen(why), sizeof(why) - strlen(why),
+                 c ? PQerrorMessage(c) : "out of memory");
+        PQfinish(c);
+        connect_done(pg, for_listen, NULL, why);
+        return;
+    }
+    PQsetNoticeProcessor(c, on_notice, pg);
+    long timeout_s = 3;
+    PQconninfoOption *opts = PQconninfo(c);
+    for (PQconninfoOption *o = opts; o && o->keyword; o++)
+        if (!strcmp(o->keyword, "connect_timeout") && o->val && atol(o->val) > 0)
+            timeout_s = atol(o->val);
+    PQconninfoFree(opts);
+    clock_gettime(CLOCK_MONOTONIC, &pg->pending_deadline);
+    pg->pending_deadline.tv_sec += timeout_s;
+    pg->pending = c;
+    pg->pending_listen = for_listen;
+    connect_wait(pg, EV_WRITE);
 }
 
 static void on_check(evutil_socket_t fd, short what, void *arg)
@@ -803,15 +958,14 @@ static void on_check(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     sl_store_pg_t *pg = arg;
-    if (pg->down && reconnect(pg) != 0) {
-        pg->backoff_ms =
-            pg->backoff_ms * 2 > PG_BACKOFF_MAX_MS ? PG_BACKOFF_MAX_MS : pg->backoff_ms * 2;
-        schedule(pg, pg->backoff_ms);
+    if (pg->pending)
+        return; /* its end schedules the next check */
+    if (pg->down) {
+        connect_start(pg, 0);
         return;
     }
-    if (!pg->lconn && start_listen(pg) != 0) {
-        schedule(pg, PG_BACKOFF_MAX_MS);
-        sl_store_pg_sync(pg);
+    if (!pg->lconn) {
+        connect_start(pg, 1);
         return;
     }
     /* Also repairs a missed notification. */

@@ -15,7 +15,8 @@
  *
  * Availability: when the server cannot be reached, every call fails at once
  * (no query waits for a dead connection) and sl_store_pg_available() says why;
- * a timer reconnects with backoff (0.25 s doubling to 5 s).
+ * a timer reconnects with backoff (0.25 s doubling to 5 s), non-blocking
+ * (PQconnectPoll on the event loop).
  */
 #ifndef SL_STORE_PG_H
 #define SL_STORE_PG_H

@@ -42,6 +42,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -388,3 +389,129 @@ def test_two_controllers_one_postgres(tmp_path):
         if pg is not None:
             pg.close()
     assert not problems, problems
+
+
+# --- a server that stops answering ------------------------------------------------
+
+class FreezableProxy:
+    """TCP proxy to PostgreSQL. freeze(): every open connection is cut and
+    new ones are accepted but never answered (what a controller sees of a
+    server behind a dead network path); thaw(): forwarding again."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.port = self.lsock.getsockname()[1]
+        self.frozen = False
+        self.conns = []
+        self.held = []
+        self.lock = threading.Lock()
+        self.stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _pipe(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _accept(self):
+        while not self.stopped:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            with self.lock:
+                if self.frozen:
+                    self.held.append(c)  # accepted, never answered
+                    continue
+                try:
+                    u = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+                    u.settimeout(None)
+                except OSError:
+                    c.close()
+                    continue
+                self.conns += [c, u]
+            threading.Thread(target=self._pipe, args=(c, u), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(u, c), daemon=True).start()
+
+    def freeze(self):
+        with self.lock:
+            self.frozen = True
+            for s in self.conns:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.conns = []
+
+    def thaw(self):
+        with self.lock:
+            self.frozen = False
+            for s in self.held:
+                s.close()
+            self.held = []
+
+    def close(self):
+        self.stopped = True
+        self.freeze()
+        self.thaw()
+        self.lsock.close()
+
+
+def test_unanswering_store_never_holds_the_loop(tmp_path):
+    """Reconnection is non-blocking: while PostgreSQL accepts connections
+    but never answers (each attempt waits connect_timeout, 2 s here), the
+    controller's REST API keeps answering at once (503 store_unavailable for
+    resources); when the server answers again, writes resume."""
+    reason = pg_missing()
+    if reason:
+        pytest.skip(reason)
+    pg = proxy = ctl = None
+    try:
+        pg = Postgres(tmp_path).init()
+        proxy = FreezableProxy(pg.port)
+        url = "postgres://sluice@127.0.0.1:%d/sluice?connect_timeout=2" % proxy.port
+        ctl = Controller(tmp_path / "c", extra_args=["--store", url]).start()
+        ctl.put(extra_api(1, None))
+        proxy.freeze()
+        worst = 0.0
+        statuses = set()
+        deadline = time.monotonic() + 7
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            status, _, doc = ctl.rest("GET", "/api/v1/apis/extra-1", timeout=10)
+            worst = max(worst, time.monotonic() - t0)
+            statuses.add(status)
+            if status == 503:
+                assert doc["error"]["code"] == "store_unavailable", doc
+            time.sleep(0.05)
+        assert 503 in statuses, statuses
+        assert worst < 0.5, "a REST request waited %.2f s for the store's reconnection" % worst
+        proxy.thaw()
+
+        def written():
+            status, _, doc = ctl.rest("PUT", "/api/v1/apis/extra-2", extra_api(2, None))
+            return status in (200, 201)
+        wait_until(written, 20, interval=0.25, what="a write accepted once the server answers")
+        ctl.stop()
+        assert not ctl.problems(), ctl.problems()
+    finally:
+        if ctl is not None:
+            ctl.stop()
+        if proxy is not None:
+            proxy.close()
+        if pg is not None:
+            pg.close()
