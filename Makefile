@@ -16,7 +16,7 @@ endif
 comma := ,
 
 PKGS    := libevent libevent_pthreads libevent_openssl jansson yaml-0.1 libpcre2-8 liburcu-qsbr \
-           libprotobuf-c openssl sqlite3 libnghttp2 hiredis
+           libprotobuf-c openssl sqlite3 libnghttp2 hiredis libpq
 # gRPC core: shared libraries pull in their own dependencies.
 GRPC_LIBS  := -lgrpc -lgpr
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -143,7 +143,7 @@ DEB_PKGS := build-essential pkg-config libevent-dev libnghttp2-dev \
     wrk nghttp2-client redis-server clang libclang-rt-14-dev iproute2 util-linux \
     valgrind python3-grpcio python3-protobuf protobuf-compiler python3-websockets python3-h2 \
     python3-ruamel.yaml python3-cryptography python3-jsonschema \
-    openssl prometheus clickhouse-server gnuplot-nox
+    openssl prometheus clickhouse-server gnuplot-nox libpq-dev postgresql
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \

@@ -44,6 +44,14 @@
  * every type takes the new version when anything changed, nothing is
  * persisted: every replica, and a restarted one, gives the same input the
  * same version (docs/architecture.md has the limits).
+ *
+ * A store shared by several replicas (PostgreSQL,
+ * sl_controller_use_store_versions): derived versions too, the input's
+ * version being the store's config resourceVersion read with the objects
+ * (sl_store_loaded_version); a compile whose input moved gives every type
+ * that version even when the content did not change, so a replica's
+ * versions depend only on the store's state, never on what it happened to
+ * see before.
  */
 #include "controller.h"
 #include "prom.h"
@@ -185,6 +193,7 @@ struct sl_controller {
     json_t *programmed;
     /* --source kubernetes: versions from the input (sl_controller_use_input). */
     int derived_versions;
+    int store_versions; /* derived from the shared store's state */
     int input_ready;
     uint64_t input_version;
     void (*compiled_fn)(void *arg);
@@ -600,6 +609,10 @@ static uint64_t allocate_version(sl_controller_t *ctl, char *err, size_t errlen)
                              ctl->input_version >= ctl->version_floor
                          ? ctl->input_version
                          : cur + 1;
+        /* A shared store: the same stored state has one version, also when
+         * a compile changes only what a new fleet (a runtime's) gets. */
+        if (ctl->store_versions && ctl->input_version && ctl->input_version >= cur)
+            v = ctl->input_version;
         if (v > SL_XDS_VERSION_MAX) {
             snprintf(err, errlen,
                      "the input's resourceVersion %" PRIu64 " is past 2^53-1, the largest "
@@ -829,9 +842,12 @@ static void compile_all(sl_controller_t *ctl)
         if (sl_store_load_all(ctl->store, &loaded, err, sizeof(err)) != SL_STORE_OK) {
             sl_log_error("compile: cannot read the store: %s", err);
             atomic_fetch_add(&sl_ctrl_metrics.compile_errors, 1);
+            sl_resource_set_free(&loaded);
             return;
         }
         all = &loaded;
+        if (ctl->store_versions)
+            ctl->input_version = sl_store_loaded_version(ctl->store);
     }
     /* Fleets: every Gateway's, every connected runtime's, and "default". */
     fleet_get(ctl, "default");
@@ -1804,6 +1820,15 @@ void sl_controller_use_input(sl_controller_t *ctl, const sl_resource_set_t *set)
 {
     ctl->static_set = set;
     ctl->derived_versions = 1;
+    ctl->config_version = 0;
+    atomic_store(&sl_ctrl_metrics.config_version, 0);
+}
+
+void sl_controller_use_store_versions(sl_controller_t *ctl)
+{
+    ctl->derived_versions = 1;
+    ctl->store_versions = 1;
+    ctl->input_ready = 1;
     ctl->config_version = 0;
     atomic_store(&sl_ctrl_metrics.config_version, 0);
 }

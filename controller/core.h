@@ -25,6 +25,11 @@ sl_controller_t *sl_controller_new(struct event_base *base, sl_store_t *store,
  */
 void sl_controller_use_input(sl_controller_t *ctl, const sl_resource_set_t *set);
 void sl_controller_set_input_version(sl_controller_t *ctl, uint64_t input_version);
+/* A store shared by several replicas (sl_store_shared): versions derived
+ * from the store's config resourceVersion (sl_store_loaded_version) the
+ * same way, so that every replica gives the same stored state the same
+ * version; nothing is persisted in the counters. */
+void sl_controller_use_store_versions(sl_controller_t *ctl);
 /* Called on the main thread after every committed compile (the statuses
  * are then current), e.g. to write statuses back. */
 void sl_controller_on_compiled(sl_controller_t *ctl, void (*fn)(void *arg), void *arg);

@@ -197,6 +197,22 @@ static void reply_read_only(kreq_t *r)
                  "and restart the controller instead of writing through the API");
 }
 
+/* A PostgreSQL store that cannot be reached: a Status 503
+ * ServiceUnavailable whose cause is store_unavailable, naming the store. */
+static void reply_store_unavailable(kreq_t *r, const char *msg)
+{
+    char why[700] = "";
+    if (!msg || !msg[0]) {
+        sl_store_available(r->k->st, why, sizeof(why));
+        msg = why[0] ? why : "the store is unavailable";
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", "1");
+    reply_status(r->req, 503, "ServiceUnavailable",
+                 json_pack("{s:[{s:s, s:s}], s:i}", "causes", "reason", "store_unavailable",
+                           "message", msg, "retryAfterSeconds", 1),
+                 "store_unavailable: %s", msg);
+}
+
 static void reply_store_error(kreq_t *r, enum sl_store_result res, const char *name,
                               const char *msg)
 {
@@ -212,6 +228,9 @@ static void reply_store_error(kreq_t *r, enum sl_store_result res, const char *n
         break;
     case SL_STORE_NOT_FOUND:
         reply_not_found(r, r->ns[0] ? r->ns : "default", name);
+        break;
+    case SL_STORE_UNAVAILABLE:
+        reply_store_unavailable(r, msg);
         break;
     default:
         sl_log_error("kapi: %s", msg);
@@ -1435,6 +1454,10 @@ static int load(kreq_t *r, const char *ns, const char *name, json_t **obj)
         return 0;
     if (res == SL_STORE_NOT_FOUND)
         return 1;
+    if (res == SL_STORE_UNAVAILABLE) {
+        reply_store_unavailable(r, NULL);
+        return -1;
+    }
     reply_status(r->req, 500, "InternalError", NULL,
                  "cannot read %s %s/%s (see the controller log)", sl_kind_name(r->kind), ns, name);
     return -1;
@@ -1473,7 +1496,12 @@ static json_t *list_rendered(kreq_t *r, const filter_t *f, char *rv, size_t rvle
             if (set->items[i].kind == r->kind && (!ns || strcmp(set->items[i].ns, ns) == 0))
                 json_array_append(stored, set->items[i].obj);
     } else {
-        if (sl_store_list(r->k->st, r->kind, ns, &stored) != SL_STORE_OK)
+        enum sl_store_result lr = sl_store_list(r->k->st, r->kind, ns, &stored);
+        if (lr == SL_STORE_UNAVAILABLE) {
+            reply_store_unavailable(r, NULL);
+            return NULL;
+        }
+        if (lr != SL_STORE_OK)
             stored = NULL;
         snprintf(rv, rvlen, "%" PRIu64, sl_store_resource_version(r->k->st));
     }

@@ -20,6 +20,7 @@
 #include "tls_files.h"
 #include "watch.h"
 
+#include <errno.h>
 #include <event2/event.h>
 #include <getopt.h>
 #include <grpc/grpc.h>
@@ -27,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define SL_VERSION "0.1.0"
 
@@ -61,6 +63,11 @@ static void usage(FILE *out)
             "                           a runtime's --node-id must be a SAN of its certificate\n"
             "                           (its CN when it has no SAN)\n"
             "  --data-dir DIR           durable store, default ./sluice-data\n"
+            "  --store URI              keep the resources in PostgreSQL instead of --data-dir:\n"
+            "                           postgres://USER@HOST:PORT/DB?connect_timeout=3 (a libpq\n"
+            "                           URI; the password from PGPASSWORD or PGPASSFILE, or in\n"
+            "                           the URI). Several controllers may share it\n"
+            "                           (docs/operations.md)\n"
             "  --resources PATH         serve these files (repeatable); the REST API is then\n"
             "                           read-only (GitOps mode)\n"
             "  --source SOURCE          where resources come from: store (default: the REST API\n"
@@ -102,6 +109,23 @@ static void usage(FILE *out)
             "                           (helm/sluice/crds/) as YAML and exit\n");
 }
 
+static void store_changed(void *arg)
+{
+    sl_controller_changed(arg);
+}
+
+typedef struct {
+    sl_store_t *store;
+    sl_controller_t *ctl;
+} ready_ctx_t;
+
+/* /readyz: the store reachable (PostgreSQL) and versions persisted. */
+static int store_and_core_ready(void *arg, char *why, size_t whylen)
+{
+    ready_ctx_t *r = arg;
+    return sl_store_available(r->store, why, whylen) && sl_controller_ready(r->ctl, why, whylen);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     (void)what;
@@ -116,6 +140,7 @@ int main(int argc, char **argv)
         {"rest", required_argument, NULL, 'r'},
         {"stream", required_argument, NULL, 's'},
         {"data-dir", required_argument, NULL, 'd'},
+        {"store", required_argument, NULL, 'D'},
         {"resources", required_argument, NULL, 'R'},
         {"admin-token-file", required_argument, NULL, 't'},
         {"insecure-admin", no_argument, NULL, 'I'},
@@ -142,7 +167,7 @@ int main(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     const char *rest_addr = "127.0.0.1:9090", *stream_addr = "127.0.0.1:18000";
-    const char *data_dir = "./sluice-data", *token_file = NULL;
+    const char *data_dir = "./sluice-data", *token_file = NULL, *store_url = NULL;
     const char *stream_cert = NULL, *stream_key = NULL, *stream_ca = NULL;
     const char *rest_cert = NULL, *rest_key = NULL;
     const char **resources = calloc((size_t)argc, sizeof(char *));
@@ -170,6 +195,9 @@ int main(int argc, char **argv)
             break;
         case 'd':
             data_dir = optarg;
+            break;
+        case 'D':
+            store_url = optarg;
             break;
         case 'R':
             resources[nresources++] = optarg;
@@ -312,6 +340,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "sluice-controller: --source %s: use store, files or kubernetes\n", source);
         goto bad_args;
     }
+    if (store_url && strncmp(store_url, "postgres://", 11) != 0 &&
+        strncmp(store_url, "postgresql://", 13) != 0) {
+        fprintf(stderr, "sluice-controller: --store: only PostgreSQL is supported, as "
+                        "postgres://USER@HOST:PORT/DBNAME (leave --store out for the SQLite "
+                        "store in --data-dir)\n");
+        goto bad_args;
+    }
+    if (store_url && (kube || nresources)) {
+        fprintf(stderr, "sluice-controller: --store keeps the resources written through the "
+                        "REST API; it does not go with --resources or --source kubernetes\n");
+        goto bad_args;
+    }
     if (source && strcmp(source, "files") == 0 && !nresources) {
         fprintf(stderr, "sluice-controller: --source files needs --resources PATH\n");
         goto bad_args;
@@ -439,9 +479,17 @@ int main(int argc, char **argv)
         }
         kc_loaded = 1;
     }
-    store = sl_store_open(data_dir, err, sizeof(err));
+    store = store_url ? sl_store_open_postgres(store_url, err, sizeof(err))
+                      : sl_store_open(data_dir, err, sizeof(err));
     if (!store) {
         sl_log_error("%s", err);
+        goto out;
+    }
+    /* PostgreSQL: --data-dir only holds the generated REST certificates. */
+    if (store_url && rest_autotls && mkdir(data_dir, 0700) != 0 && errno != EEXIST) {
+        sl_log_error("data dir %s: cannot create it: %s (create it or choose another "
+                     "--data-dir)",
+                     data_dir, strerror(errno));
         goto out;
     }
     /* After the store: it creates --data-dir. */
@@ -459,6 +507,15 @@ int main(int argc, char **argv)
     if (!ctl)
         goto out_grpc;
     sl_controller_set_max_routes(ctl, max_routes);
+    /* Several replicas on one store: the same state, the same versions;
+     * the other replicas' writes recompile this one's config. */
+    if (sl_store_shared(store)) {
+        sl_controller_use_store_versions(ctl);
+        if (sl_store_attach(store, base, store_changed, ctl) != 0) {
+            sl_log_error("store %s: out of memory", sl_store_name(store));
+            goto out_grpc;
+        }
+    }
     sl_controller_set_runtime_limits(ctl, (size_t)max_runtimes, runtime_expiry_s * 1000);
     if (kube) {
         /* Compiles once every kind is listed. */
@@ -488,6 +545,7 @@ int main(int argc, char **argv)
     }
     /* Every durable write of the store feeds the watches. */
     sl_store_set_observer(store, sl_watch_observe, hub);
+    ready_ctx_t ready = {store, ctl};
     sl_rest_options_t ropt = {
         .admin_token = token,
         .insecure = insecure,
@@ -498,8 +556,8 @@ int main(int argc, char **argv)
                             : NULL,
         /* Not ready while versions cannot be persisted, or before the
          * first list of every kind (the reason is in the 503). */
-        .is_ready = ks ? sl_ksource_ready : sl_controller_ready,
-        .ready_ctx = ks ? (void *)ks : (void *)ctl,
+        .is_ready = ks ? sl_ksource_ready : store_and_core_ready,
+        .ready_ctx = ks ? (void *)ks : (void *)&ready,
         .tls_cert_pem = rest_cert_pem,
         .tls_key_pem = rest_key_pem,
         .max_body_bytes = (size_t)max_body,
@@ -539,7 +597,7 @@ int main(int argc, char **argv)
                   stream_ca     ? "TLS, client certificates required "
                   : stream_cert ? "TLS "
                                 : "",
-                  sl_stream_server_port(srv), data_dir,
+                  sl_stream_server_port(srv), store_url ? sl_store_name(store) : data_dir,
                   nresources ? ", serving --resources files (read-only)"
                   : kube     ? ", resources from Kubernetes (read-only)"
                              : "");

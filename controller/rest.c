@@ -229,6 +229,19 @@ static bool authorized(sl_rest_t *rest, struct evhttp_request *req, bool *presen
     return sl_bearer_check(h, rest->token_sha256, presented);
 }
 
+/* A PostgreSQL store that cannot be reached: 503 naming it, with the
+ * reason; the runtimes keep serving what they have. */
+static void reply_store_unavailable(struct evhttp_request *req, sl_store_t *st, const char *msg)
+{
+    char why[700] = "";
+    if (!msg || !msg[0]) {
+        sl_store_available(st, why, sizeof(why));
+        msg = why[0] ? why : "the store is unavailable";
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+    reply_error(req, 503, "store_unavailable", NULL, "%s", msg);
+}
+
 /* ---- health and metrics -------------------------------------------------- */
 
 static void handle_healthz(call_t *c)
@@ -575,7 +588,12 @@ static void handle_list(call_t *c)
             }
         }
     } else {
-        if (sl_store_list(r->st, c->kind, ns, &items) != SL_STORE_OK)
+        enum sl_store_result lr = sl_store_list(r->st, c->kind, ns, &items);
+        if (lr == SL_STORE_UNAVAILABLE) {
+            reply_store_unavailable(c->req, r->st, NULL);
+            return;
+        }
+        if (lr != SL_STORE_OK)
             items = NULL;
         snprintf(rv, sizeof(rv), "%" PRIu64, sl_store_resource_version(r->st));
     }
@@ -611,6 +629,10 @@ static void handle_get(call_t *c)
         }
     } else {
         enum sl_store_result res = sl_store_get(r->st, c->kind, ns, c->name, &obj);
+        if (res == SL_STORE_UNAVAILABLE) {
+            reply_store_unavailable(c->req, r->st, NULL);
+            return;
+        }
         if (res == SL_STORE_ERROR) {
             reply_error(c->req, 500, "store_error", NULL,
                         "cannot read %s %s/%s (see the controller log)", sl_kind_name(c->kind), ns,
@@ -631,6 +653,9 @@ static void handle_get(call_t *c)
 static void reply_store_failure(call_t *c, enum sl_store_result res, bool if_match, const char *msg)
 {
     switch (res) {
+    case SL_STORE_UNAVAILABLE:
+        reply_store_unavailable(c->req, c->rest->st, msg);
+        break;
     case SL_STORE_EXISTS:
         reply_error(c->req, 409, "already_exists", NULL, "%s", msg);
         break;
@@ -740,6 +765,10 @@ static void handle_write(call_t *c)
 
     json_t *old = NULL;
     enum sl_store_result gr = sl_store_get(r->st, c->kind, ns, name, &old);
+    if (gr == SL_STORE_UNAVAILABLE) {
+        reply_store_unavailable(c->req, r->st, NULL);
+        goto out;
+    }
     if (gr == SL_STORE_ERROR) {
         reply_error(c->req, 500, "store_error", NULL, "cannot read %s %s/%s (see the log)", kname,
                     ns, name);
@@ -894,7 +923,13 @@ static void handle_resources(call_t *c)
         snprintf(ns, sizeof(ns), "%s", c->ns[0] ? c->ns : body_ns ? body_ns : "default");
         json_object_set_new(meta, "namespace", json_string(ns));
         json_t *old = NULL;
-        if (sl_store_get(r->st, it->kind, ns, it->name, &old) == SL_STORE_ERROR) {
+        enum sl_store_result gr = sl_store_get(r->st, it->kind, ns, it->name, &old);
+        if (gr == SL_STORE_UNAVAILABLE) {
+            free(slot);
+            reply_store_unavailable(c->req, r->st, NULL);
+            goto out;
+        }
+        if (gr == SL_STORE_ERROR) {
             free(slot);
             reply_error(c->req, 500, "store_error", NULL, "cannot read %s %s/%s (see the log)",
                         sl_kind_name(it->kind), ns, it->name);

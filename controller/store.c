@@ -20,6 +20,7 @@
 #include "store.h"
 
 #include "ctrl_metrics.h"
+#include "store_pg.h"
 
 #include "log.h"
 
@@ -43,6 +44,11 @@
  * tool, sqlite3 on the command line) before failing with a clear error. */
 #define STORE_BUSY_TIMEOUT_MS 5000
 #define STORE_RV_COUNTER "resource_version"
+/* The resourceVersion of the newest write that changed an object's spec,
+ * labels or annotations, or deleted one (not status writes): the version
+ * of the config, from which replicas on one PostgreSQL store derive the
+ * same versions (sl_store_loaded_version). */
+#define STORE_CONFIG_RV_COUNTER "config_resource_version"
 /* Longest data directory path we accept: PATH_MAX-sized buffers below. */
 #define STORE_MAX_PATH 4000
 
@@ -71,8 +77,54 @@ static const char *const migrations[] = {
      * (kapi.c); NULL = never written, the controller's computed status is
      * served. */
     "ALTER TABLE resources ADD COLUMN status TEXT;",
+    /* 3: what replicas of a PostgreSQL store replay (store_pg.c): the
+     * resources changed since a resourceVersion, and the deletions (written
+     * by the PostgreSQL backend only: one SQLite file has one controller). */
+    "CREATE INDEX IF NOT EXISTS resources_rv ON resources (resource_version);"
+    "CREATE TABLE IF NOT EXISTS deletions ("
+    " resource_version INTEGER PRIMARY KEY,"
+    " kind TEXT NOT NULL,"
+    " namespace TEXT NOT NULL,"
+    " name TEXT NOT NULL,"
+    " body TEXT NOT NULL);",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof(migrations) / sizeof(migrations[0])))
+
+/* The same schema for PostgreSQL, migration for migration (64-bit
+ * integers; the resourceVersion counter is a SEQUENCE, bounded at 2^53-1
+ * like every version a runtime accepts). */
+static const char *const pg_migrations[] = {
+    /* 1 */
+    "CREATE TABLE resources ("
+    " kind TEXT NOT NULL,"
+    " namespace TEXT NOT NULL,"
+    " name TEXT NOT NULL,"
+    " uid TEXT NOT NULL,"
+    " resource_version BIGINT NOT NULL,"
+    " generation BIGINT NOT NULL,"
+    " spec_hash TEXT NOT NULL,"
+    " body TEXT NOT NULL,"
+    " created_at TEXT NOT NULL,"
+    " updated_at TEXT NOT NULL,"
+    " PRIMARY KEY (kind, namespace, name));"
+    "CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL);"
+    /* From 2: config version 1 is the empty store's (core.c, derived
+     * versions), which no stored state may share. */
+    "CREATE SEQUENCE sluice_resource_version AS BIGINT MINVALUE 1 MAXVALUE 9007199254740991"
+    " START WITH 2;",
+    /* 2 */
+    "ALTER TABLE resources ADD COLUMN status TEXT;",
+    /* 3 */
+    "CREATE INDEX IF NOT EXISTS resources_rv ON resources (resource_version);"
+    "CREATE TABLE IF NOT EXISTS deletions ("
+    " resource_version BIGINT PRIMARY KEY,"
+    " kind TEXT NOT NULL,"
+    " namespace TEXT NOT NULL,"
+    " name TEXT NOT NULL,"
+    " body TEXT NOT NULL);",
+};
+_Static_assert(sizeof(pg_migrations) == sizeof(migrations),
+               "every schema migration exists for SQLite and for PostgreSQL");
 
 enum stmt_id {
     STMT_BEGIN = 0,
@@ -118,8 +170,11 @@ static const char *const stmt_sql[STMT__COUNT] = {
 };
 
 struct sl_store {
-    sqlite3 *db;
-    char *path; /* DATA_DIR/sluice.db, for messages */
+    sqlite3 *db;             /* SQLite backend, or */
+    sl_store_pg_t *pg;       /* PostgreSQL backend (--store postgres://...) */
+    uint64_t tx_rv;          /* resourceVersion taken by the open transaction */
+    uint64_t loaded_version; /* config RV of the last load_all */
+    char *path;              /* DATA_DIR/sluice.db or the URI without password, for messages */
     sqlite3_stmt *stmt[STMT__COUNT];
     uint64_t last_write_us;
     /* Told of every committed change (watches); NULL = nobody. */
@@ -229,6 +284,12 @@ static int mkdir_p(const char *dir, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+/* The backend's last error, for messages. */
+static const char *db_errmsg(sl_store_t *st)
+{
+    return st->pg ? sl_store_pg_errmsg(st->pg) : sqlite3_errmsg(st->db);
 }
 
 static void stmt_done(sqlite3_stmt *s)
@@ -378,7 +439,7 @@ sl_store_t *sl_store_open(const char *data_dir, char *err, size_t errlen)
         st->path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
     if (rc != SQLITE_OK) {
         set_err(err, errlen, "store %s: cannot open: %s (check the permissions of --data-dir)",
-                st->path, st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+                st->path, st->db ? db_errmsg(st) : sqlite3_errstr(rc));
         goto fail_db;
     }
     sqlite3_extended_result_codes(st->db, 1);
@@ -391,7 +452,7 @@ sl_store_t *sl_store_open(const char *data_dir, char *err, size_t errlen)
         set_err(err, errlen,
                 "store %s: cannot enable WAL: %s (is it a SQLite database written by "
                 "sluice-controller?)",
-                st->path, sqlite3_errmsg(st->db));
+                st->path, db_errmsg(st));
         goto fail_db;
     }
     if (strcmp(mode, "wal") != 0) {
@@ -411,7 +472,7 @@ sl_store_t *sl_store_open(const char *data_dir, char *err, size_t errlen)
         if (sqlite3_prepare_v3(st->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st->stmt[i],
                                NULL) != SQLITE_OK) {
             set_err(err, errlen, "store %s: cannot prepare statement %d: %s", st->path, i,
-                    sqlite3_errmsg(st->db));
+                    db_errmsg(st));
             goto fail_stmts;
         }
     }
@@ -428,14 +489,83 @@ fail_st:
     return NULL;
 }
 
+/* The PostgreSQL backend: no data dir, no SQLite handle; the same logic
+ * above the primitives. */
+sl_store_t *sl_store_open_postgres(const char *url, char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    sl_store_t *st = calloc(1, sizeof(*st));
+    char display[512] = "";
+    if (!st) {
+        set_err(err, errlen, "store: out of memory");
+        return NULL;
+    }
+    st->pg = sl_store_pg_open(st, url, pg_migrations, STORE_SCHEMA_VERSION, display,
+                              sizeof(display), err, errlen);
+    if (!st->pg || !(st->path = strdup(display))) {
+        if (st->pg)
+            set_err(err, errlen, "store: out of memory");
+        sl_store_pg_close(st->pg);
+        free(st);
+        return NULL;
+    }
+    return st;
+}
+
+int sl_store_attach(sl_store_t *st, struct event_base *base, void (*on_change)(void *arg),
+                    void *arg)
+{
+    return st->pg ? sl_store_pg_attach(st->pg, base, on_change, arg) : 0;
+}
+
+int sl_store_available(void *arg, char *why, size_t whylen)
+{
+    sl_store_t *st = arg;
+    return !st || !st->pg || sl_store_pg_available(st->pg, why, whylen);
+}
+
+const char *sl_store_name(const sl_store_t *st)
+{
+    return st->path;
+}
+
+int sl_store_shared(const sl_store_t *st)
+{
+    return st->pg != NULL;
+}
+
+uint64_t sl_store_loaded_version(const sl_store_t *st)
+{
+    return st->loaded_version;
+}
+
+/* A failure of a PostgreSQL store that cannot be reached is
+ * SL_STORE_UNAVAILABLE, with err naming the store and the reason. */
+static enum sl_store_result outcome(sl_store_t *st, enum sl_store_result r, char *err,
+                                    size_t errlen)
+{
+    char why[600];
+    if (r != SL_STORE_ERROR || !st || !st->pg || sl_store_pg_available(st->pg, why, sizeof(why)))
+        return r;
+    set_err(err, errlen, "%s; retry when it is back", why);
+    return SL_STORE_UNAVAILABLE;
+}
+
 void sl_store_close(sl_store_t *st)
 {
     if (!st)
         return;
+    if (st->pg) {
+        sl_store_pg_close(st->pg);
+        free(st->path);
+        free(st);
+        return;
+    }
     for (int i = 0; i < STMT__COUNT; i++)
         sqlite3_finalize(st->stmt[i]);
     if (sqlite3_close(st->db) != SQLITE_OK)
-        sl_log_error("store %s: close: %s", st->path, sqlite3_errmsg(st->db));
+        sl_log_error("store %s: close: %s", st->path, db_errmsg(st));
     free(st->path);
     free(st);
 }
@@ -444,6 +574,8 @@ void sl_store_close(sl_store_t *st)
 
 static int counter_read(sl_store_t *st, const char *name, uint64_t *out)
 {
+    if (st->pg)
+        return sl_store_pg_counter_read(st->pg, name, out);
     sqlite3_stmt *s = st->stmt[STMT_COUNTER_GET];
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
     int rc = sqlite3_step(s);
@@ -460,6 +592,8 @@ static int counter_read(sl_store_t *st, const char *name, uint64_t *out)
 
 static int counter_write(sl_store_t *st, const char *name, uint64_t value)
 {
+    if (st->pg)
+        return sl_store_pg_counter_write(st->pg, name, value);
     sqlite3_stmt *s = st->stmt[STMT_COUNTER_SET];
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
     sqlite3_bind_int64(s, 2, (sqlite3_int64)value);
@@ -468,9 +602,9 @@ static int counter_write(sl_store_t *st, const char *name, uint64_t value)
 
 static int tx_begin(sl_store_t *st, char *err, size_t errlen)
 {
-    if (run(st, STMT_BEGIN) != 0) {
-        set_err(err, errlen, "store %s: cannot start a transaction: %s", st->path,
-                sqlite3_errmsg(st->db));
+    st->tx_rv = 0;
+    if (st->pg ? sl_store_pg_begin(st->pg) != 0 : run(st, STMT_BEGIN) != 0) {
+        set_err(err, errlen, "store %s: cannot start a transaction: %s", st->path, db_errmsg(st));
         return -1;
     }
     return 0;
@@ -478,9 +612,17 @@ static int tx_begin(sl_store_t *st, char *err, size_t errlen)
 
 static int tx_commit(sl_store_t *st, char *err, size_t errlen)
 {
+    if (st->pg) {
+        /* Other replicas are told by NOTIFY, in the transaction. */
+        if (sl_store_pg_commit(st->pg, st->tx_rv) != 0) {
+            set_err(err, errlen, "store %s: commit failed: %s", st->path, db_errmsg(st));
+            return -1;
+        }
+        return 0;
+    }
     if (run(st, STMT_COMMIT) != 0) {
         set_err(err, errlen, "store %s: commit failed: %s (is the disk full?)", st->path,
-                sqlite3_errmsg(st->db));
+                db_errmsg(st));
         /* A failed COMMIT may leave the transaction open. */
         if (!sqlite3_get_autocommit(st->db))
             run(st, STMT_ROLLBACK);
@@ -491,8 +633,12 @@ static int tx_commit(sl_store_t *st, char *err, size_t errlen)
 
 static void tx_rollback(sl_store_t *st)
 {
+    if (st->pg) {
+        sl_store_pg_rollback(st->pg);
+        return;
+    }
     if (!sqlite3_get_autocommit(st->db) && run(st, STMT_ROLLBACK) != 0)
-        sl_log_error("store %s: rollback failed: %s", st->path, sqlite3_errmsg(st->db));
+        sl_log_error("store %s: rollback failed: %s", st->path, db_errmsg(st));
 }
 
 /* ---- objects -------------------------------------------------------------- */
@@ -508,12 +654,6 @@ typedef struct {
     json_t *status; /* owned: the written status (NULL when never written) */
 } row_t;
 
-static void copy_col(sqlite3_stmt *s, int col, char *out, size_t outlen)
-{
-    const unsigned char *t = sqlite3_column_text(s, col);
-    snprintf(out, outlen, "%s", t ? (const char *)t : "");
-}
-
 static json_t *parse_body(sl_store_t *st, const char *text, const char *kind, const char *ns,
                           const char *name)
 {
@@ -528,11 +668,51 @@ static json_t *parse_body(sl_store_t *st, const char *text, const char *kind, co
     return v;
 }
 
-/* Reads one row. Returns 0 (row->found says whether it exists) or -1. */
+/* The stored texts of a row, from either backend, into row (parsed). */
+static int row_fill(sl_store_t *st, const char *kind, const char *ns, const char *name,
+                    bool want_body, row_t *row, const char *uid, int64_t rv, int64_t generation,
+                    const char *hash, const char *created, const char *body, const char *status)
+{
+    int ret = 0;
+    row->found = true;
+    snprintf(row->uid, sizeof(row->uid), "%s", uid ? uid : "");
+    row->rv = rv < 0 ? 0 : (uint64_t)rv;
+    row->generation = generation;
+    snprintf(row->spec_hash, sizeof(row->spec_hash), "%s", hash ? hash : "");
+    snprintf(row->created_at, sizeof(row->created_at), "%s", created ? created : "");
+    if (status && !(row->status = parse_body(st, status, kind, ns, name)))
+        ret = -1;
+    /* With the body, the status moves into it (row->status is then
+     * borrowed from the body); without, the caller owns row->status. */
+    if (want_body && ret == 0) {
+        row->body = parse_body(st, body, kind, ns, name);
+        if (!row->body)
+            ret = -1;
+        else if (row->status)
+            json_object_set_new(row->body, "status", row->status);
+    }
+    if (want_body && ret != 0) {
+        json_decref(row->status);
+        row->status = NULL;
+    }
+    return ret;
+}
+
+/* Reads one row (in a write transaction: locked until its end). Returns 0
+ * (row->found says whether it exists) or -1. */
 static int row_get(sl_store_t *st, const char *kind, const char *ns, const char *name,
                    bool want_body, row_t *row)
 {
     memset(row, 0, sizeof(*row));
+    if (st->pg) {
+        sl_store_pg_row_t r;
+        if (sl_store_pg_row_get(st->pg, kind, ns, name, &r) != 0)
+            return -1;
+        if (!r.found)
+            return 0;
+        return row_fill(st, kind, ns, name, want_body, row, r.uid, r.rv, r.generation, r.spec_hash,
+                        r.created_at, r.body, r.status);
+    }
     sqlite3_stmt *s = st->stmt[STMT_GET];
     sqlite3_bind_text(s, 1, kind, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
@@ -540,35 +720,58 @@ static int row_get(sl_store_t *st, const char *kind, const char *ns, const char 
     int rc = sqlite3_step(s);
     int ret = 0;
     if (rc == SQLITE_ROW) {
-        row->found = true;
-        copy_col(s, 0, row->uid, sizeof(row->uid));
-        sqlite3_int64 rv = sqlite3_column_int64(s, 1);
-        row->rv = rv < 0 ? 0 : (uint64_t)rv;
-        row->generation = sqlite3_column_int64(s, 2);
-        copy_col(s, 3, row->spec_hash, sizeof(row->spec_hash));
-        copy_col(s, 5, row->created_at, sizeof(row->created_at));
-        if (sqlite3_column_type(s, 6) == SQLITE_TEXT &&
-            !(row->status =
-                  parse_body(st, (const char *)sqlite3_column_text(s, 6), kind, ns, name)))
-            ret = -1;
-        /* With the body, the status moves into it (row->status is then
-         * borrowed from the body); without, the caller owns row->status. */
-        if (want_body && ret == 0) {
-            row->body = parse_body(st, (const char *)sqlite3_column_text(s, 4), kind, ns, name);
-            if (!row->body)
-                ret = -1;
-            else if (row->status)
-                json_object_set_new(row->body, "status", row->status);
-        }
-        if (want_body && ret != 0) {
-            json_decref(row->status);
-            row->status = NULL;
-        }
+        ret = row_fill(
+            st, kind, ns, name, want_body, row, (const char *)sqlite3_column_text(s, 0),
+            sqlite3_column_int64(s, 1), sqlite3_column_int64(s, 2),
+            (const char *)sqlite3_column_text(s, 3), (const char *)sqlite3_column_text(s, 5),
+            (const char *)sqlite3_column_text(s, 4),
+            sqlite3_column_type(s, 6) == SQLITE_TEXT ? (const char *)sqlite3_column_text(s, 6)
+                                                     : NULL);
     } else if (rc != SQLITE_DONE) {
         ret = -1;
     }
     stmt_done(s);
     return ret;
+}
+
+/* The next resourceVersion, inside the open write transaction: the store's
+ * counter (SQLite) or the database SEQUENCE (PostgreSQL; never handed out
+ * twice, whichever replica asks). */
+static int next_rv(sl_store_t *st, uint64_t *rv, char *err, size_t errlen)
+{
+    uint64_t v = 0;
+    if (st->pg) {
+        if (sl_store_pg_next_rv(st->pg, &v) != 0) {
+            set_err(err, errlen, "store %s: cannot take a resourceVersion: %s", st->path,
+                    db_errmsg(st));
+            return -1;
+        }
+    } else {
+        if (counter_read(st, STORE_RV_COUNTER, &v) != 0) {
+            set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s", st->path,
+                    db_errmsg(st));
+            return -1;
+        }
+        /* resource_version column is a signed SQLite integer. */
+        if (v >= (uint64_t)INT64_MAX) {
+            set_err(err, errlen, "store %s: resourceVersion counter exhausted", st->path);
+            return -1;
+        }
+        v++;
+        if (counter_write(st, STORE_RV_COUNTER, v) != 0) {
+            set_err(err, errlen, "store %s: cannot write the resourceVersion counter: %s", st->path,
+                    db_errmsg(st));
+            return -1;
+        }
+    }
+    *rv = v;
+    st->tx_rv = v;
+    return 0;
+}
+
+static bool same_json(json_t *a, json_t *b)
+{
+    return (!a && !b) || (a && b && json_equal(a, b));
 }
 
 /* Identity of a document: kind name, namespace ("default" when absent) and
@@ -619,12 +822,24 @@ static enum sl_store_result put_one_row(sl_store_t *st, json_t *obj, enum sl_sto
         return SL_STORE_ERROR;
     }
     const char *kname = sl_kind_name(kind);
-    if (row_get(st, kname, ns, name, false, &old) != 0) {
-        json_decref(old.status);
+    if (row_get(st, kname, ns, name, true, &old) != 0) {
         set_err(err, errlen, "store %s: cannot read %s %s/%s: %s", st->path, kname, ns, name,
-                sqlite3_errmsg(st->db));
+                db_errmsg(st));
         return SL_STORE_ERROR;
     }
+    /* Whether the write changes the config (spec, labels, annotations):
+     * then it moves the config resourceVersion. */
+    json_t *old_meta = json_object_get(old.body, "metadata");
+    json_t *new_meta = json_object_get(obj, "metadata");
+    bool meta_same =
+        old.found &&
+        same_json(json_object_get(old_meta, "labels"), json_object_get(new_meta, "labels")) &&
+        same_json(json_object_get(old_meta, "annotations"),
+                  json_object_get(new_meta, "annotations"));
+    /* The status is kept apart from the body from here on. */
+    old.status = json_incref(json_object_get(old.body, "status"));
+    json_decref(old.body);
+    old.body = NULL;
     *oldp = old; /* the caller releases old.status */
     if (mode == SL_STORE_CREATE && old.found) {
         set_err(err, errlen, "%s \"%s/%s\" already exists (use PUT to replace it)", kname, ns,
@@ -654,17 +869,8 @@ static enum sl_store_result put_one_row(sl_store_t *st, json_t *obj, enum sl_sto
         return SL_STORE_ERROR;
     }
     uint64_t rv;
-    if (counter_read(st, STORE_RV_COUNTER, &rv) != 0) {
-        set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s", st->path,
-                sqlite3_errmsg(st->db));
+    if (next_rv(st, &rv, err, errlen) != 0)
         return SL_STORE_ERROR;
-    }
-    /* resource_version column is a signed SQLite integer. */
-    if (rv >= (uint64_t)INT64_MAX) {
-        set_err(err, errlen, "store %s: resourceVersion counter exhausted", st->path);
-        return SL_STORE_ERROR;
-    }
-    rv++;
     int64_t generation = 1;
     char uid[64], created[40], now[32];
     rfc3339_now(now);
@@ -698,22 +904,29 @@ static enum sl_store_result put_one_row(sl_store_t *st, json_t *obj, enum sl_sto
     if (!body)
         goto oom_doc;
 
-    sqlite3_stmt *s = st->stmt[STMT_UPSERT];
-    sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 4, uid, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 5, (sqlite3_int64)rv);
-    sqlite3_bind_int64(s, 6, generation);
-    sqlite3_bind_text(s, 7, hash, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 8, body, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 9, created, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 10, now, -1, SQLITE_STATIC);
-    int rc = run(st, STMT_UPSERT);
+    int rc;
+    if (st->pg) {
+        rc = sl_store_pg_upsert(st->pg, kname, ns, name, uid, rv, generation, hash, body, created,
+                                now);
+    } else {
+        sqlite3_stmt *s = st->stmt[STMT_UPSERT];
+        sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 4, uid, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 5, (sqlite3_int64)rv);
+        sqlite3_bind_int64(s, 6, generation);
+        sqlite3_bind_text(s, 7, hash, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 8, body, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 9, created, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 10, now, -1, SQLITE_STATIC);
+        rc = run(st, STMT_UPSERT);
+    }
     free(body);
-    if (rc != 0 || counter_write(st, STORE_RV_COUNTER, rv) != 0) {
+    bool config_changed = !meta_same || strcmp(old.spec_hash, hash) != 0;
+    if (rc != 0 || (config_changed && counter_write(st, STORE_CONFIG_RV_COUNTER, rv) != 0)) {
         set_err(err, errlen, "store %s: cannot write %s %s/%s: %s", st->path, kname, ns, name,
-                sqlite3_errmsg(st->db));
+                db_errmsg(st));
         json_decref(doc);
         return SL_STORE_ERROR;
     }
@@ -729,13 +942,42 @@ oom:
 
 /* Tells the observer of one committed change. Called only after COMMIT, so a
  * watcher never sees a change that a rollback undid. */
-static void notify(sl_store_t *st, const char *type, json_t *doc)
+static void observe(sl_store_t *st, const char *type, json_t *doc)
 {
     enum sl_kind kind;
     const char *ns, *name;
     if (!st->observer || identity(doc, &kind, &ns, &name) != 0)
         return;
     st->observer(st->observer_arg, type, kind, doc);
+}
+
+/* SQLite: this controller's write, told at once. PostgreSQL: nothing here;
+ * committed() replays every change since the last one, this write included,
+ * so the observer sees the writes of every replica once, in order. */
+static void notify(sl_store_t *st, const char *type, json_t *doc)
+{
+    if (!st->pg)
+        observe(st, type, doc);
+}
+
+static void committed(sl_store_t *st)
+{
+    if (st->pg)
+        sl_store_pg_sync(st->pg);
+}
+
+void sl_store__emit(sl_store_t *st, const char *type, const char *body, const char *status)
+{
+    if (!st->observer)
+        return;
+    json_t *doc = parse_body(st, body, "replayed", "*", "*");
+    if (!doc)
+        return;
+    json_t *stv = status ? parse_body(st, status, "replayed", "*", "*") : NULL;
+    if (stv)
+        json_object_set_new(doc, "status", stv);
+    observe(st, type, doc);
+    json_decref(doc);
 }
 
 void sl_store_set_observer(sl_store_t *st, sl_store_observer_fn fn, void *arg)
@@ -746,8 +988,9 @@ void sl_store_set_observer(sl_store_t *st, sl_store_observer_fn fn, void *arg)
 
 /* `obj` is borrowed; on SL_STORE_OK *stored is a new reference (the caller
  * decrefs it). On any other result nothing was written and *stored is NULL. */
-enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
-                                  const char *expect_rv, json_t **stored, char *err, size_t errlen)
+static enum sl_store_result put_impl(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
+                                     const char *expect_rv, json_t **stored, char *err,
+                                     size_t errlen)
 {
     *stored = NULL;
     uint64_t t0 = now_us();
@@ -767,14 +1010,15 @@ enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mod
     wrote(st, t0);
     *stored = doc;
     notify(st, existed ? "MODIFIED" : "ADDED", doc);
+    committed(st);
     return SL_STORE_OK;
 }
 
 /* All of `objs` or none: the first failing item rolls the whole transaction
  * back and its error names it. On SL_STORE_OK *stored is a new array, in the
  * order of `objs`. */
-enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs, json_t **stored, char *err,
-                                       size_t errlen)
+static enum sl_store_result put_many_impl(sl_store_t *st, json_t *objs, json_t **stored, char *err,
+                                          size_t errlen)
 {
     *stored = NULL;
     if (!json_is_array(objs)) {
@@ -826,6 +1070,7 @@ enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs, json_t **st
     wrote(st, t0);
     *stored = out;
     json_array_foreach(out, i, obj) notify(st, existed[i] ? "MODIFIED" : "ADDED", obj);
+    committed(st);
     free(existed);
     return SL_STORE_OK;
 }
@@ -840,7 +1085,7 @@ static enum sl_store_result get_impl(sl_store_t *st, enum sl_kind kind, const ch
     row_t row;
     if (row_get(st, sl_kind_name(kind), ns ? ns : "default", name, true, &row) != 0) {
         sl_log_error("store %s: get %s %s/%s: %s", st->path, sl_kind_name(kind),
-                     ns ? ns : "default", name, sqlite3_errmsg(st->db));
+                     ns ? ns : "default", name, db_errmsg(st));
         return SL_STORE_ERROR;
     }
     if (!row.found)
@@ -855,7 +1100,7 @@ enum sl_store_result sl_store_get(sl_store_t *st, enum sl_kind kind, const char 
     uint64_t t0 = now_us();
     enum sl_store_result r = get_impl(st, kind, ns, name, obj);
     sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
-    return r;
+    return outcome(st, r, NULL, 0);
 }
 
 /*
@@ -867,14 +1112,14 @@ enum sl_store_result sl_store_get(sl_store_t *st, enum sl_kind kind, const char 
  */
 static enum sl_store_result begin_write(sl_store_t *st, const char *kname, const char *ns,
                                         const char *name, const char *expect_rv, row_t *row,
-                                        uint64_t *next_rv, char *err, size_t errlen)
+                                        uint64_t *rvp, char *err, size_t errlen)
 {
     memset(row, 0, sizeof(*row));
     if (tx_begin(st, err, errlen) != 0)
         return SL_STORE_ERROR;
     if (row_get(st, kname, ns, name, true, row) != 0) {
         set_err(err, errlen, "store %s: cannot read %s %s/%s: %s", st->path, kname, ns, name,
-                sqlite3_errmsg(st->db));
+                db_errmsg(st));
         tx_rollback(st);
         return SL_STORE_ERROR;
     }
@@ -893,9 +1138,7 @@ static enum sl_store_result begin_write(sl_store_t *st, const char *kname, const
                 "reapply your change)",
                 kname, ns, name, cur, expect_rv);
         r = SL_STORE_CONFLICT;
-    } else if (counter_read(st, STORE_RV_COUNTER, &rv) != 0 || rv >= (uint64_t)INT64_MAX) {
-        set_err(err, errlen, "store %s: cannot read the resourceVersion counter: %s", st->path,
-                sqlite3_errmsg(st->db));
+    } else if (next_rv(st, &rv, err, errlen) != 0) {
         r = SL_STORE_ERROR;
     }
     if (r != SL_STORE_OK) {
@@ -903,15 +1146,15 @@ static enum sl_store_result begin_write(sl_store_t *st, const char *kname, const
         row->body = NULL;
         tx_rollback(st);
     }
-    *next_rv = rv + 1;
+    *rvp = rv;
     return r;
 }
 
 /* A delete also takes a resourceVersion, so that a list's resourceVersion
  * changes whenever its content does. */
-enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const char *ns,
-                                     const char *name, const char *expect_rv, json_t **deleted,
-                                     char *err, size_t errlen)
+static enum sl_store_result delete_impl(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                        const char *name, const char *expect_rv, json_t **deleted,
+                                        char *err, size_t errlen)
 {
     if (deleted)
         *deleted = NULL;
@@ -928,39 +1171,55 @@ enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const ch
         return r;
     if (!ns)
         ns = "default";
-    sqlite3_stmt *s = st->stmt[STMT_DELETE];
-    sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
-    if (run(st, STMT_DELETE) != 0 || counter_write(st, STORE_RV_COUNTER, rv) != 0) {
+    /* The last stored document at the deletion's resourceVersion, as the
+     * API server sends it to watches; the caller's copy keeps the stored
+     * one. */
+    json_t *gone = json_copy(row.body);
+    json_t *meta = gone ? json_copy(json_object_get(gone, "metadata")) : NULL;
+    char rvs[24];
+    snprintf(rvs, sizeof(rvs), "%" PRIu64, rv);
+    if (meta && json_object_set_new(meta, "resourceVersion", json_string(rvs)) != 0) {
+        json_decref(meta);
+        meta = NULL;
+    }
+    /* json_object_set_new takes meta even when it fails. */
+    if (!meta || json_object_set_new(gone, "metadata", meta) != 0) {
+        json_decref(gone);
+        set_err(err, errlen, "store: out of memory deleting %s %s/%s", kname, ns, name);
+        goto fail_body;
+    }
+    json_object_del(gone, "status");
+    char *gone_text = st->pg ? json_dumps(gone, JSON_COMPACT) : NULL;
+    int rc;
+    if (st->pg) {
+        /* The tombstone other replicas replay the deletion from. */
+        rc = !gone_text || sl_store_pg_delete(st->pg, kname, ns, name) != 0 ||
+             sl_store_pg_tombstone(st->pg, rv, kname, ns, name, gone_text) != 0;
+    } else {
+        sqlite3_stmt *s = st->stmt[STMT_DELETE];
+        sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+        rc = run(st, STMT_DELETE);
+    }
+    free(gone_text);
+    if (row.status)
+        json_object_set(gone, "status", row.status);
+    if (rc != 0 || counter_write(st, STORE_CONFIG_RV_COUNTER, rv) != 0) {
+        json_decref(gone);
         set_err(err, errlen, "store %s: cannot delete %s %s/%s: %s", st->path, kname, ns, name,
-                sqlite3_errmsg(st->db));
+                db_errmsg(st));
         goto fail_body;
     }
     if (tx_commit(st, err, errlen) != 0) {
+        json_decref(gone);
         json_decref(row.body);
         return SL_STORE_ERROR;
     }
     wrote(st, t0);
-    if (st->observer) {
-        /* The last stored document at the deletion's resourceVersion, as
-         * the API server sends it; the caller's copy keeps the stored one. */
-        json_t *gone = json_copy(row.body);
-        json_t *meta = gone ? json_copy(json_object_get(gone, "metadata")) : NULL;
-        char rvs[24];
-        snprintf(rvs, sizeof(rvs), "%" PRIu64, rv);
-        if (meta && json_object_set_new(meta, "resourceVersion", json_string(rvs)) != 0) {
-            json_decref(meta);
-            meta = NULL;
-        }
-        /* json_object_set_new takes meta even when it fails. */
-        if (meta && json_object_set_new(gone, "metadata", meta) == 0)
-            notify(st, "DELETED", gone);
-        else
-            sl_log_error("store %s: out of memory telling watches of the deletion of %s %s/%s",
-                         st->path, kname, ns, name);
-        json_decref(gone);
-    }
+    notify(st, "DELETED", gone);
+    json_decref(gone);
+    committed(st);
     if (deleted)
         *deleted = row.body;
     else
@@ -975,9 +1234,9 @@ fail_body:
 
 /* The written status replaces the stored one in one transaction, with a new
  * resourceVersion (also in the body's metadata) and the same generation. */
-enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, const char *ns,
-                                         const char *name, json_t *status, const char *expect_rv,
-                                         json_t **stored, char *err, size_t errlen)
+static enum sl_store_result put_status_impl(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                            const char *name, json_t *status, const char *expect_rv,
+                                            json_t **stored, char *err, size_t errlen)
 {
     *stored = NULL;
     if ((unsigned)kind >= SL_KIND__COUNT || !name || !json_is_object(status)) {
@@ -1005,17 +1264,23 @@ enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, cons
                 name);
         goto fail;
     }
-    sqlite3_stmt *s = st->stmt[STMT_SET_STATUS];
-    sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 4, status_text, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 5, (sqlite3_int64)rv);
-    sqlite3_bind_text(s, 6, body_text, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 7, now, -1, SQLITE_STATIC);
-    if (run(st, STMT_SET_STATUS) != 0 || counter_write(st, STORE_RV_COUNTER, rv) != 0) {
+    int rc;
+    if (st->pg) {
+        rc = sl_store_pg_set_status(st->pg, kname, ns, name, status_text, rv, body_text, now);
+    } else {
+        sqlite3_stmt *s = st->stmt[STMT_SET_STATUS];
+        sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 4, status_text, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 5, (sqlite3_int64)rv);
+        sqlite3_bind_text(s, 6, body_text, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 7, now, -1, SQLITE_STATIC);
+        rc = run(st, STMT_SET_STATUS);
+    }
+    if (rc != 0) {
         set_err(err, errlen, "store %s: cannot write the status of %s %s/%s: %s", st->path, kname,
-                ns, name, sqlite3_errmsg(st->db));
+                ns, name, db_errmsg(st));
         goto fail;
     }
     if (tx_commit(st, err, errlen) != 0) {
@@ -1027,6 +1292,7 @@ enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, cons
     /* Watches see a status write like any other change (its own
      * resourceVersion). */
     notify(st, "MODIFIED", row.body);
+    committed(st);
     *stored = row.body;
     row.body = NULL;
     ret = SL_STORE_OK;
@@ -1040,6 +1306,27 @@ out:
     return ret;
 }
 
+typedef struct {
+    sl_store_t *st;
+    json_t *out;
+    const char *kname, *ns;
+} list_ctx_t;
+
+/* One listed row (either backend): the body with its written status. */
+static int list_row(void *arg, const char *body, const char *status)
+{
+    list_ctx_t *c = arg;
+    json_t *v = parse_body(c->st, body, c->kname, c->ns ? c->ns : "*", "*");
+    if (!v || json_array_append_new(c->out, v) != 0)
+        return -1;
+    if (status) {
+        json_t *stv = parse_body(c->st, status, c->kname, c->ns ? c->ns : "*", "*");
+        if (!stv || json_object_set_new(v, "status", stv) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* *array: new reference on SL_STORE_OK (possibly empty). */
 static enum sl_store_result list_impl(sl_store_t *st, enum sl_kind kind, const char *ns,
                                       json_t **array)
@@ -1051,26 +1338,30 @@ static enum sl_store_result list_impl(sl_store_t *st, enum sl_kind kind, const c
     if (!out)
         return SL_STORE_ERROR;
     const char *kname = sl_kind_name(kind);
+    list_ctx_t c = {st, out, kname, ns};
+    if (st->pg) {
+        if (sl_store_pg_list(st->pg, kname, ns, list_row, &c) != 0) {
+            sl_log_error("store %s: list %s: %s", st->path, sl_kind_plural(kind), db_errmsg(st));
+            json_decref(out);
+            return SL_STORE_ERROR;
+        }
+        *array = out;
+        return SL_STORE_OK;
+    }
     sqlite3_stmt *s = st->stmt[ns ? STMT_LIST_KIND_NS : STMT_LIST_KIND];
     sqlite3_bind_text(s, 1, kname, -1, SQLITE_STATIC);
     if (ns)
         sqlite3_bind_text(s, 2, ns, -1, SQLITE_STATIC);
     int rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        json_t *v =
-            parse_body(st, (const char *)sqlite3_column_text(s, 0), kname, ns ? ns : "*", "*");
-        if (!v || json_array_append_new(out, v) != 0)
+        if (list_row(&c, (const char *)sqlite3_column_text(s, 0),
+                     sqlite3_column_type(s, 1) == SQLITE_TEXT
+                         ? (const char *)sqlite3_column_text(s, 1)
+                         : NULL) != 0)
             goto fail;
-        if (sqlite3_column_type(s, 1) == SQLITE_TEXT) {
-            json_t *status =
-                parse_body(st, (const char *)sqlite3_column_text(s, 1), kname, ns ? ns : "*", "*");
-            if (!status || json_object_set_new(v, "status", status) != 0)
-                goto fail;
-        }
     }
     if (rc != SQLITE_DONE) {
-        sl_log_error("store %s: list %s: %s", st->path, sl_kind_plural(kind),
-                     sqlite3_errmsg(st->db));
+        sl_log_error("store %s: list %s: %s", st->path, sl_kind_plural(kind), db_errmsg(st));
         goto fail;
     }
     stmt_done(s);
@@ -1089,52 +1380,86 @@ enum sl_store_result sl_store_list(sl_store_t *st, enum sl_kind kind, const char
     uint64_t t0 = now_us();
     enum sl_store_result r = list_impl(st, kind, ns, array);
     sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
-    return r;
+    return outcome(st, r, NULL, 0);
+}
+
+typedef struct {
+    sl_store_t *st;
+    sl_resource_set_t *set;
+    char *err;
+    size_t errlen;
+} load_ctx_t;
+
+/* One loaded row (either backend) into the resource set. */
+static int load_row(void *arg, const char *kname, const char *ns, const char *name,
+                    const char *body)
+{
+    load_ctx_t *c = arg;
+    enum sl_kind kind;
+    if (!kname || !ns || !name || sl_kind_from_name(kname, &kind) != 0) {
+        set_err(c->err, c->errlen,
+                "store %s: row of unknown kind '%s' (written by a newer version?)", c->st->path,
+                kname ? kname : "");
+        return -1;
+    }
+    json_t *obj = parse_body(c->st, body, kname, ns, name);
+    if (!obj) {
+        set_err(c->err, c->errlen, "store %s: %s %s/%s: stored body is corrupt", c->st->path, kname,
+                ns, name);
+        return -1;
+    }
+    char source[600];
+    snprintf(source, sizeof(source), "%s/%s/%s", sl_kind_plural(kind), ns, name);
+    int added = sl_resource_set_add(c->set, obj, source, 0);
+    json_decref(obj); /* the set holds its own reference */
+    if (added != 0) {
+        set_err(c->err, c->errlen, "store: out of memory loading %s", source);
+        return -1;
+    }
+    return 0;
 }
 
 /* Appends every stored object to `set` (which the caller initialised and
- * keeps owning). On error the set may hold part of the objects; the caller
+ * keeps owning), and notes the config resourceVersion of that state (one
+ * snapshot). On error the set may hold part of the objects; the caller
  * frees it. */
 static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set, char *err,
                                           size_t errlen)
 {
+    load_ctx_t c = {st, set, err, errlen};
+    if (err && errlen)
+        err[0] = '\0';
+    if (st->pg) {
+        uint64_t crv = 0;
+        if (sl_store_pg_load_all(st->pg, load_row, &c, STORE_CONFIG_RV_COUNTER, &crv) != 0) {
+            if (!err || !err[0])
+                set_err(err, errlen, "store %s: cannot read resources: %s", st->path,
+                        db_errmsg(st));
+            return SL_STORE_ERROR;
+        }
+        st->loaded_version = crv;
+        return SL_STORE_OK;
+    }
     sqlite3_stmt *s = st->stmt[STMT_LIST_ALL];
     enum sl_store_result ret = SL_STORE_OK;
     int rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        const char *kname = (const char *)sqlite3_column_text(s, 0);
-        const char *ns = (const char *)sqlite3_column_text(s, 1);
-        const char *name = (const char *)sqlite3_column_text(s, 2);
-        enum sl_kind kind;
-        if (!kname || !ns || !name || sl_kind_from_name(kname, &kind) != 0) {
-            set_err(err, errlen, "store %s: row of unknown kind '%s' (written by a newer version?)",
-                    st->path, kname ? kname : "");
-            ret = SL_STORE_ERROR;
-            break;
-        }
-        json_t *obj = parse_body(st, (const char *)sqlite3_column_text(s, 3), kname, ns, name);
-        if (!obj) {
-            set_err(err, errlen, "store %s: %s %s/%s: stored body is corrupt", st->path, kname, ns,
-                    name);
-            ret = SL_STORE_ERROR;
-            break;
-        }
-        char source[600];
-        snprintf(source, sizeof(source), "%s/%s/%s", sl_kind_plural(kind), ns, name);
-        int added = sl_resource_set_add(set, obj, source, 0);
-        json_decref(obj); /* the set holds its own reference */
-        if (added != 0) {
-            set_err(err, errlen, "store: out of memory loading %s", source);
+        if (load_row(&c, (const char *)sqlite3_column_text(s, 0),
+                     (const char *)sqlite3_column_text(s, 1),
+                     (const char *)sqlite3_column_text(s, 2),
+                     (const char *)sqlite3_column_text(s, 3)) != 0) {
             ret = SL_STORE_ERROR;
             break;
         }
     }
     if (ret == SL_STORE_OK && rc != SQLITE_DONE) {
-        set_err(err, errlen, "store %s: cannot read resources: %s", st->path,
-                sqlite3_errmsg(st->db));
+        set_err(err, errlen, "store %s: cannot read resources: %s", st->path, db_errmsg(st));
         ret = SL_STORE_ERROR;
     }
     stmt_done(s);
+    /* One connection on one thread: the counter is of the same state. */
+    if (ret == SL_STORE_OK && counter_read(st, STORE_CONFIG_RV_COUNTER, &st->loaded_version) != 0)
+        ret = SL_STORE_ERROR;
     return ret;
 }
 
@@ -1144,11 +1469,47 @@ enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, c
     uint64_t t0 = now_us();
     enum sl_store_result r = load_all_impl(st, set, err, errlen);
     sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
-    return r;
+    return outcome(st, r, err, errlen);
 }
 
+/* The writes of the store's public API, with a PostgreSQL store that
+ * cannot be reached answering SL_STORE_UNAVAILABLE. */
+enum sl_store_result sl_store_put(sl_store_t *st, json_t *obj, enum sl_store_mode mode,
+                                  const char *expect_rv, json_t **stored, char *err, size_t errlen)
+{
+    return outcome(st, put_impl(st, obj, mode, expect_rv, stored, err, errlen), err, errlen);
+}
+
+enum sl_store_result sl_store_put_many(sl_store_t *st, json_t *objs, json_t **stored, char *err,
+                                       size_t errlen)
+{
+    return outcome(st, put_many_impl(st, objs, stored, err, errlen), err, errlen);
+}
+
+enum sl_store_result sl_store_delete(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                     const char *name, const char *expect_rv, json_t **deleted,
+                                     char *err, size_t errlen)
+{
+    return outcome(st, delete_impl(st, kind, ns, name, expect_rv, deleted, err, errlen), err,
+                   errlen);
+}
+
+enum sl_store_result sl_store_put_status(sl_store_t *st, enum sl_kind kind, const char *ns,
+                                         const char *name, json_t *status, const char *expect_rv,
+                                         json_t **stored, char *err, size_t errlen)
+{
+    return outcome(st, put_status_impl(st, kind, ns, name, status, expect_rv, stored, err, errlen),
+                   err, errlen);
+}
+
+/* PostgreSQL: what this replica has replayed, after catching up, so that a
+ * list and a watch from its resourceVersion agree with the watch hub. */
 uint64_t sl_store_resource_version(sl_store_t *st)
 {
+    if (st->pg) {
+        sl_store_pg_sync(st->pg);
+        return sl_store_pg_seen(st->pg);
+    }
     return sl_store_counter_get(st, STORE_RV_COUNTER);
 }
 
@@ -1164,8 +1525,7 @@ uint64_t sl_store_counter_next(sl_store_t *st, const char *name)
     }
     uint64_t v;
     if (counter_read(st, name, &v) != 0) {
-        sl_log_error("store %s: counter %s: cannot read it: %s", st->path, name,
-                     sqlite3_errmsg(st->db));
+        sl_log_error("store %s: counter %s: cannot read it: %s", st->path, name, db_errmsg(st));
         tx_rollback(st);
         return 0;
     }
@@ -1177,8 +1537,7 @@ uint64_t sl_store_counter_next(sl_store_t *st, const char *name)
         return 0;
     }
     if (counter_write(st, name, v + 1) != 0) {
-        sl_log_error("store %s: counter %s: cannot write it: %s", st->path, name,
-                     sqlite3_errmsg(st->db));
+        sl_log_error("store %s: counter %s: cannot write it: %s", st->path, name, db_errmsg(st));
         tx_rollback(st);
         return 0;
     }
@@ -1201,7 +1560,7 @@ int sl_store_counter_set(sl_store_t *st, const char *name, uint64_t value, char 
     uint64_t t0 = now_us();
     if (counter_write(st, name, value) != 0) {
         set_err(err, errlen, "store %s: counter %s: %s (is the disk full or read-only?)", st->path,
-                name, sqlite3_errmsg(st->db));
+                name, db_errmsg(st));
         return -1;
     }
     wrote(st, t0);
@@ -1213,7 +1572,7 @@ static int counter_read_impl(sl_store_t *st, const char *name, uint64_t *out, ch
 {
     if (!st || !name || counter_read(st, name, out) != 0) {
         set_err(err, errlen, "store %s: counter %s: cannot read it: %s", st ? st->path : "?",
-                name ? name : "?", st ? sqlite3_errmsg(st->db) : "no store");
+                name ? name : "?", st ? db_errmsg(st) : "no store");
         return -1;
     }
     return 0;
@@ -1230,6 +1589,13 @@ int sl_store_counter_read(sl_store_t *st, const char *name, uint64_t *out, char 
 int sl_store_counter_max(sl_store_t *st, const char *like, uint64_t limit, uint64_t *out, char *err,
                          size_t errlen)
 {
+    if (st->pg) {
+        if (sl_store_pg_counter_max(st->pg, like, limit, out) != 0) {
+            set_err(err, errlen, "store %s: %s", st->path, db_errmsg(st));
+            return -1;
+        }
+        return 0;
+    }
     sqlite3_stmt *q = NULL;
     /* Values are stored as the bit pattern of a uint64 (signed in SQLite):
      * the range test also drops those past INT64_MAX. */
@@ -1237,7 +1603,7 @@ int sl_store_counter_max(sl_store_t *st, const char *like, uint64_t limit, uint6
                            "SELECT MAX(value) FROM counters WHERE name LIKE ?1 AND value >= 0 "
                            "AND value <= ?2",
                            -1, &q, NULL) != SQLITE_OK) {
-        set_err(err, errlen, "store %s: %s", st->path, sqlite3_errmsg(st->db));
+        set_err(err, errlen, "store %s: %s", st->path, db_errmsg(st));
         return -1;
     }
     sqlite3_bind_text(q, 1, like, -1, SQLITE_STATIC);
@@ -1245,7 +1611,7 @@ int sl_store_counter_max(sl_store_t *st, const char *like, uint64_t limit, uint6
     int rc = sqlite3_step(q);
     *out = rc == SQLITE_ROW ? (uint64_t)sqlite3_column_int64(q, 0) : 0;
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        set_err(err, errlen, "store %s: %s", st->path, sqlite3_errmsg(st->db));
+        set_err(err, errlen, "store %s: %s", st->path, db_errmsg(st));
     sqlite3_finalize(q);
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : -1;
 }
@@ -1256,7 +1622,7 @@ static uint64_t counter_get_impl(sl_store_t *st, const char *name)
     if (!st || !name)
         return 0;
     if (counter_read(st, name, &v) != 0) {
-        sl_log_error("store %s: counter %s: %s", st->path, name, sqlite3_errmsg(st->db));
+        sl_log_error("store %s: counter %s: %s", st->path, name, db_errmsg(st));
         return 0;
     }
     return v;

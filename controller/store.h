@@ -1,7 +1,10 @@
 /*
  * Durable resource store of the controller: SQLite in WAL mode with
  * synchronous=FULL, so a write acknowledged with a 2xx survives kill -9 and
- * power loss; the schema is migrated by version on open.
+ * power loss; the schema is migrated by version on open. Or PostgreSQL
+ * (sl_store_open_postgres), shared by several controller replicas: the
+ * same schema and API; each replica's observer also sees the others' writes
+ * (store_pg.h).
  *
  * Holds the resources (as the JSON documents the user wrote, plus server
  * metadata) and the controller's counters that must never go backwards (the
@@ -13,6 +16,7 @@
 
 #include "model.h"
 
+#include <event2/event.h>
 #include <jansson.h>
 #include <stdint.h>
 
@@ -21,14 +25,37 @@ typedef struct sl_store sl_store_t;
 /* Opens (creating) DATA_DIR/sluice.db. NULL with a message naming the path
  * and the fix. */
 sl_store_t *sl_store_open(const char *data_dir, char *err, size_t errlen);
+/* `url`: a libpq connection URI, postgres://USER@HOST:PORT/DB?... (the
+ * password in it, or from PGPASSWORD / PGPASSFILE; never logged). NULL
+ * with a message naming the store (without its password) and the fix. */
+sl_store_t *sl_store_open_postgres(const char *url, char *err, size_t errlen);
 void sl_store_close(sl_store_t *st);
+/* PostgreSQL: LISTEN for other replicas' writes, check every 5 s, reconnect
+ * with backoff, on `base`; on_change is called after changes of any replica
+ * were replayed to the observer. A no-op for SQLite. 0 or -1. */
+int sl_store_attach(sl_store_t *st, struct event_base *base, void (*on_change)(void *arg),
+                    void *arg);
+/* 1 when the store can be written; else 0 with why naming it (a PostgreSQL
+ * store that cannot be reached). `arg` is the store (a readiness check). */
+int sl_store_available(void *arg, char *why, size_t whylen);
+/* Its name for messages: the SQLite file, or the URI without password. */
+const char *sl_store_name(const sl_store_t *st);
+/* 1 for a store several controllers may share (PostgreSQL). */
+int sl_store_shared(const sl_store_t *st);
+/* The config resourceVersion of the state the last sl_store_load_all
+ * returned: the resourceVersion of the newest write that changed a spec,
+ * labels or annotations, or deleted an object (status writes do not move
+ * it). Read in the same snapshot as the objects, so replicas that loaded the
+ * same state get the same number. */
+uint64_t sl_store_loaded_version(const sl_store_t *st);
 
 enum sl_store_result {
     SL_STORE_OK = 0,
     SL_STORE_NOT_FOUND,
-    SL_STORE_EXISTS,   /* create of an existing object (409) */
-    SL_STORE_CONFLICT, /* resourceVersion precondition failed (409/412) */
-    SL_STORE_ERROR,    /* I/O or SQLite error, message in err */
+    SL_STORE_EXISTS,      /* create of an existing object (409) */
+    SL_STORE_CONFLICT,    /* resourceVersion precondition failed (409/412) */
+    SL_STORE_ERROR,       /* I/O or SQLite error, message in err */
+    SL_STORE_UNAVAILABLE, /* PostgreSQL cannot be reached (503), message in err */
 };
 
 /*
