@@ -12,6 +12,7 @@ installed, `helm lint` and `helm template` run as well.
 
 import copy
 import glob
+import base64
 import os
 import re
 import shutil
@@ -58,6 +59,8 @@ VARIANTS = {
                                       "adminToken": {"existingSecret": "my-token"}},
                        "serviceAccount": {"create": False}, "rbac": {"create": False}},
     "store": {"controller": {"source": "store", "replicas": 1}},
+    "postgres": {"controller": {"source": "postgres", "replicas": 3,
+                                "postgres": {"url": "postgres://sluice:pw@db:5432/sluice"}}},
 }
 
 
@@ -152,7 +155,7 @@ def test_templates_render_to_valid_yaml(variant, tmp_path):
     assert "helm" not in notes or True
     assert "/api/v1/resources" in notes and "port-forward" in notes
     assert ("kubectl -n sluice apply -f examples/quickstart.yaml" in notes) == \
-        (variant != "store")
+        (variant not in ("store", "postgres"))
 
 
 def test_defaults_controller():
@@ -263,6 +266,27 @@ def test_variants_switch_what_they_say():
     assert not any(a.startswith("--source") for a in
                    dep["spec"]["template"]["spec"]["containers"][0]["args"])
     assert [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
+    # PostgreSQL: several replicas, rolling, no volume claim; the URI comes
+    # from a Secret through the environment, never on the command line.
+    objs = objects(render(VARIANTS["postgres"])[0])
+    dep = find(objs, "Deployment", "controller")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert dep["spec"]["replicas"] == 3 and "strategy" not in dep["spec"]
+    assert "--store=$(SLUICE_STORE_URL)" in c["args"]
+    assert not [a for a in c["args"] if "pw@" in a]
+    env = {e["name"]: e for e in c["env"]}
+    ref = env["SLUICE_STORE_URL"]["valueFrom"]["secretKeyRef"]
+    secret = [o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == ref["name"]]
+    assert len(secret) == 1 and ref["key"] == "url"
+    assert base64.b64decode(secret[0]["data"]["url"]).decode() == \
+        "postgres://sluice:pw@db:5432/sluice"
+    assert not [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
+    objs = objects(render(merge(VARIANTS["postgres"], {"controller": {"postgres": {
+        "existingSecret": "db-uri"}}}))[0])
+    c = find(objs, "Deployment", "controller")["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e for e in c["env"]}["SLUICE_STORE_URL"]["valueFrom"]["secretKeyRef"][
+        "name"] == "db-uri"
+    assert not [o for o in objs if o["kind"] == "Secret" and "postgres" in o["metadata"]["name"]]
 
 
 def test_every_flag_in_the_templates_exists_in_the_binaries():

@@ -31,6 +31,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- .Values.controller.adminToken.existingSecret | default (printf "%s-admin-token" (include "sluice.fullname" .)) -}}
 {{- end -}}
 
+{{- define "sluice.postgresSecret" -}}
+{{- .Values.controller.postgres.existingSecret | default (printf "%s-postgres" (include "sluice.fullname" .)) -}}
+{{- end -}}
+
 {{- define "sluice.controllerAddress" -}}
 {{ include "sluice.fullname" . }}-controller.{{ .Release.Namespace }}.svc:{{ .Values.controller.ports.stream }}
 {{- end -}}
