@@ -32,6 +32,9 @@ typedef struct {
     const char *ca_pem, *cert_pem, *key_pem;
     /* --cache-dir: every applied snapshot is handed to it (NULL = none). */
     struct sl_snapcache *cache;
+    /* --xds-mode: 1 = delta (incremental: per-resource versions, only
+     * what changed is sent), 0 = state of the world. */
+    int delta;
 } sl_xds_options_t;
 
 sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_config_t *cfg,
