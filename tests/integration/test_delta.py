@@ -249,3 +249,109 @@ def test_make_before_break_under_load_while_apis_and_backends_change(env):
     c = state(rts[0])
     assert list(c["resources"]["clusters"]) == ["default/be-40"], c
     print("make-before-break: %d requests answered" % stats.ok)
+
+
+# --- the protocol from outside: a hand-written delta peer ---------------------------
+
+def delta_sync(p, versions=None, subscribe=None):
+    """Subscribes to every type in delta mode; receives and ACKs until every
+    type answered; {type: response}."""
+    from controller_env import TYPE_ORDER, TYPE_URLS
+    names = {v: k for k, v in TYPE_URLS.items()}
+    for t in TYPE_ORDER:
+        kw = dict(type_url=TYPE_URLS[t], incremental=True,
+                  initial_resource_versions=(versions or {}).get(t, {}))
+        if subscribe and t in subscribe:
+            kw["resource_names_subscribe"] = subscribe[t]
+        p.send(**kw)
+    got = {}
+    while len(got) < len(TYPE_ORDER):
+        r = p.recv(5.0)
+        got.setdefault(names[r.type_url], []).append(r)
+        p.send(type_url=r.type_url, incremental=True, response_nonce=r.nonce,
+               version_info=r.version_info)
+    return got
+
+
+def test_delta_peer_initial_versions_subscriptions_and_mode(env):
+    from controller_env import FakeRuntime, grpc_peer_available
+    reason = grpc_peer_available()
+    if reason:
+        pytest.skip(reason)
+    ctl, b, port = base_config(env, n_apis=4)
+    ctl.wait_converged(0)
+    peers = []
+    try:
+        p = FakeRuntime(ctl.stream_addr, "peer-1")
+        peers.append(p)
+        got = delta_sync(p)
+        routes = {r.name: r.version for resp in got["routes"] for r in resp.resources}
+        assert sorted(routes) == ["default/api-%d" % i for i in range(4)], routes
+        assert all(len(v) == 16 for v in routes.values())
+        # Every type answered once, empty ones too (secrets: none).
+        assert [len(r.resources) for r in got["secrets"]] == [0]
+        p.close()
+
+        # Reconnect holding all but one route table, plus one that is gone
+        # and one at a stale version: only the missing and the stale one are
+        # sent, the gone one is removed.
+        held = dict(routes)
+        held.pop("default/api-0")
+        held["default/api-1"] = "0000000000000000"
+        held["default/ghost"] = "1111111111111111"
+        clusters = {r.name: r.version for resp in got["clusters"] for r in resp.resources}
+        listeners = {r.name: r.version for resp in got["listeners"] for r in resp.resources}
+        p = FakeRuntime(ctl.stream_addr, "peer-1")
+        peers.append(p)
+        types = ["secrets", "consumers", "clusters", "settings", "routes", "listeners"]
+        from controller_env import TYPE_URLS
+        versions = {t: got[t][-1].version_info for t in types}
+        for t in types:
+            ivs = {"routes": held, "clusters": clusters, "listeners": listeners}.get(t, {})
+            if t == "settings":
+                ivs = {r.name: r.version for resp in got["settings"] for r in resp.resources}
+            p.send(type_url=TYPE_URLS[t], incremental=True, version_info=versions[t],
+                   initial_resource_versions=ivs)
+        r = p.recv(5.0)
+        assert r.type_url == TYPE_URLS["routes"], r
+        assert sorted(x.name for x in r.resources) == ["default/api-0", "default/api-1"]
+        assert list(r.removed_resources) == ["default/ghost"]
+        p.send(type_url=r.type_url, incremental=True, response_nonce=r.nonce,
+               version_info=r.version_info)
+        assert p.no_response(0.5), "more was sent than the difference"
+        p.close()
+
+        # Subscribed to one route table by name: only it arrives; a later
+        # subscription adds another; unsubscribing stops its updates.
+        p = FakeRuntime(ctl.stream_addr, "peer-2")
+        peers.append(p)
+        got = delta_sync(p, subscribe={"routes": ["default/api-2"]})
+        assert [x.name for resp in got["routes"] for x in resp.resources] == ["default/api-2"]
+        p.send(type_url=TYPE_URLS["routes"], incremental=True,
+               resource_names_subscribe=["default/api-3"])
+        r = p.recv(5.0)
+        assert [x.name for x in r.resources] == ["default/api-3"], r
+        p.send(type_url=r.type_url, incremental=True, response_nonce=r.nonce,
+               version_info=r.version_info)
+        p.send(type_url=TYPE_URLS["routes"], incremental=True,
+               resource_names_unsubscribe=["default/api-2"])
+        ctl.put(api("api-2", "/a2", "echo", operations=[{"method": "GET", "path": "/z"}]))
+        # The routes' version moves (an empty response says so), but the
+        # unsubscribed table is not sent.
+        if not p.no_response(1.0):
+            r = p.recv(1.0)
+            assert not r.resources and not r.removed_resources, r
+            p.send(type_url=r.type_url, incremental=True, response_nonce=r.nonce,
+                   version_info=r.version_info)
+            assert p.no_response(0.5)
+
+        # A stream keeps its mode: a sotw request on a delta stream ends it.
+        p.send(type_url=TYPE_URLS["routes"], version_info="")
+        code, details = p.end(5.0)
+        assert "INVALID_ARGUMENT" in str(code) and "keeps the mode" in details, details
+    finally:
+        for p in peers:
+            try:
+                p.close()
+            except Exception:
+                pass
