@@ -481,8 +481,8 @@ static void cache_timeout_cb(evutil_socket_t fd, short what, void *arg)
     int rc = sl_config_check(rt->config, snap, err, sizeof(err));
     if (rc != 0)
         sl_snapshot_free(snap); /* sl_config_apply takes it, the check does not */
-    else
-        rc = sl_config_apply(rt->config, snap, source, err, sizeof(err));
+    else if ((rc = sl_config_apply(rt->config, snap, source, err, sizeof(err))) == 0)
+        sl_xds_seed(rt->xds, snap); /* owned by the generation now, alive until the next */
     if (rc != 0) {
         sl_log_error("--cache-dir: the cached config (version %llu) cannot be applied: %s; "
                      "waiting for the controller",

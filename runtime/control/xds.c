@@ -96,6 +96,7 @@ typedef struct {
     char **versions; /* delta only; NULL in sotw */
     char *version;
     int received;
+    int from_cache; /* delta: seeded from --cache-dir, not answered by a controller yet */
 } type_state_t;
 
 struct sl_xds {
@@ -970,6 +971,8 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
             protobuf_c_message_free_unpacked(chg[k].msg, NULL);
 
     x->last_update_ms = wall_ms();
+    if (naccepted || !nrej)
+        x->types[t].from_cache = 0;
     if (nrej) {
         sl_log_error("controller push of %s version %s: %zu of %zu resource%s rejected, the "
                      "others applied: %s",
@@ -992,7 +995,16 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
     }
     int every = 1;
     for (int i = 0; i < SL_XDS__COUNT; i++)
-        every &= x->types[i].received;
+        every &= x->types[i].received && !x->types[i].from_cache;
+    /* Serving the cache and the controller confirmed every type, maybe
+     * without changing anything: what runs is the controller's config now
+     * (same content, its source and the cache flag say so). */
+    if (every && !x->synced && atomic_load(&sl_metrics_gauges.config_from_cache)) {
+        char e2[1024] = "";
+        if (apply_state(x, x->types, 0, e2, sizeof(e2)) != 0)
+            sl_log_error("controller config (confirming the cached one) cannot be applied: %s",
+                         e2);
+    }
     if (every && !x->synced) {
         x->synced = 1;
         atomic_store(&sl_metrics_gauges.controller_synced, 1);
@@ -1343,6 +1355,94 @@ fail:
         close(x->ev_fd);
     free(x);
     return NULL;
+}
+
+/* FNV-1a 64, as the controller computes Resource.version (core.c). */
+static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+void sl_xds_seed(sl_xds_t *x, const Sluice__V1__Snapshot *snap)
+{
+    if (!x || !x->opt.delta || !snap)
+        return;
+    for (int t = 0; t < SL_XDS__COUNT; t++)
+        if (x->types[t].received)
+            return; /* the controller was first */
+    for (int t = 0; t < SL_XDS__COUNT; t++) {
+        size_t n = 0;
+        ProtobufCMessage *const *src = NULL;
+        switch (t) {
+        case SL_XDS_SECRET:
+            n = snap->n_certificates;
+            src = (ProtobufCMessage *const *)snap->certificates;
+            break;
+        case SL_XDS_CONSUMER:
+            n = snap->n_consumers;
+            src = (ProtobufCMessage *const *)snap->consumers;
+            break;
+        case SL_XDS_CLUSTER:
+            n = snap->n_clusters;
+            src = (ProtobufCMessage *const *)snap->clusters;
+            break;
+        case SL_XDS_SETTINGS:
+            n = snap->settings ? 1 : 0;
+            src = (ProtobufCMessage *const *)&snap->settings;
+            break;
+        case SL_XDS_ROUTE:
+            n = snap->n_route_tables;
+            src = (ProtobufCMessage *const *)snap->route_tables;
+            break;
+        default:
+            n = snap->n_listeners;
+            src = (ProtobufCMessage *const *)snap->listeners;
+            break;
+        }
+        type_state_t *ts = &x->types[t];
+        ts->msgs = calloc(n + 1, sizeof(*ts->msgs));
+        ts->names = calloc(n + 1, sizeof(*ts->names));
+        ts->versions = calloc(n + 1, sizeof(*ts->versions));
+        if (!ts->msgs || !ts->names || !ts->versions) {
+            type_state_free(ts);
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) {
+            const char *name = t == SL_XDS_SETTINGS ? "settings"
+                               : t == SL_XDS_SECRET ? snap->certificates[i]->name
+                               : t == SL_XDS_CONSUMER ? snap->consumers[i]->name
+                               : t == SL_XDS_CLUSTER  ? snap->clusters[i]->name
+                               : t == SL_XDS_ROUTE    ? snap->route_tables[i]->name
+                                                      : snap->listeners[i]->name;
+            size_t len = protobuf_c_message_get_packed_size(src[i]);
+            uint8_t *buf = malloc(len ? len : 1);
+            if (!buf)
+                break;
+            protobuf_c_message_pack(src[i], buf);
+            uint64_t h = fnv1a(0xcbf29ce484222325ULL, name, strlen(name) + 1);
+            h = fnv1a(h, buf, len);
+            char v[17];
+            snprintf(v, sizeof(v), "%016" PRIx64, h);
+            ts->msgs[ts->n] = protobuf_c_message_unpack(type_descriptor(t), NULL, len, buf);
+            free(buf);
+            if (!ts->msgs[ts->n])
+                break;
+            ts->names[ts->n] = strdup(name);
+            ts->versions[ts->n] = strdup(v);
+            ts->n++;
+        }
+        /* No version of the type: the controller answers every type once
+         * (an empty response when nothing differs), which ends from_cache. */
+        ts->received = 1;
+        ts->from_cache = 1;
+    }
+    sl_log_info("config stream: the cached config's resources are reported to the controller, "
+                "which sends only what differs");
 }
 
 int sl_xds_synced(const sl_xds_t *x)

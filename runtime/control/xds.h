@@ -42,6 +42,11 @@ sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_
 /* State for /config_dump: connected, controller, versions per type, last
  * error. New reference. */
 json_t *sl_xds_status_json(sl_xds_t *x);
+/* Delta mode: takes the resources of a snapshot served from --cache-dir
+ * as held (copies), so the next subscription reports them
+ * (initial_resource_versions) and the controller sends only what differs.
+ * Nothing when something already came from the controller. */
+void sl_xds_seed(sl_xds_t *x, const Sluice__V1__Snapshot *snap);
 /* 1 once every resource type has been received and applied. */
 int sl_xds_synced(const sl_xds_t *x);
 void sl_xds_stop(sl_xds_t *x);

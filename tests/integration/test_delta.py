@@ -355,3 +355,44 @@ def test_delta_peer_initial_versions_subscriptions_and_mode(env):
                 p.close()
             except Exception:
                 pass
+
+
+def test_runtime_restarted_from_its_cache_is_sent_only_what_changed(env, tmp_path):
+    """--cache-dir: a runtime restarted while the controller is down serves
+    its cache; when the controller is back it reports the cached resources
+    (initial_resource_versions) and gets only the one Api changed meanwhile,
+    with no failed request."""
+    cache = tmp_path / "cache"
+    ctl, b, port = base_config(env, n_apis=5)
+    rt = env.runtime("rt-c", extra_args=["--cache-dir", str(cache), "--cache-timeout", "1s"])
+    ctl.wait_converged(1)
+    wait_routes([rt], port, "/a4/op0", 200, timeout=5.0)
+    wait_until((cache / "snapshot.bin").exists, 5.0, what="snapshot cached")
+    rt.stop()
+    ctl.stop()
+    # One change while the runtime is away (the controller's store holds it).
+    ctl.start()
+    ctl.put(api("api-2", "/a2", "echo", operations=[{"method": "GET", "path": "/later"}]))
+    ctl.stop()
+
+    rt2 = env.runtime("rt-c2", extra_args=["--cache-dir", str(cache), "--cache-timeout", "1s"])
+    wait_until(lambda: rt2.ready_status() == 200, 10.0, what="ready from the cache")
+    assert rt2.metric("sluice_config_from_cache") == 1
+    held = state(rt2)["resources"]
+    assert sorted(held["routes"]) == ["default/api-%d" % i for i in range(5)], held
+    load = Load([("127.0.0.1", port)], "/a0/op1", keepalive=2, fresh=1)
+    load.start()
+    try:
+        ctl.start()
+        wait_until(lambda: rt2.metric("sluice_config_from_cache") == 0, 15.0,
+                   what="the controller's config to replace the cache")
+        wait_routes([rt2], port, "/a2/later", 200, timeout=5.0)
+        ctl.wait_converged(1)
+    finally:
+        load.stop()
+    load.assert_clean(min_ok=10)
+    r = ctl.runtimes()["rt-c2"]
+    assert r["resources_sent"] == 1, r
+    c = state(rt2)
+    assert c["synced"] and c["updates_nacked"] == 0, c
+    assert rt2.get(port, "/a2/op0")[0] == 404
