@@ -145,6 +145,7 @@ struct sl_xds {
     uint64_t resources_received, bytes_received;
     uint64_t last_update_ms;
     int synced;
+    int sotw_fallback_logged;
 };
 
 static uint64_t wall_ms(void)
@@ -837,12 +838,45 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
         send_ack(x, call_id, t, x->types[t].version, resp->nonce, err);
         return;
     }
-    size_t nchg = resp->n_resources + resp->n_removed_resources;
+    /* A controller older than delta streams ignores `incremental` and
+     * answers state of the world: resources without versions, no removals.
+     * Such a response replaces the whole set (what it lacks is removed), so
+     * runtimes can be upgraded before their controller. (An empty one reads
+     * as "nothing changed": a type emptied on such a controller keeps its
+     * resources until the controller is upgraded or --xds-mode sotw.) */
+    int sotw_reply = resp->n_resources > 0 && resp->n_removed_resources == 0;
+    for (size_t i = 0; sotw_reply && i < resp->n_resources; i++)
+        sotw_reply = !resp->resources[i]->version || !resp->resources[i]->version[0];
+    char **gone = NULL;
+    size_t ngone = 0;
+    const type_state_t *held0 = &x->types[t];
+    if (sotw_reply) {
+        gone = calloc(held0->n + 1, sizeof(char *));
+        for (size_t j = 0; gone && j < held0->n; j++) {
+            size_t i = 0;
+            while (i < resp->n_resources &&
+                   strcmp(resp->resources[i]->name ? resp->resources[i]->name : "",
+                          held0->names[j]) != 0)
+                i++;
+            if (i == resp->n_resources && (gone[ngone] = strdup(held0->names[j])))
+                ngone++;
+        }
+        if (!x->sotw_fallback_logged)
+            sl_log_warn("controller %s answers delta subscriptions with state-of-the-world "
+                        "responses (an older controller): applying them as such; upgrade it, "
+                        "or run this runtime with --xds-mode sotw",
+                        x->opt.controller);
+        x->sotw_fallback_logged = 1;
+    }
+    size_t nchg = resp->n_resources + resp->n_removed_resources + ngone;
     change_t *chg = calloc(nchg + 1, sizeof(*chg));
     char **rejected = calloc(nchg + 1, sizeof(char *));
     if (!chg || !rejected) {
         free(chg);
         free(rejected);
+        for (size_t i = 0; i < ngone; i++)
+            free(gone[i]);
+        free(gone);
         return;
     }
     size_t nrej = 0;
@@ -855,7 +889,7 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
         x->bytes_received += r->value.len;
         chg[i].msg =
             protobuf_c_message_unpack(type_descriptor(t), NULL, r->value.len, r->value.data);
-        if (!chg[i].msg || !chg[i].name[0] || !chg[i].version[0]) {
+        if (!chg[i].msg || !chg[i].name[0] || (!chg[i].version[0] && !sotw_reply)) {
             chg[i].bad = 1;
             size_t used = strlen(why);
             snprintf(why + used, sizeof(why) - used, "%s%s resource '%s': %s", used ? "; " : "",
@@ -865,6 +899,8 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
     }
     for (size_t i = 0; i < resp->n_removed_resources; i++)
         chg[resp->n_resources + i].name = resp->removed_resources[i];
+    for (size_t i = 0; i < ngone; i++)
+        chg[resp->n_resources + resp->n_removed_resources + i].name = gone[i];
 
     int all = 1;
     for (int i = 0; i < SL_XDS__COUNT; i++)
@@ -1012,6 +1048,9 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
     }
     free(chg);
     free(rejected);
+    for (size_t i = 0; i < ngone; i++)
+        free(gone[i]);
+    free(gone);
 }
 
 static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__DiscoveryResponse *resp)
