@@ -168,9 +168,9 @@ typedef struct {
     runtime_rec_t *rt; /* set by the first valid subscription */
     /* The node, from the first request that carries it, until registered. */
     char *node_id, *fleet, *build_version;
-    int refused;        /* closed by us: later requests are ignored */
+    int refused;           /* closed by us: later requests are ignored */
     int mode_known, delta; /* sotw or delta, from the first request */
-    int warned_unknown; /* one warning per stream for unknown types */
+    int warned_unknown;    /* one warning per stream for unknown types */
 } stream_ctx_t;
 
 struct sl_controller {
@@ -707,16 +707,16 @@ static void try_push_delta(sl_controller_t *ctl, runtime_rec_t *rt, fleet_t *f)
             size_t nchg = pass == 0 ? delta_compute(f, rt, t, chg, NULL, 1) : 0;
             if (with_removals)
                 delta_compute(f, rt, t, NULL, removed, 1);
-            if (!nchg && !json_array_size(removed) && !(pass == 0 && strcmp(rt->d[t].version, f->t[t].version_str) != 0)) {
+            if (!nchg && !json_array_size(removed) &&
+                !(pass == 0 && strcmp(rt->d[t].version, f->t[t].version_str) != 0)) {
                 free(chg);
                 json_decref(removed);
                 continue;
             }
-            snprintf(rt->inflight_nonce, sizeof(rt->inflight_nonce), "%" PRIu64,
-                     ++ctl->nonce_seq);
+            snprintf(rt->inflight_nonce, sizeof(rt->inflight_nonce), "%" PRIu64, ++ctl->nonce_seq);
             size_t bytes = 0;
-            grpc_byte_buffer *bb = delta_response(f, t, chg, nchg, removed, rt->inflight_nonce,
-                                                  &bytes);
+            grpc_byte_buffer *bb =
+                delta_response(f, t, chg, nchg, removed, rt->inflight_nonce, &bytes);
             if (!bb) {
                 rt->inflight_nonce[0] = '\0';
                 free(chg);
@@ -730,8 +730,7 @@ static void try_push_delta(sl_controller_t *ctl, runtime_rec_t *rt, fleet_t *f)
                                     json_string(f->t[t].ents[chg[i]].version));
             json_decref(rt->inflight_removed);
             rt->inflight_removed = removed ? removed : json_array();
-            snprintf(rt->inflight_version, sizeof(rt->inflight_version), "%s",
-                     f->t[t].version_str);
+            snprintf(rt->inflight_version, sizeof(rt->inflight_version), "%s", f->t[t].version_str);
             rt->inflight_type = t;
             rt->inflight_sent_us = sl_ctrl_now_us();
             rt->responses_sent++;
@@ -739,8 +738,8 @@ static void try_push_delta(sl_controller_t *ctl, runtime_rec_t *rt, fleet_t *f)
             atomic_fetch_add(&sl_ctrl_metrics.pushes, 1);
             sl_log_debug("push %s delta to %s: version %s, nonce %s, %zu changed, %zu removed "
                          "(%zu bytes)",
-                         sl_xds_type_names[t], rt->node_id, f->t[t].version_str,
-                         rt->inflight_nonce, nchg, json_array_size(rt->inflight_removed), bytes);
+                         sl_xds_type_names[t], rt->node_id, f->t[t].version_str, rt->inflight_nonce,
+                         nchg, json_array_size(rt->inflight_removed), bytes);
             free(chg);
             sl_stream_send(rt->stream, bb);
             return;
@@ -940,10 +939,10 @@ static uint64_t allocate_version(sl_controller_t *ctl, char *err, size_t errlen)
         /* A runtime reporting the input's version itself (it ran it from
          * another replica, or from this one before a restart) is not past
          * it: the same input keeps the same version. */
-        uint64_t v = ctl->input_version > ctl->config_version &&
-                             ctl->input_version >= ctl->version_floor
-                         ? ctl->input_version
-                         : cur + 1;
+        uint64_t v =
+            ctl->input_version > ctl->config_version && ctl->input_version >= ctl->version_floor
+                ? ctl->input_version
+                : cur + 1;
         if (v > SL_XDS_VERSION_MAX) {
             snprintf(err, errlen,
                      "the input's resourceVersion %" PRIu64 " is past 2^53-1, the largest "
@@ -2173,8 +2172,7 @@ json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
          * in them (delta: only changed ones). */
         json_object_set_new(item, "mode", json_string(rt->delta ? "delta" : "sotw"));
         json_object_set_new(item, "bytes_sent", json_integer((json_int_t)rt->bytes_sent));
-        json_object_set_new(item, "resources_sent",
-                            json_integer((json_int_t)rt->resources_sent));
+        json_object_set_new(item, "resources_sent", json_integer((json_int_t)rt->resources_sent));
         json_array_append_new(arr, item);
     }
     return arr;

@@ -241,8 +241,7 @@ static int parse_options(int argc, char **argv, options_t *o)
             break;
         case 1008:
             if (strcmp(optarg, "delta") != 0 && strcmp(optarg, "sotw") != 0) {
-                fprintf(stderr,
-                        "sluice-runtime: --xds-mode %s: use delta (the default) or sotw\n",
+                fprintf(stderr, "sluice-runtime: --xds-mode %s: use delta (the default) or sotw\n",
                         optarg);
                 return -1;
             }

@@ -1019,8 +1019,8 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
         x->updates_nacked++;
         atomic_fetch_add(&sl_metrics_gauges.controller_updates_nacked, 1);
         atomic_fetch_add(&sl_metrics_gauges.config_errors, 1);
-        send_ack_ex(x, call_id, t, x->types[t].version ? x->types[t].version : "", resp->nonce,
-                    why, rejected, nrej);
+        send_ack_ex(x, call_id, t, x->types[t].version ? x->types[t].version : "", resp->nonce, why,
+                    rejected, nrej);
     } else {
         x->updates_acked++;
         atomic_fetch_add(&sl_metrics_gauges.controller_updates_acked, 1);
@@ -1038,8 +1038,7 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
     if (every && !x->synced && atomic_load(&sl_metrics_gauges.config_from_cache)) {
         char e2[1024] = "";
         if (apply_state(x, x->types, 0, e2, sizeof(e2)) != 0)
-            sl_log_error("controller config (confirming the cached one) cannot be applied: %s",
-                         e2);
+            sl_log_error("controller config (confirming the cached one) cannot be applied: %s", e2);
     }
     if (every && !x->synced) {
         x->synced = 1;
@@ -1452,8 +1451,8 @@ void sl_xds_seed(sl_xds_t *x, const Sluice__V1__Snapshot *snap)
             continue;
         }
         for (size_t i = 0; i < n; i++) {
-            const char *name = t == SL_XDS_SETTINGS ? "settings"
-                               : t == SL_XDS_SECRET ? snap->certificates[i]->name
+            const char *name = t == SL_XDS_SETTINGS   ? "settings"
+                               : t == SL_XDS_SECRET   ? snap->certificates[i]->name
                                : t == SL_XDS_CONSUMER ? snap->consumers[i]->name
                                : t == SL_XDS_CLUSTER  ? snap->clusters[i]->name
                                : t == SL_XDS_ROUTE    ? snap->route_tables[i]->name
@@ -1504,15 +1503,15 @@ json_t *sl_xds_status_json(sl_xds_t *x)
                                 json_string(x->types[t].versions ? x->types[t].versions[i] : ""));
         json_object_set_new(held, sl_xds_type_names[t], m);
     }
-    json_t *out = json_pack(
-        "{s:s, s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:I, s:s}", "controller", x->opt.controller,
-        "node_id", x->opt.node_id, "fleet", x->opt.fleet, "transport",
-        x->client_cert ? "mtls"
-        : x->tls       ? "tls"
-                       : "plaintext",
-        "connected", x->connected, "synced", x->synced, "versions", versions, "updates_acked",
-        (json_int_t)x->updates_acked, "updates_nacked", (json_int_t)x->updates_nacked, "last_error",
-        x->last_error ? x->last_error : "");
+    json_t *out =
+        json_pack("{s:s, s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:I, s:s}", "controller",
+                  x->opt.controller, "node_id", x->opt.node_id, "fleet", x->opt.fleet, "transport",
+                  x->client_cert ? "mtls"
+                  : x->tls       ? "tls"
+                                 : "plaintext",
+                  "connected", x->connected, "synced", x->synced, "versions", versions,
+                  "updates_acked", (json_int_t)x->updates_acked, "updates_nacked",
+                  (json_int_t)x->updates_nacked, "last_error", x->last_error ? x->last_error : "");
     if (!out) {
         json_decref(held);
         return NULL;
