@@ -50,6 +50,8 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -146,6 +148,8 @@ struct sl_xds {
     uint64_t last_update_ms;
     int synced;
     int sotw_fallback_logged;
+    /* /config_dump shows resource versions keyed with this (below). */
+    unsigned char dump_key[16];
 };
 
 static uint64_t wall_ms(void)
@@ -1336,6 +1340,11 @@ sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_
     }
     x->opt = *opt;
     x->cfg = cfg;
+    if (RAND_bytes(x->dump_key, sizeof(x->dump_key)) != 1) {
+        snprintf(err, errlen, "controller client: no random bytes for the dump key");
+        free(x);
+        return NULL;
+    }
     x->t_start.kind = TAG_START;
     x->t_md.kind = TAG_MD;
     x->t_recv.kind = TAG_RECV;
@@ -1494,13 +1503,29 @@ json_t *sl_xds_status_json(sl_xds_t *x)
     for (int t = 0; t < SL_XDS__COUNT; t++)
         json_object_set_new(versions, sl_xds_type_names[t],
                             json_string(x->types[t].version ? x->types[t].version : ""));
-    /* Delta: every resource held, by type, name -> version. */
+    /* Delta: every resource held, by type, name -> version. A version is
+     * an unkeyed hash of the resource's content, secrets included (a jwt
+     * HMAC secret in a route table): shown as is, a weak secret could be
+     * guessed offline from it and the rest of /config_dump. So it is shown
+     * as SHA-256(key || version) cut to 16 hex digits, with a key drawn at
+     * start: equal versions look equal within one run of the runtime, and
+     * nothing can be tested against them. */
     json_t *held = json_object();
     for (int t = 0; x->opt.delta && t < SL_XDS__COUNT; t++) {
         json_t *m = json_object();
-        for (size_t i = 0; i < x->types[t].n; i++)
-            json_object_set_new(m, x->types[t].names[i],
-                                json_string(x->types[t].versions ? x->types[t].versions[i] : ""));
+        for (size_t i = 0; i < x->types[t].n; i++) {
+            const char *v = x->types[t].versions ? x->types[t].versions[i] : "";
+            unsigned char in[16 + 64], md[EVP_MAX_MD_SIZE];
+            unsigned mdlen = 0;
+            size_t vl = strnlen(v, 64);
+            memcpy(in, x->dump_key, 16);
+            memcpy(in + 16, v, vl);
+            char hex[17] = "";
+            if (EVP_Digest(in, 16 + vl, md, &mdlen, EVP_sha256(), NULL) == 1 && mdlen >= 8)
+                for (int k = 0; k < 8; k++)
+                    snprintf(hex + 2 * k, 3, "%02x", md[k]);
+            json_object_set_new(m, x->types[t].names[i], json_string(hex));
+        }
         json_object_set_new(held, sl_xds_type_names[t], m);
     }
     json_t *out =
