@@ -1607,7 +1607,12 @@ static char *truncated_message(const char *m)
     return out;
 }
 
-#define DELTA_NAMES_MAX 200000 /* names a runtime may report or subscribe to, per type */
+/* Names a runtime may report (initial_resource_versions) or subscribe to,
+ * per type: those of its fleet plus this many (what it holds from another
+ * controller or its cache, and the fleet not compiled yet). Peers are not
+ * trusted before a valid subscription: what one stream can make us keep is
+ * bounded by the config, not by the 4 MiB request size. */
+#define DELTA_NAMES_SLACK 10000
 #define DELTA_NAME_MAX 1024
 #define DELTA_VERSION_MAX 64
 
@@ -1618,16 +1623,18 @@ static char *truncated_message(const char *m)
  * and unsubscribed (dropped from what it holds: the runtime drops them
  * itself). 0, or -1 with msg.
  */
-static int delta_subscribe(runtime_rec_t *rt, int t, const Sluice__V1__DiscoveryRequest *req,
-                           int first, char *msg, size_t len)
+static int delta_subscribe(sl_controller_t *ctl, runtime_rec_t *rt, int t,
+                           const Sluice__V1__DiscoveryRequest *req, int first, char *msg,
+                           size_t len)
 {
     const char *tn = sl_xds_type_names[t];
-    if (req->n_initial_resource_versions > DELTA_NAMES_MAX ||
-        req->n_resource_names_subscribe > DELTA_NAMES_MAX) {
+    const fleet_t *f = fleet_find(ctl, rt->fleet_name);
+    size_t max = (f ? f->t[t].n_ents : 0) + DELTA_NAMES_SLACK;
+    if (req->n_initial_resource_versions > max || req->n_resource_names_subscribe > max) {
         snprintf(msg, len,
-                 "node %s: %s: more than %d initial_resource_versions or "
-                 "resource_names_subscribe entries",
-                 rt->node_id, tn, DELTA_NAMES_MAX);
+                 "node %s: %s: more than %zu initial_resource_versions or "
+                 "resource_names_subscribe entries (the fleet's %s and %d more)",
+                 rt->node_id, tn, max, tn, DELTA_NAMES_SLACK);
         return -1;
     }
     if (first) {
@@ -1683,9 +1690,8 @@ static int delta_subscribe(runtime_rec_t *rt, int t, const Sluice__V1__Discovery
         json_object_del(rt->d[t].have, k);
         json_object_del(rt->d[t].parked, k);
     }
-    if (json_object_size(rt->d[t].subs) > DELTA_NAMES_MAX) {
-        snprintf(msg, len, "node %s: %s: more than %d names subscribed", rt->node_id, tn,
-                 DELTA_NAMES_MAX);
+    if (json_object_size(rt->d[t].subs) > max) {
+        snprintf(msg, len, "node %s: %s: more than %zu names subscribed", rt->node_id, tn, max);
         return -1;
     }
     return 0;
@@ -1884,7 +1890,7 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
     } else if (rt->delta) {
         int first = !rt->subscribed[t];
         rt->subscribed[t] = 1;
-        if (delta_subscribe(rt, t, req, first, msg, sizeof(msg)) != 0) {
+        if (delta_subscribe(ctl, rt, t, req, first, msg, sizeof(msg)) != 0) {
             refuse(s, sc, GRPC_STATUS_INVALID_ARGUMENT, msg);
             goto out;
         }

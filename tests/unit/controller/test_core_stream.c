@@ -685,6 +685,48 @@ static void test_delta_sends_what_differs_and_parks_rejected_resources(void **st
     assert_non_null(strstr(c->message, "keeps the mode"));
 }
 
+/* What a delta peer reports is bounded by the fleet's config, not by the
+ * request size. */
+static void test_delta_initial_versions_are_bounded(void **state)
+{
+    fx_t *f = *state;
+    size_t n = DELTA_NAMES_SLACK + 2; /* the empty config has at most 1 per type */
+    Sluice__V1__DiscoveryRequest req = SLUICE__V1__DISCOVERY_REQUEST__INIT;
+    Sluice__V1__Node node = SLUICE__V1__NODE__INIT;
+    node.id = "greedy";
+    node.fleet = "default";
+    req.node = &node;
+    req.incremental = 1;
+    req.type_url = (char *)sl_xds_type_urls[SL_XDS_ROUTE];
+    req.version_info = "";
+    Sluice__V1__DiscoveryRequest__InitialResourceVersionsEntry *ents = calloc(n, sizeof(*ents));
+    Sluice__V1__DiscoveryRequest__InitialResourceVersionsEntry **ptrs = calloc(n, sizeof(*ptrs));
+    char(*names)[16] = calloc(n, 16);
+    for (size_t i = 0; i < n; i++) {
+        sluice__v1__discovery_request__initial_resource_versions_entry__init(&ents[i]);
+        snprintf(names[i], 16, "r%zu", i);
+        ents[i].key = names[i];
+        ents[i].value = "0000000000000001";
+        ptrs[i] = &ents[i];
+    }
+    req.initial_resource_versions = ptrs;
+    req.n_initial_resource_versions = n;
+    size_t len = protobuf_c_message_get_packed_size(&req.base);
+    uint8_t *buf = malloc(len);
+    protobuf_c_message_pack(&req.base, buf);
+    Sluice__V1__DiscoveryRequest *heap = sluice__v1__discovery_request__unpack(NULL, len, buf);
+    free(buf);
+    free(ents);
+    free(ptrs);
+    free(names);
+    sl_stream_t *s = open_stream(f, "ipv4:127.0.0.1:2100");
+    f->hooks.on_request(f->hooks.ctx, s, heap);
+    assert_true(s->closed);
+    assert_int_equal(s->code, GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(s->message, "initial_resource_versions"));
+    assert_null(record(f, "greedy")->d[SL_XDS_ROUTE].have);
+}
+
 static void test_version_parse(void **state)
 {
     (void)state;
@@ -729,6 +771,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_delta_sends_what_differs_and_parks_rejected_resources,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delta_initial_versions_are_bounded, setup, teardown),
         cmocka_unit_test(test_nonce_appended_to_the_shared_encoding),
         cmocka_unit_test(test_version_parse),
     };
