@@ -1488,8 +1488,16 @@ void sl_xds_seed(sl_xds_t *x, const Sluice__V1__Snapshot *snap)
         ts->received = 1;
         ts->from_cache = 1;
     }
-    sl_log_info("config stream: the cached config's resources are reported to the controller, "
-                "which sends only what differs");
+    /* A call already made subscribed with nothing held: the controller
+     * would never learn of (nor remove) what the cache holds. End it and
+     * ignore what it may still deliver; the next call reports the cache. */
+    x->connected_call = 0;
+    pthread_mutex_lock(&x->lock);
+    if (x->call && !x->call_over)
+        grpc_call_cancel(x->call, NULL);
+    pthread_mutex_unlock(&x->lock);
+    sl_log_info("config stream: the cached config's resources are reported to the controller on "
+                "the next call, which sends only what differs");
 }
 
 int sl_xds_synced(const sl_xds_t *x)
