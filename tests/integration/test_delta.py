@@ -360,8 +360,8 @@ def test_delta_peer_initial_versions_subscriptions_and_mode(env):
 def test_runtime_restarted_from_its_cache_is_sent_only_what_changed(env, tmp_path):
     """--cache-dir: a runtime restarted while the controller is down serves
     its cache; when the controller is back it reports the cached resources
-    (initial_resource_versions) and gets only the one Api changed meanwhile,
-    with no failed request."""
+    (initial_resource_versions) and gets only the one Api changed meanwhile
+    and the removal of the one deleted meanwhile, with no failed request."""
     cache = tmp_path / "cache"
     ctl, b, port = base_config(env, n_apis=5)
     rt = env.runtime("rt-c", extra_args=["--cache-dir", str(cache), "--cache-timeout", "1s"])
@@ -373,6 +373,7 @@ def test_runtime_restarted_from_its_cache_is_sent_only_what_changed(env, tmp_pat
     # One change while the runtime is away (the controller's store holds it).
     ctl.start()
     ctl.put(api("api-2", "/a2", "echo", operations=[{"method": "GET", "path": "/later"}]))
+    ctl.delete("Api", "api-4")
     ctl.stop()
 
     rt2 = env.runtime("rt-c2", extra_args=["--cache-dir", str(cache), "--cache-timeout", "1s"])
@@ -387,6 +388,7 @@ def test_runtime_restarted_from_its_cache_is_sent_only_what_changed(env, tmp_pat
         wait_until(lambda: rt2.metric("sluice_config_from_cache") == 0, 15.0,
                    what="the controller's config to replace the cache")
         wait_routes([rt2], port, "/a2/later", 200, timeout=5.0)
+        wait_routes([rt2], port, "/a4/op0", 404, timeout=5.0)
         ctl.wait_converged(1)
     finally:
         load.stop()
@@ -396,3 +398,4 @@ def test_runtime_restarted_from_its_cache_is_sent_only_what_changed(env, tmp_pat
     c = state(rt2)
     assert c["synced"] and c["updates_nacked"] == 0, c
     assert rt2.get(port, "/a2/op0")[0] == 404
+    assert sorted(c["resources"]["routes"]) == ["default/api-%d" % i for i in range(4)], c
