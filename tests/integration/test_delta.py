@@ -35,6 +35,8 @@ def env(tmp_path):
 
 
 API_VERSION = "gateway.sluice.dev/v1alpha1"
+# Delta whatever SLUICE_XDS_MODE says (a later --xds-mode in argv wins).
+DELTA = ["--xds-mode", "delta"]
 
 
 def gw(listeners, name="default", address="127.0.0.1"):
@@ -77,7 +79,7 @@ def base_config(env, n_apis=5):
 def test_initial_sync_then_one_api_change_sends_only_its_route_table(env):
     env.net(2)
     ctl, b, port = base_config(env, n_apis=6)
-    rd = env.runtime("rt-delta")
+    rd = env.runtime("rt-delta", extra_args=DELTA)
     rs = env.runtime("rt-sotw", extra_args=["--xds-mode", "sotw"])
     ctl.wait_converged(2)
     wait_routes([rd, rs], port, "/a5/op2", 200, timeout=5.0)
@@ -121,7 +123,7 @@ def test_removal_of_an_api_and_its_backend(env):
     ctl, b, port = base_config(env, n_apis=3)
     b2 = env.backend("other")
     ctl.apply([backend("other", [b2.port]), api("solo", "/solo", "other")])
-    rt = env.runtime("rt-rm")
+    rt = env.runtime("rt-rm", extra_args=DELTA)
     v = ctl.wait_converged(1)
     wait_routes([rt], port, "/solo/x", 200, timeout=5.0)
     s0 = state(rt)
@@ -145,7 +147,7 @@ def test_removal_of_an_api_and_its_backend(env):
 
 def test_reconnect_with_initial_resource_versions_resends_nothing(env):
     ctl, b, port = base_config(env, n_apis=4)
-    rt = env.runtime("rt-re")
+    rt = env.runtime("rt-re", extra_args=DELTA)
     v = ctl.wait_converged(1)
     wait_routes([rt], port, "/a2/op0", 200, timeout=5.0)
     before = state(rt)
@@ -180,7 +182,7 @@ def test_nack_of_one_listener_leaves_the_other_applied(env):
     good = free_port()
     ctl.apply([gw([("good", good), ("bad", busy)]), backend("echo", [b.port]),
                api("pets", "/pets", "echo")])
-    rt = env.runtime("rt-nack")
+    rt = env.runtime("rt-nack", extra_args=DELTA)
     try:
         nack = wait_until(lambda: ctl.runtimes().get("rt-nack", {}).get("last_nack"), 10.0,
                           what="a NACK of the busy listener")
@@ -219,7 +221,8 @@ def test_make_before_break_under_load_while_apis_and_backends_change(env):
     ctl.apply([gw([("http", port)], address="0.0.0.0"),
                backend("be-0", [(lab.hub_ip, b1.port)]), api("stable", "/stable", "be-0")])
     # A delta runtime and a sotw one, under the same load and changes.
-    rts = [env.runtime("rt-a"), env.runtime("rt-b", extra_args=["--xds-mode", "sotw"])]
+    rts = [env.runtime("rt-a", extra_args=DELTA),
+           env.runtime("rt-b", extra_args=["--xds-mode", "sotw"])]
     v0 = ctl.wait_converged(2)
     for rt in rts:
         rt.wait_ready()
@@ -363,8 +366,9 @@ def test_runtime_restarted_from_its_cache_is_sent_only_what_changed(env, tmp_pat
     (initial_resource_versions) and gets only the one Api changed meanwhile
     and the removal of the one deleted meanwhile, with no failed request."""
     cache = tmp_path / "cache"
+    CACHE = ["--cache-dir", str(cache), "--cache-timeout", "1s"]
     ctl, b, port = base_config(env, n_apis=5)
-    rt = env.runtime("rt-c", extra_args=["--cache-dir", str(cache), "--cache-timeout", "1s"])
+    rt = env.runtime("rt-c", extra_args=DELTA + CACHE)
     ctl.wait_converged(1)
     wait_routes([rt], port, "/a4/op0", 200, timeout=5.0)
     wait_until((cache / "snapshot.bin").exists, 5.0, what="snapshot cached")
@@ -376,7 +380,7 @@ def test_runtime_restarted_from_its_cache_is_sent_only_what_changed(env, tmp_pat
     ctl.delete("Api", "api-4")
     ctl.stop()
 
-    rt2 = env.runtime("rt-c2", extra_args=["--cache-dir", str(cache), "--cache-timeout", "1s"])
+    rt2 = env.runtime("rt-c2", extra_args=DELTA + CACHE)
     wait_until(lambda: rt2.ready_status() == 200, 10.0, what="ready from the cache")
     assert rt2.metric("sluice_config_from_cache") == 1
     held = state(rt2)["resources"]

@@ -38,8 +38,8 @@ def fake(tmp_path):
         made["fc"] = FakeController(**kw).start()
         return made["fc"]
 
-    def runtime(addr, node_id="rt-fake"):
-        rt = ManagedRuntime(tmp_path / node_id, addr, node_id)
+    def runtime(addr, node_id="rt-fake", extra_args=()):
+        rt = ManagedRuntime(tmp_path / node_id, addr, node_id, extra_args=extra_args)
         made["rts"].append(rt)
         rt.start(wait_ready=False)
         return rt
@@ -258,7 +258,7 @@ def test_delta_runtime_applies_state_of_the_world_answers_of_an_older_controller
     _, snap = pb()
     start_controller, runtime = fake
     fc = start_controller(headers_first=True)
-    rt = runtime(fc.addr, "rt-old-ctl")
+    rt = runtime(fc.addr, "rt-old-ctl", extra_args=["--xds-mode", "delta"])
     idx, subs, _ = subscriptions(fc, 5.0)
     assert all(s.incremental for s in subs.values()), subs
 
