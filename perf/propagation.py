@@ -423,9 +423,11 @@ def report(results, argv):
         out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: "
                    "| --- |")
         for r in results["apply"]:
-            out.append("| %s | %d | %.1f | %.2f | %s | %.0f | %s | %.0f | %.0f | %.1f / %.1f / %.1f "
+            out.append("| %s | %d | %.1f | %.2f | %s | %.0f | %s | %.0f | %.0f "
+                       "| %.1f / %.1f / %.1f "
                        "| %.1f | %s / %.0f, %.0f / %.0f |" % (
-                           r.get("mode", "delta"), r["routes"], r["body_mb"], r["rest_s"], fmt(r["compile_ms"], "%.0f"),
+                           r.get("mode", "delta"), r["routes"], r["body_mb"], r["rest_s"],
+                           fmt(r["compile_ms"], "%.0f"),
                            r["controller_cpu_ms"], fmt(r["apply_ms"], "%.0f"),
                            r["runtime_cpu_ms"], r["e2e_ms"], r["rss_before_mb"],
                            r["rss_after_mb"], r["rss_peak_mb"], r["controller_rss_mb"],
