@@ -90,6 +90,18 @@ sl_ctrl_metrics_t sl_ctrl_metrics;
 #define RETRY_MIN_MS 1000 /* compile retry after a store failure, doubling */
 #define RETRY_MAX_MS 30000
 
+/* Delta mode: one resource of a fleet's type as compiled, shared by every
+ * runtime of the fleet. `wire` is the resource already framed as field 2
+ * of a DiscoveryResponse (tag, length, packed Resource with its version):
+ * a delta response is a small per-runtime header followed by references to
+ * these slices, never a copy. Rebuilt per compile only for resources whose
+ * content changed; unchanged ones keep their slice (a reference). */
+typedef struct {
+    char *name;
+    char version[17]; /* 16 hex digits of FNV-1a 64 over name and value */
+    grpc_slice wire;
+} res_entry_t;
+
 typedef struct fleet {
     char *name;
     Sluice__V1__Snapshot *snap;
@@ -104,6 +116,10 @@ typedef struct fleet {
         grpc_slice body;
         int encoded;
         size_t resources;
+        /* Delta: the same resources by name (index: name -> position). */
+        res_entry_t *ents;
+        size_t n_ents;
+        json_t *index;
     } t[SL_XDS__COUNT];
     struct fleet *next;
 } fleet_t;
@@ -136,6 +152,23 @@ typedef struct runtime_rec {
         uint64_t at_ms;
     } nack[SL_XDS__COUNT];
     uint64_t responses_sent;
+    uint64_t bytes_sent, resources_sent;
+    /* Delta streams (rt->delta): per type what the runtime holds, what it
+     * rejected on this stream, what it subscribed to; and the resources of
+     * the response in flight. */
+    int delta;
+    struct {
+        json_t *have;   /* name -> version held (initial_resource_versions, ACKs) */
+        json_t *parked; /* name -> version NACKed on this stream ("" = its removal) */
+        json_t *subs;   /* NULL = wildcard, else name -> true */
+        /* The type's version_info it runs (subscription, then ACKs): when
+         * the fleet's differs, a response goes out even with no resource
+         * in it, so versions move as in sotw (a new runtime learns that a
+         * type is empty; a renumbering reaches every type). */
+        char version[VERSION_LEN];
+    } d[SL_XDS__COUNT];
+    json_t *inflight_sent;    /* name -> version */
+    json_t *inflight_removed; /* names */
     struct runtime_rec *next;
 } runtime_rec_t;
 
@@ -143,8 +176,9 @@ typedef struct {
     runtime_rec_t *rt; /* set by the first valid subscription */
     /* The node, from the first request that carries it, until registered. */
     char *node_id, *fleet, *build_version;
-    int refused;        /* closed by us: later requests are ignored */
-    int warned_unknown; /* one warning per stream for unknown types */
+    int refused;           /* closed by us: later requests are ignored */
+    int mode_known, delta; /* sotw or delta, from the first request */
+    int warned_unknown;    /* one warning per stream for unknown types */
 } stream_ctx_t;
 
 struct sl_controller {
@@ -332,11 +366,23 @@ static fleet_t *fleet_get(sl_controller_t *ctl, const char *name)
     return f;
 }
 
+static void entries_free(res_entry_t *ents, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(ents[i].name);
+        grpc_slice_unref(ents[i].wire);
+    }
+    free(ents);
+}
+
 static void fleet_free(fleet_t *f)
 {
-    for (int t = 0; t < SL_XDS__COUNT; t++)
+    for (int t = 0; t < SL_XDS__COUNT; t++) {
         if (f->t[t].encoded)
             grpc_slice_unref(f->t[t].body);
+        entries_free(f->t[t].ents, f->t[t].n_ents);
+        json_decref(f->t[t].index);
+    }
     if (f->snap)
         sl_snapshot_free(f->snap);
     free(f->name);
@@ -466,6 +512,297 @@ static grpc_byte_buffer *response_with_nonce(grpc_slice body, const char *nonce)
     return bb;
 }
 
+/* ---- delta ------------------------------------------------------------------ */
+
+/* Pushed by mode (0 sotw, 1 delta): responses, bytes, resources. */
+static _Atomic uint64_t push_count[2], push_bytes[2], push_resources[2];
+
+static void count_push(runtime_rec_t *rt, int delta, size_t bytes, size_t resources)
+{
+    atomic_fetch_add(&push_count[delta], 1);
+    atomic_fetch_add(&push_bytes[delta], bytes);
+    atomic_fetch_add(&push_resources[delta], resources);
+    rt->bytes_sent += bytes;
+    rt->resources_sent += resources;
+}
+
+static size_t varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+/*
+ * The delta entries of one type from this compile's packed resources. A
+ * resource whose version (content hash) is that of the previous compile
+ * keeps its slice; only changed ones are packed again.
+ */
+static int build_entries(fleet_t *f, int t, Sluice__V1__Resource **res, size_t n)
+{
+    res_entry_t *ents = calloc(n ? n : 1, sizeof(*ents));
+    json_t *index = json_object();
+    if (!ents || !index)
+        goto fail;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = fnv1a(0xcbf29ce484222325ULL, res[i]->name, strlen(res[i]->name) + 1);
+        h = fnv1a(h, res[i]->value.data, res[i]->value.len);
+        snprintf(ents[i].version, sizeof(ents[i].version), "%016" PRIx64, h);
+        ents[i].name = strdup(res[i]->name);
+        if (!ents[i].name)
+            goto fail;
+        json_t *old = f->t[t].index ? json_object_get(f->t[t].index, res[i]->name) : NULL;
+        size_t k = old ? (size_t)json_integer_value(old) : 0;
+        if (old && k < f->t[t].n_ents && strcmp(f->t[t].ents[k].version, ents[i].version) == 0) {
+            ents[i].wire = grpc_slice_ref(f->t[t].ents[k].wire);
+        } else {
+            res[i]->version = ents[i].version;
+            size_t len = protobuf_c_message_get_packed_size(&res[i]->base);
+            uint8_t head[11];
+            head[0] = (2 << 3) | 2; /* field 2 (resources), length-delimited */
+            size_t hl = 1 + varint(head + 1, len);
+            ents[i].wire = grpc_slice_malloc(hl + len);
+            memcpy(GRPC_SLICE_START_PTR(ents[i].wire), head, hl);
+            protobuf_c_message_pack(&res[i]->base, GRPC_SLICE_START_PTR(ents[i].wire) + hl);
+            res[i]->version = NULL;
+        }
+        if (json_object_set_new(index, res[i]->name, json_integer((json_int_t)i)) != 0)
+            goto fail;
+    }
+    entries_free(f->t[t].ents, f->t[t].n_ents);
+    json_decref(f->t[t].index);
+    f->t[t].ents = ents;
+    f->t[t].n_ents = n;
+    f->t[t].index = index;
+    return 0;
+fail:
+    /* Entries are filled in order: those with a name have a slice. */
+    for (size_t i = 0; ents && i < n && ents[i].name; i++) {
+        free(ents[i].name);
+        grpc_slice_unref(ents[i].wire);
+    }
+    free(ents);
+    json_decref(index);
+    return -1;
+}
+
+static int delta_subscribed(const runtime_rec_t *rt, int t, const char *name)
+{
+    return !rt->d[t].subs || json_object_get(rt->d[t].subs, name) != NULL;
+}
+
+/*
+ * What type t of fleet f changes for a delta runtime: positions of entries
+ * whose version differs from the one it holds (chg, when not NULL), names it
+ * holds that are gone (removed, when not NULL). A (name, version) NACKed on
+ * this stream is left out when honour_parked. Returns how many.
+ */
+static size_t delta_compute(const fleet_t *f, const runtime_rec_t *rt, int t, size_t *chg,
+                            json_t *removed, int honour_parked)
+{
+    size_t n = 0;
+    json_t *have = rt->d[t].have, *parked = honour_parked ? rt->d[t].parked : NULL;
+    for (size_t i = 0; chg && i < f->t[t].n_ents; i++) {
+        const res_entry_t *e = &f->t[t].ents[i];
+        if (!delta_subscribed(rt, t, e->name))
+            continue;
+        const char *held = json_string_value(json_object_get(have, e->name));
+        if (held && strcmp(held, e->version) == 0)
+            continue;
+        const char *nacked = json_string_value(json_object_get(parked, e->name));
+        if (nacked && strcmp(nacked, e->version) == 0)
+            continue;
+        chg[n++] = i;
+    }
+    if (removed) {
+        const char *name;
+        json_t *v;
+        json_object_foreach(have, name, v)
+        {
+            if (json_object_get(f->t[t].index, name))
+                continue;
+            const char *nacked = json_string_value(json_object_get(parked, name));
+            if (nacked && !nacked[0])
+                continue;
+            json_array_append_new(removed, json_string(name));
+            n++;
+        }
+    }
+    return n;
+}
+
+/* A delta response: its header (version, type, nonce, removed names) packed
+ * for this runtime, then the shared slices of the changed resources. */
+static grpc_byte_buffer *delta_response(const fleet_t *f, int t, const size_t *chg, size_t nchg,
+                                        json_t *removed, const char *nonce, size_t *bytes)
+{
+    Sluice__V1__DiscoveryResponse resp = SLUICE__V1__DISCOVERY_RESPONSE__INIT;
+    resp.version_info = (char *)f->t[t].version_str;
+    resp.type_url = (char *)sl_xds_type_urls[t];
+    resp.nonce = (char *)nonce;
+    resp.n_removed_resources = json_array_size(removed);
+    resp.removed_resources = calloc(resp.n_removed_resources + 1, sizeof(char *));
+    grpc_slice *parts = calloc(nchg + 1, sizeof(*parts));
+    if (!resp.removed_resources || !parts) {
+        free(resp.removed_resources);
+        free(parts);
+        return NULL;
+    }
+    for (size_t i = 0; i < resp.n_removed_resources; i++)
+        resp.removed_resources[i] = (char *)json_string_value(json_array_get(removed, i));
+    size_t len = protobuf_c_message_get_packed_size(&resp.base);
+    parts[0] = grpc_slice_malloc(len);
+    protobuf_c_message_pack(&resp.base, GRPC_SLICE_START_PTR(parts[0]));
+    *bytes = len;
+    for (size_t i = 0; i < nchg; i++) {
+        parts[i + 1] = f->t[t].ents[chg[i]].wire;
+        *bytes += GRPC_SLICE_LENGTH(parts[i + 1]);
+    }
+    /* Takes its own reference on every slice. */
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(parts, nchg + 1);
+    grpc_slice_unref(parts[0]);
+    free(parts);
+    free(resp.removed_resources);
+    return bb;
+}
+
+/* Types whose removals wait until every type's additions and changes are
+ * applied: routes and listeners still running may reference them. */
+static int removal_deferred(int t)
+{
+    return t == SL_XDS_SECRET || t == SL_XDS_CONSUMER || t == SL_XDS_CLUSTER;
+}
+
+/*
+ * Delta: the first type, in make-before-break order, with something to
+ * send. First pass, clusters to listeners: additions and changes, with the
+ * removals of routes, settings and listeners (those are replaced within
+ * their type at once: a listener renamed on the same port must not
+ * coexist with its old self). Second pass, once nothing of the first is
+ * left: removals of clusters, consumers and secrets, after the routes that
+ * stopped using them. A type with nothing to send (NACKed resources aside)
+ * counts as acknowledged at the fleet's version of it.
+ */
+static void try_push_delta(sl_controller_t *ctl, runtime_rec_t *rt, fleet_t *f)
+{
+    for (int t = 0; t < SL_XDS__COUNT; t++) {
+        if (!rt->subscribed[t] || !f->t[t].encoded ||
+            strcmp(rt->acked[t], f->t[t].version_str) == 0)
+            continue;
+        size_t *tmp = calloc(f->t[t].n_ents + 1, sizeof(size_t));
+        json_t *rm = json_array();
+        if (tmp && rm && delta_compute(f, rt, t, tmp, rm, 0) == 0)
+            snprintf(rt->acked[t], VERSION_LEN, "%s", f->t[t].version_str);
+        free(tmp);
+        json_decref(rm);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < SL_XDS__COUNT; k++) {
+            int t = pass == 0 ? k : SL_XDS__COUNT - 1 - k;
+            if (!rt->subscribed[t] || !f->t[t].encoded)
+                continue;
+            int with_removals = pass == 0 ? !removal_deferred(t) : removal_deferred(t);
+            size_t *chg = pass == 0 ? calloc(f->t[t].n_ents + 1, sizeof(size_t)) : NULL;
+            json_t *removed = with_removals ? json_array() : NULL;
+            if ((pass == 0 && !chg) || (with_removals && !removed)) {
+                free(chg);
+                json_decref(removed);
+                return;
+            }
+            size_t nchg = pass == 0 ? delta_compute(f, rt, t, chg, NULL, 1) : 0;
+            if (with_removals)
+                delta_compute(f, rt, t, NULL, removed, 1);
+            if (!nchg && !json_array_size(removed) &&
+                !(pass == 0 && strcmp(rt->d[t].version, f->t[t].version_str) != 0)) {
+                free(chg);
+                json_decref(removed);
+                continue;
+            }
+            snprintf(rt->inflight_nonce, sizeof(rt->inflight_nonce), "%" PRIu64, ++ctl->nonce_seq);
+            size_t bytes = 0;
+            grpc_byte_buffer *bb =
+                delta_response(f, t, chg, nchg, removed, rt->inflight_nonce, &bytes);
+            if (!bb) {
+                rt->inflight_nonce[0] = '\0';
+                free(chg);
+                json_decref(removed);
+                return;
+            }
+            json_decref(rt->inflight_sent);
+            rt->inflight_sent = json_object();
+            for (size_t i = 0; i < nchg; i++)
+                json_object_set_new(rt->inflight_sent, f->t[t].ents[chg[i]].name,
+                                    json_string(f->t[t].ents[chg[i]].version));
+            json_decref(rt->inflight_removed);
+            rt->inflight_removed = removed ? removed : json_array();
+            snprintf(rt->inflight_version, sizeof(rt->inflight_version), "%s", f->t[t].version_str);
+            rt->inflight_type = t;
+            rt->inflight_sent_us = sl_ctrl_now_us();
+            rt->responses_sent++;
+            count_push(rt, 1, bytes, nchg);
+            atomic_fetch_add(&sl_ctrl_metrics.pushes, 1);
+            sl_log_debug("push %s delta to %s: version %s, nonce %s, %zu changed, %zu removed "
+                         "(%zu bytes)",
+                         sl_xds_type_names[t], rt->node_id, f->t[t].version_str, rt->inflight_nonce,
+                         nchg, json_array_size(rt->inflight_removed), bytes);
+            free(chg);
+            sl_stream_send(rt->stream, bb);
+            return;
+        }
+    }
+}
+
+/* The ACK or NACK of a delta response: what the runtime now holds. A NACK
+ * lists the names it did not apply (none listed: it applied nothing); those
+ * are parked at the version sent, the rest are held. */
+static void delta_settle(runtime_rec_t *rt, int t, const Sluice__V1__DiscoveryRequest *req)
+{
+    json_t *rejected = json_object();
+    int nack = req->error_detail != NULL;
+    for (size_t i = 0; nack && i < req->n_rejected_resources; i++)
+        json_object_set_new(rejected, req->rejected_resources[i], json_true());
+    int all = nack && req->n_rejected_resources == 0;
+    size_t applied = 0;
+    if (!rt->d[t].have)
+        rt->d[t].have = json_object();
+    if (!rt->d[t].parked)
+        rt->d[t].parked = json_object();
+    const char *name;
+    json_t *v;
+    json_object_foreach(rt->inflight_sent, name, v)
+    {
+        if (all || json_object_get(rejected, name))
+            json_object_set(rt->d[t].parked, name, v);
+        else {
+            json_object_set(rt->d[t].have, name, v);
+            applied++;
+        }
+    }
+    size_t i;
+    json_array_foreach(rt->inflight_removed, i, v)
+    {
+        name = json_string_value(v);
+        if (all || json_object_get(rejected, name))
+            json_object_set_new(rt->d[t].parked, name, json_string(""));
+        else {
+            json_object_del(rt->d[t].have, name);
+            applied++;
+        }
+    }
+    /* It runs the version sent when it applied something, or when the
+     * response was an ACK (an empty one too). */
+    if (!nack || applied)
+        snprintf(rt->d[t].version, VERSION_LEN, "%s", rt->inflight_version);
+    json_decref(rejected);
+    json_decref(rt->inflight_sent);
+    json_decref(rt->inflight_removed);
+    rt->inflight_sent = rt->inflight_removed = NULL;
+}
+
 /* ---- pushing -------------------------------------------------------------- */
 
 static void try_push(sl_controller_t *ctl, runtime_rec_t *rt)
@@ -475,6 +812,10 @@ static void try_push(sl_controller_t *ctl, runtime_rec_t *rt)
     fleet_t *f = fleet_find(ctl, rt->fleet_name);
     if (!f || !f->compiled_ok)
         return;
+    if (rt->delta) {
+        try_push_delta(ctl, rt, f);
+        return;
+    }
     for (int t = 0; t < SL_XDS__COUNT; t++) {
         if (!rt->subscribed[t] || !f->t[t].encoded)
             continue;
@@ -494,6 +835,8 @@ static void try_push(sl_controller_t *ctl, runtime_rec_t *rt)
         rt->inflight_type = t;
         rt->inflight_sent_us = sl_ctrl_now_us();
         rt->responses_sent++;
+        count_push(rt, 0, GRPC_SLICE_LENGTH(f->t[t].body) + 2 + strlen(rt->inflight_nonce),
+                   f->t[t].resources);
         atomic_fetch_add(&sl_ctrl_metrics.pushes, 1);
         sl_log_debug("push %s to %s: version %s, nonce %s (%zu resources)", sl_xds_type_names[t],
                      rt->node_id, f->t[t].version_str, rt->inflight_nonce, f->t[t].resources);
@@ -941,6 +1284,9 @@ static void compile_all(sl_controller_t *ctl)
                     encode_response(stg[i].t[t].res, stg[i].t[t].n, t, f->t[t].version_str);
                 f->t[t].encoded = 1;
                 f->t[t].resources = stg[i].t[t].n;
+                if (build_entries(f, t, stg[i].t[t].res, stg[i].t[t].n) != 0)
+                    sl_log_error("compile: out of memory building the delta resources of %s",
+                                 sl_xds_type_names[t]);
             }
             free_resources(stg[i].t[t].res, stg[i].t[t].n);
         }
@@ -965,6 +1311,19 @@ static void compile_all(sl_controller_t *ctl)
     ctl->retry_ms = 0;
     if (new_version)
         sl_log_notice("config version %" PRIu64 " compiled", new_version);
+    /* Delta: a removal a runtime refused (a cluster its routes still used)
+     * is offered again once the config has changed. */
+    for (runtime_rec_t *rt = ctl->runtimes; new_version && rt; rt = rt->next)
+        for (int t = 0; rt->delta && t < SL_XDS__COUNT; t++) {
+            const char *name;
+            json_t *v;
+            void *tmp;
+            json_object_foreach_safe(rt->d[t].parked, tmp, name, v)
+            {
+                if (!json_string_value(v)[0])
+                    json_object_del(rt->d[t].parked, name);
+            }
+        }
     for (fleet_t *f = ctl->fleets; f; f = f->next)
         push_fleet(ctl, f->name);
     if (ctl->compiled_fn)
@@ -1045,8 +1404,22 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---- runtime records -------------------------------------------------------- */
 
+static void delta_reset(runtime_rec_t *rt)
+{
+    for (int t = 0; t < SL_XDS__COUNT; t++) {
+        json_decref(rt->d[t].have);
+        json_decref(rt->d[t].parked);
+        json_decref(rt->d[t].subs);
+        rt->d[t].have = rt->d[t].parked = rt->d[t].subs = NULL;
+    }
+    json_decref(rt->inflight_sent);
+    json_decref(rt->inflight_removed);
+    rt->inflight_sent = rt->inflight_removed = NULL;
+}
+
 static void runtime_free(runtime_rec_t *rt)
 {
+    delta_reset(rt);
     for (int t = 0; t < SL_XDS__COUNT; t++)
         free(rt->nack[t].message);
     free(rt->node_id);
@@ -1156,6 +1529,9 @@ static void on_close(void *arg, sl_stream_t *s)
         runtime_rec_t *rt = sc->rt;
         rt->stream = NULL;
         rt->inflight_nonce[0] = '\0';
+        json_decref(rt->inflight_sent);
+        json_decref(rt->inflight_removed);
+        rt->inflight_sent = rt->inflight_removed = NULL;
         rt->disconnected_ms = now_ms();
         atomic_fetch_sub(&sl_ctrl_metrics.runtimes_connected, 1);
         sl_log_notice("runtime %s (fleet %s) disconnected", rt->node_id, rt->fleet_name);
@@ -1254,6 +1630,96 @@ static char *truncated_message(const char *m)
     return out;
 }
 
+/* Names a runtime may report (initial_resource_versions) or subscribe to,
+ * per type: those of its fleet plus this many (what it holds from another
+ * controller or its cache, and the fleet not compiled yet). Peers are not
+ * trusted before a valid subscription: what one stream can make us keep is
+ * bounded by the config, not by the 4 MiB request size. */
+#define DELTA_NAMES_SLACK 10000
+#define DELTA_NAME_MAX 1024
+#define DELTA_VERSION_MAX 64
+
+/*
+ * A delta subscription request of type t: on the stream's first one for the
+ * type, what the runtime holds (initial_resource_versions) and a wildcard
+ * unless it names resources; on any, names subscribed ("*": every resource)
+ * and unsubscribed (dropped from what it holds: the runtime drops them
+ * itself). 0, or -1 with msg.
+ */
+static int delta_subscribe(sl_controller_t *ctl, runtime_rec_t *rt, int t,
+                           const Sluice__V1__DiscoveryRequest *req, int first, char *msg,
+                           size_t len)
+{
+    const char *tn = sl_xds_type_names[t];
+    const fleet_t *f = fleet_find(ctl, rt->fleet_name);
+    size_t max = (f ? f->t[t].n_ents : 0) + DELTA_NAMES_SLACK;
+    if (req->n_initial_resource_versions > max || req->n_resource_names_subscribe > max) {
+        snprintf(msg, len,
+                 "node %s: %s: more than %zu initial_resource_versions or "
+                 "resource_names_subscribe entries (the fleet's %s and %d more)",
+                 rt->node_id, tn, max, tn, DELTA_NAMES_SLACK);
+        return -1;
+    }
+    if (first) {
+        json_decref(rt->d[t].have);
+        json_decref(rt->d[t].parked);
+        json_decref(rt->d[t].subs);
+        rt->d[t].have = json_object();
+        rt->d[t].parked = json_object();
+        rt->d[t].subs = req->n_resource_names_subscribe ? json_object() : NULL;
+        rt->acked[t][0] = '\0';
+        snprintf(rt->d[t].version, VERSION_LEN, "%s", req->version_info ? req->version_info : "");
+        for (size_t i = 0; i < req->n_initial_resource_versions; i++) {
+            const Sluice__V1__DiscoveryRequest__InitialResourceVersionsEntry *e =
+                req->initial_resource_versions[i];
+            const char *k = e->key ? e->key : "", *v = e->value ? e->value : "";
+            if (!k[0] || strlen(k) > DELTA_NAME_MAX || strlen(v) > DELTA_VERSION_MAX ||
+                json_object_set_new(rt->d[t].have, k, json_string(v)) != 0) {
+                snprintf(msg, len,
+                         "node %s: %s initial_resource_versions: entry \"%.60s\" is not a "
+                         "resource name (1 to %d bytes of UTF-8) with a version of at most %d "
+                         "bytes",
+                         rt->node_id, tn, k, DELTA_NAME_MAX, DELTA_VERSION_MAX);
+                return -1;
+            }
+        }
+    }
+    int star = 0;
+    for (size_t i = 0; i < req->n_resource_names_subscribe; i++)
+        star |= strcmp(req->resource_names_subscribe[i], "*") == 0;
+    if (star) {
+        json_decref(rt->d[t].subs);
+        rt->d[t].subs = NULL;
+    }
+    for (size_t i = 0; rt->d[t].subs && i < req->n_resource_names_subscribe; i++) {
+        const char *k = req->resource_names_subscribe[i];
+        if (!k[0] || strlen(k) > DELTA_NAME_MAX ||
+            json_object_set_new(rt->d[t].subs, k, json_true()) != 0) {
+            snprintf(msg, len,
+                     "node %s: %s resource_names_subscribe: \"%.60s\" is not a resource name "
+                     "(1 to %d bytes of UTF-8)",
+                     rt->node_id, tn, k, DELTA_NAME_MAX);
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < req->n_resource_names_unsubscribe; i++) {
+        const char *k = req->resource_names_unsubscribe[i];
+        if (strcmp(k, "*") == 0) {
+            if (!rt->d[t].subs)
+                rt->d[t].subs = json_object();
+            continue;
+        }
+        json_object_del(rt->d[t].subs, k);
+        json_object_del(rt->d[t].have, k);
+        json_object_del(rt->d[t].parked, k);
+    }
+    if (json_object_size(rt->d[t].subs) > max) {
+        snprintf(msg, len, "node %s: %s: more than %zu names subscribed", rt->node_id, tn, max);
+        return -1;
+    }
+    return 0;
+}
+
 /*
  * Attaches the stream to its node's record (created if new), after the
  * stream's first valid subscription. A node with a stream already open gets
@@ -1323,6 +1789,8 @@ static runtime_rec_t *runtime_attach(sl_controller_t *ctl, sl_stream_t *s, strea
      * port, say) may apply now. */
     memset(rt->subscribed, 0, sizeof(rt->subscribed));
     memset(rt->parked, 0, sizeof(rt->parked));
+    delta_reset(rt);
+    rt->delta = sc->delta;
     atomic_fetch_add(&sl_ctrl_metrics.runtimes_connected, 1);
     sl_log_notice("runtime %s (fleet %s) connected from %s%s%s%s", rt->node_id, rt->fleet_name,
                   rt->address, sl_stream_client_auth(s) ? " (client certificate " : "",
@@ -1371,6 +1839,18 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
         refuse(s, sc, GRPC_STATUS_PERMISSION_DENIED, msg);
         goto out;
     }
+    /* The stream's mode is that of its first request. */
+    if (!sc->mode_known) {
+        sc->mode_known = 1;
+        sc->delta = req->incremental;
+    } else if (sc->delta != req->incremental) {
+        snprintf(msg, sizeof(msg),
+                 "node %s: a request %s incremental on a %s stream; a stream keeps the mode of "
+                 "its first request (sotw or delta)",
+                 sc->node_id, req->incremental ? "with" : "without", sc->delta ? "delta" : "sotw");
+        refuse(s, sc, GRPC_STATUS_INVALID_ARGUMENT, msg);
+        goto out;
+    }
     int t = sl_xds_type_from_url(req->type_url ? req->type_url : "");
     if (t < 0) {
         /* Ignored (a newer runtime may know more types), and it registers
@@ -1412,7 +1892,8 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
             req->error_detail ? &sl_ctrl_push_nack_seconds : &sl_ctrl_push_ack_seconds, took_us);
         if (req->error_detail) {
             snprintf(rt->nack[t].version, VERSION_LEN, "%s", rt->inflight_version);
-            snprintf(rt->parked[t], VERSION_LEN, "%s", rt->inflight_version);
+            if (!rt->delta) /* delta parks resources, not the type (delta_settle) */
+                snprintf(rt->parked[t], VERSION_LEN, "%s", rt->inflight_version);
             free(rt->nack[t].message);
             rt->nack[t].message =
                 truncated_message(req->error_detail->message ? req->error_detail->message : "");
@@ -1421,8 +1902,20 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
             sl_log_warn("runtime %s NACKed %s version %s: %s", rt->node_id, sl_xds_type_names[t],
                         rt->inflight_version, rt->nack[t].message ? rt->nack[t].message : "");
         } else {
-            snprintf(rt->acked[t], VERSION_LEN, "%s", rt->inflight_version);
+            /* Delta: at the fleet's version once nothing is left to send
+             * (try_push_delta). */
+            if (!rt->delta)
+                snprintf(rt->acked[t], VERSION_LEN, "%s", rt->inflight_version);
             atomic_fetch_add(&sl_ctrl_metrics.acks, 1);
+        }
+        if (rt->delta)
+            delta_settle(rt, t, req);
+    } else if (rt->delta) {
+        int first = !rt->subscribed[t];
+        rt->subscribed[t] = 1;
+        if (delta_subscribe(ctl, rt, t, req, first, msg, sizeof(msg)) != 0) {
+            refuse(s, sc, GRPC_STATUS_INVALID_ARGUMENT, msg);
+            goto out;
         }
     } else {
         /* Subscription, also after a reconnect: what does it run already? */
@@ -1430,6 +1923,8 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
         if (strcmp(rt->acked[t], version) != 0)
             rt->parked[t][0] = '\0'; /* another version: start fresh */
         snprintf(rt->acked[t], VERSION_LEN, "%s", version);
+    }
+    if (!nonce[0]) {
         uint64_t ours =
             ctl->config_version > ctl->version_floor ? ctl->config_version : ctl->version_floor;
         if (v > ours) {
@@ -1702,6 +2197,11 @@ json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
         json_object_set_new(item, "streams_replaced",
                             json_integer((json_int_t)rt->streams_replaced));
         json_object_set_new(item, "last_replaced", replaced);
+        /* What went to it over its streams: bytes of responses, resources
+         * in them (delta: only changed ones). */
+        json_object_set_new(item, "mode", json_string(rt->delta ? "delta" : "sotw"));
+        json_object_set_new(item, "bytes_sent", json_integer((json_int_t)rt->bytes_sent));
+        json_object_set_new(item, "resources_sent", json_integer((json_int_t)rt->resources_sent));
         json_array_append_new(arr, item);
     }
     return arr;
@@ -1908,6 +2408,25 @@ void sl_controller_free(sl_controller_t *ctl)
  * (0 when none is connected now) and every fleet a connected runtime names. */
 void sl_controller_render_metrics(sl_controller_t *ctl, struct evbuffer *b)
 {
+    static const char *const modes[2] = {"sotw", "delta"};
+    evbuffer_add_printf(b, "# HELP sluice_controller_push_responses_total Config responses sent "
+                           "to runtimes, by stream mode.\n"
+                           "# TYPE sluice_controller_push_responses_total counter\n");
+    for (int m = 0; m < 2; m++)
+        evbuffer_add_printf(b, "sluice_controller_push_responses_total{mode=\"%s\"} %" PRIu64 "\n",
+                            modes[m], atomic_load(&push_count[m]));
+    evbuffer_add_printf(b, "# HELP sluice_controller_push_bytes_total Bytes of config responses "
+                           "sent to runtimes, by stream mode.\n"
+                           "# TYPE sluice_controller_push_bytes_total counter\n");
+    for (int m = 0; m < 2; m++)
+        evbuffer_add_printf(b, "sluice_controller_push_bytes_total{mode=\"%s\"} %" PRIu64 "\n",
+                            modes[m], atomic_load(&push_bytes[m]));
+    evbuffer_add_printf(b, "# HELP sluice_controller_push_resources_total Resources in config "
+                           "responses sent to runtimes, by stream mode.\n"
+                           "# TYPE sluice_controller_push_resources_total counter\n");
+    for (int m = 0; m < 2; m++)
+        evbuffer_add_printf(b, "sluice_controller_push_resources_total{mode=\"%s\"} %" PRIu64 "\n",
+                            modes[m], atomic_load(&push_resources[m]));
     evbuffer_add_printf(b, "# HELP sluice_controller_fleet_runtimes_connected Runtimes with an "
                            "open config stream, by fleet.\n"
                            "# TYPE sluice_controller_fleet_runtimes_connected gauge\n");

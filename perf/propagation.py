@@ -190,6 +190,16 @@ class Poller:
                                                                 timeout))
 
 
+def xds_mode():
+    return os.environ.get("SLUICE_XDS_MODE", "delta")
+
+
+def pushed(ctl):
+    """(bytes, resources) the controller has pushed in the current mode."""
+    return (ctl.metric("sluice_controller_push_bytes_total", mode=xds_mode()),
+            ctl.metric("sluice_controller_push_resources_total", mode=xds_mode()))
+
+
 def measure_propagation(nruntimes, nroutes, changes, use_lab):
     s = Setup(nruntimes, use_lab)
     try:
@@ -197,6 +207,7 @@ def measure_propagation(nruntimes, nroutes, changes, use_lab):
         s.base(bulk_apis(nroutes))
         base_s = time.monotonic() - t_base
         pollers = [Poller(rt.host, s.port) for rt in s.rts]
+        bytes0, res0 = pushed(s.ctl)
         samples, fleet = [], []
         with ThreadPoolExecutor(max_workers=nruntimes) as pool:
             for k in range(changes):
@@ -206,8 +217,12 @@ def measure_propagation(nruntimes, nroutes, changes, use_lab):
                 samples += lat
                 fleet.append(max(lat))
                 time.sleep(0.03)
+        s.ctl.wait_converged(nruntimes, timeout=60)
+        bytes1, res1 = pushed(s.ctl)
         rss = [rt.rss_kb() for rt in s.rts]
-        return {"runtimes": nruntimes, "routes": nroutes, "changes": changes,
+        return {"mode": xds_mode(), "runtimes": nruntimes, "routes": nroutes, "changes": changes,
+                "bytes_per_change": (bytes1 - bytes0) / float(changes * nruntimes),
+                "resources_per_change": (res1 - res0) / float(changes * nruntimes),
                 "base_apply_s": base_s,
                 "p50_ms": pct(samples, 50) * 1e3, "p99_ms": pct(samples, 99) * 1e3,
                 "max_ms": max(samples) * 1e3,
@@ -222,8 +237,9 @@ def push_apply_ms(s, version, node="rt-0"):
     for the routes push of `version`, from the logs."""
     clog, rlog = s.ctl.log(), s.rts[0].log()
     compiled = find_line(clog, r"config version %d compiled" % version)
-    push = find_line(clog, r"push routes to %s: version %d " % (re.escape(node), version))
-    applied = find_line(rlog, r"controller push of routes version %d applied" % version)
+    push = find_line(clog, r"push routes (delta )?to %s: version %d[ ,]" % (re.escape(node),
+                                                                          version))
+    applied = find_line(rlog, r"controller (push|delta) of routes version %d applied" % version)
     return (log_time(compiled) if compiled else None, log_time(push) if push else None,
             log_time(applied) if applied else None)
 
@@ -384,13 +400,19 @@ def report(results, argv):
                    "the first 200 of the new route, polled every 1 ms on a keep-alive "
                    "connection per runtime. Runtimes: --workers 1, each in its own network "
                    "namespace.\n")
-        out.append("| runtimes | routes | changes | p50 ms | p99 ms | max ms | whole fleet p50 ms "
-                   "| whole fleet p99 ms | first full config s | runtime RSS MB |")
-        out.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        out.append("| mode | runtimes | routes | changes | p50 ms | p99 ms | max ms "
+                   "| whole fleet p50 ms | whole fleet p99 ms | first full config s "
+                   "| runtime RSS MB | bytes pushed per change and runtime "
+                   "| resources per change and runtime |")
+        out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                   "| ---: | ---: |")
         for r in results["propagation"]:
-            out.append("| %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f |" % (
-                r["runtimes"], r["routes"], r["changes"], r["p50_ms"], r["p99_ms"], r["max_ms"],
-                r["fleet_p50_ms"], r["fleet_p99_ms"], r["base_apply_s"], r["runtime_rss_mb"]))
+            out.append("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f "
+                       "| %.0f | %.1f |" % (
+                           r["mode"], r["runtimes"], r["routes"], r["changes"], r["p50_ms"],
+                           r["p99_ms"], r["max_ms"], r["fleet_p50_ms"], r["fleet_p99_ms"],
+                           r["base_apply_s"], r["runtime_rss_mb"], r["bytes_per_change"],
+                           r["resources_per_change"]))
         out.append("")
     if results.get("apply"):
         out.append("### Runtime apply time and memory\n")
@@ -400,16 +422,19 @@ def report(results, argv):
                    "REST request -> compiled = controller's \"compiled\" line minus the start "
                    "of the REST request (store write + 20 ms coalescing + compile). One "
                    "runtime, --workers 1.\n" % OPS_PER_API)
-        out.append("| routes | body MB | REST write s | REST request -> compiled ms "
+        out.append("| mode | routes | body MB | REST write s | REST request -> compiled ms "
                    "| controller main-thread CPU ms | runtime apply ms (wall) "
                    "| runtime main-thread CPU ms | REST answer -> last route served ms "
                    "| runtime RSS before / after / peak MB | controller RSS MB "
                    "| small change at N: apply wall / CPU ms, served p50 / max ms |")
-        out.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |")
+        out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: "
+                   "| --- |")
         for r in results["apply"]:
-            out.append("| %d | %.1f | %.2f | %s | %.0f | %s | %.0f | %.0f | %.1f / %.1f / %.1f "
+            out.append("| %s | %d | %.1f | %.2f | %s | %.0f | %s | %.0f | %.0f "
+                       "| %.1f / %.1f / %.1f "
                        "| %.1f | %s / %.0f, %.0f / %.0f |" % (
-                           r["routes"], r["body_mb"], r["rest_s"], fmt(r["compile_ms"], "%.0f"),
+                           r.get("mode", "delta"), r["routes"], r["body_mb"], r["rest_s"],
+                           fmt(r["compile_ms"], "%.0f"),
                            r["controller_cpu_ms"], fmt(r["apply_ms"], "%.0f"),
                            r["runtime_cpu_ms"], r["e2e_ms"], r["rss_before_mb"],
                            r["rss_after_mb"], r["rss_peak_mb"], r["controller_rss_mb"],
@@ -475,6 +500,9 @@ def main():
     ap.add_argument("--apply-routes", default="10000,100000")
     ap.add_argument("--fanout", type=int, default=1000)
     ap.add_argument("--fanout-rounds", type=int, default=10)
+    ap.add_argument("--xds-mode", default="delta",
+                    help="runtimes' stream modes to measure, e.g. sotw,delta (propagation, "
+                         "apply)")
     ap.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks-controller.md"),
                     help="report file (its 'Config propagation' section is replaced), or -")
     args = ap.parse_args()
@@ -487,15 +515,20 @@ def main():
         results["propagation"] = []
         for nrt in [int(x) for x in args.runtimes.split(",")]:
             for nroutes in [int(x) for x in args.routes.split(",")]:
-                r = measure_propagation(nrt, nroutes, args.changes, use_lab=True)
-                print(json.dumps(r), flush=True)
-                results["propagation"].append(r)
+                for mode in args.xds_mode.split(","):
+                    os.environ["SLUICE_XDS_MODE"] = mode  # read by ManagedRuntime
+                    r = measure_propagation(nrt, nroutes, args.changes, use_lab=True)
+                    print(json.dumps(r), flush=True)
+                    results["propagation"].append(r)
     if "apply" in only:
         results["apply"] = []
         for nroutes in [int(x) for x in args.apply_routes.split(",")]:
-            r = measure_apply(nroutes)
-            print(json.dumps(r), flush=True)
-            results["apply"].append(r)
+            for mode in args.xds_mode.split(","):
+                os.environ["SLUICE_XDS_MODE"] = mode
+                r = measure_apply(nroutes)
+                r["mode"] = mode
+                print(json.dumps(r), flush=True)
+                results["apply"].append(r)
     if "fanout" in only:
         results["fanout"] = measure_fanout(args.fanout, args.fanout_rounds)
         print(results["fanout"]["output"], flush=True)

@@ -55,6 +55,7 @@ typedef struct {
     int check_only;
     const char *admin_token_file; /* --admin-token-file */
     const char *cache_dir;        /* --cache-dir */
+    int xds_sotw;                 /* --xds-mode sotw (default delta) */
     uint64_t cache_timeout_ms;    /* --cache-timeout */
 } options_t;
 
@@ -91,6 +92,8 @@ static void usage(FILE *out)
             "  --cert FILE            client certificate (PEM chain) for a controller that\n"
             "                         requires one; its SAN must be the --node-id\n"
             "  --key FILE             the client certificate's private key (PEM)\n"
+            "  --xds-mode MODE        config stream mode: delta (default: only what changed\n"
+            "                         is sent) or sotw (every type's whole set)\n"
             "  --cache-dir DIR        keep the last config from the controller in DIR and\n"
             "                         serve it when no controller answers at start-up\n"
             "  --cache-timeout DUR    how long to wait for the controller before serving\n"
@@ -140,6 +143,7 @@ static int parse_options(int argc, char **argv, options_t *o)
         {"drain-timeout", required_argument, NULL, 'd'},
         {"drain-delay", required_argument, NULL, 1004},
         {"cache-dir", required_argument, NULL, 1005},
+        {"xds-mode", required_argument, NULL, 1008},
         {"admin-token-file", required_argument, NULL, 1007},
         {"cache-timeout", required_argument, NULL, 1006},
         {"log-level", required_argument, NULL, 'L'},
@@ -234,6 +238,14 @@ static int parse_options(int argc, char **argv, options_t *o)
             break;
         case 1005:
             o->cache_dir = optarg;
+            break;
+        case 1008:
+            if (strcmp(optarg, "delta") != 0 && strcmp(optarg, "sotw") != 0) {
+                fprintf(stderr, "sluice-runtime: --xds-mode %s: use delta (the default) or sotw\n",
+                        optarg);
+                return -1;
+            }
+            o->xds_sotw = strcmp(optarg, "sotw") == 0;
             break;
         case 1007:
             o->admin_token_file = optarg;
@@ -468,8 +480,8 @@ static void cache_timeout_cb(evutil_socket_t fd, short what, void *arg)
     int rc = sl_config_check(rt->config, snap, err, sizeof(err));
     if (rc != 0)
         sl_snapshot_free(snap); /* sl_config_apply takes it, the check does not */
-    else
-        rc = sl_config_apply(rt->config, snap, source, err, sizeof(err));
+    else if ((rc = sl_config_apply(rt->config, snap, source, err, sizeof(err))) == 0)
+        sl_xds_seed(rt->xds, snap); /* owned by the generation now, alive until the next */
     if (rc != 0) {
         sl_log_error("--cache-dir: the cached config (version %llu) cannot be applied: %s; "
                      "waiting for the controller",
@@ -760,7 +772,8 @@ int main(int argc, char **argv)
                                .ca_pem = ca_pem,
                                .cert_pem = cert_pem,
                                .key_pem = key_pem,
-                               .cache = rt.cache};
+                               .cache = rt.cache,
+                               .delta = !rt.opt.xds_sotw};
         rt.xds = sl_xds_start(rt.base, &xo, rt.config, err, sizeof(err));
         /* The stream's credentials hold their own copies. */
         sl_tls_files_free(ca_pem);

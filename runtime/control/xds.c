@@ -50,6 +50,8 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -87,13 +89,16 @@ typedef struct xds_event {
     struct xds_event *next;
 } xds_event_t;
 
-/* Per type, the resources in force (decoded) and their version. */
+/* Per type, the resources in force (decoded) and their version; in delta
+ * mode also each resource's version (Resource.version). */
 typedef struct {
     size_t n;
     ProtobufCMessage **msgs;
     char **names;
+    char **versions; /* delta only; NULL in sotw */
     char *version;
     int received;
+    int from_cache; /* delta: seeded from --cache-dir, not answered by a controller yet */
 } type_state_t;
 
 struct sl_xds {
@@ -138,8 +143,13 @@ struct sl_xds {
     char *last_error;
     int failure_logged; /* since the last time a call came up */
     uint64_t updates_acked, updates_nacked;
+    /* Received over the stream: resources and bytes of their values. */
+    uint64_t resources_received, bytes_received;
     uint64_t last_update_ms;
     int synced;
+    int sotw_fallback_logged;
+    /* /config_dump shows resource versions keyed with this (below). */
+    unsigned char dump_key[16];
 };
 
 static uint64_t wall_ms(void)
@@ -492,7 +502,25 @@ static void subscribe(sl_xds_t *x, uint64_t call_id)
         req.type_url = (char *)sl_xds_type_urls[t];
         /* What we run already: the controller sends nothing it would repeat. */
         req.version_info = x->types[t].version ? x->types[t].version : "";
+        /* Delta: every resource held, by name and version (a wildcard
+         * subscription: no resource_names_subscribe). */
+        const type_state_t *ts = &x->types[t];
+        Sluice__V1__DiscoveryRequest__InitialResourceVersionsEntry *ents = NULL, **ptrs = NULL;
+        if (x->opt.delta) {
+            req.incremental = 1;
+            ents = calloc(ts->n + 1, sizeof(*ents));
+            ptrs = calloc(ts->n + 1, sizeof(*ptrs));
+            for (size_t i = 0; ents && ptrs && ts->versions && i < ts->n; i++) {
+                sluice__v1__discovery_request__initial_resource_versions_entry__init(&ents[i]);
+                ents[i].key = ts->names[i];
+                ents[i].value = ts->versions[i];
+                ptrs[req.n_initial_resource_versions++] = &ents[i];
+            }
+            req.initial_resource_versions = ptrs;
+        }
         queue_send(x, &req.base, call_id);
+        free(ents);
+        free(ptrs);
     }
 }
 
@@ -501,11 +529,15 @@ static void type_state_free(type_state_t *ts)
     for (size_t i = 0; i < ts->n; i++) {
         protobuf_c_message_free_unpacked(ts->msgs[i], NULL);
         free(ts->names[i]);
+        if (ts->versions)
+            free(ts->versions[i]);
     }
     free(ts->msgs);
     free(ts->names);
+    free(ts->versions);
     ts->msgs = NULL;
     ts->names = NULL;
+    ts->versions = NULL;
     ts->n = 0;
 }
 
@@ -626,11 +658,14 @@ static int apply_state(sl_xds_t *x, type_state_t *types, int dry_run, char *err,
     return rc;
 }
 
-static void send_ack(sl_xds_t *x, uint64_t call_id, int t, const char *version, const char *nonce,
-                     const char *error)
+static void send_ack_ex(sl_xds_t *x, uint64_t call_id, int t, const char *version,
+                        const char *nonce, const char *error, char **rejected, size_t n_rejected)
 {
     Sluice__V1__DiscoveryRequest req = SLUICE__V1__DISCOVERY_REQUEST__INIT;
     Sluice__V1__Status st = SLUICE__V1__STATUS__INIT;
+    req.incremental = x->opt.delta;
+    req.rejected_resources = rejected;
+    req.n_rejected_resources = n_rejected;
     req.type_url = (char *)sl_xds_type_urls[t];
     req.version_info = (char *)(version ? version : "");
     req.response_nonce = (char *)nonce;
@@ -642,8 +677,395 @@ static void send_ack(sl_xds_t *x, uint64_t call_id, int t, const char *version, 
     queue_send(x, &req.base, call_id);
 }
 
+static void send_ack(sl_xds_t *x, uint64_t call_id, int t, const char *version, const char *nonce,
+                     const char *error)
+{
+    send_ack_ex(x, call_id, t, version, nonce, error, NULL, 0);
+}
+
+/* ---- delta ------------------------------------------------------------------ */
+
+/* Names compared segment by segment at '/' ("ns/name"): the order of the
+ * controller's store (namespace, then name), so a set assembled from
+ * deltas is in the order a state-of-the-world push would have. */
+static int name_cmp(const char *a, const char *b)
+{
+    for (;;) {
+        size_t la = strcspn(a, "/"), lb = strcspn(b, "/");
+        int c = strncmp(a, b, la < lb ? la : lb);
+        if (c || la != lb)
+            return c ? c : la < lb ? -1 : 1;
+        a += la;
+        b += lb;
+        if (!*a || !*b)
+            return *a ? 1 : *b ? -1 : 0;
+        a++;
+        b++;
+    }
+}
+
+/* One change of a delta response: a resource added or replaced (msg set),
+ * or removed (msg NULL). */
+typedef struct {
+    const char *name;
+    const char *version;
+    ProtobufCMessage *msg;
+    int accepted;
+    int bad; /* does not decode: never accepted */
+} change_t;
+
+typedef struct {
+    const char *name;
+    const char *version;
+    ProtobufCMessage *msg;
+    ssize_t held; /* position in the held set, -1 for a new one */
+} slot_t;
+
+static int slot_cmp(const void *a, const void *b)
+{
+    return name_cmp(((const slot_t *)a)->name, ((const slot_t *)b)->name);
+}
+
+/*
+ * The set of type t that results from the held one and the accepted
+ * changes, sorted by name: *out (n, msgs, names, versions) points into the
+ * held state and the changes (nothing is copied). -1 when out of memory.
+ */
+static int delta_merge(const type_state_t *held, const change_t *chg, size_t nchg,
+                       type_state_t *out, slot_t **slots_out)
+{
+    slot_t *slots = calloc(held->n + nchg + 1, sizeof(*slots));
+    if (!slots)
+        return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < held->n; i++) {
+        int gone = 0;
+        for (size_t k = 0; k < nchg && !gone; k++)
+            gone = chg[k].accepted && strcmp(chg[k].name, held->names[i]) == 0;
+        if (!gone)
+            slots[n++] = (slot_t){held->names[i], held->versions ? held->versions[i] : "",
+                                  held->msgs[i], (ssize_t)i};
+    }
+    for (size_t k = 0; k < nchg; k++)
+        if (chg[k].accepted && chg[k].msg)
+            slots[n++] = (slot_t){chg[k].name, chg[k].version, chg[k].msg, -1};
+    qsort(slots, n, sizeof(*slots), slot_cmp);
+    memset(out, 0, sizeof(*out));
+    out->n = n;
+    out->msgs = calloc(n + 1, sizeof(*out->msgs));
+    out->names = calloc(n + 1, sizeof(*out->names));
+    out->versions = calloc(n + 1, sizeof(*out->versions));
+    if (!out->msgs || !out->names || !out->versions) {
+        free(out->msgs);
+        free(out->names);
+        free(out->versions);
+        free(slots);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out->msgs[i] = slots[i].msg;
+        out->names[i] = (char *)slots[i].name;
+        out->versions[i] = (char *)slots[i].version;
+    }
+    if (slots_out)
+        *slots_out = slots;
+    else
+        free(slots);
+    return 0;
+}
+
+static void merged_free(type_state_t *m)
+{
+    free(m->msgs);
+    free(m->names);
+    free(m->versions);
+    memset(m, 0, sizeof(*m));
+}
+
+/* Builds (dry_run: checks) the config of `types` with type t replaced by
+ * the held set plus the accepted changes. */
+static int delta_try(sl_xds_t *x, int t, const change_t *chg, size_t nchg, int dry_run,
+                     const char *version, char *err, size_t errlen)
+{
+    type_state_t cand[SL_XDS__COUNT];
+    memcpy(cand, x->types, sizeof(cand));
+    type_state_t m;
+    if (delta_merge(&x->types[t], chg, nchg, &m, NULL) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (t == SL_XDS_SETTINGS && m.n > 1) {
+        snprintf(err, errlen, "settings: %zu resources, expected one", m.n);
+        merged_free(&m);
+        return -1;
+    }
+    m.version = (char *)version;
+    cand[t] = m;
+    int rc = apply_state(x, cand, dry_run, err, errlen);
+    if (rc != 0 && !err[0])
+        snprintf(err, errlen, "cannot apply");
+    merged_free(&m);
+    return rc;
+}
+
+/*
+ * A delta response: resources added or changed, names removed. All of it
+ * is tried at once (one new generation); when that fails, each change is
+ * tried on its own on top of those already accepted, so that a resource
+ * that cannot be applied is NACKed by name (rejected_resources) while the
+ * others of the response are applied, and it keeps its previous version
+ * (or stays absent). Nothing is accepted before every type has arrived
+ * once: until then the set is only checked, as in sotw.
+ */
+static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
+                                  Sluice__V1__DiscoveryResponse *resp)
+{
+    char err[1024] = "";
+    uint64_t pushed_version = 0;
+    if (sl_xds_version_parse(resp->version_info, &pushed_version) != 0 || pushed_version == 0)
+        snprintf(err, sizeof(err),
+                 "%s version_info \"%.40s\" is not a version: a decimal integer from 1 to "
+                 "9007199254740991 (2^53-1) is expected",
+                 sl_xds_type_names[t], resp->version_info ? resp->version_info : "");
+    else if (pushed_version < parse_u64(x->types[t].version))
+        snprintf(err, sizeof(err),
+                 "%s version %s is older than the running version %s; refusing a rollback",
+                 sl_xds_type_names[t], resp->version_info, x->types[t].version);
+    if (err[0]) {
+        sl_log_error("controller push of %s version %s rejected: %s", sl_xds_type_names[t],
+                     resp->version_info, err);
+        free(x->last_error);
+        x->last_error = strdup(err);
+        x->updates_nacked++;
+        atomic_fetch_add(&sl_metrics_gauges.controller_updates_nacked, 1);
+        atomic_fetch_add(&sl_metrics_gauges.config_errors, 1);
+        send_ack(x, call_id, t, x->types[t].version, resp->nonce, err);
+        return;
+    }
+    /* A controller older than delta streams ignores `incremental` and
+     * answers state of the world: resources without versions, no removals.
+     * Such a response replaces the whole set (what it lacks is removed), so
+     * runtimes can be upgraded before their controller. (An empty one reads
+     * as "nothing changed": a type emptied on such a controller keeps its
+     * resources until the controller is upgraded or --xds-mode sotw.) */
+    int sotw_reply = resp->n_resources > 0 && resp->n_removed_resources == 0;
+    for (size_t i = 0; sotw_reply && i < resp->n_resources; i++)
+        sotw_reply = !resp->resources[i]->version || !resp->resources[i]->version[0];
+    char **gone = NULL;
+    size_t ngone = 0;
+    const type_state_t *held0 = &x->types[t];
+    if (sotw_reply) {
+        gone = calloc(held0->n + 1, sizeof(char *));
+        for (size_t j = 0; gone && j < held0->n; j++) {
+            size_t i = 0;
+            while (i < resp->n_resources &&
+                   strcmp(resp->resources[i]->name ? resp->resources[i]->name : "",
+                          held0->names[j]) != 0)
+                i++;
+            if (i == resp->n_resources && (gone[ngone] = strdup(held0->names[j])))
+                ngone++;
+        }
+        if (!x->sotw_fallback_logged)
+            sl_log_warn("controller %s answers delta subscriptions with state-of-the-world "
+                        "responses (an older controller): applying them as such; upgrade it, "
+                        "or run this runtime with --xds-mode sotw",
+                        x->opt.controller);
+        x->sotw_fallback_logged = 1;
+    }
+    size_t nchg = resp->n_resources + resp->n_removed_resources + ngone;
+    change_t *chg = calloc(nchg + 1, sizeof(*chg));
+    char **rejected = calloc(nchg + 1, sizeof(char *));
+    if (!chg || !rejected) {
+        free(chg);
+        free(rejected);
+        for (size_t i = 0; i < ngone; i++)
+            free(gone[i]);
+        free(gone);
+        return;
+    }
+    size_t nrej = 0;
+    char why[4096] = "";
+    for (size_t i = 0; i < resp->n_resources; i++) {
+        Sluice__V1__Resource *r = resp->resources[i];
+        chg[i].name = r->name ? r->name : "";
+        chg[i].version = r->version ? r->version : "";
+        x->resources_received++;
+        x->bytes_received += r->value.len;
+        chg[i].msg =
+            protobuf_c_message_unpack(type_descriptor(t), NULL, r->value.len, r->value.data);
+        if (!chg[i].msg || !chg[i].name[0] || (!chg[i].version[0] && !sotw_reply)) {
+            chg[i].bad = 1;
+            size_t used = strlen(why);
+            snprintf(why + used, sizeof(why) - used, "%s%s resource '%s': %s", used ? "; " : "",
+                     sl_xds_type_names[t], chg[i].name,
+                     !chg[i].msg ? "does not decode" : "has no name or no version");
+        }
+    }
+    for (size_t i = 0; i < resp->n_removed_resources; i++)
+        chg[resp->n_resources + i].name = resp->removed_resources[i];
+    for (size_t i = 0; i < ngone; i++)
+        chg[resp->n_resources + resp->n_removed_resources + i].name = gone[i];
+
+    int all = 1;
+    for (int i = 0; i < SL_XDS__COUNT; i++)
+        all &= i == t || x->types[i].received;
+    int dry = !all;
+    size_t good = 0;
+    for (size_t k = 0; k < nchg; k++)
+        if (!chg[k].bad) {
+            chg[k].accepted = 1;
+            good++;
+        }
+    char e1[1024] = "";
+    if (good && delta_try(x, t, chg, nchg, dry, resp->version_info, e1, sizeof(e1)) != 0) {
+        if (good == 1) {
+            for (size_t k = 0; k < nchg; k++)
+                if (chg[k].accepted) {
+                    chg[k].accepted = 0;
+                    size_t used = strlen(why);
+                    snprintf(why + used, sizeof(why) - used, "%s%s resource '%s'%s: %s",
+                             used ? "; " : "", sl_xds_type_names[t], chg[k].name,
+                             chg[k].msg ? "" : " (removal)", e1);
+                }
+        } else {
+            /* One at a time on top of what passed: the bad ones stay out. */
+            for (size_t k = 0; k < nchg; k++)
+                chg[k].accepted = 0;
+            for (size_t k = 0; k < nchg; k++) {
+                if (chg[k].bad)
+                    continue;
+                chg[k].accepted = 1;
+                char ek[1024] = "";
+                if (delta_try(x, t, chg, nchg, dry, resp->version_info, ek, sizeof(ek)) != 0) {
+                    chg[k].accepted = 0;
+                    size_t used = strlen(why);
+                    snprintf(why + used, sizeof(why) - used, "%s%s resource '%s'%s: %s",
+                             used ? "; " : "", sl_xds_type_names[t], chg[k].name,
+                             chg[k].msg ? "" : " (removal)", ek);
+                }
+            }
+        }
+    }
+    size_t naccepted = 0;
+    for (size_t k = 0; k < nchg; k++) {
+        if (chg[k].accepted)
+            naccepted++;
+        else
+            rejected[nrej++] = (char *)chg[k].name;
+    }
+
+    /* Commit what was accepted: the merged set owns copies of the new
+     * names and versions; replaced and removed resources are freed. */
+    if (naccepted) {
+        type_state_t m;
+        slot_t *slots = NULL;
+        type_state_t *held = &x->types[t];
+        if (delta_merge(held, chg, nchg, &m, &slots) == 0) {
+            uint8_t *kept = calloc(held->n + 1, 1);
+            for (size_t i = 0; i < m.n; i++) {
+                if (slots[i].held >= 0) {
+                    if (kept)
+                        kept[slots[i].held] = 1;
+                    /* moves: the held strings are reused as they are */
+                } else {
+                    m.names[i] = strdup(slots[i].name);
+                    m.versions[i] = strdup(slots[i].version);
+                }
+            }
+            for (size_t i = 0; i < held->n; i++) {
+                if (kept && kept[i])
+                    continue;
+                protobuf_c_message_free_unpacked(held->msgs[i], NULL);
+                free(held->names[i]);
+                if (held->versions)
+                    free(held->versions[i]);
+            }
+            /* Slots that came from the held set keep its strings; a held
+             * set without versions (none yet) gets empty ones. */
+            for (size_t i = 0; i < m.n; i++)
+                if (slots[i].held >= 0 && !held->versions)
+                    m.versions[i] = strdup("");
+            free(kept);
+            free(slots);
+            free(held->msgs);
+            free(held->names);
+            free(held->versions);
+            held->msgs = m.msgs;
+            held->names = m.names;
+            held->versions = m.versions;
+            held->n = m.n;
+            for (size_t k = 0; k < nchg; k++)
+                if (chg[k].accepted)
+                    chg[k].msg = NULL; /* owned by the held set now */
+        }
+        free(held->version);
+        held->version = strdup(resp->version_info);
+        held->received = 1;
+    } else if (!nchg) {
+        x->types[t].received = 1; /* an empty response: the type has nothing */
+        free(x->types[t].version);
+        x->types[t].version = strdup(resp->version_info);
+    }
+    for (size_t k = 0; k < nchg; k++)
+        if (chg[k].msg)
+            protobuf_c_message_free_unpacked(chg[k].msg, NULL);
+
+    x->last_update_ms = wall_ms();
+    if (naccepted || !nrej)
+        x->types[t].from_cache = 0;
+    if (nrej) {
+        sl_log_error("controller push of %s version %s: %zu of %zu resource%s rejected, the "
+                     "others applied: %s",
+                     sl_xds_type_names[t], resp->version_info, nrej, nchg, nchg == 1 ? "" : "s",
+                     why);
+        free(x->last_error);
+        x->last_error = strdup(why);
+        x->updates_nacked++;
+        atomic_fetch_add(&sl_metrics_gauges.controller_updates_nacked, 1);
+        atomic_fetch_add(&sl_metrics_gauges.config_errors, 1);
+        send_ack_ex(x, call_id, t, x->types[t].version ? x->types[t].version : "", resp->nonce, why,
+                    rejected, nrej);
+    } else {
+        x->updates_acked++;
+        atomic_fetch_add(&sl_metrics_gauges.controller_updates_acked, 1);
+        sl_log_info("controller delta of %s version %s applied (%zu changed, %zu removed)",
+                    sl_xds_type_names[t], resp->version_info, resp->n_resources,
+                    resp->n_removed_resources);
+        send_ack(x, call_id, t, resp->version_info, resp->nonce, NULL);
+    }
+    int every = 1;
+    for (int i = 0; i < SL_XDS__COUNT; i++)
+        every &= x->types[i].received && !x->types[i].from_cache;
+    /* Serving the cache and the controller confirmed every type, maybe
+     * without changing anything: what runs is the controller's config now
+     * (same content, its source and the cache flag say so). */
+    if (every && !x->synced && atomic_load(&sl_metrics_gauges.config_from_cache)) {
+        char e2[1024] = "";
+        if (apply_state(x, x->types, 0, e2, sizeof(e2)) != 0)
+            sl_log_error("controller config (confirming the cached one) cannot be applied: %s", e2);
+    }
+    if (every && !x->synced) {
+        x->synced = 1;
+        atomic_store(&sl_metrics_gauges.controller_synced, 1);
+        sl_log_notice("controller config applied: every resource type received");
+    }
+    free(chg);
+    free(rejected);
+    for (size_t i = 0; i < ngone; i++)
+        free(gone[i]);
+    free(gone);
+}
+
 static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__DiscoveryResponse *resp)
 {
+    if (x->opt.delta) {
+        int t = sl_xds_type_from_url(resp->type_url ? resp->type_url : "");
+        if (t < 0)
+            sl_log_warn("controller pushed unknown type %s; ignored", resp->type_url);
+        else
+            handle_delta_response(x, call_id, t, resp);
+        return;
+    }
     int t = sl_xds_type_from_url(resp->type_url ? resp->type_url : "");
     char err[1024] = "";
     if (t < 0) {
@@ -657,6 +1079,8 @@ static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__Discovery
     next.names = calloc(next.n ? next.n : 1, sizeof(*next.names));
     for (size_t i = 0; i < resp->n_resources; i++) {
         Sluice__V1__Resource *r = resp->resources[i];
+        x->resources_received++;
+        x->bytes_received += r->value.len;
         next.names[i] = strdup(r->name ? r->name : "");
         next.msgs[i] =
             protobuf_c_message_unpack(type_descriptor(t), NULL, r->value.len, r->value.data);
@@ -916,6 +1340,11 @@ sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_
     }
     x->opt = *opt;
     x->cfg = cfg;
+    if (RAND_bytes(x->dump_key, sizeof(x->dump_key)) != 1) {
+        snprintf(err, errlen, "controller client: no random bytes for the dump key");
+        free(x);
+        return NULL;
+    }
     x->t_start.kind = TAG_START;
     x->t_md.kind = TAG_MD;
     x->t_recv.kind = TAG_RECV;
@@ -975,6 +1404,102 @@ fail:
     return NULL;
 }
 
+/* FNV-1a 64, as the controller computes Resource.version (core.c). */
+static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+void sl_xds_seed(sl_xds_t *x, const Sluice__V1__Snapshot *snap)
+{
+    if (!x || !x->opt.delta || !snap)
+        return;
+    for (int t = 0; t < SL_XDS__COUNT; t++)
+        if (x->types[t].received)
+            return; /* the controller was first */
+    for (int t = 0; t < SL_XDS__COUNT; t++) {
+        size_t n = 0;
+        ProtobufCMessage *const *src = NULL;
+        switch (t) {
+        case SL_XDS_SECRET:
+            n = snap->n_certificates;
+            src = (ProtobufCMessage *const *)snap->certificates;
+            break;
+        case SL_XDS_CONSUMER:
+            n = snap->n_consumers;
+            src = (ProtobufCMessage *const *)snap->consumers;
+            break;
+        case SL_XDS_CLUSTER:
+            n = snap->n_clusters;
+            src = (ProtobufCMessage *const *)snap->clusters;
+            break;
+        case SL_XDS_SETTINGS:
+            n = snap->settings ? 1 : 0;
+            src = (ProtobufCMessage *const *)&snap->settings;
+            break;
+        case SL_XDS_ROUTE:
+            n = snap->n_route_tables;
+            src = (ProtobufCMessage *const *)snap->route_tables;
+            break;
+        default:
+            n = snap->n_listeners;
+            src = (ProtobufCMessage *const *)snap->listeners;
+            break;
+        }
+        type_state_t *ts = &x->types[t];
+        ts->msgs = calloc(n + 1, sizeof(*ts->msgs));
+        ts->names = calloc(n + 1, sizeof(*ts->names));
+        ts->versions = calloc(n + 1, sizeof(*ts->versions));
+        if (!ts->msgs || !ts->names || !ts->versions) {
+            type_state_free(ts);
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) {
+            const char *name = t == SL_XDS_SETTINGS   ? "settings"
+                               : t == SL_XDS_SECRET   ? snap->certificates[i]->name
+                               : t == SL_XDS_CONSUMER ? snap->consumers[i]->name
+                               : t == SL_XDS_CLUSTER  ? snap->clusters[i]->name
+                               : t == SL_XDS_ROUTE    ? snap->route_tables[i]->name
+                                                      : snap->listeners[i]->name;
+            size_t len = protobuf_c_message_get_packed_size(src[i]);
+            uint8_t *buf = malloc(len ? len : 1);
+            if (!buf)
+                break;
+            protobuf_c_message_pack(src[i], buf);
+            uint64_t h = fnv1a(0xcbf29ce484222325ULL, name, strlen(name) + 1);
+            h = fnv1a(h, buf, len);
+            char v[17];
+            snprintf(v, sizeof(v), "%016" PRIx64, h);
+            ts->msgs[ts->n] = protobuf_c_message_unpack(type_descriptor(t), NULL, len, buf);
+            free(buf);
+            if (!ts->msgs[ts->n])
+                break;
+            ts->names[ts->n] = strdup(name);
+            ts->versions[ts->n] = strdup(v);
+            ts->n++;
+        }
+        /* No version of the type: the controller answers every type once
+         * (an empty response when nothing differs), which ends from_cache. */
+        ts->received = 1;
+        ts->from_cache = 1;
+    }
+    /* A call already made subscribed with nothing held: the controller
+     * would never learn of (nor remove) what the cache holds. End it and
+     * ignore what it may still deliver; the next call reports the cache. */
+    x->connected_call = 0;
+    pthread_mutex_lock(&x->lock);
+    if (x->call && !x->call_over)
+        grpc_call_cancel(x->call, NULL);
+    pthread_mutex_unlock(&x->lock);
+    sl_log_info("config stream: the cached config's resources are reported to the controller on "
+                "the next call, which sends only what differs");
+}
+
 int sl_xds_synced(const sl_xds_t *x)
 {
     return x->synced;
@@ -986,15 +1511,52 @@ json_t *sl_xds_status_json(sl_xds_t *x)
     for (int t = 0; t < SL_XDS__COUNT; t++)
         json_object_set_new(versions, sl_xds_type_names[t],
                             json_string(x->types[t].version ? x->types[t].version : ""));
-    return json_pack(
-        "{s:s, s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:I, s:s}", "controller", x->opt.controller,
-        "node_id", x->opt.node_id, "fleet", x->opt.fleet, "transport",
-        x->client_cert ? "mtls"
-        : x->tls       ? "tls"
-                       : "plaintext",
-        "connected", x->connected, "synced", x->synced, "versions", versions, "updates_acked",
-        (json_int_t)x->updates_acked, "updates_nacked", (json_int_t)x->updates_nacked, "last_error",
-        x->last_error ? x->last_error : "");
+    /* Delta: every resource held, by type, name -> version. A version is
+     * an unkeyed hash of the resource's content, secrets included (a jwt
+     * HMAC secret in a route table): shown as is, a weak secret could be
+     * guessed offline from it and the rest of /config_dump. So it is shown
+     * as SHA-256(key || version) cut to 16 hex digits, with a key drawn at
+     * start: equal versions look equal within one run of the runtime, and
+     * nothing can be tested against them. */
+    json_t *held = json_object();
+    for (int t = 0; x->opt.delta && t < SL_XDS__COUNT; t++) {
+        json_t *m = json_object();
+        for (size_t i = 0; i < x->types[t].n; i++) {
+            const char *v = x->types[t].versions ? x->types[t].versions[i] : "";
+            unsigned char in[16 + 64], md[EVP_MAX_MD_SIZE];
+            unsigned mdlen = 0;
+            size_t vl = strnlen(v, 64);
+            memcpy(in, x->dump_key, 16);
+            memcpy(in + 16, v, vl);
+            char hex[17] = "";
+            if (EVP_Digest(in, 16 + vl, md, &mdlen, EVP_sha256(), NULL) == 1 && mdlen >= 8)
+                for (int k = 0; k < 8; k++)
+                    snprintf(hex + 2 * k, 3, "%02x", md[k]);
+            json_object_set_new(m, x->types[t].names[i], json_string(hex));
+        }
+        json_object_set_new(held, sl_xds_type_names[t], m);
+    }
+    json_t *out =
+        json_pack("{s:s, s:s, s:s, s:s, s:b, s:b, s:o, s:I, s:I, s:s}", "controller",
+                  x->opt.controller, "node_id", x->opt.node_id, "fleet", x->opt.fleet, "transport",
+                  x->client_cert ? "mtls"
+                  : x->tls       ? "tls"
+                                 : "plaintext",
+                  "connected", x->connected, "synced", x->synced, "versions", versions,
+                  "updates_acked", (json_int_t)x->updates_acked, "updates_nacked",
+                  (json_int_t)x->updates_nacked, "last_error", x->last_error ? x->last_error : "");
+    if (!out) {
+        json_decref(held);
+        return NULL;
+    }
+    json_object_set_new(out, "mode", json_string(x->opt.delta ? "delta" : "sotw"));
+    json_object_set_new(out, "resources_received", json_integer((json_int_t)x->resources_received));
+    json_object_set_new(out, "bytes_received", json_integer((json_int_t)x->bytes_received));
+    if (x->opt.delta)
+        json_object_set_new(out, "resources", held);
+    else
+        json_decref(held);
+    return out;
 }
 
 void sl_xds_stop(sl_xds_t *x)

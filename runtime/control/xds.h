@@ -32,6 +32,9 @@ typedef struct {
     const char *ca_pem, *cert_pem, *key_pem;
     /* --cache-dir: every applied snapshot is handed to it (NULL = none). */
     struct sl_snapcache *cache;
+    /* --xds-mode: 1 = delta (incremental: per-resource versions, only
+     * what changed is sent), 0 = state of the world. */
+    int delta;
 } sl_xds_options_t;
 
 sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_config_t *cfg,
@@ -39,6 +42,11 @@ sl_xds_t *sl_xds_start(struct event_base *base, const sl_xds_options_t *opt, sl_
 /* State for /config_dump: connected, controller, versions per type, last
  * error. New reference. */
 json_t *sl_xds_status_json(sl_xds_t *x);
+/* Delta mode: takes the resources of a snapshot served from --cache-dir
+ * as held (copies), so the next subscription reports them
+ * (initial_resource_versions) and the controller sends only what differs.
+ * Nothing when something already came from the controller. */
+void sl_xds_seed(sl_xds_t *x, const Sluice__V1__Snapshot *snap);
 /* 1 once every resource type has been received and applied. */
 int sl_xds_synced(const sl_xds_t *x);
 void sl_xds_stop(sl_xds_t *x);

@@ -388,6 +388,9 @@ class ManagedRuntime(Runtime):
             os.path.join(build_dir(), "bin", "sluice-runtime"),
             "--controller", self.controller_addr, "--node-id", self.node_id,
             "--fleet", self.fleet, "--workers", str(self.workers),
+            # SLUICE_XDS_MODE=sotw runs every controller-mode test with
+            # state-of-the-world streams (the runtime's default is delta).
+            "--xds-mode", os.environ.get("SLUICE_XDS_MODE", "delta"),
             "--admin", "%s:%d" % (self.host, self.admin_port),
             "--access-log", self.access_log, "--log-level", self.log_level] + self.extra_args
 

@@ -38,8 +38,8 @@ def fake(tmp_path):
         made["fc"] = FakeController(**kw).start()
         return made["fc"]
 
-    def runtime(addr, node_id="rt-fake"):
-        rt = ManagedRuntime(tmp_path / node_id, addr, node_id)
+    def runtime(addr, node_id="rt-fake", extra_args=()):
+        rt = ManagedRuntime(tmp_path / node_id, addr, node_id, extra_args=extra_args)
         made["rts"].append(rt)
         rt.start(wait_ready=False)
         return rt
@@ -245,3 +245,35 @@ def test_reconnect_after_controller_returns_within_a_second(fake):
         assert "is not a version" not in rt.log()
     finally:
         gate.close()
+
+
+# --- issue 14: a delta runtime and a controller that does not speak delta -----
+
+def test_delta_runtime_applies_state_of_the_world_answers_of_an_older_controller(fake):
+    """Runtimes may be upgraded before their controller: a controller that
+    ignores `incremental` answers with whole sets, resources without
+    versions and no removed_resources; the runtime applies each as a
+    replacement of the whole type (what it lacks is removed)."""
+    from controller_env import pb
+    _, snap = pb()
+    start_controller, runtime = fake
+    fc = start_controller(headers_first=True)
+    rt = runtime(fc.addr, "rt-old-ctl", extra_args=["--xds-mode", "delta"])
+    idx, subs, _ = subscriptions(fc, 5.0)
+    assert all(s.incremental for s in subs.values()), subs
+
+    def cluster(name, port):
+        c = snap.Cluster(name=name)
+        c.endpoints.add(address="127.0.0.1", port=port)
+        return (name, c)
+
+    fc.respond(idx, "clusters", "1", [cluster("c1", 1), cluster("c2", 2)], nonce="n1")
+    ack = answer(fc, idx, "n1")
+    assert not ack.HasField("error_detail"), ack
+    held = rt.controller_state()["resources"]["clusters"]
+    assert sorted(held) == ["c1", "c2"], held
+    fc.respond(idx, "clusters", "2", [cluster("c1", 3)], nonce="n2")
+    ack = answer(fc, idx, "n2")
+    assert not ack.HasField("error_detail") and ack.version_info == "2", ack
+    assert sorted(rt.controller_state()["resources"]["clusters"]) == ["c1"]
+    assert "state-of-the-world responses" in rt.log()

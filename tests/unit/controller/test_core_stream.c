@@ -567,6 +567,166 @@ static void test_nonce_appended_to_the_shared_encoding(void **state)
     grpc_slice_unref(body);
 }
 
+/* ---- issue 14: delta streams ------------------------------------------------ */
+
+/* A delta request: subscription (nonce NULL) with what it holds
+ * (iv_name -> iv_version, or none), or the ACK/NACK of a response
+ * (rejected: the one name it did not apply, or NULL). */
+static void delta_request(fx_t *f, sl_stream_t *s, const char *node_id, int type,
+                          const char *version, const char *nonce, const char *iv_name,
+                          const char *iv_version, const char *nack, const char *rejected)
+{
+    Sluice__V1__DiscoveryRequest req = SLUICE__V1__DISCOVERY_REQUEST__INIT;
+    Sluice__V1__Node node = SLUICE__V1__NODE__INIT;
+    Sluice__V1__Status st = SLUICE__V1__STATUS__INIT;
+    Sluice__V1__DiscoveryRequest__InitialResourceVersionsEntry e =
+        SLUICE__V1__DISCOVERY_REQUEST__INITIAL_RESOURCE_VERSIONS_ENTRY__INIT;
+    Sluice__V1__DiscoveryRequest__InitialResourceVersionsEntry *ep = &e;
+    char *rej = (char *)rejected;
+    if (node_id) {
+        node.id = (char *)node_id;
+        node.fleet = "default";
+        req.node = &node;
+    }
+    req.incremental = 1;
+    req.type_url = (char *)sl_xds_type_urls[type];
+    req.version_info = (char *)version;
+    req.response_nonce = (char *)(nonce ? nonce : "");
+    if (iv_name) {
+        e.key = (char *)iv_name;
+        e.value = (char *)iv_version;
+        req.initial_resource_versions = &ep;
+        req.n_initial_resource_versions = 1;
+    }
+    if (nack) {
+        st.code = 3;
+        st.message = (char *)nack;
+        req.error_detail = &st;
+    }
+    if (rejected) {
+        req.rejected_resources = &rej;
+        req.n_rejected_resources = 1;
+    }
+    size_t len = protobuf_c_message_get_packed_size(&req.base);
+    uint8_t *buf = malloc(len ? len : 1);
+    protobuf_c_message_pack(&req.base, buf);
+    Sluice__V1__DiscoveryRequest *heap = sluice__v1__discovery_request__unpack(NULL, len, buf);
+    free(buf);
+    assert_non_null(heap);
+    f->hooks.on_request(f->hooks.ctx, s, heap);
+}
+
+static void test_delta_sends_what_differs_and_parks_rejected_resources(void **state)
+{
+    fx_t *f = *state;
+    /* First stream: every type answered once; settings is the only resource
+     * of the empty config, with a content-hash version. */
+    sl_stream_t *a = open_stream(f, "ipv4:127.0.0.1:2001");
+    for (int t = 0; t < SL_XDS__COUNT; t++)
+        delta_request(f, a, t == 0 ? "d-node" : NULL, t, "", NULL, NULL, NULL, NULL, NULL);
+    char settings_version[32] = "", type_version[SL_XDS__COUNT][VERSION_LEN];
+    Sluice__V1__DiscoveryResponse *r;
+    for (int t = 0; t < SL_XDS__COUNT; t++) {
+        r = next_sent(a);
+        assert_non_null(r);
+        assert_string_equal(r->type_url, sl_xds_type_urls[t]); /* make-before-break order */
+        snprintf(type_version[t], VERSION_LEN, "%s", r->version_info);
+        if (t == SL_XDS_SETTINGS) {
+            assert_int_equal(r->n_resources, 1);
+            assert_string_equal(r->resources[0]->name, "settings");
+            assert_int_equal(strlen(r->resources[0]->version), 16);
+            snprintf(settings_version, sizeof(settings_version), "%s", r->resources[0]->version);
+        } else {
+            assert_int_equal(r->n_resources, 0);
+        }
+        delta_request(f, a, NULL, t, r->version_info, r->nonce, NULL, NULL, NULL, NULL);
+    }
+    assert_null(next_sent(a));
+    assert_string_equal(record(f, "d-node")->acked[SL_XDS_SETTINGS],
+                        f->ctl->fleets->t[SL_XDS_SETTINGS].version_str);
+    assert_int_equal(record(f, "d-node")->delta, 1);
+    close_stream(f, a);
+
+    /* Reconnect holding everything: nothing is sent. */
+    sl_stream_t *b = open_stream(f, "ipv4:127.0.0.1:2002");
+    for (int t = 0; t < SL_XDS__COUNT; t++)
+        delta_request(f, b, t == 0 ? "d-node" : NULL, t, type_version[t], NULL,
+                      t == SL_XDS_SETTINGS ? "settings" : NULL, settings_version, NULL, NULL);
+    assert_null(next_sent(b));
+    assert_int_equal(record(f, "d-node")->resources_sent, 1); /* from the first stream */
+    close_stream(f, b);
+
+    /* Reconnect with a stale settings version: settings alone is re-sent;
+     * rejected by name, it is parked on the stream (not re-sent on a new
+     * subscription of the same type) and the type is not acknowledged. */
+    sl_stream_t *c = open_stream(f, "ipv4:127.0.0.1:2003");
+    for (int t = 0; t < SL_XDS__COUNT; t++)
+        delta_request(f, c, t == 0 ? "d-node" : NULL, t, type_version[t], NULL,
+                      t == SL_XDS_SETTINGS ? "settings" : NULL,
+                      t == SL_XDS_SETTINGS ? "00000000000000ff" : NULL, NULL, NULL);
+    r = next_sent(c);
+    assert_non_null(r);
+    assert_string_equal(r->type_url, SL_TYPE_SETTINGS);
+    assert_int_equal(r->n_resources, 1);
+    assert_string_equal(r->resources[0]->version, settings_version);
+    delta_request(f, c, NULL, SL_XDS_SETTINGS, type_version[SL_XDS_SETTINGS], r->nonce, NULL, NULL,
+                  "settings: bad", "settings");
+    assert_null(next_sent(c));
+    assert_string_equal(record(f, "d-node")->nack[SL_XDS_SETTINGS].message, "settings: bad");
+    assert_string_not_equal(record(f, "d-node")->acked[SL_XDS_SETTINGS],
+                            f->ctl->fleets->t[SL_XDS_SETTINGS].version_str);
+    delta_request(f, c, NULL, SL_XDS_SETTINGS, "", NULL, NULL, NULL, NULL, NULL);
+    assert_null(next_sent(c));
+
+    /* A stream keeps its mode. */
+    request(f, c, NULL, SL_XDS_ROUTE, "", NULL, NULL);
+    assert_true(c->closed);
+    assert_int_equal(c->code, GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(c->message, "keeps the mode"));
+}
+
+/* What a delta peer reports is bounded by the fleet's config, not by the
+ * request size. */
+static void test_delta_initial_versions_are_bounded(void **state)
+{
+    fx_t *f = *state;
+    size_t n = DELTA_NAMES_SLACK + 2; /* the empty config has at most 1 per type */
+    Sluice__V1__DiscoveryRequest req = SLUICE__V1__DISCOVERY_REQUEST__INIT;
+    Sluice__V1__Node node = SLUICE__V1__NODE__INIT;
+    node.id = "greedy";
+    node.fleet = "default";
+    req.node = &node;
+    req.incremental = 1;
+    req.type_url = (char *)sl_xds_type_urls[SL_XDS_ROUTE];
+    req.version_info = "";
+    Sluice__V1__DiscoveryRequest__InitialResourceVersionsEntry *ents = calloc(n, sizeof(*ents));
+    Sluice__V1__DiscoveryRequest__InitialResourceVersionsEntry **ptrs = calloc(n, sizeof(*ptrs));
+    char(*names)[16] = calloc(n, 16);
+    for (size_t i = 0; i < n; i++) {
+        sluice__v1__discovery_request__initial_resource_versions_entry__init(&ents[i]);
+        snprintf(names[i], 16, "r%zu", i);
+        ents[i].key = names[i];
+        ents[i].value = "0000000000000001";
+        ptrs[i] = &ents[i];
+    }
+    req.initial_resource_versions = ptrs;
+    req.n_initial_resource_versions = n;
+    size_t len = protobuf_c_message_get_packed_size(&req.base);
+    uint8_t *buf = malloc(len);
+    protobuf_c_message_pack(&req.base, buf);
+    Sluice__V1__DiscoveryRequest *heap = sluice__v1__discovery_request__unpack(NULL, len, buf);
+    free(buf);
+    free(ents);
+    free(ptrs);
+    free(names);
+    sl_stream_t *s = open_stream(f, "ipv4:127.0.0.1:2100");
+    f->hooks.on_request(f->hooks.ctx, s, heap);
+    assert_true(s->closed);
+    assert_int_equal(s->code, GRPC_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(s->message, "initial_resource_versions"));
+    assert_null(record(f, "greedy")->d[SL_XDS_ROUTE].have);
+}
+
 static void test_version_parse(void **state)
 {
     (void)state;
@@ -609,6 +769,9 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_client_certificate_must_name_the_node, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_delta_sends_what_differs_and_parks_rejected_resources,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delta_initial_versions_are_bounded, setup, teardown),
         cmocka_unit_test(test_nonce_appended_to_the_shared_encoding),
         cmocka_unit_test(test_version_parse),
     };
