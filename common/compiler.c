@@ -1268,12 +1268,16 @@ static Sluice__V1__RouteMatch *compile_statement(cctx_t *c, json_t *st)
 /* A rule's or the default's output; backend names are checked against the
  * Backends of the Api's namespace (field: "spec.routing.rules[0]."). */
 static Sluice__V1__RouteOutput *compile_route_output(cctx_t *c, const sl_resource_t *api,
-                                                      json_t *obj, const char *field, int quiet)
+                                                     json_t *obj, const char *field, int quiet,
+                                                     const char *block_strategy)
 {
     Sluice__V1__RouteOutput *o = cnew(c, sizeof(*o));
     if (!o)
         return NULL;
     sluice__v1__route_output__init(o);
+    /* An output's own strategy, else the block's (docs/routing.md
+     * "Success-rate routing over rule outputs"). */
+    o->success_rate = strcmp(jstr(obj, "strategy", block_strategy), "success-rate") == 0;
     json_t *split = jget(obj, "split");
     size_t n = split ? json_array_size(split) : 1;
     o->targets = (Sluice__V1__RouteOutput__Target **)carray(c, n, sizeof(*o->targets));
@@ -1324,6 +1328,7 @@ static Sluice__V1__Routing *compile_routing(cctx_t *c, const sl_resource_t *api,
         return NULL;
     sluice__v1__routing__init(r);
     char field[160];
+    const char *strategy = jstr(routing, "strategy", "weighted");
     json_t *rules = jget(routing, "rules");
     r->rules = (Sluice__V1__RouteRule **)carray(c, json_array_size(rules), sizeof(*r->rules));
     for (size_t i = 0; r->rules && i < json_array_size(rules); i++) {
@@ -1345,12 +1350,15 @@ static Sluice__V1__Routing *compile_routing(cctx_t *c, const sl_resource_t *api,
                 rule->match[rule->n_match++] = st;
         }
         snprintf(field, sizeof(field), "%srouting.rules[%zu].", field_prefix, i);
-        rule->output = compile_route_output(c, api, rj, field, quiet);
+        rule->output = compile_route_output(c, api, rj, field, quiet, strategy);
     }
     r->max_body_bytes = jint(routing, "maxBodyBytes", DEF_ROUTING_BODY_BYTES);
     if (jget(routing, "default")) {
         snprintf(field, sizeof(field), "%srouting.default.", field_prefix);
-        r->default_output = compile_route_output(c, api, jget(routing, "default"), field, quiet);
+        r->default_output =
+            compile_route_output(c, api, jget(routing, "default"), field, quiet, strategy);
+    } else {
+        r->backends_success_rate = strcmp(strategy, "success-rate") == 0;
     }
     return r;
 }
@@ -1417,10 +1425,25 @@ static void routing_body_check(cctx_t *c, const sl_resource_t *api, const Sluice
     }
 }
 
+/* The block's strategy is success-rate, or one of its outputs says so. */
+static bool routing_uses_success_rate(json_t *routing)
+{
+    if (strcmp(jstr(routing, "strategy", "weighted"), "success-rate") == 0)
+        return true;
+    if (strcmp(jstr(jget(routing, "default"), "strategy", "weighted"), "success-rate") == 0)
+        return true;
+    json_t *rules = jget(routing, "rules");
+    for (size_t i = 0; i < json_array_size(rules); i++)
+        if (strcmp(jstr(json_array_get(rules, i), "strategy", "weighted"), "success-rate") == 0)
+            return true;
+    return false;
+}
+
 /*
  * Success-rate routing (docs/routing.md "Success-rate routing"): the
- * operation's `routing` block, else the Api's, when its strategy is
- * success-rate; NULL otherwise (weighted pick by backendRefs). The scope
+ * operation's `routing` block, else the Api's, when its strategy (or an
+ * output's) is success-rate; NULL otherwise (weighted pick by backendRefs,
+ * outputs as written). The scope
  * names the windows: an operation with its own block has windows of its
  * own, the other operations of the Api share the Api's.
  */
@@ -1429,7 +1452,7 @@ static Sluice__V1__SuccessRate *compile_success_rate(cctx_t *c, const char *tabl
                                                      json_t *op_routing)
 {
     json_t *routing = op_routing ? op_routing : api_routing;
-    if (!routing || strcmp(jstr(routing, "strategy", "weighted"), "success-rate") != 0)
+    if (!routing || !routing_uses_success_rate(routing))
         return NULL;
     json_t *s = jget(routing, "successRate");
     Sluice__V1__SuccessRate *sr = cnew(c, sizeof(*sr));

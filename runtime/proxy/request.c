@@ -552,6 +552,7 @@ void sl_request_reset(sl_request_t *r)
     r->cluster = NULL;
     r->num_choices = 0;
     r->fault_delay_ms = 0;
+    r->sr = NULL;
     r->sr_pick.slot = 0;
     r->pool = NULL;
     r->ep_index = -1;
@@ -817,17 +818,44 @@ static int srate_attr(void *ctx, const Sluice__V1__SuccessRate__Key *key, const 
     return 0;
 }
 
-/* Success-rate routing: the best backend for the request's scoring key. */
+static void apply_choice(sl_request_t *r, const sl_route_choice_t *ch, const uint8_t *gidx);
+
+/* Success-rate routing over a list of n backends (the route's backendRefs,
+ * or a rule's output): the best for the key (hash, name) first, then the
+ * others by score, the order retries move down (apply_choice keeps those
+ * that take the same upstream head). */
+static void srate_choose(sl_request_t *r, sl_srate_route_t *sr, const uint32_t *weights,
+                         sl_gen_cluster_t *const *clusters, size_t n, uint64_t hash,
+                         const char *name)
+{
+    uint8_t order[SL_SRATE_MAX_BACKENDS];
+    if (n > SL_SRATE_MAX_BACKENDS)
+        n = SL_SRATE_MAX_BACKENDS;
+    sl_srate_pick(sr, weights, n, hash, name, r->start_mono_us / 1000, &r->w->rng, &r->sr_pick,
+                  NULL, order);
+    if (n > SL_ROUTE_CHOICES_MAX)
+        n = SL_ROUTE_CHOICES_MAX;
+    sl_route_choice_t ch;
+    uint8_t gidx[SL_ROUTE_CHOICES_MAX];
+    ch.n = n;
+    for (size_t i = 0; i < n; i++) {
+        ch.clusters[i] = clusters[order[i]];
+        gidx[i] = sr->gidx[order[i]];
+    }
+    r->sr = sr;
+    apply_choice(r, &ch, gidx);
+}
+
+/* Success-rate routing among the route's backendRefs. */
 static int pick_by_success_rate(sl_request_t *r, const sl_req_head_t *h)
 {
     sl_gen_route_t *rt = r->route;
     char name[SL_SRATE_KEY_NAME_MAX];
     uint64_t hash = sl_srate_key(rt->srate, srate_attr, (void *)h, name);
-    int idx = sl_srate_pick(rt->srate, rt->backend_weights, rt->srate->num_backends, hash, name,
-                            r->start_mono_us / 1000, &r->w->rng, &r->sr_pick, NULL);
-    if (idx < 0)
+    if (rt->srate->num_backends == 0)
         return -1;
-    r->cluster = rt->backends[idx];
+    srate_choose(r, rt->srate, rt->backend_weights, rt->backends, rt->srate->num_backends, hash,
+                 name);
     return 0;
 }
 
@@ -946,7 +974,7 @@ static int action_decide(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
     if (rt->srate) {
         uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
         idx = sl_srate_pick(rt->srate, rt->backend_weights, n, hash, key, sl_endpoint_now_ms(),
-                            &r->w->rng, &pick, scores);
+                            &r->w->rng, &pick, scores, NULL);
     } else {
         uint64_t x = sl_lb_rng_next(&r->w->rng) % rt->backend_weight_total;
         for (idx = 0; idx < (int)n - 1 && x >= rt->backend_weights[idx]; idx++)
@@ -1131,7 +1159,6 @@ static int pick_cluster(sl_request_t *r, const sl_req_head_t *h)
 
 /* The route's `routing` rules choose the backend and its fallbacks, after
  * the policies (the consumer and the token's claims are theirs). */
-static void apply_choice(sl_request_t *r, const sl_route_choice_t *ch);
 
 static void rule_attrs(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
                        size_t base_path_len, sl_route_attrs_t *out)
@@ -1159,7 +1186,13 @@ static void route_by_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t rou
     rule_attrs(r, h, routed_path, base_path_len, &a);
     sl_route_choice_t ch;
     sl_route_rules_eval(r->route->rules, &a, r->w->id, &ch);
-    apply_choice(r, &ch);
+    if (ch.srate) {
+        char name[SL_SRATE_KEY_NAME_MAX];
+        uint64_t hash = sl_srate_key(ch.srate, srate_attr, (void *)h, name);
+        srate_choose(r, ch.srate, ch.weights, ch.clusters, ch.n, hash, name);
+        return;
+    }
+    apply_choice(r, &ch, NULL);
 }
 
 /* Rules that read the body: the head's conditions now, the choice once the
@@ -1172,11 +1205,16 @@ static void defer_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed
     rule_attrs(r, h, routed_path, base_path_len, &a);
     sl_route_rules_defer(r->route->rules, &a, &r->pol->rule_bits);
     r->pol->rules_deferred = 1;
+    sl_srate_route_t *sr = sl_route_rules_any_srate(r->route->rules);
+    if (sr)
+        r->pol->sr_hash = sl_srate_key(sr, srate_attr, (void *)h, r->pol->sr_key);
     r->cluster = sl_route_rules_head_cluster(r->route->rules);
     r->num_choices = 0;
 }
 
-static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp)
+/* gidx (NULL: none) is each listed backend's index in the success-rate
+ * windows of r->sr, kept in step with the choices. */
+static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp, const uint8_t *gidx)
 {
     const sl_route_choice_t ch = *cp;
     _Static_assert(sizeof(r->choices) / sizeof(r->choices[0]) == SL_ROUTE_CHOICES_MAX,
@@ -1200,13 +1238,25 @@ static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp)
     }
     sl_gen_cluster_t *pick = ch.clusters[first];
     size_t n = 0;
+    /* A success-rate pick without a usable endpoint is a connect failure
+     * (docs/routing.md: "no healthy endpoint"), scored as if attempted. */
+    if (gidx && first && r->sr->fail_connect && r->sr_pick.slot)
+        sl_srate_record(r->sr, &r->sr_pick, 0, now);
+    if (gidx) {
+        r->sr_gidx[0] = gidx[first];
+        r->sr_pick.gbackend = gidx[first];
+    }
     r->choices[n++] = pick;
     for (size_t i = first + 1; i < ch.n; i++) {
         sl_gen_cluster_t *c = ch.clusters[i];
-        if (c->pb->protocol == pick->pb->protocol && c->host_rewrite.len == pick->host_rewrite.len &&
+        if (c->pb->protocol == pick->pb->protocol &&
+            c->host_rewrite.len == pick->host_rewrite.len &&
             (c->host_rewrite.len == 0 ||
-             memcmp(c->host_rewrite.ptr, pick->host_rewrite.ptr, c->host_rewrite.len) == 0))
+             memcmp(c->host_rewrite.ptr, pick->host_rewrite.ptr, c->host_rewrite.len) == 0)) {
+            if (gidx)
+                r->sr_gidx[n] = gidx[i];
             r->choices[n++] = c;
+        }
     }
     r->num_choices = (uint8_t)n;
     r->choice = 0;
@@ -1685,7 +1735,10 @@ int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *er
         json_decref(doc);
         sl_route_choice_t ch;
         sl_route_rules_choose(r->route->rules, rule, r->w->id, &ch);
-        apply_choice(r, &ch);
+        if (ch.srate)
+            srate_choose(r, ch.srate, ch.weights, ch.clusters, ch.n, p->sr_hash, p->sr_key);
+        else
+            apply_choice(r, &ch, NULL);
         p->rules_deferred = 0;
     }
     *body = p->body;
@@ -1740,9 +1793,11 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
 {
     int why = SL_UPSTREAM_ERR_NO_HEALTHY;
     int exclude = r->attempts ? r->ep_index : -1;
-    /* A rule's priority list: a retry goes to the next backend. */
+    /* A rule's priority list, or the ranking by success rate: a retry goes
+     * to the next backend, and its outcome is scored for that one. */
     if (sl_unlikely(r->attempts && r->choice + 1 < r->num_choices)) {
         r->cluster = r->choices[++r->choice];
+        r->sr_pick.gbackend = r->sr_gidx[r->choice];
         exclude = -1;
     }
     int idx = sl_upstream_pick(r->w, r->cluster, r->hash, exclude, &why);
@@ -1752,6 +1807,7 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
     while (sl_unlikely(idx < 0 && r->choice + 1 < r->num_choices)) {
         SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[why], 1);
         r->cluster = r->choices[++r->choice];
+        r->sr_pick.gbackend = r->sr_gidx[r->choice];
         idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
     }
     r->attempts++;
@@ -1870,7 +1926,7 @@ int sl_request_retried_on_reset(const sl_request_t *r)
  * configured age (a request that took longer than that). */
 static void srate_outcome(sl_request_t *r, int success)
 {
-    const sl_srate_route_t *sr = r->route->srate;
+    const sl_srate_route_t *sr = r->sr;
     /* The clock is read only when outcomes age: otherwise the request's
      * start is a good enough time stamp for its slot. */
     uint64_t start_ms = r->start_mono_us / 1000, now = start_ms;
@@ -1885,8 +1941,8 @@ static void srate_outcome(sl_request_t *r, int success)
 void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind)
 {
     SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[kind], 1);
-    if (sl_unlikely(r->route && r->route->srate && r->sr_pick.slot)) {
-        const sl_srate_route_t *sr = r->route->srate;
+    if (sl_unlikely(r->sr_pick.slot)) {
+        const sl_srate_route_t *sr = r->sr;
         int failed = 0;
         switch (kind) {
         case SL_UPSTREAM_ERR_CONNECT:
@@ -1913,7 +1969,7 @@ void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind)
 
 void sl_request_srate_response(sl_request_t *r, int status, const sl_header_t *headers, size_t n)
 {
-    const sl_srate_route_t *sr = r->route->srate;
+    const sl_srate_route_t *sr = r->sr;
     const sl_header_t *f = NULL;
     if (sr->fail_header_len)
         f = sl_http1_find_header(headers, n, sr->pb->fail_header, sr->fail_header_len);

@@ -680,15 +680,25 @@ static void share_start(void)
     pthread_once(&share.once, share_init);
 }
 
-sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
-                                       const char *const *backend_names, size_t n, char *err,
-                                       size_t errlen)
+sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb, const char *rule,
+                                       const char *const *backend_names, size_t n, int in_order,
+                                       char *err, size_t errlen)
 {
+    char scope_buf[512];
+    const char *scope = pb->scope;
+    if (rule) {
+        snprintf(scope_buf, sizeof(scope_buf), "%s rule:%s", pb->scope, rule);
+        scope = scope_buf;
+    }
     sl_srate_route_t *sr = calloc(1, sizeof(*sr));
     if (!sr || !(sr->gidx = calloc(n ? n : 1, 1)))
         goto nomem;
     sr->pb = pb;
     sr->num_backends = n;
+    sr->in_order = (uint8_t)(in_order != 0);
+    sr->fixed_hash = sl_lb_hash("*", 1);
+    if (!sr->fixed_hash)
+        sr->fixed_hash = 1;
     sr->explore_ppm = pb->explore_ppm;
     sr->elimination_q24 = (uint32_t)((uint64_t)pb->elimination_ppm * Q24_ONE / SL_SRATE_PPM);
     sr->max_outcome_age_ms = pb->max_outcome_age_ms;
@@ -708,8 +718,8 @@ sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
         pthread_mutex_lock(&registry_lock);
         sl_srate_group_t *g = NULL;
         if (attempt == 0) {
-            g = group_acquire(pb->scope, pb->window, pb->max_keys, pb->redis_address);
-        } else if ((g = group_new(pb->scope, pb->window, pb->max_keys, pb->redis_address))) {
+            g = group_acquire(scope, pb->window, pb->max_keys, pb->redis_address);
+        } else if ((g = group_new(scope, pb->window, pb->max_keys, pb->redis_address))) {
             g->refs = 1;
             g->next = registry;
             registry = g;
@@ -738,11 +748,16 @@ sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
         group_release(g);
     }
 nomem:
-    snprintf(err, errlen, "success-rate routing %s: out of memory", pb->scope);
+    snprintf(err, errlen, "success-rate routing %s: out of memory", scope);
     if (sr)
         free(sr->gidx);
     free(sr);
     return NULL;
+}
+
+const char *sl_srate_route_scope(const sl_srate_route_t *sr)
+{
+    return sr->group->scope;
 }
 
 void sl_srate_route_free(sl_srate_route_t *sr)
@@ -783,9 +798,42 @@ uint64_t sl_srate_key(const sl_srate_route_t *sr, sl_srate_attr_fn get, void *ct
     return h ? h : 1;
 }
 
+/* Ranks the others after the pick: not eliminated first, then the best
+ * score, then the higher weight (or the earlier position for a list in
+ * order). n is small (at most SL_ROUTE_CHOICES_MAX in practice): an
+ * insertion sort. */
+static int ranks_before(const sl_srate_score_t *s, const uint32_t *weights, int in_order, uint8_t a,
+                        uint8_t b)
+{
+    if (s[a].eliminated != s[b].eliminated)
+        return s[a].eliminated < s[b].eliminated;
+    if (s[a].score_ppm != s[b].score_ppm)
+        return s[a].score_ppm > s[b].score_ppm;
+    if (!in_order && weights && weights[a] != weights[b])
+        return weights[a] > weights[b];
+    return a < b;
+}
+
+static void rank(const sl_srate_score_t *s, const uint32_t *weights, int in_order, size_t n,
+                 size_t pick, uint8_t *order)
+{
+    order[0] = (uint8_t)pick;
+    size_t m = 1;
+    for (size_t b = 0; b < n; b++) {
+        if (b == pick)
+            continue;
+        size_t i = m++;
+        while (i > 1 && ranks_before(s, weights, in_order, (uint8_t)b, order[i - 1])) {
+            order[i] = order[i - 1];
+            i--;
+        }
+        order[i] = (uint8_t)b;
+    }
+}
+
 int sl_srate_pick(sl_srate_route_t *sr, const uint32_t *weights, size_t n, uint64_t hash,
                   const char *name, uint64_t now_ms, sl_lb_rng_t *rng, sl_srate_pick_t *out,
-                  sl_srate_score_t *scores)
+                  sl_srate_score_t *scores, uint8_t *order)
 {
     memset(out, 0, sizeof(*out));
     if (n == 0)
@@ -824,25 +872,34 @@ int sl_srate_pick(sl_srate_route_t *sr, const uint32_t *weights, size_t n, uint6
             best = s[b].score_ppm;
     }
     uint64_t total = 0;
+    size_t first = n;
     for (size_t b = 0; b < n; b++) {
         if (!explore && cand[b] && s[b].score_ppm != best)
             cand[b] = 0;
-        if (cand[b])
-            total += weights[b] ? weights[b] : 1;
+        if (cand[b]) {
+            total += !sr->in_order && weights && weights[b] ? weights[b] : 1;
+            if (first == n)
+                first = b;
+        }
     }
-    uint64_t x = sl_lb_rng_next(rng) % total;
-    size_t pick = 0;
-    for (size_t b = 0; b < n; b++) {
-        if (!cand[b])
-            continue;
-        uint64_t wt = weights[b] ? weights[b] : 1;
-        pick = b;
-        if (x < wt)
-            break;
-        x -= wt;
+    size_t pick = first;
+    if (!sr->in_order || explore) {
+        /* Ties by weight (uniform for a list in order while exploring). */
+        uint64_t x = sl_lb_rng_next(rng) % total;
+        for (size_t b = 0; b < n; b++) {
+            if (!cand[b])
+                continue;
+            uint64_t wt = !sr->in_order && weights && weights[b] ? weights[b] : 1;
+            pick = b;
+            if (x < wt)
+                break;
+            x -= wt;
+        }
     }
     out->gbackend = sr->gidx[pick];
     out->explored = (uint8_t)explore;
+    if (order)
+        rank(s, weights, sr->in_order, n, pick, order);
     return (int)pick;
 }
 

@@ -268,7 +268,9 @@ def test_connect_failures_count_and_elimination_shows(origins, runtimes):
         "successRate": {"window": 20, "explorePercent": 50, "eliminationThreshold": 0.2}}))
     flaky.stop()  # connection refused from now on
     seen = send(port, 200)
-    assert seen.count(None) > 0  # the explored requests to flaky failed (502)
+    # The explored requests to flaky failed to connect; their retry went to
+    # the next-best backend, so no client saw the failure.
+    assert seen.count(None) == 0 and set(seen) == {"steady"}, seen
     b = score_of(rt, "*", "default/flaky")
     assert b["eliminated"] and b["score"] == 0.0, b
     samples = rt.metrics()
@@ -330,11 +332,12 @@ def test_invalid_routing_is_refused_with_the_field(origins, runtimes):
     rt.reload_invalid(config(port, steady, flaky, routing={
         "successRate": {"window": 10}}))
     assert "only used with strategy: success-rate" in rt.log()
-    # Success rate among a rule's output is not built yet: refused, never
-    # silently ignored in favour of the rules.
+    # A success-rate output is ranked by score: a split of priority lists
+    # (an order of its own) is refused, never silently reordered.
     rt.reload_invalid(config(port, steady, flaky, routing={
-        "strategy": "success-rate", "default": {"backend": "steady"}}))
-    assert "spec.routing.strategy: success-rate picks among backendRefs" in rt.log(), \
+        "strategy": "success-rate",
+        "default": {"split": [{"priority": ["steady", "flaky"]}, {"backend": "flaky"}]}}))
+    assert "spec.routing.default.split[0].priority: a success-rate output orders" in rt.log(), \
         rt.log()[-2000:]
 
 
