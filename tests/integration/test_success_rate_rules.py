@@ -231,3 +231,62 @@ def test_what_cannot_be_scored_is_refused_with_the_field(tmp_path):
                   {"backend": "acquirer-eu", "weight": 1}]}
     rc, out = _check(base + [doc], tmp_path)
     assert rc == 0, out
+
+
+# --- retries move down the ranking ---------------------------------------------
+
+def test_a_retry_goes_to_the_next_best_backend_and_is_scored_there(origins, runtimes):
+    steady, flaky = origins("steady"), origins("flaky")
+    flaky.behave = lambda n, h: (503, [])
+    port = free_port()
+    doc = {"apiVersion": API_VERSION, "kind": "Api", "metadata": {"name": "pay"},
+           "spec": {"basePath": "/pay",
+                    "backendRefs": [{"name": "steady"}, {"name": "flaky"}],
+                    # Every pick ignores the scores, so flaky is picked about
+                    # half of the time however it does.
+                    "routing": {"strategy": "success-rate",
+                                "successRate": {"window": 100, "explorePercent": 100,
+                                                "eliminationThreshold": 0}},
+                    "retries": {"on": ["connect-failure", "reset", 502, 503, 504]},
+                    "operations": [{"method": "GET", "path": "/x"}]}}
+    rt = runtimes([gateway(port), backend("steady", [steady.port]),
+                   backend("flaky", [flaky.port]), doc])
+    sock = connect(port)
+    reader = ResponseReader(sock)
+    seen = []
+    for _ in range(60):
+        r = request(port, "GET", "/pay/x", sock=sock, reader=reader)
+        seen.append((r.status, r.header("X-Backend")))
+    sock.close()
+    # Each 503 of flaky was retried on steady (the next by score), never on
+    # flaky again: no client saw a 503.
+    assert set(seen) == {(200, "steady")}, seen
+    # (flaky is ejected after 5 consecutive failures; a pick of it while it
+    # has no usable endpoint counts as a connect failure and goes on.)
+    assert flaky.n >= 5 and steady.n == 60, (flaky.n, steady.n)
+    # The attempts are scored for the backend each went to: the retries'
+    # successes are steady's, flaky has only failures.
+    f = score(rt, "default/pay", "*", "default/flaky")
+    s = score(rt, "default/pay", "*", "default/steady")
+    assert f["failures"] >= flaky.n and f["successes"] == 0, f
+    assert (s["failures"], s["successes"]) == (0, 60), s
+
+
+def test_a_rules_list_retries_a_refused_connection_on_the_next(origins, runtimes):
+    global_ = origins("acquirer-global")
+    port = free_port()
+    doc = yaml.safe_load(EXAMPLE)
+    doc["spec"]["routing"]["successRate"]["explorePercent"] = 0
+    dead = closed_port()
+    docs = [gateway(port), backend("acquirer-eu", [dead]),
+            backend("acquirer-global", [global_.port]), backend("acquirer-us", [global_.port]),
+            backend("pay-v2", [global_.port]), doc]
+    rt = runtimes(docs)
+    # acquirer-eu is first (ties keep the order) and refuses connections:
+    # a POST may be retried on a connect failure, and goes to the next.
+    seen = send(port, 30, query="?currency=EUR")
+    assert set(seen) == {"acquirer-global"}, seen
+    eu = score(rt, "default/pay rule:eu", "", "default/acquirer-eu")
+    gl = score(rt, "default/pay rule:eu", "", "default/acquirer-global")
+    assert eu["failures"] >= 1 and eu["successes"] == 0, eu
+    assert gl["successes"] == 30 and gl["failures"] == 0, gl
