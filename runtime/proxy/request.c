@@ -17,6 +17,8 @@
 #include "tlog.h"
 #include "tlog_body.h"
 
+#include <ctype.h>
+#include <event2/buffer.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -954,54 +956,204 @@ static int action_answer(sl_request_t *r, json_t *doc, sl_request_error_t *err)
     return SL_ERROR;
 }
 
+/* Rule attributes from a decision's JSON `attributes` ({"headers": {...},
+ * "query": {...}, "cookies": {...}, "method": "POST", "clientIp": "...",
+ * "body": {...}}), or from the request itself (attrs NULL). The request's
+ * own consumer, group and claims (its policies ran) are used either way.
+ * Path parameters are not attributes of a decision. Strings are the JSON
+ * document's or in `mem` (the caller frees it). */
+#define ACTION_MAX_HEADERS 64
+typedef struct {
+    sl_header_t headers[ACTION_MAX_HEADERS + 1];
+    char *mem;
+} action_rule_attrs_t;
+
+static void json_query_append(struct evbuffer *b, const char *s, size_t n)
+{
+    static const char hexd[] = "0123456789ABCDEF";
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (isalnum(ch) || ch == '-' || ch == '.' || ch == '_' || ch == '~') {
+            evbuffer_add(b, &s[i], 1);
+        } else {
+            char e[3] = {'%', hexd[ch >> 4], hexd[ch & 15]};
+            evbuffer_add(b, e, 3);
+        }
+    }
+}
+
+static void decision_rule_attrs(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
+                                action_rule_attrs_t *m, sl_route_attrs_t *a)
+{
+    memset(a, 0, sizeof(*a));
+    m->mem = NULL;
+    a->client_ip = r->client_ip;
+    if (r->pol) {
+        a->consumer = r->pol->v.consumer.name;
+        a->consumer_group = r->pol->v.consumer.group;
+        a->claims = r->pol->v.jwt_claims;
+    }
+    if (!attrs) {
+        a->method = h->method;
+        a->query = h->query;
+        a->headers = h->headers;
+        a->num_headers = h->num_headers;
+        return;
+    }
+    const char *k;
+    json_t *v;
+    size_t nh = 0;
+    json_object_foreach(json_object_get(attrs, "headers"), k, v)
+    {
+        if (json_is_string(v) && nh < ACTION_MAX_HEADERS)
+            m->headers[nh++] =
+                (sl_header_t){{k, strlen(k)}, {json_string_value(v), json_string_length(v)}};
+    }
+    /* The query and the Cookie field are assembled in one buffer. */
+    struct evbuffer *b = evbuffer_new();
+    size_t qlen = 0, clen = 0;
+    if (b) {
+        json_object_foreach(json_object_get(attrs, "query"), k, v)
+        {
+            if (!json_is_string(v))
+                continue;
+            if (evbuffer_get_length(b))
+                evbuffer_add(b, "&", 1);
+            json_query_append(b, k, strlen(k));
+            evbuffer_add(b, "=", 1);
+            json_query_append(b, json_string_value(v), json_string_length(v));
+        }
+        qlen = evbuffer_get_length(b);
+        json_object_foreach(json_object_get(attrs, "cookies"), k, v)
+        {
+            if (!json_is_string(v))
+                continue;
+            if (evbuffer_get_length(b) > qlen)
+                evbuffer_add(b, "; ", 2);
+            evbuffer_add_printf(b, "%s=%s", k, json_string_value(v));
+        }
+        clen = evbuffer_get_length(b) - qlen;
+        size_t len = evbuffer_get_length(b);
+        m->mem = malloc(len + 1);
+        if (m->mem) {
+            evbuffer_remove(b, m->mem, len);
+            m->mem[len] = '\0';
+        }
+        evbuffer_free(b);
+    }
+    if (m->mem) {
+        a->query = (sl_str_t){m->mem, qlen};
+        if (clen && nh < ACTION_MAX_HEADERS)
+            m->headers[nh++] = (sl_header_t){{"cookie", 6}, {m->mem + qlen, clen}};
+    }
+    a->headers = m->headers;
+    a->num_headers = nh;
+    json_t *method = json_object_get(attrs, "method");
+    if (json_is_string(method))
+        a->method = (sl_str_t){json_string_value(method), json_string_length(method)};
+    else
+        a->method = h->method;
+    json_t *ip = json_object_get(attrs, "clientIp");
+    if (json_is_string(ip))
+        a->client_ip = json_string_value(ip);
+    a->body = json_object_get(attrs, "body");
+}
+
+/* What a decision chooses from: the output of the rule that matched (or the
+ * default), or the route's backendRefs. */
+typedef struct {
+    const char *rule;     /* the rule's name; NULL = the default or backendRefs */
+    sl_route_choice_t ch; /* clusters: ranked, or as written when sr */
+    sl_srate_route_t *sr; /* scored by success rate, else NULL */
+    const uint32_t *weights;
+    int ordered; /* ch is the pick and its fallbacks already */
+} decision_list_t;
+
+static void decision_list(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
+                          decision_list_t *d)
+{
+    sl_gen_route_t *rt = r->route;
+    memset(d, 0, sizeof(*d));
+    if (rt->rules) {
+        action_rule_attrs_t m;
+        sl_route_attrs_t a;
+        decision_rule_attrs(r, h, attrs, &m, &a);
+        int rule = sl_route_rules_match(rt->rules, &a);
+        free(m.mem);
+        sl_route_rules_choose(rt->rules, rule, r->w->id, &d->ch);
+        d->rule = rule >= 0 ? d->ch.rule_name : NULL;
+        d->sr = d->ch.srate;
+        d->weights = d->ch.weights;
+        d->ordered = !d->sr;
+        return;
+    }
+    size_t n = rt->num_backends < SL_ROUTE_CHOICES_MAX ? rt->num_backends : SL_ROUTE_CHOICES_MAX;
+    d->ch.n = n;
+    memcpy(d->ch.clusters, rt->backends, n * sizeof(*rt->backends));
+    d->sr = rt->srate;
+    d->weights = rt->backend_weights;
+}
+
 static int action_decide(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
                          sl_request_error_t *err)
 {
     sl_gen_route_t *rt = r->route;
     uint64_t t0 = mono_ns();
-    size_t n = rt->num_backends;
-    if (n == 0) {
+    if (rt->num_backends == 0 && !rt->rules) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
     }
-    if (n > SL_SRATE_MAX_BACKENDS)
-        n = SL_SRATE_MAX_BACKENDS;
+    decision_list_t d;
+    decision_list(r, h, attrs, &d);
+    size_t n = d.ch.n;
     sl_srate_score_t scores[SL_SRATE_MAX_BACKENDS];
     sl_srate_pick_t pick;
     char key[SL_SRATE_KEY_NAME_MAX];
-    int idx;
+    uint8_t order[SL_SRATE_MAX_BACKENDS];
     action_attrs_t a = {h, attrs};
-    if (rt->srate) {
-        uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
-        idx = sl_srate_pick(rt->srate, rt->backend_weights, n, hash, key, sl_endpoint_now_ms(),
-                            &r->w->rng, &pick, scores, NULL);
+    if (d.sr) {
+        /* The pick and the fallback by score: the order a proxied request
+         * would try them in. */
+        uint64_t hash = sl_srate_key(d.sr, action_attr, &a, key);
+        sl_srate_pick(d.sr, d.weights, n, hash, key, sl_endpoint_now_ms(), &r->w->rng, &pick,
+                      scores, order);
+    } else if (d.ordered) {
+        for (size_t i = 0; i < n; i++)
+            order[i] = (uint8_t)i;
     } else {
+        /* The weighted pick, the others by weight. */
         uint64_t x = sl_lb_rng_next(&r->w->rng) % rt->backend_weight_total;
-        for (idx = 0; idx < (int)n - 1 && x >= rt->backend_weights[idx]; idx++)
+        size_t idx;
+        for (idx = 0; idx < n - 1 && x >= rt->backend_weights[idx]; idx++)
             x -= rt->backend_weights[idx];
+        fallback_t fb[SL_ROUTE_CHOICES_MAX];
+        size_t nfb = 0;
+        for (size_t b = 0; b < n; b++)
+            if (b != idx)
+                fb[nfb++] = (fallback_t){b, NULL, rt->backend_weights[b]};
+        qsort(fb, nfb, sizeof(*fb), cmp_fallback);
+        order[0] = (uint8_t)idx;
+        for (size_t i = 0; i < nfb; i++)
+            order[i + 1] = (uint8_t)fb[i].idx;
     }
-    fallback_t fb[SL_SRATE_MAX_BACKENDS];
-    size_t nfb = 0;
-    for (size_t b = 0; b < n; b++)
-        if ((int)b != idx)
-            fb[nfb++] = (fallback_t){b, rt->srate ? &scores[b] : NULL, rt->backend_weights[b]};
-    qsort(fb, nfb, sizeof(*fb), cmp_fallback);
     uint64_t took_ns = mono_ns() - t0;
     json_t *doc = json_object();
     json_t *fallback = json_array();
-    for (size_t i = 0; i < nfb; i++)
+    for (size_t i = 1; i < n; i++)
         json_array_append_new(fallback,
-                              json_string(short_backend(rt->backends[fb[i].idx]->pb->name)));
-    json_object_set_new(doc, "backend", json_string(short_backend(rt->backends[idx]->pb->name)));
+                              json_string(short_backend(d.ch.clusters[order[i]]->pb->name)));
+    json_object_set_new(doc, "backend",
+                        json_string(short_backend(d.ch.clusters[order[0]]->pb->name)));
     json_object_set_new(doc, "fallback", fallback);
-    json_object_set_new(doc, "strategy", json_string(rt->srate ? "success-rate" : "weighted"));
-    /* Rule-based routing is not in this build: no rule ever matched. */
-    json_object_set_new(doc, "rule", json_null());
-    if (rt->srate) {
+    json_object_set_new(doc, "strategy", json_string(d.sr ? "success-rate" : "weighted"));
+    /* The rule that matched; null when the default or the backendRefs
+     * decided. */
+    json_object_set_new(doc, "rule", d.rule ? json_string(d.rule) : json_null());
+    if (d.sr) {
         json_t *sc = json_array();
         for (size_t b = 0; b < n; b++)
             json_array_append_new(sc, json_pack("{s:s, s:f, s:b, s:f, s:i}", "backend",
-                                                short_backend(rt->backends[b]->pb->name), "score",
+                                                short_backend(d.ch.clusters[b]->pb->name), "score",
                                                 scores[b].score_ppm / 1e6, "eliminated",
                                                 scores[b].eliminated, "eliminationScore",
                                                 scores[b].elimination_ppm / 1e6, "outcomes",
@@ -1017,16 +1169,26 @@ static int action_decide(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
 static int action_feedback(sl_request_t *r, const sl_req_head_t *h, json_t *body,
                            sl_request_error_t *err)
 {
-    sl_gen_route_t *rt = r->route;
-    if (!rt->srate) {
-        set_error(err, 409, "not_success_rate", 0,
-                  "this operation's routing is not success-rate: set routing.strategy: "
-                  "success-rate on the Api or the operation");
-        return SL_ERROR;
-    }
     json_t *backend = json_object_get(body, "backend");
     json_t *outcome = json_object_get(body, "outcome");
     json_t *attrs = json_object_get(body, "attributes");
+    if (attrs && !json_is_object(attrs)) {
+        set_error(err, 400, "bad_feedback", 0,
+                  "attributes: an object {\"headers\": {...}, \"query\": {...}}");
+        return SL_ERROR;
+    }
+    /* The list the attributes route to (the rule's output, the default, the
+     * backendRefs): its windows take the report. */
+    decision_list_t d;
+    decision_list(r, h, attrs, &d);
+    if (!d.sr) {
+        set_error(err, 409, "not_success_rate", 0,
+                  "%s%s%s is not scored by success rate: set routing.strategy: success-rate on "
+                  "the Api, the operation or the rule",
+                  d.rule ? "rule '" : "this operation's routing", d.rule ? d.rule : "",
+                  d.rule ? "'" : "");
+        return SL_ERROR;
+    }
     if (!json_is_string(backend)) {
         set_error(err, 400, "bad_feedback", 0,
                   "backend: required, the name of one of the Api's backendRefs");
@@ -1038,32 +1200,30 @@ static int action_feedback(sl_request_t *r, const sl_req_head_t *h, json_t *body
         set_error(err, 400, "bad_feedback", 0, "outcome: required, \"success\" or \"failure\"");
         return SL_ERROR;
     }
-    if (attrs && !json_is_object(attrs)) {
-        set_error(err, 400, "bad_feedback", 0,
-                  "attributes: an object {\"headers\": {...}, \"query\": {...}}");
-        return SL_ERROR;
-    }
     const char *want = json_string_value(backend);
     const char *cluster = NULL;
-    for (size_t b = 0; b < rt->srate->num_backends; b++) {
-        const char *name = rt->backends[b]->pb->name;
+    for (size_t b = 0; b < d.ch.n; b++) {
+        const char *name = d.ch.clusters[b]->pb->name;
         if (strcmp(name, want) == 0 || strcmp(short_backend(name), want) == 0)
             cluster = name;
     }
     if (!cluster) {
         set_error(err, 400, "bad_feedback", 0,
-                  "backend: '%.100s' is not one of this operation's backends", want);
+                  "backend: '%.100s' is not one of the backends %s%s%s", want,
+                  d.rule ? "rule '" : "this operation chooses from", d.rule ? d.rule : "",
+                  d.rule ? "' chooses from" : "");
         return SL_ERROR;
     }
     action_attrs_t a = {h, attrs};
     char key[SL_SRATE_KEY_NAME_MAX];
-    uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
-    sl_srate_feedback(rt->srate, hash, key, cluster, success, sl_endpoint_now_ms());
-    return action_answer(r,
-                         json_pack("{s:b, s:s, s:s, s:s}", "recorded", 1, "backend",
-                                   short_backend(cluster), "key", key, "outcome",
-                                   success ? "success" : "failure"),
-                         err);
+    uint64_t hash = sl_srate_key(d.sr, action_attr, &a, key);
+    sl_srate_feedback(d.sr, hash, key, cluster, success, sl_endpoint_now_ms());
+    json_t *doc =
+        json_pack("{s:b, s:s, s:s, s:s}", "recorded", 1, "backend", short_backend(cluster), "key",
+                  key, "outcome", success ? "success" : "failure");
+    if (doc)
+        json_object_set_new(doc, "rule", d.rule ? json_string(d.rule) : json_null());
+    return action_answer(r, doc, err);
 }
 
 /* A decide or feedback operation answers itself, from the request's
@@ -1121,14 +1281,15 @@ static int action_route(sl_request_t *r, const sl_req_head_t *h, sl_request_erro
                       (unsigned long long)p->body_cap);
             return SL_ERROR;
         }
-        if (r->route->num_backends == 0) {
+        if (r->route->num_backends == 0 && !r->route->rules) {
             set_error(err, 503, "no_backend", 0, "the route has no backend");
             return SL_ERROR;
         }
         /* The codecs prepare an upstream head while the body is read, as
          * for any request whose body a policy reads; it is never sent, and
          * the cluster is cleared before the answer (no backend counts it). */
-        r->cluster = r->route->backends[0];
+        r->cluster =
+            r->route->rules ? sl_route_rules_head_cluster(r->route->rules) : r->route->backends[0];
         return SL_OK;
     }
     return action_run(r, h, NULL, 0, err);

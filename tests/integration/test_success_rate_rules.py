@@ -290,3 +290,70 @@ def test_a_rules_list_retries_a_refused_connection_on_the_next(origins, runtimes
     gl = score(rt, "default/pay rule:eu", "", "default/acquirer-global")
     assert eu["failures"] >= 1 and eu["successes"] == 0, eu
     assert gl["successes"] == 30 and gl["failures"] == 0, gl
+
+
+# --- the decision API names the rule -------------------------------------------
+
+def decide_docs(port, os_):
+    doc = yaml.safe_load(EXAMPLE)
+    routing = doc["spec"]["routing"]
+    routing["successRate"]["explorePercent"] = 0
+    routing["rules"][1]["priority"] = ["acquirer-eu", "acquirer-us", "acquirer-global"]
+    doc["spec"]["operations"].append(
+        {"name": "feedback", "method": "POST", "path": "/feedback", "action": "feedback"})
+    return [gateway(port)] + [backend(n, [os_[n].port]) for n in NAMES] + [doc]
+
+
+def post_json(port, path, doc):
+    r = request(port, "POST", path, headers={"Content-Type": "application/json"},
+                body=json.dumps(doc).encode())
+    return r.status, json.loads(r.body)
+
+
+def test_decide_names_the_rule_and_orders_the_fallback_by_score(origins, runtimes):
+    os_ = {n: origins(n) for n in NAMES}
+    port = free_port()
+    runtimes(decide_docs(port, os_))
+    eur = {"headers": {"X-Payment-Method": "card"}, "query": {"currency": "EUR"}}
+    status, d = post_json(port, "/pay/decide", {"attributes": eur})
+    assert status == 200, d
+    # Cold: the priority list as written.
+    assert d["rule"] == "eu" and d["strategy"] == "success-rate" and d["key"] == "card", d
+    assert [d["backend"]] + d["fallback"] == ["acquirer-eu", "acquirer-us", "acquirer-global"], d
+    assert sorted(s["backend"] for s in d["scores"]) == sorted(
+        ["acquirer-eu", "acquirer-us", "acquirer-global"])
+    # Reports for the rule's windows: acquirer-eu fails 3 of 3, acquirer-global 1.
+    for b, outcome in [("acquirer-eu", "failure")] * 3 + [("acquirer-global", "failure")]:
+        status, f = post_json(port, "/pay/feedback",
+                              {"backend": b, "attributes": eur, "outcome": outcome})
+        assert status == 200 and f["rule"] == "eu", f
+    status, d = post_json(port, "/pay/decide", {"attributes": eur})
+    assert [d["backend"]] + d["fallback"] == ["acquirer-us", "acquirer-global", "acquirer-eu"], d
+    by = {s["backend"]: s["score"] for s in d["scores"]}
+    assert by["acquirer-us"] == 1.0 and by["acquirer-global"] > by["acquirer-eu"], by
+    # Proxied EUR charges take the same order.
+    assert set(send(port, 20, query="?currency=EUR", headers={"X-Payment-Method": "card"})) \
+        == {"acquirer-us"}
+    # The default decides: rule is null.
+    status, d = post_json(port, "/pay/decide", {"attributes": {"query": {"currency": "USD"}}})
+    assert d["rule"] is None and d["strategy"] == "success-rate", d
+    assert sorted([d["backend"]] + d["fallback"]) == ["acquirer-global", "acquirer-us"], d
+    # A one-backend rule, and a weighted one: named, as written.
+    status, d = post_json(port, "/pay/decide", {"attributes": {"headers": {"X-Canary": "on"}}})
+    assert (d["rule"], d["backend"], d["fallback"]) == ("canary", "pay-v2", []), d
+    status, d = post_json(port, "/pay/decide",
+                          {"attributes": {"headers": {"X-Experiment": "1"}}})
+    assert d["rule"] == "experiment" and d["strategy"] == "weighted" and "scores" not in d, d
+    assert sorted([d["backend"]] + d["fallback"]) == ["acquirer-eu", "acquirer-global"], d
+    # The request's own attributes, without a body.
+    r = request(port, "POST", "/pay/decide?currency=GBP", headers={"X-Payment-Method": "card"})
+    d = json.loads(r.body)
+    assert d["rule"] == "eu" and d["backend"] == "acquirer-us", d
+    # Feedback for a list kept as written is refused, naming the rule.
+    status, f = post_json(port, "/pay/feedback",
+                          {"backend": "acquirer-eu", "outcome": "failure",
+                           "attributes": {"headers": {"X-Experiment": "1"}}})
+    assert status == 409 and "rule 'experiment'" in f["error"]["message"], f
+    status, f = post_json(port, "/pay/feedback",
+                          {"backend": "pay-v2", "outcome": "failure", "attributes": eur})
+    assert status == 400 and "rule 'eu'" in f["error"]["message"], f
