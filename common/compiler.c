@@ -58,6 +58,8 @@
 #define DEF_SR_EXPLORE_PPM 50000     /* 5% */
 #define DEF_SR_ELIMINATION_PPM 50000 /* 0.05 */
 #define DEF_SR_MAX_KEYS 1024
+#define DEF_SR_TOLERANCE_PPM 20000 /* 0.02: 2.5 outcomes of a 125-outcome window */
+#define DEF_SR_RECOVERY_PROBES 16
 #define DEF_RETRY_BUDGET_PERCENT 20
 #define DEF_RETRY_MIN_CONCURRENCY 3
 #define DEF_HC_INTERVAL_MS 5000
@@ -1467,6 +1469,10 @@ static Sluice__V1__SuccessRate *compile_success_rate(cctx_t *c, const char *tabl
     sr->elimination_ppm =
         v ? (uint32_t)(json_number_value(v) * 1000000.0 + 0.5) : DEF_SR_ELIMINATION_PPM;
     sr->max_keys = (uint32_t)jint(s, "maxKeys", DEF_SR_MAX_KEYS);
+    v = jget(s, "tolerance");
+    sr->tolerance_ppm =
+        v ? (uint32_t)(json_number_value(v) * 1000000.0 + 0.5) : DEF_SR_TOLERANCE_PPM;
+    sr->recovery_probes = (uint32_t)jint(s, "recoveryProbes", DEF_SR_RECOVERY_PROBES);
     sr->max_outcome_age_ms = jdur(s, "maxOutcomeAge", 0);
     json_t *keys = jget(s, "keys");
     size_t nk = json_array_size(keys);

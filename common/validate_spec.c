@@ -463,6 +463,8 @@ static const num_range_t explore_percent_range = {0, 100,
                                                   "the scores"};
 static const num_range_t elimination_range = {0, 1, "0 turns elimination off"};
 static const sl_vrange_t sr_window_range = {1, 1024};
+static const sl_vrange_t sr_recovery_range = {0, 1024};
+static const num_range_t tolerance_range = {0, 1, "scores within this of the best are tied"};
 static const sl_vrange_t sr_max_keys_range = {1, 100000};
 static const sl_vrange_t sr_status_range = {400, 599};
 static const char *const routing_strategies[] = {"weighted", "success-rate", NULL};
@@ -523,6 +525,8 @@ static const sl_vfield_t success_rate_fields[] = {
     {"window", sl_vcheck_int, &sr_window_range, 0},
     {"explorePercent", check_number_range, &explore_percent_range, 0},
     {"eliminationThreshold", check_number_range, &elimination_range, 0},
+    {"tolerance", check_number_range, &tolerance_range, 0},
+    {"recoveryProbes", sl_vcheck_int, &sr_recovery_range, 0},
     {"keys", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &sr_key_schema, 0, 8}, 0},
     {"maxKeys", sl_vcheck_int, &sr_max_keys_range, 0},
     {"maxOutcomeAge", sl_vcheck_duration, &dur_any, 0},

@@ -1384,29 +1384,29 @@ static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp, const uin
      * none has: its error is the answer). It is chosen here, before the
      * upstream head is built for its protocol and Host; the fallbacks kept
      * for retries are the later ones that speak the same protocol with the
-     * same Host, so that head stays right for them. */
-    uint64_t now = sl_endpoint_now_ms();
+     * same Host, so that head stays right for them. A list ranked by
+     * success rate starts at its pick whatever its endpoints' state:
+     * sl_request_pick_endpoint moves down it when the pick has no endpoint
+     * to take the request (honouring maxEjectionPercent as every pick does),
+     * and scores that as the pick's connect failure. */
     size_t first = 0;
-    for (size_t i = 0; i < ch.n; i++) {
-        const sl_gen_cluster_t *c = ch.clusters[i];
-        int usable = 0;
-        for (size_t e = 0; e < c->num_endpoints && !usable; e++)
-            usable = sl_endpoint_usable(c->endpoints[e], now);
-        if (usable) {
-            first = i;
-            break;
+    if (!gidx) {
+        uint64_t now = sl_endpoint_now_ms();
+        for (size_t i = 0; i < ch.n; i++) {
+            const sl_gen_cluster_t *c = ch.clusters[i];
+            int usable = 0;
+            for (size_t e = 0; e < c->num_endpoints && !usable; e++)
+                usable = sl_endpoint_usable(c->endpoints[e], now);
+            if (usable) {
+                first = i;
+                break;
+            }
         }
     }
     sl_gen_cluster_t *pick = ch.clusters[first];
     size_t n = 0;
-    /* A success-rate pick without a usable endpoint is a connect failure
-     * (docs/routing.md: "no healthy endpoint"), scored as if attempted. */
-    if (gidx && first && r->sr->fail_connect && r->sr_pick.slot)
-        sl_srate_record(r->sr, &r->sr_pick, 0, now);
-    if (gidx) {
-        r->sr_gidx[0] = gidx[first];
-        r->sr_pick.gbackend = gidx[first];
-    }
+    if (gidx)
+        r->sr_gidx[0] = gidx[0];
     r->choices[n++] = pick;
     for (size_t i = first + 1; i < ch.n; i++) {
         sl_gen_cluster_t *c = ch.clusters[i];
@@ -1950,6 +1950,8 @@ const sl_policy_reply_t *sl_request_reply(const sl_request_t *r)
 
 /* ---- upstream attempts ---------------------------------------------------- */
 
+static void srate_outcome(sl_request_t *r, int success);
+
 int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
 {
     int why = SL_UPSTREAM_ERR_NO_HEALTHY;
@@ -1959,6 +1961,7 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
     if (sl_unlikely(r->attempts && r->choice + 1 < r->num_choices)) {
         r->cluster = r->choices[++r->choice];
         r->sr_pick.gbackend = r->sr_gidx[r->choice];
+        r->sr_pick.probe = 0;
         exclude = -1;
     }
     int idx = sl_upstream_pick(r->w, r->cluster, r->hash, exclude, &why);
@@ -1967,8 +1970,13 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
     /* The first healthy backend of the list wins. */
     while (sl_unlikely(idx < 0 && r->choice + 1 < r->num_choices)) {
         SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[why], 1);
+        /* A success-rate pick without an endpoint to take the request is a
+         * connect failure (docs/routing.md: "no healthy endpoint"). */
+        if (r->sr_pick.slot && r->sr->fail_connect && why == SL_UPSTREAM_ERR_NO_HEALTHY)
+            srate_outcome(r, 0);
         r->cluster = r->choices[++r->choice];
         r->sr_pick.gbackend = r->sr_gidx[r->choice];
+        r->sr_pick.probe = 0;
         idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
     }
     r->attempts++;

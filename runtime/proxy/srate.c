@@ -38,6 +38,8 @@ typedef struct {
     /* sharing: redis: outcomes recorded here and not yet sent */
     _Atomic uint32_t pending_ok;
     _Atomic uint32_t pending_fail;
+    /* Exploration probes in a row that succeeded (recoveryProbes). */
+    _Atomic uint32_t probe_streak;
     _Atomic uint8_t *slots;   /* [window], 1 success, 0 failure */
     _Atomic uint32_t ts_ms[]; /* [window], ms since the group's epoch; 0 = cold */
 } window_t;
@@ -118,9 +120,35 @@ static uint32_t now_rel(const sl_srate_group_t *g, uint64_t now_ms)
 
 /* Lock-free: concurrent records each move head and exchange one slot, so
  * `successes` always equals the successful slots once they are done. */
-static void window_record(window_t *w, uint32_t n, int ok, uint32_t now_rel_ms,
-                          uint32_t elim_floor_q24, int share)
+/* A backend out of the best choice whose exploration probes succeeded
+ * `recovery_probes` times in a row has recovered: the failures still in its
+ * window (all older than those probes) no longer count, and its elimination
+ * score starts over. Lock-free like a record: each slot turned from failure
+ * to success adds one to `successes`, once. */
+static void window_forgive(window_t *w, uint32_t n)
 {
+    for (uint32_t i = 0; i < n; i++) {
+        if (atomic_load_explicit(&w->slots[i], memory_order_relaxed))
+            continue;
+        if (atomic_exchange_explicit(&w->slots[i], 1, memory_order_relaxed) == 0)
+            atomic_fetch_add_explicit(&w->successes, 1, memory_order_relaxed);
+    }
+    atomic_store_explicit(&w->elim_q24, Q24_ONE, memory_order_relaxed);
+}
+
+static void window_record(window_t *w, uint32_t n, int ok, uint32_t now_rel_ms,
+                          uint32_t elim_floor_q24, int share, int probe, uint32_t recovery_probes)
+{
+    if (!ok) {
+        if (atomic_load_explicit(&w->probe_streak, memory_order_relaxed))
+            atomic_store_explicit(&w->probe_streak, 0, memory_order_relaxed);
+    } else if (probe && recovery_probes) {
+        uint32_t streak = atomic_fetch_add_explicit(&w->probe_streak, 1, memory_order_relaxed) + 1;
+        if (streak >= recovery_probes) {
+            atomic_store_explicit(&w->probe_streak, 0, memory_order_relaxed);
+            window_forgive(w, n);
+        }
+    }
     if (share)
         atomic_fetch_add_explicit(ok ? &w->pending_ok : &w->pending_fail, 1, memory_order_relaxed);
     uint32_t pos = atomic_fetch_add_explicit(&w->head, 1, memory_order_relaxed) % n;
@@ -564,9 +592,9 @@ static void share_apply(sl_srate_group_t *g, const redisReply *e, uint64_t now_m
     uint32_t floor = e_q24 ? e_q24 / 2 : Q24_ONE / 1000;
     for (unsigned i = 0; i < ok || i < fail; i++) {
         if (i < ok)
-            window_record(w, g->window, 1, now_rel(g, now_ms), floor, 0);
+            window_record(w, g->window, 1, now_rel(g, now_ms), floor, 0, 0, 0);
         if (i < fail)
-            window_record(w, g->window, 0, now_rel(g, now_ms), floor, 0);
+            window_record(w, g->window, 0, now_rel(g, now_ms), floor, 0, 0, 0);
     }
 }
 
@@ -702,6 +730,8 @@ sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb, const 
     sr->explore_ppm = pb->explore_ppm;
     sr->elimination_q24 = (uint32_t)((uint64_t)pb->elimination_ppm * Q24_ONE / SL_SRATE_PPM);
     sr->max_outcome_age_ms = pb->max_outcome_age_ms;
+    sr->tolerance_ppm = pb->tolerance_ppm;
+    sr->recovery_probes = pb->recovery_probes;
     sr->fail_connect = pb->fail_connect;
     sr->fail_reset = pb->fail_reset;
     sr->fail_timeout = pb->fail_timeout;
@@ -863,19 +893,29 @@ int sl_srate_pick(sl_srate_route_t *sr, const uint32_t *weights, size_t n, uint6
             any_standing = 1;
     }
     int explore = sr->explore_ppm && sl_lb_rng_next(rng) % SL_SRATE_PPM < sr->explore_ppm;
-    /* Candidates: every backend when exploring; else the best score among
-     * those not eliminated (among all when every one is). */
+    /* The best choice: the backends not eliminated (all of them when every
+     * one is) whose score is within the tolerance of the best. */
     uint8_t cand[SL_SRATE_MAX_BACKENDS];
-    for (size_t b = 0; b < n; b++) {
-        cand[b] = explore || !any_standing || !s[b].eliminated;
-        if (cand[b] && s[b].score_ppm > best)
+    for (size_t b = 0; b < n; b++)
+        if ((!any_standing || !s[b].eliminated) && s[b].score_ppm > best)
             best = s[b].score_ppm;
+    uint32_t floor = best > sr->tolerance_ppm ? best - sr->tolerance_ppm : 0;
+    size_t nbest = 0;
+    for (size_t b = 0; b < n; b++) {
+        cand[b] = (!any_standing || !s[b].eliminated) && s[b].score_ppm >= floor;
+        nbest += cand[b];
+    }
+    /* Exploration probes the others, so that a backend out of the best
+     * choice is seen to recover (all of them when every one is best). */
+    int probe = 0;
+    if (explore && nbest < n) {
+        for (size_t b = 0; b < n; b++)
+            cand[b] = !cand[b];
+        probe = 1;
     }
     uint64_t total = 0;
     size_t first = n;
     for (size_t b = 0; b < n; b++) {
-        if (!explore && cand[b] && s[b].score_ppm != best)
-            cand[b] = 0;
         if (cand[b]) {
             total += !sr->in_order && weights && weights[b] ? weights[b] : 1;
             if (first == n)
@@ -896,6 +936,7 @@ int sl_srate_pick(sl_srate_route_t *sr, const uint32_t *weights, size_t n, uint6
             x -= wt;
         }
     }
+    out->probe = (uint8_t)probe;
     out->gbackend = sr->gidx[pick];
     out->explored = (uint8_t)explore;
     if (order)
@@ -904,13 +945,14 @@ int sl_srate_pick(sl_srate_route_t *sr, const uint32_t *weights, size_t n, uint6
 }
 
 static void record_in(sl_srate_group_t *g, srkey_t *k, uint8_t gb, int success, uint64_t now_ms,
-                      uint32_t elimination_q24)
+                      uint32_t elimination_q24, int probe, uint32_t recovery_probes)
 {
     window_t *w = key_window(g, k, gb);
     if (!w)
         return;
     uint32_t floor = elimination_q24 ? elimination_q24 / 2 : Q24_ONE / 1000;
-    window_record(w, g->window, success, now_rel(g, now_ms), floor, g->redis_addr != NULL);
+    window_record(w, g->window, success, now_rel(g, now_ms), floor, g->redis_addr != NULL, probe,
+                  recovery_probes);
 }
 
 void sl_srate_record(const sl_srate_route_t *sr, const sl_srate_pick_t *p, int success,
@@ -922,7 +964,8 @@ void sl_srate_record(const sl_srate_route_t *sr, const sl_srate_pick_t *p, int s
     srkey_t *k = atomic_load_explicit(&g->keys[p->slot - 1], memory_order_acquire);
     if (!k || atomic_load_explicit(&k->tag, memory_order_acquire) != p->tag)
         return; /* the key was evicted meanwhile */
-    record_in(g, k, p->gbackend, success, now_ms, sr->elimination_q24);
+    record_in(g, k, p->gbackend, success, now_ms, sr->elimination_q24, p->probe,
+              sr->recovery_probes);
 }
 
 int sl_srate_feedback(sl_srate_route_t *sr, uint64_t hash, const char *name, const char *backend,
@@ -943,7 +986,7 @@ int sl_srate_feedback(sl_srate_route_t *sr, uint64_t hash, const char *name, con
     uint32_t slot = lookup_key(g, hash, name, now_ms);
     srkey_t *k = slot ? atomic_load_explicit(&g->keys[slot - 1], memory_order_acquire) : NULL;
     if (k)
-        record_in(g, k, (uint8_t)gb, success, now_ms, sr->elimination_q24);
+        record_in(g, k, (uint8_t)gb, success, now_ms, sr->elimination_q24, 0, 0);
     return 0;
 }
 

@@ -58,6 +58,8 @@ typedef struct sl_srate_route {
     uint32_t explore_ppm;
     uint32_t elimination_q24; /* threshold, 1.0 = 1 << 24; 0 = off */
     uint32_t max_outcome_age_ms;
+    uint32_t tolerance_ppm;   /* scores within this of the best tie */
+    uint32_t recovery_probes; /* successful probes in a row that clear old failures; 0 = off */
     uint8_t fail_connect, fail_reset, fail_timeout, fail_5xx;
     uint64_t fail_status_mask[4]; /* bit (status - 400) for 400..655 */
     size_t fail_header_len;
@@ -74,6 +76,7 @@ typedef struct {
     uint32_t tag;
     uint8_t gbackend;
     uint8_t explored;
+    uint8_t probe; /* explored, and the backend was out of the best choice */
 } sl_srate_pick_t;
 
 /* A backend's standing for one key, as the decision saw it. */

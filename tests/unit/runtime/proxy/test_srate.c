@@ -124,7 +124,7 @@ static void test_exploration_ignores_scores(void **state)
         explored += p.explored;
     }
     assert_true(explored > 1700 && explored < 2300);
-    assert_true(to_b > 800 && to_b < 1200); /* half of the explored ones */
+    assert_int_equal(to_b, explored); /* the probes go to the one out of the best choice */
     sl_srate_route_free(sr);
 }
 
@@ -155,8 +155,8 @@ static void test_failures_age_out(void **state)
     uint32_t n = 10;
     window_t *w = window_new(n);
     sl_srate_score_t s;
-    window_record(w, n, 0, 1000, 0, 0);
-    window_record(w, n, 0, 5000, 0, 0);
+    window_record(w, n, 0, 1000, 0, 0, 0, 0);
+    window_record(w, n, 0, 5000, 0, 0, 0, 0);
     window_score(w, n, 0, 6000, 0, &s);
     assert_int_equal(s.score_ppm, 800000);
     window_score(w, n, 2000 /* max age */, 6000, 0, &s);
@@ -278,6 +278,51 @@ static void test_in_order_ranking_and_rule_scopes(void **state)
     sl_srate_route_free(plain);
 }
 
+/* Scores within the tolerance tie (noise does not take all the traffic to
+ * one backend); successful probes in a row clear a recovered backend's old
+ * failures, a failure among them starts the count over. */
+static void test_tolerance_and_recovery_probes(void **state)
+{
+    (void)state;
+    Sluice__V1__SuccessRate pb;
+    sl_srate_route_t *sr = route(&pb, "t/recover", 100, 100000, 2);
+    sr->tolerance_ppm = 20000;
+    sr->recovery_probes = 8;
+    sl_lb_rng_t rng;
+    sl_lb_rng_seed(&rng, 5);
+    uint64_t h = sl_lb_hash("*", 1);
+    sl_srate_pick_t p;
+    outcomes(sr, 0, 2, 0); /* a: 0.98, within 0.02 of b's 1.0 */
+    int to_a = 0;
+    for (int i = 0; i < 10000; i++)
+        to_a += sl_srate_pick(sr, EQUAL, 2, h, "*", 1000, &rng, &p, NULL, NULL) == 0;
+    assert_true(to_a > 4500 && to_a < 5500);
+    outcomes(sr, 0, 40, 0); /* a: 0.58, out of the best choice */
+    sl_srate_score_t s[2];
+    /* Probes: 7 successes, a failure, then 8 successes. */
+    int probes = 0, fails_left = 1, oks = 0;
+    while (oks < 15) {
+        if (sl_srate_pick(sr, EQUAL, 2, h, "*", 1000, &rng, &p, NULL, NULL) != 0)
+            continue;
+        assert_true(p.probe);
+        probes++;
+        int ok = !(oks == 7 && fails_left);
+        if (!ok)
+            fails_left = 0;
+        else
+            oks++;
+        sl_srate_record(sr, &p, ok, 1000);
+        scores_of(sr, s);
+        if (oks < 15)
+            assert_true(s[0].score_ppm < 700000);
+    }
+    scores_of(sr, s);
+    assert_int_equal(s[0].score_ppm, 1000000); /* the 8th success in a row forgave */
+    assert_int_equal(s[0].elimination_ppm, 1000000);
+    assert_int_equal(probes, 16);
+    sl_srate_route_free(sr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -290,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_keys_are_bounded_and_stale_picks_dropped),
         cmocka_unit_test(test_windows_survive_a_new_generation),
         cmocka_unit_test(test_in_order_ranking_and_rule_scopes),
+        cmocka_unit_test(test_tolerance_and_recovery_probes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
