@@ -820,12 +820,14 @@ static int srate_attr(void *ctx, const Sluice__V1__SuccessRate__Key *key, const 
     return 0;
 }
 
-static void apply_choice(sl_request_t *r, const sl_route_choice_t *ch, const uint8_t *gidx);
-
 /* Success-rate routing over a list of n backends (the route's backendRefs,
  * or a rule's output): the best for the key (hash, name) first, then the
- * others by score, the order retries move down (apply_choice keeps those
- * that take the same upstream head). */
+ * others by score, the order retries move down, keeping those that take the
+ * same upstream head as the pick (as apply_choice does for rules). The pick
+ * is taken whatever its endpoints' state: sl_request_pick_endpoint moves
+ * down the list when it has no endpoint to take the request (honouring
+ * maxEjectionPercent as every pick does) and scores that as its connect
+ * failure. */
 static void srate_choose(sl_request_t *r, sl_srate_route_t *sr, const uint32_t *weights,
                          sl_gen_cluster_t *const *clusters, size_t n, uint64_t hash,
                          const char *name)
@@ -837,15 +839,24 @@ static void srate_choose(sl_request_t *r, sl_srate_route_t *sr, const uint32_t *
                   NULL, order);
     if (n > SL_ROUTE_CHOICES_MAX)
         n = SL_ROUTE_CHOICES_MAX;
-    sl_route_choice_t ch;
-    uint8_t gidx[SL_ROUTE_CHOICES_MAX];
-    ch.n = n;
-    for (size_t i = 0; i < n; i++) {
-        ch.clusters[i] = clusters[order[i]];
-        gidx[i] = sr->gidx[order[i]];
+    sl_gen_cluster_t *pick = clusters[order[0]];
+    r->choices[0] = pick;
+    r->sr_gidx[0] = sr->gidx[order[0]];
+    size_t m = 1;
+    for (size_t i = 1; i < n; i++) {
+        sl_gen_cluster_t *c = clusters[order[i]];
+        if (sl_likely(c->pb->protocol == pick->pb->protocol &&
+                      c->host_rewrite.len == pick->host_rewrite.len) &&
+            (c->host_rewrite.len == 0 ||
+             memcmp(c->host_rewrite.ptr, pick->host_rewrite.ptr, c->host_rewrite.len) == 0)) {
+            r->sr_gidx[m] = sr->gidx[order[i]];
+            r->choices[m++] = c;
+        }
     }
+    r->num_choices = (uint8_t)m;
+    r->choice = 0;
+    r->cluster = pick;
     r->sr = sr;
-    apply_choice(r, &ch, gidx);
 }
 
 /* Success-rate routing among the route's backendRefs. */
@@ -1320,6 +1331,7 @@ static int pick_cluster(sl_request_t *r, const sl_req_head_t *h)
 
 /* The route's `routing` rules choose the backend and its fallbacks, after
  * the policies (the consumer and the token's claims are theirs). */
+static void apply_choice(sl_request_t *r, const sl_route_choice_t *ch);
 
 static void rule_attrs(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed_path,
                        size_t base_path_len, sl_route_attrs_t *out)
@@ -1353,7 +1365,7 @@ static void route_by_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t rou
         srate_choose(r, ch.srate, ch.weights, ch.clusters, ch.n, hash, name);
         return;
     }
-    apply_choice(r, &ch, NULL);
+    apply_choice(r, &ch);
 }
 
 /* Rules that read the body: the head's conditions now, the choice once the
@@ -1373,51 +1385,37 @@ static void defer_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed
     r->num_choices = 0;
 }
 
-/* gidx (NULL: none) is each listed backend's index in the success-rate
- * windows of r->sr, kept in step with the choices. */
-static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp, const uint8_t *gidx)
+static void apply_choice(sl_request_t *r, const sl_route_choice_t *ch)
 {
-    const sl_route_choice_t ch = *cp;
     _Static_assert(sizeof(r->choices) / sizeof(r->choices[0]) == SL_ROUTE_CHOICES_MAX,
                    "a choice fits the request");
     /* The first backend with a usable endpoint wins (the first listed when
      * none has: its error is the answer). It is chosen here, before the
      * upstream head is built for its protocol and Host; the fallbacks kept
      * for retries are the later ones that speak the same protocol with the
-     * same Host, so that head stays right for them. A list ranked by
-     * success rate starts at its pick whatever its endpoints' state:
-     * sl_request_pick_endpoint moves down it when the pick has no endpoint
-     * to take the request (honouring maxEjectionPercent as every pick does),
-     * and scores that as the pick's connect failure. */
+     * same Host, so that head stays right for them. */
+    uint64_t now = sl_endpoint_now_ms();
     size_t first = 0;
-    if (!gidx) {
-        uint64_t now = sl_endpoint_now_ms();
-        for (size_t i = 0; i < ch.n; i++) {
-            const sl_gen_cluster_t *c = ch.clusters[i];
-            int usable = 0;
-            for (size_t e = 0; e < c->num_endpoints && !usable; e++)
-                usable = sl_endpoint_usable(c->endpoints[e], now);
-            if (usable) {
-                first = i;
-                break;
-            }
+    for (size_t i = 0; i < ch->n; i++) {
+        const sl_gen_cluster_t *c = ch->clusters[i];
+        int usable = 0;
+        for (size_t e = 0; e < c->num_endpoints && !usable; e++)
+            usable = sl_endpoint_usable(c->endpoints[e], now);
+        if (usable) {
+            first = i;
+            break;
         }
     }
-    sl_gen_cluster_t *pick = ch.clusters[first];
+    sl_gen_cluster_t *pick = ch->clusters[first];
     size_t n = 0;
-    if (gidx)
-        r->sr_gidx[0] = gidx[0];
     r->choices[n++] = pick;
-    for (size_t i = first + 1; i < ch.n; i++) {
-        sl_gen_cluster_t *c = ch.clusters[i];
+    for (size_t i = first + 1; i < ch->n; i++) {
+        sl_gen_cluster_t *c = ch->clusters[i];
         if (c->pb->protocol == pick->pb->protocol &&
             c->host_rewrite.len == pick->host_rewrite.len &&
             (c->host_rewrite.len == 0 ||
-             memcmp(c->host_rewrite.ptr, pick->host_rewrite.ptr, c->host_rewrite.len) == 0)) {
-            if (gidx)
-                r->sr_gidx[n] = gidx[i];
+             memcmp(c->host_rewrite.ptr, pick->host_rewrite.ptr, c->host_rewrite.len) == 0))
             r->choices[n++] = c;
-        }
     }
     r->num_choices = (uint8_t)n;
     r->choice = 0;
@@ -1899,7 +1897,7 @@ int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *er
         if (ch.srate)
             srate_choose(r, ch.srate, ch.weights, ch.clusters, ch.n, p->sr_hash, p->sr_key);
         else
-            apply_choice(r, &ch, NULL);
+            apply_choice(r, &ch);
         p->rules_deferred = 0;
     }
     *body = p->body;
@@ -1962,6 +1960,7 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
         r->cluster = r->choices[++r->choice];
         r->sr_pick.gbackend = r->sr_gidx[r->choice];
         r->sr_pick.probe = 0;
+        r->sr_pick.win = NULL;
         exclude = -1;
     }
     int idx = sl_upstream_pick(r->w, r->cluster, r->hash, exclude, &why);
@@ -1977,6 +1976,7 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
         r->cluster = r->choices[++r->choice];
         r->sr_pick.gbackend = r->sr_gidx[r->choice];
         r->sr_pick.probe = 0;
+        r->sr_pick.win = NULL;
         idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
     }
     r->attempts++;
@@ -2139,10 +2139,13 @@ void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind)
 void sl_request_srate_response(sl_request_t *r, int status, const sl_header_t *headers, size_t n)
 {
     const sl_srate_route_t *sr = r->sr;
-    const sl_header_t *f = NULL;
-    if (sr->fail_header_len)
-        f = sl_http1_find_header(headers, n, sr->pb->fail_header, sr->fail_header_len);
-    int ok = sl_srate_classify_status(sr, status, f ? f->value.ptr : NULL, f ? f->value.len : 0);
+    int ok = 1; /* below 400 without an outcome header: a success, no more to see */
+    if (status >= 400 || sr->fail_header_len) {
+        const sl_header_t *f = NULL;
+        if (sr->fail_header_len)
+            f = sl_http1_find_header(headers, n, sr->pb->fail_header, sr->fail_header_len);
+        ok = sl_srate_classify_status(sr, status, f ? f->value.ptr : NULL, f ? f->value.len : 0);
+    }
     if (ok >= 0)
         srate_outcome(r, ok);
 }

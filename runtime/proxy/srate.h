@@ -77,6 +77,7 @@ typedef struct {
     uint8_t gbackend;
     uint8_t explored;
     uint8_t probe; /* explored, and the backend was out of the best choice */
+    void *win;     /* gbackend's window as the pick saw it; NULL: look it up */
 } sl_srate_pick_t;
 
 /* A backend's standing for one key, as the decision saw it. */

@@ -184,9 +184,10 @@ def test_exploration_brings_a_recovered_backend_back(origins, runtimes):
     flaky.behave = half_failing(503)
     send(port, 200)
     degraded = send(port, 200)
-    assert share(degraded, "flaky") < 0.2, share(degraded, "flaky")
+    # The probes (20% of requests, all to flaky, out of the best choice).
+    assert share(degraded, "flaky") < 0.3, share(degraded, "flaky")
     flaky.behave = lambda n, h: (200, [])
-    # Exploration (10% of requests reach flaky) refills its window with
+    # The probes (20% of requests reach flaky) refill its window with
     # successes; then it ties with steady and gets its weight's share again.
     send(port, 300)
     healed = send(port, 300)

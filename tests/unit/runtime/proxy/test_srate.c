@@ -45,6 +45,7 @@ static void outcomes(sl_srate_route_t *sr, size_t b, int fails, int oks)
     sl_srate_pick_t p;
     sl_srate_pick(sr, EQUAL, sr->num_backends, h, key, 1000, &rng, &p, NULL, NULL);
     p.gbackend = sr->gidx[b];
+    p.win = NULL;
     for (int i = 0; i < fails; i++)
         sl_srate_record(sr, &p, 0, 1000);
     for (int i = 0; i < oks; i++)
