@@ -60,6 +60,8 @@
 #define DEF_SR_EXPLORE_PPM 50000     /* 5% */
 #define DEF_SR_ELIMINATION_PPM 50000 /* 0.05 */
 #define DEF_SR_MAX_KEYS 1024
+#define DEF_SR_TOLERANCE_PPM 20000 /* 0.02: 2.5 outcomes of a 125-outcome window */
+#define DEF_SR_RECOVERY_PROBES 16
 #define DEF_RETRY_BUDGET_PERCENT 20
 #define DEF_RETRY_MIN_CONCURRENCY 3
 #define DEF_HC_INTERVAL_MS 5000
@@ -1279,12 +1281,16 @@ static Sluice__V1__RouteMatch *compile_statement(cctx_t *c, json_t *st)
 /* A rule's or the default's output; backend names are checked against the
  * Backends of the Api's namespace (field: "spec.routing.rules[0]."). */
 static Sluice__V1__RouteOutput *compile_route_output(cctx_t *c, const sl_resource_t *api,
-                                                      json_t *obj, const char *field, int quiet)
+                                                     json_t *obj, const char *field, int quiet,
+                                                     const char *block_strategy)
 {
     Sluice__V1__RouteOutput *o = cnew(c, sizeof(*o));
     if (!o)
         return NULL;
     sluice__v1__route_output__init(o);
+    /* An output's own strategy, else the block's (docs/routing.md
+     * "Success-rate routing over rule outputs"). */
+    o->success_rate = strcmp(jstr(obj, "strategy", block_strategy), "success-rate") == 0;
     json_t *split = jget(obj, "split");
     size_t n = split ? json_array_size(split) : 1;
     o->targets = (Sluice__V1__RouteOutput__Target **)carray(c, n, sizeof(*o->targets));
@@ -1335,6 +1341,7 @@ static Sluice__V1__Routing *compile_routing(cctx_t *c, const sl_resource_t *api,
         return NULL;
     sluice__v1__routing__init(r);
     char field[160];
+    const char *strategy = jstr(routing, "strategy", "weighted");
     json_t *rules = jget(routing, "rules");
     r->rules = (Sluice__V1__RouteRule **)carray(c, json_array_size(rules), sizeof(*r->rules));
     for (size_t i = 0; r->rules && i < json_array_size(rules); i++) {
@@ -1356,12 +1363,15 @@ static Sluice__V1__Routing *compile_routing(cctx_t *c, const sl_resource_t *api,
                 rule->match[rule->n_match++] = st;
         }
         snprintf(field, sizeof(field), "%srouting.rules[%zu].", field_prefix, i);
-        rule->output = compile_route_output(c, api, rj, field, quiet);
+        rule->output = compile_route_output(c, api, rj, field, quiet, strategy);
     }
     r->max_body_bytes = jint(routing, "maxBodyBytes", DEF_ROUTING_BODY_BYTES);
     if (jget(routing, "default")) {
         snprintf(field, sizeof(field), "%srouting.default.", field_prefix);
-        r->default_output = compile_route_output(c, api, jget(routing, "default"), field, quiet);
+        r->default_output =
+            compile_route_output(c, api, jget(routing, "default"), field, quiet, strategy);
+    } else {
+        r->backends_success_rate = strcmp(strategy, "success-rate") == 0;
     }
     return r;
 }
@@ -1428,10 +1438,25 @@ static void routing_body_check(cctx_t *c, const sl_resource_t *api, const Sluice
     }
 }
 
+/* The block's strategy is success-rate, or one of its outputs says so. */
+static bool routing_uses_success_rate(json_t *routing)
+{
+    if (strcmp(jstr(routing, "strategy", "weighted"), "success-rate") == 0)
+        return true;
+    if (strcmp(jstr(jget(routing, "default"), "strategy", "weighted"), "success-rate") == 0)
+        return true;
+    json_t *rules = jget(routing, "rules");
+    for (size_t i = 0; i < json_array_size(rules); i++)
+        if (strcmp(jstr(json_array_get(rules, i), "strategy", "weighted"), "success-rate") == 0)
+            return true;
+    return false;
+}
+
 /*
  * Success-rate routing (docs/routing.md "Success-rate routing"): the
- * operation's `routing` block, else the Api's, when its strategy is
- * success-rate; NULL otherwise (weighted pick by backendRefs). The scope
+ * operation's `routing` block, else the Api's, when its strategy (or an
+ * output's) is success-rate; NULL otherwise (weighted pick by backendRefs,
+ * outputs as written). The scope
  * names the windows: an operation with its own block has windows of its
  * own, the other operations of the Api share the Api's.
  */
@@ -1440,7 +1465,7 @@ static Sluice__V1__SuccessRate *compile_success_rate(cctx_t *c, const char *tabl
                                                      json_t *op_routing)
 {
     json_t *routing = op_routing ? op_routing : api_routing;
-    if (!routing || strcmp(jstr(routing, "strategy", "weighted"), "success-rate") != 0)
+    if (!routing || !routing_uses_success_rate(routing))
         return NULL;
     json_t *s = jget(routing, "successRate");
     Sluice__V1__SuccessRate *sr = cnew(c, sizeof(*sr));
@@ -1455,6 +1480,10 @@ static Sluice__V1__SuccessRate *compile_success_rate(cctx_t *c, const char *tabl
     sr->elimination_ppm =
         v ? (uint32_t)(json_number_value(v) * 1000000.0 + 0.5) : DEF_SR_ELIMINATION_PPM;
     sr->max_keys = (uint32_t)jint(s, "maxKeys", DEF_SR_MAX_KEYS);
+    v = jget(s, "tolerance");
+    sr->tolerance_ppm =
+        v ? (uint32_t)(json_number_value(v) * 1000000.0 + 0.5) : DEF_SR_TOLERANCE_PPM;
+    sr->recovery_probes = (uint32_t)jint(s, "recoveryProbes", DEF_SR_RECOVERY_PROBES);
     sr->max_outcome_age_ms = jdur(s, "maxOutcomeAge", 0);
     json_t *keys = jget(s, "keys");
     size_t nk = json_array_size(keys);

@@ -463,6 +463,8 @@ static const num_range_t explore_percent_range = {0, 100,
                                                   "the scores"};
 static const num_range_t elimination_range = {0, 1, "0 turns elimination off"};
 static const sl_vrange_t sr_window_range = {1, 1024};
+static const sl_vrange_t sr_recovery_range = {0, 1024};
+static const num_range_t tolerance_range = {0, 1, "scores within this of the best are tied"};
 static const sl_vrange_t sr_max_keys_range = {1, 100000};
 static const sl_vrange_t sr_status_range = {400, 599};
 static const char *const routing_strategies[] = {"weighted", "success-rate", NULL};
@@ -523,6 +525,8 @@ static const sl_vfield_t success_rate_fields[] = {
     {"window", sl_vcheck_int, &sr_window_range, 0},
     {"explorePercent", check_number_range, &explore_percent_range, 0},
     {"eliminationThreshold", check_number_range, &elimination_range, 0},
+    {"tolerance", check_number_range, &tolerance_range, 0},
+    {"recoveryProbes", sl_vcheck_int, &sr_recovery_range, 0},
     {"keys", sl_vcheck_array, &(const sl_varray_t){sl_vcheck_object, &sr_key_schema, 0, 8}, 0},
     {"maxKeys", sl_vcheck_int, &sr_max_keys_range, 0},
     {"maxOutcomeAge", sl_vcheck_duration, &dur_any, 0},
@@ -531,10 +535,20 @@ static const sl_vfield_t success_rate_fields[] = {
 };
 static const sl_vschema_t success_rate_schema = {success_rate_fields, success_rate_extra};
 
+static int is_success_rate(json_t *obj)
+{
+    json_t *s = sl_validate_get(obj, "strategy");
+    return s && json_is_string(s) && strcmp(json_string_value(s), "success-rate") == 0;
+}
+
+/* successRate configures the block's success-rate lists: the block's
+ * strategy, or one output's, must use it. */
 static void strategy_extra(sl_vctx_t *c, json_t *r)
 {
-    json_t *s = sl_validate_get(r, "strategy");
-    int sr = s && strcmp(json_string_value(s), "success-rate") == 0;
+    int sr = is_success_rate(r) || is_success_rate(sl_validate_get(r, "default"));
+    json_t *rules = sl_validate_get(r, "rules");
+    for (size_t i = 0; i < json_array_size(rules) && !sr; i++)
+        sr = is_success_rate(json_array_get(rules, i));
     if (!sr && sl_validate_get(r, "successRate"))
         at_key(c, "successRate", report,
                "only used with strategy: success-rate; set the strategy or remove this block");
@@ -882,6 +896,7 @@ static const sl_vfield_t route_rule_fields[] = {
     {"backend", sl_vcheck_dns_subdomain, NULL, 0},
     {"priority", sl_vcheck_array, &route_priority_array, 0},
     {"split", sl_vcheck_array, &route_split_array, 0},
+    {"strategy", sl_vcheck_enum, routing_strategies, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t route_rule_schema = {route_rule_fields, route_rule_extra};
@@ -890,6 +905,7 @@ static const sl_vfield_t route_default_fields[] = {
     {"backend", sl_vcheck_dns_subdomain, NULL, 0},
     {"priority", sl_vcheck_array, &route_priority_array, 0},
     {"split", sl_vcheck_array, &route_split_array, 0},
+    {"strategy", sl_vcheck_enum, routing_strategies, 0},
     {NULL, NULL, NULL, 0},
 };
 static const sl_vschema_t route_default_schema = {route_default_fields, route_output_check};
@@ -935,18 +951,84 @@ static const sl_vfield_t routing_fields[] = {
     {NULL, NULL, NULL, 0},
 };
 
+/* An output scored by success rate (its own strategy, else the block's):
+ * the scores order its backends, so a split of priority lists (an order
+ * already) says two things at once; and an output that names its strategy
+ * must have something to choose from. The field is where the output is. */
+static void sr_output_check(sl_vctx_t *c, json_t *out, int block_sr)
+{
+    json_t *own = sl_validate_get(out, "strategy");
+    if (!(own ? is_success_rate(out) : block_sr))
+        return;
+    json_t *split = sl_validate_get(out, "split");
+    for (size_t i = 0; i < json_array_size(split); i++) {
+        if (!sl_validate_get(json_array_get(split, i), "priority"))
+            continue;
+        size_t saved = sl_validate_push_key(c, "split");
+        size_t s2 = sl_validate_push_index(c, i);
+        at_key(c, "priority", report,
+               "a success-rate output orders its backends by score, so a split entry is one "
+               "backend ({backend: a, weight: 90}); write the backends of this list as split "
+               "entries, or give the output strategy: weighted to keep the list as written");
+        sl_validate_pop(c, s2);
+        sl_validate_pop(c, saved);
+        return;
+    }
+    if (own && sl_validate_get(out, "backend"))
+        at_key(c, "strategy", report,
+               "success-rate chooses among several backends and this output has one: list "
+               "them with priority or split, or remove strategy");
+}
+
+/* Rule names are unique in a block: a rule's success-rate windows and the
+ * decision API's `rule` are named by them. */
+static void rule_names_check(sl_vctx_t *c, json_t *rules)
+{
+    for (size_t j = 0; j < json_array_size(rules); j++) {
+        json_t *nj = sl_validate_get(json_array_get(rules, j), "name");
+        if (!json_is_string(nj))
+            continue;
+        for (size_t i = 0; i < j; i++) {
+            json_t *ni = sl_validate_get(json_array_get(rules, i), "name");
+            if (!json_is_string(ni) || strcmp(json_string_value(ni), json_string_value(nj)))
+                continue;
+            size_t saved = sl_validate_push_key(c, "rules");
+            size_t s2 = sl_validate_push_index(c, j);
+            size_t s3 = sl_validate_push_key(c, "name");
+            sl_validate_error(c,
+                              "'%s' is already the name of rules[%zu]: rule names are unique "
+                              "(success-rate windows and the decision API's rule are named by "
+                              "them)",
+                              json_string_value(nj), i);
+            sl_validate_pop(c, s3);
+            sl_validate_pop(c, s2);
+            sl_validate_pop(c, saved);
+            break;
+        }
+    }
+}
+
 /* One `routing` block: rules (docs/routing.md "Rule-based backend choice")
  * and the strategy among the chosen backends ("Success-rate routing"). */
 static void routing_extra(sl_vctx_t *c, json_t *obj)
 {
     rules_extra(c, obj);
     strategy_extra(c, obj);
-    json_t *s = sl_validate_get(obj, "strategy");
-    if (s && strcmp(json_string_value(s), "success-rate") == 0 &&
-        (sl_validate_get(obj, "rules") || sl_validate_get(obj, "default")))
-        at_key(c, "strategy", report,
-               "success-rate picks among backendRefs; with rules or a default it is not "
-               "supported yet: put the success-rate block on an operation without rules");
+    json_t *rules = sl_validate_get(obj, "rules");
+    rule_names_check(c, rules);
+    int block_sr = is_success_rate(obj);
+    for (size_t i = 0; i < json_array_size(rules); i++) {
+        size_t saved = sl_validate_push_key(c, "rules");
+        size_t s2 = sl_validate_push_index(c, i);
+        sr_output_check(c, json_array_get(rules, i), block_sr);
+        sl_validate_pop(c, s2);
+        sl_validate_pop(c, saved);
+    }
+    if (sl_validate_get(obj, "default")) {
+        size_t saved = sl_validate_push_key(c, "default");
+        sr_output_check(c, sl_validate_get(obj, "default"), block_sr);
+        sl_validate_pop(c, saved);
+    }
 }
 static const sl_vschema_t routing_schema = {routing_fields, routing_extra};
 

@@ -192,13 +192,15 @@ def main():
     ap.add_argument("--window", type=int, default=200)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--csv-prefix", default="/tmp/srate-")
+    ap.add_argument("--strategies", default="success-rate,weighted",
+                    help="comma-separated: success-rate, weighted")
     a = ap.parse_args()
     binary = os.path.join(REPO, a.build, "bin", "sluice-runtime")
     d = tempfile.mkdtemp(prefix="srate-scenario-")
     names = ["a", "b", "c"]
     print("| strategy | requests | success rate | c's share before / while degraded / after healing | c under 10% after (requests / s) | c back over 25% after (s) | runtime CPU µs/request |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for strategy in ("success-rate", "weighted"):
+    for strategy in a.strategies.split(","):
         origins = [Origin(d, n, 1) for n in names]
         port = free_port()
         cfg = os.path.join(d, "sluice-%s.yaml" % strategy)

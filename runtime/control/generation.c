@@ -295,12 +295,15 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 route->backend_weights[b] = refs[b]->weight ? refs[b]->weight : 1;
                 route->backend_weight_total += route->backend_weights[b];
             }
-            if (pb->success_rate) {
+            /* Success rate among the backendRefs; with rules, the rules'
+             * outputs hold their own (route_rules.h). */
+            if (pb->success_rate && !pb->routing) {
                 const char *names[SL_SRATE_MAX_BACKENDS];
                 size_t nn = nrefs < SL_SRATE_MAX_BACKENDS ? nrefs : SL_SRATE_MAX_BACKENDS;
                 for (size_t b = 0; b < nn; b++)
                     names[b] = route->backends[b]->pb->name;
-                route->srate = sl_srate_route_build(pb->success_rate, names, nn, err, errlen);
+                route->srate =
+                    sl_srate_route_build(pb->success_rate, NULL, names, nn, 0, err, errlen);
                 if (!route->srate)
                     return -1;
             }
@@ -330,7 +333,7 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 route->rules = sl_route_rules_build(
                     pb->routing, pb->path, pb->path_kind == SLUICE__V1__ROUTE__PATH_KIND__TEMPLATE,
                     find_cluster_cb, gen, route->backends, route->backend_weights,
-                    route->num_backends, gen->nworkers, why, sizeof(why));
+                    route->num_backends, pb->success_rate, gen->nworkers, why, sizeof(why));
                 if (!route->rules) {
                     snprintf(err, errlen, "api %s operation %s: %s", table->name, pb->name, why);
                     return -1;

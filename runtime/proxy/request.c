@@ -17,6 +17,8 @@
 #include "tlog.h"
 #include "tlog_body.h"
 
+#include <ctype.h>
+#include <event2/buffer.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -552,6 +554,7 @@ void sl_request_reset(sl_request_t *r)
     r->cluster = NULL;
     r->num_choices = 0;
     r->fault_delay_ms = 0;
+    r->sr = NULL;
     r->sr_pick.slot = 0;
     r->pool = NULL;
     r->ep_index = -1;
@@ -817,17 +820,55 @@ static int srate_attr(void *ctx, const Sluice__V1__SuccessRate__Key *key, const 
     return 0;
 }
 
-/* Success-rate routing: the best backend for the request's scoring key. */
+/* Success-rate routing over a list of n backends (the route's backendRefs,
+ * or a rule's output): the best for the key (hash, name) first, then the
+ * others by score, the order retries move down, keeping those that take the
+ * same upstream head as the pick (as apply_choice does for rules). The pick
+ * is taken whatever its endpoints' state: sl_request_pick_endpoint moves
+ * down the list when it has no endpoint to take the request (honouring
+ * maxEjectionPercent as every pick does) and scores that as its connect
+ * failure. */
+static void srate_choose(sl_request_t *r, sl_srate_route_t *sr, const uint32_t *weights,
+                         sl_gen_cluster_t *const *clusters, size_t n, uint64_t hash,
+                         const char *name)
+{
+    uint8_t order[SL_SRATE_MAX_BACKENDS];
+    if (n > SL_SRATE_MAX_BACKENDS)
+        n = SL_SRATE_MAX_BACKENDS;
+    sl_srate_pick(sr, weights, n, hash, name, r->start_mono_us / 1000, &r->w->rng, &r->sr_pick,
+                  NULL, order);
+    if (n > SL_ROUTE_CHOICES_MAX)
+        n = SL_ROUTE_CHOICES_MAX;
+    sl_gen_cluster_t *pick = clusters[order[0]];
+    r->choices[0] = pick;
+    r->sr_gidx[0] = sr->gidx[order[0]];
+    size_t m = 1;
+    for (size_t i = 1; i < n; i++) {
+        sl_gen_cluster_t *c = clusters[order[i]];
+        if (sl_likely(c->pb->protocol == pick->pb->protocol &&
+                      c->host_rewrite.len == pick->host_rewrite.len) &&
+            (c->host_rewrite.len == 0 ||
+             memcmp(c->host_rewrite.ptr, pick->host_rewrite.ptr, c->host_rewrite.len) == 0)) {
+            r->sr_gidx[m] = sr->gidx[order[i]];
+            r->choices[m++] = c;
+        }
+    }
+    r->num_choices = (uint8_t)m;
+    r->choice = 0;
+    r->cluster = pick;
+    r->sr = sr;
+}
+
+/* Success-rate routing among the route's backendRefs. */
 static int pick_by_success_rate(sl_request_t *r, const sl_req_head_t *h)
 {
     sl_gen_route_t *rt = r->route;
     char name[SL_SRATE_KEY_NAME_MAX];
     uint64_t hash = sl_srate_key(rt->srate, srate_attr, (void *)h, name);
-    int idx = sl_srate_pick(rt->srate, rt->backend_weights, rt->srate->num_backends, hash, name,
-                            r->start_mono_us / 1000, &r->w->rng, &r->sr_pick, NULL);
-    if (idx < 0)
+    if (rt->srate->num_backends == 0)
         return -1;
-    r->cluster = rt->backends[idx];
+    srate_choose(r, rt->srate, rt->backend_weights, rt->backends, rt->srate->num_backends, hash,
+                 name);
     return 0;
 }
 
@@ -926,54 +967,204 @@ static int action_answer(sl_request_t *r, json_t *doc, sl_request_error_t *err)
     return SL_ERROR;
 }
 
+/* Rule attributes from a decision's JSON `attributes` ({"headers": {...},
+ * "query": {...}, "cookies": {...}, "method": "POST", "clientIp": "...",
+ * "body": {...}}), or from the request itself (attrs NULL). The request's
+ * own consumer, group and claims (its policies ran) are used either way.
+ * Path parameters are not attributes of a decision. Strings are the JSON
+ * document's or in `mem` (the caller frees it). */
+#define ACTION_MAX_HEADERS 64
+typedef struct {
+    sl_header_t headers[ACTION_MAX_HEADERS + 1];
+    char *mem;
+} action_rule_attrs_t;
+
+static void json_query_append(struct evbuffer *b, const char *s, size_t n)
+{
+    static const char hexd[] = "0123456789ABCDEF";
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (isalnum(ch) || ch == '-' || ch == '.' || ch == '_' || ch == '~') {
+            evbuffer_add(b, &s[i], 1);
+        } else {
+            char e[3] = {'%', hexd[ch >> 4], hexd[ch & 15]};
+            evbuffer_add(b, e, 3);
+        }
+    }
+}
+
+static void decision_rule_attrs(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
+                                action_rule_attrs_t *m, sl_route_attrs_t *a)
+{
+    memset(a, 0, sizeof(*a));
+    m->mem = NULL;
+    a->client_ip = r->client_ip;
+    if (r->pol) {
+        a->consumer = r->pol->v.consumer.name;
+        a->consumer_group = r->pol->v.consumer.group;
+        a->claims = r->pol->v.jwt_claims;
+    }
+    if (!attrs) {
+        a->method = h->method;
+        a->query = h->query;
+        a->headers = h->headers;
+        a->num_headers = h->num_headers;
+        return;
+    }
+    const char *k;
+    json_t *v;
+    size_t nh = 0;
+    json_object_foreach(json_object_get(attrs, "headers"), k, v)
+    {
+        if (json_is_string(v) && nh < ACTION_MAX_HEADERS)
+            m->headers[nh++] =
+                (sl_header_t){{k, strlen(k)}, {json_string_value(v), json_string_length(v)}};
+    }
+    /* The query and the Cookie field are assembled in one buffer. */
+    struct evbuffer *b = evbuffer_new();
+    size_t qlen = 0, clen = 0;
+    if (b) {
+        json_object_foreach(json_object_get(attrs, "query"), k, v)
+        {
+            if (!json_is_string(v))
+                continue;
+            if (evbuffer_get_length(b))
+                evbuffer_add(b, "&", 1);
+            json_query_append(b, k, strlen(k));
+            evbuffer_add(b, "=", 1);
+            json_query_append(b, json_string_value(v), json_string_length(v));
+        }
+        qlen = evbuffer_get_length(b);
+        json_object_foreach(json_object_get(attrs, "cookies"), k, v)
+        {
+            if (!json_is_string(v))
+                continue;
+            if (evbuffer_get_length(b) > qlen)
+                evbuffer_add(b, "; ", 2);
+            evbuffer_add_printf(b, "%s=%s", k, json_string_value(v));
+        }
+        clen = evbuffer_get_length(b) - qlen;
+        size_t len = evbuffer_get_length(b);
+        m->mem = malloc(len + 1);
+        if (m->mem) {
+            evbuffer_remove(b, m->mem, len);
+            m->mem[len] = '\0';
+        }
+        evbuffer_free(b);
+    }
+    if (m->mem) {
+        a->query = (sl_str_t){m->mem, qlen};
+        if (clen && nh < ACTION_MAX_HEADERS)
+            m->headers[nh++] = (sl_header_t){{"cookie", 6}, {m->mem + qlen, clen}};
+    }
+    a->headers = m->headers;
+    a->num_headers = nh;
+    json_t *method = json_object_get(attrs, "method");
+    if (json_is_string(method))
+        a->method = (sl_str_t){json_string_value(method), json_string_length(method)};
+    else
+        a->method = h->method;
+    json_t *ip = json_object_get(attrs, "clientIp");
+    if (json_is_string(ip))
+        a->client_ip = json_string_value(ip);
+    a->body = json_object_get(attrs, "body");
+}
+
+/* What a decision chooses from: the output of the rule that matched (or the
+ * default), or the route's backendRefs. */
+typedef struct {
+    const char *rule;     /* the rule's name; NULL = the default or backendRefs */
+    sl_route_choice_t ch; /* clusters: ranked, or as written when sr */
+    sl_srate_route_t *sr; /* scored by success rate, else NULL */
+    const uint32_t *weights;
+    int ordered; /* ch is the pick and its fallbacks already */
+} decision_list_t;
+
+static void decision_list(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
+                          decision_list_t *d)
+{
+    sl_gen_route_t *rt = r->route;
+    memset(d, 0, sizeof(*d));
+    if (rt->rules) {
+        action_rule_attrs_t m;
+        sl_route_attrs_t a;
+        decision_rule_attrs(r, h, attrs, &m, &a);
+        int rule = sl_route_rules_match(rt->rules, &a);
+        free(m.mem);
+        sl_route_rules_choose(rt->rules, rule, r->w->id, &d->ch);
+        d->rule = rule >= 0 ? d->ch.rule_name : NULL;
+        d->sr = d->ch.srate;
+        d->weights = d->ch.weights;
+        d->ordered = !d->sr;
+        return;
+    }
+    size_t n = rt->num_backends < SL_ROUTE_CHOICES_MAX ? rt->num_backends : SL_ROUTE_CHOICES_MAX;
+    d->ch.n = n;
+    memcpy(d->ch.clusters, rt->backends, n * sizeof(*rt->backends));
+    d->sr = rt->srate;
+    d->weights = rt->backend_weights;
+}
+
 static int action_decide(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
                          sl_request_error_t *err)
 {
     sl_gen_route_t *rt = r->route;
     uint64_t t0 = mono_ns();
-    size_t n = rt->num_backends;
-    if (n == 0) {
+    if (rt->num_backends == 0 && !rt->rules) {
         set_error(err, 503, "no_backend", 0, "the route has no backend");
         return SL_ERROR;
     }
-    if (n > SL_SRATE_MAX_BACKENDS)
-        n = SL_SRATE_MAX_BACKENDS;
+    decision_list_t d;
+    decision_list(r, h, attrs, &d);
+    size_t n = d.ch.n;
     sl_srate_score_t scores[SL_SRATE_MAX_BACKENDS];
     sl_srate_pick_t pick;
     char key[SL_SRATE_KEY_NAME_MAX];
-    int idx;
+    uint8_t order[SL_SRATE_MAX_BACKENDS];
     action_attrs_t a = {h, attrs};
-    if (rt->srate) {
-        uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
-        idx = sl_srate_pick(rt->srate, rt->backend_weights, n, hash, key, sl_endpoint_now_ms(),
-                            &r->w->rng, &pick, scores);
+    if (d.sr) {
+        /* The pick and the fallback by score: the order a proxied request
+         * would try them in. */
+        uint64_t hash = sl_srate_key(d.sr, action_attr, &a, key);
+        sl_srate_pick(d.sr, d.weights, n, hash, key, sl_endpoint_now_ms(), &r->w->rng, &pick,
+                      scores, order);
+    } else if (d.ordered) {
+        for (size_t i = 0; i < n; i++)
+            order[i] = (uint8_t)i;
     } else {
+        /* The weighted pick, the others by weight. */
         uint64_t x = sl_lb_rng_next(&r->w->rng) % rt->backend_weight_total;
-        for (idx = 0; idx < (int)n - 1 && x >= rt->backend_weights[idx]; idx++)
+        size_t idx;
+        for (idx = 0; idx < n - 1 && x >= rt->backend_weights[idx]; idx++)
             x -= rt->backend_weights[idx];
+        fallback_t fb[SL_ROUTE_CHOICES_MAX];
+        size_t nfb = 0;
+        for (size_t b = 0; b < n; b++)
+            if (b != idx)
+                fb[nfb++] = (fallback_t){b, NULL, rt->backend_weights[b]};
+        qsort(fb, nfb, sizeof(*fb), cmp_fallback);
+        order[0] = (uint8_t)idx;
+        for (size_t i = 0; i < nfb; i++)
+            order[i + 1] = (uint8_t)fb[i].idx;
     }
-    fallback_t fb[SL_SRATE_MAX_BACKENDS];
-    size_t nfb = 0;
-    for (size_t b = 0; b < n; b++)
-        if ((int)b != idx)
-            fb[nfb++] = (fallback_t){b, rt->srate ? &scores[b] : NULL, rt->backend_weights[b]};
-    qsort(fb, nfb, sizeof(*fb), cmp_fallback);
     uint64_t took_ns = mono_ns() - t0;
     json_t *doc = json_object();
     json_t *fallback = json_array();
-    for (size_t i = 0; i < nfb; i++)
+    for (size_t i = 1; i < n; i++)
         json_array_append_new(fallback,
-                              json_string(short_backend(rt->backends[fb[i].idx]->pb->name)));
-    json_object_set_new(doc, "backend", json_string(short_backend(rt->backends[idx]->pb->name)));
+                              json_string(short_backend(d.ch.clusters[order[i]]->pb->name)));
+    json_object_set_new(doc, "backend",
+                        json_string(short_backend(d.ch.clusters[order[0]]->pb->name)));
     json_object_set_new(doc, "fallback", fallback);
-    json_object_set_new(doc, "strategy", json_string(rt->srate ? "success-rate" : "weighted"));
-    /* Rule-based routing is not in this build: no rule ever matched. */
-    json_object_set_new(doc, "rule", json_null());
-    if (rt->srate) {
+    json_object_set_new(doc, "strategy", json_string(d.sr ? "success-rate" : "weighted"));
+    /* The rule that matched; null when the default or the backendRefs
+     * decided. */
+    json_object_set_new(doc, "rule", d.rule ? json_string(d.rule) : json_null());
+    if (d.sr) {
         json_t *sc = json_array();
         for (size_t b = 0; b < n; b++)
             json_array_append_new(sc, json_pack("{s:s, s:f, s:b, s:f, s:i}", "backend",
-                                                short_backend(rt->backends[b]->pb->name), "score",
+                                                short_backend(d.ch.clusters[b]->pb->name), "score",
                                                 scores[b].score_ppm / 1e6, "eliminated",
                                                 scores[b].eliminated, "eliminationScore",
                                                 scores[b].elimination_ppm / 1e6, "outcomes",
@@ -989,16 +1180,26 @@ static int action_decide(sl_request_t *r, const sl_req_head_t *h, json_t *attrs,
 static int action_feedback(sl_request_t *r, const sl_req_head_t *h, json_t *body,
                            sl_request_error_t *err)
 {
-    sl_gen_route_t *rt = r->route;
-    if (!rt->srate) {
-        set_error(err, 409, "not_success_rate", 0,
-                  "this operation's routing is not success-rate: set routing.strategy: "
-                  "success-rate on the Api or the operation");
-        return SL_ERROR;
-    }
     json_t *backend = json_object_get(body, "backend");
     json_t *outcome = json_object_get(body, "outcome");
     json_t *attrs = json_object_get(body, "attributes");
+    if (attrs && !json_is_object(attrs)) {
+        set_error(err, 400, "bad_feedback", 0,
+                  "attributes: an object {\"headers\": {...}, \"query\": {...}}");
+        return SL_ERROR;
+    }
+    /* The list the attributes route to (the rule's output, the default, the
+     * backendRefs): its windows take the report. */
+    decision_list_t d;
+    decision_list(r, h, attrs, &d);
+    if (!d.sr) {
+        set_error(err, 409, "not_success_rate", 0,
+                  "%s%s%s is not scored by success rate: set routing.strategy: success-rate on "
+                  "the Api, the operation or the rule",
+                  d.rule ? "rule '" : "this operation's routing", d.rule ? d.rule : "",
+                  d.rule ? "'" : "");
+        return SL_ERROR;
+    }
     if (!json_is_string(backend)) {
         set_error(err, 400, "bad_feedback", 0,
                   "backend: required, the name of one of the Api's backendRefs");
@@ -1010,32 +1211,30 @@ static int action_feedback(sl_request_t *r, const sl_req_head_t *h, json_t *body
         set_error(err, 400, "bad_feedback", 0, "outcome: required, \"success\" or \"failure\"");
         return SL_ERROR;
     }
-    if (attrs && !json_is_object(attrs)) {
-        set_error(err, 400, "bad_feedback", 0,
-                  "attributes: an object {\"headers\": {...}, \"query\": {...}}");
-        return SL_ERROR;
-    }
     const char *want = json_string_value(backend);
     const char *cluster = NULL;
-    for (size_t b = 0; b < rt->srate->num_backends; b++) {
-        const char *name = rt->backends[b]->pb->name;
+    for (size_t b = 0; b < d.ch.n; b++) {
+        const char *name = d.ch.clusters[b]->pb->name;
         if (strcmp(name, want) == 0 || strcmp(short_backend(name), want) == 0)
             cluster = name;
     }
     if (!cluster) {
         set_error(err, 400, "bad_feedback", 0,
-                  "backend: '%.100s' is not one of this operation's backends", want);
+                  "backend: '%.100s' is not one of the backends %s%s%s", want,
+                  d.rule ? "rule '" : "this operation chooses from", d.rule ? d.rule : "",
+                  d.rule ? "' chooses from" : "");
         return SL_ERROR;
     }
     action_attrs_t a = {h, attrs};
     char key[SL_SRATE_KEY_NAME_MAX];
-    uint64_t hash = sl_srate_key(rt->srate, action_attr, &a, key);
-    sl_srate_feedback(rt->srate, hash, key, cluster, success, sl_endpoint_now_ms());
-    return action_answer(r,
-                         json_pack("{s:b, s:s, s:s, s:s}", "recorded", 1, "backend",
-                                   short_backend(cluster), "key", key, "outcome",
-                                   success ? "success" : "failure"),
-                         err);
+    uint64_t hash = sl_srate_key(d.sr, action_attr, &a, key);
+    sl_srate_feedback(d.sr, hash, key, cluster, success, sl_endpoint_now_ms());
+    json_t *doc =
+        json_pack("{s:b, s:s, s:s, s:s}", "recorded", 1, "backend", short_backend(cluster), "key",
+                  key, "outcome", success ? "success" : "failure");
+    if (doc)
+        json_object_set_new(doc, "rule", d.rule ? json_string(d.rule) : json_null());
+    return action_answer(r, doc, err);
 }
 
 /* A decide or feedback operation answers itself, from the request's
@@ -1093,14 +1292,15 @@ static int action_route(sl_request_t *r, const sl_req_head_t *h, sl_request_erro
                       (unsigned long long)p->body_cap);
             return SL_ERROR;
         }
-        if (r->route->num_backends == 0) {
+        if (r->route->num_backends == 0 && !r->route->rules) {
             set_error(err, 503, "no_backend", 0, "the route has no backend");
             return SL_ERROR;
         }
         /* The codecs prepare an upstream head while the body is read, as
          * for any request whose body a policy reads; it is never sent, and
          * the cluster is cleared before the answer (no backend counts it). */
-        r->cluster = r->route->backends[0];
+        r->cluster =
+            r->route->rules ? sl_route_rules_head_cluster(r->route->rules) : r->route->backends[0];
         return SL_OK;
     }
     return action_run(r, h, NULL, 0, err);
@@ -1159,6 +1359,12 @@ static void route_by_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t rou
     rule_attrs(r, h, routed_path, base_path_len, &a);
     sl_route_choice_t ch;
     sl_route_rules_eval(r->route->rules, &a, r->w->id, &ch);
+    if (ch.srate) {
+        char name[SL_SRATE_KEY_NAME_MAX];
+        uint64_t hash = sl_srate_key(ch.srate, srate_attr, (void *)h, name);
+        srate_choose(r, ch.srate, ch.weights, ch.clusters, ch.n, hash, name);
+        return;
+    }
     apply_choice(r, &ch);
 }
 
@@ -1172,13 +1378,15 @@ static void defer_rules(sl_request_t *r, const sl_req_head_t *h, sl_str_t routed
     rule_attrs(r, h, routed_path, base_path_len, &a);
     sl_route_rules_defer(r->route->rules, &a, &r->pol->rule_bits);
     r->pol->rules_deferred = 1;
+    sl_srate_route_t *sr = sl_route_rules_any_srate(r->route->rules);
+    if (sr)
+        r->pol->sr_hash = sl_srate_key(sr, srate_attr, (void *)h, r->pol->sr_key);
     r->cluster = sl_route_rules_head_cluster(r->route->rules);
     r->num_choices = 0;
 }
 
-static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp)
+static void apply_choice(sl_request_t *r, const sl_route_choice_t *ch)
 {
-    const sl_route_choice_t ch = *cp;
     _Static_assert(sizeof(r->choices) / sizeof(r->choices[0]) == SL_ROUTE_CHOICES_MAX,
                    "a choice fits the request");
     /* The first backend with a usable endpoint wins (the first listed when
@@ -1188,8 +1396,8 @@ static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp)
      * same Host, so that head stays right for them. */
     uint64_t now = sl_endpoint_now_ms();
     size_t first = 0;
-    for (size_t i = 0; i < ch.n; i++) {
-        const sl_gen_cluster_t *c = ch.clusters[i];
+    for (size_t i = 0; i < ch->n; i++) {
+        const sl_gen_cluster_t *c = ch->clusters[i];
         int usable = 0;
         for (size_t e = 0; e < c->num_endpoints && !usable; e++)
             usable = sl_endpoint_usable(c->endpoints[e], now);
@@ -1198,12 +1406,13 @@ static void apply_choice(sl_request_t *r, const sl_route_choice_t *cp)
             break;
         }
     }
-    sl_gen_cluster_t *pick = ch.clusters[first];
+    sl_gen_cluster_t *pick = ch->clusters[first];
     size_t n = 0;
     r->choices[n++] = pick;
-    for (size_t i = first + 1; i < ch.n; i++) {
-        sl_gen_cluster_t *c = ch.clusters[i];
-        if (c->pb->protocol == pick->pb->protocol && c->host_rewrite.len == pick->host_rewrite.len &&
+    for (size_t i = first + 1; i < ch->n; i++) {
+        sl_gen_cluster_t *c = ch->clusters[i];
+        if (c->pb->protocol == pick->pb->protocol &&
+            c->host_rewrite.len == pick->host_rewrite.len &&
             (c->host_rewrite.len == 0 ||
              memcmp(c->host_rewrite.ptr, pick->host_rewrite.ptr, c->host_rewrite.len) == 0))
             r->choices[n++] = c;
@@ -1685,7 +1894,10 @@ int sl_request_body_done(sl_request_t *r, sl_buf_t *body, sl_request_error_t *er
         json_decref(doc);
         sl_route_choice_t ch;
         sl_route_rules_choose(r->route->rules, rule, r->w->id, &ch);
-        apply_choice(r, &ch);
+        if (ch.srate)
+            srate_choose(r, ch.srate, ch.weights, ch.clusters, ch.n, p->sr_hash, p->sr_key);
+        else
+            apply_choice(r, &ch);
         p->rules_deferred = 0;
     }
     *body = p->body;
@@ -1736,13 +1948,19 @@ const sl_policy_reply_t *sl_request_reply(const sl_request_t *r)
 
 /* ---- upstream attempts ---------------------------------------------------- */
 
+static void srate_outcome(sl_request_t *r, int success);
+
 int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
 {
     int why = SL_UPSTREAM_ERR_NO_HEALTHY;
     int exclude = r->attempts ? r->ep_index : -1;
-    /* A rule's priority list: a retry goes to the next backend. */
+    /* A rule's priority list, or the ranking by success rate: a retry goes
+     * to the next backend, and its outcome is scored for that one. */
     if (sl_unlikely(r->attempts && r->choice + 1 < r->num_choices)) {
         r->cluster = r->choices[++r->choice];
+        r->sr_pick.gbackend = r->sr_gidx[r->choice];
+        r->sr_pick.probe = 0;
+        r->sr_pick.win = NULL;
         exclude = -1;
     }
     int idx = sl_upstream_pick(r->w, r->cluster, r->hash, exclude, &why);
@@ -1751,7 +1969,14 @@ int sl_request_pick_endpoint(sl_request_t *r, sl_request_error_t *err)
     /* The first healthy backend of the list wins. */
     while (sl_unlikely(idx < 0 && r->choice + 1 < r->num_choices)) {
         SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[why], 1);
+        /* A success-rate pick without an endpoint to take the request is a
+         * connect failure (docs/routing.md: "no healthy endpoint"). */
+        if (r->sr_pick.slot && r->sr->fail_connect && why == SL_UPSTREAM_ERR_NO_HEALTHY)
+            srate_outcome(r, 0);
         r->cluster = r->choices[++r->choice];
+        r->sr_pick.gbackend = r->sr_gidx[r->choice];
+        r->sr_pick.probe = 0;
+        r->sr_pick.win = NULL;
         idx = sl_upstream_pick(r->w, r->cluster, r->hash, -1, &why);
     }
     r->attempts++;
@@ -1870,7 +2095,7 @@ int sl_request_retried_on_reset(const sl_request_t *r)
  * configured age (a request that took longer than that). */
 static void srate_outcome(sl_request_t *r, int success)
 {
-    const sl_srate_route_t *sr = r->route->srate;
+    const sl_srate_route_t *sr = r->sr;
     /* The clock is read only when outcomes age: otherwise the request's
      * start is a good enough time stamp for its slot. */
     uint64_t start_ms = r->start_mono_us / 1000, now = start_ms;
@@ -1885,8 +2110,8 @@ static void srate_outcome(sl_request_t *r, int success)
 void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind)
 {
     SL_STAT_ADD(r->cluster->stats->slots[r->w->id].errors[kind], 1);
-    if (sl_unlikely(r->route && r->route->srate && r->sr_pick.slot)) {
-        const sl_srate_route_t *sr = r->route->srate;
+    if (sl_unlikely(r->sr_pick.slot)) {
+        const sl_srate_route_t *sr = r->sr;
         int failed = 0;
         switch (kind) {
         case SL_UPSTREAM_ERR_CONNECT:
@@ -1913,11 +2138,14 @@ void sl_request_count_error(sl_request_t *r, enum sl_upstream_error kind)
 
 void sl_request_srate_response(sl_request_t *r, int status, const sl_header_t *headers, size_t n)
 {
-    const sl_srate_route_t *sr = r->route->srate;
-    const sl_header_t *f = NULL;
-    if (sr->fail_header_len)
-        f = sl_http1_find_header(headers, n, sr->pb->fail_header, sr->fail_header_len);
-    int ok = sl_srate_classify_status(sr, status, f ? f->value.ptr : NULL, f ? f->value.len : 0);
+    const sl_srate_route_t *sr = r->sr;
+    int ok = 1; /* below 400 without an outcome header: a success, no more to see */
+    if (status >= 400 || sr->fail_header_len) {
+        const sl_header_t *f = NULL;
+        if (sr->fail_header_len)
+            f = sl_http1_find_header(headers, n, sr->pb->fail_header, sr->fail_header_len);
+        ok = sl_srate_classify_status(sr, status, f ? f->value.ptr : NULL, f ? f->value.len : 0);
+    }
     if (ok >= 0)
         srate_outcome(r, ok);
 }

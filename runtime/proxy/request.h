@@ -95,6 +95,10 @@ typedef struct sl_req_policy {
      * conditions said, until the body decides (sl_request_body_done). */
     uint8_t rules_deferred;
     sl_route_bits_t rule_bits;
+    /* ...and the scoring key, when an output of the block is scored by
+     * success rate (the head is gone when the body decides). */
+    uint64_t sr_hash;
+    char sr_key[SL_SRATE_KEY_NAME_MAX];
     /* A mirror copy waiting for the body (mirror.h), NULL = none. */
     struct sl_mirror_copy *mirror;
 } sl_req_policy_t;
@@ -118,7 +122,12 @@ typedef struct sl_request {
     uint8_t cb_held;
     uint32_t fault_delay_ms; /* injected before the first attempt (sl_exchange_start) */
     struct sl_cluster_stats *cb_stats;
-    sl_srate_pick_t sr_pick; /* success-rate routing: what to score (slot 0 = nothing) */
+    /* Success-rate routing: the windows of the list chosen from (NULL =
+     * none), what to score (slot 0 = nothing), and each choice's backend
+     * in those windows, so an attempt is scored for the backend it went to. */
+    sl_srate_route_t *sr;
+    sl_srate_pick_t sr_pick;
+    uint8_t sr_gidx[16];
     int ep_index;            /* endpoint of the current attempt, -1 none */
     sl_pool_t *pool;         /* that endpoint's pool on this worker */
     uint8_t counted_request; /* pool->active_requests counts this request */
@@ -333,7 +342,7 @@ void sl_request_srate_response(sl_request_t *r, int status, const sl_header_t *h
 static inline void sl_request_note_response(sl_request_t *r, int status, const sl_header_t *headers,
                                             size_t n)
 {
-    if (sl_unlikely(r->route && r->route->srate && r->sr_pick.slot))
+    if (sl_unlikely(r->sr_pick.slot))
         sl_request_srate_response(r, status, headers, n);
 }
 

@@ -10,6 +10,7 @@
 #include "generation.h"
 #include "lb.h"
 #include "router.h"
+#include "srate.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <arpa/inet.h>
@@ -59,6 +60,12 @@ typedef struct {
     uint8_t *usable;   /* [ntargets]: weight > 0 */
     int64_t *swrr;     /* [nworkers * stride] */
     size_t stride;     /* a row per worker, whole cache lines */
+    /* Scored by success rate: the backends as written (none twice), their
+     * weights, and the windows. */
+    sl_srate_route_t *sr;
+    size_t nflat;
+    struct sl_gen_cluster **flat;
+    uint32_t *flat_weights;
 } output_t;
 
 typedef struct {
@@ -244,6 +251,9 @@ static void output_free(output_t *o)
     free(o->weights);
     free(o->usable);
     free(o->swrr);
+    sl_srate_route_free(o->sr);
+    free(o->flat);
+    free(o->flat_weights);
 }
 
 static int output_alloc(output_t *o, size_t n, unsigned nworkers)
@@ -305,6 +315,58 @@ nomem:
     return -1;
 }
 
+/* An output scored by success rate: its backends as one list (a priority
+ * list in its order, ties to the first; a split's entries with their
+ * weights) and the windows of `rule` (NULL: the block's own scope). */
+static int output_srate(output_t *o, const Sluice__V1__SuccessRate *pb, const char *rule, char *err,
+                        size_t errlen)
+{
+    if (!pb) {
+        snprintf(err, errlen, "an output scored by success rate without successRate settings");
+        return -1;
+    }
+    size_t cap = 0;
+    for (size_t i = 0; i < o->ntargets; i++)
+        cap += o->targets[i].n;
+    if (o->ntargets > 1)
+        for (size_t i = 0; i < o->ntargets; i++)
+            if (o->targets[i].n > 1) {
+                snprintf(err, errlen,
+                         "a split of priority lists cannot be scored by success "
+                         "rate");
+                return -1;
+            }
+    if (cap > SL_ROUTE_CHOICES_MAX)
+        cap = SL_ROUTE_CHOICES_MAX;
+    o->flat = calloc(cap ? cap : 1, sizeof(*o->flat));
+    o->flat_weights = calloc(cap ? cap : 1, sizeof(*o->flat_weights));
+    const char *names[SL_ROUTE_CHOICES_MAX];
+    if (!o->flat || !o->flat_weights) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < o->ntargets; i++) {
+        for (size_t k = 0; k < o->targets[i].n; k++) {
+            struct sl_gen_cluster *c = o->targets[i].clusters[k];
+            uint32_t w = o->ntargets > 1 ? o->targets[i].weight : 1;
+            size_t j = 0;
+            while (j < o->nflat && o->flat[j] != c)
+                j++;
+            if (j < o->nflat) {
+                o->flat_weights[j] += w; /* listed twice: one backend, both weights */
+                continue;
+            }
+            if (o->nflat == cap)
+                continue;
+            o->flat[o->nflat] = c;
+            o->flat_weights[o->nflat] = w;
+            names[o->nflat++] = c->pb->name;
+        }
+    }
+    o->sr = sl_srate_route_build(pb, rule, names, o->nflat, o->ntargets == 1, err, errlen);
+    return o->sr ? 0 : -1;
+}
+
 static int same_head(const struct sl_gen_cluster *a, const struct sl_gen_cluster *b)
 {
     return a->pb->protocol == b->pb->protocol && a->host_rewrite.len == b->host_rewrite.len &&
@@ -340,7 +402,8 @@ static int body_check(const sl_route_rules_t *rr, char *err, size_t errlen)
 sl_route_rules_t *sl_route_rules_build(const Sluice__V1__Routing *pb, const char *route_path,
                                        int is_template, sl_route_find_fn find, void *find_ctx,
                                        struct sl_gen_cluster *const *backends,
-                                       const uint32_t *weights, size_t n, unsigned nworkers,
+                                       const uint32_t *weights, size_t n,
+                                       const Sluice__V1__SuccessRate *sr, unsigned nworkers,
                                        char *err, size_t errlen)
 {
     sl_route_rules_t *rr = calloc(1, sizeof(*rr));
@@ -378,10 +441,19 @@ sl_route_rules_t *sl_route_rules_build(const Sluice__V1__Routing *pb, const char
             snprintf(err, errlen, "routing rule %s: %s", r->name, why);
             goto fail;
         }
+        if (rp->output->success_rate && output_srate(&r->out, sr, r->name, why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "routing rule %s: %s", r->name, why);
+            goto fail;
+        }
     }
     if (pb->default_output) {
         if (output_build(&rr->deflt, pb->default_output, find, find_ctx, rr->nworkers, why,
                          sizeof(why)) != 0) {
+            snprintf(err, errlen, "routing default: %s", why);
+            goto fail;
+        }
+        if (pb->default_output->success_rate &&
+            output_srate(&rr->deflt, sr, NULL, why, sizeof(why)) != 0) {
             snprintf(err, errlen, "routing default: %s", why);
             goto fail;
         }
@@ -407,6 +479,13 @@ sl_route_rules_t *sl_route_rules_build(const Sluice__V1__Routing *pb, const char
             t->weight = weights ? weights[i] : 1;
         }
         output_weights(&rr->deflt);
+        /* The backendRefs scored: one list, ties by weight. */
+        if (pb->backends_success_rate) {
+            if (output_srate(&rr->deflt, sr, NULL, why, sizeof(why)) != 0) {
+                snprintf(err, errlen, "routing backendRefs: %s", why);
+                goto fail;
+            }
+        }
     }
     rr->body_max = pb->max_body_bytes ? pb->max_body_bytes : 64 * 1024;
     if (rr->reads_body && body_check(rr, err, errlen) != 0)
@@ -450,6 +529,16 @@ int sl_route_rules_reads_body(const sl_route_rules_t *rr)
 uint64_t sl_route_rules_body_max(const sl_route_rules_t *rr)
 {
     return rr->body_max;
+}
+
+struct sl_srate_route *sl_route_rules_any_srate(const sl_route_rules_t *rr)
+{
+    if (!rr)
+        return NULL;
+    for (size_t i = 0; i < rr->nrules; i++)
+        if (rr->rules[i].out.sr)
+            return rr->rules[i].out.sr;
+    return rr->deflt.sr;
 }
 
 struct sl_gen_cluster *sl_route_rules_head_cluster(const sl_route_rules_t *rr)
@@ -840,6 +929,15 @@ void sl_route_rules_choose(const sl_route_rules_t *rr, int rule, unsigned worker
     out->rule = rule;
     out->rule_name = rule >= 0 ? rr->rules[rule].name : "default";
     out->n = 0;
+    out->srate = o->sr;
+    out->weights = NULL;
+    if (o->sr) {
+        /* The caller ranks them by score. */
+        out->n = o->nflat;
+        memcpy(out->clusters, o->flat, o->nflat * sizeof(*o->flat));
+        out->weights = o->flat_weights;
+        return;
+    }
     size_t pick = 0;
     if (o->ntargets > 1) {
         if (worker >= rr->nworkers)

@@ -16,8 +16,13 @@
  * `action: decide`) evaluate the same rules for attributes they assemble
  * themselves: fill an sl_route_attrs_t, call sl_route_rules_eval.
  *
+ * An output scored by success rate (RouteOutput.success_rate) holds its
+ * windows' handle (srate.h, one scope per rule) and is chosen as its list
+ * of backends as written: the caller ranks them by score (request.c, which
+ * knows the request's scoring key).
+ *
  * Not here: which cluster of the list is healthy (request.c tries them in
- * order, sl_request_pick_endpoint), success-rate scoring.
+ * order, sl_request_pick_endpoint), the success-rate pick itself.
  */
 #ifndef SL_ROUTE_RULES_H
 #define SL_ROUTE_RULES_H
@@ -29,6 +34,7 @@
 #include <jansson.h>
 
 struct sl_gen_cluster;
+struct sl_srate_route;
 typedef struct sl_route_rules sl_route_rules_t;
 
 /* The most backends a choice lists (the pick and its fallbacks). */
@@ -54,6 +60,12 @@ typedef struct {
     const char *rule_name; /* its name ("rules[2]" when unnamed), "default" */
     size_t n;              /* clusters listed, >= 1 */
     struct sl_gen_cluster *clusters[SL_ROUTE_CHOICES_MAX];
+    /* Scored by success rate: clusters are the output's backends as
+     * written (none twice), weights[n] theirs, and srate ranks them
+     * (sl_srate_pick, backend i is the route's i). NULL: clusters are the
+     * pick and its fallbacks, in order. */
+    struct sl_srate_route *srate;
+    const uint32_t *weights;
 } sl_route_choice_t;
 
 /* Resolves a snapshot cluster name ("ns/name") to the generation's cluster. */
@@ -62,15 +74,22 @@ typedef struct sl_gen_cluster *(*sl_route_find_fn)(void *ctx, const char *name);
 /*
  * Compiles `pb` for one route: route_path is the operation's path (relative
  * to the base path) and is_template whether it has parameters; `backends`
- * with `weights` (n of them) is the default when pb has none. Returns NULL
- * with a message in err (a regex PCRE2 refuses, an unknown cluster):
- * the caller refuses the generation (the runtime NACKs it).
+ * with `weights` (n of them) is the default when pb has none. sr is the
+ * route's success-rate settings (NULL: none), for the outputs scored by
+ * success rate. Returns NULL with a message in err (a regex PCRE2 refuses,
+ * an unknown cluster): the caller refuses the generation (the runtime
+ * NACKs it).
  */
 sl_route_rules_t *sl_route_rules_build(const Sluice__V1__Routing *pb, const char *route_path,
                                        int is_template, sl_route_find_fn find, void *find_ctx,
                                        struct sl_gen_cluster *const *backends,
-                                       const uint32_t *weights, size_t n, unsigned nworkers,
+                                       const uint32_t *weights, size_t n,
+                                       const Sluice__V1__SuccessRate *sr, unsigned nworkers,
                                        char *err, size_t errlen);
+
+/* An output of the block scored by success rate (they share the block's
+ * scoring keys), or NULL when none is. */
+struct sl_srate_route *sl_route_rules_any_srate(const sl_route_rules_t *rr);
 void sl_route_rules_free(sl_route_rules_t *rr);
 
 /* Some condition reads JWT claims: the chain must keep them. */

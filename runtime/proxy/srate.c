@@ -38,6 +38,8 @@ typedef struct {
     /* sharing: redis: outcomes recorded here and not yet sent */
     _Atomic uint32_t pending_ok;
     _Atomic uint32_t pending_fail;
+    /* Exploration probes in a row that succeeded (recoveryProbes). */
+    _Atomic uint32_t probe_streak;
     _Atomic uint8_t *slots;   /* [window], 1 success, 0 failure */
     _Atomic uint32_t ts_ms[]; /* [window], ms since the group's epoch; 0 = cold */
 } window_t;
@@ -118,9 +120,35 @@ static uint32_t now_rel(const sl_srate_group_t *g, uint64_t now_ms)
 
 /* Lock-free: concurrent records each move head and exchange one slot, so
  * `successes` always equals the successful slots once they are done. */
-static void window_record(window_t *w, uint32_t n, int ok, uint32_t now_rel_ms,
-                          uint32_t elim_floor_q24, int share)
+/* A backend out of the best choice whose exploration probes succeeded
+ * `recovery_probes` times in a row has recovered: the failures still in its
+ * window (all older than those probes) no longer count, and its elimination
+ * score starts over. Lock-free like a record: each slot turned from failure
+ * to success adds one to `successes`, once. */
+static void window_forgive(window_t *w, uint32_t n)
 {
+    for (uint32_t i = 0; i < n; i++) {
+        if (atomic_load_explicit(&w->slots[i], memory_order_relaxed))
+            continue;
+        if (atomic_exchange_explicit(&w->slots[i], 1, memory_order_relaxed) == 0)
+            atomic_fetch_add_explicit(&w->successes, 1, memory_order_relaxed);
+    }
+    atomic_store_explicit(&w->elim_q24, Q24_ONE, memory_order_relaxed);
+}
+
+static void window_record(window_t *w, uint32_t n, int ok, uint32_t now_rel_ms,
+                          uint32_t elim_floor_q24, int share, int probe, uint32_t recovery_probes)
+{
+    if (!ok) {
+        if (atomic_load_explicit(&w->probe_streak, memory_order_relaxed))
+            atomic_store_explicit(&w->probe_streak, 0, memory_order_relaxed);
+    } else if (probe && recovery_probes) {
+        uint32_t streak = atomic_fetch_add_explicit(&w->probe_streak, 1, memory_order_relaxed) + 1;
+        if (streak >= recovery_probes) {
+            atomic_store_explicit(&w->probe_streak, 0, memory_order_relaxed);
+            window_forgive(w, n);
+        }
+    }
     if (share)
         atomic_fetch_add_explicit(ok ? &w->pending_ok : &w->pending_fail, 1, memory_order_relaxed);
     uint32_t pos = atomic_fetch_add_explicit(&w->head, 1, memory_order_relaxed) % n;
@@ -147,15 +175,15 @@ static void window_record(window_t *w, uint32_t n, int ok, uint32_t now_rel_ms,
 /* Success ratio per million. Without an age limit: successes / window.
  * With one, failures older than it no longer count (the slot reverts to
  * the optimistic prior), which needs a scan of the window. */
-static void window_score(const window_t *w, uint32_t n, uint32_t max_age_ms, uint32_t now_rel_ms,
-                         uint32_t elimination_q24, sl_srate_score_t *s)
+static uint32_t window_score(const window_t *w, uint32_t n, uint32_t max_age_ms,
+                             uint32_t now_rel_ms, uint32_t elimination_q24, sl_srate_score_t *s)
 {
     if (!w) {
         s->score_ppm = SL_SRATE_PPM;
         s->elimination_ppm = SL_SRATE_PPM;
         s->outcomes = 0;
         s->eliminated = 0;
-        return;
+        return n;
     }
     uint32_t ok;
     if (!max_age_ms) {
@@ -178,6 +206,7 @@ static void window_score(const window_t *w, uint32_t n, uint32_t max_age_ms, uin
     uint32_t head = atomic_load_explicit(&w->head, memory_order_relaxed);
     s->outcomes = head < n ? head : n;
     s->eliminated = elimination_q24 && e < elimination_q24;
+    return ok;
 }
 
 /* ---- keys ------------------------------------------------------------------- */
@@ -564,9 +593,9 @@ static void share_apply(sl_srate_group_t *g, const redisReply *e, uint64_t now_m
     uint32_t floor = e_q24 ? e_q24 / 2 : Q24_ONE / 1000;
     for (unsigned i = 0; i < ok || i < fail; i++) {
         if (i < ok)
-            window_record(w, g->window, 1, now_rel(g, now_ms), floor, 0);
+            window_record(w, g->window, 1, now_rel(g, now_ms), floor, 0, 0, 0);
         if (i < fail)
-            window_record(w, g->window, 0, now_rel(g, now_ms), floor, 0);
+            window_record(w, g->window, 0, now_rel(g, now_ms), floor, 0, 0, 0);
     }
 }
 
@@ -680,18 +709,30 @@ static void share_start(void)
     pthread_once(&share.once, share_init);
 }
 
-sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
-                                       const char *const *backend_names, size_t n, char *err,
-                                       size_t errlen)
+sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb, const char *rule,
+                                       const char *const *backend_names, size_t n, int in_order,
+                                       char *err, size_t errlen)
 {
+    char scope_buf[512];
+    const char *scope = pb->scope;
+    if (rule) {
+        snprintf(scope_buf, sizeof(scope_buf), "%s rule:%s", pb->scope, rule);
+        scope = scope_buf;
+    }
     sl_srate_route_t *sr = calloc(1, sizeof(*sr));
     if (!sr || !(sr->gidx = calloc(n ? n : 1, 1)))
         goto nomem;
     sr->pb = pb;
     sr->num_backends = n;
+    sr->in_order = (uint8_t)(in_order != 0);
+    sr->fixed_hash = sl_lb_hash("*", 1);
+    if (!sr->fixed_hash)
+        sr->fixed_hash = 1;
     sr->explore_ppm = pb->explore_ppm;
     sr->elimination_q24 = (uint32_t)((uint64_t)pb->elimination_ppm * Q24_ONE / SL_SRATE_PPM);
     sr->max_outcome_age_ms = pb->max_outcome_age_ms;
+    sr->tolerance_ppm = pb->tolerance_ppm;
+    sr->recovery_probes = pb->recovery_probes;
     sr->fail_connect = pb->fail_connect;
     sr->fail_reset = pb->fail_reset;
     sr->fail_timeout = pb->fail_timeout;
@@ -708,8 +749,8 @@ sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
         pthread_mutex_lock(&registry_lock);
         sl_srate_group_t *g = NULL;
         if (attempt == 0) {
-            g = group_acquire(pb->scope, pb->window, pb->max_keys, pb->redis_address);
-        } else if ((g = group_new(pb->scope, pb->window, pb->max_keys, pb->redis_address))) {
+            g = group_acquire(scope, pb->window, pb->max_keys, pb->redis_address);
+        } else if ((g = group_new(scope, pb->window, pb->max_keys, pb->redis_address))) {
             g->refs = 1;
             g->next = registry;
             registry = g;
@@ -738,11 +779,16 @@ sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
         group_release(g);
     }
 nomem:
-    snprintf(err, errlen, "success-rate routing %s: out of memory", pb->scope);
+    snprintf(err, errlen, "success-rate routing %s: out of memory", scope);
     if (sr)
         free(sr->gidx);
     free(sr);
     return NULL;
+}
+
+const char *sl_srate_route_scope(const sl_srate_route_t *sr)
+{
+    return sr->group->scope;
 }
 
 void sl_srate_route_free(sl_srate_route_t *sr)
@@ -763,7 +809,10 @@ uint64_t sl_srate_key(const sl_srate_route_t *sr, sl_srate_attr_fn get, void *ct
     const Sluice__V1__SuccessRate *pb = sr->pb;
     size_t len = 0;
     if (pb->n_keys == 0) {
-        buf[len++] = '*';
+        /* One key for every request: its hash was computed once. */
+        buf[0] = '*';
+        buf[1] = '\0';
+        return sr->fixed_hash;
     } else {
         for (size_t i = 0; i < pb->n_keys; i++) {
             const char *v;
@@ -783,11 +832,55 @@ uint64_t sl_srate_key(const sl_srate_route_t *sr, sl_srate_attr_fn get, void *ct
     return h ? h : 1;
 }
 
+/* Ranks the others after the pick: not eliminated first, then the most
+ * successes in the window (all of a scope's windows have one length), then
+ * the higher weight (or the earlier position for a list in order). n is
+ * small (at most SL_ROUTE_CHOICES_MAX in practice): an insertion sort. */
+static int ranks_before(const uint32_t *ok, const uint8_t *el, const uint32_t *weights,
+                        int in_order, uint8_t a, uint8_t b)
+{
+    if (el[a] != el[b])
+        return el[a] < el[b];
+    if (ok[a] != ok[b])
+        return ok[a] > ok[b];
+    if (!in_order && weights && weights[a] != weights[b])
+        return weights[a] > weights[b];
+    return a < b;
+}
+
+static void rank(const uint32_t *ok, const uint8_t *el, const uint32_t *weights, int in_order,
+                 size_t n, size_t pick, uint8_t *order)
+{
+    order[0] = (uint8_t)pick;
+    size_t m = 1;
+    for (size_t b = 0; b < n; b++) {
+        if (b == pick)
+            continue;
+        size_t i = m++;
+        while (i > 1 && ranks_before(ok, el, weights, in_order, (uint8_t)b, order[i - 1])) {
+            order[i] = order[i - 1];
+            i--;
+        }
+        order[i] = (uint8_t)b;
+    }
+}
+
+/*
+ * The request path's cost is here: one key lookup (a hash probe), one read
+ * of each backend's success count and elimination score, one random draw,
+ * comparisons in counts (no division). The scan of a window happens only
+ * with maxOutcomeAge, and the per-million scores only for a caller that
+ * wants them (the decision API).
+ */
 int sl_srate_pick(sl_srate_route_t *sr, const uint32_t *weights, size_t n, uint64_t hash,
                   const char *name, uint64_t now_ms, sl_lb_rng_t *rng, sl_srate_pick_t *out,
-                  sl_srate_score_t *scores)
+                  sl_srate_score_t *scores, uint8_t *order)
 {
-    memset(out, 0, sizeof(*out));
+    out->slot = 0;
+    out->tag = 0;
+    out->explored = 0;
+    out->probe = 0;
+    out->win = NULL;
     if (n == 0)
         return -1;
     sl_srate_group_t *g = sr->group;
@@ -801,59 +894,105 @@ int sl_srate_pick(sl_srate_route_t *sr, const uint32_t *weights, size_t n, uint6
         if (atomic_load_explicit(&k->last_used_ms, memory_order_relaxed) + 1000 <= now_ms)
             atomic_store_explicit(&k->last_used_ms, now_ms, memory_order_relaxed);
     }
-    uint32_t rel = now_rel(g, now_ms);
-    sl_srate_score_t local[SL_SRATE_MAX_BACKENDS];
-    sl_srate_score_t *s = scores ? scores : local;
     if (n > SL_SRATE_MAX_BACKENDS)
         n = SL_SRATE_MAX_BACKENDS;
-    uint32_t best = 0;
+    uint32_t win = g->window;
+    uint32_t ok[SL_SRATE_MAX_BACKENDS];
+    uint8_t el[SL_SRATE_MAX_BACKENDS];
     int any_standing = 0;
-    for (size_t b = 0; b < n; b++) {
-        window_t *w = k ? atomic_load_explicit(&k->win[sr->gidx[b]], memory_order_acquire) : NULL;
-        window_score(w, g->window, sr->max_outcome_age_ms, rel, sr->elimination_q24, &s[b]);
-        if (!s[b].eliminated)
-            any_standing = 1;
+    if (scores || sr->max_outcome_age_ms) {
+        uint32_t rel = now_rel(g, now_ms);
+        sl_srate_score_t one;
+        for (size_t b = 0; b < n; b++) {
+            window_t *w =
+                k ? atomic_load_explicit(&k->win[sr->gidx[b]], memory_order_acquire) : NULL;
+            sl_srate_score_t *s = scores ? &scores[b] : &one;
+            ok[b] = window_score(w, win, sr->max_outcome_age_ms, rel, sr->elimination_q24, s);
+            el[b] = s->eliminated;
+            any_standing |= !el[b];
+        }
+    } else {
+        for (size_t b = 0; b < n; b++) {
+            window_t *w =
+                k ? atomic_load_explicit(&k->win[sr->gidx[b]], memory_order_acquire) : NULL;
+            if (!w) {
+                ok[b] = win;
+                el[b] = 0;
+            } else {
+                uint32_t o = atomic_load_explicit(&w->successes, memory_order_relaxed);
+                ok[b] = o < win ? o : win;
+                el[b] =
+                    sr->elimination_q24 &&
+                    atomic_load_explicit(&w->elim_q24, memory_order_relaxed) < sr->elimination_q24;
+            }
+            any_standing |= !el[b];
+        }
     }
-    int explore = sr->explore_ppm && sl_lb_rng_next(rng) % SL_SRATE_PPM < sr->explore_ppm;
-    /* Candidates: every backend when exploring; else the best score among
-     * those not eliminated (among all when every one is). */
+    /* One draw: its low half decides exploration, its high half the pick. */
+    uint64_t draw = sl_lb_rng_next(rng);
+    int explore = sr->explore_ppm && (uint32_t)draw % SL_SRATE_PPM < sr->explore_ppm;
+    /* The best choice: the backends not eliminated (all of them when every
+     * one is) whose score is within the tolerance of the best, in counts:
+     * (best - ok) / win <= tolerance. */
+    uint32_t best = 0;
+    for (size_t b = 0; b < n; b++)
+        if ((!any_standing || !el[b]) && ok[b] > best)
+            best = ok[b];
+    uint64_t tol = (uint64_t)sr->tolerance_ppm * win;
     uint8_t cand[SL_SRATE_MAX_BACKENDS];
+    size_t nbest = 0;
     for (size_t b = 0; b < n; b++) {
-        cand[b] = explore || !any_standing || !s[b].eliminated;
-        if (cand[b] && s[b].score_ppm > best)
-            best = s[b].score_ppm;
+        cand[b] = (!any_standing || !el[b]) && (uint64_t)(best - ok[b]) * SL_SRATE_PPM <= tol;
+        nbest += cand[b];
     }
-    uint64_t total = 0;
-    for (size_t b = 0; b < n; b++) {
-        if (!explore && cand[b] && s[b].score_ppm != best)
-            cand[b] = 0;
-        if (cand[b])
-            total += weights[b] ? weights[b] : 1;
+    /* Exploration probes the others, so that a backend out of the best
+     * choice is seen to recover (all of them when every one is best). */
+    int probe = 0;
+    if (explore && nbest < n) {
+        for (size_t b = 0; b < n; b++)
+            cand[b] = !cand[b];
+        probe = 1;
     }
-    uint64_t x = sl_lb_rng_next(rng) % total;
-    size_t pick = 0;
-    for (size_t b = 0; b < n; b++) {
-        if (!cand[b])
-            continue;
-        uint64_t wt = weights[b] ? weights[b] : 1;
-        pick = b;
-        if (x < wt)
-            break;
-        x -= wt;
+    int by_weight = !sr->in_order && weights;
+    size_t pick = n;
+    if (sr->in_order && !explore) {
+        for (pick = 0; !cand[pick]; pick++)
+            ; /* ties go to the first listed */
+    } else {
+        /* Ties by weight (uniformly for a list in order while exploring). */
+        uint64_t total = 0;
+        for (size_t b = 0; b < n; b++)
+            if (cand[b])
+                total += by_weight && weights[b] ? weights[b] : 1;
+        uint64_t x = (draw >> 32) % total;
+        for (size_t b = 0; b < n; b++) {
+            if (!cand[b])
+                continue;
+            uint64_t wt = by_weight && weights[b] ? weights[b] : 1;
+            pick = b;
+            if (x < wt)
+                break;
+            x -= wt;
+        }
     }
+    out->probe = (uint8_t)probe;
     out->gbackend = sr->gidx[pick];
     out->explored = (uint8_t)explore;
+    out->win = k ? atomic_load_explicit(&k->win[out->gbackend], memory_order_relaxed) : NULL;
+    if (order)
+        rank(ok, el, weights, sr->in_order, n, pick, order);
     return (int)pick;
 }
 
-static void record_in(sl_srate_group_t *g, srkey_t *k, uint8_t gb, int success, uint64_t now_ms,
-                      uint32_t elimination_q24)
+static void record_in(sl_srate_group_t *g, srkey_t *k, uint8_t gb, window_t *w, int success,
+                      uint64_t now_ms, uint32_t elimination_q24, int probe,
+                      uint32_t recovery_probes)
 {
-    window_t *w = key_window(g, k, gb);
-    if (!w)
+    if (!w && !(w = key_window(g, k, gb)))
         return;
     uint32_t floor = elimination_q24 ? elimination_q24 / 2 : Q24_ONE / 1000;
-    window_record(w, g->window, success, now_rel(g, now_ms), floor, g->redis_addr != NULL);
+    window_record(w, g->window, success, now_rel(g, now_ms), floor, g->redis_addr != NULL, probe,
+                  recovery_probes);
 }
 
 void sl_srate_record(const sl_srate_route_t *sr, const sl_srate_pick_t *p, int success,
@@ -865,7 +1004,11 @@ void sl_srate_record(const sl_srate_route_t *sr, const sl_srate_pick_t *p, int s
     srkey_t *k = atomic_load_explicit(&g->keys[p->slot - 1], memory_order_acquire);
     if (!k || atomic_load_explicit(&k->tag, memory_order_acquire) != p->tag)
         return; /* the key was evicted meanwhile */
-    record_in(g, k, p->gbackend, success, now_ms, sr->elimination_q24);
+    /* A window once made stays its (key slot, backend)'s until the group
+     * goes (an eviction resets it, and the tag above tells): the pick's
+     * pointer is good. */
+    record_in(g, k, p->gbackend, p->win, success, now_ms, sr->elimination_q24, p->probe,
+              sr->recovery_probes);
 }
 
 int sl_srate_feedback(sl_srate_route_t *sr, uint64_t hash, const char *name, const char *backend,
@@ -886,7 +1029,7 @@ int sl_srate_feedback(sl_srate_route_t *sr, uint64_t hash, const char *name, con
     uint32_t slot = lookup_key(g, hash, name, now_ms);
     srkey_t *k = slot ? atomic_load_explicit(&g->keys[slot - 1], memory_order_acquire) : NULL;
     if (k)
-        record_in(g, k, (uint8_t)gb, success, now_ms, sr->elimination_q24);
+        record_in(g, k, (uint8_t)gb, NULL, success, now_ms, sr->elimination_q24, 0, 0);
     return 0;
 }
 

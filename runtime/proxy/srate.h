@@ -58,11 +58,15 @@ typedef struct sl_srate_route {
     uint32_t explore_ppm;
     uint32_t elimination_q24; /* threshold, 1.0 = 1 << 24; 0 = off */
     uint32_t max_outcome_age_ms;
+    uint32_t tolerance_ppm;   /* scores within this of the best tie */
+    uint32_t recovery_probes; /* successful probes in a row that clear old failures; 0 = off */
     uint8_t fail_connect, fail_reset, fail_timeout, fail_5xx;
     uint64_t fail_status_mask[4]; /* bit (status - 400) for 400..655 */
     size_t fail_header_len;
     size_t num_backends;
-    uint8_t *gidx; /* [num_backends]: the route's backend b is the group's gidx[b] */
+    uint8_t *gidx;       /* [num_backends]: the route's backend b is the group's gidx[b] */
+    uint8_t in_order;    /* ties go to the first listed (a priority list), not by weight */
+    uint64_t fixed_hash; /* no keys configured: the hash of "*", computed once */
 } sl_srate_route_t;
 
 /* What a pick leaves for the outcome of its request. slot 0 = nothing to
@@ -72,6 +76,8 @@ typedef struct {
     uint32_t tag;
     uint8_t gbackend;
     uint8_t explored;
+    uint8_t probe; /* explored, and the backend was out of the best choice */
+    void *win;     /* gbackend's window as the pick saw it; NULL: look it up */
 } sl_srate_pick_t;
 
 /* A backend's standing for one key, as the decision saw it. */
@@ -82,12 +88,19 @@ typedef struct {
     uint8_t eliminated;
 } sl_srate_score_t;
 
-/* Main thread, while building a generation: the state of pb->scope (made or
- * shared) and the indexes of the route's backends. NULL with err set on
- * failure (out of memory). */
-sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb,
-                                       const char *const *backend_names, size_t n, char *err,
-                                       size_t errlen);
+/* Main thread, while building a generation: the state of the scope (made or
+ * shared) and the indexes of the n backends the list chooses from. The
+ * scope is pb->scope for the route's backendRefs or the block's default,
+ * and pb->scope + " rule:" + rule for a rule's output (rule != NULL), so
+ * every rule scores its backends apart. in_order: ties (cold start, all
+ * healthy) go to the first listed backend, as a priority list says;
+ * otherwise they are broken by weight. NULL with err set on failure (out of
+ * memory). */
+sl_srate_route_t *sl_srate_route_build(const Sluice__V1__SuccessRate *pb, const char *rule,
+                                       const char *const *backend_names, size_t n, int in_order,
+                                       char *err, size_t errlen);
+/* The scope's name (for /scores, the decision API). */
+const char *sl_srate_route_scope(const sl_srate_route_t *sr);
 void sl_srate_route_free(sl_srate_route_t *sr);
 
 /* The scoring key of a request: its values joined by ',' into buf (a
@@ -101,13 +114,15 @@ uint64_t sl_srate_key(const sl_srate_route_t *sr, sl_srate_attr_fn get, void *ct
 
 /*
  * Worker: picks among the route's n backends for the key (hash, name) and
- * returns the index, or -1 when n == 0. `explore_draw` in [0, 1e6) decides
- * exploration (pass SL_SRATE_PPM to never explore); `pick_draw` breaks ties
- * by weight. scores[n], when not NULL, receives what the decision saw.
+ * returns the index, or -1 when n == 0. weights (NULL: all equal) break
+ * ties unless the route is in_order. scores[n], when not NULL, receives what
+ * the decision saw. order[n], when not NULL, receives the ranking: the pick
+ * first, then the others by (not eliminated, best score, then weight or
+ * position), the fallback a retry moves down.
  */
 int sl_srate_pick(sl_srate_route_t *sr, const uint32_t *weights, size_t n, uint64_t hash,
                   const char *name, uint64_t now_ms, sl_lb_rng_t *rng, sl_srate_pick_t *out,
-                  sl_srate_score_t *scores);
+                  sl_srate_score_t *scores, uint8_t *order);
 
 /* Records an outcome (1 success, 0 failure) of a pick. Worker or main. */
 void sl_srate_record(const sl_srate_route_t *sr, const sl_srate_pick_t *p, int success,

@@ -162,8 +162,9 @@ def test_the_issue_yaml_sends_traffic_away_from_a_failing_backend(origins, runti
     flaky.behave = half_failing(503)
     send(port, 100)  # the windows learn
     later = send(port, 400)
-    # Only exploration (5%, half of it to flaky) still reaches flaky.
-    assert share(later, "flaky") < 0.08, "flaky kept %.3f of traffic" % share(later, "flaky")
+    # Only the probes (5% of requests, all to flaky, the one out of the best
+    # choice) still reach flaky.
+    assert share(later, "flaky") < 0.10, "flaky kept %.3f of traffic" % share(later, "flaky")
     b = score_of(rt, "*", "default/flaky")
     assert b is not None and b["score"] < 1.0 and b["failures"] > 0, b
     assert score_of(rt, "*", "default/steady")["score"] == 1.0
@@ -183,9 +184,10 @@ def test_exploration_brings_a_recovered_backend_back(origins, runtimes):
     flaky.behave = half_failing(503)
     send(port, 200)
     degraded = send(port, 200)
-    assert share(degraded, "flaky") < 0.2, share(degraded, "flaky")
+    # The probes (20% of requests, all to flaky, out of the best choice).
+    assert share(degraded, "flaky") < 0.3, share(degraded, "flaky")
     flaky.behave = lambda n, h: (200, [])
-    # Exploration (10% of requests reach flaky) refills its window with
+    # The probes (20% of requests reach flaky) refill its window with
     # successes; then it ties with steady and gets its weight's share again.
     send(port, 300)
     healed = send(port, 300)
@@ -203,7 +205,7 @@ def test_outcome_header_reports_business_failures(origins, runtimes):
     flaky.behave = lambda n, h: (200, [("X-Outcome", "failure")] if n % 2 == 0 else [])
     send(port, 150)
     later = send(port, 300)
-    assert share(later, "flaky") < 0.08, share(later, "flaky")
+    assert share(later, "flaky") < 0.10, share(later, "flaky")
 
 
 def test_scoring_keys_keep_separate_scores(origins, runtimes):
@@ -229,8 +231,8 @@ def test_scoring_keys_keep_separate_scores(origins, runtimes):
         send(port, 100, headers={"X-Payment-Method": "upi"}, query="?currency=EUR")
     card = send(port, 300, headers={"X-Payment-Method": "card"}, query="?currency=EUR")
     upi = send(port, 300, headers={"X-Payment-Method": "upi"}, query="?currency=EUR")
-    assert share(card, "steady") > 0.92, share(card, "steady")
-    assert share(upi, "flaky") > 0.92, share(upi, "flaky")
+    assert share(card, "steady") > 0.90, share(card, "steady")
+    assert share(upi, "flaky") > 0.90, share(upi, "flaky")
     assert score_of(rt, "card,EUR", "default/flaky")["score"] < 1.0
     assert score_of(rt, "card,EUR", "default/steady")["score"] == 1.0
     assert score_of(rt, "upi,EUR", "default/steady")["score"] < 1.0
@@ -257,7 +259,7 @@ def test_chosen_statuses_count_as_failures(origins, runtimes):
     flaky.behave = lambda n, h: (429, []) if n % 2 == 0 else (200, [])
     send(port, 100)
     later = send(port, 300)
-    assert share(later, "flaky") < 0.08, share(later, "flaky")
+    assert share(later, "flaky") < 0.10, share(later, "flaky")
 
 
 def test_connect_failures_count_and_elimination_shows(origins, runtimes):
@@ -268,7 +270,9 @@ def test_connect_failures_count_and_elimination_shows(origins, runtimes):
         "successRate": {"window": 20, "explorePercent": 50, "eliminationThreshold": 0.2}}))
     flaky.stop()  # connection refused from now on
     seen = send(port, 200)
-    assert seen.count(None) > 0  # the explored requests to flaky failed (502)
+    # The explored requests to flaky failed to connect; their retry went to
+    # the next-best backend, so no client saw the failure.
+    assert seen.count(None) == 0 and set(seen) == {"steady"}, seen
     b = score_of(rt, "*", "default/flaky")
     assert b["eliminated"] and b["score"] == 0.0, b
     samples = rt.metrics()
@@ -315,7 +319,7 @@ def test_windows_survive_a_config_swap(origins, runtimes):
     assert after["score"] == before["score"] and after["failures"] == before["failures"], \
         (before, after)
     later = send(port, 200)
-    assert share(later, "flaky") < 0.08
+    assert share(later, "flaky") < 0.10
 
 
 def test_invalid_routing_is_refused_with_the_field(origins, runtimes):
@@ -330,11 +334,12 @@ def test_invalid_routing_is_refused_with_the_field(origins, runtimes):
     rt.reload_invalid(config(port, steady, flaky, routing={
         "successRate": {"window": 10}}))
     assert "only used with strategy: success-rate" in rt.log()
-    # Success rate among a rule's output is not built yet: refused, never
-    # silently ignored in favour of the rules.
+    # A success-rate output is ranked by score: a split of priority lists
+    # (an order of its own) is refused, never silently reordered.
     rt.reload_invalid(config(port, steady, flaky, routing={
-        "strategy": "success-rate", "default": {"backend": "steady"}}))
-    assert "spec.routing.strategy: success-rate picks among backendRefs" in rt.log(), \
+        "strategy": "success-rate",
+        "default": {"split": [{"priority": ["steady", "flaky"]}, {"backend": "flaky"}]}}))
+    assert "spec.routing.default.split[0].priority: a success-rate output orders" in rt.log(), \
         rt.log()[-2000:]
 
 
@@ -529,3 +534,25 @@ def test_two_runtimes_share_outcomes_through_redis(origins, runtimes, redis_serv
     seen = send(port_a, 20, headers={"X-Payment-Method": "card"})
     assert all(s in ("steady", "flaky") for s in seen)
     assert score_of(rt_a, "card", "default/steady")["failures"] >= after
+
+
+def test_recovery_probes_bring_a_healed_backend_back_quickly(origins, runtimes):
+    """A healed backend's window is still full of the degradation's
+    failures; 16 successful probes in a row clear them (recoveryProbes),
+    instead of waiting for 125 probes to push them out."""
+    def run(recovery_probes):
+        steady, flaky = origins("steady"), origins("flaky")
+        port = free_port()
+        sr = {"window": 125, "explorePercent": 5}
+        if recovery_probes is not None:
+            sr["recoveryProbes"] = recovery_probes
+        runtimes(config(port, steady, flaky,
+                        routing={"strategy": "success-rate", "successRate": sr}))
+        flaky.behave = half_failing(503)
+        send(port, 400)
+        flaky.behave = lambda n, h: (200, [])
+        send(port, 700)  # about 35 probes reach flaky
+        return share(send(port, 300), "flaky")
+
+    assert run(None) > 0.3  # the default, 16
+    assert run(0) < 0.15    # off: 35 of the 60-odd failures are still there

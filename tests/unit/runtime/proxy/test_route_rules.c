@@ -99,7 +99,7 @@ static void test_rules_pick_and_missing_is_false(void **state)
     pb.default_output = out1(ca, 1, 1, &td, &od, tpd);
     char err[300];
     sl_route_rules_t *rr =
-        sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, 2, err, sizeof(err));
+        sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, NULL, 2, err, sizeof(err));
     assert_non_null(rr);
 
     sl_http1_header_t h[] = {{{"X-Canary", 8}, {"on", 2}}};
@@ -154,7 +154,7 @@ static void test_split_is_exact_per_worker(void **state)
     pb.default_output = &o;
     char err[300];
     sl_route_rules_t *rr =
-        sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, 2, err, sizeof(err));
+        sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, NULL, 2, err, sizeof(err));
     assert_non_null(rr);
     int count[3] = {0};
     sl_route_attrs_t a = {0};
@@ -182,7 +182,8 @@ static void test_unknown_cluster_refused(void **state)
     Sluice__V1__Routing pb = SLUICE__V1__ROUTING__INIT;
     pb.default_output = out1(cx, 1, 1, &t, &o, tp);
     char err[300];
-    assert_null(sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, 1, err, sizeof(err)));
+    assert_null(
+        sl_route_rules_build(&pb, "/", 0, find, NULL, NULL, NULL, 0, NULL, 1, err, sizeof(err)));
     assert_non_null(strstr(err, "ns/nope"));
 }
 

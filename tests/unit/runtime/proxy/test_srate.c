@@ -30,7 +30,7 @@ static sl_srate_route_t *route(Sluice__V1__SuccessRate *pb, const char *scope, u
     pb->max_keys = 16;
     pb->fail_connect = pb->fail_reset = pb->fail_timeout = pb->fail_5xx = 1;
     char err[128];
-    sl_srate_route_t *sr = sl_srate_route_build(pb, NAMES, n, err, sizeof(err));
+    sl_srate_route_t *sr = sl_srate_route_build(pb, NULL, NAMES, n, 0, err, sizeof(err));
     assert_non_null(sr);
     return sr;
 }
@@ -43,8 +43,9 @@ static void outcomes(sl_srate_route_t *sr, size_t b, int fails, int oks)
     char key[SL_SRATE_KEY_NAME_MAX] = "*";
     uint64_t h = sl_lb_hash(key, 1);
     sl_srate_pick_t p;
-    sl_srate_pick(sr, EQUAL, sr->num_backends, h, key, 1000, &rng, &p, NULL);
+    sl_srate_pick(sr, EQUAL, sr->num_backends, h, key, 1000, &rng, &p, NULL, NULL);
     p.gbackend = sr->gidx[b];
+    p.win = NULL;
     for (int i = 0; i < fails; i++)
         sl_srate_record(sr, &p, 0, 1000);
     for (int i = 0; i < oks; i++)
@@ -57,7 +58,7 @@ static void scores_of(sl_srate_route_t *sr, sl_srate_score_t *s)
     sl_lb_rng_seed(&rng, 2);
     sl_srate_pick_t p;
     uint64_t h = sl_lb_hash("*", 1);
-    sl_srate_pick(sr, EQUAL, sr->num_backends, h, "*", 1000, &rng, &p, s);
+    sl_srate_pick(sr, EQUAL, sr->num_backends, h, "*", 1000, &rng, &p, s, NULL);
 }
 
 static void test_window_scores_and_wraps(void **state)
@@ -95,14 +96,14 @@ static void test_best_score_wins_ties_by_weight(void **state)
     sl_srate_pick_t p;
     uint64_t h = sl_lb_hash("*", 1);
     for (int i = 0; i < 40000; i++)
-        count[sl_srate_pick(sr, w, 3, h, "*", 1000, &rng, &p, NULL)]++;
+        count[sl_srate_pick(sr, w, 3, h, "*", 1000, &rng, &p, NULL, NULL)]++;
     /* All cold: split by weight 3:1:1. */
     assert_true(count[0] > 22000 && count[0] < 26000);
     assert_true(count[1] > 7000 && count[1] < 9000);
     outcomes(sr, 0, 1, 0); /* a (the heaviest) fails once: b and c tie */
     memset(count, 0, sizeof(count));
     for (int i = 0; i < 10000; i++)
-        count[sl_srate_pick(sr, w, 3, h, "*", 1000, &rng, &p, NULL)]++;
+        count[sl_srate_pick(sr, w, 3, h, "*", 1000, &rng, &p, NULL, NULL)]++;
     assert_int_equal(count[0], 0);
     assert_true(count[1] > 4500 && count[2] > 4500);
     sl_srate_route_free(sr);
@@ -120,11 +121,11 @@ static void test_exploration_ignores_scores(void **state)
     sl_srate_pick_t p;
     uint64_t h = sl_lb_hash("*", 1);
     for (int i = 0; i < 20000; i++) {
-        to_b += sl_srate_pick(sr, EQUAL, 2, h, "*", 1000, &rng, &p, NULL) == 1;
+        to_b += sl_srate_pick(sr, EQUAL, 2, h, "*", 1000, &rng, &p, NULL, NULL) == 1;
         explored += p.explored;
     }
     assert_true(explored > 1700 && explored < 2300);
-    assert_true(to_b > 800 && to_b < 1200); /* half of the explored ones */
+    assert_int_equal(to_b, explored); /* the probes go to the one out of the best choice */
     sl_srate_route_free(sr);
 }
 
@@ -155,8 +156,8 @@ static void test_failures_age_out(void **state)
     uint32_t n = 10;
     window_t *w = window_new(n);
     sl_srate_score_t s;
-    window_record(w, n, 0, 1000, 0, 0);
-    window_record(w, n, 0, 5000, 0, 0);
+    window_record(w, n, 0, 1000, 0, 0, 0, 0);
+    window_record(w, n, 0, 5000, 0, 0, 0, 0);
     window_score(w, n, 0, 6000, 0, &s);
     assert_int_equal(s.score_ppm, 800000);
     window_score(w, n, 2000 /* max age */, 6000, 0, &s);
@@ -197,7 +198,7 @@ static void test_keys_are_bounded_and_stale_picks_dropped(void **state)
     for (int i = 0; i < 40; i++) {
         snprintf(key, sizeof(key), "k%d", i);
         sl_srate_pick(sr, EQUAL, 2, sl_lb_hash(key, strlen(key)), key, 1000 + (uint64_t)i * 2000,
-                      &rng, i == 0 ? &first : &p, NULL);
+                      &rng, i == 0 ? &first : &p, NULL, NULL);
     }
     assert_int_equal(atomic_load(&sr->group->used), 16);
     assert_int_equal(atomic_load(&sr->group->evictions), 24);
@@ -231,6 +232,98 @@ static void test_windows_survive_a_new_generation(void **state)
     sl_srate_route_free(other);
 }
 
+/* A priority list scored by success rate: ties go to the first listed, the
+ * ranking is the fallback order, and a rule's list has windows of its own. */
+static void test_in_order_ranking_and_rule_scopes(void **state)
+{
+    (void)state;
+    Sluice__V1__SuccessRate pb;
+    sluice__v1__success_rate__init(&pb);
+    pb.scope = "t/rank";
+    pb.window = 10;
+    pb.elimination_ppm = 50000;
+    pb.max_keys = 4;
+    char err[128];
+    sl_srate_route_t *sr = sl_srate_route_build(&pb, "eu", NAMES, 3, 1, err, sizeof(err));
+    assert_non_null(sr);
+    assert_string_equal(sl_srate_route_scope(sr), "t/rank rule:eu");
+    sl_srate_route_t *plain = sl_srate_route_build(&pb, NULL, NAMES, 3, 0, err, sizeof(err));
+    assert_ptr_not_equal(plain->group, sr->group);
+    sl_lb_rng_t rng;
+    sl_lb_rng_seed(&rng, 3);
+    uint64_t h = sl_lb_hash("*", 1);
+    sl_srate_pick_t p;
+    uint8_t order[3];
+    for (int i = 0; i < 100; i++) /* cold: always the first listed */
+        assert_int_equal(sl_srate_pick(sr, NULL, 3, h, "*", 1000, &rng, &p, NULL, order), 0);
+    assert_int_equal(order[1], 1);
+    assert_int_equal(order[2], 2);
+    outcomes(sr, 0, 2, 0); /* a: 0.8 */
+    outcomes(sr, 1, 1, 0); /* b: 0.9; c stays 1.0 */
+    assert_int_equal(sl_srate_pick(sr, NULL, 3, h, "*", 1000, &rng, &p, NULL, order), 2);
+    assert_int_equal(p.gbackend, sr->gidx[2]);
+    assert_int_equal(order[0], 2);
+    assert_int_equal(order[1], 1);
+    assert_int_equal(order[2], 0);
+    /* The plain scope saw none of it. */
+    sl_srate_score_t s[3];
+    sl_srate_pick(plain, EQUAL, 3, h, "*", 1000, &rng, &p, s, NULL);
+    assert_int_equal(s[0].score_ppm, 1000000);
+    /* Weights order the equals after the pick. */
+    const uint32_t w[] = {1, 5, 9};
+    sl_srate_pick(plain, w, 3, h, "*", 1000, &rng, &p, NULL, order);
+    assert_true(order[0] == 0 || order[0] == 1 || order[0] == 2);
+    for (int i = 1; i < 2; i++)
+        assert_true(w[order[i]] >= w[order[i + 1]]);
+    sl_srate_route_free(sr);
+    sl_srate_route_free(plain);
+}
+
+/* Scores within the tolerance tie (noise does not take all the traffic to
+ * one backend); successful probes in a row clear a recovered backend's old
+ * failures, a failure among them starts the count over. */
+static void test_tolerance_and_recovery_probes(void **state)
+{
+    (void)state;
+    Sluice__V1__SuccessRate pb;
+    sl_srate_route_t *sr = route(&pb, "t/recover", 100, 100000, 2);
+    sr->tolerance_ppm = 20000;
+    sr->recovery_probes = 8;
+    sl_lb_rng_t rng;
+    sl_lb_rng_seed(&rng, 5);
+    uint64_t h = sl_lb_hash("*", 1);
+    sl_srate_pick_t p;
+    outcomes(sr, 0, 2, 0); /* a: 0.98, within 0.02 of b's 1.0 */
+    int to_a = 0;
+    for (int i = 0; i < 10000; i++)
+        to_a += sl_srate_pick(sr, EQUAL, 2, h, "*", 1000, &rng, &p, NULL, NULL) == 0;
+    assert_true(to_a > 4500 && to_a < 5500);
+    outcomes(sr, 0, 40, 0); /* a: 0.58, out of the best choice */
+    sl_srate_score_t s[2];
+    /* Probes: 7 successes, a failure, then 8 successes. */
+    int probes = 0, fails_left = 1, oks = 0;
+    while (oks < 15) {
+        if (sl_srate_pick(sr, EQUAL, 2, h, "*", 1000, &rng, &p, NULL, NULL) != 0)
+            continue;
+        assert_true(p.probe);
+        probes++;
+        int ok = !(oks == 7 && fails_left);
+        if (!ok)
+            fails_left = 0;
+        else
+            oks++;
+        sl_srate_record(sr, &p, ok, 1000);
+        scores_of(sr, s);
+        if (oks < 15)
+            assert_true(s[0].score_ppm < 700000);
+    }
+    scores_of(sr, s);
+    assert_int_equal(s[0].score_ppm, 1000000); /* the 8th success in a row forgave */
+    assert_int_equal(s[0].elimination_ppm, 1000000);
+    assert_int_equal(probes, 16);
+    sl_srate_route_free(sr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -242,6 +335,8 @@ int main(void)
         cmocka_unit_test(test_classify_status),
         cmocka_unit_test(test_keys_are_bounded_and_stale_picks_dropped),
         cmocka_unit_test(test_windows_survive_a_new_generation),
+        cmocka_unit_test(test_in_order_ranking_and_rule_scopes),
+        cmocka_unit_test(test_tolerance_and_recovery_probes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
