@@ -3,7 +3,8 @@
 costs a proxied request (issue 13's figures).
 
 1. `action: decide` (success-rate, one scoring key; local windows, then
-   with `sharing: redis` to a redis-server the script starts): the
+   with `sharing: redis` to a redis-server the script starts, then 100
+   rules on a header of which the last matches, its output scored): the
    runtime (one worker) pinned to CPU 0, wrk on CPU 1; a ceiling run (wrk
    -c8, as fast as it answers) gives decisions/s, decisions per CPU second
    of the runtime (utime + stime from /proc over the run) and p99; then a
@@ -75,12 +76,19 @@ def wait_port(port):
     raise SystemExit("runtime did not listen on %d" % port)
 
 
-def config(port, origin_port, strategy, redis_port=None):
+def config(port, origin_port, strategy, redis_port=None, rules=0):
     sharing = (", sharing: redis, redis: {address: \"127.0.0.1:%d\"}" % redis_port
                if redis_port else "")
     routing = ("  routing:\n    strategy: success-rate\n"
                "    successRate: {keys: [{header: X-Payment-Method}]%s}\n" % sharing
                if strategy == "success-rate" else "")
+    # Rule evaluation: `rules` rules on X-Tenant, each a priority list
+    # scored by success rate; the request matches the last one.
+    if rules:
+        routing += "    rules:\n" + "".join(
+            "    - name: t%d\n      match:\n      - {header: X-Tenant, equals: \"tenant-%d\"}\n"
+            "      priority: [%s]\n" % (i, i, "a, b" if i % 2 else "b, a")
+            for i in range(rules))
     return """apiVersion: gateway.sluice.dev/v1alpha1
 kind: Gateway
 metadata: {name: g}
@@ -136,6 +144,8 @@ def main():
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for windows, rp in (("local windows", None), ("sharing: redis", rport)):
             decide_run(binary, d, oport, hdr, a.duration, windows, rp)
+        decide_run(binary, d, oport, hdr + ["X-Tenant: tenant-99"], a.duration,
+                   "100 rules (the last matches), local windows", None, rules=100)
         print()
         print("| proxied GET | requests | CPU µs/request | ratio |")
         print("| --- | ---: | ---: | ---: |")
@@ -162,10 +172,10 @@ def main():
         redis.wait(5)
 
 
-def decide_run(binary, d, oport, hdr, duration, windows, redis_port):
+def decide_run(binary, d, oport, hdr, duration, windows, redis_port, rules=0):
     """One row of the decide table: the ceiling, then ~50% of it."""
     port = free_port()
-    rt = runtime(binary, d, "decide", config(port, oport, "success-rate", redis_port))
+    rt = runtime(binary, d, "decide", config(port, oport, "success-rate", redis_port, rules))
     try:
         wait_port(port)
         url = "http://127.0.0.1:%d/pay/decide" % port
