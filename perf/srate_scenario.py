@@ -13,13 +13,15 @@ Reported per strategy: overall success rate; after the degradation, the
 requests sent and the time until c's share of traffic, over the last
 WINDOW requests, falls under 10%; after healing, the time until its share is
 back over 25%. A CSV of each backend's share per 250 ms (for the docs'
-gnuplot figure) goes to --csv-prefix + strategy + ".csv".
+gnuplot figure) goes to --csv-prefix + strategy + ".csv"; with --plot
+FILE.png, gnuplot draws each strategy's shares over time into it.
 
 Not a test: a measurement for docs/benchmarks.md. Loopback only; every
 server on ports picked here, stopped at the end. Needs nginx.
 
 usage: perf/srate_scenario.py [--build build] [--rate 400] [--duration 30]
            [--degrade-at 10] [--heal-at 20] [--window 200] [--csv-prefix /tmp/srate-]
+           [--plot docs/benchmarks/srate-scenario.png]
 """
 import argparse
 import collections
@@ -194,6 +196,7 @@ def main():
     ap.add_argument("--csv-prefix", default="/tmp/srate-")
     ap.add_argument("--strategies", default="success-rate,weighted",
                     help="comma-separated: success-rate, weighted")
+    ap.add_argument("--plot", help="a PNG of each backend's share of traffic over time")
     a = ap.parse_args()
     binary = os.path.join(REPO, a.build, "bin", "sluice-runtime")
     d = tempfile.mkdtemp(prefix="srate-scenario-")
@@ -238,6 +241,30 @@ def main():
             rt.wait(10)
             for o in origins:
                 o.stop()
+    if a.plot:
+        plot(a, names)
+
+
+def plot(a, names):
+    """One panel per strategy: each backend's share of the requests sent in
+    each 250 ms, the degradation and the healing marked."""
+    strategies = a.strategies.split(",")
+    gp = ["set terminal pngcairo size 1000,%d font ',10'" % (320 * len(strategies)),
+          "set output '%s'" % a.plot, "set datafile separator ','",
+          "set multiplot layout %d,1" % len(strategies), "set yrange [0:1]",
+          "set ylabel 'share of requests'", "set key outside right",
+          "set arrow 1 from %g, graph 0 to %g, graph 1 nohead dt 2" % (a.degrade_at, a.degrade_at),
+          "set arrow 2 from %g, graph 0 to %g, graph 1 nohead dt 2" % (a.heal_at, a.heal_at)]
+    for i, strategy in enumerate(strategies):
+        gp.append("set title '%s: c fails 40%% of requests from %gs to %gs (%d requests/s)'"
+                  % (strategy, a.degrade_at, a.heal_at, a.rate))
+        gp.append("set xlabel '%s'" % ("seconds" if i == len(strategies) - 1 else ""))
+        csv = a.csv_prefix + strategy + ".csv"
+        gp.append("plot " + ", ".join("'%s' using 1:%d every ::1 with lines lw 2 title '%s'"
+                                      % (csv, j + 2, n) for j, n in enumerate(names)))
+    gp.append("unset multiplot")
+    subprocess.run(["gnuplot"], input="\n".join(gp) + "\n", text=True, check=True)
+    print("plot: %s" % a.plot)
 
 
 if __name__ == "__main__":
