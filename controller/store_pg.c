@@ -487,7 +487,10 @@ int sl_store_pg_row_get(sl_store_pg_t *pg, const char *kind, const char *ns, con
                         sl_store_pg_row_t *row)
 {
     memset(row, 0, sizeof(*row));
+    /* NULL before q(): a lost connection makes q() call mark_down, which
+     * clears pg->row too. */
     PQclear(pg->row);
+    pg->row = NULL;
     const char *p[] = {kind, ns, name};
     pg->row = q(pg,
                 pg->in_tx ? "SELECT uid, resource_version, generation, spec_hash, body, "

@@ -162,6 +162,14 @@ class FakeKube:
                 pass
 
             def setup(self):
+                if isinstance(self.request, ssl.SSLSocket):
+                    self.request.settimeout(10)
+                    self.request.do_handshake()
+                    self.request.settimeout(None)
+                    if fake.client_ca:
+                        subject = dict(x[0] for x in self.request.getpeercert()["subject"])
+                        with fake.lock:
+                            fake.client_subjects.append(subject.get("commonName"))
                 super().setup()
                 with fake.lock:
                     fake.conns.add(self.connection)
@@ -357,6 +365,9 @@ class FakeKube:
             allow_reuse_address = True
 
             def get_request(self):
+                # The TLS handshake is done by the connection's own thread
+                # (Handler.setup): in this accepting thread, one client slow
+                # to send its ClientHello would hold every other connection.
                 sock, addr = super().get_request()
                 if fake.certfile:
                     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -364,11 +375,8 @@ class FakeKube:
                     if fake.client_ca:
                         ctx.verify_mode = ssl.CERT_REQUIRED
                         ctx.load_verify_locations(fake.client_ca)
-                    sock = ctx.wrap_socket(sock, server_side=True)
-                    if fake.client_ca:
-                        subject = dict(x[0] for x in sock.getpeercert()["subject"])
-                        with fake.lock:
-                            fake.client_subjects.append(subject.get("commonName"))
+                    sock = ctx.wrap_socket(sock, server_side=True,
+                                           do_handshake_on_connect=False)
                 return sock, addr
 
         self.server = Server(("127.0.0.1", self.port), Handler)
