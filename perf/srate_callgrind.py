@@ -14,9 +14,10 @@ usage: perf/srate_callgrind.py [--bin build/bin/sluice-runtime] [--runs 2]
 import argparse
 import os
 import re
-import socket
 import subprocess
 import tempfile
+
+from srate_bench import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,14 +36,6 @@ ROUTING = {
     "weighted": "",
     "success-rate": "  routing: {strategy: success-rate}\n",
 }
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def config(port, origin, case):
