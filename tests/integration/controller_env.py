@@ -56,6 +56,21 @@ CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def thread_stacks(pid):
+    """Every thread's backtrace of a process that does not do what a test
+    waits for, so that a failure seen once in CI says where it stood."""
+    if shutil.which("gdb") is None:
+        return ""
+    try:
+        r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "\n(gdb: %s)" % e
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("Thread ", "#"))]
+    return "\n--- threads of pid %d ---\n%s" % (pid, "\n".join(lines)[-8000:])
+
+
 def _ip(*args, check=True):
     r = subprocess.run(["ip"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True)
@@ -219,21 +234,23 @@ class Controller:
         return self
 
     def wait_ready(self, timeout=15.0):
+        why = "/readyz: never answered"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError("sluice-controller exited with %s before becoming ready; "
                                      "log:\n%s" % (self.proc.returncode, self.log()[-4000:]))
             try:
-                status, _, _ = http_request("127.0.0.1", self.rest_port, "GET", "/readyz",
-                                            timeout=0.5)
+                status, _, body = http_request("127.0.0.1", self.rest_port, "GET", "/readyz",
+                                               timeout=0.5)
                 if status == 200:
                     return
-            except OSError:
-                pass
+                why = "/readyz: %d %s" % (status, body[:600])
+            except OSError as e:
+                why = "/readyz: %s" % e
             time.sleep(0.02)
-        raise AssertionError("sluice-controller not ready after %.0fs; log:\n%s"
-                             % (timeout, self.log()[-4000:]))
+        raise AssertionError("sluice-controller not ready after %.0fs (%s); log:\n%s%s"
+                             % (timeout, why, self.log()[-4000:], thread_stacks(self.proc.pid)))
 
     def kill9(self):
         self.killed9.add(self.proc.pid)

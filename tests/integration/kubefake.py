@@ -363,6 +363,10 @@ class FakeKube:
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             allow_reuse_address = True
+            # socketserver listens with a backlog of 5; a controller opens a
+            # list per kind at once, and a SYN dropped on a full queue comes
+            # back only after 1, 3, 7, 15 s.
+            request_queue_size = 128
 
             def get_request(self):
                 # The TLS handshake is done by the connection's own thread
