@@ -94,7 +94,8 @@
 #   rate         perf/openload (open loop, no coordinated omission) at
 #                RATE_LOADS percent (25 50 75) of the slowest proxy's GET
 #                saturation rate, RATE_CONNECTIONS connections, RATE_DURATION
-#                seconds, through each proxy and to the origin directly
+#                seconds, through each proxy and to the origin directly; ROUNDS
+#                rounds per load with the targets taking turns (median reported)
 #   features     GET through each of FEATURE_PROXIES (traffic log sinks,
 #                policy chains) and FEATURE_TESTS (https_get, h2c) through the
 #                plain proxies, each against plain GET of the same section
@@ -1053,29 +1054,46 @@ if in_section rate; then
     [ -n "$SAT_RATE" ] || die "rate: no GET saturation rate (PROXIES has none of sluice nginx haproxy)"
     OPENLOAD_HDRS=()
     for h in "${POLICY_HDRS[@]}"; do [ "$h" = -H ] || OPENLOAD_HDRS+=(--header "$h"); done
-    for target in origin $PLAIN_PROXIES; do
-        port=$ORIGIN_PORT
-        if [ "$target" != origin ]; then
-            read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
-            start_proxy "$target"
-            port=$PORT
-        fi
-        for pct in $RATE_LOADS; do
-            rate=$((SAT_RATE * pct / 100))
-            out="$TMP/$target-rate-$pct.txt"
-            taskset -c "$LOAD_CPU" "$OPENLOAD" --port "$port" --path /bench --rate "$rate" \
-                --connections "$RATE_CONNECTIONS" --warmup 1 --duration "$RATE_DURATION" --timeout 5 \
-                "${OPENLOAD_HDRS[@]}" --csv "$TMP/$target-rate-$pct.csv" >"$out" 2>&1 ||
-                die "openload failed: $(cat "$out")"
-            # openload's "key=value ..." line -> a row
-            awk -v t="$target" -v pct="$pct" -v rate="$rate" '/p50_us=/ {
-                for (i = 1; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}
-                print t, pct, rate, v["p50_us"], v["p90_us"], v["p99_us"], v["p999_us"], v["max_us"],
-                    v["errors"], v["completed"]; found = 1}
-                END {exit !found}' "$out" >>"$RATE_RESULTS" || die "openload printed no summary: $(cat "$out")"
-            tail -1 "$RATE_RESULTS" | awk '{printf "%-8s rate %s%% = %s req/s  p50 %s  p99 %s  p99.9 %s  max %s us  errors %s\n", $1, $2, $3, $4, $6, $7, $8, $9}'
+    # Every proxy runs for the whole section (idle ones cost nothing) and
+    # the targets take turns: ROUNDS rounds per load, the order rotated each
+    # round, so a stall of this shared machine lands in one round of one
+    # target rather than in all of one proxy's rows. The report takes each
+    # percentile's median over the rounds; rate-rounds.csv has every round.
+    declare -A RATE_PORT RATE_PID
+    RATE_PORT[origin]=$ORIGIN_PORT
+    for target in $PLAIN_PROXIES; do
+        read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
+        start_proxy "$target"
+        RATE_PORT[$target]=$PORT
+        RATE_PID[$target]=$PROXY_PID
+    done
+    read -r -a rate_targets <<<"origin $PLAIN_PROXIES"
+    for pct in $RATE_LOADS; do
+        rate=$((SAT_RATE * pct / 100))
+        for round in $(seq "$ROUNDS"); do
+            nt=${#rate_targets[@]}
+            for k in $(seq 0 $((nt - 1))); do
+                target=${rate_targets[$(((k + round - 1) % nt))]}
+                out="$TMP/$target-rate-$pct-$round.txt"
+                taskset -c "$LOAD_CPU" "$OPENLOAD" --port "${RATE_PORT[$target]}" --path /bench --rate "$rate" \
+                    --connections "$RATE_CONNECTIONS" --warmup 1 --duration "$RATE_DURATION" --timeout 5 \
+                    "${OPENLOAD_HDRS[@]}" --csv "$TMP/$target-rate-$pct-$round.csv" >"$out" 2>&1 ||
+                    die "openload failed: $(cat "$out")"
+                [ "$target" = origin ] || kill -0 "${RATE_PID[$target]}" 2>/dev/null ||
+                    die "$target died during the rate section"
+                # openload's "key=value ..." line -> a row (the round last)
+                awk -v t="$target" -v pct="$pct" -v rate="$rate" -v round="$round" '/p50_us=/ {
+                    for (i = 1; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}
+                    print t, pct, rate, v["p50_us"], v["p90_us"], v["p99_us"], v["p999_us"], v["max_us"],
+                        v["errors"], v["completed"], round; found = 1}
+                    END {exit !found}' "$out" >>"$RATE_RESULTS" || die "openload printed no summary: $(cat "$out")"
+                tail -1 "$RATE_RESULTS" | awk '{printf "%-8s rate %s%% = %s req/s  round %s  p50 %s  p99 %s  p99.9 %s  max %s us  errors %s\n", $1, $2, $3, $11, $4, $6, $7, $8, $9}'
+            done
         done
-        [ "$target" = origin ] || stop_proxy
+    done
+    for target in $PLAIN_PROXIES; do
+        PROXY_PID=${RATE_PID[$target]}
+        stop_proxy
     done
 fi
 

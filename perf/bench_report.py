@@ -222,10 +222,25 @@ def rate(a, md, plot):
     if not rows:
         return {}
     cols = ["p50", "p90", "p99", "p999", "max"]
-    by = {}
+    names = ["rate"] + cols + ["errors", "completed"]
+    # One row per (target, load, round); each figure is the median over the
+    # rounds (errors: their sum), every round kept in rate-rounds.csv.
+    rounds = {}
     for r in rows:
-        by[(r[0], int(r[1]))] = dict(zip(["rate"] + cols + ["errors", "completed"],
-                                         [float(x) for x in r[2:]]))
+        rounds.setdefault((r[0], int(r[1])), []).append(
+            dict(zip(names + ["round"], [float(x) for x in r[2:10]] + [int(r[10]) if len(r) > 10 else 1])))
+    by = {}
+    for k, rs in rounds.items():
+        by[k] = {c: statistics.median(x[c] for x in rs) for c in names}
+        by[k]["errors"] = sum(x["errors"] for x in rs)
+        by[k]["rounds"] = len(rs)
+    write_csv(a.outdir, "rate-rounds.csv", ["target", "load_pct", "round", "rate", "p50_us", "p90_us",
+                                            "p99_us", "p999_us", "max_us", "errors", "completed"],
+              [[t, pct, x["round"], int(x["rate"])] + [fmt(x[c]) for c in cols] +
+               [int(x["errors"]), int(x["completed"])]
+               for (t, pct), rs in sorted(rounds.items(), key=lambda kv: (order(kv[0][0]), kv[0][1]))
+               for x in sorted(rs, key=lambda x: x["round"])])
+    nrounds = max(v["rounds"] for v in by.values())
     out = []
     for (target, pct), v in sorted(by.items(), key=lambda kv: (order(kv[0][0]), kv[0][1])):
         o = by.get(("origin", pct))
@@ -256,10 +271,13 @@ def rate(a, md, plot):
     table(md, "Latency at fixed rates", "perf/openload: requests scheduled at a fixed rate (%s%% of %s requests/s, the slowest "
               "proxy's GET saturation rate in this run) over %s keep-alive connections, each latency "
               "measured from its scheduled send time (no coordinated omission), 1 s warm-up then %s s. "
+              "Every proxy runs for the whole section and the targets take turns, %d round(s) per load "
+              "with the order rotated each round; each figure is the median of the rounds (errors: "
+              "their sum), so one stall of the machine does not decide a proxy's row. "
               "`origin` is the origin called directly; added = proxy - origin at the same percentile. "
-              "CSV: [rate.csv](%srate.csv)." % ("/".join(str(p) for p in sorted({k[1] for k in by})),
-                                                a.sat_rate, a.rate_connections, a.rate_duration,
-                                                a.img_prefix),
+              "CSV: [rate.csv](%srate.csv), every round: [rate-rounds.csv](%srate-rounds.csv)."
+              % ("/".join(str(p) for p in sorted({k[1] for k in by})), a.sat_rate,
+                 a.rate_connections, a.rate_duration, nrounds, a.img_prefix, a.img_prefix),
           ["target", ">load %", ">rate/s", ">p50 µs", ">p90 µs", ">p99 µs", ">p99.9 µs", ">max µs",
            ">errors", ">added p50", ">added p99", ">added p99.9"],
           [r[:9] + [r[10], r[12], r[13]] for r in out], "latency", "latency percentiles vs load")
@@ -392,11 +410,17 @@ def main():
                 if v:
                     parts.append("%s +%s / +%s µs" % (t, fmt(v["p99"] - o["p99"]), fmt(v["p999"] - o["p999"])))
             notes.append("Added p99 / p99.9 at %d%% load: %s." % (top, ", ".join(parts)))
-            sl, ng = by_rate.get(("sluice", top)), by_rate.get(("nginx", top))
+        verdicts = []
+        for pct in sorted({p for _, p in by_rate}):
+            sl, ng = by_rate.get(("sluice", pct)), by_rate.get(("nginx", pct))
             if sl and ng:
                 met = sl["p99"] <= ng["p99"] and sl["p999"] <= ng["p999"]
-                notes.append("Target (sluice's added p99 and p99.9 at or below nginx's) at %d%% "
-                             "load: %s." % (top, "met" if met else "not met"))
+                verdicts.append("%d%%: %s (p99 %s vs %s µs, p99.9 %s vs %s µs)" % (
+                    pct, "met" if met else "not met", fmt(sl["p99"]), fmt(ng["p99"]),
+                    fmt(sl["p999"]), fmt(ng["p999"])))
+        if verdicts:
+            notes.append("Target (sluice's added p99 and p99.9 at or below nginx's; the origin "
+                         "is the same for both): " + "; ".join(verdicts) + ".")
     if notes:
         md.append("## Headlines\n")
         md.extend("- " + x for x in notes)

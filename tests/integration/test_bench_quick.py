@@ -104,6 +104,24 @@ def test_rate_csv(quick_run):
             assert all(is_number(r[c]) for c in ("added_p50_us", "added_p99_us", "added_p999_us")), r
 
 
+def test_rate_rounds_csv(quick_run):
+    """Every round of every (target, load) is kept, and rate.csv's figures
+    are their medians (one round in QUICK mode: the same numbers)."""
+    rows = check(quick_run / "benchmarks" / "rate-rounds.csv",
+                 ["target", "load_pct", "round", "rate", "p50_us", "p90_us", "p99_us", "p999_us",
+                  "max_us", "errors", "completed"],
+                 ["load_pct", "round", "rate", "p50_us", "p90_us", "p99_us", "p999_us", "max_us",
+                  "errors", "completed"])
+    _, summary = read(quick_run / "benchmarks" / "rate.csv")
+    by = {(r["target"], r["load_pct"]): r for r in summary}
+    assert {(r["target"], r["load_pct"]) for r in rows} == set(by)
+    for r in rows:
+        assert r["round"] == "1", r
+        s = by[(r["target"], r["load_pct"])]
+        assert [r[c] for c in ("p50_us", "p99_us", "p999_us", "max_us")] == \
+            [s[c] for c in ("p50_us", "p99_us", "p999_us", "max_us")], (r, s)
+
+
 def test_features_csv(quick_run):
     rows = check(quick_run / "benchmarks" / "features.csv",
                  ["base", "feature", "proxy", "test", "requests_per_s", "cpu_us_per_request",
