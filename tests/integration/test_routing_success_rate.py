@@ -392,6 +392,31 @@ def test_decide_answers_from_the_proxied_outcomes(origins, runtimes):
     assert d["key"] == "upi" and all(s["score"] == 1.0 for s in d["scores"]), d
 
 
+def test_decide_answer_is_json_whatever_the_key(origins, runtimes):
+    """The answer is written without jansson: a key with quotes and
+    backslashes is escaped, valid UTF-8 is kept, a byte that is not UTF-8
+    (obs-text, or a key cut inside a character at 127 bytes) becomes
+    U+FFFD; numbers keep their values."""
+    steady, flaky = origins("steady"), origins("flaky")
+    port = free_port()
+    runtimes(decision_config(port, steady, flaky))
+    cases = [('say "hi" \\o/', 'say "hi" \\o/'),
+             ("caf\xc3\xa9", "caf\u00e9"),
+             ("bad\xffbyte", "bad\ufffdbyte"),
+             ("\xc3\xa9" * 100, "\u00e9" * 63 + "\ufffd")]
+    for raw, key in cases:
+        r = request(port, "GET", "/pay/decide", headers={"X-Payment-Method": raw})
+        assert r.status == 200, r.body
+        d = json.loads(r.body.decode("utf-8"))  # strict: invalid UTF-8 raises
+        assert d["key"] == key, (raw, d)
+        assert d["explored"] is False and d["rule"] is None, d
+        assert sorted(d["fallback"] + [d["backend"]]) == ["flaky", "steady"], d
+        for sc in d["scores"]:
+            assert sc["score"] == 1.0 and sc["eliminationScore"] == 1.0, d
+            assert sc["outcomes"] == 0 and sc["eliminated"] is False, d
+        assert isinstance(d["decisionMicros"], float) and 0 < d["decisionMicros"] < 10000, d
+
+
 def test_feedback_moves_the_decisions(origins, runtimes):
     steady, flaky = origins("steady"), origins("flaky")
     port = free_port()
