@@ -25,6 +25,7 @@
  * own). local: rl_table.h (GCRA, lock-free). fleet: rl_fleet.h (leases
  * from Redis, a thread of its own).
  */
+#include "fmt.h"
 #include "policy.h"
 #include "rl_fleet.h"
 #include "rl_table.h"
@@ -455,21 +456,6 @@ static uint64_t bucket_key(const rl_t *rl, size_t i, const sl_policy_req_t *req)
     return sl_rl_hash(h, k, klen);
 }
 
-/* The decimal digits of v into buf (20 bytes, no terminator); their count.
- * snprintf costs more than the rest of the hook together. */
-static size_t format_u64(char *buf, uint64_t v)
-{
-    char tmp[20];
-    size_t n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    for (size_t i = 0; i < n; i++)
-        buf[i] = tmp[n - 1 - i];
-    return n;
-}
-
 static uint64_t seconds_up(uint64_t ns)
 {
     return (ns + 999999999ull) / 1000000000ull;
@@ -572,7 +558,7 @@ static int on_request(const void *state, sl_policy_req_t *req, sl_policy_reply_t
         char *buf = sl_policy_alloc(req, 20);
         if (!buf)
             break; /* the arena is full: the headers are informative, the request goes on */
-        size_t n = format_u64(buf, values[i]);
+        size_t n = sl_fmt_u64(buf, values[i]);
         if (sl_policy_edit(req, 1, SL_HDR_SET, names[i], name_lens[i], buf, n) != 0)
             break;
     }

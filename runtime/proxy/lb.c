@@ -23,6 +23,7 @@
  *   - the result is an index in [0, n), or -1 when nothing is usable.
  */
 #include "lb.h"
+#include "fmt.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -253,20 +254,6 @@ static int ring_point_cmp(const void *a, const void *b)
     return pa->owner < pb->owner ? -1 : (pa->owner > pb->owner ? 1 : 0);
 }
 
-/* Decimal digits of v into buf (no NUL), returns the length. */
-static size_t fmt_u64(char *buf, uint64_t v)
-{
-    char tmp[24];
-    size_t len = 0;
-    do {
-        tmp[len++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    for (size_t i = 0; i < len; i++)
-        buf[i] = tmp[len - 1 - i];
-    return len;
-}
-
 /*
  * Builds the ring. `ids` may be NULL (positions from indices). Returns NULL
  * on allocation failure or more than SL_LB_RING_MAX_POINTS endpoints; an
@@ -317,13 +304,13 @@ sl_lb_ring_t *sl_lb_ring_build_keyed(const uint32_t *weights, const char *const 
             base = fnv1a_update(FNV64_OFFSET, ids[i], strlen(ids[i]));
         } else {
             char digits[24];
-            base = fnv1a_update(FNV64_OFFSET, digits, fmt_u64(digits, i));
+            base = fnv1a_update(FNV64_OFFSET, digits, sl_fmt_u64(digits, i));
         }
         for (uint64_t j = 0; j < pts; j++) {
             /* Same value as sl_lb_hash("<id>-<j>"), without building it. */
             char suffix[24];
             suffix[0] = '-';
-            size_t slen = 1 + fmt_u64(suffix + 1, j);
+            size_t slen = 1 + sl_fmt_u64(suffix + 1, j);
             tmp[k].hash = mix64(fnv1a_update(base, suffix, slen));
             tmp[k].owner = (uint32_t)i;
             k++;

@@ -16,6 +16,7 @@
 #include "srate.h"
 #include "tlog.h"
 #include "tlog_body.h"
+#include "fmt.h"
 #include "utf8.h"
 
 #include <ctype.h>
@@ -1038,14 +1039,7 @@ static void jw_str(jw_t *w, const char *s)
 
 static void jw_u64(jw_t *w, uint64_t v)
 {
-    char d[20];
-    size_t n = 0;
-    do {
-        d[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n)
-        w->p[w->len++] = d[--n];
+    w->len += sl_fmt_u64(w->p + w->len, v);
 }
 
 /* v / 10^digits as a JSON number with at least one decimal ("1.0",

@@ -17,6 +17,7 @@
 #include "tlog.h"
 #include "tlog_body.h"
 #include "tlog_sink.h"
+#include "fmt.h"
 #include "utf8.h"
 
 #include "log.h"
@@ -245,13 +246,7 @@ static inline void put_c(out_t *o, char c)
 static void put_u64(out_t *o, uint64_t v)
 {
     char tmp[20];
-    size_t n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n)
-        put_c(o, tmp[--n]);
+    put(o, tmp, sl_fmt_u64(tmp, v));
 }
 
 static void put_2d(out_t *o, unsigned v)
