@@ -26,10 +26,15 @@ struct sl_replicas {
     int dirty;        /* runtimes changed since the rows were written */
     uint64_t last_ms; /* last tick (monotonic) */
     uint64_t due_ms;  /* when the next tick is scheduled (monotonic) */
-    json_t *gens;     /* the other live replicas: name -> generation read */
-    json_t *rows;     /* their rows as last read */
-    int synced;       /* the view was given to the core once */
-    int failing;      /* the last tick failed */
+    /* What the table holds of this replica's runtimes: node id -> document
+     * text; `written_known` 0 when that is not known (at start, after a
+     * failure): the next write is a full one. */
+    json_t *written;
+    int written_known;
+    json_t *gens; /* the other live replicas: name -> generation read */
+    json_t *rows; /* their rows as last read */
+    int synced;   /* the view was given to the core once */
+    int failing;  /* the last tick failed */
     char why[600];
 };
 
@@ -47,12 +52,60 @@ static void schedule(sl_replicas_t *r, uint64_t delay_ms)
     event_add(r->tick_ev, &tv);
 }
 
-static char *own_rows(sl_replicas_t *r)
+/* This replica's runtime documents that differ from what the table holds
+ * (all of them when full), as a JSON array text into *rows (NULL when
+ * none), the node ids no longer there into *gone (NULL when none), and the
+ * new state of the table into *next. -1 when out of memory. */
+static int changes(sl_replicas_t *r, int full, char **rows, char **gone, json_t **next)
 {
+    *rows = *gone = NULL;
+    *next = json_object();
     json_t *own = sl_controller_own_runtimes_json(r->ctl);
-    char *text = own ? json_dumps(own, JSON_COMPACT) : NULL;
+    json_t *up = json_array(), *del = json_array();
+    if (!*next || !own || !up || !del)
+        goto fail;
+    size_t i;
+    json_t *doc;
+    json_array_foreach(own, i, doc)
+    {
+        const char *node = json_string_value(json_object_get(doc, "node_id"));
+        char *text = json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS);
+        if (!node || !text) {
+            free(text);
+            goto fail;
+        }
+        const char *was = json_string_value(json_object_get(r->written, node));
+        if (full || !was || strcmp(was, text) != 0)
+            json_array_append(up, doc);
+        json_object_set_new(*next, node, json_string(text));
+        free(text);
+    }
+    const char *node;
+    json_t *v;
+    if (!full)
+        json_object_foreach(r->written, node, v)
+        {
+            if (!json_object_get(*next, node))
+                json_array_append_new(del, json_string(node));
+        }
+    if ((full || json_array_size(up)) && !(*rows = json_dumps(up, JSON_COMPACT)))
+        goto fail;
+    if (json_array_size(del) && !(*gone = json_dumps(del, JSON_COMPACT)))
+        goto fail;
     json_decref(own);
-    return text;
+    json_decref(up);
+    json_decref(del);
+    return 0;
+fail:
+    free(*rows);
+    free(*gone);
+    *rows = *gone = NULL;
+    json_decref(*next);
+    *next = NULL;
+    json_decref(own);
+    json_decref(up);
+    json_decref(del);
+    return -1;
 }
 
 static void fail(sl_replicas_t *r, const char *why)
@@ -64,6 +117,7 @@ static void fail(sl_replicas_t *r, const char *why)
     r->failing = 1;
     snprintf(r->why, sizeof(r->why), "%s", why);
     r->dirty = 1; /* rewrite everything once it answers */
+    r->written_known = 0;
     json_object_clear(r->gens);
     json_array_clear(r->rows);
     sl_controller_set_peers(r->ctl, NULL, NULL, r->why);
@@ -73,28 +127,44 @@ static void tick(sl_replicas_t *r)
 {
     char err[600];
     r->last_ms = mono_ms();
-    char *rows = r->dirty ? own_rows(r) : NULL;
-    int wrote = rows != NULL;
+    char *rows = NULL, *gone = NULL;
+    json_t *next = NULL;
+    int full = r->dirty && !r->written_known;
+    if (r->dirty && changes(r, full, &rows, &gone, &next) != 0) {
+        fail(r, "out of memory");
+        return;
+    }
     json_t *removed = json_object();
-    int rc =
-        sl_store_replica_publish(r->store, r->name, rows, r->timeout_ms, removed, err, sizeof(err));
-    if (rc == 1) {
-        /* Another replica removed ours (this one was cut off longer than
-         * the timeout): write the rows again. */
-        free(rows);
-        rows = own_rows(r);
-        wrote = 1;
-        rc = sl_store_replica_publish(r->store, r->name, rows ? rows : "[]", r->timeout_ms, removed,
+    int rc = sl_store_replica_publish(r->store, r->name, rows, gone, full, r->timeout_ms, removed,
                                       err, sizeof(err));
+    if (rc == 1) {
+        /* Another replica removed ours with its rows (this one was cut off
+         * longer than the timeout): write them all again. */
+        free(rows);
+        free(gone);
+        json_decref(next);
+        if (changes(r, 1, &rows, &gone, &next) != 0) {
+            json_decref(removed);
+            fail(r, "out of memory");
+            return;
+        }
+        rc = sl_store_replica_publish(r->store, r->name, rows, NULL, 1, r->timeout_ms, removed, err,
+                                      sizeof(err));
     }
     free(rows);
+    free(gone);
     if (rc != 0) {
+        json_decref(next);
         json_decref(removed);
         fail(r, err);
         return;
     }
-    if (wrote)
+    if (next) {
+        json_decref(r->written);
+        r->written = next;
+        r->written_known = 1;
         r->dirty = 0;
+    }
     const char *name;
     json_t *v;
     json_object_foreach(removed, name, v)
@@ -193,6 +263,7 @@ sl_replicas_t *sl_replicas_start(struct event_base *base, sl_store_t *store, sl_
     r->ctl = ctl;
     r->timeout_ms = timeout_ms;
     r->dirty = 1;
+    r->written = json_object();
     r->gens = json_object();
     r->rows = json_array();
     r->tick_ev = evtimer_new(base, tick_cb, r);
@@ -225,6 +296,7 @@ void sl_replicas_stop(sl_replicas_t *r)
                         "counting its runtimes after %" PRIu64 " ms",
                         r->name, r->timeout_ms);
     }
+    json_decref(r->written);
     json_decref(r->gens);
     json_decref(r->rows);
     free(r);

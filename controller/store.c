@@ -565,13 +565,14 @@ int sl_store_shared(const sl_store_t *st)
 }
 
 int sl_store_replica_publish(sl_store_t *st, const char *replica, const char *rows,
-                             uint64_t timeout_ms, json_t *removed, char *err, size_t errlen)
+                             const char *gone, int full, uint64_t timeout_ms, json_t *removed,
+                             char *err, size_t errlen)
 {
     if (!st->pg) {
         set_err(err, errlen, "store %s: not shared by replicas (SQLite)", st->path);
         return -1;
     }
-    int rc = sl_store_pg_replica_publish(st->pg, replica, rows, timeout_ms, removed);
+    int rc = sl_store_pg_replica_publish(st->pg, replica, rows, gone, full, timeout_ms, removed);
     if (rc < 0)
         set_err(err, errlen, "store %s: %s", st->path, sl_store_pg_errmsg(st->pg));
     return rc;

@@ -58,13 +58,17 @@ uint64_t sl_store_loaded_version(const sl_store_t *st);
  * for SQLite or a store that cannot be reached.
  *
  * publish: one transaction: this replica's heartbeat; `rows` (a JSON array
- * text, NULL = unchanged) replaces its runtime rows; replicas without a
- * heartbeat for timeout_ms and their rows are removed (`removed`, when not
- * NULL, gets name -> rows removed). 1 when rows was NULL and this replica's
- * row was new (another replica had removed it): publish the rows.
+ * text of runtime documents, each with node_id, NULL for none) upserted by
+ * node id and the node ids of `gone` (a JSON array text, NULL for none)
+ * deleted, or, `full`, rows replacing all of this replica's; replicas
+ * without a heartbeat for timeout_ms and their rows are removed (`removed`,
+ * when not NULL, gets name -> rows removed). 1, when not full, if this
+ * replica's row was new (another replica had removed it with its rows):
+ * publish in full.
  */
 int sl_store_replica_publish(sl_store_t *st, const char *replica, const char *rows,
-                             uint64_t timeout_ms, json_t *removed, char *err, size_t errlen);
+                             const char *gone, int full, uint64_t timeout_ms, json_t *removed,
+                             char *err, size_t errlen);
 /* live (when not NULL): live replicas, this one too, name -> generation of
  * their rows. rows (when not NULL): the runtime documents of the live
  * replicas other than `replica`, each with "replica" set. */

@@ -1010,7 +1010,7 @@ static void rollback_quiet(sl_store_pg_t *pg)
 }
 
 int sl_store_pg_replica_publish(sl_store_pg_t *pg, const char *replica, const char *rows,
-                                uint64_t timeout_ms, json_t *removed)
+                                const char *gone, int full, uint64_t timeout_ms, json_t *removed)
 {
     if (pg->in_tx) {
         set_err(pg->err, sizeof(pg->err), "a transaction is open");
@@ -1019,13 +1019,14 @@ int sl_store_pg_replica_publish(sl_store_pg_t *pg, const char *replica, const ch
     char tms[24];
     snprintf(tms, sizeof(tms), "%" PRIu64, timeout_ms);
     const char *p1[] = {replica};
-    const char *p2[] = {replica, rows};
+    const char *pr[] = {replica, rows ? rows : "[]"};
+    const char *pgone[] = {replica, gone ? gone : "[]"};
     const char *pt[] = {replica, tms};
     if (cmd(pg, "BEGIN", 0, NULL))
         return -1;
     pg->in_tx = 1;
     /* xmax = 0: the row was inserted, not updated (a new replica, or one
-     * that others took for dead and removed). */
+     * that others took for dead and removed with its runtime rows). */
     PGresult *r = q(pg,
                     "INSERT INTO controller_replicas (replica, heartbeat_at, started_at,"
                     " runtimes_gen) VALUES ($1, now(), now(), 0) ON CONFLICT (replica) DO UPDATE"
@@ -1035,20 +1036,31 @@ int sl_store_pg_replica_publish(sl_store_pg_t *pg, const char *replica, const ch
         goto fail;
     int inserted = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
-    if (rows) {
-        if (cmd(pg, "DELETE FROM controller_runtimes WHERE replica = $1", 1, p1) ||
-            cmd(pg,
-                "INSERT INTO controller_runtimes (replica, node_id, fleet, connected, doc)"
-                " SELECT $1, e->>'node_id', COALESCE(e->>'fleet', ''),"
-                " COALESCE((e->>'connected')::boolean, false), e::text"
-                " FROM json_array_elements($2::json) e",
-                2, p2) ||
-            cmd(pg,
-                "UPDATE controller_replicas SET runtimes_gen = runtimes_gen + 1"
-                " WHERE replica = $1",
-                1, p1))
-            goto fail;
-    }
+    /* Only the rows that changed (an upsert each), and the nodes forgotten;
+     * or, full, everything this replica holds. */
+    if (full && cmd(pg, "DELETE FROM controller_runtimes WHERE replica = $1", 1, p1))
+        goto fail;
+    if (gone && !full &&
+        cmd(pg,
+            "DELETE FROM controller_runtimes WHERE replica = $1 AND node_id IN"
+            " (SELECT json_array_elements_text($2::json))",
+            2, pgone))
+        goto fail;
+    if ((rows || full) &&
+        cmd(pg,
+            "INSERT INTO controller_runtimes (replica, node_id, fleet, connected, doc)"
+            " SELECT $1, e->>'node_id', COALESCE(e->>'fleet', ''),"
+            " COALESCE((e->>'connected')::boolean, false), e::text"
+            " FROM json_array_elements($2::json) e"
+            " ON CONFLICT (replica, node_id) DO UPDATE SET fleet = excluded.fleet,"
+            " connected = excluded.connected, doc = excluded.doc",
+            2, pr))
+        goto fail;
+    /* The others re-read this replica's rows when the generation moved. */
+    if ((rows || gone || full) &&
+        cmd(pg, "UPDATE controller_replicas SET runtimes_gen = runtimes_gen + 1 WHERE replica = $1",
+            1, p1))
+        goto fail;
     /* Replicas without a heartbeat for the timeout (killed, cut off from
      * the store): their rows go, whichever live replica sees it first. */
     r = q(pg,
@@ -1068,7 +1080,7 @@ int sl_store_pg_replica_publish(sl_store_pg_t *pg, const char *replica, const ch
         return -1;
     }
     pg->in_tx = 0;
-    return inserted && !rows ? 1 : 0;
+    return inserted && !full ? 1 : 0;
 fail:
     rollback_quiet(pg);
     return -1;

@@ -201,6 +201,22 @@ def test_replicas_agree_on_status_and_runtimes(tmp_path):
         assert rows == ["%s rt-a true" % name_a, "%s rt-b true" % name_b,
                         "%s rt-c true" % name_a], rows
 
+        # rt-b stops: both replicas see it disconnected (b writes only that
+        # row), and count 2 of 2; started again: 3 of 3.
+        rt_b = rts[1]
+        rt_b.stop()
+
+        def b_down():
+            for c in ctls:
+                rec = {r["node_id"]: r for r in items(c)["items"]}
+                if rec["rt-b"]["connected"] or rec["rt-b"]["replica"] != name_b:
+                    return False
+            return True
+        wait_until(b_down, 10, interval=0.1, what="rt-b disconnected on both replicas")
+        wait_until(lambda: agreed(2), 10, interval=0.1, what="both replicas: 2 of 2")
+        rt_b.start(wait_ready=False)
+        wait_until(lambda: agreed(3), 20, interval=0.1, what="both replicas: 3 of 3 again")
+
         # kill -9 a; rt-a's load balancer sends it to b, rt-c's has nowhere
         # to go (its proxy points at the dead replica).
         killed_at = time.monotonic()

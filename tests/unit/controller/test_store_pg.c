@@ -568,10 +568,10 @@ static void test_replica_rows(void **state)
                                               "[{\"node_id\":\"rt-1\",\"fleet\":\"default\","
                                               "\"connected\":true},{\"node_id\":\"rt-2\","
                                               "\"fleet\":\"edge\",\"connected\":false}]",
-                                              timeout_ms, NULL, err, sizeof(err)),
+                                              NULL, 1, timeout_ms, NULL, err, sizeof(err)),
                      0);
-    assert_int_equal(sl_store_replica_publish(b, "rb", "[]", timeout_ms, NULL, err, sizeof(err)),
-                     0);
+    assert_int_equal(
+        sl_store_replica_publish(b, "rb", "[]", NULL, 1, timeout_ms, NULL, err, sizeof(err)), 0);
     json_t *live = json_object(), *rows = json_array();
     assert_int_equal(sl_store_replica_read(b, "rb", timeout_ms, live, rows, err, sizeof(err)), 0);
     assert_int_equal(json_object_size(live), 2);
@@ -586,21 +586,31 @@ static void test_replica_rows(void **state)
                                "node_id = 'rt-2'"),
                         "edge/false");
     /* A heartbeat alone keeps the rows and their generation. */
-    assert_int_equal(sl_store_replica_publish(a, "ra", NULL, timeout_ms, NULL, err, sizeof(err)),
-                     0);
+    assert_int_equal(
+        sl_store_replica_publish(a, "ra", NULL, NULL, 0, timeout_ms, NULL, err, sizeof(err)), 0);
     assert_string_equal(pg_sql("SELECT count(*) || '/' || max(runtimes_gen) FROM "
                                "controller_runtimes JOIN controller_replicas USING (replica) "
                                "WHERE replica = 'ra'"),
                         "2/1");
-    /* New rows replace the old ones. */
-    assert_int_equal(sl_store_replica_publish(a, "ra", "[{\"node_id\":\"rt-3\"}]", timeout_ms, NULL,
-                                              err, sizeof(err)),
+    /* Changes: rt-2 updated, rt-3 added, rt-1 gone; the generation moves. */
+    assert_int_equal(sl_store_replica_publish(a, "ra",
+                                              "[{\"node_id\":\"rt-2\",\"fleet\":\"edge\","
+                                              "\"connected\":true},{\"node_id\":\"rt-3\"}]",
+                                              "[\"rt-1\"]", 0, timeout_ms, NULL, err, sizeof(err)),
+                     0);
+    assert_string_equal(pg_sql("SELECT string_agg(node_id || '/' || connected, ',' ORDER BY "
+                               "node_id) || ' ' || max(runtimes_gen) FROM controller_runtimes "
+                               "JOIN controller_replicas USING (replica) WHERE replica = 'ra'"),
+                        "rt-2/true,rt-3/false 2");
+    /* Full: replaces all. */
+    assert_int_equal(sl_store_replica_publish(a, "ra", "[{\"node_id\":\"rt-4\"}]", NULL, 1,
+                                              timeout_ms, NULL, err, sizeof(err)),
                      0);
     json_array_clear(rows);
     assert_int_equal(sl_store_replica_read(b, "rb", timeout_ms, NULL, rows, err, sizeof(err)), 0);
     assert_int_equal(json_array_size(rows), 1);
     assert_string_equal(json_string_value(json_object_get(json_array_get(rows, 0), "node_id")),
-                        "rt-3");
+                        "rt-4");
     /* ra's heartbeat is old: not live for b, and b's next heartbeat
      * removes it with its rows. */
     pg_sql("UPDATE controller_replicas SET heartbeat_at = now() - interval '2 minutes' WHERE "
@@ -611,13 +621,14 @@ static void test_replica_rows(void **state)
     assert_int_equal(json_object_size(live), 1);
     assert_int_equal(json_array_size(rows), 0);
     json_t *removed = json_object();
-    assert_int_equal(sl_store_replica_publish(b, "rb", NULL, timeout_ms, removed, err, sizeof(err)),
-                     0);
+    assert_int_equal(
+        sl_store_replica_publish(b, "rb", NULL, NULL, 0, timeout_ms, removed, err, sizeof(err)), 0);
     assert_int_equal(json_integer_value(json_object_get(removed, "ra")), 1);
     assert_string_equal(pg_sql("SELECT count(*) FROM controller_runtimes WHERE replica = 'ra'"),
                         "0");
-    /* ra comes back with a heartbeat only: told to write its rows. */
-    assert_int_equal(sl_store_replica_publish(a, "ra", NULL, timeout_ms, NULL, err, sizeof(err)),
+    /* ra comes back with changes only: told to write all its rows. */
+    assert_int_equal(sl_store_replica_publish(a, "ra", "[{\"node_id\":\"rt-5\"}]", NULL, 0,
+                                              timeout_ms, NULL, err, sizeof(err)),
                      1);
     /* Leaving removes the replica and its rows. */
     assert_int_equal(sl_store_replica_leave(b, "rb"), 0);
@@ -625,8 +636,11 @@ static void test_replica_rows(void **state)
                         "0");
     /* Not JSON: refused, nothing changed. */
     assert_int_equal(
-        sl_store_replica_publish(a, "ra", "not json", timeout_ms, NULL, err, sizeof(err)), -1);
+        sl_store_replica_publish(a, "ra", "not json", NULL, 0, timeout_ms, NULL, err, sizeof(err)),
+        -1);
     assert_non_null(strstr(err, "json"));
+    assert_string_equal(pg_sql("SELECT count(*) FROM controller_runtimes WHERE replica = 'ra'"),
+                        "1");
     json_decref(removed);
     json_decref(live);
     json_decref(rows);
