@@ -7,16 +7,23 @@
  * live replica and both replicas answer the same.
  *
  * Batched: one transaction per replica per HEARTBEAT (1 s): the heartbeat,
- * the runtime rows when any runtime connected, disconnected, ACKed or
- * NACKed since the last one (coalesced: the first change after a quiet
- * second is written within 20 ms, later ones at most once a second), and
- * the removal of replicas without a heartbeat for --replica-timeout (and
- * their rows). Then the live replicas are read, and their rows only when a
- * replica's rows changed (a generation per replica) or the live set did.
+ * the runtime rows that changed when a runtime connected, disconnected,
+ * subscribed, ACKed or NACKed since the last one (coalesced: the first
+ * change after a quiet second is written within 20 ms, later ones at most
+ * once a second; all rows only at start, after a store failure, or when
+ * another replica had removed this one), and the removal of replicas
+ * without a heartbeat for --replica-timeout (and their rows). Then the live
+ * replicas are read, and their rows only when a replica's rows changed (a
+ * generation per replica) or the live set did.
  *
  * A store that cannot be reached: the view falls back to this replica's own
  * runtimes (sl_controller_set_peers with why), which the status reads say.
- * Runs on the controller's main thread (the store's connection).
+ * Runs on the controller's main thread, on the store's connection, like the
+ * store's own periodic check: a server that stops answering without closing
+ * the connection holds the loop up to the statement timeout (5 s).
+ *
+ * Not responsible for: what a status read counts (core.c, over the rows
+ * given to sl_controller_set_peers), the SQL (store_pg.c).
  */
 #ifndef SL_REPLICAS_H
 #define SL_REPLICAS_H
