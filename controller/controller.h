@@ -46,6 +46,11 @@ json_t *sl_controller_object_status(sl_controller_t *ctl, enum sl_kind kind, con
  * message, at}}}, streams_replaced, last_replaced}] for every runtime that is
  * connected or was within --runtime-expiry. New ref. */
 json_t *sl_controller_runtimes_json(sl_controller_t *ctl);
+/* With several replicas on a shared store: {"replica": this one's name,
+ * "replicas": [live replicas], "scope": "all_replicas" or "this_replica",
+ * "error": why the others' runtimes are not counted, or null}; NULL for a
+ * single controller. New ref. */
+json_t *sl_controller_runtimes_view(sl_controller_t *ctl);
 
 /* GET /api/v1/status: {config_version, error, fleets:{<fleet>:{version,
  * runtimes_connected, runtimes_at_version}}}; error says why versions cannot

@@ -232,7 +232,26 @@ struct sl_controller {
     uint64_t input_version;
     void (*compiled_fn)(void *arg);
     void *compiled_arg;
+    /* A store shared by replicas (replicas.c): this replica's name (NULL
+     * for a single controller), who to tell when its runtimes change, the
+     * other live replicas' runtimes (one document per node id, the best
+     * row among them: connected, newest connection) and the live replicas;
+     * peer_error: why the others cannot be counted ("" when they are). */
+    char *replica;
+    void (*runtimes_fn)(void *arg);
+    void *runtimes_arg;
+    json_t *peers;
+    json_t *peer_live;
+    char peer_error[600];
 };
+
+/* One of this replica's runtimes connected, disconnected, ACKed or NACKed,
+ * or its record was forgotten. */
+static void runtimes_changed(sl_controller_t *ctl)
+{
+    if (ctl->runtimes_fn)
+        ctl->runtimes_fn(ctl->runtimes_arg);
+}
 
 static uint64_t api_route_count(json_t *doc)
 {
@@ -1457,6 +1476,7 @@ static void sweep_runtimes(sl_controller_t *ctl)
                         rt->node_id, ctl->runtime_expiry_ms / 1000);
             atomic_fetch_add(&sl_ctrl_metrics.runtimes_expired, 1);
             runtime_free(rt);
+            runtimes_changed(ctl);
             continue;
         }
         pp = &rt->next;
@@ -1485,6 +1505,7 @@ static int evict_one(sl_controller_t *ctl)
                 ctl->max_runtimes);
     atomic_fetch_add(&sl_ctrl_metrics.runtimes_expired, 1);
     runtime_unlink(ctl, oldest);
+    runtimes_changed(ctl);
     return 0;
 }
 
@@ -1535,8 +1556,8 @@ static void on_close(void *arg, sl_stream_t *s)
         rt->disconnected_ms = now_ms();
         atomic_fetch_sub(&sl_ctrl_metrics.runtimes_connected, 1);
         sl_log_notice("runtime %s (fleet %s) disconnected", rt->node_id, rt->fleet_name);
+        runtimes_changed(ctl);
     }
-    (void)ctl;
     if (sc)
         stream_ctx_free(sc);
     sl_stream_set_user(s, NULL);
@@ -1800,6 +1821,7 @@ static runtime_rec_t *runtime_attach(sl_controller_t *ctl, sl_stream_t *s, strea
         fleet_get(ctl, rt->fleet_name);
         sl_controller_changed(ctl); /* compile for the new fleet */
     }
+    runtimes_changed(ctl);
     return rt;
 }
 
@@ -1924,6 +1946,8 @@ static void on_request(void *arg, sl_stream_t *s, Sluice__V1__DiscoveryRequest *
             rt->parked[t][0] = '\0'; /* another version: start fresh */
         snprintf(rt->acked[t], VERSION_LEN, "%s", version);
     }
+    /* What it runs or rejected moved: other replicas count it too. */
+    runtimes_changed(ctl);
     if (!nonce[0]) {
         uint64_t ours =
             ctl->config_version > ctl->version_floor ? ctl->config_version : ctl->version_floor;
@@ -1981,6 +2005,82 @@ static void appendf(char *buf, size_t len, const char *fmt, ...)
     va_end(ap);
 }
 
+/* A connected runtime as status reads count it: one of this replica's, or
+ * one another live replica of a shared store serves (texts borrowed from
+ * the record or from ctl->peers, until they change). */
+typedef struct {
+    const char *node_id, *fleet;
+    const char *acked[SL_XDS__COUNT];
+    const char *nack_version[SL_XDS__COUNT], *nack_message[SL_XDS__COUNT];
+} rt_view_t;
+
+static const char *jstr(json_t *o, const char *key)
+{
+    const char *v = json_string_value(json_object_get(o, key));
+    return v ? v : "";
+}
+
+/* Every connected runtime once: this replica's, then the other live
+ * replicas' whose node is not connected here (one that moved here from a
+ * replica killed a moment ago counts once). Free the array. */
+static rt_view_t *connected_views(sl_controller_t *ctl, size_t *n)
+{
+    size_t cap = ctl->n_runtimes + json_array_size(ctl->peers) + 1;
+    rt_view_t *v = calloc(cap, sizeof(*v));
+    *n = 0;
+    if (!v)
+        return NULL;
+    json_t *here = json_array_size(ctl->peers) ? json_object() : NULL;
+    for (const runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next) {
+        if (!rt->stream)
+            continue;
+        rt_view_t *x = &v[(*n)++];
+        x->node_id = rt->node_id;
+        x->fleet = rt->fleet_name ? rt->fleet_name : "";
+        for (int t = 0; t < SL_XDS__COUNT; t++) {
+            x->acked[t] = rt->acked[t];
+            x->nack_version[t] = rt->nack[t].version;
+            x->nack_message[t] = rt->nack[t].message;
+        }
+        if (here)
+            json_object_set_new(here, rt->node_id, json_true());
+    }
+    size_t i;
+    json_t *doc;
+    json_array_foreach(ctl->peers, i, doc)
+    {
+        if (!json_is_true(json_object_get(doc, "connected")) ||
+            json_object_get(here, jstr(doc, "node_id")))
+            continue;
+        rt_view_t *x = &v[(*n)++];
+        x->node_id = jstr(doc, "node_id");
+        x->fleet = jstr(doc, "fleet");
+        json_t *types = json_object_get(doc, "types");
+        for (int t = 0; t < SL_XDS__COUNT; t++) {
+            json_t *ty = json_object_get(types, sl_xds_type_names[t]);
+            json_t *nack = json_object_get(ty, "nack");
+            x->acked[t] = jstr(ty, "acked_version");
+            x->nack_version[t] = jstr(nack, "version");
+            x->nack_message[t] = json_string_value(json_object_get(nack, "message"));
+        }
+    }
+    json_decref(here);
+    return v;
+}
+
+/* What a status read says of the runtimes it counted, with several
+ * replicas on a shared store: appended to the Programmed message. */
+static void append_scope(const sl_controller_t *ctl, char *msg, size_t len)
+{
+    if (!ctl->replica)
+        return;
+    if (ctl->peer_error[0])
+        appendf(msg, len, " (counted on this controller replica only: %s)", ctl->peer_error);
+    else
+        appendf(msg, len, " (runtimes of %zu live controller replica%s)",
+                json_object_size(ctl->peer_live), json_object_size(ctl->peer_live) == 1 ? "" : "s");
+}
+
 /*
  * The Programmed condition and status.fleets of an Api (type SL_XDS_ROUTE)
  * or a Gateway (SL_XDS_LISTENER), from where its spec is programmed
@@ -2015,11 +2115,12 @@ static void object_programmed(sl_controller_t *ctl, json_t *rec, json_t *status,
         fl[i++] = f;
     qsort(fl, nf, sizeof(*fl), fleet_name_cmp);
     int total = 0, total_prog = 0, rejected = 0;
-    const runtime_rec_t *first_reject = NULL;
-    for (const runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next) {
-        if (!rt->stream)
-            continue;
-        for (i = 0; i < nf && strcmp(fl[i]->name, rt->fleet_name) != 0; i++)
+    const rt_view_t *first_reject = NULL;
+    size_t nv = 0;
+    rt_view_t *views = connected_views(ctl, &nv);
+    for (size_t k = 0; k < nv; k++) {
+        const rt_view_t *rt = &views[k];
+        for (i = 0; i < nf && strcmp(fl[i]->name, rt->fleet) != 0; i++)
             ;
         if (i == nf)
             continue; /* a fleet not compiled yet */
@@ -2031,7 +2132,7 @@ static void object_programmed(sl_controller_t *ctl, json_t *rec, json_t *status,
         if (v && parse_version(rt->acked[type]) >= v) {
             prog[i]++;
             total_prog++;
-        } else if (v && rt->nack[type].message && parse_version(rt->nack[type].version) >= v) {
+        } else if (v && rt->nack_message[type] && parse_version(rt->nack_version[type]) >= v) {
             rejected++;
             if (!first_reject || strcmp(rt->node_id, first_reject->node_id) < 0)
                 first_reject = rt;
@@ -2077,7 +2178,7 @@ static void object_programmed(sl_controller_t *ctl, json_t *rec, json_t *status,
     } else if (rejected) {
         reason = "Rejected";
         /* The first NACK reason (by node id), cut short. */
-        const char *m = first_reject->nack[type].message;
+        const char *m = first_reject->nack_message[type];
         size_t keep = strlen(m);
         if (keep > PROGRAMMED_NACK_SHOWN) {
             keep = PROGRAMMED_NACK_SHOWN;
@@ -2086,13 +2187,15 @@ static void object_programmed(sl_controller_t *ctl, json_t *rec, json_t *status,
         }
         appendf(msg, sizeof(msg), "; %d runtime%s rejected it, %s NACKed %s version %s: %.*s%s",
                 rejected, rejected == 1 ? "" : "s", first_reject->node_id, sl_xds_type_names[type],
-                first_reject->nack[type].version, (int)keep, m, keep < strlen(m) ? "..." : "");
+                first_reject->nack_version[type], (int)keep, m, keep < strlen(m) ? "..." : "");
     } else if (total_prog == total && !missing) {
         st = "True";
         reason = "Programmed";
     } else {
         reason = "Pending";
     }
+    append_scope(ctl, msg, sizeof(msg));
+    free(views);
     json_t *gen = json_object_get(rec, "generation");
     json_array_append_new(conds,
                           json_pack("{s:s, s:s, s:s, s:s, s:O}", "type", "Programmed", "status", st,
@@ -2128,7 +2231,7 @@ json_t *sl_controller_object_status(sl_controller_t *ctl, enum sl_kind kind, con
     return out;
 }
 
-json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
+json_t *sl_controller_own_runtimes_json(sl_controller_t *ctl)
 {
     json_t *arr = json_array();
     for (runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next) {
@@ -2207,9 +2310,144 @@ json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
     return arr;
 }
 
+json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
+{
+    json_t *own = sl_controller_own_runtimes_json(ctl);
+    if (!ctl->replica || !own)
+        return own;
+    /* Every runtime once: a node connected here is this replica's; one
+     * connected to another live replica (and only remembered here) is
+     * that one's. */
+    json_t *connected_here = json_object(), *hide = json_object(), *out = json_array();
+    size_t i;
+    json_t *doc;
+    json_array_foreach(own, i, doc)
+    {
+        if (json_is_true(json_object_get(doc, "connected")))
+            json_object_set_new(connected_here, jstr(doc, "node_id"), json_true());
+    }
+    json_array_foreach(ctl->peers, i, doc)
+    {
+        const char *node = jstr(doc, "node_id");
+        if (json_object_get(connected_here, node))
+            continue;
+        if (json_is_true(json_object_get(doc, "connected")))
+            json_object_set_new(hide, node, json_true());
+        else
+            continue; /* shown below unless this replica has a record */
+    }
+    json_array_foreach(own, i, doc)
+    {
+        if (json_object_get(hide, jstr(doc, "node_id")))
+            continue;
+        json_object_set_new(doc, "replica", json_string(ctl->replica));
+        json_array_append(out, doc);
+        json_object_set_new(hide, jstr(doc, "node_id"), json_true());
+    }
+    json_array_foreach(ctl->peers, i, doc)
+    {
+        const char *node = jstr(doc, "node_id");
+        int conn = json_is_true(json_object_get(doc, "connected"));
+        if (json_object_get(connected_here, node) || (!conn && json_object_get(hide, node)))
+            continue;
+        json_array_append(out, doc);
+    }
+    json_decref(connected_here);
+    json_decref(hide);
+    json_decref(own);
+    return out;
+}
+
+json_t *sl_controller_runtimes_view(sl_controller_t *ctl)
+{
+    if (!ctl->replica)
+        return NULL;
+    json_t *names = json_array();
+    const char *name;
+    json_t *v;
+    json_object_foreach(ctl->peer_live, name, v) json_array_append_new(names, json_string(name));
+    if (!json_object_get(ctl->peer_live, ctl->replica))
+        json_array_append_new(names, json_string(ctl->replica));
+    /* Sorted: the same array on every replica. */
+    for (size_t i = 1; i < json_array_size(names); i++)
+        for (size_t j = i; j > 0 && strcmp(json_string_value(json_array_get(names, j - 1)),
+                                           json_string_value(json_array_get(names, j))) > 0;
+             j--) {
+            json_t *a = json_incref(json_array_get(names, j - 1));
+            json_array_set(names, j - 1, json_array_get(names, j));
+            json_array_set_new(names, j, a);
+        }
+    return json_pack("{s:s, s:o, s:s, s:o}", "replica", ctl->replica, "replicas", names, "scope",
+                     ctl->peer_error[0] ? "this_replica" : "all_replicas", "error",
+                     ctl->peer_error[0] ? json_string(ctl->peer_error) : json_null());
+}
+
+/* The best row of a node among the other replicas': connected first, then
+ * the newest connection (a replica killed a moment ago still says
+ * connected). */
+static int peer_better(json_t *a, json_t *b)
+{
+    int ca = json_is_true(json_object_get(a, "connected"));
+    int cb = json_is_true(json_object_get(b, "connected"));
+    if (ca != cb)
+        return ca > cb;
+    return strcmp(jstr(a, "connected_since"), jstr(b, "connected_since")) > 0;
+}
+
+void sl_controller_set_replica(sl_controller_t *ctl, const char *name, void (*changed)(void *arg),
+                               void *arg)
+{
+    free(ctl->replica);
+    ctl->replica = name ? strdup(name) : NULL;
+    ctl->runtimes_fn = changed;
+    ctl->runtimes_arg = arg;
+    if (!name) {
+        json_decref(ctl->peers);
+        json_decref(ctl->peer_live);
+        ctl->peers = ctl->peer_live = NULL;
+        ctl->peer_error[0] = '\0';
+    }
+}
+
+void sl_controller_set_peers(sl_controller_t *ctl, json_t *rows, json_t *live, const char *why)
+{
+    json_t *best = json_object(); /* node id -> doc */
+    size_t i;
+    json_t *doc;
+    json_array_foreach(rows, i, doc)
+    {
+        const char *node = jstr(doc, "node_id");
+        json_t *had = json_object_get(best, node);
+        if (node[0] && (!had || peer_better(doc, had)))
+            json_object_set(best, node, doc);
+    }
+    json_t *peers = json_array();
+    json_array_foreach(rows, i, doc)
+    {
+        if (json_object_get(best, jstr(doc, "node_id")) == doc)
+            json_array_append(peers, doc);
+    }
+    json_decref(best);
+    json_decref(ctl->peers);
+    ctl->peers = peers;
+    json_decref(ctl->peer_live);
+    ctl->peer_live = live ? json_deep_copy(live) : json_object();
+    snprintf(ctl->peer_error, sizeof(ctl->peer_error), "%s", why ? why : "");
+    /* A fleet only another replica's runtimes use is compiled here too, so
+     * that status reads show it the same on every replica. */
+    json_array_foreach(ctl->peers, i, doc)
+    {
+        const char *fl = jstr(doc, "fleet");
+        if (fl[0] && json_is_true(json_object_get(doc, "connected")) && !fleet_find(ctl, fl)) {
+            fleet_get(ctl, fl);
+            sl_controller_changed(ctl);
+        }
+    }
+}
+
 /* A runtime is "at" the fleet's version when it acknowledged every type's
  * current version. */
-static int runtime_in_sync(const runtime_rec_t *rt, const fleet_t *f)
+static int runtime_in_sync(const rt_view_t *rt, const fleet_t *f)
 {
     for (int t = 0; t < SL_XDS__COUNT; t++)
         if (strcmp(rt->acked[t], f->t[t].version_str) != 0)
@@ -2219,6 +2457,8 @@ static int runtime_in_sync(const runtime_rec_t *rt, const fleet_t *f)
 
 json_t *sl_controller_status_json(sl_controller_t *ctl)
 {
+    size_t nv = 0;
+    rt_view_t *views = connected_views(ctl, &nv);
     json_t *fleets = json_object();
     for (fleet_t *f = ctl->fleets; f; f = f->next) {
         uint64_t v = 0;
@@ -2226,11 +2466,11 @@ json_t *sl_controller_status_json(sl_controller_t *ctl)
             if (f->t[t].version > v)
                 v = f->t[t].version;
         int connected = 0, at = 0;
-        for (runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next) {
-            if (!rt->stream || strcmp(rt->fleet_name, f->name) != 0)
+        for (size_t k = 0; k < nv; k++) {
+            if (strcmp(views[k].fleet, f->name) != 0)
                 continue;
             connected++;
-            at += runtime_in_sync(rt, f);
+            at += runtime_in_sync(&views[k], f);
         }
         json_object_set_new(fleets, f->name,
                             json_pack("{s:I, s:b, s:i, s:i}", "version", (json_int_t)v, "compiled",
@@ -2243,6 +2483,11 @@ json_t *sl_controller_status_json(sl_controller_t *ctl)
      * all is well. */
     json_object_set_new(st, "error",
                         ctl->version_error[0] ? json_string(ctl->version_error) : json_null());
+    /* Several replicas: whose runtimes the fleets count. */
+    json_t *view = sl_controller_runtimes_view(ctl);
+    if (view)
+        json_object_set_new(st, "runtimes_view", view);
+    free(views);
     return st;
 }
 
@@ -2401,6 +2646,9 @@ void sl_controller_free(sl_controller_t *ctl)
     json_decref(ctl->statuses);
     json_decref(ctl->api_routes);
     json_decref(ctl->programmed);
+    json_decref(ctl->peers);
+    json_decref(ctl->peer_live);
+    free(ctl->replica);
     free(ctl);
 }
 

@@ -46,6 +46,21 @@ void sl_controller_set_runtime_limits(sl_controller_t *ctl, size_t max_runtimes,
 /* For /readyz (sl_rest_options_t.is_ready, ctx = the controller): 1 when
  * ready, else 0 with why (e.g. the store refuses to persist versions). */
 int sl_controller_ready(void *ctl, char *why, size_t whylen);
+/*
+ * A store shared by replicas (replicas.c). set_replica: this replica's
+ * name (NULL: none, a single controller), shown as "replica" of its
+ * runtimes; changed(arg) is called when one of its runtimes connects,
+ * disconnects, ACKs or NACKs (the callee coalesces).
+ * set_peers: the runtimes of the other live replicas (`rows`, documents of
+ * /api/v1/runtimes with "replica" set; copied) and the live replicas
+ * (`live`, names as keys, this one too); or, with why, that they cannot be
+ * read: status reads then count this replica's runtimes only and say why.
+ * own_runtimes_json: this replica's runtime records only (new ref).
+ */
+void sl_controller_set_replica(sl_controller_t *ctl, const char *name, void (*changed)(void *arg),
+                               void *arg);
+void sl_controller_set_peers(sl_controller_t *ctl, json_t *rows, json_t *live, const char *why);
+json_t *sl_controller_own_runtimes_json(sl_controller_t *ctl);
 /* Compiles at once (start-up), instead of after the coalescing delay. */
 void sl_controller_compile_now(sl_controller_t *ctl);
 /* Hooks to give sl_stream_server_start. */

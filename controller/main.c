@@ -13,6 +13,7 @@
 #include "kubeconfig.h"
 #include "log.h"
 #include "model.h"
+#include "replicas.h"
 #include "rest.h"
 #include "rest_tls.h"
 #include "store.h"
@@ -68,6 +69,9 @@ static void usage(FILE *out)
             "                           URI; the password from PGPASSWORD or PGPASSFILE, or in\n"
             "                           the URI). Several controllers may share it\n"
             "                           (docs/operations.md)\n"
+            "  --replica-timeout SECONDS with --store postgres://: a controller replica without\n"
+            "                           a heartbeat this long is gone, its runtimes no longer\n"
+            "                           counted by status reads (default 10, at least 2)\n"
             "  --resources PATH         serve these files (repeatable); the REST API is then\n"
             "                           read-only (GitOps mode)\n"
             "  --source SOURCE          where resources come from: store (default: the REST API\n"
@@ -148,6 +152,7 @@ int main(int argc, char **argv)
         {"max-routes", required_argument, NULL, 'M'},
         {"max-runtimes", required_argument, NULL, 'N'},
         {"runtime-expiry", required_argument, NULL, 'E'},
+        {"replica-timeout", required_argument, NULL, 'Q'},
         {"max-streams", required_argument, NULL, 'X'},
         {"stream-accept-rate", required_argument, NULL, 'A'},
         {"stream-tls-cert", required_argument, NULL, 'c'},
@@ -185,6 +190,9 @@ int main(int argc, char **argv)
     unsigned long long max_routes = 200000, max_runtimes = SL_CONTROLLER_DEFAULT_MAX_RUNTIMES;
     unsigned long long max_streams = 10000, accept_rate = 500;
     unsigned long long runtime_expiry_s = SL_CONTROLLER_DEFAULT_RUNTIME_EXPIRY_MS / 1000;
+    unsigned long long replica_timeout_s = SL_REPLICAS_DEFAULT_TIMEOUT_S;
+    int replica_timeout_given = 0;
+    sl_replicas_t *replicas = NULL;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
         case 'r':
@@ -283,6 +291,20 @@ int main(int argc, char **argv)
                 runtime_expiry_s = v;
             break;
         }
+        case 'Q': {
+            char *end;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-' || !optarg[0] || v < 2 || v > 86400) {
+                fprintf(stderr,
+                        "sluice-controller: --replica-timeout %s: must be a number of seconds "
+                        "from 2 to 86400 (a heartbeat is written every second)\n",
+                        optarg);
+                goto bad_args;
+            }
+            replica_timeout_s = v;
+            replica_timeout_given = 1;
+            break;
+        }
         case 'X':
         case 'A': {
             char *end;
@@ -333,6 +355,11 @@ int main(int argc, char **argv)
     }
     if (optind < argc) {
         fprintf(stderr, "sluice-controller: unexpected argument '%s'\n", argv[optind]);
+        goto bad_args;
+    }
+    if (replica_timeout_given && !store_url) {
+        fprintf(stderr, "sluice-controller: --replica-timeout applies to several controllers on "
+                        "one PostgreSQL store: give --store postgres://... too, or leave it out\n");
         goto bad_args;
     }
     int kube = source && strcmp(source, "kubernetes") == 0;
@@ -515,6 +542,12 @@ int main(int argc, char **argv)
             sl_log_error("store %s: out of memory", sl_store_name(store));
             goto out_grpc;
         }
+        /* Status reads count the runtimes of every live replica. */
+        replicas = sl_replicas_start(base, store, ctl, NULL, replica_timeout_s * 1000);
+        if (!replicas) {
+            sl_log_error("store %s: out of memory", sl_store_name(store));
+            goto out_grpc;
+        }
     }
     sl_controller_set_runtime_limits(ctl, (size_t)max_runtimes, runtime_expiry_s * 1000);
     if (kube) {
@@ -617,6 +650,7 @@ out_grpc:
     if (srv)
         sl_stream_server_stop(srv);
     sl_ksource_stop(ks);
+    sl_replicas_stop(replicas);
     if (ctl)
         sl_controller_free(ctl);
     grpc_shutdown();

@@ -1002,8 +1002,13 @@ static void handle_controller_view(call_t *c)
     }
     json_t *v =
         c->target == T_RUNTIMES ? sl_controller_runtimes_json(ctl) : sl_controller_status_json(ctl);
-    if (c->target == T_RUNTIMES && v)
+    if (c->target == T_RUNTIMES && v) {
         v = json_pack("{s:o}", "items", v);
+        /* Several replicas on a shared store: whose runtimes these are. */
+        json_t *view = v ? sl_controller_runtimes_view(ctl) : NULL;
+        if (view)
+            json_object_set_new(v, "view", view);
+    }
     send_json(c->req, 200, v);
 }
 

@@ -87,6 +87,21 @@ static const char *const migrations[] = {
     " namespace TEXT NOT NULL,"
     " name TEXT NOT NULL,"
     " body TEXT NOT NULL);",
+    /* 4: the runtimes connected to each replica of a PostgreSQL store and
+     * each replica's heartbeat (sl_store_replica_publish; written by the
+     * PostgreSQL backend only, like deletions). */
+    "CREATE TABLE IF NOT EXISTS controller_replicas ("
+    " replica TEXT PRIMARY KEY,"
+    " heartbeat_at TEXT NOT NULL,"
+    " started_at TEXT NOT NULL,"
+    " runtimes_gen INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS controller_runtimes ("
+    " replica TEXT NOT NULL,"
+    " node_id TEXT NOT NULL,"
+    " fleet TEXT NOT NULL,"
+    " connected INTEGER NOT NULL,"
+    " doc TEXT NOT NULL,"
+    " PRIMARY KEY (replica, node_id));",
 };
 #define STORE_SCHEMA_VERSION ((int)(sizeof(migrations) / sizeof(migrations[0])))
 
@@ -122,6 +137,20 @@ static const char *const pg_migrations[] = {
     " namespace TEXT NOT NULL,"
     " name TEXT NOT NULL,"
     " body TEXT NOT NULL);",
+    /* 4: heartbeats in the server's clock (now()), so replicas on hosts
+     * whose clocks differ agree on which replica is live. */
+    "CREATE TABLE IF NOT EXISTS controller_replicas ("
+    " replica TEXT PRIMARY KEY,"
+    " heartbeat_at TIMESTAMPTZ NOT NULL,"
+    " started_at TIMESTAMPTZ NOT NULL,"
+    " runtimes_gen BIGINT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS controller_runtimes ("
+    " replica TEXT NOT NULL,"
+    " node_id TEXT NOT NULL,"
+    " fleet TEXT NOT NULL,"
+    " connected BOOLEAN NOT NULL,"
+    " doc TEXT NOT NULL,"
+    " PRIMARY KEY (replica, node_id));",
 };
 _Static_assert(sizeof(pg_migrations) == sizeof(migrations),
                "every schema migration exists for SQLite and for PostgreSQL");
@@ -533,6 +562,40 @@ const char *sl_store_name(const sl_store_t *st)
 int sl_store_shared(const sl_store_t *st)
 {
     return st->pg != NULL;
+}
+
+int sl_store_replica_publish(sl_store_t *st, const char *replica, const char *rows,
+                             const char *gone, int full, uint64_t timeout_ms, json_t *removed,
+                             char *err, size_t errlen)
+{
+    if (!st->pg) {
+        set_err(err, errlen, "store %s: not shared by replicas (SQLite)", st->path);
+        return -1;
+    }
+    int rc = sl_store_pg_replica_publish(st->pg, replica, rows, gone, full, timeout_ms, removed);
+    if (rc < 0)
+        set_err(err, errlen, "store %s: %s", st->path, sl_store_pg_errmsg(st->pg));
+    return rc;
+}
+
+int sl_store_replica_read(sl_store_t *st, const char *replica, uint64_t timeout_ms, json_t *live,
+                          json_t *rows, char *err, size_t errlen)
+{
+    if (!st->pg) {
+        set_err(err, errlen, "store %s: not shared by replicas (SQLite)", st->path);
+        return -1;
+    }
+    if ((live && sl_store_pg_replicas_live(st->pg, timeout_ms, live) != 0) ||
+        (rows && sl_store_pg_replica_rows(st->pg, replica, timeout_ms, rows) != 0)) {
+        set_err(err, errlen, "store %s: %s", st->path, sl_store_pg_errmsg(st->pg));
+        return -1;
+    }
+    return 0;
+}
+
+int sl_store_replica_leave(sl_store_t *st, const char *replica)
+{
+    return st->pg ? sl_store_pg_replica_leave(st->pg, replica) : 0;
 }
 
 uint64_t sl_store_loaded_version(const sl_store_t *st)

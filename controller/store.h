@@ -49,6 +49,34 @@ int sl_store_shared(const sl_store_t *st);
  * same state get the same number. */
 uint64_t sl_store_loaded_version(const sl_store_t *st);
 
+/*
+ * A shared store (PostgreSQL): what each controller replica serves, so
+ * every replica can answer status reads over all of them (replicas.h).
+ * Tables controller_replicas (name, heartbeat in the server's clock, a
+ * generation of its rows) and controller_runtimes (replica, node_id, fleet,
+ * connected, doc: the runtime as /api/v1/runtimes shows it). -1 with err
+ * for SQLite or a store that cannot be reached.
+ *
+ * publish: one transaction: this replica's heartbeat; `rows` (a JSON array
+ * text of runtime documents, each with node_id, NULL for none) upserted by
+ * node id and the node ids of `gone` (a JSON array text, NULL for none)
+ * deleted, or, `full`, rows replacing all of this replica's; replicas
+ * without a heartbeat for timeout_ms and their rows are removed (`removed`,
+ * when not NULL, gets name -> rows removed). 1, when not full, if this
+ * replica's row was new (another replica had removed it with its rows):
+ * publish in full.
+ */
+int sl_store_replica_publish(sl_store_t *st, const char *replica, const char *rows,
+                             const char *gone, int full, uint64_t timeout_ms, json_t *removed,
+                             char *err, size_t errlen);
+/* live (when not NULL): live replicas, this one too, name -> generation of
+ * their rows. rows (when not NULL): the runtime documents of the live
+ * replicas other than `replica`, each with "replica" set. */
+int sl_store_replica_read(sl_store_t *st, const char *replica, uint64_t timeout_ms, json_t *live,
+                          json_t *rows, char *err, size_t errlen);
+/* Removes this replica's heartbeat and rows (a clean stop); 0 or -1. */
+int sl_store_replica_leave(sl_store_t *st, const char *replica);
+
 enum sl_store_result {
     SL_STORE_OK = 0,
     SL_STORE_NOT_FOUND,

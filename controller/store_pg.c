@@ -993,3 +993,150 @@ int sl_store_pg_attach(sl_store_pg_t *pg, struct event_base *base, void (*on_cha
     schedule(pg, pg->lconn ? PG_CHECK_MS : PG_BACKOFF_MIN_MS);
     return 0;
 }
+
+/* ---- replicas and their runtimes ------------------------------------------ */
+
+/* "... older than timeout_ms": the server's clock decides, never a
+ * replica's. */
+#define PG_DEAD "heartbeat_at < now() - ($2::bigint * interval '1 millisecond')"
+/* The same, live. */
+#define PG_LIVE "heartbeat_at >= now() - ($2::bigint * interval '1 millisecond')"
+
+static void rollback_quiet(sl_store_pg_t *pg)
+{
+    if (!pg->down && pg->conn)
+        PQclear(PQexec(pg->conn, "ROLLBACK"));
+    pg->in_tx = 0;
+}
+
+int sl_store_pg_replica_publish(sl_store_pg_t *pg, const char *replica, const char *rows,
+                                const char *gone, int full, uint64_t timeout_ms, json_t *removed)
+{
+    if (pg->in_tx) {
+        set_err(pg->err, sizeof(pg->err), "a transaction is open");
+        return -1;
+    }
+    char tms[24];
+    snprintf(tms, sizeof(tms), "%" PRIu64, timeout_ms);
+    const char *p1[] = {replica};
+    const char *pr[] = {replica, rows ? rows : "[]"};
+    const char *pgone[] = {replica, gone ? gone : "[]"};
+    const char *pt[] = {replica, tms};
+    if (cmd(pg, "BEGIN", 0, NULL))
+        return -1;
+    pg->in_tx = 1;
+    /* xmax = 0: the row was inserted, not updated (a new replica, or one
+     * that others took for dead and removed with its runtime rows). */
+    PGresult *r = q(pg,
+                    "INSERT INTO controller_replicas (replica, heartbeat_at, started_at,"
+                    " runtimes_gen) VALUES ($1, now(), now(), 0) ON CONFLICT (replica) DO UPDATE"
+                    " SET heartbeat_at = now() RETURNING (xmax = 0)",
+                    1, p1, PGRES_TUPLES_OK);
+    if (!r)
+        goto fail;
+    int inserted = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    /* Only the rows that changed (an upsert each), and the nodes forgotten;
+     * or, full, everything this replica holds. */
+    if (full && cmd(pg, "DELETE FROM controller_runtimes WHERE replica = $1", 1, p1))
+        goto fail;
+    if (gone && !full &&
+        cmd(pg,
+            "DELETE FROM controller_runtimes WHERE replica = $1 AND node_id IN"
+            " (SELECT json_array_elements_text($2::json))",
+            2, pgone))
+        goto fail;
+    if ((rows || full) &&
+        cmd(pg,
+            "INSERT INTO controller_runtimes (replica, node_id, fleet, connected, doc)"
+            " SELECT $1, e->>'node_id', COALESCE(e->>'fleet', ''),"
+            " COALESCE((e->>'connected')::boolean, false), e::text"
+            " FROM json_array_elements($2::json) e"
+            " ON CONFLICT (replica, node_id) DO UPDATE SET fleet = excluded.fleet,"
+            " connected = excluded.connected, doc = excluded.doc",
+            2, pr))
+        goto fail;
+    /* The others re-read this replica's rows when the generation moved. */
+    if ((rows || gone || full) &&
+        cmd(pg, "UPDATE controller_replicas SET runtimes_gen = runtimes_gen + 1 WHERE replica = $1",
+            1, p1))
+        goto fail;
+    /* Replicas without a heartbeat for the timeout (killed, cut off from
+     * the store): their rows go, whichever live replica sees it first. */
+    r = q(pg,
+          "WITH gone AS (DELETE FROM controller_replicas WHERE replica <> $1 AND " PG_DEAD
+          " RETURNING replica), rt AS (DELETE FROM controller_runtimes WHERE replica IN"
+          " (SELECT replica FROM gone) RETURNING replica)"
+          " SELECT g.replica, (SELECT count(*) FROM rt WHERE rt.replica = g.replica) FROM gone g",
+          2, pt, PGRES_TUPLES_OK);
+    if (!r)
+        goto fail;
+    for (int i = 0; removed && i < PQntuples(r); i++)
+        json_object_set_new(removed, PQgetvalue(r, i, 0),
+                            json_integer(strtoll(PQgetvalue(r, i, 1), NULL, 10)));
+    PQclear(r);
+    if (cmd(pg, "COMMIT", 0, NULL)) {
+        pg->in_tx = 0;
+        return -1;
+    }
+    pg->in_tx = 0;
+    return inserted && !full ? 1 : 0;
+fail:
+    rollback_quiet(pg);
+    return -1;
+}
+
+int sl_store_pg_replicas_live(sl_store_pg_t *pg, uint64_t timeout_ms, json_t *out)
+{
+    char tms[24];
+    snprintf(tms, sizeof(tms), "%" PRIu64, timeout_ms);
+    const char *p[] = {tms};
+    PGresult *r = q(pg,
+                    "SELECT replica, runtimes_gen FROM controller_replicas WHERE heartbeat_at >="
+                    " now() - ($1::bigint * interval '1 millisecond')",
+                    1, p, PGRES_TUPLES_OK);
+    if (!r)
+        return -1;
+    for (int i = 0; i < PQntuples(r); i++)
+        json_object_set_new(out, PQgetvalue(r, i, 0),
+                            json_integer(strtoll(PQgetvalue(r, i, 1), NULL, 10)));
+    PQclear(r);
+    return 0;
+}
+
+int sl_store_pg_replica_rows(sl_store_pg_t *pg, const char *replica, uint64_t timeout_ms,
+                             json_t *out)
+{
+    char tms[24];
+    snprintf(tms, sizeof(tms), "%" PRIu64, timeout_ms);
+    const char *p[] = {replica, tms};
+    PGresult *r = q(pg,
+                    "SELECT r.replica, r.doc FROM controller_runtimes r JOIN controller_replicas p"
+                    " ON p.replica = r.replica WHERE r.replica <> $1 AND p." PG_LIVE
+                    " ORDER BY r.replica, r.node_id",
+                    2, p, PGRES_TUPLES_OK);
+    if (!r)
+        return -1;
+    for (int i = 0; i < PQntuples(r); i++) {
+        json_t *doc = json_loads(PQgetvalue(r, i, 1), 0, NULL);
+        if (!json_is_object(doc)) {
+            json_decref(doc);
+            continue; /* not written by a controller: ignored */
+        }
+        json_object_set_new(doc, "replica", json_string(PQgetvalue(r, i, 0)));
+        json_array_append_new(out, doc);
+    }
+    PQclear(r);
+    return 0;
+}
+
+int sl_store_pg_replica_leave(sl_store_pg_t *pg, const char *replica)
+{
+    const char *p[] = {replica};
+    if (pg->in_tx)
+        return -1;
+    return cmd(pg,
+               "WITH gone AS (DELETE FROM controller_replicas WHERE replica = $1 RETURNING replica)"
+               " DELETE FROM controller_runtimes WHERE replica = $1",
+               1, p);
+}

@@ -93,6 +93,28 @@ int sl_store_pg_sync(sl_store_pg_t *pg);
 int sl_store_pg_attach(sl_store_pg_t *pg, struct event_base *base, void (*on_change)(void *arg),
                        void *arg);
 
+/* Replicas and the runtimes connected to each (tables controller_replicas
+ * and controller_runtimes, store.h sl_store_replica_publish). All: 0 or
+ * -1 with sl_store_pg_errmsg. publish: in one transaction, this replica's
+ * heartbeat (the server's now()); `rows` (a JSON array text of runtime
+ * documents, NULL for none) are upserted by node_id and the node ids of
+ * `gone` (a JSON array text, NULL for none) deleted, or, `full`, rows
+ * replaces all of this replica's; replicas without a heartbeat for
+ * timeout_ms and their rows are removed (into `removed`: name -> rows, when
+ * not NULL). Returns 1, when not full, if this replica's row was new
+ * (removed by another replica meanwhile, with its rows): publish in full. */
+int sl_store_pg_replica_publish(sl_store_pg_t *pg, const char *replica, const char *rows,
+                                const char *gone, int full, uint64_t timeout_ms, json_t *removed);
+/* Live replicas (heartbeat within timeout_ms, this one too) into `out`:
+ * name -> generation of their rows. */
+int sl_store_pg_replicas_live(sl_store_pg_t *pg, uint64_t timeout_ms, json_t *out);
+/* The runtime rows of the live replicas other than `replica`, each
+ * document with "replica" set, appended to the array `out`. */
+int sl_store_pg_replica_rows(sl_store_pg_t *pg, const char *replica, uint64_t timeout_ms,
+                             json_t *out);
+/* Removes this replica and its rows (a clean stop). */
+int sl_store_pg_replica_leave(sl_store_pg_t *pg, const char *replica);
+
 /* store.c: tells the observer of one change replayed by sl_store_pg_sync (the
  * stored body and written status texts, status NULL when none). */
 void sl_store__emit(sl_store_t *st, const char *type, const char *body, const char *status);

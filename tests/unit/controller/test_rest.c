@@ -93,6 +93,13 @@ json_t *sl_controller_runtimes_json(sl_controller_t *ctl)
                      1, "acked_version", 3);
 }
 
+/* A single controller: no replica view. */
+json_t *sl_controller_runtimes_view(sl_controller_t *ctl)
+{
+    (void)ctl;
+    return NULL;
+}
+
 json_t *sl_controller_status_json(sl_controller_t *ctl)
 {
     (void)ctl;

@@ -164,7 +164,7 @@ static void test_open_creates_nested_dir_wal_and_schema(void **state)
     db_path(f, path, sizeof(path));
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
-    assert_int_equal(sql_int(path, "SELECT max(version) FROM schema_version"), 3);
+    assert_int_equal(sql_int(path, "SELECT max(version) FROM schema_version"), 4);
 
     /* Nested directories are created (mkdir -p). */
     char nested[400], err[512];
@@ -210,7 +210,7 @@ static void test_open_refuses_newer_schema(void **state)
     assert_non_null(strstr(err, path));
     /* Nothing was changed by the refused open. */
     assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 99);
-    sql_exec(path, "UPDATE schema_version SET version = 3");
+    sql_exec(path, "UPDATE schema_version SET version = 4");
     reopen(f);
 }
 
@@ -229,7 +229,7 @@ static void test_migrates_version_1_store(void **state)
     sql_exec(path, "ALTER TABLE resources DROP COLUMN status; "
                    "UPDATE schema_version SET version = 1");
     reopen(f);
-    assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 3);
+    assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 4);
     json_t *got = NULL;
     assert_int_equal(sl_store_get(f->st, SL_KIND_BACKEND, "default", "old", &got), SL_STORE_OK);
     assert_null(json_object_get(got, "status"));

@@ -287,7 +287,7 @@ static void test_list_put_many_status_counters_load_all(void **state)
     st = open_pg();
     assert_int_equal(sl_store_counter_get(st, "fleet/b/routes/version"), 10);
     assert_string_equal(pg_sql("SELECT count(*) || '/' || max(version) FROM schema_version"),
-                        "1/3");
+                        "1/4");
     sl_store_close(st);
 }
 
@@ -548,11 +548,106 @@ static void test_concurrent_migrations(void **state)
         assert_int_equal(WEXITSTATUS(status), 0);
     }
     assert_string_equal(pg_sql("SELECT count(*) || '/' || max(version) FROM schema_version"),
-                        "1/3");
+                        "1/4");
 }
 
 /* A server that cannot be reached: refused at open, naming the store
  * without the password. */
+/* Each replica's heartbeat and runtime rows: the others read them while it
+ * is live; rows are replaced as a whole; a replica without a heartbeat for
+ * the timeout is removed with its rows by a live one; one whose row was
+ * removed is told to write its rows again; leaving removes them at once. */
+static void test_replica_rows(void **state)
+{
+    (void)state;
+    NEED_PG();
+    sl_store_t *a = open_pg(), *b = open_pg();
+    char err[512];
+    const uint64_t timeout_ms = 60000;
+    assert_int_equal(sl_store_replica_publish(a, "ra",
+                                              "[{\"node_id\":\"rt-1\",\"fleet\":\"default\","
+                                              "\"connected\":true},{\"node_id\":\"rt-2\","
+                                              "\"fleet\":\"edge\",\"connected\":false}]",
+                                              NULL, 1, timeout_ms, NULL, err, sizeof(err)),
+                     0);
+    assert_int_equal(
+        sl_store_replica_publish(b, "rb", "[]", NULL, 1, timeout_ms, NULL, err, sizeof(err)), 0);
+    json_t *live = json_object(), *rows = json_array();
+    assert_int_equal(sl_store_replica_read(b, "rb", timeout_ms, live, rows, err, sizeof(err)), 0);
+    assert_int_equal(json_object_size(live), 2);
+    assert_int_equal(json_integer_value(json_object_get(live, "ra")), 1);
+    assert_int_equal(json_integer_value(json_object_get(live, "rb")), 1);
+    assert_int_equal(json_array_size(rows), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(rows, 0), "node_id")),
+                        "rt-1");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(rows, 0), "replica")),
+                        "ra");
+    assert_string_equal(pg_sql("SELECT fleet || '/' || connected FROM controller_runtimes WHERE "
+                               "node_id = 'rt-2'"),
+                        "edge/false");
+    /* A heartbeat alone keeps the rows and their generation. */
+    assert_int_equal(
+        sl_store_replica_publish(a, "ra", NULL, NULL, 0, timeout_ms, NULL, err, sizeof(err)), 0);
+    assert_string_equal(pg_sql("SELECT count(*) || '/' || max(runtimes_gen) FROM "
+                               "controller_runtimes JOIN controller_replicas USING (replica) "
+                               "WHERE replica = 'ra'"),
+                        "2/1");
+    /* Changes: rt-2 updated, rt-3 added, rt-1 gone; the generation moves. */
+    assert_int_equal(sl_store_replica_publish(a, "ra",
+                                              "[{\"node_id\":\"rt-2\",\"fleet\":\"edge\","
+                                              "\"connected\":true},{\"node_id\":\"rt-3\"}]",
+                                              "[\"rt-1\"]", 0, timeout_ms, NULL, err, sizeof(err)),
+                     0);
+    assert_string_equal(pg_sql("SELECT string_agg(node_id || '/' || connected, ',' ORDER BY "
+                               "node_id) || ' ' || max(runtimes_gen) FROM controller_runtimes "
+                               "JOIN controller_replicas USING (replica) WHERE replica = 'ra'"),
+                        "rt-2/true,rt-3/false 2");
+    /* Full: replaces all. */
+    assert_int_equal(sl_store_replica_publish(a, "ra", "[{\"node_id\":\"rt-4\"}]", NULL, 1,
+                                              timeout_ms, NULL, err, sizeof(err)),
+                     0);
+    json_array_clear(rows);
+    assert_int_equal(sl_store_replica_read(b, "rb", timeout_ms, NULL, rows, err, sizeof(err)), 0);
+    assert_int_equal(json_array_size(rows), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(rows, 0), "node_id")),
+                        "rt-4");
+    /* ra's heartbeat is old: not live for b, and b's next heartbeat
+     * removes it with its rows. */
+    pg_sql("UPDATE controller_replicas SET heartbeat_at = now() - interval '2 minutes' WHERE "
+           "replica = 'ra'");
+    json_object_clear(live);
+    json_array_clear(rows);
+    assert_int_equal(sl_store_replica_read(b, "rb", timeout_ms, live, rows, err, sizeof(err)), 0);
+    assert_int_equal(json_object_size(live), 1);
+    assert_int_equal(json_array_size(rows), 0);
+    json_t *removed = json_object();
+    assert_int_equal(
+        sl_store_replica_publish(b, "rb", NULL, NULL, 0, timeout_ms, removed, err, sizeof(err)), 0);
+    assert_int_equal(json_integer_value(json_object_get(removed, "ra")), 1);
+    assert_string_equal(pg_sql("SELECT count(*) FROM controller_runtimes WHERE replica = 'ra'"),
+                        "0");
+    /* ra comes back with changes only: told to write all its rows. */
+    assert_int_equal(sl_store_replica_publish(a, "ra", "[{\"node_id\":\"rt-5\"}]", NULL, 0,
+                                              timeout_ms, NULL, err, sizeof(err)),
+                     1);
+    /* Leaving removes the replica and its rows. */
+    assert_int_equal(sl_store_replica_leave(b, "rb"), 0);
+    assert_string_equal(pg_sql("SELECT count(*) FROM controller_replicas WHERE replica = 'rb'"),
+                        "0");
+    /* Not JSON: refused, nothing changed. */
+    assert_int_equal(
+        sl_store_replica_publish(a, "ra", "not json", NULL, 0, timeout_ms, NULL, err, sizeof(err)),
+        -1);
+    assert_non_null(strstr(err, "json"));
+    assert_string_equal(pg_sql("SELECT count(*) FROM controller_runtimes WHERE replica = 'ra'"),
+                        "1");
+    json_decref(removed);
+    json_decref(live);
+    json_decref(rows);
+    sl_store_close(a);
+    sl_store_close(b);
+}
+
 static void test_unreachable_server_named_without_password(void **state)
 {
     (void)state;
@@ -580,6 +675,7 @@ int main(void)
         cmocka_unit_test_setup(test_listen_notify_and_repair, setup),
         cmocka_unit_test_setup(test_concurrent_writers, setup),
         cmocka_unit_test_setup(test_concurrent_migrations, setup),
+        cmocka_unit_test_setup(test_replica_rows, setup),
         cmocka_unit_test_setup(test_unreachable_server_named_without_password, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
