@@ -174,7 +174,9 @@ def test_replicas_agree_on_status_and_runtimes(tmp_path):
                 conds = [programmed(c) for c in ctls]
             except RestError:
                 return False  # the store is coming back
-            msgs = {c[0]["message"] for c in conds if c[0]}
+            if not all(c[0] for c in conds):
+                return False  # a replica has not written the condition yet
+            msgs = {c[0]["message"] for c in conds}
             if len(msgs) != 1 or conds[0][0]["status"] != "True":
                 return False
             return "%d of %d runtimes" % (n, n) in msgs.pop() and conds
