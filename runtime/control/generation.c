@@ -79,8 +79,6 @@ static void compile_retry(sl_gen_retry_t *r, const Sluice__V1__RetryPolicy *pb)
  * What is kept by name across every generation (endpoint health, counters,
  * pools, success-rate windows) is unchanged by this.
  */
-sl_generation_stats_t sl_generation_stats;
-
 typedef struct sl_gen_consumers {
     atomic_long refs;
     struct sl_consumers *c;
@@ -215,7 +213,7 @@ static int build_clusters(sl_generation_t *gen, const sl_generation_t *prev, int
             if (j != SIZE_MAX) {
                 gen->clusters[i] = prev->clusters[j];
                 cluster_ref(gen->clusters[i]);
-                atomic_fetch_add_explicit(&sl_generation_stats.clusters_shared, 1,
+                atomic_fetch_add_explicit(&sl_metrics_gauges.gen_clusters_shared, 1,
                                           memory_order_relaxed);
                 continue;
             }
@@ -225,7 +223,7 @@ static int build_clusters(sl_generation_t *gen, const sl_generation_t *prev, int
             goto nomem;
         atomic_init(&c->refs, 1);
         gen->clusters[i] = c;
-        atomic_fetch_add_explicit(&sl_generation_stats.clusters_built, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sl_metrics_gauges.gen_clusters_built, 1, memory_order_relaxed);
         c->pb = pb;
         c->index = (uint32_t)i;
         c->num_endpoints = pb->n_endpoints;
@@ -386,7 +384,7 @@ static int build_routes(sl_generation_t *gen, const sl_generation_t *prev, int s
                 atomic_fetch_add_explicit(&old->refs, 1, memory_order_relaxed);
                 gen->tables[t] = old;
                 gen->routes[t] = old->routes;
-                atomic_fetch_add_explicit(&sl_generation_stats.tables_shared, 1,
+                atomic_fetch_add_explicit(&sl_metrics_gauges.gen_tables_shared, 1,
                                           memory_order_relaxed);
                 continue;
             }
@@ -398,7 +396,7 @@ static int build_routes(sl_generation_t *gen, const sl_generation_t *prev, int s
         gen->tables[t] = tb;
         tb->pb = table;
         tb->build_id =
-            atomic_fetch_add_explicit(&sl_generation_stats.tables_built, 1, memory_order_relaxed) +
+            atomic_fetch_add_explicit(&sl_metrics_gauges.gen_tables_built, 1, memory_order_relaxed) +
             1;
         tb->consumers = gen->consumers_box;
         atomic_fetch_add_explicit(&tb->consumers->refs, 1, memory_order_relaxed);

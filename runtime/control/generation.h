@@ -161,15 +161,9 @@ typedef struct sl_gen_table {
     size_t num_used;
     sl_gen_cluster_t **used;
     struct sl_gen_consumers *consumers; /* what its policy chains point at; referenced */
-    uint64_t build_id; /* sl_generation_stats.tables_built when it was built */
+    uint64_t build_id; /* sl_metrics_gauges.gen_tables_built counting it */
 } sl_gen_table_t;
 
-/* What sl_generation_build made and what it shared (tests, debug log). */
-typedef struct {
-    atomic_ulong tables_built, tables_shared;
-    atomic_ulong clusters_built, clusters_shared;
-} sl_generation_stats_t;
-extern sl_generation_stats_t sl_generation_stats;
 
 /* One worker's requests on a generation (see "Worker holds" above). Its own
  * cache line so that workers never write a line another worker reads. */
