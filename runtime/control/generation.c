@@ -816,7 +816,10 @@ sl_generation_t *sl_generation_build_from(Sluice__V1__Snapshot *snap, const char
         if (p->fields & SL_TLOG_BIT(SL_TLOG_F_RESPONSE_BODY))
             gen->tlog_bodies_wanted |= 2;
     }
-    gen->router = sl_router_build(snap, err, errlen);
+    /* The router from prev's: only the tables whose message changed are
+     * compiled and put into the trie (router.h, sl_router_update). */
+    gen->router = prev && prev->router ? sl_router_update(prev->router, snap, err, errlen)
+                                       : sl_router_build(snap, err, errlen);
     if (!gen->router)
         goto fail;
     if (build_http2(gen, err, errlen) != 0)
