@@ -158,7 +158,8 @@ struct sl_router {
     node_t *nodes;
     uint32_t n_nodes;
     entry_t *entries;
-    uint32_t n_entries;
+    uint32_t n_entries;      /* used, with the ranges patches left behind */
+    uint32_t n_entries_live; /* in the nodes' ranges */
     uint32_t *regex_routes;
     uint32_t n_regex_routes;
     bucket_t *buckets;
@@ -1201,6 +1202,7 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
         r->entries[i] = be->e;
     }
     r->n_entries = (uint32_t)b.n_bentries;
+    r->n_entries_live = r->n_entries;
 
     /* Regex routes per bucket: declaration order, except that routes with
      * the same base path and pattern are grouped at the first one's place
@@ -1292,8 +1294,9 @@ static void *dup_array(const void *src, size_t n, size_t extra, size_t elem)
 }
 
 /* Patches are bounded: past these the router is built whole again, which
- * drops the nodes, entries and routes that removed tables left behind. */
-#define SL_ROUTER_MAX_PATCHES 64
+ * drops the nodes, entries and routes that removed tables left behind (the
+ * routes and entries are also bounded on their own, below). */
+#define SL_ROUTER_MAX_PATCHES 1024
 
 sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapshot *snap,
                               char *err, size_t errlen)
@@ -1302,7 +1305,8 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
         return sl_router_build(snap, err, errlen);
     errf(err, errlen, "%s", "");
     size_t nt = snap->n_route_tables;
-    if (nt >= NONE || prev->patches >= SL_ROUTER_MAX_PATCHES)
+    if (nt >= NONE || prev->patches >= SL_ROUTER_MAX_PATCHES ||
+        prev->n_entries > 2 * (size_t)prev->n_entries_live + 4096)
         return sl_router_build(snap, err, errlen);
 
     /* Which tables are prev's (the same message), in prev's order. */
@@ -1431,6 +1435,7 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
     r->n_matches = prev->n_matches;
     r->n_nodes = prev->n_nodes;
     r->n_entries = prev->n_entries;
+    r->n_entries_live = prev->n_entries_live;
     r->n_regex_routes = prev->n_regex_routes;
     r->n_buckets = prev->n_buckets;
     r->n_wildcard_lens = prev->n_wildcard_lens;
@@ -1467,6 +1472,7 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
             nd->n_exact = kept_k[0];
             nd->n_template = kept_k[1];
             nd->n_prefix = kept_k[2];
+            r->n_entries_live -= total - (kept_k[0] + kept_k[1] + kept_k[2]);
         }
         free(is_dead);
     }
@@ -1580,6 +1586,7 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
         i = j;
     }
     free(merged);
+    r->n_entries_live += (uint32_t)b.n_bentries;
     r->n_dead = prev->n_dead + (uint32_t)dead;
     r->patches = prev->patches + 1;
     free(b.bentries);

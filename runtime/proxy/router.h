@@ -61,8 +61,9 @@ void sl_router_free(sl_router_t *router);
  * at the same precedence as in a whole build (same results, same lookup
  * cost). Falls back to sl_router_build when a changed table has regex routes
  * or a host no table had, when kept tables change order, and every
- * SL_ROUTER_MAX_PATCHES patches or when removed routes left behind exceed a
- * quarter of the live ones. The new router shares prev's regexes and long
+ * SL_ROUTER_MAX_PATCHES (1024) patches or when what patches left behind
+ * grows too big (removed routes over a quarter of the live ones, unused
+ * entries over the live ones). The new router shares prev's regexes and long
  * keys by reference count (either may be freed first). Errors as
  * sl_router_build. */
 sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapshot *snap,
