@@ -184,12 +184,21 @@ static int same_msgs(void *const *a, size_t na, void *const *b, size_t nb)
     return na == nb && (na == 0 || memcmp(a, b, na * sizeof(*a)) == 0);
 }
 
-/* The part of prev whose message is pb: at index `hint` (the usual case,
- * the sets are sorted by name), else anywhere. */
-static size_t find_same(void *const *msgs, size_t n, const void *pb, size_t hint)
+/* The part of prev whose message is pb: at index `hint` or just after it
+ * (the usual case: the sets are sorted by name and a change adds or removes
+ * a few), else anywhere; but after `*misses` reaches 64 scans, not at all:
+ * a snapshot with nothing in common (state of the world) would cost a scan
+ * per part. */
+static size_t find_same(void *const *msgs, size_t n, const void *pb, size_t hint, size_t *misses)
 {
-    if (hint < n && msgs[hint] == pb)
-        return hint;
+    for (size_t i = hint; i < n && i < hint + 4; i++)
+        if (msgs[i] == pb)
+            return i;
+    for (size_t i = hint > 4 ? hint - 4 : 0; i < hint && i < n; i++)
+        if (msgs[i] == pb)
+            return i;
+    if (++*misses > 64)
+        return SIZE_MAX;
     for (size_t i = 0; i < n; i++)
         if (msgs[i] == pb)
             return i;
@@ -206,11 +215,14 @@ static int build_clusters(sl_generation_t *gen, const sl_generation_t *prev, int
     gen->clusters = calloc(snap->n_clusters ? snap->n_clusters : 1, sizeof(*gen->clusters));
     if (!gen->clusters)
         goto nomem;
+    size_t misses = 0, next = 0; /* where prev's next cluster probably is */
     for (size_t i = 0; i < snap->n_clusters; i++) {
         const Sluice__V1__Cluster *pb = snap->clusters[i];
         if (share && (!pb->tls || certs_same)) {
-            size_t j = find_same((void *const *)prev->snap->clusters, prev->snap->n_clusters, pb, i);
+            size_t j = find_same((void *const *)prev->snap->clusters, prev->snap->n_clusters, pb,
+                                 next, &misses);
             if (j != SIZE_MAX) {
+                next = j + 1;
                 gen->clusters[i] = prev->clusters[j];
                 cluster_ref(gen->clusters[i]);
                 atomic_fetch_add_explicit(&sl_metrics_gauges.gen_clusters_shared, 1,
@@ -373,11 +385,14 @@ static int build_routes(sl_generation_t *gen, const sl_generation_t *prev, int s
     }
     gen->consumers = gen->consumers_box->c;
     sl_policy_env_t env = {.consumers = gen->consumers, .nworkers = gen->nworkers};
+    size_t misses = 0, next = 0; /* where prev's next table probably is */
     for (size_t t = 0; t < snap->n_route_tables; t++) {
         const Sluice__V1__RouteTable *table = snap->route_tables[t];
         if (share) {
             size_t j = find_same((void *const *)prev->snap->route_tables,
-                                 prev->snap->n_route_tables, table, t);
+                                 prev->snap->n_route_tables, table, next, &misses);
+            if (j != SIZE_MAX)
+                next = j + 1;
             if (j != SIZE_MAX && prev->tables[j]->consumers == gen->consumers_box &&
                 table_clusters_same(gen, prev->tables[j])) {
                 sl_gen_table_t *old = prev->tables[j];

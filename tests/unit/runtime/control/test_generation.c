@@ -1030,6 +1030,68 @@ static void test_shared_parts_follow_the_last_generation_through_rcu(void **stat
     release_held(&h);
 }
 
+
+/* Many tables: 100 new ones inserted before 100 kept ones (every index
+ * shifts), then a snapshot with nothing in common; built with the held
+ * clusters a and b. */
+static sl_generation_t *build_tables(Sluice__V1__Cluster **clusters,
+                                     Sluice__V1__RouteTable **tables, size_t n,
+                                     const sl_generation_t *prev)
+{
+    Sluice__V1__Snapshot view = SLUICE__V1__SNAPSHOT__INIT;
+    view.version = next_version++;
+    view.n_clusters = 2;
+    view.clusters = clusters;
+    view.n_route_tables = n;
+    view.route_tables = tables;
+    Sluice__V1__Snapshot *shell = sl_pbshare_snapshot(&view);
+    assert_non_null(shell);
+    char err[512] = "";
+    sl_generation_t *gen = sl_generation_build_from(shell, "test", 1, prev, err, sizeof(err));
+    if (!gen)
+        fail_msg("build: %s", err);
+    return gen;
+}
+
+static void test_shifted_tables_are_found_and_strangers_not_searched_long(void **state)
+{
+    (void)state;
+    enum { N = 100 };
+    Sluice__V1__Cluster *cl[2] = {mk_cluster("a", 9001), mk_cluster("b", 9002)};
+    Sluice__V1__RouteTable *t[3 * N];
+    char name[32];
+    for (int i = 0; i < 3 * N; i++) {
+        snprintf(name, sizeof(name), "t%03d", i);
+        t[i] = mk_table(name, "/x", i % 2 ? "a" : "b");
+    }
+    /* g1: tables N..2N-1; g2: 0..2N-1 (N new ones first) */
+    sl_generation_t *g1 = build_tables(cl, t + N, N, NULL);
+    uint64_t built = gauge(&sl_metrics_gauges.gen_tables_built);
+    sl_generation_t *g2 = build_tables(cl, t, 2 * N, g1);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_tables_built) - built, N);
+    for (int i = 0; i < N; i++)
+        assert_ptr_equal(g2->tables[N + i], g1->tables[i]);
+    sl_router_result_t res;
+    assert_int_equal(route_of(g2, "/t150/x", &res), SL_OK);
+    assert_int_equal(res.table_index, 150);
+    assert_int_equal(route_of(g2, "/t010/x", &res), SL_OK);
+    assert_int_equal(res.table_index, 10);
+    /* g3: tables 2N..3N-1, nothing in common: all built, same answers */
+    built = gauge(&sl_metrics_gauges.gen_tables_built);
+    sl_generation_t *g3 = build_tables(cl, t + 2 * N, N, g2);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_tables_built) - built, N);
+    assert_int_equal(route_of(g3, "/t250/x", &res), SL_OK);
+    assert_int_equal(res.table_index, 50);
+    assert_int_equal(route_of(g3, "/t150/x", &res), 404);
+    sl_generation_discard(g1);
+    sl_generation_discard(g2);
+    sl_generation_discard(g3);
+    for (int i = 0; i < 3 * N; i++)
+        release_msg(t[i]);
+    release_msg(cl[0]);
+    release_msg(cl[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1049,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_changed_consumers_or_settings_rebuild_every_table),
         cmocka_unit_test(test_separately_decoded_snapshots_share_nothing),
         cmocka_unit_test(test_shared_parts_follow_the_last_generation_through_rcu),
+        cmocka_unit_test(test_shifted_tables_are_found_and_strangers_not_searched_long),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
