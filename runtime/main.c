@@ -403,7 +403,7 @@ static Sluice__V1__Snapshot *load_snapshot(runtime_t *rt, uint64_t version, char
 static struct ssl_ctx_st *generation_cluster_tls(void *arg, size_t cluster_index)
 {
     const sl_generation_t *gen = arg;
-    return cluster_index < gen->num_clusters ? gen->clusters[cluster_index].tls : NULL;
+    return cluster_index < gen->num_clusters ? gen->clusters[cluster_index]->tls : NULL;
 }
 
 static int reload(runtime_t *rt, const char *why)

@@ -10,6 +10,7 @@
 
 #include "compiler.h"
 #include "log.h"
+#include "pbshare.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -170,7 +171,7 @@ int sl_config_apply(sl_config_t *cfg, Sluice__V1__Snapshot *snap, const char *so
                     size_t errlen)
 {
     if (sl_config_check(cfg, snap, err, errlen) != 0) {
-        sl_snapshot_free(snap);
+        sl_pbshare_snapshot_free(snap);
         return -1;
     }
     sl_generation_t *gen = sl_generation_build(snap, source, cfg->nworkers, err, errlen);

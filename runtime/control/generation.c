@@ -16,6 +16,7 @@
 #include "listener_http2.h"
 #include "log.h"
 #include "mirror.h"
+#include "pbshare.h"
 #include "route_rules.h"
 #include "tls.h"
 #include "tls_client.h"
@@ -61,86 +62,180 @@ static void compile_retry(sl_gen_retry_t *r, const Sluice__V1__RetryPolicy *pb)
     r->per_try_timeout_ms = pb->per_try_timeout_ms;
 }
 
+/*
+ * Sharing (issue 14, "the runtime rebuilds only what changed"). A config
+ * stream's generation snapshot points at the decoded resources the stream
+ * holds (pbshare.h), so a resource the change did not touch is the same
+ * message in the new snapshot as in the published one. Then:
+ *  - a cluster whose Cluster message is the published generation's, with the
+ *    same gateway settings, worker count and (for a Backend with tls) the
+ *    same certificates, is that generation's compiled cluster, referenced;
+ *  - a route table whose RouteTable message is the published one's, with the
+ *    same settings, the same consumers object and every cluster its routes
+ *    point at shared as above, is that generation's compiled table;
+ *  - the consumers index is shared when the Consumer messages are the same.
+ * Everything else is built. A shared part is freed with the last generation
+ * (or table) that references it, after the grace periods of generation.h.
+ * What is kept by name across every generation (endpoint health, counters,
+ * pools, success-rate windows) is unchanged by this.
+ */
+typedef struct sl_gen_consumers {
+    atomic_long refs;
+    struct sl_consumers *c;
+} sl_gen_consumers_t;
+
+static void consumers_unref(sl_gen_consumers_t *b)
+{
+    if (b && atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1) {
+        sl_consumers_free(b->c);
+        free(b);
+    }
+}
+
+static void cluster_ref(sl_gen_cluster_t *c)
+{
+    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+}
+
+static void cluster_unref(sl_gen_cluster_t *c)
+{
+    if (!c || atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    SSL_CTX_free(c->tls);
+    for (size_t e = 0; c->endpoints && e < c->num_endpoints; e++)
+        if (c->endpoints[e])
+            sl_endpoint_release(c->endpoints[e]);
+    free(c->endpoints);
+    free(c->weights);
+    free(c->swrr_current);
+    if (c->ring)
+        sl_lb_ring_free(c->ring);
+    if (c->stats)
+        sl_metrics_cluster_release(c->stats);
+    free(c);
+}
+
+static void table_unref(sl_gen_table_t *tb)
+{
+    if (!tb || atomic_fetch_sub_explicit(&tb->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    sl_gen_route_t *routes = tb->routes;
+    for (size_t r = 0; routes && r < tb->num_routes; r++) {
+        free(routes[r].backends);
+        free(routes[r].backend_weights);
+        sl_srate_route_free(routes[r].srate);
+        for (size_t k = 0; routes[r].policy_stats && k < sl_policy_chain_len(routes[r].chain); k++)
+            sl_metrics_policy_release(routes[r].policy_stats[k]);
+        for (size_t k = 0; routes[r].scope_stats && k < sl_policy_chain_len(routes[r].chain); k++)
+            sl_metrics_scope_release(routes[r].scope_stats[k]);
+        free(routes[r].policy_stats);
+        free(routes[r].scope_stats);
+        sl_policy_chain_free(routes[r].chain);
+        sl_route_rules_free(routes[r].rules);
+        free(routes[r].policy_error);
+        if (routes[r].stats)
+            sl_metrics_route_release(routes[r].stats);
+    }
+    free(routes);
+    for (size_t i = 0; i < tb->num_used; i++)
+        cluster_unref(tb->used[i]);
+    free(tb->used);
+    consumers_unref(tb->consumers);
+    free(tb);
+}
+
 static sl_gen_cluster_t *find_cluster(sl_generation_t *gen, const char *name)
 {
     for (size_t i = 0; i < gen->num_clusters; i++)
-        if (strcmp(gen->clusters[i].pb->name, name) == 0)
-            return &gen->clusters[i];
+        if (gen->clusters[i] && strcmp(gen->clusters[i]->pb->name, name) == 0)
+            return gen->clusters[i];
     return NULL;
 }
 
 static void free_generation(sl_generation_t *gen)
 {
-    for (size_t i = 0; gen->clusters && i < gen->num_clusters; i++)
-        SSL_CTX_free(gen->clusters[i].tls);
     if (gen->tls) {
         for (size_t i = 0; i < gen->snap->n_listeners; i++)
             sl_tls_server_free(gen->tls[i]);
         free(gen->tls);
     }
     free(gen->h2);
-    if (gen->routes) {
-        for (size_t t = 0; t < gen->snap->n_route_tables; t++) {
-            sl_gen_route_t *routes = gen->routes[t];
-            if (!routes)
-                continue;
-            for (size_t r = 0; r < gen->snap->route_tables[t]->n_routes; r++) {
-                free(routes[r].backends);
-                free(routes[r].backend_weights);
-                sl_srate_route_free(routes[r].srate);
-                for (size_t k = 0;
-                     routes[r].policy_stats && k < sl_policy_chain_len(routes[r].chain); k++)
-                    sl_metrics_policy_release(routes[r].policy_stats[k]);
-                for (size_t k = 0;
-                     routes[r].scope_stats && k < sl_policy_chain_len(routes[r].chain); k++)
-                    sl_metrics_scope_release(routes[r].scope_stats[k]);
-                free(routes[r].policy_stats);
-                free(routes[r].scope_stats);
-                sl_policy_chain_free(routes[r].chain);
-                sl_route_rules_free(routes[r].rules);
-                free(routes[r].policy_error);
-                if (routes[r].stats)
-                    sl_metrics_route_release(routes[r].stats);
-            }
-            free(routes);
-        }
-        free(gen->routes);
-    }
-    sl_consumers_free(gen->consumers);
-    for (size_t i = 0; i < gen->num_clusters; i++) {
-        sl_gen_cluster_t *c = &gen->clusters[i];
-        for (size_t e = 0; e < c->num_endpoints; e++)
-            if (c->endpoints[e])
-                sl_endpoint_release(c->endpoints[e]);
-        free(c->endpoints);
-        free(c->weights);
-        free(c->swrr_current);
-        if (c->ring)
-            sl_lb_ring_free(c->ring);
-        if (c->stats)
-            sl_metrics_cluster_release(c->stats);
-    }
+    if (gen->tables)
+        for (size_t t = 0; t < gen->snap->n_route_tables; t++)
+            table_unref(gen->tables[t]);
+    free(gen->tables);
+    free(gen->routes);
+    consumers_unref(gen->consumers_box);
+    for (size_t i = 0; gen->clusters && i < gen->num_clusters; i++)
+        cluster_unref(gen->clusters[i]);
     free(gen->clusters);
     if (gen->router)
         sl_router_free(gen->router);
     if (gen->snap)
-        sl_snapshot_free(gen->snap);
-    free(gen->tlog_tables);
+        sl_pbshare_snapshot_free(gen->snap);
     free(gen->source);
     free(gen->worker_slots);
     free(gen);
 }
 
-static int build_clusters(sl_generation_t *gen, char *err, size_t errlen)
+/* Same pointers, in the same order (an unchanged set of resources). */
+static int same_msgs(void *const *a, size_t na, void *const *b, size_t nb)
+{
+    return na == nb && (na == 0 || memcmp(a, b, na * sizeof(*a)) == 0);
+}
+
+/* The part of prev whose message is pb: at index `hint` or just after it
+ * (the usual case: the sets are sorted by name and a change adds or removes
+ * a few), else anywhere; but after `*misses` reaches 64 scans, not at all:
+ * a snapshot with nothing in common (state of the world) would cost a scan
+ * per part. */
+static size_t find_same(void *const *msgs, size_t n, const void *pb, size_t hint, size_t *misses)
+{
+    for (size_t i = hint; i < n && i < hint + 4; i++)
+        if (msgs[i] == pb)
+            return i;
+    for (size_t i = hint > 4 ? hint - 4 : 0; i < hint && i < n; i++)
+        if (msgs[i] == pb)
+            return i;
+    if (++*misses > 64)
+        return SIZE_MAX;
+    for (size_t i = 0; i < n; i++)
+        if (msgs[i] == pb)
+            return i;
+    return SIZE_MAX;
+}
+
+/* share: prev's clusters may be shared (settings and workers the same);
+ * certs_same: so may those with tls. */
+static int build_clusters(sl_generation_t *gen, const sl_generation_t *prev, int share,
+                          int certs_same, uint32_t gw_connect_ms, char *err, size_t errlen)
 {
     const Sluice__V1__Snapshot *snap = gen->snap;
     gen->num_clusters = snap->n_clusters;
     gen->clusters = calloc(snap->n_clusters ? snap->n_clusters : 1, sizeof(*gen->clusters));
     if (!gen->clusters)
         goto nomem;
+    size_t misses = 0, next = 0; /* where prev's next cluster probably is */
     for (size_t i = 0; i < snap->n_clusters; i++) {
         const Sluice__V1__Cluster *pb = snap->clusters[i];
-        sl_gen_cluster_t *c = &gen->clusters[i];
+        if (share && (!pb->tls || certs_same)) {
+            size_t j = find_same((void *const *)prev->snap->clusters, prev->snap->n_clusters, pb,
+                                 next, &misses);
+            if (j != SIZE_MAX) {
+                next = j + 1;
+                gen->clusters[i] = prev->clusters[j];
+                cluster_ref(gen->clusters[i]);
+                atomic_fetch_add_explicit(&sl_metrics_gauges.gen_clusters_shared, 1,
+                                          memory_order_relaxed);
+                continue;
+            }
+        }
+        sl_gen_cluster_t *c = calloc(1, sizeof(*c));
+        if (!c)
+            goto nomem;
+        atomic_init(&c->refs, 1);
+        gen->clusters[i] = c;
+        atomic_fetch_add_explicit(&sl_metrics_gauges.gen_clusters_built, 1, memory_order_relaxed);
         c->pb = pb;
         c->index = (uint32_t)i;
         c->num_endpoints = pb->n_endpoints;
@@ -211,7 +306,7 @@ static int build_clusters(sl_generation_t *gen, char *err, size_t errlen)
             c->pool_max_idle = 64;
         if (!c->pool_idle_timeout_ms)
             c->pool_idle_timeout_ms = 60000;
-        c->connect_timeout_ms = pb->connect_timeout_ms;
+        c->connect_timeout_ms = pb->connect_timeout_ms ? pb->connect_timeout_ms : gw_connect_ms;
         c->host_rewrite.ptr = pb->host_rewrite;
         c->host_rewrite.len = pb->host_rewrite ? strlen(pb->host_rewrite) : 0;
     }
@@ -221,25 +316,118 @@ nomem:
     return -1;
 }
 
-static sl_gen_cluster_t *find_cluster_cb(void *gen, const char *name)
+/* Resolving a cluster name for a table being built: the table keeps a
+ * reference to every cluster it points at (tb->used). */
+typedef struct {
+    sl_generation_t *gen;
+    sl_gen_table_t *tb;
+    int oom;
+} table_ctx_t;
+
+static sl_gen_cluster_t *table_find(table_ctx_t *ctx, const char *name)
 {
-    return find_cluster(gen, name);
+    sl_gen_cluster_t *c = find_cluster(ctx->gen, name);
+    if (!c)
+        return NULL;
+    sl_gen_table_t *tb = ctx->tb;
+    for (size_t i = 0; i < tb->num_used; i++)
+        if (tb->used[i] == c)
+            return c;
+    sl_gen_cluster_t **u = realloc(tb->used, (tb->num_used + 1) * sizeof(*u));
+    if (!u) {
+        ctx->oom = 1;
+        return c; /* the table is freed with the failed build */
+    }
+    tb->used = u;
+    tb->used[tb->num_used++] = c;
+    cluster_ref(c);
+    return c;
 }
 
-static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeouts, char *err,
-                        size_t errlen)
+static sl_gen_cluster_t *find_cluster_cb(void *ctx, const char *name)
+{
+    return table_find(ctx, name);
+}
+
+/* prev's table tb may serve gen: every cluster it points at is gen's. */
+static int table_clusters_same(sl_generation_t *gen, const sl_gen_table_t *tb)
+{
+    for (size_t i = 0; i < tb->num_used; i++)
+        if (find_cluster(gen, tb->used[i]->pb->name) != tb->used[i])
+            return 0;
+    return 1;
+}
+
+static int build_routes(sl_generation_t *gen, const sl_generation_t *prev, int share,
+                        const sl_gen_timeouts_t *gw_timeouts, char *err, size_t errlen)
 {
     const Sluice__V1__Snapshot *snap = gen->snap;
-    gen->routes = calloc(snap->n_route_tables ? snap->n_route_tables : 1, sizeof(*gen->routes));
-    gen->consumers = sl_consumers_build(snap->consumers, snap->n_consumers);
-    if (!gen->routes || !gen->consumers)
+    size_t nt = snap->n_route_tables ? snap->n_route_tables : 1;
+    gen->routes = calloc(nt, sizeof(*gen->routes));
+    gen->tables = calloc(nt, sizeof(*gen->tables));
+    if (!gen->routes || !gen->tables)
         goto nomem;
+    /* The consumers index: prev's when the Consumer messages are the same. */
+    if (share && prev->consumers_box &&
+        same_msgs((void *const *)prev->snap->consumers, prev->snap->n_consumers,
+                  (void *const *)snap->consumers, snap->n_consumers)) {
+        gen->consumers_box = prev->consumers_box;
+        atomic_fetch_add_explicit(&gen->consumers_box->refs, 1, memory_order_relaxed);
+    } else {
+        share = 0; /* policy chains point at the consumers: no table is shared */
+        gen->consumers_box = calloc(1, sizeof(*gen->consumers_box));
+        if (!gen->consumers_box)
+            goto nomem;
+        atomic_init(&gen->consumers_box->refs, 1);
+        gen->consumers_box->c = sl_consumers_build(snap->consumers, snap->n_consumers);
+        if (!gen->consumers_box->c)
+            goto nomem;
+    }
+    gen->consumers = gen->consumers_box->c;
     sl_policy_env_t env = {.consumers = gen->consumers, .nworkers = gen->nworkers};
+    size_t misses = 0, next = 0; /* where prev's next table probably is */
     for (size_t t = 0; t < snap->n_route_tables; t++) {
         const Sluice__V1__RouteTable *table = snap->route_tables[t];
+        if (share) {
+            size_t j = find_same((void *const *)prev->snap->route_tables,
+                                 prev->snap->n_route_tables, table, next, &misses);
+            if (j != SIZE_MAX)
+                next = j + 1;
+            if (j != SIZE_MAX && prev->tables[j]->consumers == gen->consumers_box &&
+                table_clusters_same(gen, prev->tables[j])) {
+                sl_gen_table_t *old = prev->tables[j];
+                atomic_fetch_add_explicit(&old->refs, 1, memory_order_relaxed);
+                gen->tables[t] = old;
+                gen->routes[t] = old->routes;
+                atomic_fetch_add_explicit(&sl_metrics_gauges.gen_tables_shared, 1,
+                                          memory_order_relaxed);
+                continue;
+            }
+        }
+        sl_gen_table_t *tb = calloc(1, sizeof(*tb));
+        if (!tb)
+            goto nomem;
+        atomic_init(&tb->refs, 1);
+        gen->tables[t] = tb;
+        tb->pb = table;
+        tb->build_id =
+            atomic_fetch_add_explicit(&sl_metrics_gauges.gen_tables_built, 1, memory_order_relaxed) +
+            1;
+        tb->consumers = gen->consumers_box;
+        atomic_fetch_add_explicit(&tb->consumers->refs, 1, memory_order_relaxed);
+        tb->tlog = gen->tlog;
+        if (table->traffic_log) {
+            const Sluice__V1__TrafficLogOverride *o = table->traffic_log;
+            tb->tlog.enabled = o->enabled;
+            tb->tlog.sample_ppm = o->sample_ppm;
+            tb->tlog.fields = o->fields64 ? o->fields64 : o->fields;
+        }
+        table_ctx_t ctx = {.gen = gen, .tb = tb};
+        tb->num_routes = table->n_routes;
         sl_gen_route_t *routes = calloc(table->n_routes ? table->n_routes : 1, sizeof(*routes));
         if (!routes)
             goto nomem;
+        tb->routes = routes;
         gen->routes[t] = routes;
         env.api = table->name; /* state kept by Api across generations (cache zones) */
         sl_gen_timeouts_t table_timeouts = *gw_timeouts;
@@ -254,7 +442,7 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
             route->operation.ptr = pb->name;
             route->operation.len = strlen(pb->name);
             route->strip_base_path = table->strip_base_path;
-            route->tlog = table->traffic_log ? &gen->tlog_tables[t] : &gen->tlog;
+            route->tlog = &tb->tlog;
             route->timeouts = table_timeouts;
             merge_timeouts(&route->timeouts, pb->timeouts);
             const Sluice__V1__RetryPolicy *retry = pb->retry ? pb->retry : table->retry;
@@ -286,7 +474,7 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
             if (!route->backends || !route->backend_weights)
                 goto nomem;
             for (size_t b = 0; b < nrefs; b++) {
-                route->backends[b] = find_cluster(gen, refs[b]->cluster);
+                route->backends[b] = table_find(&ctx, refs[b]->cluster);
                 if (!route->backends[b]) {
                     snprintf(err, errlen, "api %s operation %s: backend %s is not in the snapshot",
                              table->name, pb->name, refs[b]->cluster);
@@ -312,7 +500,7 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 goto nomem;
             route->faults = pb->faults;
             if (pb->mirror) {
-                route->mirror = find_cluster(gen, pb->mirror->cluster);
+                route->mirror = table_find(&ctx, pb->mirror->cluster);
                 route->mirror_ppm = pb->mirror->ppm;
                 char why[200];
                 if (!route->mirror) {
@@ -332,7 +520,7 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 char why[512];
                 route->rules = sl_route_rules_build(
                     pb->routing, pb->path, pb->path_kind == SLUICE__V1__ROUTE__PATH_KIND__TEMPLATE,
-                    find_cluster_cb, gen, route->backends, route->backend_weights,
+                    find_cluster_cb, &ctx, route->backends, route->backend_weights,
                     route->num_backends, pb->success_rate, gen->nworkers, why, sizeof(why));
                 if (!route->rules) {
                     snprintf(err, errlen, "api %s operation %s: %s", table->name, pb->name, why);
@@ -375,6 +563,8 @@ static int build_routes(sl_generation_t *gen, const sl_gen_timeouts_t *gw_timeou
                 }
             }
         }
+        if (ctx.oom)
+            goto nomem;
     }
     return 0;
 nomem:
@@ -394,9 +584,9 @@ static int build_tls(sl_generation_t *gen, char *err, size_t errlen)
 {
     Sluice__V1__Snapshot *snap = gen->snap;
     for (size_t i = 0; i < gen->num_clusters; i++) {
-        sl_gen_cluster_t *cl = &gen->clusters[i];
-        if (!cl->pb->tls)
-            continue;
+        sl_gen_cluster_t *cl = gen->clusters[i];
+        if (!cl->pb->tls || cl->tls)
+            continue; /* none, or a shared cluster's */
         cl->tls = sl_tls_client_ctx_build(cl->pb, snap, err, errlen);
         if (!cl->tls)
             return -1;
@@ -507,9 +697,18 @@ int sl_generation_h2_settings(const sl_generation_t *gen, const char *key, sl_h2
 sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *source,
                                      unsigned nworkers, char *err, size_t errlen)
 {
+    /* The main thread is the only one that publishes: the published
+     * generation cannot go away under it. */
+    return sl_generation_build_from(snap, source, nworkers, sl_generation_published, err, errlen);
+}
+
+sl_generation_t *sl_generation_build_from(Sluice__V1__Snapshot *snap, const char *source,
+                                          unsigned nworkers, const sl_generation_t *prev,
+                                          char *err, size_t errlen)
+{
     sl_generation_t *gen = calloc(1, sizeof(*gen));
     if (!gen) {
-        sl_snapshot_free(snap);
+        sl_pbshare_snapshot_free(snap);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
@@ -585,23 +784,42 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
         gen->tlog.body_types = tlc->body_content_types;
         gen->tlog.num_body_types = tlc->n_body_content_types;
     }
-    gen->tlog_tables =
-        calloc(snap->n_route_tables ? snap->n_route_tables : 1, sizeof(*gen->tlog_tables));
-    if (!gen->tlog_tables) {
-        snprintf(err, errlen, "out of memory");
-        goto fail;
-    }
-    for (size_t t = 0; t < snap->n_route_tables; t++) {
-        const Sluice__V1__TrafficLogOverride *o = snap->route_tables[t]->traffic_log;
-        gen->tlog_tables[t] = gen->tlog;
-        if (o) {
-            gen->tlog_tables[t].enabled = o->enabled;
-            gen->tlog_tables[t].sample_ppm = o->sample_ppm;
-            gen->tlog_tables[t].fields = o->fields64 ? o->fields64 : o->fields;
+    {
+        const sl_tlog_policy_t *p = &gen->tlog;
+        if (p->enabled) {
+            if (p->fields & SL_TLOG_BIT(SL_TLOG_F_REQUEST_HEADERS))
+                gen->tlog_headers_wanted |= 1;
+            if (p->fields & SL_TLOG_BIT(SL_TLOG_F_RESPONSE_HEADERS))
+                gen->tlog_headers_wanted |= 2;
+            if (p->fields & SL_TLOG_BIT(SL_TLOG_F_REQUEST_BODY))
+                gen->tlog_bodies_wanted |= 1;
+            if (p->fields & SL_TLOG_BIT(SL_TLOG_F_RESPONSE_BODY))
+                gen->tlog_bodies_wanted |= 2;
         }
     }
-    for (size_t t = 0; t <= snap->n_route_tables; t++) {
-        const sl_tlog_policy_t *p = t < snap->n_route_tables ? &gen->tlog_tables[t] : &gen->tlog;
+
+    const Sluice__V1__Tracing *trc = gs ? gs->tracing : NULL;
+    if (trc) {
+        gen->tracing.enabled = 1;
+        gen->tracing.generate = trc->generate;
+        gen->tracing.server_timing = trc->server_timing;
+        gen->tracing.sample_ppm = trc->sample_ppm;
+    }
+
+    /* What prev may share (see "Sharing"): its settings message and worker
+     * count are this snapshot's; for tls Backends its certificates too. */
+    int share = prev && prev->snap && prev->snap->settings == snap->settings &&
+                prev->nworkers == gen->nworkers;
+    int certs_same = share && same_msgs((void *const *)prev->snap->certificates,
+                                        prev->snap->n_certificates,
+                                        (void *const *)snap->certificates, snap->n_certificates);
+    uint32_t gw_connect_ms = to && to->upstream_connect_ms ? to->upstream_connect_ms : 5000;
+    if (build_clusters(gen, prev, share, certs_same, gw_connect_ms, err, errlen) != 0)
+        goto fail;
+    if (build_routes(gen, prev, share, &gw_timeouts, err, errlen) != 0)
+        goto fail;
+    for (size_t t = 0; t < snap->n_route_tables; t++) {
+        const sl_tlog_policy_t *p = &gen->tables[t]->tlog;
         if (!p->enabled)
             continue;
         if (p->fields & SL_TLOG_BIT(SL_TLOG_F_REQUEST_HEADERS))
@@ -613,24 +831,10 @@ sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *sou
         if (p->fields & SL_TLOG_BIT(SL_TLOG_F_RESPONSE_BODY))
             gen->tlog_bodies_wanted |= 2;
     }
-
-    const Sluice__V1__Tracing *trc = gs ? gs->tracing : NULL;
-    if (trc) {
-        gen->tracing.enabled = 1;
-        gen->tracing.generate = trc->generate;
-        gen->tracing.server_timing = trc->server_timing;
-        gen->tracing.sample_ppm = trc->sample_ppm;
-    }
-
-    if (build_clusters(gen, err, errlen) != 0)
-        goto fail;
-    uint32_t gw_connect_ms = to && to->upstream_connect_ms ? to->upstream_connect_ms : 5000;
-    for (size_t i = 0; i < gen->num_clusters; i++)
-        if (!gen->clusters[i].connect_timeout_ms)
-            gen->clusters[i].connect_timeout_ms = gw_connect_ms;
-    if (build_routes(gen, &gw_timeouts, err, errlen) != 0)
-        goto fail;
-    gen->router = sl_router_build(snap, err, errlen);
+    /* The router from prev's: only the tables whose message changed are
+     * compiled and put into the trie (router.h, sl_router_update). */
+    gen->router = prev && prev->router ? sl_router_update(prev->router, snap, err, errlen)
+                                       : sl_router_build(snap, err, errlen);
     if (!gen->router)
         goto fail;
     if (build_http2(gen, err, errlen) != 0)

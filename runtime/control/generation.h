@@ -74,9 +74,14 @@ typedef struct {
     uint32_t per_try_timeout_ms;
 } sl_gen_retry_t;
 
+/* A cluster is shared by every generation whose snapshot holds the same
+ * Cluster message (and the same gateway settings, certificates and worker
+ * count: see "Sharing" in generation.c); `refs` counts those generations and
+ * the route tables that point at it. */
 typedef struct sl_gen_cluster {
+    atomic_long refs;
     const Sluice__V1__Cluster *pb;
-    uint32_t index; /* in generation->clusters */
+    uint32_t index; /* in the clusters of the generation that built it */
     size_t num_endpoints;
     sl_endpoint_state_t **endpoints; /* shared, refcounted */
     uint32_t *weights;
@@ -139,6 +144,27 @@ typedef struct sl_gen_route {
     uint32_t mirror_ppm;
 } sl_gen_route_t;
 
+/* The compiled form of one RouteTable (an Api): its routes with their
+ * policy chains, rules, success-rate state and counters. Shared, like
+ * clusters, by every generation whose snapshot holds the same RouteTable
+ * message with the same clusters, consumers and gateway settings; built
+ * again only when one of those changed. */
+struct sl_gen_consumers;
+typedef struct sl_gen_table {
+    atomic_long refs; /* generations holding it */
+    const Sluice__V1__RouteTable *pb;
+    size_t num_routes;
+    sl_gen_route_t *routes;
+    sl_tlog_policy_t tlog; /* the Gateway's record settings with the Api's override */
+    /* The clusters its routes point at (backends, rules, mirror), one
+     * reference each: it is shared only while every one of them is. */
+    size_t num_used;
+    sl_gen_cluster_t **used;
+    struct sl_gen_consumers *consumers; /* what its policy chains point at; referenced */
+    uint64_t build_id; /* sl_metrics_gauges.gen_tables_built counting it */
+} sl_gen_table_t;
+
+
 /* One worker's requests on a generation (see "Worker holds" above). Its own
  * cache line so that workers never write a line another worker reads. */
 typedef struct sl_gen_worker_slot {
@@ -156,9 +182,10 @@ typedef struct sl_generation {
     uint64_t built_unix_ms;
     Sluice__V1__Snapshot *snap; /* owned */
     sl_router_t *router;
-    sl_gen_route_t **routes; /* routes[table][route] */
+    sl_gen_route_t **routes; /* routes[table][route]: tables[table]->routes */
+    sl_gen_table_t **tables; /* [snap->n_route_tables], referenced */
     size_t num_clusters;
-    sl_gen_cluster_t *clusters;
+    sl_gen_cluster_t **clusters; /* [num_clusters], snapshot order, referenced */
     sl_http1_limits_t limits;
     uint64_t max_request_body_bytes;
     uint32_t max_connections;
@@ -179,10 +206,10 @@ typedef struct sl_generation {
      * current generation's, established ones keep what they started with. */
     struct sl_h2_settings *h2;
     struct sl_consumers *consumers; /* the snapshot's Consumers, indexed for policies */
-    /* The traffic log's record settings: the Gateway's, and per route
-     * table the Api's override (tlog_tables[t], NULL entries unused). */
+    struct sl_gen_consumers *consumers_box; /* its shared holder, referenced */
+    /* The traffic log's record settings: the Gateway's (each table holds
+     * them with its Api's override, sl_gen_table_t.tlog). */
     sl_tlog_policy_t tlog;
-    sl_tlog_policy_t *tlog_tables;
     /* Some record of this generation holds the request's (bit 0) or the
      * response's (bit 1) headers: only then are they captured. */
     uint8_t tlog_headers_wanted;
@@ -211,9 +238,19 @@ int sl_generation_h2_settings(const sl_generation_t *gen, const char *key,
 struct sl_tls_server *sl_generation_tls(const sl_generation_t *gen, const char *key);
 
 /* Compiles `snap` (taking ownership of it on success and on failure) into a
- * generation. Returns NULL with a message in err (e.g. a regex PCRE2 rejects). */
+ * generation. Returns NULL with a message in err (e.g. a regex PCRE2 rejects).
+ * Main thread: shares what it can with the published generation (see
+ * sl_generation_build_from). */
 sl_generation_t *sl_generation_build(Sluice__V1__Snapshot *snap, const char *source,
                                      unsigned nworkers, char *err, size_t errlen);
+
+/* The same, sharing unchanged compiled parts with `prev` (NULL: none), which
+ * must stay alive during the call: clusters and route tables whose messages
+ * are the very ones of prev's snapshot (pbshare.h) are referenced, not built.
+ * Snapshots decoded on their own (files, tests) share nothing. */
+sl_generation_t *sl_generation_build_from(Sluice__V1__Snapshot *snap, const char *source,
+                                          unsigned nworkers, const sl_generation_t *prev,
+                                          char *err, size_t errlen);
 
 /* Frees a generation that was never published. */
 void sl_generation_discard(sl_generation_t *gen);

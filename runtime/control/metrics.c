@@ -808,6 +808,23 @@ static void render_process(struct evbuffer *out, unsigned nworkers)
     evbuffer_add_printf(
         out, "sluice_generation_swaps_total %" PRIu64 "\n",
         atomic_load_explicit(&sl_metrics_gauges.generation_swaps, memory_order_relaxed));
+    sl_prom_header(out, "sluice_generation_parts_built_total", "counter",
+                   "Compiled parts (route tables, clusters) built for new config generations.");
+    evbuffer_add_printf(
+        out,
+        "sluice_generation_parts_built_total{part=\"route_table\"} %" PRIu64 "\n"
+        "sluice_generation_parts_built_total{part=\"cluster\"} %" PRIu64 "\n",
+        atomic_load_explicit(&sl_metrics_gauges.gen_tables_built, memory_order_relaxed),
+        atomic_load_explicit(&sl_metrics_gauges.gen_clusters_built, memory_order_relaxed));
+    sl_prom_header(out, "sluice_generation_parts_shared_total", "counter",
+                   "Compiled parts (route tables, clusters) a new config generation shared with "
+                   "the previous one, unchanged.");
+    evbuffer_add_printf(
+        out,
+        "sluice_generation_parts_shared_total{part=\"route_table\"} %" PRIu64 "\n"
+        "sluice_generation_parts_shared_total{part=\"cluster\"} %" PRIu64 "\n",
+        atomic_load_explicit(&sl_metrics_gauges.gen_tables_shared, memory_order_relaxed),
+        atomic_load_explicit(&sl_metrics_gauges.gen_clusters_shared, memory_order_relaxed));
     sl_prom_header(out, "sluice_config_errors_total", "counter",
                    "Configs rejected (invalid file on reload, snapshot that failed to compile).");
     evbuffer_add_printf(

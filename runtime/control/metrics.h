@@ -146,6 +146,10 @@ void sl_metrics_observe(sl_route_stats_t *s, unsigned worker, int status, uint64
 typedef struct {
     _Atomic uint64_t generation_version;
     _Atomic uint64_t generation_swaps;
+    /* Compiled parts of the generations built: made anew, or shared with
+     * the previous generation (generation.c, "Sharing"). */
+    _Atomic uint64_t gen_tables_built, gen_tables_shared;
+    _Atomic uint64_t gen_clusters_built, gen_clusters_shared;
     _Atomic uint64_t config_errors;
     _Atomic int64_t generations_alive;    /* published but not yet freed */
     _Atomic int64_t controller_mode;      /* 1 when configured by a controller */

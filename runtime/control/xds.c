@@ -41,6 +41,7 @@
 #include "grpc_util.h"
 #include "log.h"
 #include "metrics.h"
+#include "pbshare.h"
 #include "snapcache.h"
 #include "sluice/v1/discovery.pb-c.h"
 
@@ -527,7 +528,7 @@ static void subscribe(sl_xds_t *x, uint64_t call_id)
 static void type_state_free(type_state_t *ts)
 {
     for (size_t i = 0; i < ts->n; i++) {
-        protobuf_c_message_free_unpacked(ts->msgs[i], NULL);
+        sl_pbshare_unref(ts->msgs[i]);
         free(ts->names[i]);
         if (ts->versions)
             free(ts->versions[i]);
@@ -619,25 +620,33 @@ static int apply_state(sl_xds_t *x, type_state_t *types, int dry_run, char *err,
     snap.settings = types[SL_XDS_SETTINGS].n
                         ? (Sluice__V1__GatewaySettings *)types[SL_XDS_SETTINGS].msgs[0]
                         : NULL;
-    size_t len = protobuf_c_message_get_packed_size(&snap.base);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf) {
+    /* The generation's snapshot shares the held messages (pbshare.h): no
+     * copy, and an unchanged resource keeps its pointer, which is how the
+     * new generation finds what it shares with the previous one. Packed
+     * only for the cache (--cache-dir). */
+    Sluice__V1__Snapshot *owned = sl_pbshare_snapshot(&snap);
+    if (!owned) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    protobuf_c_message_pack(&snap.base, buf);
-    Sluice__V1__Snapshot *owned = sl_snapshot_unpack(buf, len);
-    if (!owned) {
-        free(buf);
-        snprintf(err, errlen, "snapshot does not re-encode");
-        return -1;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (!dry_run && x->opt.cache) {
+        len = protobuf_c_message_get_packed_size(&snap.base);
+        buf = malloc(len ? len : 1);
+        if (!buf) {
+            sl_pbshare_snapshot_free(owned);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        protobuf_c_message_pack(&snap.base, buf);
     }
     char source[256];
     snprintf(source, sizeof(source), "controller %s version %" PRIu64, x->opt.controller, version);
     if (dry_run) {
         free(buf);
         if (sl_config_check(x->cfg, owned, err, errlen) != 0) {
-            sl_snapshot_free(owned);
+            sl_pbshare_snapshot_free(owned);
             return -1;
         }
         sl_generation_t *gen = sl_generation_build(owned, source, 1, err, errlen);
@@ -650,7 +659,8 @@ static int apply_state(sl_xds_t *x, type_state_t *types, int dry_run, char *err,
     /* Only what was applied is cached: a restart from the cache serves
      * exactly what this runtime served. */
     if (rc == 0) {
-        sl_snapcache_store(x->opt.cache, buf, len, version);
+        if (buf)
+            sl_snapcache_store(x->opt.cache, buf, len, version);
         /* The controller's config replaced a cached one, if any. */
         atomic_store(&sl_metrics_gauges.config_from_cache, 0);
     }
@@ -975,7 +985,7 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
             for (size_t i = 0; i < held->n; i++) {
                 if (kept && kept[i])
                     continue;
-                protobuf_c_message_free_unpacked(held->msgs[i], NULL);
+                sl_pbshare_unref(held->msgs[i]);
                 free(held->names[i]);
                 if (held->versions)
                     free(held->versions[i]);
@@ -1008,7 +1018,7 @@ static void handle_delta_response(sl_xds_t *x, uint64_t call_id, int t,
     }
     for (size_t k = 0; k < nchg; k++)
         if (chg[k].msg)
-            protobuf_c_message_free_unpacked(chg[k].msg, NULL);
+            sl_pbshare_unref(chg[k].msg);
 
     x->last_update_ms = wall_ms();
     if (naccepted || !nrej)
@@ -1191,7 +1201,7 @@ static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__Discovery
             for (size_t j = next.n; j < merged.n; j++)
                 retained |= merged.msgs[j] == old->msgs[i];
             if (!retained) {
-                protobuf_c_message_free_unpacked(old->msgs[i], NULL);
+                sl_pbshare_unref(old->msgs[i]);
                 free(old->names[i]);
             }
         }
@@ -1216,7 +1226,7 @@ static void handle_response(sl_xds_t *x, uint64_t call_id, Sluice__V1__Discovery
             for (size_t j = 0; j < merged.n; j++)
                 kept |= merged.msgs[j] == oldc->msgs[i];
             if (!kept) {
-                protobuf_c_message_free_unpacked(oldc->msgs[i], NULL);
+                sl_pbshare_unref(oldc->msgs[i]);
                 free(oldc->names[i]);
             }
         }

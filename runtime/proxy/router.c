@@ -31,6 +31,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -124,6 +125,30 @@ typedef struct {
     size_t count;
 } map_t;
 
+/* What a build or a patch (sl_router_update) allocated that routers share:
+ * lower-cased hosts and header names, trie keys longer than SLOT_INLINE,
+ * compiled regexes. A patched router references the arenas of the router it
+ * came from, since its routes, nodes and map slots point into them; an
+ * arena goes with the last router that references it. */
+typedef struct {
+    atomic_long refs;
+    char *strings; /* hosts and header names, sized by the build */
+    char **blocks; /* long trie keys, bump-allocated, never moved */
+    size_t n_blocks, block_left;
+    char *block_ptr;
+    pcre2_code **codes;
+    size_t n_codes, codes_cap;
+} rarena_t;
+
+/* One route table of the snapshot the router was built from: its routes
+ * are routes[first_route .. first_route + n_routes). */
+typedef struct {
+    const Sluice__V1__RouteTable *pb;
+    uint32_t first_route;
+    uint32_t n_routes;
+    bool has_regex; /* REGEX routes live in per-bucket lists: no patching */
+} rtable_t;
+
 struct sl_router {
     uint64_t seed;
     croute_t *routes;
@@ -133,7 +158,10 @@ struct sl_router {
     node_t *nodes;
     uint32_t n_nodes;
     entry_t *entries;
+    uint32_t n_entries;      /* used, with the ranges patches left behind */
+    uint32_t n_entries_live; /* in the nodes' ranges */
     uint32_t *regex_routes;
+    uint32_t n_regex_routes;
     bucket_t *buckets;
     uint32_t n_buckets;
     uint32_t star_bucket;
@@ -141,8 +169,13 @@ struct sl_router {
     uint32_t n_wildcard_lens;
     map_t children;
     map_t hosts;
-    char *strings; /* lower-cased host keys and header names */
     pcre2_match_context *mctx;
+    rarena_t **arenas; /* [n_arenas], referenced; the last is this build's own */
+    uint32_t n_arenas;
+    rtable_t *tables; /* [n_tables], the snapshot's order */
+    uint32_t n_tables;
+    uint32_t n_dead;  /* routes of removed tables left in routes[] by patches */
+    uint32_t patches; /* sl_router_update steps since the last whole build */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -492,7 +525,64 @@ typedef struct {
     uint32_t *pairs; /* (bucket, table) flattened */
     size_t n_pairs, pairs_cap;
     char *strings_end;
+    rarena_t *arena; /* this build's (the router's last) */
 } build_t;
+
+/* ---- arenas ---- */
+
+static rarena_t *arena_new(void)
+{
+    rarena_t *a = calloc(1, sizeof *a);
+    if (a)
+        atomic_init(&a->refs, 1);
+    return a;
+}
+
+static void arena_unref(rarena_t *a)
+{
+    if (!a || atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    for (size_t i = 0; i < a->n_codes; i++)
+        pcre2_code_free(a->codes[i]);
+    free(a->codes);
+    for (size_t i = 0; i < a->n_blocks; i++)
+        free(a->blocks[i]);
+    free(a->blocks);
+    free(a->strings);
+    free(a);
+}
+
+/* Keeps `code` with the arena (freed with it); on failure frees it. */
+static int arena_code(rarena_t *a, pcre2_code *code)
+{
+    if (GROW(a->codes, a->codes_cap, a->n_codes + 1) < 0) {
+        pcre2_code_free(code);
+        return -1;
+    }
+    a->codes[a->n_codes++] = code;
+    return 0;
+}
+
+/* A copy of key[0..n) that lives as long as the arena. */
+static const char *arena_key(rarena_t *a, const char *key, size_t n)
+{
+    if (n > a->block_left) {
+        size_t sz = n > 65536 ? n : 65536;
+        char **bl = realloc(a->blocks, (a->n_blocks + 1) * sizeof *bl);
+        if (!bl)
+            return NULL;
+        a->blocks = bl;
+        if (!(bl[a->n_blocks] = malloc(sz)))
+            return NULL;
+        a->block_ptr = bl[a->n_blocks++];
+        a->block_left = sz;
+    }
+    char *p = a->block_ptr;
+    memcpy(p, key, n);
+    a->block_ptr += n;
+    a->block_left -= n;
+    return p;
+}
 
 static int new_node(build_t *b, uint32_t *out)
 {
@@ -510,7 +600,10 @@ static int literal_child(build_t *b, uint32_t parent, const char *seg, size_t le
     uint64_t h = hash_child(hash_bytes(r->seed, seg, len), parent);
     uint32_t c = map_find(&r->children, h, parent, seg, len);
     if (c == NONE) {
-        if (new_node(b, &c) < 0 || map_insert(&r->children, h, parent, seg, len, c) < 0)
+        /* Long keys are the map's pointers: copied, so that no slot points
+         * into a snapshot that a later router (sl_router_update) outlives. */
+        const char *key = len > SLOT_INLINE ? arena_key(b->arena, seg, len) : seg;
+        if (!key || new_node(b, &c) < 0 || map_insert(&r->children, h, parent, key, len, c) < 0)
             return -1;
         r->nodes[parent].n_literal++;
     }
@@ -721,6 +814,10 @@ static int compile_match(build_t *b, const Sluice__V1__HeaderMatch *hm, bool is_
         char what_buf[300];
         snprintf(what_buf, sizeof what_buf, "%s \"%s\" ", what, name);
         out->re = regex_compile(value, label, what_buf, b->err, b->errlen);
+        if (out->re && arena_code(b->arena, out->re) < 0) {
+            out->re = NULL;
+            errf(b->err, b->errlen, "%s: out of memory", label);
+        }
         return out->re ? 0 : -1;
     }
     default:
@@ -795,6 +892,10 @@ static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
         break;
     case SLUICE__V1__ROUTE__PATH_KIND__REGEX:
         rt->path_re = regex_compile(path, label, "", b->err, b->errlen);
+        if (rt->path_re && arena_code(b->arena, rt->path_re) < 0) {
+            rt->path_re = NULL;
+            errf(b->err, b->errlen, "%s: out of memory", label);
+        }
         if (!rt->path_re)
             return -1;
         break;
@@ -817,13 +918,8 @@ static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
     }
     return 0;
 fail:
-    /* The route is not counted in r->n_routes, so router_free would not see
-     * its path regex (fuzz finding: one leak per refused build). Its
-     * matches are counted in r->n_matches and freed there. */
-    if (rt->path_re) {
-        pcre2_code_free(rt->path_re);
-        rt->path_re = NULL;
-    }
+    /* Its regexes are the arena's, freed with it (a refused build used to
+     * leak the path regex of the route that failed: fuzz finding). */
     return -1;
 }
 
@@ -968,8 +1064,11 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
     if (getrandom(&r->seed, sizeof r->seed, GRND_NONBLOCK) != (ssize_t)sizeof r->seed)
         r->seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)r;
     r->mctx = pcre2_match_context_create(NULL);
-    if (!r->mctx)
+    r->arenas = calloc(1, sizeof *r->arenas);
+    if (!r->mctx || !r->arenas || !(r->arenas[0] = arena_new()))
         goto fail_oom;
+    r->n_arenas = 1;
+    b.arena = r->arenas[0];
     pcre2_set_match_limit(r->mctx, SL_ROUTER_REGEX_MATCH_LIMIT);
 
     size_t n_tables = snap ? snap->n_route_tables : 0;
@@ -1011,11 +1110,12 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
     }
     r->routes = calloc(n_routes ? n_routes : 1, sizeof *r->routes);
     r->matches = calloc(n_matches ? n_matches : 1, sizeof *r->matches);
-    r->strings = malloc(strings_len);
+    b.arena->strings = malloc(strings_len);
     r->wildcard_lens = calloc(n_hosts ? n_hosts : 1, sizeof *r->wildcard_lens);
-    if (!r->routes || !r->matches || !r->strings || !r->wildcard_lens)
+    r->tables = calloc(n_tables ? n_tables : 1, sizeof *r->tables);
+    if (!r->routes || !r->matches || !b.arena->strings || !r->wildcard_lens || !r->tables)
         goto fail_oom;
-    b.strings_end = r->strings;
+    b.strings_end = b.arena->strings;
 
     /* Second pass: compile every route, in declaration order. */
     for (size_t ti = 0; ti < n_tables; ti++) {
@@ -1028,11 +1128,15 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
             base = "";
             base_len = 0;
         }
+        r->tables[ti] = (rtable_t){.pb = t, .first_route = r->n_routes,
+                                   .n_routes = (uint32_t)t->n_routes};
         for (size_t ri = 0; ri < t->n_routes; ri++) {
             if (compile_route(&b, t, ti, base, base_len, ri, r->n_routes) < 0)
                 goto fail;
+            r->tables[ti].has_regex |= r->routes[r->n_routes].path_re != NULL;
             r->n_routes++;
         }
+        r->n_tables = (uint32_t)ti + 1;
     }
 
     /* Hosts -> buckets, remembering which tables each bucket serves. */
@@ -1097,6 +1201,8 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
             n->n_prefix++;
         r->entries[i] = be->e;
     }
+    r->n_entries = (uint32_t)b.n_bentries;
+    r->n_entries_live = r->n_entries;
 
     /* Regex routes per bucket: declaration order, except that routes with
      * the same base path and pattern are grouped at the first one's place
@@ -1121,6 +1227,7 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
         bk->n_regex++;
         r->regex_routes[i] = b.bregex[i].route;
     }
+    r->n_regex_routes = (uint32_t)b.n_bregex;
 
     free(b.bentries);
     free(b.bregex);
@@ -1137,14 +1244,388 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Update: the router of a new snapshot from the previous one               */
+
+/* The bucket a build would put `host` in, when the router has it already;
+ * NONE otherwise (a new host, or one a build refuses: the caller builds
+ * whole, which says why). */
+static uint32_t existing_bucket(const sl_router_t *r, const char *host)
+{
+    size_t len = strlen(host);
+    if (len == 1 && host[0] == '*')
+        return r->star_bucket;
+    uint32_t kind = HOST_EXACT;
+    const char *key = host;
+    if (len > 0 && host[len - 1] == '.')
+        len--;
+    if (len >= 2 && host[0] == '*' && host[1] == '.') {
+        kind = HOST_WILDCARD;
+        key = host + 1;
+        len--;
+    }
+    if (len == 0 || len > SL_ROUTER_MAX_HOST_LEN)
+        return NONE;
+    char lc[SL_ROUTER_MAX_HOST_LEN + 1];
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)key[i];
+        if (c == '*' || c <= 0x20 || c == 0x7f || c == '/')
+            return NONE;
+        lc[i] = (char)lower(c);
+    }
+    return map_find(&r->hosts, hash_child(hash_bytes(r->seed, lc, len), kind), kind, lc, len);
+}
+
+static bool table_has_regex(const Sluice__V1__RouteTable *t)
+{
+    for (size_t ri = 0; ri < t->n_routes; ri++)
+        if (t->routes[ri] && t->routes[ri]->path_kind == SLUICE__V1__ROUTE__PATH_KIND__REGEX)
+            return true;
+    return false;
+}
+
+static void *dup_array(const void *src, size_t n, size_t extra, size_t elem)
+{
+    size_t total = n + extra ? n + extra : 1;
+    void *p = malloc(total * elem);
+    if (p && n)
+        memcpy(p, src, n * elem);
+    return p;
+}
+
+/* Patches are bounded: past these the router is built whole again, which
+ * drops the nodes, entries and routes that removed tables left behind (the
+ * routes and entries are also bounded on their own, below). */
+#define SL_ROUTER_MAX_PATCHES 1024
+
+sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapshot *snap,
+                              char *err, size_t errlen)
+{
+    if (!prev || !snap)
+        return sl_router_build(snap, err, errlen);
+    errf(err, errlen, "%s", "");
+    size_t nt = snap->n_route_tables;
+    if (nt >= NONE || prev->patches >= SL_ROUTER_MAX_PATCHES ||
+        prev->n_entries > 2 * (size_t)prev->n_entries_live + 4096)
+        return sl_router_build(snap, err, errlen);
+
+    /* Which tables are prev's (the same message), in prev's order. */
+    uint32_t *from = malloc((nt ? nt : 1) * sizeof *from);
+    uint8_t *kept = calloc(prev->n_tables ? prev->n_tables : 1, 1);
+    uint32_t *tbuckets = NULL; /* new tables' buckets, per table: count then list */
+    size_t n_tb = 0, tb_cap = 0;
+    sl_router_t *r = NULL;
+    build_t b = {.snap = snap, .err = err, .errlen = errlen};
+    if (!from || !kept)
+        goto whole;
+    size_t live = 0, n_new = 0, n_new_matches = 0, strings_len = 1, dead = 0, misses = 0;
+    uint32_t cursor = 0;
+    bool ordered = true;
+    for (size_t t = 0; t < nt; t++) {
+        const Sluice__V1__RouteTable *pb = snap->route_tables[t];
+        if (!pb || (pb->n_routes > 0 && !pb->routes))
+            goto whole; /* the build reports it */
+        /* Usually the next one; a table that is not prev's costs a scan of
+         * prev's, so many of them (another snapshot altogether) stop the
+         * search: then a whole build is as cheap. */
+        uint32_t j = NONE;
+        if (cursor < prev->n_tables && prev->tables[cursor].pb == pb)
+            j = cursor;
+        else if (++misses > 64)
+            goto whole;
+        for (uint32_t k = 0; k < prev->n_tables && j == NONE; k++)
+            if (prev->tables[k].pb == pb)
+                j = k;
+        if (j != NONE && kept[j])
+            j = NONE;
+        from[t] = j;
+        if (j != NONE) {
+            ordered &= j >= cursor;
+            cursor = j + 1;
+            kept[j] = 1;
+            live += pb->n_routes;
+            continue;
+        }
+        /* A new or changed table: its hosts must be buckets already and it
+         * must have no regex routes (per-bucket lists, built whole). */
+        if (table_has_regex(pb))
+            goto whole;
+        size_t nh = pb->n_hosts ? pb->n_hosts : 1;
+        if (GROW(tbuckets, tb_cap, n_tb + nh + 1) < 0)
+            goto whole;
+        size_t count_at = n_tb++;
+        tbuckets[count_at] = 0;
+        for (size_t h = 0; h < nh; h++) {
+            uint32_t bi = existing_bucket(prev, pb->n_hosts ? str_or_empty(pb->hosts[h]) : "*");
+            if (bi == NONE)
+                goto whole;
+            bool dup = false;
+            for (size_t k = count_at + 1; k < n_tb; k++)
+                dup |= tbuckets[k] == bi;
+            if (!dup) {
+                tbuckets[n_tb++] = bi;
+                tbuckets[count_at]++;
+            }
+        }
+        n_new += pb->n_routes;
+        for (size_t ri = 0; ri < pb->n_routes; ri++) {
+            const Sluice__V1__Route *rt = pb->routes[ri];
+            if (!rt)
+                continue;
+            n_new_matches += rt->n_headers + rt->n_query;
+            for (size_t h = 0; h < rt->n_headers; h++)
+                if (rt->headers[h])
+                    strings_len += strlen(str_or_empty(rt->headers[h]->name)) + 1;
+        }
+    }
+    for (uint32_t k = 0; k < prev->n_tables; k++) {
+        if (kept[k])
+            continue;
+        if (prev->tables[k].has_regex)
+            goto whole;
+        dead += prev->tables[k].n_routes;
+    }
+    /* Kept tables in another order would change the declaration order
+     * between them; garbage bounded to a quarter of what is live. */
+    if (!ordered || (size_t)prev->n_routes + n_new >= NONE ||
+        (size_t)prev->n_matches + n_new_matches >= NONE ||
+        prev->n_dead + dead > (live + n_new) / 4 + 256)
+        goto whole;
+
+    /* A copy of prev: its arrays copied, its arenas referenced. */
+    r = calloc(1, sizeof *r);
+    if (!r)
+        goto oom;
+    b.r = r;
+    r->seed = prev->seed;
+    r->star_bucket = prev->star_bucket;
+    r->mctx = pcre2_match_context_create(NULL);
+    r->arenas = malloc((prev->n_arenas + 1) * sizeof *r->arenas);
+    if (!r->mctx || !r->arenas)
+        goto oom;
+    pcre2_set_match_limit(r->mctx, SL_ROUTER_REGEX_MATCH_LIMIT);
+    for (uint32_t i = 0; i < prev->n_arenas; i++) {
+        r->arenas[i] = prev->arenas[i];
+        atomic_fetch_add_explicit(&r->arenas[i]->refs, 1, memory_order_relaxed);
+    }
+    r->n_arenas = prev->n_arenas;
+    if (!(b.arena = arena_new()))
+        goto oom;
+    r->arenas[r->n_arenas++] = b.arena;
+    if (!(b.arena->strings = malloc(strings_len)))
+        goto oom;
+    b.strings_end = b.arena->strings;
+    r->routes = dup_array(prev->routes, prev->n_routes, n_new, sizeof *r->routes);
+    r->matches = dup_array(prev->matches, prev->n_matches, n_new_matches, sizeof *r->matches);
+    b.nodes_cap = prev->n_nodes + 64;
+    r->nodes = dup_array(prev->nodes, prev->n_nodes, 64, sizeof *r->nodes);
+    size_t entries_cap = (size_t)prev->n_entries + 64;
+    r->entries = dup_array(prev->entries, prev->n_entries, 64, sizeof *r->entries);
+    r->regex_routes =
+        dup_array(prev->regex_routes, prev->n_regex_routes, 0, sizeof *r->regex_routes);
+    b.buckets_cap = prev->n_buckets;
+    r->buckets = dup_array(prev->buckets, prev->n_buckets, 0, sizeof *r->buckets);
+    r->wildcard_lens =
+        dup_array(prev->wildcard_lens, prev->n_wildcard_lens, 0, sizeof *r->wildcard_lens);
+    r->tables = calloc(nt ? nt : 1, sizeof *r->tables);
+    if (!r->routes || !r->matches || !r->nodes || !r->entries || !r->regex_routes ||
+        !r->buckets || !r->wildcard_lens || !r->tables)
+        goto oom;
+    r->n_routes = prev->n_routes;
+    r->n_matches = prev->n_matches;
+    r->n_nodes = prev->n_nodes;
+    r->n_entries = prev->n_entries;
+    r->n_entries_live = prev->n_entries_live;
+    r->n_regex_routes = prev->n_regex_routes;
+    r->n_buckets = prev->n_buckets;
+    r->n_wildcard_lens = prev->n_wildcard_lens;
+    const map_t *maps[2] = {&prev->children, &prev->hosts};
+    map_t *dst[2] = {&r->children, &r->hosts};
+    for (int m = 0; m < 2; m++) {
+        *dst[m] = *maps[m];
+        if (maps[m]->slots &&
+            !(dst[m]->slots = dup_array(maps[m]->slots, maps[m]->mask + 1, 0, sizeof(slot_t))))
+            goto oom;
+    }
+
+    /* Routes of the removed tables leave every node's entries. */
+    if (dead) {
+        uint8_t *is_dead = calloc(r->n_routes ? r->n_routes : 1, 1);
+        if (!is_dead)
+            goto oom;
+        for (uint32_t k = 0; k < prev->n_tables; k++)
+            if (!kept[k])
+                memset(is_dead + prev->tables[k].first_route, 1, prev->tables[k].n_routes);
+        for (uint32_t n = 0; n < r->n_nodes; n++) {
+            node_t *nd = &r->nodes[n];
+            uint32_t counts[3] = {nd->n_exact, nd->n_template, nd->n_prefix};
+            uint32_t total = counts[0] + counts[1] + counts[2];
+            if (!total)
+                continue;
+            uint32_t w = nd->entry_begin, kept_k[3] = {0, 0, 0}, i = nd->entry_begin;
+            for (int k = 0; k < 3; k++)
+                for (uint32_t c = 0; c < counts[k]; c++, i++)
+                    if (!is_dead[r->entries[i].route]) {
+                        r->entries[w++] = r->entries[i];
+                        kept_k[k]++;
+                    }
+            nd->n_exact = kept_k[0];
+            nd->n_template = kept_k[1];
+            nd->n_prefix = kept_k[2];
+            r->n_entries_live -= total - (kept_k[0] + kept_k[1] + kept_k[2]);
+        }
+        free(is_dead);
+    }
+
+    /* The new snapshot's order: table indexes and declaration order. */
+    uint32_t decl = 0, next = r->n_routes;
+    for (size_t t = 0; t < nt; t++) {
+        const Sluice__V1__RouteTable *pb = snap->route_tables[t];
+        if (from[t] != NONE) {
+            const rtable_t *pt = &prev->tables[from[t]];
+            r->tables[t] = *pt;
+            for (uint32_t k = 0; k < pt->n_routes; k++) {
+                r->routes[pt->first_route + k].table_index = (uint32_t)t;
+                r->routes[pt->first_route + k].decl = decl + k;
+            }
+        } else {
+            r->tables[t] = (rtable_t){.pb = pb, .first_route = next, .n_routes = (uint32_t)pb->n_routes};
+            next += (uint32_t)pb->n_routes;
+        }
+        decl += (uint32_t)pb->n_routes;
+    }
+    r->n_tables = (uint32_t)nt;
+
+    /* Compile the new tables' routes and put them into their buckets. */
+    decl = 0;
+    size_t tb_at = 0;
+    for (size_t t = 0; t < nt; t++) {
+        const Sluice__V1__RouteTable *pb = snap->route_tables[t];
+        if (from[t] != NONE) {
+            decl += (uint32_t)pb->n_routes;
+            continue;
+        }
+        const char *base = str_or_empty(pb->base_path);
+        if (check_base_path(&b, pb, t, base) < 0)
+            goto fail;
+        size_t base_len = strlen(base);
+        if (base_len == 1) {
+            base = "";
+            base_len = 0;
+        }
+        uint32_t first = r->n_routes;
+        for (size_t ri = 0; ri < pb->n_routes; ri++) {
+            if (compile_route(&b, pb, t, base, base_len, ri, r->n_routes) < 0)
+                goto fail;
+            r->routes[r->n_routes].decl = decl + (uint32_t)ri;
+            r->n_routes++;
+        }
+        uint32_t nb = tbuckets[tb_at];
+        for (uint32_t k = 0; k < nb; k++) {
+            uint32_t bi = tbuckets[tb_at + 1 + k];
+            for (size_t ri = 0; ri < pb->n_routes; ri++) {
+                int rc = insert_route(&b, bi, first + (uint32_t)ri);
+                if (rc == -2) {
+                    char label[512];
+                    route_label(label, sizeof label, pb, t, pb->routes[ri], ri);
+                    errf(err, errlen, "%s: path has more than %d segments (base path included)",
+                         label, SL_ROUTER_MAX_DEPTH);
+                    goto fail;
+                }
+                if (rc < 0)
+                    goto oom;
+            }
+        }
+        tb_at += 1 + nb;
+        decl += (uint32_t)pb->n_routes;
+    }
+
+    /* Each node that got entries: its old and new entries in precedence
+     * order, written after the others (the old range is left unused). */
+    if (b.n_bentries > 1)
+        qsort(b.bentries, b.n_bentries, sizeof *b.bentries, cmp_bentry);
+    bentry_t *merged = NULL;
+    size_t merged_cap = 0;
+    for (size_t i = 0; i < b.n_bentries;) {
+        uint32_t node = b.bentries[i].node;
+        size_t j = i;
+        while (j < b.n_bentries && b.bentries[j].node == node)
+            j++;
+        node_t *nd = &r->nodes[node];
+        uint32_t counts[3] = {nd->n_exact, nd->n_template, nd->n_prefix};
+        size_t old = (size_t)counts[0] + counts[1] + counts[2];
+        size_t n = old + (j - i);
+        if (GROW(merged, merged_cap, n) < 0 ||
+            GROW(r->entries, entries_cap, (size_t)r->n_entries + n) < 0 ||
+            (size_t)r->n_entries + n >= NONE) {
+            free(merged);
+            goto oom;
+        }
+        size_t m = 0;
+        uint32_t e = nd->entry_begin;
+        for (uint32_t k = 0; k < 3; k++)
+            for (uint32_t c = 0; c < counts[k]; c++, e++) {
+                const croute_t *rt = &r->routes[r->entries[e].route];
+                merged[m++] = (bentry_t){.node = node, .kind = k,
+                                         .nmatches = rt->n_headers + rt->n_query,
+                                         .decl = rt->decl, .e = r->entries[e]};
+            }
+        memcpy(merged + m, b.bentries + i, (j - i) * sizeof *merged);
+        qsort(merged, n, sizeof *merged, cmp_bentry);
+        nd->entry_begin = r->n_entries;
+        nd->n_exact = nd->n_template = nd->n_prefix = 0;
+        for (size_t k = 0; k < n; k++) {
+            if (merged[k].kind == 0)
+                nd->n_exact++;
+            else if (merged[k].kind == 1)
+                nd->n_template++;
+            else
+                nd->n_prefix++;
+            r->entries[r->n_entries++] = merged[k].e;
+        }
+        i = j;
+    }
+    free(merged);
+    r->n_entries_live += (uint32_t)b.n_bentries;
+    r->n_dead = prev->n_dead + (uint32_t)dead;
+    r->patches = prev->patches + 1;
+    free(b.bentries);
+    free(b.bregex);
+    free(from);
+    free(kept);
+    free(tbuckets);
+    return r;
+
+oom:
+    errf(err, errlen, "router: out of memory");
+fail:
+    free(b.bentries);
+    free(b.bregex);
+    free(from);
+    free(kept);
+    free(tbuckets);
+    sl_router_free(r);
+    return NULL;
+whole:
+    free(from);
+    free(kept);
+    free(tbuckets);
+    return sl_router_build(snap, err, errlen);
+}
+
+uint32_t sl_router_patches(const sl_router_t *r)
+{
+    return r ? r->patches : 0;
+}
+
 void sl_router_free(sl_router_t *r)
 {
     if (!r)
         return;
-    for (uint32_t i = 0; i < r->n_routes; i++)
-        pcre2_code_free(r->routes[i].path_re);
-    for (uint32_t i = 0; i < r->n_matches; i++)
-        pcre2_code_free(r->matches[i].re);
+    for (uint32_t i = 0; i < r->n_arenas; i++)
+        arena_unref(r->arenas[i]);
+    free(r->arenas);
+    free(r->tables);
     pcre2_match_context_free(r->mctx);
     free(r->routes);
     free(r->matches);
@@ -1155,7 +1636,6 @@ void sl_router_free(sl_router_t *r)
     free(r->wildcard_lens);
     free(r->children.slots);
     free(r->hosts.slots);
-    free(r->strings);
     free(r);
 }
 

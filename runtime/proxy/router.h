@@ -53,6 +53,25 @@ typedef struct {
 sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t errlen);
 void sl_router_free(sl_router_t *router);
 
+/* The router of `snap` made from `prev`, the router of an earlier snapshot
+ * that is still alive (issue 14, "the router is rebuilt per affected Api"):
+ * route tables whose message is the very one prev was built from (pbshare.h)
+ * keep their compiled routes and trie entries; the routes of removed or
+ * changed tables leave the trie and those of new or changed ones enter it,
+ * at the same precedence as in a whole build (same results, same lookup
+ * cost). Falls back to sl_router_build when a changed table has regex routes
+ * or a host no table had, when kept tables change order, and every
+ * SL_ROUTER_MAX_PATCHES (1024) patches or when what patches left behind
+ * grows too big (removed routes over a quarter of the live ones, unused
+ * entries over the live ones). The new router shares prev's regexes and long
+ * keys by reference count (either may be freed first). Errors as
+ * sl_router_build. */
+sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapshot *snap,
+                              char *err, size_t errlen);
+
+/* Patches since the router was last built whole (0: built whole). */
+uint32_t sl_router_patches(const sl_router_t *router);
+
 /* Returns SL_OK and fills res, or 404 or 405 (res->allow_methods set).
  * Thread-safe for concurrent readers (uses per-thread PCRE2 match data). */
 int sl_router_match(const sl_router_t *router, const sl_router_request_t *req,

@@ -403,3 +403,45 @@ def test_runtime_restarted_from_its_cache_is_sent_only_what_changed(env, tmp_pat
     assert c["synced"] and c["updates_nacked"] == 0, c
     assert rt2.get(port, "/a2/op0")[0] == 404
     assert sorted(c["resources"]["routes"]) == ["default/api-%d" % i for i in range(4)], c
+
+
+def test_a_change_rebuilds_only_its_api_and_counters_of_the_others_survive(env):
+    """The runtime shares what a push did not touch (architecture.md, "Config
+    generations and RCU"): one Api changed -> one route table built, the
+    other tables and every cluster taken from the previous generation, and
+    the request counters of the untouched Apis go on from where they were."""
+    ctl, b, port = base_config(env, n_apis=4)
+    rt = env.runtime("rt-share", extra_args=DELTA)
+    v = ctl.wait_converged(1)
+    wait_routes([rt], port, "/a3/op2", 200, timeout=5.0)
+    for _ in range(3):
+        assert rt.get(port, "/a0/op1")[0] == 200
+
+    def count(api_name, op):
+        return rt.metric("sluice_requests_total", api="default/" + api_name, operation=op)
+
+    def parts(kind, part):
+        return rt.metric("sluice_generation_parts_%s_total" % kind, part=part)
+
+    op = "GET /op1"
+    # A response is counted just after it is sent.
+    wait_until(lambda: count("api-0", op) == 3, 5.0, what="3 requests counted")
+    before = {(k, p): parts(k, p) for k in ("built", "shared") for p in ("route_table", "cluster")}
+    swaps = rt.metric("sluice_generation_swaps_total")
+
+    ctl.put(api("api-2", "/a2", "echo",
+                operations=[{"method": "GET", "path": "/op%d" % k} for k in range(4)]))
+    ctl.wait_converged(1, min_version=v + 1)
+    wait_routes([rt], port, "/a2/op3", 200, timeout=5.0)
+
+    assert rt.metric("sluice_generation_swaps_total") == swaps + 1
+    d = {key: parts(*key) - n for key, n in before.items()}
+    assert d[("built", "route_table")] == 1, d
+    assert d[("shared", "route_table")] == 3, d
+    assert d[("built", "cluster")] == 0 and d[("shared", "cluster")] == 1, d
+    # The untouched Api's counters did not reset; its routes still serve.
+    assert count("api-0", op) == 3
+    assert rt.get(port, "/a0/op1")[0] == 200
+    wait_until(lambda: count("api-0", op) == 4, 5.0, what="the 4th request counted")
+    assert rt.get(port, "/a2/op0")[0] == 200
+    assert state(rt)["updates_nacked"] == 0

@@ -746,6 +746,352 @@ static void test_listener_http2_defaults_are_the_codecs(void **state)
     sl_h2_conn_free(c);
 }
 
+
+/* ---- sharing unchanged parts between generations (generation.c, "Sharing") ---- */
+
+/* A heap copy of a message built on the stack, owned as the config stream
+ * owns what it decodes. */
+static void *owned(const void *msg)
+{
+    const ProtobufCMessage *m = msg;
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    assert_non_null(buf);
+    protobuf_c_message_pack(m, buf);
+    void *o = protobuf_c_message_unpack(m->descriptor, NULL, n, buf);
+    free(buf);
+    assert_non_null(o);
+    return o;
+}
+
+static Sluice__V1__Cluster *mk_cluster(const char *name, uint32_t port)
+{
+    Sluice__V1__Endpoint ep = SLUICE__V1__ENDPOINT__INIT;
+    ep.address = "127.0.0.1";
+    ep.port = port;
+    Sluice__V1__Endpoint *eps[1] = {&ep};
+    Sluice__V1__Cluster c = SLUICE__V1__CLUSTER__INIT;
+    c.name = (char *)name;
+    c.n_endpoints = 1;
+    c.endpoints = eps;
+    return owned(&c);
+}
+
+/* An Api under base path /NAME with one exact route PATH to CLUSTER. */
+static Sluice__V1__RouteTable *mk_table(const char *name, const char *path, const char *cluster)
+{
+    char base[64];
+    snprintf(base, sizeof(base), "/%s", name);
+    Sluice__V1__BackendRef ref = SLUICE__V1__BACKEND_REF__INIT;
+    ref.cluster = (char *)cluster;
+    Sluice__V1__BackendRef *refs[1] = {&ref};
+    Sluice__V1__Route r = SLUICE__V1__ROUTE__INIT;
+    r.name = "op";
+    r.path = (char *)path;
+    r.path_kind = SLUICE__V1__ROUTE__PATH_KIND__EXACT;
+    r.n_backends = 1;
+    r.backends = refs;
+    Sluice__V1__Route *routes[1] = {&r};
+    Sluice__V1__RouteTable t = SLUICE__V1__ROUTE_TABLE__INIT;
+    t.name = (char *)name;
+    t.base_path = base;
+    t.n_routes = 1;
+    t.routes = routes;
+    return owned(&t);
+}
+
+typedef struct {
+    Sluice__V1__Cluster *clusters[2];
+    Sluice__V1__RouteTable *tables[2];
+    Sluice__V1__Consumer *consumers[1];
+    size_t n_consumers;
+    Sluice__V1__GatewaySettings *settings;
+} held_t;
+
+/* What xds.c does: a shell over the held messages, built sharing with prev. */
+static sl_generation_t *build_held(const held_t *h, const sl_generation_t *prev)
+{
+    Sluice__V1__Snapshot view = SLUICE__V1__SNAPSHOT__INIT;
+    view.version = next_version++;
+    view.n_clusters = 2;
+    view.clusters = (Sluice__V1__Cluster **)h->clusters;
+    view.n_route_tables = 2;
+    view.route_tables = (Sluice__V1__RouteTable **)h->tables;
+    view.n_consumers = h->n_consumers;
+    view.consumers = (Sluice__V1__Consumer **)h->consumers;
+    view.settings = h->settings;
+    Sluice__V1__Snapshot *shell = sl_pbshare_snapshot(&view);
+    assert_non_null(shell);
+    char err[512] = "";
+    sl_generation_t *gen = sl_generation_build_from(shell, "test", 1, prev, err, sizeof(err));
+    if (!gen)
+        fail_msg("build: %s", err);
+    return gen;
+}
+
+static uint64_t gauge(_Atomic uint64_t *g)
+{
+    return atomic_load(g);
+}
+
+static void release_msg(void *m)
+{
+    assert_int_equal(sl_pbshare_refs(m), 0); /* no generation holds it any more */
+    sl_pbshare_unref(m);
+}
+
+static void release_held(held_t *h)
+{
+    for (int i = 0; i < 2; i++) {
+        release_msg(h->clusters[i]);
+        release_msg(h->tables[i]);
+    }
+    for (size_t i = 0; i < h->n_consumers; i++)
+        release_msg(h->consumers[i]);
+    if (h->settings)
+        release_msg(h->settings);
+}
+
+static int route_of(const sl_generation_t *gen, const char *path, sl_router_result_t *res)
+{
+    sl_router_request_t req = {
+        .host = {"example.com", 11},
+        .path = {path, strlen(path)},
+        .method_bit = SL_METHOD_GET,
+    };
+    return sl_router_match(gen->router, &req, res);
+}
+
+static void test_change_rebuilds_only_the_changed_table(void **state)
+{
+    (void)state;
+    held_t h = {.clusters = {mk_cluster("a", 9001), mk_cluster("b", 9002)},
+                .tables = {mk_table("t1", "/x", "a"), mk_table("t2", "/y", "b")}};
+    uint64_t tb0 = gauge(&sl_metrics_gauges.gen_tables_built);
+    uint64_t cb0 = gauge(&sl_metrics_gauges.gen_clusters_built);
+    sl_generation_t *g1 = build_held(&h, NULL);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_tables_built) - tb0, 2);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_clusters_built) - cb0, 2);
+    /* The messages are owned by the held set and referenced by g1's shell. */
+    assert_int_equal(sl_pbshare_refs(h.tables[0]), 2);
+
+    /* t2 changes (a new message, as a delta push decodes it). */
+    Sluice__V1__RouteTable *t2_old = h.tables[1];
+    h.tables[1] = mk_table("t2", "/z", "b");
+    uint64_t tb1 = gauge(&sl_metrics_gauges.gen_tables_built);
+    uint64_t ts1 = gauge(&sl_metrics_gauges.gen_tables_shared);
+    uint64_t cb1 = gauge(&sl_metrics_gauges.gen_clusters_built);
+    uint64_t cs1 = gauge(&sl_metrics_gauges.gen_clusters_shared);
+    sl_generation_t *g2 = build_held(&h, g1);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_tables_built) - tb1, 1);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_tables_shared) - ts1, 1);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_clusters_built) - cb1, 0);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_clusters_shared) - cs1, 2);
+
+    /* t1: the same compiled table, routes and counters; t2: built anew. */
+    assert_ptr_equal(g2->tables[0], g1->tables[0]);
+    assert_ptr_equal(g2->routes[0], g1->routes[0]);
+    assert_ptr_equal(g2->routes[0][0].stats, g1->routes[0][0].stats);
+    assert_int_equal(atomic_load(&g2->tables[0]->refs), 2);
+    assert_ptr_not_equal(g2->tables[1], g1->tables[1]);
+    assert_true(g2->tables[1]->build_id > g1->tables[1]->build_id);
+    assert_ptr_equal(g2->clusters[0], g1->clusters[0]);
+    assert_ptr_equal(g2->clusters[1], g1->clusters[1]);
+    assert_ptr_equal(g2->routes[1][0].backends[0], g2->clusters[1]);
+
+    /* The first generation goes: what g2 shares stays whole. */
+    sl_generation_discard(g1);
+    assert_int_equal(atomic_load(&g2->tables[0]->refs), 1);
+    assert_ptr_equal(g2->routes[0][0].backends[0], g2->clusters[0]);
+    assert_string_equal(g2->routes[0][0].backends[0]->pb->name, "a");
+    sl_router_result_t res;
+    assert_int_equal(route_of(g2, "/t1/x", &res), SL_OK);
+    assert_int_equal(res.table_index, 0);
+    assert_int_equal(route_of(g2, "/t2/z", &res), SL_OK);
+    assert_int_equal(res.table_index, 1);
+    assert_int_equal(route_of(g2, "/t2/y", &res), 404);
+    /* t2's old message was only g1's (and the held set's) */
+    release_msg(t2_old);
+    sl_generation_discard(g2);
+    release_held(&h);
+}
+
+static void test_changed_cluster_rebuilds_the_tables_that_use_it(void **state)
+{
+    (void)state;
+    held_t h = {.clusters = {mk_cluster("a", 9001), mk_cluster("b", 9002)},
+                .tables = {mk_table("t1", "/x", "a"), mk_table("t2", "/y", "b")}};
+    sl_generation_t *g1 = build_held(&h, NULL);
+    Sluice__V1__Cluster *b_old = h.clusters[1];
+    h.clusters[1] = mk_cluster("b", 9003); /* another endpoint */
+    sl_generation_t *g2 = build_held(&h, g1);
+    assert_ptr_equal(g2->clusters[0], g1->clusters[0]);
+    assert_ptr_not_equal(g2->clusters[1], g1->clusters[1]);
+    assert_int_equal(g2->clusters[1]->pb->endpoints[0]->port, 9003);
+    assert_ptr_equal(g2->tables[0], g1->tables[0]);
+    assert_ptr_not_equal(g2->tables[1], g1->tables[1]);
+    /* t2's routes point at the new cluster, never at g1's */
+    assert_ptr_equal(g2->routes[1][0].backends[0], g2->clusters[1]);
+    /* per-route counters are kept by name, rebuilt table or not */
+    assert_ptr_equal(g2->routes[1][0].stats, g1->routes[1][0].stats);
+    sl_generation_discard(g1);
+    release_msg(b_old);
+    sl_generation_discard(g2);
+    release_held(&h);
+}
+
+static void test_changed_consumers_or_settings_rebuild_every_table(void **state)
+{
+    (void)state;
+    held_t h = {.clusters = {mk_cluster("a", 9001), mk_cluster("b", 9002)},
+                .tables = {mk_table("t1", "/x", "a"), mk_table("t2", "/y", "b")}};
+    sl_generation_t *g1 = build_held(&h, NULL);
+
+    /* A Consumer appears: policy chains point at the consumers index, so no
+     * table is shared; clusters are. */
+    Sluice__V1__Consumer c = SLUICE__V1__CONSUMER__INIT;
+    c.name = "default/alice";
+    h.consumers[0] = owned(&c);
+    h.n_consumers = 1;
+    sl_generation_t *g2 = build_held(&h, g1);
+    assert_ptr_not_equal(g2->consumers_box, g1->consumers_box);
+    assert_ptr_not_equal(g2->tables[0], g1->tables[0]);
+    assert_ptr_not_equal(g2->tables[1], g1->tables[1]);
+    assert_ptr_equal(g2->clusters[0], g1->clusters[0]);
+
+    /* Nothing changes: everything shared, the consumers index included. */
+    sl_generation_t *g3 = build_held(&h, g2);
+    assert_ptr_equal(g3->consumers_box, g2->consumers_box);
+    assert_ptr_equal(g3->consumers, g2->consumers);
+    assert_ptr_equal(g3->tables[0], g2->tables[0]);
+    assert_ptr_equal(g3->tables[1], g2->tables[1]);
+
+    /* New gateway settings (timeouts, limits, traffic log): nothing shared. */
+    Sluice__V1__GatewaySettings gs = SLUICE__V1__GATEWAY_SETTINGS__INIT;
+    h.settings = owned(&gs);
+    sl_generation_t *g4 = build_held(&h, g3);
+    assert_ptr_not_equal(g4->tables[0], g3->tables[0]);
+    assert_ptr_not_equal(g4->clusters[0], g3->clusters[0]);
+    assert_ptr_not_equal(g4->clusters[1], g3->clusters[1]);
+
+    sl_generation_discard(g1);
+    sl_generation_discard(g2);
+    sl_generation_discard(g3);
+    sl_generation_discard(g4);
+    release_held(&h);
+}
+
+/* Snapshots decoded on their own (files, state-of-the-world copies) have no
+ * message in common: equal content is built again, never confused. */
+static void test_separately_decoded_snapshots_share_nothing(void **state)
+{
+    (void)state;
+    held_t h1 = {.clusters = {mk_cluster("a", 9001), mk_cluster("b", 9002)},
+                 .tables = {mk_table("t1", "/x", "a"), mk_table("t2", "/y", "b")}};
+    held_t h2 = {.clusters = {mk_cluster("a", 9001), mk_cluster("b", 9002)},
+                 .tables = {mk_table("t1", "/x", "a"), mk_table("t2", "/y", "b")}};
+    sl_generation_t *g1 = build_held(&h1, NULL);
+    sl_generation_t *g2 = build_held(&h2, g1);
+    for (int i = 0; i < 2; i++) {
+        assert_ptr_not_equal(g2->tables[i], g1->tables[i]);
+        assert_ptr_not_equal(g2->clusters[i], g1->clusters[i]);
+    }
+    sl_generation_discard(g1);
+    sl_generation_discard(g2);
+    release_held(&h1);
+    release_held(&h2);
+}
+
+/* Published and retired through RCU as the runtime does: the shared table
+ * outlives the generation that built it and is freed with the last one. */
+static void test_shared_parts_follow_the_last_generation_through_rcu(void **state)
+{
+    (void)state;
+    held_t h = {.clusters = {mk_cluster("a", 9001), mk_cluster("b", 9002)},
+                .tables = {mk_table("t1", "/x", "a"), mk_table("t2", "/y", "b")}};
+    sl_generation_t *g1 = build_held(&h, NULL);
+    uint64_t v1 = g1->version;
+    publish(g1);
+    Sluice__V1__RouteTable *t2_old = h.tables[1];
+    h.tables[1] = mk_table("t2", "/z", "b");
+    sl_generation_t *g2 = build_held(&h, sl_generation_published);
+    sl_gen_table_t *shared = g2->tables[0];
+    assert_ptr_equal(shared, g1->tables[0]);
+    publish(g2);
+    grace_period();
+    assert_true(is_freed(v1));
+    assert_int_equal(atomic_load(&shared->refs), 1);
+    sl_router_result_t res;
+    assert_int_equal(route_of(g2, "/t1/x", &res), SL_OK);
+    assert_ptr_equal(g2->routes[res.table_index][res.route_index].backends[0], g2->clusters[0]);
+    release_msg(t2_old);
+    unpublish();
+    grace_period();
+    release_held(&h);
+}
+
+
+/* Many tables: 100 new ones inserted before 100 kept ones (every index
+ * shifts), then a snapshot with nothing in common; built with the held
+ * clusters a and b. */
+static sl_generation_t *build_tables(Sluice__V1__Cluster **clusters,
+                                     Sluice__V1__RouteTable **tables, size_t n,
+                                     const sl_generation_t *prev)
+{
+    Sluice__V1__Snapshot view = SLUICE__V1__SNAPSHOT__INIT;
+    view.version = next_version++;
+    view.n_clusters = 2;
+    view.clusters = clusters;
+    view.n_route_tables = n;
+    view.route_tables = tables;
+    Sluice__V1__Snapshot *shell = sl_pbshare_snapshot(&view);
+    assert_non_null(shell);
+    char err[512] = "";
+    sl_generation_t *gen = sl_generation_build_from(shell, "test", 1, prev, err, sizeof(err));
+    if (!gen)
+        fail_msg("build: %s", err);
+    return gen;
+}
+
+static void test_shifted_tables_are_found_and_strangers_not_searched_long(void **state)
+{
+    (void)state;
+    enum { N = 100 };
+    Sluice__V1__Cluster *cl[2] = {mk_cluster("a", 9001), mk_cluster("b", 9002)};
+    Sluice__V1__RouteTable *t[3 * N];
+    char name[32];
+    for (int i = 0; i < 3 * N; i++) {
+        snprintf(name, sizeof(name), "t%03d", i);
+        t[i] = mk_table(name, "/x", i % 2 ? "a" : "b");
+    }
+    /* g1: tables N..2N-1; g2: 0..2N-1 (N new ones first) */
+    sl_generation_t *g1 = build_tables(cl, t + N, N, NULL);
+    uint64_t built = gauge(&sl_metrics_gauges.gen_tables_built);
+    sl_generation_t *g2 = build_tables(cl, t, 2 * N, g1);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_tables_built) - built, N);
+    for (int i = 0; i < N; i++)
+        assert_ptr_equal(g2->tables[N + i], g1->tables[i]);
+    sl_router_result_t res;
+    assert_int_equal(route_of(g2, "/t150/x", &res), SL_OK);
+    assert_int_equal(res.table_index, 150);
+    assert_int_equal(route_of(g2, "/t010/x", &res), SL_OK);
+    assert_int_equal(res.table_index, 10);
+    /* g3: tables 2N..3N-1, nothing in common: all built, same answers */
+    built = gauge(&sl_metrics_gauges.gen_tables_built);
+    sl_generation_t *g3 = build_tables(cl, t + 2 * N, N, g2);
+    assert_int_equal(gauge(&sl_metrics_gauges.gen_tables_built) - built, N);
+    assert_int_equal(route_of(g3, "/t250/x", &res), SL_OK);
+    assert_int_equal(res.table_index, 50);
+    assert_int_equal(route_of(g3, "/t150/x", &res), 404);
+    sl_generation_discard(g1);
+    sl_generation_discard(g2);
+    sl_generation_discard(g3);
+    for (int i = 0; i < 3 * N; i++)
+        release_msg(t[i]);
+    release_msg(cl[0]);
+    release_msg(cl[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -760,6 +1106,12 @@ int main(void)
         cmocka_unit_test(test_concurrent_reloads),
         cmocka_unit_test(test_listener_http2_settings),
         cmocka_unit_test(test_listener_http2_defaults_are_the_codecs),
+        cmocka_unit_test(test_change_rebuilds_only_the_changed_table),
+        cmocka_unit_test(test_changed_cluster_rebuilds_the_tables_that_use_it),
+        cmocka_unit_test(test_changed_consumers_or_settings_rebuild_every_table),
+        cmocka_unit_test(test_separately_decoded_snapshots_share_nothing),
+        cmocka_unit_test(test_shared_parts_follow_the_last_generation_through_rcu),
+        cmocka_unit_test(test_shifted_tables_are_found_and_strangers_not_searched_long),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1095,6 +1095,267 @@ static void test_concurrent_readers(void **state)
     snap_free(s);
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* sl_router_update: the router of a changed snapshot made from the previous */
+/* one answers exactly as a router built whole                               */
+
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+static uint32_t rnd(uint32_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+static const char *const seg_pool[] = {"a", "b", "users", "v1", "{id}",
+                                       "a-segment-longer-than-twelve", "x"};
+static const char *const base_pool[] = {"/", "/a", "/a/b", "/users", "/v1",
+                                        "/a-segment-longer-than-twelve"};
+static const char *const host_pool[] = {NULL, "x.com", "*.com", "x.com,*.com"};
+static const char *const method_pool[] = {NULL, "GET", "POST", "GET,PUT"};
+
+/* A table with random routes, detached (not in any snapshot). */
+static Sluice__V1__RouteTable *random_table(unsigned id, bool regex)
+{
+    Sluice__V1__Snapshot *tmp = snap_new();
+    char name[32];
+    snprintf(name, sizeof name, "t%u", id);
+    Sluice__V1__RouteTable *t = add_table(tmp, name, host_pool[rnd(4)], base_pool[rnd(6)]);
+    unsigned n = 1 + rnd(6);
+    for (unsigned i = 0; i < n; i++) {
+        char path[128] = "", rname[16];
+        int kind = (int[]){EXACT, TEMPLATE, PREFIX}[rnd(3)];
+        unsigned segs = rnd(4);
+        for (unsigned k = 0; k < segs || (!segs && !path[0]); k++) {
+            const char *seg = segs ? seg_pool[rnd(7)] : "";
+            char param[16];
+            if (seg[0] == '{') { /* distinct names: a template names each once */
+                snprintf(param, sizeof param, "{p%u}", k);
+                seg = kind == TEMPLATE ? param : "b";
+            }
+            strcat(path, "/");
+            strcat(path, seg);
+        }
+        if (kind == PREFIX && rnd(2))
+            strcat(path, "us"); /* a partial segment */
+        if (regex && i == 0) {
+            kind = REGEX;
+            snprintf(path, sizeof path, "/re/[0-9]+");
+            free(t->base_path);
+            t->base_path = xstrdup("/");
+        }
+        snprintf(rname, sizeof rname, "r%u", i);
+        Sluice__V1__Route *r = add_route(t, rname, method_pool[rnd(4)], kind, path);
+        if (rnd(4) == 0)
+            add_match(r, false, rnd(2) ? "X-V" : "x-version-header-long", "1", M_EXACT, false);
+        if (rnd(6) == 0)
+            add_match(r, true, "q", "1", M_PRESENT, false);
+    }
+    free(tmp->route_tables);
+    tmp->route_tables = NULL;
+    tmp->n_route_tables = 0;
+    snap_free(tmp);
+    return t;
+}
+
+/* A snapshot that points at tables it does not own. */
+static Sluice__V1__Snapshot *view_of(Sluice__V1__RouteTable **tables, size_t n)
+{
+    Sluice__V1__Snapshot *s = snap_new();
+    s->route_tables = calloc(n ? n : 1, sizeof *s->route_tables);
+    assert_non_null(s->route_tables);
+    memcpy(s->route_tables, tables, n * sizeof *tables);
+    s->n_route_tables = n;
+    return s;
+}
+
+static void view_free(Sluice__V1__Snapshot *s)
+{
+    free(s->route_tables);
+    free(s);
+}
+
+static unsigned answers[3]; /* routed, 405, 404: the comparison is not only of 404s */
+
+static void expect_same_answers(const sl_router_t *a, const sl_router_t *b, unsigned step)
+{
+    static const char *const hosts[] = {"x.com", "y.com", "X.COM", "other.org"};
+    static const char *const methods[] = {"GET", "POST", "PUT", "DELETE"};
+    static const char *const extra[] = {"123", "zz", "users", "a", "b", ""};
+    for (unsigned i = 0; i < 400; i++) {
+        char target[256] = "";
+        unsigned segs = rnd(5);
+        for (unsigned k = 0; k < segs; k++) {
+            strcat(target, "/");
+            strcat(target, rnd(3) ? seg_pool[rnd(7)] : extra[rnd(6)]);
+        }
+        if (!segs || rnd(8) == 0)
+            strcat(target, "/");
+        if (rnd(5) == 0)
+            strcat(target, "?q=1");
+        const char *hdr[] = {"x-v", "1", NULL};
+        const char *host = hosts[rnd(4)], *method = methods[rnd(4)];
+        const char *const *h = rnd(3) == 0 ? hdr : NULL;
+        sl_router_result_t ra, rb;
+        int ca = do_match(a, method, host, target, h, &ra);
+        int cb = do_match(b, method, host, target, h, &rb);
+        bool same = ca == cb &&
+                    (ca != SL_OK || (ra.table_index == rb.table_index &&
+                                     ra.route_index == rb.route_index &&
+                                     ra.base_path_len == rb.base_path_len)) &&
+                    (ca != 405 || ra.allow_methods == rb.allow_methods);
+        answers[ca == SL_OK ? 0 : ca == 405 ? 1 : 2]++;
+        if (!same)
+            fail_msg("step %u: %s %s%s: updated router %d (%u/%u allow %x), whole build %d "
+                     "(%u/%u allow %x)",
+                     step, method, host, target, ca, ra.table_index, ra.route_index,
+                     ra.allow_methods, cb, rb.table_index, rb.route_index, rb.allow_methods);
+    }
+}
+
+static void test_update_answers_as_a_whole_build(void **state)
+{
+    (void)state;
+    enum { MAXT = 24 };
+    Sluice__V1__RouteTable *tables[MAXT], *gone[MAXT * 4];
+    size_t n = 0, ngone = 0;
+    unsigned next_id = 0;
+    /* Every host of the pool appears from the start: its bucket exists. */
+    while (n < 10)
+        tables[n++] = random_table(next_id++, false);
+    const char *all_hosts[] = {"x.com", "*.com"};
+    Sluice__V1__Snapshot *tmp = snap_new();
+    tables[n++] = add_table(tmp, "hosts", "x.com,*.com", "/h");
+    add_route(tables[n - 1], "r0", NULL, EXACT, "/h");
+    free(tmp->route_tables);
+    tmp->route_tables = NULL;
+    tmp->n_route_tables = 0;
+    snap_free(tmp);
+    (void)all_hosts;
+
+    Sluice__V1__Snapshot *snap = view_of(tables, n);
+    sl_router_t *cur = build_ok(snap);
+    unsigned patched = 0;
+    for (unsigned step = 0; step < 120; step++) {
+        unsigned op = rnd(3);
+        if (op == 0 && n > 2) { /* an Api changed: a new message in its place */
+            size_t i = rnd((uint32_t)n);
+            gone[ngone++] = tables[i];
+            tables[i] = random_table(next_id++, false);
+        } else if (op == 1 && n > 2) { /* an Api removed */
+            size_t i = rnd((uint32_t)n);
+            gone[ngone++] = tables[i];
+            memmove(&tables[i], &tables[i + 1], (n - i - 1) * sizeof *tables);
+            n--;
+        } else if (n < MAXT) { /* an Api added anywhere: later indexes shift */
+            size_t i = rnd((uint32_t)n + 1);
+            memmove(&tables[i + 1], &tables[i], (n - i) * sizeof *tables);
+            tables[i] = random_table(next_id++, false);
+            n++;
+        }
+        Sluice__V1__Snapshot *next = view_of(tables, n);
+        char err[512];
+        sl_router_t *upd = sl_router_update(cur, next, err, sizeof err);
+        if (!upd)
+            fail_msg("step %u: sl_router_update: %s", step, err);
+        patched += sl_router_patches(upd) > 0;
+        sl_router_t *whole = build_ok(next);
+        /* The previous router and the tables only it used go first: the
+         * updated one must not need them (ASan says so). */
+        sl_router_free(cur);
+        view_free(snap);
+        for (size_t g = 0; g < ngone; g++)
+            sluice__v1__route_table__free_unpacked(gone[g], NULL);
+        ngone = 0;
+        expect_same_answers(upd, whole, step);
+        sl_router_free(whole);
+        cur = upd;
+        snap = next;
+    }
+    /* Most steps were patches (the rest: the garbage bound, rebuilt whole). */
+    assert_true(patched > 80);
+    if (answers[0] < 2000 || answers[1] < 100 || answers[2] < 2000)
+        fail_msg("answers: %u routed, %u 405, %u 404", answers[0], answers[1], answers[2]);
+    sl_router_free(cur);
+    view_free(snap);
+    for (size_t i = 0; i < n; i++)
+        sluice__v1__route_table__free_unpacked(tables[i], NULL);
+}
+
+static void test_update_falls_back_to_a_whole_build(void **state)
+{
+    (void)state;
+    Sluice__V1__RouteTable *tables[3] = {random_table(100, false), random_table(101, false), NULL};
+    Sluice__V1__Snapshot *s1 = view_of(tables, 2);
+    sl_router_t *r1 = build_ok(s1);
+    char err[512];
+
+    /* A table with a regex route: built whole, same answers. */
+    tables[2] = random_table(102, true);
+    Sluice__V1__Snapshot *s2 = view_of(tables, 3);
+    sl_router_t *r2 = sl_router_update(r1, s2, err, sizeof err);
+    assert_non_null(r2);
+    assert_int_equal(sl_router_patches(r2), 0);
+    EXPECT_ROUTE(r2, "GET", "x.com", "/re/42", 2, 0);
+
+    /* A host no table had: a new bucket, built whole. */
+    Sluice__V1__Snapshot *tmp = snap_new();
+    Sluice__V1__RouteTable *hosted = add_table(tmp, "new-host", "new.example", "/");
+    add_route(hosted, "only", NULL, EXACT, "/only");
+    free(tmp->route_tables);
+    tmp->route_tables = NULL;
+    tmp->n_route_tables = 0;
+    snap_free(tmp);
+    Sluice__V1__RouteTable *t3[4] = {tables[0], tables[1], tables[2], hosted};
+    Sluice__V1__Snapshot *s3 = view_of(t3, 4);
+    sl_router_t *r3 = sl_router_update(r2, s3, err, sizeof err);
+    assert_non_null(r3);
+    assert_int_equal(sl_router_patches(r3), 0);
+    EXPECT_ROUTE(r3, "GET", "new.example", "/only", 3, 0);
+
+    /* Nothing changed: a patch with nothing in it, same answers. */
+    Sluice__V1__Snapshot *s4 = view_of(t3, 4);
+    sl_router_t *r4 = sl_router_update(r3, s4, err, sizeof err);
+    assert_non_null(r4);
+    assert_int_equal(sl_router_patches(r4), 1);
+    EXPECT_ROUTE(r4, "GET", "new.example", "/only", 3, 0);
+    EXPECT_ROUTE(r4, "GET", "x.com", "/re/42", 2, 0);
+
+    /* Kept tables in another order: built whole. */
+    Sluice__V1__RouteTable *t5[4] = {tables[1], tables[0], tables[2], hosted};
+    Sluice__V1__Snapshot *s5 = view_of(t5, 4);
+    sl_router_t *r5 = sl_router_update(r4, s5, err, sizeof err);
+    assert_non_null(r5);
+    assert_int_equal(sl_router_patches(r5), 0);
+    EXPECT_ROUTE(r5, "GET", "new.example", "/only", 3, 0);
+
+    /* A new table that cannot be compiled: the build's error. */
+    tmp = snap_new();
+    Sluice__V1__RouteTable *bad = add_table(tmp, "bad", NULL, "/bad/");
+    add_route(bad, "r", NULL, EXACT, "/x");
+    free(tmp->route_tables);
+    tmp->route_tables = NULL;
+    tmp->n_route_tables = 0;
+    snap_free(tmp);
+    Sluice__V1__RouteTable *t6[5] = {tables[1], tables[0], tables[2], hosted, bad};
+    Sluice__V1__Snapshot *s6 = view_of(t6, 5);
+    assert_null(sl_router_update(r5, s6, err, sizeof err));
+    assert_non_null(strstr(err, "route table bad: base path \"/bad/\" must not end with '/'"));
+
+    sl_router_t *rs[] = {r1, r2, r3, r4, r5};
+    for (size_t i = 0; i < 5; i++)
+        sl_router_free(rs[i]);
+    Sluice__V1__Snapshot *ss[] = {s1, s2, s3, s4, s5, s6};
+    for (size_t i = 0; i < 6; i++)
+        view_free(ss[i]);
+    for (size_t i = 0; i < 3; i++)
+        sluice__v1__route_table__free_unpacked(tables[i], NULL);
+    sluice__v1__route_table__free_unpacked(hosted, NULL);
+    sluice__v1__route_table__free_unpacked(bad, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1119,6 +1380,8 @@ int main(void)
         cmocka_unit_test(test_regex_match_limit_is_no_match),
         cmocka_unit_test(test_10000_routes_all_resolve),
         cmocka_unit_test(test_concurrent_readers),
+        cmocka_unit_test(test_update_answers_as_a_whole_build),
+        cmocka_unit_test(test_update_falls_back_to_a_whole_build),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
