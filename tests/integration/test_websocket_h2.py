@@ -209,8 +209,13 @@ class RecordingWsServer(WsServer):
         super().__init__()
         self.handshakes = []
 
+    async def _record(self, path, request_headers):
+        # Before the 101 goes out (process_request): the handler task runs
+        # only after it, so a client could see the upgrade before the record.
+        self.handshakes.append(dict((k.lower(), v) for k, v in request_headers.raw_items()))
+        return None
+
     async def _handler(self, ws, path=None):
-        self.handshakes.append(dict((k.lower(), v) for k, v in ws.request_headers.raw_items()))
         async for msg in ws:
             if msg == "close-me":
                 await ws.close(code=4000, reason="server side close")
@@ -223,7 +228,8 @@ class RecordingWsServer(WsServer):
         asyncio.set_event_loop(self.loop)
         self.server = self.loop.run_until_complete(
             websockets.serve(self._handler, "127.0.0.1", self.port, max_size=None,
-                             ping_interval=None, subprotocols=["chat"]))
+                             ping_interval=None, subprotocols=["chat"],
+                             process_request=self._record))
         self.ready.set()
         self.loop.run_forever()
 
