@@ -167,6 +167,10 @@ def test_text_format_families_and_histograms(backends, runtimes):
     rt = runtimes([gateway(port), backend("echo", [b.port]), api("t", "/t", "echo")], workers=2)
     for path in ("/t/a", "/t/delay/30", "/t/status/404", "/t/status/503"):
         request(port, "GET", path)
+    # A request is counted when it ends, just after its last byte went out:
+    # the client can read the answer first.
+    wait_until(lambda: value(rt, "sluice_request_duration_seconds_count", api="default/t") == 4,
+               5, what="4 requests counted")
     status, headers, body = rt.admin_get("/metrics")
     assert status == 200
     text = body.decode()
@@ -218,6 +222,9 @@ def test_backend_responses_by_status_class(backends, runtimes):
         request(port, "GET", path)
     assert request(port, "GET", "/d/x").status == 502
     name = "sluice_backend_responses_total"
+    # Counted when the request ends, just after its answer went out.
+    wait_until(lambda: value(rt, name, cluster="default/down", code_class="5xx") == 1, 5,
+               what="the 502 counted")
     assert value(rt, name, cluster="default/up", code_class="2xx") == 2
     assert value(rt, name, cluster="default/up", code_class="4xx") == 1
     assert value(rt, name, cluster="default/up", code_class="5xx") == 1
