@@ -33,6 +33,7 @@
 #include "tls.h"
 #include "metrics.h"
 #include "request.h"
+#include "fmt.h"
 #include "upstream.h"
 
 #include <arpa/inet.h>
@@ -309,29 +310,39 @@ static void send_error(sl_conn_t *c, int status, const char *code, const char *m
         c->out.start = c->out.end = 0; /* else append after the interim heads */
     char body[900];
     const char *bp = body, *ctype = "application/json";
-    int blen = (int)sl_request_error_body(&c->x.r, status, code, message, body, sizeof(body));
+    int blen;
     const sl_policy_reply_t *reply = sl_request_reply(&c->x.r);
-    if (reply && reply->body) { /* respond, redirect: the policy's own body */
+    if (reply && reply->body) { /* respond, redirect, decide: the policy's own body */
         bp = reply->body;
         blen = (int)reply->body_len;
         ctype = reply->content_type ? reply->content_type : "text/plain";
+    } else {
+        blen = (int)sl_request_error_body(&c->x.r, status, code, message, body, sizeof(body));
     }
-    char head[700];
-    int hlen;
+    /* Appended piece by piece: snprintf here was a third of the cost of a
+     * decision answered by the gateway (callgrind). */
+    char num[20];
+    const char *reason = sl_http1_reason(status);
+    sl_buf_append(&c->out, "HTTP/1.1 ", 9);
+    sl_buf_append(&c->out, num, sl_fmt_u64(num, (uint64_t)status));
+    sl_buf_append(&c->out, " ", 1);
+    sl_buf_append(&c->out, reason, strlen(reason));
     if (status == 204) { /* a CORS preflight's answer: no body, no length (RFC 9110 8.6) */
         blen = 0;
-        hlen = snprintf(head, sizeof(head), "HTTP/1.1 204 %s\r\nX-Request-Id: %.*s\r\n%s",
-                        sl_http1_reason(status), (int)c->x.r.m_reqid.len, c->x.r.m_reqid.ptr,
-                        c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
+        sl_buf_append(&c->out, "\r\n", 2);
     } else {
-        hlen = snprintf(head, sizeof(head),
-                        "HTTP/1.1 %d %s\r\nContent-Type: %.200s\r\n"
-                        "Content-Length: %d\r\nX-Request-Id: %.*s\r\n%s",
-                        status, sl_http1_reason(status), ctype, blen, (int)c->x.r.m_reqid.len,
-                        c->x.r.m_reqid.ptr,
-                        c->closing || !c->keep_alive ? "Connection: close\r\n" : "");
+        size_t clen = strnlen(ctype, 200);
+        sl_buf_append(&c->out, "\r\nContent-Type: ", 16);
+        sl_buf_append(&c->out, ctype, clen);
+        sl_buf_append(&c->out, "\r\nContent-Length: ", 18);
+        sl_buf_append(&c->out, num, sl_fmt_u64(num, (uint64_t)blen));
+        sl_buf_append(&c->out, "\r\n", 2);
     }
-    sl_buf_append(&c->out, head, (size_t)hlen);
+    sl_buf_append(&c->out, "X-Request-Id: ", 14);
+    sl_buf_append(&c->out, c->x.r.m_reqid.ptr, c->x.r.m_reqid.len);
+    sl_buf_append(&c->out, "\r\n", 2);
+    if (c->closing || !c->keep_alive)
+        sl_buf_append(&c->out, "Connection: close\r\n", 19);
     if (reply) {
         for (unsigned i = 0; i < reply->num_headers; i++) {
             sl_buf_append(&c->out, reply->headers[i].name, strlen(reply->headers[i].name));

@@ -548,13 +548,19 @@ struct sl_gen_cluster *sl_route_rules_head_cluster(const sl_route_rules_t *rr)
 
 /* ---- evaluating ------------------------------------------------------------ */
 
-/* Per evaluation: what was looked up once (the client address). */
+/* Per evaluation: what was looked up once (the client address, the last
+ * header asked for: rules in a row usually test the same header, e.g. a
+ * tenant per rule, and each scan compares every header name). */
 typedef struct {
     const sl_route_attrs_t *a;
     const sl_route_bits_t *bits; /* deferred: what the head said, per condition */
     json_t *body;
     int ip_state; /* 0 not parsed, 1 v4, 2 v6, -1 none */
     uint8_t ip[16];
+    const char *hname; /* the last header looked up (NULL: none yet) */
+    size_t hname_len;
+    int hfound;
+    sl_str_t hvalue;
     char numbuf[64];
 } eval_t;
 
@@ -620,15 +626,26 @@ static int attr_value(eval_t *e, const cond_t *c, sl_str_t *out, char *scratch, 
         *out = a->method;
         return a->method.len > 0;
     case SLUICE__V1__ROUTE_MATCH__ATTR__HEADER:
+        if (e->hname && e->hname_len == c->name.len &&
+            strncasecmp(e->hname, c->name.ptr, c->name.len) == 0) {
+            *out = e->hvalue;
+            return e->hfound;
+        }
+        e->hname = c->name.ptr;
+        e->hname_len = c->name.len;
+        e->hfound = 0;
+        e->hvalue = (sl_str_t){"", 0};
         for (size_t i = 0; i < a->num_headers; i++) {
             const sl_http1_header_t *h = &a->headers[i];
             if (h->name.len == c->name.len &&
                 strncasecmp(h->name.ptr, c->name.ptr, c->name.len) == 0) {
-                *out = h->value;
-                return 1;
+                e->hvalue = h->value;
+                e->hfound = 1;
+                break;
             }
         }
-        return 0;
+        *out = e->hvalue;
+        return e->hfound;
     case SLUICE__V1__ROUTE_MATCH__ATTR__QUERY: {
         const char *p = a->query.ptr, *end = p + a->query.len;
         while (p && p < end) {
