@@ -107,6 +107,11 @@ enum sl_store_result sl_store_list(sl_store_t *st, enum sl_kind kind, const char
 enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, char *err,
                                        size_t errlen);
 
+/* How many sl_store_load_all calls were served from the in-memory set
+ * (SQLite: kept current by this process's writes, nothing read or parsed)
+ * and how many read every row (at start, after a write by another process
+ * or any failure to keep the memory current; PostgreSQL always). */
+void sl_store_load_stats(const sl_store_t *st, uint64_t *from_memory, uint64_t *from_database);
 /* Latest resourceVersion handed out (0 for an empty store). */
 uint64_t sl_store_resource_version(sl_store_t *st);
 

@@ -274,14 +274,18 @@ def measure_apply(nroutes, small_changes=5):
                "rss_after_mb": rss_after / 1024.0, "rss_peak_mb": sampler.max_kb / 1024.0,
                "controller_rss_mb": read_rss_kb(s.ctl.proc.pid) / 1024.0}
         # One small change with nroutes in place.
-        small_apply, small_e2e, small_cpu = [], [], []
+        small_apply, small_e2e, small_cpu, small_ctl_cpu = [], [], [], []
         for k in range(small_changes):
             c0 = main_thread_cpu_ms(rt.pid)
+            cc0 = main_thread_cpu_ms(s.ctl.proc.pid)
             s.ctl.put(probe_api(1000 + k))
             t0 = time.monotonic()
             small_e2e.append(poller.wait_200("/probe/c%d" % (1000 + k), t0, timeout=120))
             vk = s.ctl.wait_converged(1, min_version=v + 1, timeout=120)
             small_cpu.append(main_thread_cpu_ms(rt.pid) - c0)
+            # The controller's main thread over the whole change: REST
+            # write, compile, push, ACK.
+            small_ctl_cpu.append(main_thread_cpu_ms(s.ctl.proc.pid) - cc0)
             _, push, applied = push_apply_ms(s, vk)
             if push and applied:
                 small_apply.append((applied - push) * 1e3)
@@ -291,6 +295,8 @@ def measure_apply(nroutes, small_changes=5):
         out["small_e2e_ms"] = pct(small_e2e, 50) * 1e3
         out["small_e2e_max_ms"] = max(small_e2e) * 1e3
         out["small_cpu_ms"] = pct(small_cpu, 50)
+        out["small_ctl_cpu_ms"] = pct(small_ctl_cpu, 50)
+        out["small_ctl_cpu_max_ms"] = max(small_ctl_cpu)
         return out
     finally:
         s.close()
@@ -440,6 +446,13 @@ def report(results, argv):
                            r["rss_after_mb"], r["rss_peak_mb"], r["controller_rss_mb"],
                            fmt(r["small_apply_ms"], "%.0f"), r["small_cpu_ms"],
                            r["small_e2e_ms"], r["small_e2e_max_ms"]))
+        out.append("")
+        for r in results["apply"]:
+            if "small_ctl_cpu_ms" in r:
+                out.append("Controller main-thread CPU for one small change (REST write, "
+                           "compile, push, ACK) at %d routes (%s): p50 %.1f ms, max %.1f ms."
+                           % (r["routes"], r.get("mode", "delta"), r["small_ctl_cpu_ms"],
+                              r["small_ctl_cpu_max_ms"]))
         out.append("")
     if results.get("fanout"):
         f = results["fanout"]
