@@ -122,7 +122,8 @@ typedef struct fleet {
          * its own nonce field (response_with_nonce), so one encoding still
          * serves every runtime. */
         grpc_slice body;
-        int encoded;
+        int body_ready; /* encoded on the first sotw send of the version */
+        int encoded;    /* the type has been compiled (version_str, res, ents) */
         size_t resources;
         /* Delta: the same resources by name (index: name -> position). */
         res_entry_t *ents;
@@ -233,6 +234,12 @@ struct sl_controller {
      * committed compile; the Programmed condition is computed from it and
      * the runtimes' ACKs when the status is read (object_programmed). */
     json_t *programmed;
+    /* What each compile needs of every Api's and Gateway's spec, by
+     * source: [spec, hash (record_programmed), has policies]. The spec is
+     * held so that the same object (the store's in-memory documents are
+     * never changed in place) is not dumped and walked again per compile;
+     * refreshed by spec_facts_refresh. */
+    json_t *spec_memo;
     /* --source kubernetes: versions from the input (sl_controller_use_input). */
     int derived_versions;
     int store_versions; /* derived from the shared store's state */
@@ -395,7 +402,7 @@ static void fleet_free(fleet_t *f)
     sl_ccache_free(f->cache);
     for (int t = 0; t < SL_XDS__COUNT; t++) {
         cres_release(f->t[t].res, f->t[t].n);
-        if (f->t[t].encoded)
+        if (f->t[t].body_ready)
             grpc_slice_unref(f->t[t].body);
         entries_free(f->t[t].ents, f->t[t].n_ents);
         json_decref(f->t[t].index);
@@ -838,6 +845,12 @@ static void try_push(sl_controller_t *ctl, runtime_rec_t *rt)
             continue;
         if (strcmp(rt->parked[t], f->t[t].version_str) == 0)
             continue; /* NACKed on this stream: wait for a new version */
+        /* Encoded once per version, on its first state-of-the-world send
+         * (a fleet of delta runtimes never pays for it). */
+        if (!f->t[t].body_ready) {
+            f->t[t].body = encode_response(f->t[t].res, f->t[t].n, t, f->t[t].version_str);
+            f->t[t].body_ready = 1;
+        }
         /* Unique per response, so a re-send of one version and the same
          * version sent to another runtime are told apart. */
         snprintf(rt->inflight_nonce, sizeof(rt->inflight_nonce), "%" PRIu64, ++ctl->nonce_seq);
@@ -885,6 +898,14 @@ static json_t *accepted_status(int ok, const char *reason, const char *message, 
  * breaking every other Api of the fleet.
  */
 static _Atomic uint64_t compiled_resources; /* sluice_controller_compiled_resources_total */
+static _Atomic uint64_t compile_cpu_us;     /* sluice_controller_compile_cpu_seconds_total */
+
+static uint64_t thread_cpu_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
 
 static int compile_fleet(sl_controller_t *ctl, const sl_resource_set_t *all, fleet_t *f,
                          json_t *statuses, sl_compiled_t *out)
@@ -1035,6 +1056,41 @@ static int has_policies(json_t *spec)
     return 0;
 }
 
+/* The spec facts of every Api and Gateway of `all`; those of a spec that
+ * is the same object as at the last compile are kept when `immutable` (the
+ * set is the store's, whose documents never change in place). */
+static void spec_facts_refresh(sl_controller_t *ctl, const sl_resource_set_t *all, int immutable)
+{
+    json_t *memo = json_object();
+    if (!memo)
+        return;
+    for (size_t r = 0; r < all->count; r++) {
+        const sl_resource_t *res = &all->items[r];
+        json_t *spec = json_object_get(res->obj, "spec");
+        if ((res->kind != SL_KIND_API && res->kind != SL_KIND_GATEWAY) || !spec)
+            continue;
+        json_t *m = ctl->spec_memo ? json_object_get(ctl->spec_memo, res->source) : NULL;
+        if (immutable && m && json_array_get(m, 0) == spec) {
+            json_object_set(memo, res->source, m);
+            continue;
+        }
+        char *text = json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+        uint64_t h = fnv1a(0xcbf29ce484222325ULL, text ? text : "", text ? strlen(text) : 0);
+        free(text);
+        json_object_set_new(memo, res->source,
+                            json_pack("[O, I, b]", spec, (json_int_t)h, has_policies(spec)));
+    }
+    json_decref(ctl->spec_memo);
+    ctl->spec_memo = memo;
+}
+
+static int spec_has_policies(sl_controller_t *ctl, const sl_resource_t *r)
+{
+    json_t *m = json_object_get(ctl->spec_memo, r->source);
+    return m ? json_is_true(json_array_get(m, 2))
+             : has_policies(json_object_get(r->obj, "spec"));
+}
+
 /*
  * Policies that validate but cannot be compiled (policies/check.c): the
  * Api is pushed all the same, so its routes answer 503 policy_unavailable
@@ -1044,8 +1100,8 @@ static int has_policies(json_t *spec)
  * Apis with policies that compile get PolicyReady True. The Consumers are
  * those the runtimes get (every fleet's snapshot has them all).
  */
-static void check_policies(const sl_resource_set_t *all, const sl_compiled_t *comp,
-                           json_t *statuses)
+static void check_policies(sl_controller_t *ctl, const sl_resource_set_t *all,
+                           const sl_compiled_t *comp, json_t *statuses)
 {
     /* The Consumers as the runtimes get them, unpacked only when some Api
      * has policies. */
@@ -1055,13 +1111,14 @@ static void check_policies(const sl_resource_set_t *all, const sl_compiled_t *co
     sl_policy_env_t env = {.nworkers = 1};
     for (size_t i = 0; i < all->count; i++) {
         const sl_resource_t *r = &all->items[i];
+        if (r->kind != SL_KIND_API || !spec_has_policies(ctl, r))
+            continue;
         json_t *spec = json_object_get(r->obj, "spec");
         json_t *st = json_object_get(statuses, r->source);
         json_t *conds = json_object_get(st, "conditions");
         const char *accepted =
             json_string_value(json_object_get(json_array_get(conds, 0), "status"));
-        if (r->kind != SL_KIND_API || !has_policies(spec) || !accepted ||
-            strcmp(accepted, "True") != 0)
+        if (!accepted || strcmp(accepted, "True") != 0)
             continue;
         if (!cons) {
             cm = calloc(nc ? nc : 1, sizeof(*cm));
@@ -1157,27 +1214,54 @@ static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all
     }
     size_t i = 0;
     for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
+        /* The delta index of the routes has the same names (when built). */
+        if (f->snap && f->t[SL_XDS_ROUTE].index &&
+            f->t[SL_XDS_ROUTE].n_ents == f->t[SL_XDS_ROUTE].n) {
+            tables[i] = json_incref(f->t[SL_XDS_ROUTE].index);
+            continue;
+        }
         tables[i] = json_object();
         for (size_t k = 0; f->snap && k < f->t[SL_XDS_ROUTE].n; k++)
             json_object_set_new(tables[i], f->t[SL_XDS_ROUTE].res[k]->name, json_true());
+    }
+    json_int_t *vals = calloc(nf ? nf : 1, sizeof(*vals));
+    if (!vals) {
+        sl_log_error("compile: out of memory while recording where Apis are programmed");
+        for (i = 0; i < nf; i++)
+            json_decref(tables[i]);
+        free(tables);
+        json_decref(out);
+        return;
     }
     for (size_t r = 0; r < all->count; r++) {
         const sl_resource_t *res = &all->items[r];
         if (res->kind != SL_KIND_API && res->kind != SL_KIND_GATEWAY)
             continue;
         const int gw = res->kind == SL_KIND_GATEWAY;
-        char *text = json_dumps(json_object_get(res->obj, "spec"),
-                                JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-        uint64_t h = fnv1a(0xcbf29ce484222325ULL, text ? text : "", text ? strlen(text) : 0);
-        free(text);
+        json_t *m = json_object_get(ctl->spec_memo, res->source);
+        uint64_t h;
+        if (m) {
+            h = (uint64_t)json_integer_value(json_array_get(m, 1));
+        } else {
+            char *text = json_dumps(json_object_get(res->obj, "spec"),
+                                    JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+            h = fnv1a(0xcbf29ce484222325ULL, text ? text : "", text ? strlen(text) : 0);
+            free(text);
+        }
         json_t *prev = fresh ? NULL : json_object_get(ctl->programmed, res->source);
         int same = prev && (uint64_t)json_integer_value(json_object_get(prev, "hash")) == h;
         json_t *gen = json_object_get(json_object_get(res->obj, "metadata"), "generation");
-        json_t *fl = json_object();
+        json_int_t g = json_is_integer(gen) ? json_integer_value(gen) : 1;
         char key[600];
         snprintf(key, sizeof(key), "%s/%s", res->ns, res->name);
+        /* The record of the last compile when nothing in it changed (most
+         * Apis of a compile): shared, not rebuilt. */
+        json_t *pfl = prev ? json_object_get(prev, "fleets") : NULL;
+        int keep = same && json_integer_value(json_object_get(prev, "generation")) == g;
+        size_t nset = 0;
         i = 0;
         for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
+            vals[i] = -1;
             if (gw && strcmp(f->name, gateway_fleet(res->obj)) != 0)
                 continue;
             json_int_t v = 0;
@@ -1187,8 +1271,21 @@ static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all
                                       : 0;
                 v = was ? was : (json_int_t)f->t[gw ? SL_XDS_LISTENER : SL_XDS_ROUTE].version;
             }
-            json_object_set_new(fl, f->name, json_integer(v));
+            vals[i] = v;
+            nset++;
+            json_t *pv = keep ? json_object_get(pfl, f->name) : NULL;
+            if (!json_is_integer(pv) || json_integer_value(pv) != v)
+                keep = 0;
         }
+        if (keep && json_object_size(pfl) == nset) {
+            json_object_set(out, res->source, prev);
+            continue;
+        }
+        json_t *fl = json_object();
+        i = 0;
+        for (fleet_t *f = ctl->fleets; f; f = f->next, i++)
+            if (vals[i] >= 0)
+                json_object_set_new(fl, f->name, json_integer(vals[i]));
         json_object_set_new(out, res->source,
                             json_pack("{s:I, s:I, s:o}", "hash", (json_int_t)h, "generation",
                                       json_is_integer(gen) ? json_integer_value(gen) : 1, "fleets",
@@ -1197,6 +1294,7 @@ static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all
     for (i = 0; i < nf; i++)
         json_decref(tables[i]);
     free(tables);
+    free(vals);
     json_decref(ctl->programmed);
     ctl->programmed = out;
 }
@@ -1219,24 +1317,27 @@ typedef struct {
  * (version, hash) persisted; only then is anything swapped in and pushed. A
  * store failure on the way leaves the previous state whole (and says why).
  */
-static void compile_all(sl_controller_t *ctl)
+static void compile_all_timed(sl_controller_t *ctl)
 {
     atomic_fetch_add(&sl_ctrl_metrics.compiles, 1);
     int renumbered = ctl->versions_stale;
     sl_resource_set_t loaded;
     sl_resource_set_init(&loaded);
     const sl_resource_set_t *all = ctl->static_set;
+    int from_store = 0;
     if (ctl->derived_versions && !ctl->input_ready)
         return; /* nothing listed yet: an empty config would remove everything */
     if (!all) {
         char err[512];
-        if (sl_store_load_all(ctl->store, &loaded, err, sizeof(err)) != SL_STORE_OK) {
+        /* The store's own set (no copy), unchanged until the next store
+         * call; compile_all does not write resources. */
+        if (sl_store_load_shared(ctl->store, &all, err, sizeof(err)) != SL_STORE_OK) {
             sl_log_error("compile: cannot read the store: %s", err);
             atomic_fetch_add(&sl_ctrl_metrics.compile_errors, 1);
             sl_resource_set_free(&loaded);
             return;
         }
-        all = &loaded;
+        from_store = 1;
         if (ctl->store_versions)
             ctl->input_version = sl_store_loaded_version(ctl->store);
     }
@@ -1252,6 +1353,7 @@ static void compile_all(sl_controller_t *ctl)
         fleet_get(ctl, rt->fleet_name);
 
     count_routes(ctl, all);
+    spec_facts_refresh(ctl, all, from_store);
     json_t *statuses = json_object();
     for (size_t i = 0; i < all->count; i++)
         json_object_set_new(
@@ -1304,7 +1406,7 @@ static void compile_all(sl_controller_t *ctl)
 
     for (i = 0; i < nf; i++)
         if (stg[i].ok) {
-            check_policies(all, &stg[i].comp, statuses);
+            check_policies(ctl, all, &stg[i].comp, statuses);
             break;
         }
 
@@ -1331,10 +1433,9 @@ static void compile_all(sl_controller_t *ctl)
             }
             if (stg[i].t[t].changed || !f->t[t].encoded) {
                 snprintf(f->t[t].version_str, VERSION_LEN, "%" PRIu64, f->t[t].version);
-                if (f->t[t].encoded)
+                if (f->t[t].body_ready)
                     grpc_slice_unref(f->t[t].body);
-                f->t[t].body =
-                    encode_response(stg[i].t[t].res, stg[i].t[t].n, t, f->t[t].version_str);
+                f->t[t].body_ready = 0;
                 f->t[t].encoded = 1;
                 f->t[t].resources = stg[i].t[t].n;
                 if (build_entries(f, t, stg[i].t[t].res, stg[i].t[t].n) != 0)
@@ -1401,6 +1502,14 @@ persist_failed:
     json_decref(statuses);
     sl_resource_set_free(&loaded);
     versions_failed(ctl, err);
+}
+
+/* compile_all, its CPU time counted. */
+static void compile_all(sl_controller_t *ctl)
+{
+    uint64_t cpu0 = thread_cpu_us();
+    compile_all_timed(ctl);
+    atomic_fetch_add(&compile_cpu_us, thread_cpu_us() - cpu0);
 }
 
 static uint64_t mono_ms(void)
@@ -2460,6 +2569,7 @@ void sl_controller_free(sl_controller_t *ctl)
     json_decref(ctl->statuses);
     json_decref(ctl->api_routes);
     json_decref(ctl->programmed);
+    json_decref(ctl->spec_memo);
     free(ctl);
 }
 
@@ -2493,6 +2603,14 @@ void sl_controller_render_metrics(sl_controller_t *ctl, struct evbuffer *b)
                         "# TYPE sluice_controller_compiled_resources_total counter\n"
                         "sluice_controller_compiled_resources_total %" PRIu64 "\n",
                         atomic_load(&compiled_resources));
+    uint64_t cpu = atomic_load(&compile_cpu_us);
+    evbuffer_add_printf(b,
+                        "# HELP sluice_controller_compile_cpu_seconds_total CPU time of the "
+                        "main thread in compiles (store read, compile, packing, versions; not "
+                        "the pushes).\n"
+                        "# TYPE sluice_controller_compile_cpu_seconds_total counter\n"
+                        "sluice_controller_compile_cpu_seconds_total %" PRIu64 ".%06" PRIu64 "\n",
+                        cpu / 1000000, cpu % 1000000);
     evbuffer_add_printf(b, "# HELP sluice_controller_fleet_runtimes_connected Runtimes with an "
                            "open config stream, by fleet.\n"
                            "# TYPE sluice_controller_fleet_runtimes_connected gauge\n");

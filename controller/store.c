@@ -188,6 +188,7 @@ struct sl_store {
      * process did not make, a write path that did not update it) and any
      * failure to update it mean a full load, which rebuilds it. */
     sl_resource_set_t mem;
+    sl_resource_set_t scratch; /* sl_store_load_shared's full loads */
     int mem_valid;
     uint64_t mem_rv;
     uint64_t mem_hits, mem_loads; /* loads served from memory / from the database */
@@ -569,6 +570,7 @@ void sl_store_close(sl_store_t *st)
 {
     if (!st)
         return;
+    sl_resource_set_free(&st->scratch);
     if (st->pg) {
         sl_store_pg_close(st->pg);
         free(st->path);
@@ -1416,6 +1418,17 @@ static void mem_drop(sl_store_t *st)
     st->mem_valid = 0;
 }
 
+/* -1: the counter cannot be read; 1: the memory is current. */
+static int mem_current(sl_store_t *st, uint64_t *rv_now)
+{
+    *rv_now = 0;
+    if (counter_read(st, STORE_RV_COUNTER, rv_now) != 0) {
+        mem_drop(st);
+        return -1;
+    }
+    return st->mem_valid && st->mem_rv == *rv_now;
+}
+
 /* The set's index ("Kind/ns/name" -> position) after positions moved. */
 static int mem_reindex(sl_resource_set_t *set)
 {
@@ -1597,12 +1610,12 @@ static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set
     /* Nothing written since the memory was last brought up to date (by
      * this process): the set from memory, without reading a row. */
     uint64_t rv_now = 0;
-    if (counter_read(st, STORE_RV_COUNTER, &rv_now) != 0) {
-        mem_drop(st);
+    int cur = mem_current(st, &rv_now);
+    if (cur < 0) {
         set_err(err, errlen, "store %s: cannot read resources: %s", st->path, db_errmsg(st));
         return SL_STORE_ERROR;
     }
-    if (st->mem_valid && st->mem_rv == rv_now) {
+    if (cur && set != &st->mem) {
         for (size_t i = 0; i < st->mem.count; i++) {
             const sl_resource_t *r = &st->mem.items[i];
             if (sl_resource_set_add(set, r->obj, r->source, r->doc) != 0) {
@@ -1642,6 +1655,35 @@ static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set
     else
         mem_drop(st);
     return ret;
+}
+
+enum sl_store_result sl_store_load_shared(sl_store_t *st, const sl_resource_set_t **out,
+                                          char *err, size_t errlen)
+{
+    uint64_t t0 = now_us(), rv_now = 0;
+    enum sl_store_result r;
+    *out = NULL;
+    sl_resource_set_free(&st->scratch);
+    if (err && errlen)
+        err[0] = '\0';
+    if (!st->pg && mem_current(st, &rv_now) == 1) {
+        st->mem_hits++;
+        r = counter_read(st, STORE_CONFIG_RV_COUNTER, &st->loaded_version) == 0 ? SL_STORE_OK
+                                                                                : SL_STORE_ERROR;
+        if (r != SL_STORE_OK)
+            set_err(err, errlen, "store %s: cannot read the config version: %s", st->path,
+                    db_errmsg(st));
+        *out = &st->mem;
+    } else {
+        r = load_all_impl(st, &st->scratch, err, errlen);
+        *out = &st->scratch;
+    }
+    sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
+    if (r != SL_STORE_OK) {
+        sl_resource_set_free(&st->scratch);
+        *out = NULL;
+    }
+    return outcome(st, r, err, errlen);
 }
 
 void sl_store_load_stats(const sl_store_t *st, uint64_t *from_memory, uint64_t *from_database)

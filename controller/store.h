@@ -107,7 +107,13 @@ enum sl_store_result sl_store_list(sl_store_t *st, enum sl_kind kind, const char
 enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, char *err,
                                        size_t errlen);
 
-/* How many sl_store_load_all calls were served from the in-memory set
+/* The same set without a copy, for the compiler: *out is owned by the
+ * store and valid until the next call on it (SQLite: the in-memory set
+ * itself when it is current, else a full load). Its documents are never
+ * changed in place: a write replaces a document by a new object. */
+enum sl_store_result sl_store_load_shared(sl_store_t *st, const sl_resource_set_t **out,
+                                          char *err, size_t errlen);
+/* How many sl_store_load_all (and _shared) calls were served from the in-memory set
  * (SQLite: kept current by this process's writes, nothing read or parsed)
  * and how many read every row (at start, after a write by another process
  * or any failure to keep the memory current; PostgreSQL always). */
