@@ -99,6 +99,7 @@ sl_ctrl_metrics_t sl_ctrl_metrics;
 typedef struct {
     char *name;
     char version[17]; /* 16 hex digits of FNV-1a 64 over name and value */
+    uint64_t hash;    /* that hash */
     grpc_slice wire;
 } res_entry_t;
 
@@ -257,6 +258,24 @@ static uint64_t api_route_count(json_t *doc)
 
 static void count_routes(sl_controller_t *ctl, const sl_resource_set_t *all)
 {
+    /* Updated in place; rebuilt when it holds an Api the set does not. */
+    uint64_t total = 0;
+    size_t napis = 0;
+    for (size_t i = 0; i < all->count; i++) {
+        if (all->items[i].kind != SL_KIND_API)
+            continue;
+        char key[600];
+        snprintf(key, sizeof(key), "%s/%s", all->items[i].ns, all->items[i].name);
+        uint64_t n = api_route_count(all->items[i].obj);
+        json_t *v = json_object_get(ctl->api_routes, key);
+        if (!v || (uint64_t)json_integer_value(v) != n)
+            json_object_set_new(ctl->api_routes, key, json_integer((json_int_t)n));
+        total += n;
+        napis++;
+    }
+    ctl->total_routes = total;
+    if (json_object_size(ctl->api_routes) == napis)
+        return;
     json_object_clear(ctl->api_routes);
     ctl->total_routes = 0;
     for (size_t i = 0; i < all->count; i++) {
@@ -562,14 +581,51 @@ static size_t varint(uint8_t *p, uint64_t v)
  * resource whose version (content hash) is that of the previous compile
  * keeps its slice; only changed ones are packed again.
  */
+/* Field 2 of a DiscoveryResponse: one Resource with its version. */
+static grpc_slice entry_wire(int t, const sl_cres_t *res, char *version)
+{
+    Sluice__V1__Resource r = SLUICE__V1__RESOURCE__INIT;
+    r.name = res->name;
+    r.type_url = (char *)sl_xds_type_urls[t];
+    r.value.data = res->data;
+    r.value.len = res->len;
+    r.version = version;
+    size_t len = protobuf_c_message_get_packed_size(&r.base);
+    uint8_t head[11];
+    head[0] = (2 << 3) | 2; /* field 2 (resources), length-delimited */
+    size_t hl = 1 + varint(head + 1, len);
+    grpc_slice wire = grpc_slice_malloc(hl + len);
+    memcpy(GRPC_SLICE_START_PTR(wire), head, hl);
+    protobuf_c_message_pack(&r.base, GRPC_SLICE_START_PTR(wire) + hl);
+    return wire;
+}
+
 static int build_entries(fleet_t *f, int t, sl_cres_t **res, size_t n)
 {
+    /* The same names in the same order (a change to existing resources):
+     * only the entries whose version moved are replaced, in place. */
+    int same_names = f->t[t].ents && f->t[t].index && n == f->t[t].n_ents;
+    for (size_t i = 0; same_names && i < n; i++)
+        same_names = strcmp(f->t[t].ents[i].name, res[i]->name) == 0;
+    if (same_names) {
+        for (size_t i = 0; i < n; i++) {
+            if (res[i]->hash == f->t[t].ents[i].hash)
+                continue;
+            f->t[t].ents[i].hash = res[i]->hash;
+            snprintf(f->t[t].ents[i].version, sizeof(f->t[t].ents[i].version), "%016" PRIx64,
+                     res[i]->hash);
+            grpc_slice_unref(f->t[t].ents[i].wire);
+            f->t[t].ents[i].wire = entry_wire(t, res[i], f->t[t].ents[i].version);
+        }
+        return 0;
+    }
     res_entry_t *ents = calloc(n ? n : 1, sizeof(*ents));
     json_t *index = json_object();
     if (!ents || !index)
         goto fail;
     for (size_t i = 0; i < n; i++) {
         snprintf(ents[i].version, sizeof(ents[i].version), "%016" PRIx64, res[i]->hash);
+        ents[i].hash = res[i]->hash;
         ents[i].name = strdup(res[i]->name);
         if (!ents[i].name)
             goto fail;
@@ -578,19 +634,7 @@ static int build_entries(fleet_t *f, int t, sl_cres_t **res, size_t n)
         if (old && k < f->t[t].n_ents && strcmp(f->t[t].ents[k].version, ents[i].version) == 0) {
             ents[i].wire = grpc_slice_ref(f->t[t].ents[k].wire);
         } else {
-            Sluice__V1__Resource r = SLUICE__V1__RESOURCE__INIT;
-            r.name = res[i]->name;
-            r.type_url = (char *)sl_xds_type_urls[t];
-            r.value.data = res[i]->data;
-            r.value.len = res[i]->len;
-            r.version = ents[i].version;
-            size_t len = protobuf_c_message_get_packed_size(&r.base);
-            uint8_t head[11];
-            head[0] = (2 << 3) | 2; /* field 2 (resources), length-delimited */
-            size_t hl = 1 + varint(head + 1, len);
-            ents[i].wire = grpc_slice_malloc(hl + len);
-            memcpy(GRPC_SLICE_START_PTR(ents[i].wire), head, hl);
-            protobuf_c_message_pack(&r.base, GRPC_SLICE_START_PTR(ents[i].wire) + hl);
+            ents[i].wire = entry_wire(t, res[i], ents[i].version);
         }
         if (json_object_set_new(index, res[i]->name, json_integer((json_int_t)i)) != 0)
             goto fail;
@@ -1061,24 +1105,37 @@ static int has_policies(json_t *spec)
  * set is the store's, whose documents never change in place). */
 static void spec_facts_refresh(sl_controller_t *ctl, const sl_resource_set_t *all, int immutable)
 {
-    json_t *memo = json_object();
-    if (!memo)
+    /* Updated in place; rebuilt when it holds a spec the set does not. */
+    if (!ctl->spec_memo && !(ctl->spec_memo = json_object()))
         return;
+    json_t *memo = json_incref(ctl->spec_memo);
+    size_t n = 0;
     for (size_t r = 0; r < all->count; r++) {
         const sl_resource_t *res = &all->items[r];
         json_t *spec = json_object_get(res->obj, "spec");
         if ((res->kind != SL_KIND_API && res->kind != SL_KIND_GATEWAY) || !spec)
             continue;
-        json_t *m = ctl->spec_memo ? json_object_get(ctl->spec_memo, res->source) : NULL;
-        if (immutable && m && json_array_get(m, 0) == spec) {
-            json_object_set(memo, res->source, m);
+        n++;
+        json_t *m = json_object_get(memo, res->source);
+        if (immutable && m && json_array_get(m, 0) == spec)
             continue;
-        }
         char *text = json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
         uint64_t h = fnv1a(0xcbf29ce484222325ULL, text ? text : "", text ? strlen(text) : 0);
         free(text);
         json_object_set_new(memo, res->source,
                             json_pack("[O, I, b]", spec, (json_int_t)h, has_policies(spec)));
+    }
+    if (json_object_size(memo) != n) {
+        json_t *fresh = json_object();
+        for (size_t r = 0; fresh && r < all->count; r++) {
+            json_t *m = json_object_get(memo, all->items[r].source);
+            if (m && (all->items[r].kind == SL_KIND_API || all->items[r].kind == SL_KIND_GATEWAY))
+                json_object_set(fresh, all->items[r].source, m);
+        }
+        if (fresh) {
+            json_decref(memo);
+            memo = fresh;
+        }
     }
     json_decref(ctl->spec_memo);
     ctl->spec_memo = memo;
@@ -1200,7 +1257,10 @@ static const char *gateway_fleet(json_t *obj)
  */
 static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all, int fresh)
 {
-    json_t *out = json_object();
+    /* Updated in place (a record that did not change stays); rebuilt
+     * when it holds an object the set does not. */
+    json_t *out = ctl->programmed ? json_incref(ctl->programmed) : json_object();
+    size_t nrec = 0;
     size_t nf = 0;
     for (fleet_t *f = ctl->fleets; f; f = f->next)
         nf++;
@@ -1277,10 +1337,9 @@ static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all
             if (!json_is_integer(pv) || json_integer_value(pv) != v)
                 keep = 0;
         }
-        if (keep && json_object_size(pfl) == nset) {
-            json_object_set(out, res->source, prev);
-            continue;
-        }
+        nrec++;
+        if (keep && json_object_size(pfl) == nset)
+            continue; /* the record in place is this one */
         json_t *fl = json_object();
         i = 0;
         for (fleet_t *f = ctl->fleets; f; f = f->next, i++)
@@ -1295,6 +1354,18 @@ static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all
         json_decref(tables[i]);
     free(tables);
     free(vals);
+    if (json_object_size(out) != nrec) {
+        json_t *fresh_out = json_object();
+        for (size_t r = 0; fresh_out && r < all->count; r++) {
+            json_t *rec = json_object_get(out, all->items[r].source);
+            if (rec && (all->items[r].kind == SL_KIND_API || all->items[r].kind == SL_KIND_GATEWAY))
+                json_object_set(fresh_out, all->items[r].source, rec);
+        }
+        if (fresh_out) {
+            json_decref(out);
+            out = fresh_out;
+        }
+    }
     json_decref(ctl->programmed);
     ctl->programmed = out;
 }
@@ -1355,10 +1426,28 @@ static void compile_all_timed(sl_controller_t *ctl)
     count_routes(ctl, all);
     spec_facts_refresh(ctl, all, from_store);
     json_t *statuses = json_object();
-    for (size_t i = 0; i < all->count; i++)
+    for (size_t i = 0; i < all->count; i++) {
+        /* The last compile's Accepted status when it is the one this
+         * compile starts from (same generation, no condition added to it:
+         * an Api with policies gets a fresh one, check_policies appends to
+         * it); statuses are never changed once committed. */
+        const sl_resource_t *r = &all->items[i];
+        json_t *prev = json_object_get(ctl->statuses, r->source);
+        json_t *conds = json_object_get(prev, "conditions");
+        json_t *c0 = json_array_get(conds, 0);
+        json_t *gen = json_object_get(json_object_get(r->obj, "metadata"), "generation");
+        if (json_array_size(conds) == 1 &&
+            strcmp(json_string_value(json_object_get(c0, "reason")) ?: "", "Accepted") == 0 &&
+            json_integer_value(json_object_get(prev, "observedGeneration")) ==
+                (json_is_integer(gen) ? json_integer_value(gen) : 1) &&
+            !(r->kind == SL_KIND_API && spec_has_policies(ctl, r))) {
+            json_object_set(statuses, r->source, prev);
+            continue;
+        }
         json_object_set_new(
-            statuses, all->items[i].source,
-            accepted_status(1, "Accepted", "compiled and pushed to the fleets", all->items[i].obj));
+            statuses, r->source,
+            accepted_status(1, "Accepted", "compiled and pushed to the fleets", r->obj));
+    }
 
     size_t nf = 0;
     for (fleet_t *f = ctl->fleets; f; f = f->next)
@@ -2603,6 +2692,20 @@ void sl_controller_render_metrics(sl_controller_t *ctl, struct evbuffer *b)
                         "# TYPE sluice_controller_compiled_resources_total counter\n"
                         "sluice_controller_compiled_resources_total %" PRIu64 "\n",
                         atomic_load(&compiled_resources));
+    if (ctl && ctl->store) {
+        uint64_t mem = 0, db = 0;
+        sl_store_load_stats(ctl->store, &mem, &db);
+        evbuffer_add_printf(b,
+                            "# HELP sluice_controller_store_loads_total Reads of every stored "
+                            "resource for a compile: from the in-memory set kept current by "
+                            "this controller's writes, or from the database (start, another "
+                            "process wrote, PostgreSQL).\n"
+                            "# TYPE sluice_controller_store_loads_total counter\n"
+                            "sluice_controller_store_loads_total{from=\"memory\"} %" PRIu64 "\n"
+                            "sluice_controller_store_loads_total{from=\"database\"} %" PRIu64
+                            "\n",
+                            mem, db);
+    }
     uint64_t cpu = atomic_load(&compile_cpu_us);
     evbuffer_add_printf(b,
                         "# HELP sluice_controller_compile_cpu_seconds_total CPU time of the "
