@@ -180,13 +180,16 @@ struct sl_store {
     /* Told of every committed change (watches); NULL = nobody. */
     sl_store_observer_fn observer;
     void *observer_arg;
-    /* SQLite: every stored document (without status, as load_all reads
-     * it), in load_all's order, with its content hash; kept current by
-     * this controller's writes, so that a compile neither reads nor parses
-     * the store again. Valid while the store's resourceVersion counter is
-     * mem_rv (the last write applied to it): any other value (a write this
-     * process did not make, a write path that did not update it) and any
-     * failure to update it mean a full load, which rebuilds it. */
+    /* Every stored document (without status, as load_all reads it), in
+     * load_all's order, with its content hash, so that a compile neither
+     * reads nor parses the store again. SQLite: kept current by this
+     * controller's writes, valid while the store's resourceVersion counter
+     * is mem_rv (the last write applied to it). PostgreSQL: kept current by
+     * the replayed changes of every replica (sl_store__emit, in
+     * resourceVersion order), valid while mem_rv is the last replayed one
+     * (sl_store_pg_seen). Anything else (a write of another process, a
+     * change not replayed one by one, a lost connection, any failure to
+     * update it) means a full load, which rebuilds it. */
     sl_resource_set_t mem;
     sl_resource_set_t scratch; /* sl_store_load_shared's full loads */
     int mem_valid;
@@ -986,9 +989,14 @@ static void committed(sl_store_t *st)
         sl_store_pg_sync(st->pg);
 }
 
+void sl_store__doubt(sl_store_t *st)
+{
+    mem_drop(st);
+}
+
 void sl_store__emit(sl_store_t *st, const char *type, const char *body, const char *status)
 {
-    if (!st->observer)
+    if (!st->observer && !st->mem_valid)
         return;
     json_t *doc = parse_body(st, body, "replayed", "*", "*");
     if (!doc)
@@ -997,6 +1005,7 @@ void sl_store__emit(sl_store_t *st, const char *type, const char *body, const ch
     if (stv)
         json_object_set_new(doc, "status", stv);
     observe(st, type, doc);
+    mem_apply(st, type, doc);
     json_decref(doc);
 }
 
@@ -1533,6 +1542,21 @@ static void mem_apply(sl_store_t *st, const char *type, json_t *doc)
     st->mem_rv = rv;
 }
 
+static int set_order(const void *a, const void *b)
+{
+    const sl_resource_t *x = a, *y = b;
+    return mem_cmp(x, sl_kind_name(y->kind), y->ns, y->name);
+}
+
+/* PostgreSQL orders by the database's collation: the set is put in the
+ * byte order the memory keeps (SQLite's), so that a full load and the
+ * memory compile to the same bytes on every replica. */
+static int set_sort(sl_resource_set_t *set)
+{
+    qsort(set->items, set->count, sizeof(set->items[0]), set_order);
+    return set->index ? mem_reindex(set) : 0;
+}
+
 /* A full load's result becomes the memory (the same documents, shared:
  * neither side changes them). */
 static void mem_fill(sl_store_t *st, const sl_resource_set_t *set, uint64_t rv)
@@ -1605,6 +1629,14 @@ static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set
         }
         st->loaded_version = crv;
         st->mem_loads++;
+        if (set_sort(set) != 0) {
+            set_err(err, errlen, "store: out of memory loading the resources");
+            mem_drop(st);
+            return SL_STORE_ERROR;
+        }
+        /* Every change up to what the replay has seen is in this state;
+         * changes after it are replayed again on top (no change). */
+        mem_fill(st, set, sl_store_pg_seen(st->pg));
         return SL_STORE_OK;
     }
     /* Nothing written since the memory was last brought up to date (by
@@ -1666,7 +1698,14 @@ enum sl_store_result sl_store_load_shared(sl_store_t *st, const sl_resource_set_
     sl_resource_set_free(&st->scratch);
     if (err && errlen)
         err[0] = '\0';
-    if (!st->pg && mem_current(st, &rv_now) == 1) {
+    if (st->pg && st->mem_valid && sl_store_pg_sync(st->pg) == 0 && st->mem_valid &&
+        st->mem_rv == sl_store_pg_seen(st->pg)) {
+        /* Caught up with every replica's changes, all replayed into it. */
+        st->mem_hits++;
+        st->loaded_version = sl_store_pg_seen_config(st->pg);
+        r = SL_STORE_OK;
+        *out = &st->mem;
+    } else if (!st->pg && mem_current(st, &rv_now) == 1) {
         st->mem_hits++;
         r = counter_read(st, STORE_CONFIG_RV_COUNTER, &st->loaded_version) == 0 ? SL_STORE_OK
                                                                                 : SL_STORE_ERROR;
