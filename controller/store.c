@@ -576,6 +576,7 @@ void sl_store_close(sl_store_t *st)
     sl_resource_set_free(&st->scratch);
     if (st->pg) {
         sl_store_pg_close(st->pg);
+        mem_drop(st);
         free(st->path);
         free(st);
         return;
@@ -1553,6 +1554,8 @@ static int set_order(const void *a, const void *b)
  * memory compile to the same bytes on every replica. */
 static int set_sort(sl_resource_set_t *set)
 {
+    if (set->count < 2)
+        return 0;
     qsort(set->items, set->count, sizeof(set->items[0]), set_order);
     return set->index ? mem_reindex(set) : 0;
 }
