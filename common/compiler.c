@@ -2046,10 +2046,10 @@ typedef struct {
     uint64_t doc_hash, ctx_hash;
     cdep_t *deps;
     size_t ndeps;
-    sl_cres_t *res;    /* NULL when the compile failed */
-    sl_errors_t errs;  /* added by the compile, in order */
-    bool failed;       /* c->failed (possibly without an error of its own) */
-    bool used;         /* since the last sweep */
+    sl_cres_t *res;   /* NULL when the compile failed */
+    sl_errors_t errs; /* added by the compile, in order */
+    bool failed;      /* c->failed (possibly without an error of its own) */
+    bool used;        /* since the last sweep */
 } centry_t;
 
 struct sl_ccache {
@@ -2150,7 +2150,9 @@ static bool deps_hold(const cctx_t *c, const centry_t *e)
 
 static size_t cres_kind(enum sl_kind k)
 {
-    return k == SL_KIND_BACKEND ? SL_CRES_CLUSTER : k == SL_KIND_API ? SL_CRES_ROUTE : SL_CRES_CONSUMER;
+    return k == SL_KIND_BACKEND ? SL_CRES_CLUSTER
+           : k == SL_KIND_API   ? SL_CRES_ROUTE
+                                : SL_CRES_CONSUMER;
 }
 
 /* Compiles one Backend, Api or Consumer (as sl_compile_snapshot's loop

@@ -436,8 +436,7 @@ static void fleet_free(fleet_t *f)
  * hash, a hash of each resource's hash: Backends, Apis and Consumers come
  * packed from the compile cache, unchanged ones with their hash already
  * computed; settings, listeners and certificates (few) are packed here. */
-static size_t type_resources(const sl_compiled_t *comp, int type, sl_cres_t ***out,
-                             uint64_t *hash)
+static size_t type_resources(const sl_compiled_t *comp, int type, sl_cres_t ***out, uint64_t *hash)
 {
     const Sluice__V1__Snapshot *snap = comp->snap;
     size_t n = 0;
@@ -470,15 +469,15 @@ static size_t type_resources(const sl_compiled_t *comp, int type, sl_cres_t ***o
     for (size_t i = 0; res && i < n; i++) {
         switch (type) {
         case SL_XDS_SECRET:
-            res[i] = sl_cres_from_message(snap->certificates[i]->name,
-                                          &snap->certificates[i]->base);
+            res[i] =
+                sl_cres_from_message(snap->certificates[i]->name, &snap->certificates[i]->base);
             break;
         case SL_XDS_LISTENER:
             res[i] = sl_cres_from_message(snap->listeners[i]->name, &snap->listeners[i]->base);
             break;
         case SL_XDS_SETTINGS:
-            res[i] = sl_cres_from_message(
-                "settings", snap->settings ? &snap->settings->base : &empty_settings.base);
+            res[i] = sl_cres_from_message("settings", snap->settings ? &snap->settings->base
+                                                                     : &empty_settings.base);
             break;
         default:
             res[i] = sl_cres_ref(comp->res[k][i]);
@@ -1144,8 +1143,7 @@ static void spec_facts_refresh(sl_controller_t *ctl, const sl_resource_set_t *al
 static int spec_has_policies(sl_controller_t *ctl, const sl_resource_t *r)
 {
     json_t *m = json_object_get(ctl->spec_memo, r->source);
-    return m ? json_is_true(json_array_get(m, 2))
-             : has_policies(json_object_get(r->obj, "spec"));
+    return m ? json_is_true(json_array_get(m, 2)) : has_policies(json_object_get(r->obj, "spec"));
 }
 
 /*
@@ -1180,8 +1178,9 @@ static void check_policies(sl_controller_t *ctl, const sl_resource_set_t *all,
         if (!cons) {
             cm = calloc(nc ? nc : 1, sizeof(*cm));
             for (size_t k = 0; cm && k < nc; k++)
-                if (!(cm[k] = sluice__v1__consumer__unpack(NULL, comp->res[SL_CRES_CONSUMER][k]->len,
-                                                           comp->res[SL_CRES_CONSUMER][k]->data)))
+                if (!(cm[k] =
+                          sluice__v1__consumer__unpack(NULL, comp->res[SL_CRES_CONSUMER][k]->len,
+                                                       comp->res[SL_CRES_CONSUMER][k]->data)))
                     break;
             for (size_t k = 0; cm && k < nc; k++)
                 if (!cm[k]) {
@@ -2702,8 +2701,7 @@ void sl_controller_render_metrics(sl_controller_t *ctl, struct evbuffer *b)
                             "process wrote, PostgreSQL).\n"
                             "# TYPE sluice_controller_store_loads_total counter\n"
                             "sluice_controller_store_loads_total{from=\"memory\"} %" PRIu64 "\n"
-                            "sluice_controller_store_loads_total{from=\"database\"} %" PRIu64
-                            "\n",
+                            "sluice_controller_store_loads_total{from=\"database\"} %" PRIu64 "\n",
                             mem, db);
     }
     uint64_t cpu = atomic_load(&compile_cpu_us);

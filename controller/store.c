@@ -1660,9 +1660,8 @@ static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set
             set->items[set->count - 1].hash = r->hash;
         }
         st->mem_hits++;
-        return counter_read(st, STORE_CONFIG_RV_COUNTER, &st->loaded_version) == 0
-                   ? SL_STORE_OK
-                   : SL_STORE_ERROR;
+        return counter_read(st, STORE_CONFIG_RV_COUNTER, &st->loaded_version) == 0 ? SL_STORE_OK
+                                                                                   : SL_STORE_ERROR;
     }
     st->mem_loads++;
     sqlite3_stmt *s = st->stmt[STMT_LIST_ALL];
@@ -1692,8 +1691,8 @@ static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set
     return ret;
 }
 
-enum sl_store_result sl_store_load_shared(sl_store_t *st, const sl_resource_set_t **out,
-                                          char *err, size_t errlen)
+enum sl_store_result sl_store_load_shared(sl_store_t *st, const sl_resource_set_t **out, char *err,
+                                          size_t errlen)
 {
     uint64_t t0 = now_us(), rv_now = 0;
     enum sl_store_result r;

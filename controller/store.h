@@ -113,8 +113,8 @@ enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, c
  * replicas' changes first). Its documents are never changed in place: a
  * write replaces a document by a new object. In byte order of (kind,
  * namespace, name) on both backends. */
-enum sl_store_result sl_store_load_shared(sl_store_t *st, const sl_resource_set_t **out,
-                                          char *err, size_t errlen);
+enum sl_store_result sl_store_load_shared(sl_store_t *st, const sl_resource_set_t **out, char *err,
+                                          size_t errlen);
 /* How many sl_store_load_shared calls were served from the in-memory set
  * (SQLite: kept current by this process's writes; PostgreSQL: by every
  * replica's replayed changes; nothing read or parsed) and how many loads

@@ -756,8 +756,7 @@ int sl_store_pg_sync(sl_store_pg_t *pg)
     int n = PQntuples(r);
     /* One statement, one snapshot: the counter as of these rows. */
     if (n > 0)
-        pg->seen_config_rv =
-            PQgetisnull(r, 0, 7) ? 0 : strtoull(PQgetvalue(r, 0, 7), NULL, 10);
+        pg->seen_config_rv = PQgetisnull(r, 0, 7) ? 0 : strtoull(PQgetvalue(r, 0, 7), NULL, 10);
     if (pg->seen < pruned && n > 0 &&
         resync_deleted(pg, strtoull(PQgetvalue(r, n - 1, 3), NULL, 10)) != 0) {
         PQclear(r);

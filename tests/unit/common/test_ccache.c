@@ -69,7 +69,8 @@ static json_t *gen_backend(int i)
                           "  endpoints:\n  - {address: 127.0.0.1, port: %d}\n",
                      i, 9000 + rand() % 4);
     if (rand() % 2)
-        snprintf(text + n, sizeof(text) - (size_t)n, "  timeouts: {connect: %ds}\n", 1 + rand() % 3);
+        snprintf(text + n, sizeof(text) - (size_t)n, "  timeouts: {connect: %ds}\n",
+                 1 + rand() % 3);
     return parse_one(text);
 }
 
@@ -92,8 +93,8 @@ static json_t *gen_api(int i)
     n += (size_t)snprintf(text + n, sizeof(text) - n, "  operations:\n");
     int ops = 1 + rand() % 4;
     for (int k = 0; k < ops; k++) {
-        n += (size_t)snprintf(text + n, sizeof(text) - n, "  - method: GET\n    path: /p%d-%d\n",
-                              k, rand() % 3);
+        n += (size_t)snprintf(text + n, sizeof(text) - n, "  - method: GET\n    path: /p%d-%d\n", k,
+                              rand() % 3);
         if (rand() % 3 == 0)
             n += (size_t)snprintf(text + n, sizeof(text) - n,
                                   "    backendRefs: [{name: b%d, weight: %d}]\n", bref(),
@@ -134,7 +135,9 @@ static void world_set(const world_t *w, sl_resource_set_t *set, int hashed)
         json_t *const *docs;
         int n;
         const char *plural;
-    } kinds[] = {{w->a, NA, "apis"}, {w->b, NB, "backends"}, {w->c, NC, "consumers"},
+    } kinds[] = {{w->a, NA, "apis"},
+                 {w->b, NB, "backends"},
+                 {w->c, NC, "consumers"},
                  {w->gw, NGW, "gateways"}};
     for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
         for (int i = 0; i < kinds[k].n; i++) {
@@ -314,8 +317,9 @@ static void test_backend_change_recompiles_its_apis(void **state)
                  apis[i]);
         put(&w.a[i], parse_one(text));
     }
-    put(&w.c[0], parse_one(HEAD "kind: Consumer\nmetadata: {name: c0}\nspec:\n"
-                                "  credentials:\n    jwt: [{issuer: https://idp, subject: u-1}]\n"));
+    put(&w.c[0],
+        parse_one(HEAD "kind: Consumer\nmetadata: {name: c0}\nspec:\n"
+                       "  credentials:\n    jwt: [{issuer: https://idp, subject: u-1}]\n"));
     sl_ccache_t *cache = sl_ccache_new();
     sl_resource_set_t set;
     world_set(&w, &set, 1);
@@ -352,8 +356,9 @@ static void test_backend_change_recompiles_its_apis(void **state)
     sl_ccache_sweep(cache);
     sl_resource_set_free(&set);
 
-    put(&w.c[0], parse_one(HEAD "kind: Consumer\nmetadata: {name: c0}\nspec:\n  group: g\n"
-                                "  credentials:\n    jwt: [{issuer: https://idp, subject: u-1}]\n"));
+    put(&w.c[0],
+        parse_one(HEAD "kind: Consumer\nmetadata: {name: c0}\nspec:\n  group: g\n"
+                       "  credentials:\n    jwt: [{issuer: https://idp, subject: u-1}]\n"));
     world_set(&w, &set, 0);
     assert_int_equal(compare(&set, cache), 1);
     sl_ccache_sweep(cache);
