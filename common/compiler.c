@@ -76,12 +76,27 @@
 #define DEF_POOL_MAX_IDLE 1024
 #define DEF_POOL_IDLE_TIMEOUT_MS 60000
 
+/* A lookup of another resource made while compiling one (compile cache):
+ * what was asked for and the content hash of what was found (0: absent). */
+typedef struct {
+    enum sl_kind kind;
+    char *key; /* "ns/name" */
+    uint64_t hash;
+} cdep_t;
+
 typedef struct {
     const sl_resource_set_t *set;
     sl_errors_t *errs;
     bool failed;
     bool oom;
     Sluice__V1__Snapshot *snap; /* for the certificates listeners add */
+    /* Compile cache (sl_compile_cached): the lookups of the resource being
+     * compiled are recorded in deps; a compile that adds a Certificate to
+     * the snapshot (a side effect on another type) is not cacheable. */
+    bool track;
+    bool uncacheable;
+    cdep_t *deps;
+    size_t ndeps, capdeps;
 } cctx_t;
 
 /* --- reading validated documents ----------------------------------------- */
@@ -211,15 +226,69 @@ static void place(char *buf, size_t len, const sl_resource_t *r)
 #define DEF_TLS_SESSION_CACHE_SIZE 20480
 #define DEF_TLS_VERIFY_DEPTH 3
 
-static const sl_resource_t *find_certificate(const sl_resource_set_t *set, const char *ns,
-                                             const char *name)
+/* Finds a resource by kind, namespace and name: through the set's index
+ * when it has one (sl_resource_set_add builds it), else by scanning. */
+static const sl_resource_t *set_find(const sl_resource_set_t *set, enum sl_kind kind,
+                                     const char *ns, const char *name)
 {
+    if (set->index) {
+        char key[1024];
+        snprintf(key, sizeof(key), "%s/%s/%s", sl_kind_name(kind), ns, name);
+        json_t *pos = json_object_get(set->index, key);
+        size_t i = pos ? (size_t)json_integer_value(pos) : set->count;
+        if (i < set->count && set->items[i].kind == kind && strcmp(set->items[i].ns, ns) == 0 &&
+            strcmp(set->items[i].name ? set->items[i].name : "", name) == 0)
+            return &set->items[i];
+        if (!pos)
+            return NULL;
+    }
     for (size_t i = 0; i < set->count; i++) {
         const sl_resource_t *r = &set->items[i];
-        if (r->kind == SL_KIND_CERTIFICATE && strcmp(r->ns, ns) == 0 && strcmp(r->name, name) == 0)
+        if (r->kind == kind && strcmp(r->ns, ns) == 0 && r->name && strcmp(r->name, name) == 0)
             return r;
     }
     return NULL;
+}
+
+/* Records a lookup of the resource being compiled (once per key). */
+static void track_dep(cctx_t *c, enum sl_kind kind, const char *ns, const char *name,
+                      const sl_resource_t *found)
+{
+    char key[1024];
+    snprintf(key, sizeof(key), "%s/%s", ns, name);
+    for (size_t i = 0; i < c->ndeps; i++)
+        if (c->deps[i].kind == kind && strcmp(c->deps[i].key, key) == 0)
+            return;
+    if (c->ndeps == c->capdeps) {
+        size_t ncap = c->capdeps ? c->capdeps * 2 : 4;
+        cdep_t *n = realloc(c->deps, ncap * sizeof(*n));
+        if (!n) {
+            c->uncacheable = true;
+            return;
+        }
+        c->deps = n;
+        c->capdeps = ncap;
+    }
+    char *k = strdup(key);
+    if (!k) {
+        c->uncacheable = true;
+        return;
+    }
+    c->deps[c->ndeps++] = (cdep_t){kind, k, found ? sl_resource_hash(found) : 0};
+}
+
+static const sl_resource_t *find_kind(cctx_t *c, enum sl_kind kind, const char *ns,
+                                      const char *name)
+{
+    const sl_resource_t *r = set_find(c->set, kind, ns, name);
+    if (c->track)
+        track_dep(c, kind, ns, name, r);
+    return r;
+}
+
+static const sl_resource_t *find_certificate(cctx_t *c, const char *ns, const char *name)
+{
+    return find_kind(c, SL_KIND_CERTIFICATE, ns, name);
 }
 
 /* A Certificate with spec.secretRef named at `field` of `r`: refused at
@@ -241,6 +310,7 @@ static void refuse_secret_ref(cctx_t *c, const sl_resource_t *r, const char *fie
 static void add_certificate(cctx_t *c, const sl_resource_t *r, const char *full)
 {
     Sluice__V1__Snapshot *snap = c->snap;
+    c->uncacheable = true; /* a compiled Backend's side effect on the Secrets */
     for (size_t i = 0; i < snap->n_certificates; i++)
         if (strcmp(snap->certificates[i]->name, full) == 0)
             return;
@@ -319,7 +389,7 @@ static void check_cert_slots(cctx_t *c, const sl_resource_t *gw, json_t *refs, s
     }
     for (size_t i = 0; i < n; i++) {
         const sl_resource_t *cert =
-            find_certificate(c->set, gw->ns, jstr(json_array_get(refs, i), "name", ""));
+            find_certificate(c, gw->ns, jstr(json_array_get(refs, i), "name", ""));
         json_t *cv = cert ? jget(jget(cert->obj, "spec"), "certificate") : NULL;
         sl_pem_field_t f;
         char msg[256];
@@ -364,7 +434,7 @@ static Sluice__V1__ListenerTls *compile_listener_tls(cctx_t *c, const sl_resourc
         snprintf(field, sizeof(field), "spec.listeners[%zu].tls.certificateRefs[%zu].name", index,
                  i);
         snprintf(full, sizeof(full), "%s/%s", gw->ns, name);
-        const sl_resource_t *cert = find_certificate(c->set, gw->ns, name);
+        const sl_resource_t *cert = find_certificate(c, gw->ns, name);
         if (!cert) {
             cerr(c, gw, field, "Certificate \"%s\" not found%s", full, "");
             continue;
@@ -856,7 +926,7 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
                 const char *name = jstr(ref, "name", "");
                 char full[600];
                 snprintf(full, sizeof(full), "%s/%s", r->ns, name);
-                const sl_resource_t *cert = find_certificate(c->set, r->ns, name);
+                const sl_resource_t *cert = find_certificate(c, r->ns, name);
                 if (!cert) {
                     cerr(c, r, "spec.tls.clientCertificateRef.name",
                          "Certificate \"%s\" not found%s", full, "");
@@ -873,15 +943,9 @@ static void compile_cluster(cctx_t *c, Sluice__V1__Cluster *out, const sl_resour
 
 /* --- Apis -> RouteTables ------------------------------------------------- */
 
-static const sl_resource_t *find_backend(const sl_resource_set_t *set, const char *ns,
-                                         const char *name)
+static const sl_resource_t *find_backend(cctx_t *c, const char *ns, const char *name)
 {
-    for (size_t i = 0; i < set->count; i++) {
-        const sl_resource_t *r = &set->items[i];
-        if (r->kind == SL_KIND_BACKEND && strcmp(r->ns, ns) == 0 && strcmp(r->name, name) == 0)
-            return r;
-    }
-    return NULL;
+    return find_kind(c, SL_KIND_BACKEND, ns, name);
 }
 
 static void compile_backend_refs(cctx_t *c, const sl_resource_t *api, json_t *refs,
@@ -893,7 +957,7 @@ static void compile_backend_refs(cctx_t *c, const sl_resource_t *api, json_t *re
     for (size_t i = 0; *out && i < n; i++) {
         json_t *ref = json_array_get(refs, i);
         const char *name = jstr(ref, "name", "");
-        if (!find_backend(c->set, api->ns, name)) {
+        if (!find_backend(c, api->ns, name)) {
             char field[128], full[600];
             snprintf(field, sizeof(field), "%sbackendRefs[%zu].name", field_prefix, i);
             snprintf(full, sizeof(full), "%s/%s", api->ns, name);
@@ -1317,7 +1381,7 @@ static Sluice__V1__RouteOutput *compile_route_output(cctx_t *c, const sl_resourc
                 snprintf(where, sizeof(where), "%spriority[%zu]", field, k);
             else
                 snprintf(where, sizeof(where), "%sbackend", field);
-            if (!name || !find_backend(c->set, api->ns, name)) {
+            if (!name || !find_backend(c, api->ns, name)) {
                 snprintf(full, sizeof(full), "%s/%s", api->ns, name ? name : "");
                 if (quiet)
                     c->failed = true;
@@ -1415,7 +1479,7 @@ static void routing_body_check(cctx_t *c, const sl_resource_t *api, const Sluice
             for (size_t k = 0; k < nc; k++) {
                 const char *full = o < nouts ? outs[o]->targets[i]->clusters[k] : refs[i]->cluster;
                 const char *slash = strchr(full, '/');
-                const sl_resource_t *b = find_backend(c->set, api->ns, slash ? slash + 1 : full);
+                const sl_resource_t *b = find_backend(c, api->ns, slash ? slash + 1 : full);
                 if (!b)
                     continue;
                 json_t *spec = jget(b->obj, "spec");
@@ -1647,7 +1711,7 @@ static void compile_route(cctx_t *c, Sluice__V1__Route *rt, const sl_resource_t 
         snprintf(field, sizeof(field), "%s", jget(op, "mirror") ? "" : "spec.mirror.backend");
         if (jget(op, "mirror"))
             snprintf(field, sizeof(field), "spec.operations[%zu].mirror.backend", index);
-        if (!find_backend(c->set, api->ns, name)) {
+        if (!find_backend(c, api->ns, name)) {
             snprintf(full, sizeof(full), "%s/%s", api->ns, name);
             if (jget(op, "mirror") || index == 0)
                 cerr(c, api, field, "Backend \"%s\" not found%s", full, "");
@@ -1795,51 +1859,67 @@ static void compile_consumer(cctx_t *c, Sluice__V1__Consumer *out, const sl_reso
 
 /* --- entry points -------------------------------------------------------- */
 
+/* The fleet-level part of a snapshot: its Gateways' settings and listeners
+ * and the Certificates they name. n[] gets the number of Backends, Apis and
+ * Consumers of the set. NULL (error added) when out of memory. */
+static Sluice__V1__Snapshot *begin_snapshot(cctx_t *c, const sl_resource_set_t *set,
+                                            const char *fleet, uint64_t version, gw_defaults_t *d,
+                                            size_t n[SL_CRES__COUNT])
+{
+    Sluice__V1__Snapshot *snap = calloc(1, sizeof(*snap));
+    gw_ref_t *gws = calloc(set->count ? set->count : 1, sizeof(*gws));
+    if (!snap || !gws) {
+        free(snap);
+        free(gws);
+        sl_errors_add(c->errs, "", 0, "", "out of memory while compiling the configuration");
+        return NULL;
+    }
+    sluice__v1__snapshot__init(snap);
+    snap->version = version;
+    snap->fleet = cstr(c, fleet);
+
+    size_t ngw = 0, ncert = 0;
+    n[SL_CRES_CLUSTER] = n[SL_CRES_ROUTE] = n[SL_CRES_CONSUMER] = 0;
+    for (size_t i = 0; i < set->count; i++) {
+        const sl_resource_t *r = &set->items[i];
+        if (r->kind == SL_KIND_GATEWAY &&
+            strcmp(jstr(jget(r->obj, "spec"), "fleet", "default"), fleet) == 0)
+            gws[ngw++].r = r;
+        n[SL_CRES_ROUTE] += r->kind == SL_KIND_API;
+        n[SL_CRES_CLUSTER] += r->kind == SL_KIND_BACKEND;
+        ncert += r->kind == SL_KIND_CERTIFICATE;
+        n[SL_CRES_CONSUMER] += r->kind == SL_KIND_CONSUMER;
+    }
+    c->snap = snap;
+    snap->certificates =
+        (Sluice__V1__TlsCertificate **)carray(c, ncert, sizeof(*snap->certificates));
+    /* Several Gateways of one fleet: listeners merged, settings from the
+     * first by name, so the result does not depend on file order. */
+    qsort(gws, ngw, sizeof(*gws), cmp_gateways);
+    gateway_defaults(ngw ? jget(gws[0].r->obj, "spec") : NULL, d);
+    compile_settings(c, snap, d);
+    if (snap->settings) {
+        snap->settings->traffic_log = compile_traffic_log(c, ngw ? gws[0].r : NULL);
+        snap->settings->tracing = compile_tracing(c, ngw ? gws[0].r : NULL);
+    }
+    compile_listeners(c, snap, gws, ngw);
+    free(gws);
+    return snap;
+}
+
 Sluice__V1__Snapshot *sl_compile_snapshot(const sl_resource_set_t *set, const char *fleet,
                                           uint64_t version, sl_errors_t *errs)
 {
     cctx_t c = {.set = set, .errs = errs};
     if (!fleet || !fleet[0])
         fleet = "default";
-
-    Sluice__V1__Snapshot *snap = calloc(1, sizeof(*snap));
-    gw_ref_t *gws = calloc(set->count ? set->count : 1, sizeof(*gws));
-    if (!snap || !gws) {
-        free(snap);
-        free(gws);
-        sl_errors_add(errs, "", 0, "", "out of memory while compiling the configuration");
-        return NULL;
-    }
-    sluice__v1__snapshot__init(snap);
-    snap->version = version;
-    snap->fleet = cstr(&c, fleet);
-
-    size_t ngw = 0, napi = 0, nbackend = 0, ncert = 0, nconsumer = 0;
-    for (size_t i = 0; i < set->count; i++) {
-        const sl_resource_t *r = &set->items[i];
-        if (r->kind == SL_KIND_GATEWAY &&
-            strcmp(jstr(jget(r->obj, "spec"), "fleet", "default"), fleet) == 0)
-            gws[ngw++].r = r;
-        napi += r->kind == SL_KIND_API;
-        nbackend += r->kind == SL_KIND_BACKEND;
-        ncert += r->kind == SL_KIND_CERTIFICATE;
-        nconsumer += r->kind == SL_KIND_CONSUMER;
-    }
-    c.snap = snap;
-    snap->certificates =
-        (Sluice__V1__TlsCertificate **)carray(&c, ncert, sizeof(*snap->certificates));
-    /* Several Gateways of one fleet: listeners merged, settings from the
-     * first by name, so the result does not depend on file order. */
-    qsort(gws, ngw, sizeof(*gws), cmp_gateways);
     gw_defaults_t d;
-    gateway_defaults(ngw ? jget(gws[0].r->obj, "spec") : NULL, &d);
-    compile_settings(&c, snap, &d);
-    if (snap->settings) {
-        snap->settings->traffic_log = compile_traffic_log(&c, ngw ? gws[0].r : NULL);
-        snap->settings->tracing = compile_tracing(&c, ngw ? gws[0].r : NULL);
-    }
-    compile_listeners(&c, snap, gws, ngw);
-    free(gws);
+    size_t counts[SL_CRES__COUNT];
+    Sluice__V1__Snapshot *snap = begin_snapshot(&c, set, fleet, version, &d, counts);
+    if (!snap)
+        return NULL;
+    size_t nbackend = counts[SL_CRES_CLUSTER], napi = counts[SL_CRES_ROUTE],
+           nconsumer = counts[SL_CRES_CONSUMER];
 
     snap->clusters = (Sluice__V1__Cluster **)carray(&c, nbackend, sizeof(*snap->clusters));
     snap->route_tables = (Sluice__V1__RouteTable **)carray(&c, napi, sizeof(*snap->route_tables));
@@ -1909,4 +1989,320 @@ uint8_t *sl_snapshot_pack(const Sluice__V1__Snapshot *snap, size_t *len)
 Sluice__V1__Snapshot *sl_snapshot_unpack(const uint8_t *data, size_t len)
 {
     return sluice__v1__snapshot__unpack(NULL, len, data);
+}
+
+/* --- the per-resource compile cache ----------------------------------------- */
+
+sl_cres_t *sl_cres_from_message(const char *name, const ProtobufCMessage *msg)
+{
+    sl_cres_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    r->name = strdup(name ? name : "");
+    r->data = malloc(len ? len : 1);
+    if (!r->name || !r->data) {
+        free(r->name);
+        free(r->data);
+        free(r);
+        return NULL;
+    }
+    r->len = protobuf_c_message_pack(msg, r->data);
+    r->refs = 1;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const unsigned char *p = (const unsigned char *)r->name;; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ULL;
+        if (!*p)
+            break;
+    }
+    for (size_t i = 0; i < r->len; i++) {
+        h ^= r->data[i];
+        h *= 0x100000001b3ULL;
+    }
+    r->hash = h;
+    return r;
+}
+
+sl_cres_t *sl_cres_ref(sl_cres_t *r)
+{
+    if (r)
+        r->refs++;
+    return r;
+}
+
+void sl_cres_unref(sl_cres_t *r)
+{
+    if (!r || --r->refs > 0)
+        return;
+    free(r->name);
+    free(r->data);
+    free(r);
+}
+
+/* One resource's last compile: the key it was compiled under and what it
+ * gave (the packed resource, or the errors it added). */
+typedef struct {
+    uint64_t doc_hash, ctx_hash;
+    cdep_t *deps;
+    size_t ndeps;
+    sl_cres_t *res;   /* NULL when the compile failed */
+    sl_errors_t errs; /* added by the compile, in order */
+    bool failed;      /* c->failed (possibly without an error of its own) */
+    bool used;        /* since the last sweep */
+} centry_t;
+
+struct sl_ccache {
+    json_t *map; /* "<source>#<doc>" -> integer holding the centry_t pointer */
+};
+
+static void deps_free(cdep_t *deps, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(deps[i].key);
+    free(deps);
+}
+
+static void centry_free(centry_t *e)
+{
+    if (!e)
+        return;
+    deps_free(e->deps, e->ndeps);
+    sl_cres_unref(e->res);
+    sl_errors_free(&e->errs);
+    free(e);
+}
+
+static centry_t *centry_of(json_t *v)
+{
+    return v ? (centry_t *)(intptr_t)json_integer_value(v) : NULL;
+}
+
+sl_ccache_t *sl_ccache_new(void)
+{
+    sl_ccache_t *c = calloc(1, sizeof(*c));
+    if (c && !(c->map = json_object())) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void sl_ccache_free(sl_ccache_t *cache)
+{
+    if (!cache)
+        return;
+    const char *k;
+    json_t *v;
+    json_object_foreach(cache->map, k, v) centry_free(centry_of(v));
+    json_decref(cache->map);
+    free(cache);
+}
+
+void sl_ccache_sweep(sl_ccache_t *cache)
+{
+    const char *k;
+    json_t *v;
+    void *tmp;
+    json_object_foreach_safe(cache->map, tmp, k, v)
+    {
+        centry_t *e = centry_of(v);
+        if (!e->used) {
+            centry_free(e);
+            json_object_del(cache->map, k);
+        } else {
+            e->used = false;
+        }
+    }
+}
+
+size_t sl_ccache_size(const sl_ccache_t *cache)
+{
+    return json_object_size(cache->map);
+}
+
+static void errors_append(sl_errors_t *dst, const sl_errors_t *src)
+{
+    for (size_t i = 0; i < src->count; i++) {
+        const sl_error_t *e = &src->items[i];
+        sl_errors_add(dst, e->source, e->doc, e->field, "%s", e->message);
+    }
+}
+
+/* Every lookup the entry's compile made finds the same thing now. */
+static bool deps_hold(const cctx_t *c, const centry_t *e)
+{
+    for (size_t i = 0; i < e->ndeps; i++) {
+        const cdep_t *d = &e->deps[i];
+        const char *slash = strchr(d->key, '/');
+        char ns[512];
+        size_t nl = slash ? (size_t)(slash - d->key) : 0;
+        if (!slash || nl >= sizeof(ns))
+            return false;
+        memcpy(ns, d->key, nl);
+        ns[nl] = '\0';
+        const sl_resource_t *r = set_find(c->set, d->kind, ns, slash + 1);
+        if ((r ? sl_resource_hash(r) : 0) != d->hash)
+            return false;
+    }
+    return true;
+}
+
+static size_t cres_kind(enum sl_kind k)
+{
+    return k == SL_KIND_BACKEND ? SL_CRES_CLUSTER
+           : k == SL_KIND_API   ? SL_CRES_ROUTE
+                                : SL_CRES_CONSUMER;
+}
+
+/* Compiles one Backend, Api or Consumer (as sl_compile_snapshot's loop
+ * does), recording its lookups; returns its packed form (a new reference)
+ * or NULL when it failed. Errors go to c->errs as usual. */
+static sl_cres_t *compile_one(cctx_t *c, const sl_resource_t *r, const gw_defaults_t *d,
+                              centry_t *e)
+{
+    ProtobufCMessage *msg = NULL;
+    const char *name = NULL;
+    c->track = true;
+    c->uncacheable = false;
+    c->ndeps = 0;
+    if (r->kind == SL_KIND_BACKEND) {
+        Sluice__V1__Cluster *cl = cnew(c, sizeof(*cl));
+        if (cl) {
+            sluice__v1__cluster__init(cl);
+            compile_cluster(c, cl, r, d);
+            msg = &cl->base;
+            name = cl->name;
+        }
+    } else if (r->kind == SL_KIND_API) {
+        Sluice__V1__RouteTable *t = cnew(c, sizeof(*t));
+        if (t) {
+            sluice__v1__route_table__init(t);
+            compile_table(c, t, r, d);
+            msg = &t->base;
+            name = t->name;
+        }
+    } else {
+        Sluice__V1__Consumer *cs = cnew(c, sizeof(*cs));
+        if (cs) {
+            sluice__v1__consumer__init(cs);
+            compile_consumer(c, cs, r);
+            msg = &cs->base;
+            name = cs->name;
+        }
+    }
+    c->track = false;
+    sl_cres_t *res = NULL;
+    if (msg && !c->oom && !c->failed && !(res = sl_cres_from_message(name, msg)))
+        c->oom = true;
+    if (msg)
+        protobuf_c_message_free_unpacked(msg, NULL);
+    if (e) {
+        e->res = res ? sl_cres_ref(res) : NULL;
+        e->deps = c->deps;
+        e->ndeps = c->ndeps;
+        c->deps = NULL;
+        c->ndeps = c->capdeps = 0;
+    }
+    return res;
+}
+
+int sl_compile_cached(const sl_resource_set_t *set, const char *fleet, sl_ccache_t *cache,
+                      sl_compiled_t *out, sl_errors_t *errs)
+{
+    memset(out, 0, sizeof(*out));
+    cctx_t c = {.set = set, .errs = errs};
+    if (!fleet || !fleet[0])
+        fleet = "default";
+    gw_defaults_t d;
+    size_t counts[SL_CRES__COUNT];
+    Sluice__V1__Snapshot *snap = begin_snapshot(&c, set, fleet, 0, &d, counts);
+    if (!snap)
+        return -1;
+    /* What every table and cluster inherits from the fleet's Gateways is in
+     * its settings (the defaults d, the traffic log). */
+    uint64_t ctx = 0;
+    if (snap->settings) {
+        sl_cres_t *st = sl_cres_from_message("settings", &snap->settings->base);
+        if (!st)
+            c.oom = true;
+        ctx = st ? st->hash : 0;
+        sl_cres_unref(st);
+    }
+    for (int k = 0; k < SL_CRES__COUNT; k++)
+        if (counts[k] && !(out->res[k] = calloc(counts[k], sizeof(*out->res[k]))))
+            c.oom = true;
+
+    for (size_t i = 0; i < set->count && !c.oom; i++) {
+        const sl_resource_t *r = &set->items[i];
+        if (r->kind != SL_KIND_BACKEND && r->kind != SL_KIND_API && r->kind != SL_KIND_CONSUMER)
+            continue;
+        char key[1100];
+        snprintf(key, sizeof(key), "%s#%d", r->source, r->doc);
+        uint64_t dh = sl_resource_hash(r);
+        uint64_t ch = r->kind == SL_KIND_CONSUMER ? 0 : ctx;
+        centry_t *e = centry_of(json_object_get(cache->map, key));
+        sl_cres_t *res = NULL;
+        if (e && e->doc_hash == dh && e->ctx_hash == ch && deps_hold(&c, e)) {
+            e->used = true;
+            errors_append(errs, &e->errs);
+            if (e->failed)
+                c.failed = true;
+            res = sl_cres_ref(e->res);
+        } else {
+            out->compiled++;
+            if (e)
+                json_object_del(cache->map, key);
+            centry_free(e);
+            e = calloc(1, sizeof(*e));
+            if (!e) {
+                c.oom = true;
+                break;
+            }
+            sl_errors_init(&e->errs);
+            sl_errors_t *outer = c.errs;
+            bool outer_failed = c.failed;
+            c.errs = &e->errs;
+            c.failed = false;
+            res = compile_one(&c, r, &d, e);
+            e->failed = c.failed;
+            c.errs = outer;
+            c.failed = outer_failed || e->failed;
+            errors_append(errs, &e->errs);
+            e->doc_hash = dh;
+            e->ctx_hash = ch;
+            e->used = true;
+            if (c.oom || c.uncacheable ||
+                json_object_set_new(cache->map, key, json_integer((json_int_t)(intptr_t)e)) != 0)
+                centry_free(e);
+        }
+        if (res) {
+            size_t k = cres_kind(r->kind);
+            out->res[k][out->n[k]++] = res;
+        }
+    }
+    deps_free(c.deps, c.ndeps);
+    if (c.oom)
+        sl_errors_add(errs, "", 0, "", "out of memory while compiling the configuration");
+    if (c.oom || c.failed) {
+        protobuf_c_message_free_unpacked(&snap->base, NULL);
+        size_t compiled = out->compiled;
+        sl_compiled_free(out);
+        out->compiled = compiled;
+        return -1;
+    }
+    out->snap = snap;
+    return 0;
+}
+
+void sl_compiled_free(sl_compiled_t *out)
+{
+    if (out->snap)
+        protobuf_c_message_free_unpacked(&out->snap->base, NULL);
+    for (int k = 0; k < SL_CRES__COUNT; k++) {
+        for (size_t i = 0; i < out->n[k]; i++)
+            sl_cres_unref(out->res[k][i]);
+        free(out->res[k]);
+    }
+    memset(out, 0, sizeof(*out));
 }

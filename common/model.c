@@ -179,6 +179,7 @@ static int set_append(sl_resource_set_t *set, json_t *doc, const char *source, i
     r->ns = json_is_string(ns) ? json_string_value(ns) : "default";
     r->source = src;
     r->doc = doc_index;
+    r->hash = 0;
     if (!set->index && !(set->index = json_object()))
         return -1;
     char key[1024];
@@ -186,6 +187,23 @@ static int set_append(sl_resource_set_t *set, json_t *doc, const char *source, i
     json_object_set_new(set->index, key, json_integer((json_int_t)set->count));
     set->count++;
     return 0;
+}
+
+uint64_t sl_json_hash(json_t *doc)
+{
+    char *text = json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const unsigned char *p = (const unsigned char *)(text ? text : ""); *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ULL;
+    }
+    free(text);
+    return h ? h : 1;
+}
+
+uint64_t sl_resource_hash(const sl_resource_t *r)
+{
+    return r->hash ? r->hash : sl_json_hash(r->obj);
 }
 
 int sl_resource_set_add(sl_resource_set_t *set, json_t *doc, const char *source, int doc_index)

@@ -61,6 +61,10 @@ typedef struct {
     const char *ns;       /* metadata.namespace, "default" when absent */
     char *source;         /* file name or "" */
     int doc;              /* 1-based document index */
+    /* Content hash of obj (sl_json_hash), 0 = not computed: a set whose
+     * documents never change in place (the store's) fills it once per
+     * write, so the compile cache does not hash every document per compile. */
+    uint64_t hash;
 } sl_resource_t;
 
 typedef struct {
@@ -76,6 +80,11 @@ void sl_resource_set_free(sl_resource_set_t *set);
  * copied). For sets assembled from a store or filtered from another set.
  * 0, or -1 on allocation failure. */
 int sl_resource_set_add(sl_resource_set_t *set, json_t *doc, const char *source, int doc_index);
+
+/* FNV-1a 64 of the document's canonical JSON (compact, sorted keys); never 0. */
+uint64_t sl_json_hash(json_t *doc);
+/* r->hash, or sl_json_hash(r->obj) when it is 0. */
+uint64_t sl_resource_hash(const sl_resource_t *r);
 
 /* Parses YAML or JSON text (auto-detected; YAML is a superset) with one or
  * more documents ("---"); each document is validated (sl_model_validate) and

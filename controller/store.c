@@ -209,7 +209,24 @@ struct sl_store {
     /* Told of every committed change (watches); NULL = nobody. */
     sl_store_observer_fn observer;
     void *observer_arg;
+    /* Every stored document (without status, as load_all reads it), in
+     * load_all's order, with its content hash, so that a compile neither
+     * reads nor parses the store again. SQLite: kept current by this
+     * controller's writes, valid while the store's resourceVersion counter
+     * is mem_rv (the last write applied to it). PostgreSQL: kept current by
+     * the replayed changes of every replica (sl_store__emit, in
+     * resourceVersion order), valid while mem_rv is the last replayed one
+     * (sl_store_pg_seen). Anything else (a write of another process, a
+     * change not replayed one by one, a lost connection, any failure to
+     * update it) means a full load, which rebuilds it. */
+    sl_resource_set_t mem;
+    sl_resource_set_t scratch; /* sl_store_load_shared's full loads */
+    int mem_valid;
+    uint64_t mem_rv;
+    uint64_t mem_hits, mem_loads; /* loads served from memory / from the database */
 };
+
+static void mem_drop(sl_store_t *st);
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -619,12 +636,15 @@ void sl_store_close(sl_store_t *st)
 {
     if (!st)
         return;
+    sl_resource_set_free(&st->scratch);
     if (st->pg) {
         sl_store_pg_close(st->pg);
+        mem_drop(st);
         free(st->path);
         free(st);
         return;
     }
+    mem_drop(st);
     for (int i = 0; i < STMT__COUNT; i++)
         sqlite3_finalize(st->stmt[i]);
     if (sqlite3_close(st->db) != SQLITE_OK)
@@ -1017,10 +1037,14 @@ static void observe(sl_store_t *st, const char *type, json_t *doc)
 /* SQLite: this controller's write, told at once. PostgreSQL: nothing here;
  * committed() replays every change since the last one, this write included,
  * so the observer sees the writes of every replica once, in order. */
+static void mem_apply(sl_store_t *st, const char *type, json_t *doc);
+
 static void notify(sl_store_t *st, const char *type, json_t *doc)
 {
-    if (!st->pg)
+    if (!st->pg) {
         observe(st, type, doc);
+        mem_apply(st, type, doc);
+    }
 }
 
 static void committed(sl_store_t *st)
@@ -1029,9 +1053,14 @@ static void committed(sl_store_t *st)
         sl_store_pg_sync(st->pg);
 }
 
+void sl_store__doubt(sl_store_t *st)
+{
+    mem_drop(st);
+}
+
 void sl_store__emit(sl_store_t *st, const char *type, const char *body, const char *status)
 {
-    if (!st->observer)
+    if (!st->observer && !st->mem_valid)
         return;
     json_t *doc = parse_body(st, body, "replayed", "*", "*");
     if (!doc)
@@ -1040,6 +1069,7 @@ void sl_store__emit(sl_store_t *st, const char *type, const char *body, const ch
     if (stv)
         json_object_set_new(doc, "status", stv);
     observe(st, type, doc);
+    mem_apply(st, type, doc);
     json_decref(doc);
 }
 
@@ -1453,6 +1483,167 @@ typedef struct {
     size_t errlen;
 } load_ctx_t;
 
+/* ---- the in-memory resource set (SQLite) ---------------------------------- */
+
+static void mem_drop(sl_store_t *st)
+{
+    sl_resource_set_free(&st->mem);
+    st->mem_valid = 0;
+}
+
+/* -1: the counter cannot be read; 1: the memory is current. */
+static int mem_current(sl_store_t *st, uint64_t *rv_now)
+{
+    *rv_now = 0;
+    if (counter_read(st, STORE_RV_COUNTER, rv_now) != 0) {
+        mem_drop(st);
+        return -1;
+    }
+    return st->mem_valid && st->mem_rv == *rv_now;
+}
+
+/* The set's index ("Kind/ns/name" -> position) after positions moved. */
+static int mem_reindex(sl_resource_set_t *set)
+{
+    json_object_clear(set->index);
+    for (size_t i = 0; i < set->count; i++) {
+        char key[1024];
+        const sl_resource_t *r = &set->items[i];
+        snprintf(key, sizeof(key), "%s/%s/%s", sl_kind_name(r->kind), r->ns, r->name);
+        if (json_object_set_new(set->index, key, json_integer((json_int_t)i)) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* load_all's order: ORDER BY kind, namespace, name (SQLite's BINARY
+ * collation, i.e. strcmp). */
+static int mem_cmp(const sl_resource_t *a, const char *kname, const char *ns, const char *name)
+{
+    int c = strcmp(sl_kind_name(a->kind), kname);
+    if (!c)
+        c = strcmp(a->ns, ns);
+    return c ? c : strcmp(a->name, name);
+}
+
+/* One committed write of this process (the document as the observer gets
+ * it) into the memory; on any failure the memory is dropped. */
+static void mem_apply(sl_store_t *st, const char *type, json_t *doc)
+{
+    if (!st->mem_valid)
+        return;
+    enum sl_kind kind;
+    const char *ns, *name;
+    json_t *rvj = json_object_get(json_object_get(doc, "metadata"), "resourceVersion");
+    uint64_t rv = json_is_string(rvj) ? strtoull(json_string_value(rvj), NULL, 10) : 0;
+    if (identity(doc, &kind, &ns, &name) != 0 || !rv || !st->mem.index) {
+        mem_drop(st);
+        return;
+    }
+    sl_resource_set_t *set = &st->mem;
+    const char *kname = sl_kind_name(kind);
+    char key[1024];
+    snprintf(key, sizeof(key), "%s/%s/%s", kname, ns, name);
+    json_t *pos = json_object_get(set->index, key);
+    size_t at = pos ? (size_t)json_integer_value(pos) : set->count;
+    if (strcmp(type, "DELETED") == 0) {
+        if (at < set->count) {
+            json_decref(set->items[at].obj);
+            free(set->items[at].source);
+            memmove(&set->items[at], &set->items[at + 1],
+                    (set->count - at - 1) * sizeof(set->items[0]));
+            set->count--;
+            if (mem_reindex(set) != 0) {
+                mem_drop(st);
+                return;
+            }
+        }
+        st->mem_rv = rv;
+        return;
+    }
+    /* As load_all reads it: the body, without the status. */
+    json_t *copy = json_deep_copy(doc);
+    if (!copy) {
+        mem_drop(st);
+        return;
+    }
+    json_object_del(copy, "status");
+    uint64_t hash = sl_json_hash(copy);
+    if (at < set->count) {
+        sl_resource_t *r = &set->items[at];
+        json_t *meta = json_object_get(copy, "metadata");
+        json_t *nsj = json_object_get(meta, "namespace");
+        json_decref(r->obj);
+        r->obj = copy;
+        r->name = json_string_value(json_object_get(meta, "name"));
+        r->ns = json_is_string(nsj) ? json_string_value(nsj) : "default";
+        r->hash = hash;
+    } else {
+        char source[600];
+        snprintf(source, sizeof(source), "%s/%s/%s", sl_kind_plural(kind), ns, name);
+        int added = sl_resource_set_add(set, copy, source, 0);
+        json_decref(copy);
+        if (added != 0) {
+            mem_drop(st);
+            return;
+        }
+        set->items[set->count - 1].hash = hash;
+        /* Into its place in load_all's order. */
+        size_t k = set->count - 1;
+        while (k > 0 && mem_cmp(&set->items[k - 1], kname, ns, name) > 0)
+            k--;
+        if (k != set->count - 1) {
+            sl_resource_t tmp = set->items[set->count - 1];
+            memmove(&set->items[k + 1], &set->items[k],
+                    (set->count - 1 - k) * sizeof(set->items[0]));
+            set->items[k] = tmp;
+            if (mem_reindex(set) != 0) {
+                mem_drop(st);
+                return;
+            }
+        }
+    }
+    st->mem_rv = rv;
+}
+
+static int set_order(const void *a, const void *b)
+{
+    const sl_resource_t *x = a, *y = b;
+    return mem_cmp(x, sl_kind_name(y->kind), y->ns, y->name);
+}
+
+/* PostgreSQL orders by the database's collation: the set is put in the
+ * byte order the memory keeps (SQLite's), so that a full load and the
+ * memory compile to the same bytes on every replica. */
+static int set_sort(sl_resource_set_t *set)
+{
+    if (set->count < 2)
+        return 0;
+    qsort(set->items, set->count, sizeof(set->items[0]), set_order);
+    return set->index ? mem_reindex(set) : 0;
+}
+
+/* A full load's result becomes the memory (the same documents, shared:
+ * neither side changes them). */
+static void mem_fill(sl_store_t *st, const sl_resource_set_t *set, uint64_t rv)
+{
+    mem_drop(st);
+    for (size_t i = 0; i < set->count; i++) {
+        const sl_resource_t *r = &set->items[i];
+        if (sl_resource_set_add(&st->mem, r->obj, r->source, r->doc) != 0) {
+            mem_drop(st);
+            return;
+        }
+        st->mem.items[i].hash = r->hash;
+    }
+    if (!st->mem.index && !(st->mem.index = json_object())) {
+        mem_drop(st);
+        return;
+    }
+    st->mem_valid = 1;
+    st->mem_rv = rv;
+}
+
 /* One loaded row (either backend) into the resource set. */
 static int load_row(void *arg, const char *kname, const char *ns, const char *name,
                     const char *body)
@@ -1475,6 +1666,8 @@ static int load_row(void *arg, const char *kname, const char *ns, const char *na
     snprintf(source, sizeof(source), "%s/%s/%s", sl_kind_plural(kind), ns, name);
     int added = sl_resource_set_add(c->set, obj, source, 0);
     json_decref(obj); /* the set holds its own reference */
+    if (added == 0)
+        c->set->items[c->set->count - 1].hash = sl_json_hash(obj);
     if (added != 0) {
         set_err(c->err, c->errlen, "store: out of memory loading %s", source);
         return -1;
@@ -1501,8 +1694,39 @@ static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set
             return SL_STORE_ERROR;
         }
         st->loaded_version = crv;
+        st->mem_loads++;
+        if (set_sort(set) != 0) {
+            set_err(err, errlen, "store: out of memory loading the resources");
+            mem_drop(st);
+            return SL_STORE_ERROR;
+        }
+        /* Every change up to what the replay has seen is in this state;
+         * changes after it are replayed again on top (no change). */
+        mem_fill(st, set, sl_store_pg_seen(st->pg));
         return SL_STORE_OK;
     }
+    /* Nothing written since the memory was last brought up to date (by
+     * this process): the set from memory, without reading a row. */
+    uint64_t rv_now = 0;
+    int cur = mem_current(st, &rv_now);
+    if (cur < 0) {
+        set_err(err, errlen, "store %s: cannot read resources: %s", st->path, db_errmsg(st));
+        return SL_STORE_ERROR;
+    }
+    if (cur && set != &st->mem) {
+        for (size_t i = 0; i < st->mem.count; i++) {
+            const sl_resource_t *r = &st->mem.items[i];
+            if (sl_resource_set_add(set, r->obj, r->source, r->doc) != 0) {
+                set_err(err, errlen, "store: out of memory loading %s", r->source);
+                return SL_STORE_ERROR;
+            }
+            set->items[set->count - 1].hash = r->hash;
+        }
+        st->mem_hits++;
+        return counter_read(st, STORE_CONFIG_RV_COUNTER, &st->loaded_version) == 0 ? SL_STORE_OK
+                                                                                   : SL_STORE_ERROR;
+    }
+    st->mem_loads++;
     sqlite3_stmt *s = st->stmt[STMT_LIST_ALL];
     enum sl_store_result ret = SL_STORE_OK;
     int rc;
@@ -1523,7 +1747,53 @@ static enum sl_store_result load_all_impl(sl_store_t *st, sl_resource_set_t *set
     /* One connection on one thread: the counter is of the same state. */
     if (ret == SL_STORE_OK && counter_read(st, STORE_CONFIG_RV_COUNTER, &st->loaded_version) != 0)
         ret = SL_STORE_ERROR;
+    if (ret == SL_STORE_OK)
+        mem_fill(st, set, rv_now);
+    else
+        mem_drop(st);
     return ret;
+}
+
+enum sl_store_result sl_store_load_shared(sl_store_t *st, const sl_resource_set_t **out, char *err,
+                                          size_t errlen)
+{
+    uint64_t t0 = now_us(), rv_now = 0;
+    enum sl_store_result r;
+    *out = NULL;
+    sl_resource_set_free(&st->scratch);
+    if (err && errlen)
+        err[0] = '\0';
+    if (st->pg && st->mem_valid && sl_store_pg_sync(st->pg) == 0 && st->mem_valid &&
+        st->mem_rv == sl_store_pg_seen(st->pg)) {
+        /* Caught up with every replica's changes, all replayed into it. */
+        st->mem_hits++;
+        st->loaded_version = sl_store_pg_seen_config(st->pg);
+        r = SL_STORE_OK;
+        *out = &st->mem;
+    } else if (!st->pg && mem_current(st, &rv_now) == 1) {
+        st->mem_hits++;
+        r = counter_read(st, STORE_CONFIG_RV_COUNTER, &st->loaded_version) == 0 ? SL_STORE_OK
+                                                                                : SL_STORE_ERROR;
+        if (r != SL_STORE_OK)
+            set_err(err, errlen, "store %s: cannot read the config version: %s", st->path,
+                    db_errmsg(st));
+        *out = &st->mem;
+    } else {
+        r = load_all_impl(st, &st->scratch, err, errlen);
+        *out = &st->scratch;
+    }
+    sl_ctrl_hist_observe(&sl_ctrl_store_read_seconds, now_us() - t0);
+    if (r != SL_STORE_OK) {
+        sl_resource_set_free(&st->scratch);
+        *out = NULL;
+    }
+    return outcome(st, r, err, errlen);
+}
+
+void sl_store_load_stats(const sl_store_t *st, uint64_t *from_memory, uint64_t *from_database)
+{
+    *from_memory = st->mem_hits;
+    *from_database = st->mem_loads;
 }
 
 enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, char *err,

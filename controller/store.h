@@ -135,6 +135,21 @@ enum sl_store_result sl_store_list(sl_store_t *st, enum sl_kind kind, const char
 enum sl_store_result sl_store_load_all(sl_store_t *st, sl_resource_set_t *set, char *err,
                                        size_t errlen);
 
+/* The same set without a copy, for the compiler: *out is owned by the
+ * store and valid until the next call on it (the in-memory set itself when
+ * it is current, else a full load; PostgreSQL catches up with the other
+ * replicas' changes first). Its documents are never changed in place: a
+ * write replaces a document by a new object. In byte order of (kind,
+ * namespace, name) on both backends. */
+enum sl_store_result sl_store_load_shared(sl_store_t *st, const sl_resource_set_t **out, char *err,
+                                          size_t errlen);
+/* How many sl_store_load_shared calls were served from the in-memory set
+ * (SQLite: kept current by this process's writes; PostgreSQL: by every
+ * replica's replayed changes; nothing read or parsed) and how many loads
+ * read every row (at start, after a write by another process, a change not
+ * replayed one by one, a lost connection or any failure to keep the memory
+ * current). sl_store_load_all on SQLite is served from memory too. */
+void sl_store_load_stats(const sl_store_t *st, uint64_t *from_memory, uint64_t *from_database);
 /* Latest resourceVersion handed out (0 for an empty store). */
 uint64_t sl_store_resource_version(sl_store_t *st);
 

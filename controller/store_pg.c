@@ -52,6 +52,9 @@ struct sl_store_pg {
     unsigned backoff_ms;
     uint64_t seen;
     json_t *known; /* "kind/ns/name" -> resourceVersion, of the objects replayed */
+    /* The config resourceVersion in the snapshot of the last replay that
+     * found changes (or of the last full load). */
+    uint64_t seen_config_rv;
     struct event_base *base;
     struct event *check_ev, *listen_ev;
     /* A reconnection in progress (non-blocking: PQconnectStartParams and
@@ -129,6 +132,8 @@ static void mark_down(sl_store_pg_t *pg, const char *why)
                      pg->display, why);
     pg->down = 1;
     copy_msg(pg->reason, sizeof(pg->reason), why);
+    if (pg->owner)
+        sl_store__doubt(pg->owner);
     PQclear(pg->row);
     pg->row = NULL;
     if (pg->conn) {
@@ -614,6 +619,7 @@ int sl_store_pg_load_all(sl_store_pg_t *pg, sl_store_pg_load_fn fn, void *arg,
         *config_rv = strtoull(PQgetvalue(c, 0, 0), NULL, 10);
     else
         *config_rv = 0;
+    pg->seen_config_rv = *config_rv;
     for (int i = 0; r && i < PQntuples(r) && rc == 0; i++)
         rc = fn(arg, PQgetvalue(r, i, 0), PQgetvalue(r, i, 1), PQgetvalue(r, i, 2),
                 PQgetvalue(r, i, 3));
@@ -674,6 +680,11 @@ uint64_t sl_store_pg_seen(sl_store_pg_t *pg)
     return pg->seen;
 }
 
+uint64_t sl_store_pg_seen_config(sl_store_pg_t *pg)
+{
+    return pg->seen_config_rv;
+}
+
 /* Deletions this replica cannot replay one by one (their tombstones were
  * pruned): every known key that is gone is reported DELETED. */
 static int resync_deleted(sl_store_pg_t *pg, uint64_t rv)
@@ -681,6 +692,9 @@ static int resync_deleted(sl_store_pg_t *pg, uint64_t rv)
     PGresult *r = q(pg, "SELECT kind, namespace, name FROM resources", 0, NULL, PGRES_TUPLES_OK);
     if (!r)
         return -1;
+    /* Read apart from the replay's snapshot: the store's memory of it is
+     * not trusted, the next compile reads every row. */
+    sl_store__doubt(pg->owner);
     json_t *present = json_object();
     for (int i = 0; i < PQntuples(r); i++) {
         char key[800];
@@ -730,14 +744,19 @@ int sl_store_pg_sync(sl_store_pg_t *pg)
         return -1;
     const char *p[] = {seen};
     PGresult *r = q(pg,
-                    "SELECT kind, namespace, name, resource_version, body, status, 0 FROM resources"
-                    " WHERE resource_version > $1 UNION ALL"
-                    " SELECT kind, namespace, name, resource_version, body, NULL, 1 FROM deletions"
-                    " WHERE resource_version > $1 ORDER BY 4",
+                    "SELECT kind, namespace, name, resource_version, body, status, 0,"
+                    " (SELECT value FROM counters WHERE name = 'config_resource_version')"
+                    " FROM resources WHERE resource_version > $1 UNION ALL"
+                    " SELECT kind, namespace, name, resource_version, body, NULL, 1,"
+                    " (SELECT value FROM counters WHERE name = 'config_resource_version')"
+                    " FROM deletions WHERE resource_version > $1 ORDER BY 4",
                     1, p, PGRES_TUPLES_OK);
     if (!r)
         return -1;
     int n = PQntuples(r);
+    /* One statement, one snapshot: the counter as of these rows. */
+    if (n > 0)
+        pg->seen_config_rv = PQgetisnull(r, 0, 7) ? 0 : strtoull(PQgetvalue(r, 0, 7), NULL, 10);
     if (pg->seen < pruned && n > 0 &&
         resync_deleted(pg, strtoull(PQgetvalue(r, n - 1, 3), NULL, 10)) != 0) {
         PQclear(r);

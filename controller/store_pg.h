@@ -118,5 +118,11 @@ int sl_store_pg_replica_leave(sl_store_pg_t *pg, const char *replica);
 /* store.c: tells the observer of one change replayed by sl_store_pg_sync (the
  * stored body and written status texts, status NULL when none). */
 void sl_store__emit(sl_store_t *st, const char *type, const char *body, const char *status);
+/* The replay may have missed changes (the connection was lost): the
+ * store's in-memory set is dropped, the next compile reads every row. */
+void sl_store__doubt(sl_store_t *st);
+/* The config resourceVersion (counter `config_resource_version`) as of the
+ * last replay that found changes, or of the last full load. */
+uint64_t sl_store_pg_seen_config(sl_store_pg_t *pg);
 
 #endif

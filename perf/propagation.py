@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
 from backend import Backend  # noqa: E402
 from controller_env import Controller, ManagedRuntime, NetLab, netns_available  # noqa: E402
 from helpers import (RssSampler, ResponseReader, api, backend as backend_doc, build_dir,  # noqa: E402
-                     free_port, gateway, http_request, wait_until)
+                     free_port, gateway, http_request, metric_sum, wait_until)
 
 OPS_PER_API = 100
 
@@ -274,14 +274,24 @@ def measure_apply(nroutes, small_changes=5):
                "rss_after_mb": rss_after / 1024.0, "rss_peak_mb": sampler.max_kb / 1024.0,
                "controller_rss_mb": read_rss_kb(s.ctl.proc.pid) / 1024.0}
         # One small change with nroutes in place.
-        small_apply, small_e2e, small_cpu = [], [], []
+        small_apply, small_e2e, small_cpu, small_ctl_cpu = [], [], [], []
+        # The compiles' own CPU (a counter of the controller since issue 14;
+        # absent from older builds).
+        m0 = s.ctl.metrics()
+        compile_cpu0 = metric_sum(m0, "sluice_controller_compile_cpu_seconds_total")
+        has_compile_cpu = any(n == "sluice_controller_compile_cpu_seconds_total"
+                              for n, _, _ in m0)
         for k in range(small_changes):
             c0 = main_thread_cpu_ms(rt.pid)
+            cc0 = main_thread_cpu_ms(s.ctl.proc.pid)
             s.ctl.put(probe_api(1000 + k))
             t0 = time.monotonic()
             small_e2e.append(poller.wait_200("/probe/c%d" % (1000 + k), t0, timeout=120))
             vk = s.ctl.wait_converged(1, min_version=v + 1, timeout=120)
             small_cpu.append(main_thread_cpu_ms(rt.pid) - c0)
+            # The controller's main thread over the whole change: REST
+            # write, compile, push, ACK.
+            small_ctl_cpu.append(main_thread_cpu_ms(s.ctl.proc.pid) - cc0)
             _, push, applied = push_apply_ms(s, vk)
             if push and applied:
                 small_apply.append((applied - push) * 1e3)
@@ -291,6 +301,12 @@ def measure_apply(nroutes, small_changes=5):
         out["small_e2e_ms"] = pct(small_e2e, 50) * 1e3
         out["small_e2e_max_ms"] = max(small_e2e) * 1e3
         out["small_cpu_ms"] = pct(small_cpu, 50)
+        out["small_ctl_cpu_ms"] = pct(small_ctl_cpu, 50)
+        out["small_compile_cpu_ms"] = ((metric_sum(s.ctl.metrics(),
+                                                   "sluice_controller_compile_cpu_seconds_total")
+                                        - compile_cpu0) * 1e3 / small_changes
+                                       if has_compile_cpu else None)
+        out["small_ctl_cpu_max_ms"] = max(small_ctl_cpu)
         return out
     finally:
         s.close()
@@ -440,6 +456,16 @@ def report(results, argv):
                            r["rss_after_mb"], r["rss_peak_mb"], r["controller_rss_mb"],
                            fmt(r["small_apply_ms"], "%.0f"), r["small_cpu_ms"],
                            r["small_e2e_ms"], r["small_e2e_max_ms"]))
+        out.append("")
+        for r in results["apply"]:
+            if "small_ctl_cpu_ms" in r:
+                out.append("Controller main-thread CPU for one small change (REST write, "
+                           "compile, push, ACK, and the harness's status polls) at %d routes "
+                           "(%s): p50 %.1f ms, max %.1f ms; of which compiling (mean, "
+                           "sluice_controller_compile_cpu_seconds_total): %s ms."
+                           % (r["routes"], r.get("mode", "delta"), r["small_ctl_cpu_ms"],
+                              r["small_ctl_cpu_max_ms"],
+                              fmt(r.get("small_compile_cpu_ms"), "%.1f")))
         out.append("")
     if results.get("fanout"):
         f = results["fanout"]

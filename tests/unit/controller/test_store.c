@@ -757,6 +757,80 @@ static void writer_child(const char *dir, int fd, uint32_t start)
     _exit(0);
 }
 
+/* The set load_all serves from memory (after this handle's own puts,
+ * replaces, status writes, deletes and put_many) equals a full load by a
+ * second handle on the same file, document for document, in the same
+ * order, with the same content hashes; a write by that other handle (another
+ * process) is noticed and the next load reads the database. */
+static void test_load_all_from_memory_equals_database(void **state)
+{
+    fixture_t *f = *state;
+    char err[512];
+    sl_store_t *other = sl_store_open(data_dir(f), err, sizeof(err));
+    assert_non_null(other);
+    const char *nss[] = {"default", "a-b", "shop", "z"};
+    srand(7);
+    uint64_t mem0, db0, mem1, db1;
+    sl_resource_set_t warm;
+    sl_resource_set_init(&warm);
+    assert_int_equal(sl_store_load_all(f->st, &warm, err, sizeof(err)), SL_STORE_OK);
+    sl_resource_set_free(&warm);
+    sl_store_load_stats(f->st, &mem0, &db0);
+    int foreign = 0;
+    for (int step = 0; step < 200; step++) {
+        char name[32];
+        const char *ns = nss[rand() % 4];
+        snprintf(name, sizeof(name), "b%d%s", rand() % 12, rand() % 2 ? "-x" : "");
+        int op = rand() % 10;
+        sl_store_t *writer = op == 9 ? other : f->st;
+        foreign += op == 9;
+        json_t *out = NULL;
+        if (op < 5 || op == 9) {
+            json_t *b = backend(ns, name, 9000 + rand() % 50);
+            json_decref(put_ok(writer, b, SL_STORE_REPLACE, ""));
+            json_decref(b);
+        } else if (op < 7) {
+            json_t *st = json_pack("{s:[{s:s}]}", "conditions", "type", "X");
+            sl_store_put_status(f->st, SL_KIND_BACKEND, ns, name, st, "", &out, err, sizeof(err));
+            json_decref(st);
+        } else if (op < 8) {
+            sl_store_delete(f->st, SL_KIND_BACKEND, ns, name, "", &out, err, sizeof(err));
+        } else {
+            json_t *arr = json_array();
+            json_array_append_new(arr, backend(ns, name, 1));
+            json_array_append_new(arr, backend(nss[rand() % 4], "many", 2));
+            assert_int_equal(sl_store_put_many(f->st, arr, &out, err, sizeof(err)), SL_STORE_OK);
+            json_decref(arr);
+        }
+        json_decref(out);
+        sl_resource_set_t a, b;
+        sl_resource_set_init(&a);
+        sl_resource_set_init(&b);
+        assert_int_equal(sl_store_load_all(f->st, &a, err, sizeof(err)), SL_STORE_OK);
+        assert_int_equal(sl_store_load_all(other, &b, err, sizeof(err)), SL_STORE_OK);
+        assert_int_equal(a.count, b.count);
+        for (size_t i = 0; i < a.count; i++) {
+            assert_string_equal(a.items[i].source, b.items[i].source);
+            assert_int_equal(a.items[i].doc, b.items[i].doc);
+            assert_string_equal(a.items[i].ns, b.items[i].ns);
+            assert_string_equal(a.items[i].name, b.items[i].name);
+            assert_true(json_equal(a.items[i].obj, b.items[i].obj));
+            assert_int_equal(a.items[i].hash, sl_json_hash(b.items[i].obj));
+            assert_int_equal(b.items[i].hash, a.items[i].hash);
+        }
+        assert_int_equal(sl_store_loaded_version(f->st), sl_store_loaded_version(other));
+        sl_resource_set_free(&a);
+        sl_resource_set_free(&b);
+    }
+    sl_store_load_stats(f->st, &mem1, &db1);
+    /* Every load after a write of this handle came from memory; those
+     * after a write of the other handle read the database. */
+    assert_true(foreign > 0);
+    assert_int_equal(db1 - db0, (uint64_t)foreign);
+    assert_int_equal(mem1 - mem0, (uint64_t)(200 - foreign));
+    sl_store_close(other);
+}
+
 static void test_kill9_loses_no_acknowledged_write(void **state)
 {
     fixture_t *f = *state;
@@ -1011,6 +1085,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_counters_and_versions_durable_across_reopen, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_load_all_builds_resource_set, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_load_all_from_memory_equals_database, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kill9_loses_no_acknowledged_write, setup, teardown),
         cmocka_unit_test_setup_teardown(test_observer_sees_each_committed_change_once, setup,
                                         teardown),

@@ -648,6 +648,69 @@ static void test_replica_rows(void **state)
     sl_store_close(b);
 }
 
+/* Two replicas write (puts, status writes, deletes, put_many) in random
+ * order; after each write the set replica A compiles from
+ * (sl_store_load_shared: its memory, kept current by replaying every
+ * replica's changes) equals a full load by a third handle that never
+ * writes, document for document, in the same (byte) order, with the same
+ * config resourceVersion; and A read the database only once. */
+static void test_load_shared_from_memory_equals_database(void **state)
+{
+    (void)state;
+    NEED_PG();
+    sl_store_t *a = open_pg(), *b = open_pg(), *c = open_pg();
+    char err[512];
+    const char *nss[] = {"default", "a-b", "shop", "Z"};
+    const sl_resource_set_t *shared = NULL;
+    assert_int_equal(sl_store_load_shared(a, &shared, err, sizeof(err)), SL_STORE_OK);
+    uint64_t mem0, db0, mem1, db1;
+    sl_store_load_stats(a, &mem0, &db0);
+    srand(11);
+    for (int step = 0; step < 120; step++) {
+        char name[32];
+        const char *ns = nss[rand() % 4];
+        snprintf(name, sizeof(name), "b%d%s", rand() % 10, rand() % 2 ? "-x" : "");
+        int op = rand() % 10;
+        sl_store_t *w = rand() % 2 ? a : b;
+        json_t *out = NULL;
+        if (op < 5) {
+            put_new(w, backend(ns, name, 9000 + rand() % 50), SL_STORE_REPLACE, "");
+        } else if (op < 7) {
+            json_t *st = json_pack("{s:[{s:s}]}", "conditions", "type", "X");
+            sl_store_put_status(w, SL_KIND_BACKEND, ns, name, st, "", &out, err, sizeof(err));
+            json_decref(st);
+        } else if (op < 9) {
+            sl_store_delete(w, SL_KIND_BACKEND, ns, name, "", &out, err, sizeof(err));
+        } else {
+            json_t *arr = json_array();
+            json_array_append_new(arr, backend(ns, name, 1));
+            json_array_append_new(arr, backend(nss[rand() % 4], "many", 2));
+            assert_int_equal(sl_store_put_many(w, arr, &out, err, sizeof(err)), SL_STORE_OK);
+            json_decref(arr);
+        }
+        json_decref(out);
+        sl_resource_set_t full;
+        sl_resource_set_init(&full);
+        assert_int_equal(sl_store_load_shared(a, &shared, err, sizeof(err)), SL_STORE_OK);
+        uint64_t va = sl_store_loaded_version(a);
+        assert_int_equal(sl_store_load_all(c, &full, err, sizeof(err)), SL_STORE_OK);
+        assert_int_equal(shared->count, full.count);
+        for (size_t i = 0; i < full.count; i++) {
+            assert_string_equal(shared->items[i].source, full.items[i].source);
+            assert_true(json_equal(shared->items[i].obj, full.items[i].obj));
+            assert_int_equal(shared->items[i].hash, full.items[i].hash);
+        }
+        assert_int_equal(va, sl_store_loaded_version(c));
+        sl_resource_set_free(&full);
+    }
+    sl_store_load_stats(a, &mem1, &db1);
+    assert_int_equal(db1 - db0, 0);
+    assert_int_equal(mem1 - mem0, 120);
+    sl_store_close(a);
+    sl_store_close(b);
+    sl_store_close(c);
+}
+
 static void test_unreachable_server_named_without_password(void **state)
 {
     (void)state;
@@ -676,6 +739,7 @@ int main(void)
         cmocka_unit_test_setup(test_concurrent_writers, setup),
         cmocka_unit_test_setup(test_concurrent_migrations, setup),
         cmocka_unit_test_setup(test_replica_rows, setup),
+        cmocka_unit_test_setup(test_load_shared_from_memory_equals_database, setup),
         cmocka_unit_test_setup(test_unreachable_server_named_without_password, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
