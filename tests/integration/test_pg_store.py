@@ -79,7 +79,7 @@ def test_store_api_on_postgres(tmp_path):
                            text=True, timeout=120)
         assert r.returncode == 0 and "PASSED" in r.stdout and "SKIPPED" not in r.stdout, \
             r.stdout[-4000:]
-        assert "8 test(s)" in r.stdout, r.stdout[-2000:]
+        assert "9 test(s)" in r.stdout, r.stdout[-2000:]
     finally:
         pg.close()
 
