@@ -28,6 +28,43 @@ class TestTimeout(Exception):
     pass
 
 
+def _sluice_children():
+    """The sluice-runtime and sluice-controller processes this pytest
+    process started that still run (zombies, already ended, are not)."""
+    me = os.getpid()
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) != me or fields[0] == "Z":
+                continue
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        if "/bin/sluice-runtime" in cmd or "/bin/sluice-controller" in cmd:
+            found.append((int(d), cmd))
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_left_running():
+    """After a module (its module-scoped fixtures included), none of our
+    processes may still run: a leaked runtime keeps reconnecting and
+    loading the machine for every later test. Killed, then reported."""
+    yield
+    left = _sluice_children()
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, "left running after this module's tests: %s" % left
+
+
 @pytest.fixture(autouse=True)
 def _time_limit():
     def on_alarm(signum, frame):

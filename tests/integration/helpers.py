@@ -240,6 +240,10 @@ class Runtime:
                                  % (runtime_binary(), os.path.relpath(build_dir(), REPO)))
         self._log = open(self.log_path, "ab")
         self._out = open(self.stdout_path, "ab")
+        # A runtime started again after stop() is a new process that the
+        # next stop() (the fixture's) must stop too: without this it was
+        # left running after the test.
+        self.stopped = False
         self.proc = subprocess.Popen(self.argv(), stdout=self._out, stderr=self._log,
                                      stdin=subprocess.DEVNULL, cwd=self.workdir, env=self.env())
         if wait_ready:
