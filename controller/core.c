@@ -1118,6 +1118,24 @@ static int has_policies(json_t *spec)
     return 0;
 }
 
+
+/* map (source -> entry) with only the entries of the Apis and Gateways in
+ * `all` (a resource that went away takes its entry with it); map is
+ * consumed. */
+static json_t *keep_current(json_t *map, const sl_resource_set_t *all)
+{
+    json_t *fresh = json_object();
+    if (!fresh)
+        return map;
+    for (size_t r = 0; r < all->count; r++) {
+        json_t *e = json_object_get(map, all->items[r].source);
+        if (e && (all->items[r].kind == SL_KIND_API || all->items[r].kind == SL_KIND_GATEWAY))
+            json_object_set(fresh, all->items[r].source, e);
+    }
+    json_decref(map);
+    return fresh;
+}
+
 /* The spec facts of every Api and Gateway of `all`; those of a spec that
  * is the same object as at the last compile are kept when `immutable` (the
  * set is the store's, whose documents never change in place). */
@@ -1143,18 +1161,8 @@ static void spec_facts_refresh(sl_controller_t *ctl, const sl_resource_set_t *al
         json_object_set_new(memo, res->source,
                             json_pack("[O, I, b]", spec, (json_int_t)h, has_policies(spec)));
     }
-    if (json_object_size(memo) != n) {
-        json_t *fresh = json_object();
-        for (size_t r = 0; fresh && r < all->count; r++) {
-            json_t *m = json_object_get(memo, all->items[r].source);
-            if (m && (all->items[r].kind == SL_KIND_API || all->items[r].kind == SL_KIND_GATEWAY))
-                json_object_set(fresh, all->items[r].source, m);
-        }
-        if (fresh) {
-            json_decref(memo);
-            memo = fresh;
-        }
-    }
+    if (json_object_size(memo) != n)
+        memo = keep_current(memo, all);
     json_decref(ctl->spec_memo);
     ctl->spec_memo = memo;
 }
@@ -1372,18 +1380,8 @@ static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all
         json_decref(tables[i]);
     free(tables);
     free(vals);
-    if (json_object_size(out) != nrec) {
-        json_t *fresh_out = json_object();
-        for (size_t r = 0; fresh_out && r < all->count; r++) {
-            json_t *rec = json_object_get(out, all->items[r].source);
-            if (rec && (all->items[r].kind == SL_KIND_API || all->items[r].kind == SL_KIND_GATEWAY))
-                json_object_set(fresh_out, all->items[r].source, rec);
-        }
-        if (fresh_out) {
-            json_decref(out);
-            out = fresh_out;
-        }
-    }
+    if (json_object_size(out) != nrec)
+        out = keep_current(out, all);
     json_decref(ctl->programmed);
     ctl->programmed = out;
 }

@@ -987,7 +987,8 @@ typedef struct {
     size_t len;
 } jw_t;
 
-/* The worst case of jw_str: every byte a \uXXXX escape, and the quotes. */
+/* The most jw_str writes for n bytes: each escaped in 6 bytes (\u00 and
+ * two hex digits, or \ufffd), and the two quotes. */
 #define JW_STR_MAX(n) (6 * (n) + 2)
 
 static void jw_lit(jw_t *w, const char *s, size_t n)
