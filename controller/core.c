@@ -1118,7 +1118,6 @@ static int has_policies(json_t *spec)
     return 0;
 }
 
-
 /* map (source -> entry) with only the entries of the Apis and Gateways in
  * `all` (a resource that went away takes its entry with it); map is
  * consumed. */
