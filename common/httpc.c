@@ -287,6 +287,9 @@ static int tls_connect(sl_httpc_t *c, uint64_t deadline)
 
 static int conn_open(sl_httpc_t *c, uint64_t deadline)
 {
+    uint64_t open_by = now_ms() + (c->connect_timeout_ms ? c->connect_timeout_ms : 10000);
+    if (deadline > open_by)
+        deadline = open_by;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int rc = getaddrinfo(c->host, c->port, &hints, &res);
     if (rc != 0) {

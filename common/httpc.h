@@ -7,7 +7,10 @@
  * later, the peer verified against a CA bundle, a CA file or the system's
  * CAs, SNI for a name, the name or address checked in the certificate).
  * Every step has a deadline (the request's timeout, the handshake
- * included). The connection is kept alive between requests; a request on a
+ * included), and opening a connection (TCP and TLS handshake) has its own,
+ * shorter one (connect_timeout_ms, as client-go's 10 s TLS handshake
+ * timeout): a server that takes a connection and never answers its
+ * handshake is given up on soon, and the caller's retry opens another. The connection is kept alive between requests; a request on a
  * kept connection that the server had closed is sent once more on a new
  * one. Responses are framed by Content-Length, chunked encoding, or the
  * end of the connection; over TLS the last needs the server's close_notify
@@ -59,6 +62,7 @@ typedef struct sl_httpc {
     int (*cancelled)(void *arg);
     void *cancel_arg;
     size_t max_response; /* head and body, bytes; 0 = 64 MiB */
+    uint32_t connect_timeout_ms; /* TCP connect + TLS handshake; 0 = 10 s */
 
     char why[768]; /* the last failure */
 

@@ -71,6 +71,38 @@ def thread_stacks(pid):
     return "\n--- threads of pid %d ---\n%s" % (pid, "\n".join(lines)[-8000:])
 
 
+def socket_states(pid):
+    """The TCP sockets of a process and, for each peer port, the peer's side
+    (`ss`: an accept queue's length shows as the listener's Recv-Q), and the
+    stacks of this test process's threads (servers written in Python, such
+    as the fake Kubernetes API server, run here)."""
+    out = []
+    try:
+        r = subprocess.run(["ss", "-tanp"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=10)
+        lines = r.stdout.splitlines()
+        mine = [i for i, ln in enumerate(lines) if "pid=%d," % pid in ln]
+        peers = set()
+        for i in mine:
+            f = lines[i].split()
+            if len(f) >= 5 and f[0] == "ESTAB":
+                peers.add(f[4].rsplit(":", 1)[-1])
+        for i, ln in enumerate(lines):
+            f = ln.split()
+            if i in mine or (len(f) >= 4 and f[3].rsplit(":", 1)[-1] in peers):
+                out.append(ln)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out.append("(ss: %s)" % e)
+    import faulthandler
+    import tempfile
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(f, all_threads=True)
+        f.seek(0)
+        py = f.read()
+    return "\n--- TCP sockets of pid %d and their peers ---\n%s\n--- threads of the test ---\n%s" % (
+        pid, "\n".join(out)[-6000:], py[-6000:])
+
+
 def _ip(*args, check=True):
     r = subprocess.run(["ip"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True)
@@ -250,7 +282,8 @@ class Controller:
                 why = "/readyz: %s" % e
             time.sleep(0.02)
         raise AssertionError("sluice-controller not ready after %.0fs (%s); log:\n%s%s"
-                             % (timeout, why, self.log()[-4000:], thread_stacks(self.proc.pid)))
+                             % (timeout, why, self.log()[-4000:], thread_stacks(self.proc.pid)
+                                + socket_states(self.proc.pid)))
 
     def kill9(self):
         self.killed9.add(self.proc.pid)

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The server: answers the requests it reads, in order, with replies[i];
@@ -245,6 +246,33 @@ static void test_refused_timeout_and_cancel(void **state)
     assert_int_equal(sl_httpc_init(&c, "ftp://x/", &why), -1);
 }
 
+/* A server that takes the connection and never answers the TLS handshake
+ * (seen in CI from an API server): the client gives up at its connect
+ * timeout, not at the request's much longer one, so its caller's retry
+ * opens another connection soon. */
+static void test_handshake_never_answered(void **state)
+{
+    (void)state;
+    static const reply_t r[] = {{NULL, 0, 0}};
+    serve_start(r, 1);
+    sl_httpc_t c;
+    char url[64];
+    const char *why = NULL, *body;
+    size_t len;
+    snprintf(url, sizeof(url), "https://127.0.0.1:%d/x", srv.port);
+    assert_int_equal(sl_httpc_init(&c, url, &why), 0);
+    c.connect_timeout_ms = 300;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(sl_httpc_request(&c, "GET", "/x", NULL, NULL, 0, 20000, &body, &len), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    assert_non_null(strstr(c.why, "timed out in the handshake"));
+    assert_true(ms >= 250 && ms < 10000);
+    sl_httpc_free(&c);
+    serve_stop();
+}
+
 typedef struct {
     char got[4096];
     size_t len;
@@ -343,6 +371,7 @@ int main(void)
         cmocka_unit_test(test_kept_connection_closed_by_the_server),
         cmocka_unit_test(test_truncated_and_malformed),
         cmocka_unit_test(test_refused_timeout_and_cancel),
+        cmocka_unit_test(test_handshake_never_answered),
         cmocka_unit_test(test_stream),
         cmocka_unit_test(test_stream_idle_timeout),
     };
