@@ -49,6 +49,9 @@
 #                                     headers + cors), for the cost of policies
 #   PROXIES="... sluice-jwt ..."      also sluice-runtime with the jwt policy alone
 #                                     (RS256, a 2048-bit key inline)
+#   PROXIES="... sluice-pol-NAME ..." sluice-runtime with the policy NAME alone
+#                                     (policy_alone below; the features section
+#                                     runs one per policy of $POLICIES_ALONE)
 #   PROXIES="... sluice-rr sluice-srate ..."  sluice-runtime with an Api of two
 #                                     Backends: the default weighted pick, and
 #                                     routing.strategy: success-rate (its cost)
@@ -114,7 +117,8 @@ QUICK=${QUICK:-}
 if [ -n "$QUICK" ]; then
     : "${DURATION:=1s}" "${WARMUP:=0}" "${TESTS:=get post100k get_close}"
     : "${ROUTE_SETS:=1 10000}" "${ROUTE_TESTS:=get}" "${SWEEP_DURATION:=1s}"
-    : "${RATE_DURATION:=1}" "${FEATURE_PROXIES:=sluice-log-file sluice-chain nginx-chain}"
+    : "${RATE_DURATION:=1}"
+    : "${FEATURE_PROXIES:=sluice-log-file sluice-chain sluice-pol-basic-auth sluice-pol-cache nginx-chain}"
     : "${CONNECTIONS:=20}"
 fi
 DURATION=${DURATION:-10s}
@@ -153,7 +157,9 @@ SWEEP_DURATION=${SWEEP_DURATION:-5s}
 RATE_LOADS=${RATE_LOADS:-"25 50 75"}
 RATE_DURATION=${RATE_DURATION:-10}
 RATE_CONNECTIONS=${RATE_CONNECTIONS:-50}
-FEATURE_PROXIES=${FEATURE_PROXIES:-"sluice-log-file sluice-log-http sluice-chain sluice-jwt sluice-rr sluice-srate nginx-log nginx-chain"}
+# Each policy alone (sluice-pol-NAME, see policy_alone) besides the chain.
+POLICIES_ALONE="api-key basic-auth rate-limit headers cors ip-filter request-size rewrite cache"
+FEATURE_PROXIES=${FEATURE_PROXIES:-"sluice-log-file sluice-log-http sluice-chain sluice-jwt $(printf 'sluice-pol-%s ' $POLICIES_ALONE)sluice-rr sluice-srate nginx-log nginx-chain"}
 FEATURE_TESTS=${FEATURE_TESTS:-"https_get h2c"}
 CPUS=${CPUS:-$(nproc)}
 # Set per measurement: the route set, the worker count and CPUs of the proxy.
@@ -166,7 +172,7 @@ fi
 RUNTIME="$BUILD/bin/sluice-runtime"
 CHAIN_KEY=bench-key-0123456789
 POLICY_PROXIES="sluice-chain sluice-jwt nginx-chain"
-is_policy_proxy() { case " $POLICY_PROXIES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+is_policy_proxy() { case " $POLICY_PROXIES " in *" $1 "*) return 0 ;; esac; case $1 in sluice-pol-*) return 0 ;; *) return 1 ;; esac; }
 ROUTING_PROXIES="sluice-rr sluice-srate"
 is_routing_proxy() { case " $ROUTING_PROXIES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 LOG_PROXIES="sluice-log-file sluice-log-http sluice-log-es sluice-log-ch nginx-log"
@@ -221,7 +227,7 @@ fi
 GRPC_CALLS=${GRPC_CALLS:-10000}
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
-case " $ALL_PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "* | *" sluice-log-"* | *" sluice-rr "* | *" sluice-srate "*)
+case " $ALL_PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "* | *" sluice-log-"* | *" sluice-rr "* | *" sluice-srate "* | *" sluice-pol-"*)
     [ -x "$RUNTIME" ] || die "$RUNTIME not found: build it first (make BUILD=$BUILD)" ;;
 esac
 [ -z "${die_early:-}" ] || die "BASELINE=$BASELINE is not an executable sluice-runtime"
@@ -352,6 +358,10 @@ fi
 POLICY_HDRS=()
 [ -z "$WITH_POLICIES" ] || POLICY_HDRS=(-H "X-Api-Key: $CHAIN_KEY" -H "Origin: https://app.example.com"
     -H "Authorization: Bearer $JWT_TOKEN")
+RUN_HDRS=("${POLICY_HDRS[@]}")
+BASIC_USER=wrk
+BASIC_PASSWORD=bench-password
+BASIC_HASH=$(openssl passwd -6 -salt benchsalt "$BASIC_PASSWORD")
 
 # --- origin: nginx returning a small body, pinned to the load CPU -----------
 ORIGIN_PORT=$(free_port)
@@ -492,11 +502,79 @@ route_table() { # proxy dir
 
 # Starts proxy $1 listening on $PORT (HTTP/1.1), $TLS_PORT (TLS 1.3, h2 and
 # http/1.1) and $H2C_PORT (h2c) and checks each answers; sets PROXY_PID.
+# sluice-pol-NAME: the policy NAME alone on the bench Api, configured as a
+# user would for plain traffic that it lets through (sets start_proxy's
+# chain and consumer). The api-key and basic-auth Consumers are the chain's
+# and BASIC_USER's; the rate limit is far above what one core sends; the
+# cache answers every request after the first (its row is the cost of a
+# hit, the origin is not called); basic-auth's verdict is cached
+# (cacheSeconds) as the policy's page recommends, else every request would
+# pay for a SHA-crypt of 5,000 rounds.
+policy_alone() { # policy
+    case $1 in
+    api-key)
+        chain="  policies:
+  - {name: api-key, config: {header: X-Api-Key}}"
+        consumer="---
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Consumer
+metadata: {name: bench}
+spec:
+  credentials:
+    apiKeys:
+    - {name: wrk, keyHash: \"sha256:$(printf %s "$CHAIN_KEY" | sha256sum | cut -d' ' -f1)\"}" ;;
+    basic-auth)
+        chain="  policies:
+  - {name: basic-auth, config: {realm: bench, cacheSeconds: 300}}"
+        consumer="---
+apiVersion: gateway.sluice.dev/v1alpha1
+kind: Consumer
+metadata: {name: bench}
+spec:
+  credentials:
+    basicAuth:
+    - {username: $BASIC_USER, passwordHash: \"$BASIC_HASH\"}" ;;
+    rate-limit)
+        chain="  policies:
+  - name: rate-limit
+    config:
+      limits:
+      - {requests: 1000000, period: 1s, by: ip}" ;;
+    headers)
+        chain="  policies:
+  - name: headers
+    config:
+      request: {set: {X-Request-Start: \"\${request_id}\"}, remove: [X-Debug]}
+      response: {set: {X-Frame-Options: DENY}}" ;;
+    cors) chain="  policies:
+  - {name: cors, config: {allowOrigins: [\"https://app.example.com\"]}}" ;;
+    ip-filter) chain="  policies:
+  - {name: ip-filter, config: {allow: [127.0.0.0/8], deny: [10.0.0.0/8]}}" ;;
+    request-size) chain="  policies:
+  - {name: request-size, config: {maxBytes: 1048576}}" ;;
+    rewrite) chain="  policies:
+  - {name: rewrite, config: {prefix: /v2}}" ;;
+    cache) chain="  policies:
+  - {name: cache, config: {ttl: 60s}}" ;;
+    *) die "sluice-pol-$1: no bench configuration for policy $1 (known: $POLICIES_ALONE)" ;;
+    esac
+}
+
+# Request headers for one proxy: sluice-pol-basic-auth gets Basic
+# credentials in place of the run's Bearer token (one Authorization header).
+proxy_headers() { # proxy
+    POLICY_HDRS=("${RUN_HDRS[@]}")
+    if [ "$1" = sluice-pol-basic-auth ]; then
+        POLICY_HDRS=(-H "X-Api-Key: $CHAIN_KEY" -H "Origin: https://app.example.com"
+            -H "Authorization: Basic $(printf '%s:%s' "$BASIC_USER" "$BASIC_PASSWORD" | base64 -w0)")
+    fi
+}
+
 start_proxy() { # name
     local name=$1 port=$PORT dir="$TMP/$1"
     mkdir -p "$dir"
     case $name in
-    sluice | sluice-base | sluice-chain | sluice-jwt | sluice-log-* | sluice-rr | sluice-srate)
+    sluice | sluice-base | sluice-chain | sluice-jwt | sluice-log-* | sluice-rr | sluice-srate | sluice-pol-*)
         local bin=$RUNTIME
         [ "$name" != sluice-base ] || bin=$BASELINE
         # sluice-chain: the realistic chain of the policy issue on the Api
@@ -544,6 +622,7 @@ spec:
     apiKeys:
     - {name: wrk, keyHash: \"sha256:$(printf %s "$CHAIN_KEY" | sha256sum | cut -d' ' -f1)\"}"
         fi
+        case $name in sluice-pol-*) policy_alone "${name#sluice-pol-}" ;; esac
         # sluice-log-*: one traffic log sink on the Gateway, every record.
         local tlog="" admin=(--admin off)
         case $name in
@@ -981,10 +1060,12 @@ measure_proxy() { # proxy tests results
 # Starts proxy $1 on fresh ports, runs tests $2 into $3, stops it.
 measure() { # proxy tests results
     read -r PORT TLS_PORT H2C_PORT < <(free_ports 3)
+    proxy_headers "$1"
     start_proxy "$1"
     measure_proxy "$@"
     if is_log_proxy "$1"; then log_delivery "$1"; fi
     stop_proxy
+    proxy_headers ""
 }
 
 # --- saturation: every proxy, test and route set -------------------------------

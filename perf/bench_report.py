@@ -36,6 +36,11 @@ FEATURES = {
     "nginx-log": ("nginx", "JSON access_log"),
     "nginx-chain": ("nginx", "chain equivalent: key map + limit_req + add_header"),
 }
+# Each policy alone: perf/bench.sh's sluice-pol-NAME variants.
+for _p in ("api-key", "basic-auth", "rate-limit", "headers", "cors", "ip-filter", "request-size",
+           "rewrite", "cache"):
+    FEATURES["sluice-pol-" + _p] = ("sluice", "policy alone: " + _p +
+                                    (" (hits: the origin is not called)" if _p == "cache" else ""))
 
 
 # One colour per proxy in every picture (gnuplot line colour index).

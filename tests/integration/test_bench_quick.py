@@ -132,8 +132,15 @@ def test_features_csv(quick_run):
     for proxy in PROXIES:
         for test in ("get", "https_get", "h2c"):
             assert (proxy, test) in cells, (proxy, test)
-    for variant in ("sluice-log-file", "sluice-chain", "nginx-chain"):
+    for variant in ("sluice-log-file", "sluice-chain", "nginx-chain", "sluice-pol-basic-auth",
+                    "sluice-pol-cache"):
         assert (variant, "get") in cells, variant
+    # A policy alone lets the benchmark's traffic through: basic-auth got
+    # its own credentials, the cache its hits.
+    for r in rows:
+        if r["proxy"].startswith("sluice-pol-"):
+            assert r["feature"].startswith("policy alone: "), r
+            assert int(r["errors"]) == 0, r
 
 
 def test_scaling_csv(quick_run):
