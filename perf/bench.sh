@@ -118,7 +118,7 @@ if [ -n "$QUICK" ]; then
     : "${DURATION:=1s}" "${WARMUP:=0}" "${TESTS:=get post100k get_close}"
     : "${ROUTE_SETS:=1 10000}" "${ROUTE_TESTS:=get}" "${SWEEP_DURATION:=1s}"
     : "${RATE_DURATION:=1}"
-    : "${FEATURE_PROXIES:=sluice-log-file sluice-chain sluice-pol-basic-auth sluice-pol-cache nginx-chain}"
+    : "${FEATURE_PROXIES:=sluice-log-file sluice-chain sluice-pol-basic-auth sluice-pol-cache sluice-pol-json-schema nginx-chain}"
     : "${CONNECTIONS:=20}"
 fi
 DURATION=${DURATION:-10s}
@@ -127,7 +127,7 @@ CONNECTIONS=${CONNECTIONS:-50}
 WRK_THREADS=${WRK_THREADS:-1}
 PROXIES=${PROXIES:-"sluice nginx haproxy"}
 TESTS=${TESTS:-"get post1k post5k post100k get_close"}
-ALL_TESTS="get post1k post5k post100k get_close https_get h2c h2tls handshake_new handshake_resumed h2_slow_reader grpc_unary"
+ALL_TESTS="get post1k post5k post100k postjson get_close https_get h2c h2tls handshake_new handshake_resumed h2_slow_reader grpc_unary"
 [ "$TESTS" != all ] || TESTS=$ALL_TESTS
 HANDSHAKE_CLIENTS=${HANDSHAKE_CLIENTS:-50}
 H2_CLIENTS=${H2_CLIENTS:-50}
@@ -158,9 +158,9 @@ RATE_LOADS=${RATE_LOADS:-"25 50 75"}
 RATE_DURATION=${RATE_DURATION:-10}
 RATE_CONNECTIONS=${RATE_CONNECTIONS:-50}
 # Each policy alone (sluice-pol-NAME, see policy_alone) besides the chain.
-POLICIES_ALONE="api-key basic-auth rate-limit headers cors ip-filter request-size rewrite cache"
+POLICIES_ALONE="api-key basic-auth rate-limit headers cors ip-filter request-size rewrite cache json-schema"
 FEATURE_PROXIES=${FEATURE_PROXIES:-"sluice-log-file sluice-log-http sluice-chain sluice-jwt $(printf 'sluice-pol-%s ' $POLICIES_ALONE)sluice-rr sluice-srate nginx-log nginx-chain"}
-FEATURE_TESTS=${FEATURE_TESTS:-"https_get h2c"}
+FEATURE_TESTS=${FEATURE_TESTS:-"https_get h2c postjson"}
 CPUS=${CPUS:-$(nproc)}
 # Set per measurement: the route set, the worker count and CPUs of the proxy.
 ROUTES=1
@@ -199,11 +199,11 @@ wants() { case " $TESTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 NEED_TLS=""
 for test in $TESTS; do
     case " $ALL_TESTS " in *" $test "*) ;; *) die "unknown test $test (known: $ALL_TESTS)" ;; esac
-    case $test in get | post1k | post5k | post100k | get_close | grpc_unary) ;; *) NEED_TLS=1 ;; esac
+    case $test in get | post1k | post5k | post100k | postjson | get_close | grpc_unary) ;; *) NEED_TLS=1 ;; esac
 done
 if in_section features; then
     for test in $FEATURE_TESTS; do
-        case $test in https_get | h2c | h2tls) NEED_TLS=1 ;; *) die "FEATURE_TESTS: $test is not one of https_get h2c h2tls" ;; esac
+        case $test in https_get | h2c | h2tls) NEED_TLS=1 ;; postjson) ;; *) die "FEATURE_TESTS: $test is not one of https_get h2c h2tls postjson" ;; esac
     done
 fi
 tools="nginx haproxy wrk taskset curl getconf openssl"
@@ -420,6 +420,17 @@ wrk.body = string.rep("x", $size)
 wrk.headers["Content-Type"] = "application/octet-stream"
 EOF
 done
+# postjson: a 1 KB JSON document of the shape sluice-pol-json-schema's
+# schema describes (26 pets, 1,014 bytes), so that the validating variant passes it.
+$PY - "$TMP/post.json" >"$TMP/postjson.lua" <<'EOF'
+import json, sys
+pets = [{"name": "pet-%02d" % i, "tag": "dog", "age": i} for i in range(26)]
+body = json.dumps({"pets": pets}, separators=(",", ":"))
+open(sys.argv[1], "w").write(body)
+print('wrk.method = "POST"')
+print("wrk.body = %s" % json.dumps(body))
+print('wrk.headers["Content-Type"] = "application/json"')
+EOF
 
 # sluice-runtime's CPU clock ticks by thread: "workers logger sinks other"
 # (threads named sl-worker-N, sl-tlog, sl-sink-NAME; the rest is the main
@@ -556,6 +567,26 @@ spec:
   - {name: rewrite, config: {prefix: /v2}}" ;;
     cache) chain="  policies:
   - {name: cache, config: {ttl: 60s}}" ;;
+    json-schema)
+        chain="  policies:
+  - name: json-schema
+    config:
+      maxBodyBytes: 65536
+      schema:
+        type: object
+        required: [pets]
+        properties:
+          pets:
+            type: array
+            maxItems: 100
+            items:
+              type: object
+              required: [name]
+              additionalProperties: false
+              properties:
+                name: {type: string, minLength: 1, maxLength: 64}
+                tag: {type: [string, \"null\"], pattern: \"^[a-z-]+\$\"}
+                age: {type: integer, minimum: 0}" ;;
     *) die "sluice-pol-$1: no bench configuration for policy $1 (known: $POLICIES_ALONE)" ;;
     esac
 }
@@ -758,9 +789,10 @@ EOF
     PIDS+=("$PROXY_PID")
     wait_http "$port" "$PROXY_PID" "$name" "$(route_path)"
     # A POST must pass too, with the origin's answer.
-    local body
-    body=$(curl -s -X POST "${POLICY_HDRS[@]}" --data-binary @"$TMP/post1024.lua" \
-        "http://127.0.0.1:$port$(route_path)")
+    local body post=(--data-binary @"$TMP/post1024.lua")
+    [ "$name" != sluice-pol-json-schema ] ||
+        post=(-H "Content-Type: application/json" --data-binary @"$TMP/post.json")
+    body=$(curl -s -X POST "${POLICY_HDRS[@]}" "${post[@]}" "http://127.0.0.1:$port$(route_path)")
     [ "$body" = "hello from the origin" ] || die "$name: POST through the proxy answered '$body'"
     if [ "$ROUTES" != 1 ]; then # the table routes: a path outside it is not found
         body=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/api0/nope")
@@ -822,9 +854,10 @@ run_load() { # test duration outfile [count: handshake_new's number of connectio
     local url
     url="http://127.0.0.1:$PORT$(route_path)"
     case $test in
-    get | post1k | post5k | post100k | get_close | https_get)
+    get | post1k | post5k | post100k | postjson | get_close | https_get)
         case $test in
         post1k) script=(-s "$TMP/post1024.lua") ;;
+        postjson) script=(-s "$TMP/postjson.lua") ;;
         post5k) script=(-s "$TMP/post5120.lua") ;;
         post100k) script=(-s "$TMP/post102400.lua") ;;
         get_close) script=(-H "Connection: close") ;; # a new connection per request
@@ -879,7 +912,8 @@ parse_load() { # test outfile
 import re, sys
 test, path = sys.argv[1], sys.argv[2]
 t = open(path).read()
-if test in ("get", "post1k", "post5k", "post100k", "get_close", "https_get", "handshake_resumed"):  # wrk
+if test in ("get", "post1k", "post5k", "post100k", "postjson", "get_close", "https_get",
+            "handshake_resumed"):  # wrk
     m = re.search(r"(\d+) requests in", t)
     rps = re.search(r"Requests/sec:\s+([\d.]+)", t)
     if not m or not rps:
@@ -1016,7 +1050,7 @@ measure_proxy() { # proxy tests results
     for test in $tests; do
         # A variant: the plain HTTP/1.1 tests only.
         if is_variant_proxy "$proxy"; then
-            case $test in get | post1k | post5k) ;; *) continue ;; esac
+            case $test in get | post1k | post5k | postjson) ;; *) continue ;; esac
         fi
         if [ "$test" = h2_slow_reader ]; then
             slow_reader "$proxy"
@@ -1188,7 +1222,14 @@ FEAT_RESULTS="$TMP/feature_results"
 if in_section features; then
     THREAD_OUT="$TMP/feature_threads"
     for proxy in $PLAIN_PROXIES; do measure "$proxy" "get $FEATURE_TESTS" "$FEAT_RESULTS"; done
-    for proxy in $FEATURE_PROXIES; do measure "$proxy" get "$FEAT_RESULTS"; done
+    # json-schema checks bodies: it is measured on postjson (against plain
+    # sluice's postjson, which FEATURE_TESTS then needs).
+    for proxy in $FEATURE_PROXIES; do
+        case $proxy in
+        sluice-pol-json-schema) measure "$proxy" postjson "$FEAT_RESULTS" ;;
+        *) measure "$proxy" get "$FEAT_RESULTS" ;;
+        esac
+    done
     THREAD_OUT=$THREAD_RESULTS
 fi
 
@@ -1260,6 +1301,7 @@ grpc_rows = [l.split() for l in open(sys.argv[4]) if l.strip()]
 grpc_calls = sys.argv[5]
 by = {(r[0], r[1]): r for r in rows}
 names = {"get": "GET", "post1k": "POST 1 KB", "post5k": "POST 5 KB", "post100k": "POST 100 KB",
+         "postjson": "POST 1 KB JSON",
          "get_close": "GET, new connection per request",
          "https_get": "HTTPS GET", "h2c": "h2c", "h2tls": "h2 (TLS)",
          "handshake_new": "TLS full handshake", "handshake_resumed": "TLS resumed handshake"}

@@ -19,7 +19,7 @@ import sys
 ARGS = None  # the command line (table() reads the image prefix)
 PLAIN = ["sluice-base", "sluice", "nginx", "haproxy"]
 TEST_NAMES = {"get": "GET", "post1k": "POST 1 KB", "post5k": "POST 5 KB", "post100k": "POST 100 KB",
-              "get_close": "GET, new connection per request", "https_get": "HTTPS GET (TLS 1.3)",
+              "postjson": "POST 1 KB JSON", "get_close": "GET, new connection per request", "https_get": "HTTPS GET (TLS 1.3)",
               "h2c": "HTTP/2 (h2c) GET", "h2tls": "HTTP/2 over TLS GET"}
 # Cost of features: the row's proxy (and test) against its base proxy's plain
 # GET of the same section; success-rate routing against the weighted pick
@@ -38,7 +38,7 @@ FEATURES = {
 }
 # Each policy alone: perf/bench.sh's sluice-pol-NAME variants.
 for _p in ("api-key", "basic-auth", "rate-limit", "headers", "cors", "ip-filter", "request-size",
-           "rewrite", "cache"):
+           "rewrite", "cache", "json-schema"):
     FEATURES["sluice-pol-" + _p] = ("sluice", "policy alone: " + _p +
                                     (" (hits: the origin is not called)" if _p == "cache" else ""))
 
@@ -297,7 +297,7 @@ def features(a, md, plot):
     for (proxy, test, _, _), v in m.items():
         if proxy in FEATURES:
             base, what = FEATURES[proxy]
-            b = m.get((base, "get", "1", "1"))
+            b = m.get((base, test, "1", "1"))  # json-schema: both on postjson
         elif test != "get":
             base, what, b = proxy, TEST_NAMES.get(test, test), m.get((proxy, "get", "1", "1"))
         else:
@@ -325,7 +325,8 @@ def features(a, md, plot):
     table(md, "Cost of features", "GET through each variant against plain GET through its proxy, in this section "
               "(wrk, %s connections; TLS = HTTPS GET over TLS 1.3 with wrk, HTTP/2 = h2load h2c); "
               "success-rate routing against the weighted pick over the same two Backends (the "
-              "`plain GET µs` column then holds the weighted pick's). "
+              "`plain GET µs` column then holds the weighted pick's); json-schema on a 1 KB JSON "
+              "POST against the same POST through plain sluice (the column then holds that POST's). "
               "CSV: [features.csv](%sfeatures.csv)." % (a.connections, a.img_prefix),
           ["proxy", "feature", ">requests/s", ">CPU µs/request", ">errors", ">plain GET µs",
            ">added µs", ">ratio"], [[r[2], r[1]] + r[4:] for r in out], "features",

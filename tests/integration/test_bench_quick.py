@@ -135,6 +135,7 @@ def test_features_csv(quick_run):
     for variant in ("sluice-log-file", "sluice-chain", "nginx-chain", "sluice-pol-basic-auth",
                     "sluice-pol-cache"):
         assert (variant, "get") in cells, variant
+    assert ("sluice-pol-json-schema", "postjson") in cells
     # A policy alone lets the benchmark's traffic through: basic-auth got
     # its own credentials, the cache its hits.
     for r in rows:
