@@ -1851,9 +1851,14 @@ static void *logger_main(void *arg)
 {
     (void)arg;
     pthread_setname_np(pthread_self(), "sl-tlog");
+    int idle = 0;
     for (;;) {
+        /* Idle (no sink, none retiring, no set pending): no worker writes
+         * a record, so nothing is drained until a wake-up (a new set,
+         * a reopen, the stop), rather than 20 times a second on the
+         * workers' CPUs. The eventfd keeps a wake-up that came first. */
         struct pollfd pfd = {.fd = tl.wake_fd, .events = POLLIN};
-        if (poll(&pfd, 1, DRAIN_INTERVAL_MS) > 0) {
+        if (poll(&pfd, 1, idle ? -1 : DRAIN_INTERVAL_MS) > 0) {
             uint64_t v;
             ssize_t rd = read(tl.wake_fd, &v, sizeof(v));
             (void)rd;
@@ -1894,6 +1899,10 @@ static void *logger_main(void *arg)
             drain_rings();
             return NULL;
         }
+        pthread_mutex_lock(&tl.set_lock);
+        idle = !tl.retiring && !tl.pending &&
+               !__atomic_load_n(&sl_tlog_active_flag, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&tl.set_lock);
     }
 }
 

@@ -192,6 +192,40 @@ def test_reload_keeps_a_sinks_records(runtimes, backends, tmp_path):
     assert len(records(other)) > 0
 
 
+def logger_wakeups(rt, seconds):
+    """Voluntary context switches of the sl-tlog thread over `seconds`."""
+    def count():
+        for t in os.listdir("/proc/%d/task" % rt.pid):
+            with open("/proc/%d/task/%s/comm" % (rt.pid, t)) as f:
+                if f.read().strip() != "sl-tlog":
+                    continue
+            with open("/proc/%d/task/%s/status" % (rt.pid, t)) as f:
+                return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", f.read(), re.M).group(1))
+        raise AssertionError("no sl-tlog thread")
+    before = count()
+    time.sleep(seconds)
+    return count() - before
+
+
+def test_idle_logger_sleeps_until_a_sink_comes(runtimes, backends, tmp_path):
+    """With no sink the logger thread sleeps (it used to drain empty rings
+    20 times a second on the workers' CPUs); a sink added by a reload is
+    served at once, and once removed the logger sleeps again."""
+    b = backends("echo")
+    port = free_port()
+    log = str(tmp_path / "t.jsonl")
+    base = [backend("echo", [b.port]), api("t", "/t", "echo")]
+    rt = runtimes([gateway(port)] + base)
+    assert request(port, "GET", "/t/idle").status == 200
+    assert logger_wakeups(rt, 1.5) <= 2
+    rt.reload([gw(port, {"sinks": [{"name": "local", "type": "file", "path": log}]})] + base)
+    assert request(port, "GET", "/t/logged").status == 200
+    assert [r["path"] for r in records(log, 1)] == ["/t/logged"]
+    assert logger_wakeups(rt, 0.5) >= 5  # draining every 50 ms while a sink is on
+    rt.reload([gateway(port)] + base)
+    wait_until(lambda: logger_wakeups(rt, 0.5) <= 1, 10, what="the logger asleep again")
+
+
 def test_rotation_by_size(runtimes, backends, tmp_path):
     b = backends("echo")
     port = free_port()
