@@ -78,6 +78,8 @@
 #                                     round), and report the median of each
 #                                     figure: on a shared machine one run of a
 #                                     proxy can be 20-30% off either way
+#                                     (the saturation, rate and features
+#                                     sections)
 #   BASELINE=path/to/sluice-runtime   also measure this binary, as proxy
 #                                     "sluice-base", in the same run (before/after
 #                                     figures of a change: build the old commit
@@ -1219,16 +1221,29 @@ fi
 # Backends with the default weighted pick).
 FEAT_RESULTS="$TMP/feature_results"
 : >"$FEAT_RESULTS"
+# ROUNDS rounds, the order reversed every other round, each figure the
+# median of its rounds (as the saturation matrix): this machine's speed
+# can change by a third within a minute, and a variant measured once
+# would carry that into its "added µs".
 if in_section features; then
     THREAD_OUT="$TMP/feature_threads"
-    for proxy in $PLAIN_PROXIES; do measure "$proxy" "get $FEATURE_TESTS" "$FEAT_RESULTS"; done
-    # json-schema checks bodies: it is measured on postjson (against plain
-    # sluice's postjson, which FEATURE_TESTS then needs).
-    for proxy in $FEATURE_PROXIES; do
-        case $proxy in
-        sluice-pol-json-schema) measure "$proxy" postjson "$FEAT_RESULTS" ;;
-        *) measure "$proxy" get "$FEAT_RESULTS" ;;
-        esac
+    FEAT_ORDER=$(echo $PLAIN_PROXIES $FEATURE_PROXIES)
+    for round in $(seq "$ROUNDS"); do
+        order=$FEAT_ORDER
+        [ $((round % 2)) = 1 ] || order=$(echo "$FEAT_ORDER" | tr ' ' '\n' | tac | tr '\n' ' ')
+        for proxy in $order; do
+            case " $PLAIN_PROXIES " in
+            *" $proxy "*) measure "$proxy" "get $FEATURE_TESTS" "$FEAT_RESULTS" ;;
+            *)
+                # json-schema checks bodies: it is measured on postjson
+                # (against plain sluice's postjson, which FEATURE_TESTS then needs).
+                case $proxy in
+                sluice-pol-json-schema) measure "$proxy" postjson "$FEAT_RESULTS" ;;
+                *) measure "$proxy" get "$FEAT_RESULTS" ;;
+                esac
+                ;;
+            esac
+        done
     done
     THREAD_OUT=$THREAD_RESULTS
 fi

@@ -119,7 +119,7 @@ def measured(path):
         out[key] = {"requests": sum(int(r[2]) for r in rs),
                     "rps": statistics.median(float(r[3]) for r in rs),
                     "cpu": statistics.median(float(r[4]) for r in rs),
-                    "errors": sum(int(r[5]) for r in rs)}
+                    "errors": sum(int(r[5]) for r in rs), "rounds": len(rs)}
     return out
 
 
@@ -322,12 +322,15 @@ def features(a, md, plot):
               'set ylabel "CPU µs/request"\nset yrange [0:*]\nset bmargin 16\nset rmargin 12\n'
               'set xtics rotate by -45 left font ",8"\n'
               'plot "%s" using 0:2:3:xtic(1) with boxes lc variable\n' % d, size="1100,700")
-    table(md, "Cost of features", "GET through each variant against plain GET through its proxy, in this section "
+    table(md, "Cost of features", "GET through each variant against plain GET through its proxy, in this section, "
+              "the median of %d round(s) (every proxy and variant once per round, the order reversed "
+              "every other round) "
               "(wrk, %s connections; TLS = HTTPS GET over TLS 1.3 with wrk, HTTP/2 = h2load h2c); "
               "success-rate routing against the weighted pick over the same two Backends (the "
               "`plain GET µs` column then holds the weighted pick's); json-schema on a 1 KB JSON "
               "POST against the same POST through plain sluice (the column then holds that POST's). "
-              "CSV: [features.csv](%sfeatures.csv)." % (a.connections, a.img_prefix),
+              "CSV: [features.csv](%sfeatures.csv)." % (max(v["rounds"] for v in m.values()),
+                                                        a.connections, a.img_prefix),
           ["proxy", "feature", ">requests/s", ">CPU µs/request", ">errors", ">plain GET µs",
            ">added µs", ">ratio"], [[r[2], r[1]] + r[4:] for r in out], "features",
           "CPU µs per request per feature")
