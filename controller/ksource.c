@@ -995,6 +995,7 @@ static int on_line(watcher_t *w, const char *line, size_t len)
         return 1;
     case EV_BOOKMARK:
         snprintf(w->rv, sizeof(w->rv), "%s", ev.rv);
+        sl_log_debug("kubernetes %s: bookmark, resourceVersion %s", w->label, w->rv);
         json_decref(ev.object);
         return 0;
     default:

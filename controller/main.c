@@ -97,6 +97,12 @@ static void usage(FILE *out)
             "                           cannot send the token\n"
             "  --max-body-bytes N       refuse REST and Kubernetes API request bodies over N\n"
             "                           bytes with 413 (default 8388608)\n"
+            "  --watch-history N        changes kept for Kubernetes API watches to resume\n"
+            "                           from; an older resourceVersion gets 410 Expired and\n"
+            "                           the client lists again (default 4096)\n"
+            "  --watch-bookmark-seconds S\n"
+            "                           a watch with allowWatchBookmarks gets a BOOKMARK after\n"
+            "                           S seconds without events (default 60)\n"
             "  --log-level LEVEL        debug, info, notice, warn, error (default info)\n"
             "  --max-routes N           refuse writes that make a fleet's config exceed N\n"
             "                           routes (default 200000)\n"
@@ -163,6 +169,8 @@ int main(int argc, char **argv)
         {"rest-tls-san", required_argument, NULL, 'S'},
         {"rest-plain-http", no_argument, NULL, 'H'},
         {"max-body-bytes", required_argument, NULL, 'B'},
+        {"watch-history", required_argument, NULL, 'W'},
+        {"watch-bookmark-seconds", required_argument, NULL, 'b'},
         {"version", no_argument, NULL, 'V'},
         {"print-crds", no_argument, NULL, 'P'},
         {"source", required_argument, NULL, 'O'},
@@ -189,6 +197,7 @@ int main(int argc, char **argv)
     }
     unsigned long long max_routes = 200000, max_runtimes = SL_CONTROLLER_DEFAULT_MAX_RUNTIMES;
     unsigned long long max_streams = 10000, accept_rate = 500;
+    unsigned long long watch_history = 4096, bookmark_s = 60;
     unsigned long long runtime_expiry_s = SL_CONTROLLER_DEFAULT_RUNTIME_EXPIRY_MS / 1000;
     unsigned long long replica_timeout_s = SL_REPLICAS_DEFAULT_TIMEOUT_S;
     int replica_timeout_given = 0;
@@ -263,6 +272,22 @@ int main(int argc, char **argv)
                         optarg);
                 goto bad_args;
             }
+            break;
+        }
+        case 'W':
+        case 'b': {
+            char *end;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            unsigned long long max = ch == 'W' ? 1000000ULL : 3600ULL;
+            if (*end || optarg[0] == '-' || !optarg[0] || v < 1 || v > max) {
+                fprintf(stderr, "sluice-controller: --%s %s: must be a number from 1 to %llu\n",
+                        ch == 'W' ? "watch-history" : "watch-bookmark-seconds", optarg, max);
+                goto bad_args;
+            }
+            if (ch == 'W')
+                watch_history = v;
+            else
+                bookmark_s = v;
             break;
         }
         case 'M': {
@@ -571,11 +596,13 @@ int main(int argc, char **argv)
     }
     sl_stream_server_set_limits(srv, (unsigned)max_streams, (unsigned)accept_rate);
     /* Objects are rendered for watches as the API serves them (kapi.h). */
-    hub = sl_watch_hub_new(base, sl_store_resource_version(store), 0, sl_kapi_render, ctl);
+    hub = sl_watch_hub_new(base, sl_store_resource_version(store), (size_t)watch_history,
+                           sl_kapi_render, ctl);
     if (!hub) {
         sl_log_error("watch hub: out of memory");
         goto out_grpc;
     }
+    sl_watch_hub_set_bookmark_seconds(hub, (unsigned)bookmark_s);
     /* Every durable write of the store feeds the watches. */
     sl_store_set_observer(store, sl_watch_observe, hub);
     ready_ctx_t ready = {store, ctl};

@@ -108,6 +108,7 @@ struct sl_watch_hub {
     watch_t *watches;
     size_t nwatches;
     size_t max_output;
+    unsigned bookmark_s; /* period for watches that do not set their own */
     struct evbuffer *scratch; /* one line on its way to a connection */
 };
 
@@ -333,6 +334,7 @@ sl_watch_hub_t *sl_watch_hub_new(struct event_base *base, uint64_t first_rv, siz
     hub->render = render;
     hub->render_ctx = render_ctx;
     hub->max_output = WATCH_MAX_OUTPUT_DEFAULT;
+    hub->bookmark_s = WATCH_BOOKMARK_DEFAULT_S;
     if (!hub->ring || !hub->scratch) {
         free(hub->ring);
         if (hub->scratch)
@@ -341,6 +343,11 @@ sl_watch_hub_t *sl_watch_hub_new(struct event_base *base, uint64_t first_rv, siz
         return NULL;
     }
     return hub;
+}
+
+void sl_watch_hub_set_bookmark_seconds(sl_watch_hub_t *hub, unsigned seconds)
+{
+    hub->bookmark_s = seconds ? seconds : WATCH_BOOKMARK_DEFAULT_S;
 }
 
 void sl_watch_hub_set_max_output(sl_watch_hub_t *hub, size_t bytes)
@@ -505,7 +512,7 @@ int sl_watch_serve(sl_watch_hub_t *hub, struct evhttp_request *req, const sl_wat
     w->match_ctx = p->match_ctx;
     w->bookmarks = p->bookmarks;
     w->end_how = END_CLEAN;
-    w->bookmark_tv.tv_sec = p->bookmark_seconds ? p->bookmark_seconds : WATCH_BOOKMARK_DEFAULT_S;
+    w->bookmark_tv.tv_sec = p->bookmark_seconds ? p->bookmark_seconds : hub->bookmark_s;
     w->end_ev = evtimer_new(hub->base, end_cb, w);
     if (w->bookmarks)
         w->bookmark_ev = evtimer_new(hub->base, bookmark_cb, w);

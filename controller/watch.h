@@ -72,7 +72,7 @@ typedef struct {
     const char *resource_version; /* "" / NULL / "0" / "N" as above */
     bool bookmarks;               /* allowWatchBookmarks=true */
     unsigned timeout_seconds;     /* 0 = until the client goes away */
-    unsigned bookmark_seconds;    /* 0 = 60 */
+    unsigned bookmark_seconds;    /* 0 = the hub's (60 by default) */
     json_t *initial;              /* borrowed array of rendered objects, for RV "" / "0" */
     sl_watch_match_fn match;
     void *match_ctx;
@@ -90,6 +90,10 @@ int sl_watch_serve(sl_watch_hub_t *hub, struct evhttp_request *req, const sl_wat
 /* The bytes that may wait on one watch's connection before that watch is
  * dropped as a slow client (0 = the default, 16 MiB). For tests and tuning. */
 void sl_watch_hub_set_max_output(sl_watch_hub_t *hub, size_t bytes);
+/* How often a watch that asked for bookmarks gets one while nothing else
+ * was sent to it, unless its params say (0 = 60 s, the Kubernetes API
+ * server's period). */
+void sl_watch_hub_set_bookmark_seconds(sl_watch_hub_t *hub, unsigned seconds);
 
 /* Open watches (for /metrics and tests). */
 size_t sl_watch_count(const sl_watch_hub_t *hub);

@@ -9,9 +9,10 @@ controller replicas give their runtimes the same version.
 
 The API server is tests/integration/kubefake.py (the protocol of the
 Kubernetes API server for custom resources, with knobs to drop connections,
-expire resourceVersions, require client certificates), and, in the last
-test, another controller's own Kubernetes-compatible API (controller/kapi.c
-+ controller/watch.c).
+expire resourceVersions, require client certificates), and, in two tests,
+another controller's own Kubernetes-compatible API (controller/kapi.c +
+controller/watch.c): over plain HTTP, and over its generated HTTPS with a
+token, where its watch hub's bookmarks and 410 Expired are produced too.
 
 Run: SLUICE_BUILD=build /usr/bin/python3 -m pytest tests/integration/test_kube_source.py
 """
@@ -434,3 +435,80 @@ def test_replicas_count_their_runtimes_together(env, kube):  # noqa: F811
         assert programmed(st)["status"] == "True"
     finally:
         ctl_b.stop()
+
+
+def test_own_api_over_https_with_410_and_bookmarks(env, tmp_path):  # noqa: F811
+    """The in-cluster client against the controller's own endpoint as a
+    cluster would be reached: HTTPS with a bearer token (the kubeconfig that
+    controller #1 generates), bookmarks from its watch hub moving the
+    resourceVersion of a kind with no events of its own, and a 410 Expired
+    after #1 restarted and moved on past its (here tiny) watch history while
+    #2 was frozen: #2 lists again and serves what was written meanwhile."""
+    import json
+    import re
+    import signal
+    import yaml
+    from controller_env import quickstart as quickstart_text
+    from test_rest_tls_auto import TlsController
+    api_server = TlsController(env.tmp / "api-https",
+                               extra_args=["--watch-history", "4", "--watch-bookmark-seconds", "1"])
+    api_server.start()
+
+    def put(doc):
+        path = "/api/v1/%ss/%s" % (doc["kind"].lower(), doc["metadata"]["name"])
+        st, body = api_server.https("PUT", path, body=json.dumps(doc))
+        assert st in (200, 201), (path, st, body[:400])
+
+    def store_rv():
+        st, body = api_server.https("GET", "/apis/gateway.sluice.dev/v1alpha1/apis")
+        assert st == 200, (st, body[:400])
+        return int(json.loads(body)["metadata"]["resourceVersion"])
+
+    try:
+        b = env.backend("echo")
+        port = free_port()
+        for doc in yaml.safe_load_all(quickstart_text(port, b.port, listener_address="127.0.0.1")):
+            if doc:
+                put(doc)
+        server = api_server.kubeconfig()["clusters"][0]["cluster"]["server"]
+        assert server.startswith("https://"), server
+        ctl = Controller(env.tmp / "controller", stream_host=env.hub, log_level="debug",
+                         extra_args=["--source", "kubernetes",
+                                     "--kubeconfig", api_server.kubeconfig_path])
+        env.ctl = ctl
+        ctl.start()
+        rt = env.runtime("rt-kapi-https")
+        wait_routes([rt], port, "/petstore/v1/pets", 200, 10.0)
+
+        # Bookmarks: a write of an Api moves the store's resourceVersion;
+        # the consumers watch, which had no event, learns it from a bookmark.
+        put(api("orders", "/orders", "echo", operations=[{"method": "GET", "path": "/o"}]))
+        wait_routes([rt], port, "/orders/o", 200, 5.0)
+        rv = store_rv()
+
+        def consumers_bookmarked():
+            seen = re.findall(r"kubernetes consumers: bookmark, resourceVersion (\d+)", ctl.log())
+            return any(int(v) >= rv for v in seen)
+        wait_until(consumers_bookmarked, 10.0,
+                   what=lambda: "a consumers bookmark at >= %d; log:\n%s" % (rv, ctl.log()[-3000:]))
+
+        # 410: #2 is frozen while #1 restarts and takes six writes, more than
+        # the four changes its hub keeps, so #2's resume point is too old.
+        ctl.proc.send_signal(signal.SIGSTOP)
+        try:
+            api_server.stop()
+            api_server.start()
+            for i in range(6):
+                put(api("late%d" % i, "/late%d" % i, "echo",
+                        operations=[{"method": "GET", "path": "/l"}]))
+        finally:
+            ctl.proc.send_signal(signal.SIGCONT)
+        wait_routes([rt], port, "/late5/l", 200, 20.0)
+        wait_routes([rt], port, "/late0/l", 200, 5.0)
+        assert re.search(r"kubernetes \w+: resourceVersion \d+ expired( \(410\))?, listing again",
+                         ctl.log()), ctl.log()[-3000:]
+        assert "Bearer" not in ctl.log()
+    finally:
+        api_server.stop()
+        problems = api_server.problems()
+        assert not problems, problems
