@@ -159,6 +159,10 @@ SWEEP_DURATION=${SWEEP_DURATION:-5s}
 RATE_LOADS=${RATE_LOADS:-"25 50 75"}
 RATE_DURATION=${RATE_DURATION:-10}
 RATE_CONNECTIONS=${RATE_CONNECTIONS:-50}
+# A rate run during which the hypervisor took more than RATE_MAX_STEAL_MS of
+# the proxy's and the load's CPUs (steal time, /proc/stat) runs once more,
+# and the run with less steal counts (see the rate section).
+RATE_MAX_STEAL_MS=${RATE_MAX_STEAL_MS:-50}
 # Each policy alone (sluice-pol-NAME, see policy_alone) besides the chain.
 POLICIES_ALONE="api-key basic-auth rate-limit headers cors ip-filter request-size rewrite cache json-schema"
 FEATURE_PROXIES=${FEATURE_PROXIES:-"sluice-log-file sluice-log-http sluice-chain sluice-jwt $(printf 'sluice-pol-%s ' $POLICIES_ALONE)sluice-rr sluice-srate nginx-log nginx-chain"}
@@ -1154,7 +1158,21 @@ fi
 
 # --- rate: latency at fixed rates, open loop (perf/openload) --------------------
 # Rows of $RATE_RESULTS: "target load_pct rate p50 p90 p99 p999 max errors
-# completed" (µs); target "origin" is the origin called directly.
+# completed round steal_ms runs" (µs); target "origin" is the origin called
+# directly.
+#
+# Steal: on a virtual machine the hypervisor takes a vCPU away for
+# milliseconds at a time. Measured here with a busy loop, that is 1-5 ms
+# gaps a few times a second on a quiet host and up to a tenth of the time on
+# a busy one; every request scheduled in a gap waits for it, so one such
+# minute decides a p99 whatever the proxy does. The kernel counts it per
+# CPU (the 8th field of /proc/stat's cpuN lines, in clock ticks): a run
+# that lost more than RATE_MAX_STEAL_MS of the two CPUs runs again, once,
+# and the run with less steal counts; each row keeps its steal.
+steal_ms() { # cpu... -> milliseconds of steal so far on those CPUs
+    awk -v cpus=" $* " -v hz="$(getconf CLK_TCK)" '$1 ~ /^cpu[0-9]+$/ && index(cpus, " " substr($1, 4) " ") {
+        s += $9} END {printf "%d", s * 1000 / hz}' /proc/stat
+}
 RATE_RESULTS="$TMP/rate_results"
 : >"$RATE_RESULTS"
 SAT_RATE=""
@@ -1191,20 +1209,31 @@ if in_section rate; then
             nt=${#rate_targets[@]}
             for k in $(seq 0 $((nt - 1))); do
                 target=${rate_targets[$(((k + round - 1) % nt))]}
-                out="$TMP/$target-rate-$pct-$round.txt"
-                taskset -c "$LOAD_CPU" "$OPENLOAD" --port "${RATE_PORT[$target]}" --path /bench --rate "$rate" \
-                    --connections "$RATE_CONNECTIONS" --warmup 1 --duration "$RATE_DURATION" --timeout 5 \
-                    "${OPENLOAD_HDRS[@]}" --csv "$TMP/$target-rate-$pct-$round.csv" >"$out" 2>&1 ||
-                    die "openload failed: $(cat "$out")"
-                [ "$target" = origin ] || kill -0 "${RATE_PID[$target]}" 2>/dev/null ||
-                    die "$target died during the rate section"
-                # openload's "key=value ..." line -> a row (the round last)
-                awk -v t="$target" -v pct="$pct" -v rate="$rate" -v round="$round" '/p50_us=/ {
+                best="" best_steal=""
+                for run in 1 2; do
+                    out="$TMP/$target-rate-$pct-$round-$run.txt"
+                    before=$(steal_ms "$PROXY_CPU" "$LOAD_CPU")
+                    taskset -c "$LOAD_CPU" "$OPENLOAD" --port "${RATE_PORT[$target]}" --path /bench --rate "$rate" \
+                        --connections "$RATE_CONNECTIONS" --warmup 1 --duration "$RATE_DURATION" --timeout 5 \
+                        "${OPENLOAD_HDRS[@]}" --csv "$TMP/$target-rate-$pct-$round-$run.csv" >"$out" 2>&1 ||
+                        die "openload failed: $(cat "$out")"
+                    stolen=$(($(steal_ms "$PROXY_CPU" "$LOAD_CPU") - before))
+                    [ "$target" = origin ] || kill -0 "${RATE_PID[$target]}" 2>/dev/null ||
+                        die "$target died during the rate section"
+                    if [ -z "$best" ] || [ "$stolen" -lt "$best_steal" ]; then
+                        best=$out best_steal=$stolen
+                    fi
+                    [ "$stolen" -gt "$RATE_MAX_STEAL_MS" ] || break
+                    [ "$run" = 2 ] || echo "$target rate $pct% round $round: the hypervisor took $stolen ms of CPUs $PROXY_CPU,$LOAD_CPU (over $RATE_MAX_STEAL_MS): once more"
+                done
+                # openload's "key=value ..." line -> a row (round, steal, runs last)
+                awk -v t="$target" -v pct="$pct" -v rate="$rate" -v round="$round" -v steal="$best_steal" \
+                    -v runs="$run" '/p50_us=/ {
                     for (i = 1; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}
                     print t, pct, rate, v["p50_us"], v["p90_us"], v["p99_us"], v["p999_us"], v["max_us"],
-                        v["errors"], v["completed"], round; found = 1}
-                    END {exit !found}' "$out" >>"$RATE_RESULTS" || die "openload printed no summary: $(cat "$out")"
-                tail -1 "$RATE_RESULTS" | awk '{printf "%-8s rate %s%% = %s req/s  round %s  p50 %s  p99 %s  p99.9 %s  max %s us  errors %s\n", $1, $2, $3, $11, $4, $6, $7, $8, $9}'
+                        v["errors"], v["completed"], round, steal, runs; found = 1}
+                    END {exit !found}' "$best" >>"$RATE_RESULTS" || die "openload printed no summary: $(cat "$best")"
+                tail -1 "$RATE_RESULTS" | awk '{printf "%-8s rate %s%% = %s req/s  round %s  p50 %s  p99 %s  p99.9 %s  max %s us  errors %s  steal %s ms (runs %s)\n", $1, $2, $3, $11, $4, $6, $7, $8, $9, $12, $13}'
             done
         done
     done
@@ -1290,7 +1319,7 @@ if wants h2_slow_reader; then KNOBS="$KNOBS SLOW_BYTES=$SLOW_BYTES SLOW_RATE=$SL
 if wants grpc_unary; then KNOBS="$KNOBS GRPC_CALLS=$GRPC_CALLS"; fi
 in_section saturation && KNOBS="$KNOBS ROUTE_SETS=\"$ROUTE_SETS\" ROUTE_TESTS=\"$ROUTE_TESTS\""
 in_section sweep && KNOBS="$KNOBS SWEEP=\"$SWEEP\" SWEEP_DURATION=$SWEEP_DURATION"
-in_section rate && KNOBS="$KNOBS RATE_LOADS=\"$RATE_LOADS\" RATE_CONNECTIONS=$RATE_CONNECTIONS RATE_DURATION=$RATE_DURATION"
+in_section rate && KNOBS="$KNOBS RATE_LOADS=\"$RATE_LOADS\" RATE_CONNECTIONS=$RATE_CONNECTIONS RATE_DURATION=$RATE_DURATION RATE_MAX_STEAL_MS=$RATE_MAX_STEAL_MS"
 in_section features && KNOBS="$KNOBS FEATURE_PROXIES=\"$FEATURE_PROXIES\" FEATURE_TESTS=\"$FEATURE_TESTS\""
 in_section scaling && KNOBS="$KNOBS CPUS=$CPUS"
 CMD="make bench  ($KNOBS perf/bench.sh)"
@@ -1464,7 +1493,7 @@ SECTIONS_MD=$($PY "$REPO/perf/bench_report.py" --outdir "$REPORT_DIR" --img-pref
     --results "$RESULTS" --sweep "$SWEEP_RESULTS" --rate "$RATE_RESULTS" --features "$FEAT_RESULTS" \
     --scaling "$SCALE_RESULTS" --sat-rate "$SAT_RATE" --connections "$CONNECTIONS" \
     --sweep-duration "$SWEEP_DURATION" --rate-connections "$RATE_CONNECTIONS" \
-    --rate-duration "$RATE_DURATION" --load-cpu "$LOAD_CPU") || die "perf/bench_report.py failed"
+    --rate-duration "$RATE_DURATION" --rate-max-steal-ms "$RATE_MAX_STEAL_MS" --load-cpu "$LOAD_CPU") || die "perf/bench_report.py failed"
 
 # "TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 (all three)" or one entry per proxy.
 TLS_PARAMS=$(awk '{k = $2 ", " $3 ", " $4; if (index(" " n[k] " ", " " $1 " ")) next; n[k] = n[k] (n[k] ? " " : "") $1}

@@ -232,29 +232,36 @@ def rate(a, md, plot):
     # rounds (errors: their sum), every round kept in rate-rounds.csv.
     rounds = {}
     for r in rows:
+        # round, then (bench.sh since the steal check) the run's steal in ms
+        # and how many runs it took (2: the first lost too much to steal).
+        extra = [int(r[10]) if len(r) > 10 else 1, int(r[11]) if len(r) > 11 else -1,
+                 int(r[12]) if len(r) > 12 else 1]
         rounds.setdefault((r[0], int(r[1])), []).append(
-            dict(zip(names + ["round"], [float(x) for x in r[2:10]] + [int(r[10]) if len(r) > 10 else 1])))
+            dict(zip(names + ["round", "steal", "runs"], [float(x) for x in r[2:10]] + extra)))
     by = {}
     for k, rs in rounds.items():
-        by[k] = {c: statistics.median(x[c] for x in rs) for c in names}
+        by[k] = {c: statistics.median(x[c] for x in rs) for c in names + ["steal"]}
         by[k]["errors"] = sum(x["errors"] for x in rs)
         by[k]["rounds"] = len(rs)
     write_csv(a.outdir, "rate-rounds.csv", ["target", "load_pct", "round", "rate", "p50_us", "p90_us",
-                                            "p99_us", "p999_us", "max_us", "errors", "completed"],
+                                            "p99_us", "p999_us", "max_us", "errors", "completed",
+                                            "steal_ms", "runs"],
               [[t, pct, x["round"], int(x["rate"])] + [fmt(x[c]) for c in cols] +
-               [int(x["errors"]), int(x["completed"])]
+               [int(x["errors"]), int(x["completed"]), x["steal"], x["runs"]]
                for (t, pct), rs in sorted(rounds.items(), key=lambda kv: (order(kv[0][0]), kv[0][1]))
                for x in sorted(rs, key=lambda x: x["round"])])
     nrounds = max(v["rounds"] for v in by.values())
+    allruns = [x for rs in rounds.values() for x in rs]
+    rerun = sum(1 for x in allruns if x["runs"] > 1)
     out = []
     for (target, pct), v in sorted(by.items(), key=lambda kv: (order(kv[0][0]), kv[0][1])):
         o = by.get(("origin", pct))
         added = [fmt(v[c] - o[c]) if o and target != "origin" else "" for c in cols[:4]]
         out.append([target, pct, int(v["rate"])] + [fmt(v[c]) for c in cols] +
-                   [int(v["errors"]), int(v["completed"])] + added)
+                   [int(v["errors"]), int(v["completed"])] + added + [int(v["steal"])])
     write_csv(a.outdir, "rate.csv", ["target", "load_pct", "rate", "p50_us", "p90_us", "p99_us",
                                      "p999_us", "max_us", "errors", "completed", "added_p50_us",
-                                     "added_p90_us", "added_p99_us", "added_p999_us"], out)
+                                     "added_p90_us", "added_p99_us", "added_p999_us", "steal_ms"], out)
     targets = []
     for t, _ in by:
         if t not in targets:
@@ -280,12 +287,17 @@ def rate(a, md, plot):
               "with the order rotated each round; each figure is the median of the rounds (errors: "
               "their sum), so one stall of the machine does not decide a proxy's row. "
               "`origin` is the origin called directly; added = proxy - origin at the same percentile. "
+              "Steal: the milliseconds the hypervisor took from the proxy's and the load's CPUs during "
+              "a run (/proc/stat; the median of the rounds). A run that lost more than %s ms ran once "
+              "more and the run with less steal counts (%d of %d runs); a gap of the vCPU delays "
+              "every request scheduled in it, whatever the proxy. "
               "CSV: [rate.csv](%srate.csv), every round: [rate-rounds.csv](%srate-rounds.csv)."
               % ("/".join(str(p) for p in sorted({k[1] for k in by})), a.sat_rate,
-                 a.rate_connections, a.rate_duration, nrounds, a.img_prefix, a.img_prefix),
+                 a.rate_connections, a.rate_duration, nrounds, a.rate_max_steal_ms or "?", rerun,
+                 len(allruns), a.img_prefix, a.img_prefix),
           ["target", ">load %", ">rate/s", ">p50 µs", ">p90 µs", ">p99 µs", ">p99.9 µs", ">max µs",
-           ">errors", ">added p50", ">added p99", ">added p99.9"],
-          [r[:9] + [r[10], r[12], r[13]] for r in out], "latency", "latency percentiles vs load")
+           ">errors", ">added p50", ">added p99", ">added p99.9", ">steal ms"],
+          [r[:9] + [r[10], r[12], r[13], r[14]] for r in out], "latency", "latency percentiles vs load")
     return by
 
 
@@ -379,6 +391,7 @@ def main():
     ap.add_argument("--sweep-duration", default="")
     ap.add_argument("--rate-connections", default="")
     ap.add_argument("--rate-duration", default="")
+    ap.add_argument("--rate-max-steal-ms", default="")
     ap.add_argument("--load-cpu", default="1")
     global ARGS
     a = ARGS = ap.parse_args()
