@@ -289,7 +289,8 @@ def rate(a, md, plot):
               "`origin` is the origin called directly; added = proxy - origin at the same percentile. "
               "Steal: the milliseconds the hypervisor took from the proxy's and the load's CPUs during "
               "a run (/proc/stat; the median of the rounds). A run that lost more than %s ms ran once "
-              "more and the run with less steal counts (%d of %d runs); a gap of the vCPU delays "
+              "more, for at most a quarter of the runs, and the run with less steal counts (%d of "
+              "%d runs ran twice); a gap of the vCPU delays "
               "every request scheduled in it, whatever the proxy. "
               "CSV: [rate.csv](%srate.csv), every round: [rate-rounds.csv](%srate-rounds.csv)."
               % ("/".join(str(p) for p in sorted({k[1] for k in by})), a.sat_rate,
