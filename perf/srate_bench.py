@@ -11,7 +11,9 @@ costs a proxied request (issue 13's figures).
    perf/openload (open loop: each latency from its scheduled send time)
    at half the ceiling over 50 connections, --rounds times (default 3),
    gives the p99 and p99.9 at 50% load (the median run, every run's p99
-   beside it: on a shared machine one run can catch a stall). Each run
+   beside it with the milliseconds the hypervisor took from the two CPUs
+   during it: a run that lost more than 50 ms runs once more and the one
+   with less steal counts, as in make bench's rate section). Each run
    takes turns with the same run against the floor: nginx on CPU 0
    answering a decision-sized JSON body itself (`return 200`); the
    decision's share of the p99 is the difference of the medians.
@@ -203,16 +205,43 @@ def main():
         redis.wait(5)
 
 
+def steal_ms(cpus=(0, 1)):
+    """Milliseconds the hypervisor took from these CPUs so far (steal, the
+    8th field of /proc/stat's cpuN lines), as perf/bench.sh's rate section."""
+    total = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            fields = line.split()
+            if fields[0] in ["cpu%d" % c for c in cpus]:
+                total += int(fields[8])
+    return total * 1000 // os.sysconf("SC_CLK_TCK")
+
+
+MAX_STEAL_MS = 50
+
+
 def openload(d, port, rate, hdr, duration):
-    """perf/openload at `rate` over 50 connections: its key=value summary."""
+    """perf/openload at `rate` over 50 connections: its key=value summary,
+    with "steal" (ms). A run that lost more than MAX_STEAL_MS of the two
+    CPUs to the hypervisor runs once more; the one with less steal counts
+    (a vCPU gap delays every request scheduled in it, whatever answers)."""
     args = ["taskset", "-c", "1", os.path.join(REPO, BUILD, "perf", "openload"), "--port",
             str(port), "--path", "/pay/decide", "--rate", str(rate), "--connections", "50",
             "--warmup", "1", "--duration", str(duration)]
     for h in hdr:
         args += ["--header", h]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    line = [x for x in out.splitlines() if "p99_us=" in x][-1]
-    return {k: float(v) for k, v in (kv.split("=", 1) for kv in line.split())}
+    best = None
+    for _ in range(2):
+        before = steal_ms()
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        line = [x for x in out.splitlines() if "p99_us=" in x][-1]
+        r = {k: float(v) for k, v in (kv.split("=", 1) for kv in line.split())}
+        r["steal"] = steal_ms() - before
+        if best is None or r["steal"] < best["steal"]:
+            best = r
+        if r["steal"] <= MAX_STEAL_MS:
+            break
+    return best
 
 
 def decide_run(binary, d, oport, hdr, duration, windows, redis_port, rules=0, rounds=3):
@@ -243,7 +272,8 @@ def decide_run(binary, d, oport, hdr, duration, windows, redis_port, rules=0, ro
         print("| %s, 1 worker | %.0f | %.0f | %.2f | %.0f µs | %d/s | %.0f µs (%s) | %.0f µs "
               "| %.0f µs | %+.0f µs |" % (
                   windows, ceiling, n / (cpu / 1e6), cpu / n, p99, half, med(runs, "p99_us"),
-                  ", ".join("%.0f" % r["p99_us"] for r in runs), med(runs, "p999_us"),
+                  ", ".join("%.0f (steal %d ms)" % (r["p99_us"], r["steal"]) for r in runs),
+                  med(runs, "p999_us"),
                   med(floor, "p99_us"), med(runs, "p99_us") - med(floor, "p99_us")))
     finally:
         rt.terminate()
