@@ -412,7 +412,14 @@ def test_replicas_count_their_runtimes_together(env, kube):  # noqa: F811
             c = programmed(st)
             return st if c and c["status"] == "True" and "2 of 2 runtimes" in c["message"] \
                 and set(st.get("replicas", {})) == {"ctl-a", "ctl-b"} else None
-        st = wait_until(both, 20.0, what="Programmed counting both replicas' runtimes")
+        # 40 s: each replica learns which replicas are live from the
+        # EndpointSlices, read again every 10 s. In one CI run (sanitizer
+        # build) a replica's first read hung in its TLS handshake with this
+        # fake server until the 10 s connect deadline, and was read again
+        # 10 s later: 20 s were not enough. Which side held that handshake
+        # is not known yet; the logs of both replicas are in the message.
+        st = wait_until(both, 40.0, what=lambda: "Programmed counting both replicas' runtimes; "
+                        "ctl-a:\n%s\nctl-b:\n%s" % (ctl_a.log()[-2000:], ctl_b.log()[-2000:]))
         assert "(2 controller replicas)" in programmed(st)["message"], st
         assert st["fleets"] == [{"fleet": "default", "version": st["fleets"][0]["version"],
                                  "runtimes": 2, "programmed": 2}], st
@@ -509,6 +516,11 @@ def test_own_api_over_https_with_410_and_bookmarks(env, tmp_path):  # noqa: F811
                          ctl.log()), ctl.log()[-3000:]
         assert "Bearer" not in ctl.log()
     finally:
+        # #2 first: a TLS connection still opening when #1 exits is not
+        # freed by #1's shutdown (LeakSanitizer, 1 run in 4 under the
+        # sanitizer build; found here, not fixed yet).
+        if env.ctl is not None:
+            env.ctl.stop()
         api_server.stop()
         problems = api_server.problems()
         assert not problems, problems
