@@ -524,3 +524,14 @@ def test_own_api_over_https_with_410_and_bookmarks(env, tmp_path):  # noqa: F811
         api_server.stop()
         problems = api_server.problems()
         assert not problems, problems
+
+
+@pytest.mark.parametrize("arg,value,bound", [("--watch-history", "0", "1000000"),
+                                             ("--watch-history", "12x", "1000000"),
+                                             ("--watch-bookmark-seconds", "3601", "3600")])
+def test_watch_flags_refuse_bad_values(arg, value, bound):
+    from controller_env import controller_binary
+    p = subprocess.run([controller_binary(), arg, value], capture_output=True, text=True,
+                       timeout=10)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "%s %s: must be a number from 1 to %s" % (arg, value, bound) in p.stderr, p.stderr
