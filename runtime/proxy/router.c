@@ -70,9 +70,8 @@ typedef struct {
     const char *base;            /* base path, "" for "/" */
     size_t base_len;
     pcre2_code *path_re; /* REGEX routes */
-    uint32_t table_index;
-    uint32_t route_index;
-    uint32_t decl;        /* global declaration order: tables, then routes */
+    uint32_t sid;         /* its table's stable id: router->tpos[sid] */
+    uint32_t route_index; /* in its table; declaration order is tpos.decl_base + this */
     uint32_t match_begin; /* in router->matches: headers first, then query */
     uint32_t n_headers;
     uint32_t n_query;
@@ -119,9 +118,34 @@ typedef struct {
 } slot_t;
 _Static_assert(sizeof(const char *) <= SLOT_INLINE, "a key pointer must fit in slot_t.key");
 
+/*
+ * Chunked arrays, shared copy-on-write between a router and the routers
+ * patched from it (sl_router_update). Element i is in chunk i >> S at
+ * i & (2^S - 1), S a constant per array; a chunk has a reference count
+ * in the CHUNK_HDR bytes before its data. A patched router references
+ * every chunk of the router it came from and copies only the chunks it
+ * writes, so a change costs what it touches plus one pointer per chunk,
+ * never a copy of the whole table (at 100,000 routes the flat arrays were
+ * ~20 MB per change). Readers pay one more load per element, from a chunk
+ * table that stays in cache.
+ */
 typedef struct {
-    slot_t *slots;
-    size_t mask;
+    void **c; /* chunk data, each CHUNK_HDR bytes after its reference count */
+    uint32_t n_c, cap_c;
+} cvec_t;
+
+#define CHUNK_HDR 16
+#define ROUTE_S 8  /* 256 croute_t per chunk */
+#define MATCH_S 8  /* 256 cmatch_t */
+#define NODE_S 10  /* 1,024 node_t */
+#define ENTRY_S 10 /* 1,024 entry_t */
+#define SLOT_S 10  /* 1,024 slot_t: 32 KB */
+
+#define CV_AT(v, T, S, i) (((T *)(v).c[(size_t)(i) >> (S)])[(size_t)(i) & ((1u << (S)) - 1)])
+
+typedef struct {
+    cvec_t slots; /* slot_t, SLOT_S */
+    size_t mask;  /* capacity - 1; no slots when count and mask are 0 and slots.n_c is 0 */
     size_t count;
 } map_t;
 
@@ -133,7 +157,7 @@ typedef struct {
 typedef struct {
     atomic_long refs;
     char *strings; /* hosts and header names, sized by the build */
-    char **blocks; /* long trie keys, bump-allocated, never moved */
+    char **blocks; /* long trie keys and tables' node lists, bump-allocated, never moved */
     size_t n_blocks, block_left;
     char *block_ptr;
     pcre2_code **codes;
@@ -146,18 +170,29 @@ typedef struct {
     const Sluice__V1__RouteTable *pb;
     uint32_t first_route;
     uint32_t n_routes;
+    uint32_t sid;         /* stable id, kept while the table is kept by patches */
+    const uint32_t *nodes; /* the trie nodes holding its entries (arena), so that
+                              its removal visits those only */
+    uint32_t n_nodes;
     bool has_regex; /* REGEX routes live in per-bucket lists: no patching */
 } rtable_t;
 
+/* Where the table of stable id sid is now: its index in the snapshot (NONE
+ * once removed) and the declaration order of its first route. */
+typedef struct {
+    uint32_t index;
+    uint32_t decl_base;
+} tpos_t;
+
 struct sl_router {
     uint64_t seed;
-    croute_t *routes;
+    cvec_t routes; /* croute_t, ROUTE_S */
     uint32_t n_routes;
-    cmatch_t *matches;
+    cvec_t matches; /* cmatch_t, MATCH_S */
     uint32_t n_matches;
-    node_t *nodes;
+    cvec_t nodes; /* node_t, NODE_S */
     uint32_t n_nodes;
-    entry_t *entries;
+    cvec_t entries;          /* entry_t, ENTRY_S */
     uint32_t n_entries;      /* used, with the ranges patches left behind */
     uint32_t n_entries_live; /* in the nodes' ranges */
     uint32_t *regex_routes;
@@ -174,6 +209,8 @@ struct sl_router {
     uint32_t n_arenas;
     rtable_t *tables; /* [n_tables], the snapshot's order */
     uint32_t n_tables;
+    tpos_t *tpos; /* [n_sids], by stable table id */
+    uint32_t n_sids;
     uint32_t n_dead;  /* routes of removed tables left in routes[] by patches */
     uint32_t patches; /* sl_router_update steps since the last whole build */
 };
@@ -265,6 +302,140 @@ static void *grow(void *arr, size_t *cap, size_t need, size_t elem)
         rc_;                                                                                       \
     })
 
+/* ---- chunked arrays (cvec_t) ---- */
+
+static inline atomic_int *chunk_refs(void *data)
+{
+    return (atomic_int *)(void *)((char *)data - CHUNK_HDR);
+}
+
+static void *chunk_new(size_t bytes)
+{
+    char *p = calloc(1, CHUNK_HDR + bytes);
+    if (!p)
+        return NULL;
+    atomic_init((atomic_int *)(void *)p, 1);
+    return p + CHUNK_HDR;
+}
+
+static void chunk_unref(void *data)
+{
+    if (data && atomic_fetch_sub_explicit(chunk_refs(data), 1, memory_order_acq_rel) == 1)
+        free((char *)data - CHUNK_HDR);
+}
+
+static void cv_free(cvec_t *v)
+{
+    for (uint32_t i = 0; i < v->n_c; i++)
+        chunk_unref(v->c[i]);
+    free(v->c);
+    *v = (cvec_t){0};
+}
+
+/* Chunks for elements [0, n): new ones zeroed. 0, or -1 out of memory. */
+static int cv_reserve(cvec_t *v, size_t n, unsigned shift, size_t elem)
+{
+    size_t need = (n + ((size_t)1 << shift) - 1) >> shift;
+    if (need <= v->n_c)
+        return 0;
+    if (need >= UINT32_MAX)
+        return -1;
+    if (need > v->cap_c) {
+        size_t cap = v->cap_c ? v->cap_c : 4;
+        while (cap < need)
+            cap *= 2;
+        void **c = realloc(v->c, cap * sizeof *c);
+        if (!c)
+            return -1;
+        v->c = c;
+        v->cap_c = (uint32_t)cap;
+    }
+    while (v->n_c < need) {
+        if (!(v->c[v->n_c] = chunk_new(elem << shift)))
+            return -1;
+        v->n_c++;
+    }
+    return 0;
+}
+
+/* Element i (its chunk reserved) made writable: a chunk another router
+ * references too is copied first. NULL when out of memory. */
+static void *cv_wr(cvec_t *v, size_t i, unsigned shift, size_t elem)
+{
+    void **cp = &v->c[i >> shift];
+    if (atomic_load_explicit(chunk_refs(*cp), memory_order_acquire) != 1) {
+        void *copy = chunk_new(elem << shift);
+        if (!copy)
+            return NULL;
+        memcpy(copy, *cp, elem << shift);
+        chunk_unref(*cp);
+        *cp = copy;
+    }
+    return (char *)*cp + (i & (((size_t)1 << shift) - 1)) * elem;
+}
+
+/* dst references src's chunks (dst empty). */
+static int cv_share(cvec_t *dst, const cvec_t *src)
+{
+    *dst = (cvec_t){0};
+    if (!src->n_c)
+        return 0;
+    if (!(dst->c = malloc((src->n_c + 1) * sizeof *dst->c)))
+        return -1;
+    for (uint32_t i = 0; i < src->n_c; i++) {
+        atomic_fetch_add_explicit(chunk_refs(src->c[i]), 1, memory_order_relaxed);
+        dst->c[i] = src->c[i];
+    }
+    dst->n_c = dst->cap_c = src->n_c;
+    return 0;
+}
+
+static inline const croute_t *route_at(const sl_router_t *r, uint32_t i)
+{
+    return &CV_AT(r->routes, croute_t, ROUTE_S, i);
+}
+
+static inline const node_t *node_at(const sl_router_t *r, uint32_t i)
+{
+    return &CV_AT(r->nodes, node_t, NODE_S, i);
+}
+
+static inline const entry_t *entry_at(const sl_router_t *r, uint32_t i)
+{
+    return &CV_AT(r->entries, entry_t, ENTRY_S, i);
+}
+
+static inline const cmatch_t *match_at(const sl_router_t *r, uint32_t i)
+{
+    return &CV_AT(r->matches, cmatch_t, MATCH_S, i);
+}
+
+static inline croute_t *route_wr(sl_router_t *r, uint32_t i)
+{
+    return cv_wr(&r->routes, i, ROUTE_S, sizeof(croute_t));
+}
+
+static inline node_t *node_wr(sl_router_t *r, uint32_t i)
+{
+    return cv_wr(&r->nodes, i, NODE_S, sizeof(node_t));
+}
+
+static inline entry_t *entry_wr(sl_router_t *r, uint32_t i)
+{
+    return cv_wr(&r->entries, i, ENTRY_S, sizeof(entry_t));
+}
+
+static inline cmatch_t *match_wr(sl_router_t *r, uint32_t i)
+{
+    return cv_wr(&r->matches, i, MATCH_S, sizeof(cmatch_t));
+}
+
+/* Declaration order: tables, then routes (precedence among equals). */
+static inline uint32_t route_decl(const sl_router_t *r, const croute_t *rt)
+{
+    return r->tpos[rt->sid].decl_base + rt->route_index;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Hashing                                                                  */
 
@@ -327,13 +498,18 @@ static inline bool slot_key_eq(const slot_t *s, const char *key, size_t n)
     return memcmp(p, key, n) == 0;
 }
 
+static inline const slot_t *slot_at(const map_t *m, size_t i)
+{
+    return &CV_AT(m->slots, slot_t, SLOT_S, i);
+}
+
 static inline uint32_t map_find(const map_t *m, uint64_t h, uint32_t parent, const char *key,
                                 size_t n)
 {
-    if (!m->slots)
+    if (!m->slots.n_c)
         return NONE;
     for (size_t i = (size_t)h & m->mask;; i = (i + 1) & m->mask) {
-        const slot_t *s = &m->slots[i];
+        const slot_t *s = slot_at(m, i);
         if (s->value == NONE)
             return NONE;
         if (s->hash == h && s->parent == parent && slot_key_eq(s, key, n))
@@ -341,29 +517,41 @@ static inline uint32_t map_find(const map_t *m, uint64_t h, uint32_t parent, con
     }
 }
 
+/* An empty map of `cap` slots (a power of two), every slot free. */
+static int map_alloc(map_t *m, size_t cap)
+{
+    *m = (map_t){.mask = cap - 1};
+    if (cv_reserve(&m->slots, cap, SLOT_S, sizeof(slot_t)) < 0) {
+        cv_free(&m->slots);
+        return -1;
+    }
+    size_t per = cap < ((size_t)1 << SLOT_S) ? cap : (size_t)1 << SLOT_S;
+    for (uint32_t c = 0; c < m->slots.n_c; c++)
+        for (size_t i = 0; i < per; i++)
+            ((slot_t *)m->slots.c[c])[i].value = NONE;
+    return 0;
+}
+
 static int map_grow(map_t *m)
 {
-    size_t ncap = m->slots ? (m->mask + 1) * 2 : 64;
+    size_t ncap = m->slots.n_c ? (m->mask + 1) * 2 : 64;
     if (ncap > SIZE_MAX / sizeof(slot_t))
         return -1;
-    slot_t *ns = malloc(ncap * sizeof *ns);
-    if (!ns)
+    map_t nm;
+    if (map_alloc(&nm, ncap) < 0)
         return -1;
-    for (size_t i = 0; i < ncap; i++)
-        ns[i].value = NONE;
-    if (m->slots) {
-        for (size_t i = 0; i <= m->mask; i++) {
-            if (m->slots[i].value == NONE)
-                continue;
-            size_t j = (size_t)m->slots[i].hash & (ncap - 1);
-            while (ns[j].value != NONE)
-                j = (j + 1) & (ncap - 1);
-            ns[j] = m->slots[i];
-        }
-        free(m->slots);
+    for (size_t i = 0; m->slots.n_c && i <= m->mask; i++) {
+        const slot_t *s = slot_at(m, i);
+        if (s->value == NONE)
+            continue;
+        size_t j = (size_t)s->hash & (ncap - 1);
+        while (slot_at(&nm, j)->value != NONE)
+            j = (j + 1) & (ncap - 1);
+        *(slot_t *)cv_wr(&nm.slots, j, SLOT_S, sizeof(slot_t)) = *s; /* its own chunks */
     }
-    m->slots = ns;
-    m->mask = ncap - 1;
+    nm.count = m->count;
+    cv_free(&m->slots);
+    *m = nm;
     return 0;
 }
 
@@ -375,14 +563,16 @@ static int map_insert(map_t *m, uint64_t h, uint32_t parent, const char *key, si
 {
     if (n > UINT32_MAX)
         return -1;
-    if (!m->slots || (m->count + 1) * 2 > m->mask + 1) {
+    if (!m->slots.n_c || (m->count + 1) * 2 > m->mask + 1) {
         if (map_grow(m) < 0)
             return -1;
     }
     size_t i = (size_t)h & m->mask;
-    while (m->slots[i].value != NONE)
+    while (slot_at(m, i)->value != NONE)
         i = (i + 1) & m->mask;
-    slot_t *s = &m->slots[i];
+    slot_t *s = cv_wr(&m->slots, i, SLOT_S, sizeof(slot_t));
+    if (!s)
+        return -1;
     *s = (slot_t){.hash = h, .parent = parent, .value = value, .key_len = (uint32_t)n};
     if (n <= SLOT_INLINE)
         memcpy(s->key, key, n);
@@ -563,10 +753,17 @@ static int arena_code(rarena_t *a, pcre2_code *code)
     return 0;
 }
 
-/* A copy of key[0..n) that lives as long as the arena. */
-static const char *arena_key(rarena_t *a, const char *key, size_t n)
+/* n bytes, 8-aligned, that live as long as the arena. */
+static void *arena_alloc(rarena_t *a, size_t n)
 {
-    if (n > a->block_left) {
+    size_t pad = (size_t)(-(uintptr_t)a->block_ptr & 7);
+    if (pad > a->block_left) {
+        a->block_left = 0;
+    } else {
+        a->block_ptr += pad;
+        a->block_left -= pad;
+    }
+    if (!a->block_ptr || n > a->block_left) {
         size_t sz = n > 65536 ? n : 65536;
         char **bl = realloc(a->blocks, (a->n_blocks + 1) * sizeof *bl);
         if (!bl)
@@ -578,18 +775,29 @@ static const char *arena_key(rarena_t *a, const char *key, size_t n)
         a->block_left = sz;
     }
     char *p = a->block_ptr;
-    memcpy(p, key, n);
     a->block_ptr += n;
     a->block_left -= n;
+    return p;
+}
+
+/* A copy of key[0..n) that lives as long as the arena. */
+static const char *arena_key(rarena_t *a, const char *key, size_t n)
+{
+    char *p = arena_alloc(a, n);
+    if (p)
+        memcpy(p, key, n);
     return p;
 }
 
 static int new_node(build_t *b, uint32_t *out)
 {
     sl_router_t *r = b->r;
-    if (r->n_nodes >= NONE - 1 || GROW(r->nodes, b->nodes_cap, (size_t)r->n_nodes + 1) < 0)
+    node_t *n;
+    if (r->n_nodes >= NONE - 1 ||
+        cv_reserve(&r->nodes, (size_t)r->n_nodes + 1, NODE_S, sizeof(node_t)) < 0 ||
+        !(n = node_wr(r, r->n_nodes)))
         return -1;
-    r->nodes[r->n_nodes] = (node_t){.param_child = NONE};
+    *n = (node_t){.param_child = NONE};
     *out = r->n_nodes++;
     return 0;
 }
@@ -603,9 +811,11 @@ static int literal_child(build_t *b, uint32_t parent, const char *seg, size_t le
         /* Long keys are the map's pointers: copied, so that no slot points
          * into a snapshot that a later router (sl_router_update) outlives. */
         const char *key = len > SLOT_INLINE ? arena_key(b->arena, seg, len) : seg;
-        if (!key || new_node(b, &c) < 0 || map_insert(&r->children, h, parent, key, len, c) < 0)
+        node_t *pn;
+        if (!key || new_node(b, &c) < 0 || map_insert(&r->children, h, parent, key, len, c) < 0 ||
+            !(pn = node_wr(r, parent)))
             return -1;
-        r->nodes[parent].n_literal++;
+        pn->n_literal++;
     }
     *out = c;
     return 0;
@@ -614,13 +824,14 @@ static int literal_child(build_t *b, uint32_t parent, const char *seg, size_t le
 static int param_child(build_t *b, uint32_t parent, uint32_t *out)
 {
     sl_router_t *r = b->r;
-    if (r->nodes[parent].param_child == NONE) {
+    if (node_at(r, parent)->param_child == NONE) {
         uint32_t c;
-        if (new_node(b, &c) < 0)
+        node_t *pn;
+        if (new_node(b, &c) < 0 || !(pn = node_wr(r, parent)))
             return -1;
-        r->nodes[parent].param_child = c;
+        pn->param_child = c;
     }
-    *out = r->nodes[parent].param_child;
+    *out = node_at(r, parent)->param_child;
     return 0;
 }
 
@@ -652,14 +863,14 @@ static int insert_segments(build_t *b, uint32_t *node, unsigned *depth, const ch
 static int add_entry(build_t *b, uint32_t node, uint32_t kind, uint32_t route, const char *partial,
                      size_t partial_len, bool or_end)
 {
-    const croute_t *rt = &b->r->routes[route];
+    const croute_t *rt = route_at(b->r, route);
     if (GROW(b->bentries, b->bentries_cap, b->n_bentries + 1) < 0)
         return -1;
     b->bentries[b->n_bentries++] = (bentry_t){
         .node = node,
         .kind = kind,
         .nmatches = rt->n_headers + rt->n_query,
-        .decl = rt->decl,
+        .decl = route_decl(b->r, rt),
         .e = {partial, (uint32_t)partial_len, route, or_end},
     };
     return 0;
@@ -669,7 +880,7 @@ static int add_entry(build_t *b, uint32_t node, uint32_t kind, uint32_t route, c
 static int insert_route(build_t *b, uint32_t bucket, uint32_t route)
 {
     sl_router_t *r = b->r;
-    const croute_t *rt = &r->routes[route];
+    const croute_t *rt = route_at(r, route);
     const char *path = str_or_empty(rt->pb->path);
     size_t len = strlen(path);
     uint32_t node = r->buckets[bucket].root;
@@ -683,7 +894,7 @@ static int insert_route(build_t *b, uint32_t bucket, uint32_t route)
         b->bregex[b->n_bregex++] = (bregex_t){
             .bucket = bucket,
             .nmatches = rt->n_headers + rt->n_query,
-            .decl = rt->decl,
+            .decl = route_decl(r, rt),
             .route = route,
             .base = rt->base,
             .pattern = path,
@@ -829,7 +1040,7 @@ static int compile_match(build_t *b, const Sluice__V1__HeaderMatch *hm, bool is_
 
 /* Checks and compiles one route into r->routes[idx]. */
 static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti, const char *base,
-                         size_t base_len, size_t ri, uint32_t idx)
+                         size_t base_len, size_t ri, uint32_t idx, uint32_t sid)
 {
     sl_router_t *r = b->r;
     const Sluice__V1__Route *pb = t->routes[ri];
@@ -840,14 +1051,17 @@ static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
         errf(b->err, b->errlen, "%s: empty route", label);
         return -1;
     }
-    croute_t *rt = &r->routes[idx];
+    croute_t *rt = route_wr(r, idx);
+    if (!rt) {
+        errf(b->err, b->errlen, "%s: out of memory", label);
+        return -1;
+    }
     *rt = (croute_t){
         .pb = pb,
         .base = base,
         .base_len = base_len,
-        .table_index = (uint32_t)ti,
+        .sid = sid,
         .route_index = (uint32_t)ri,
-        .decl = idx,
         .match_begin = r->n_matches,
         .any_method = pb->n_methods == 0,
     };
@@ -905,13 +1119,23 @@ static int compile_route(build_t *b, const Sluice__V1__RouteTable *t, size_t ti,
     }
 
     for (size_t h = 0; h < pb->n_headers; h++) {
-        if (compile_match(b, pb->headers[h], false, label, &r->matches[r->n_matches]) < 0)
+        cmatch_t *cm = match_wr(r, r->n_matches);
+        if (!cm) {
+            errf(b->err, b->errlen, "%s: out of memory", label);
+            goto fail;
+        }
+        if (compile_match(b, pb->headers[h], false, label, cm) < 0)
             goto fail;
         r->n_matches++;
         rt->n_headers++;
     }
     for (size_t q = 0; q < pb->n_query; q++) {
-        if (compile_match(b, pb->query[q], true, label, &r->matches[r->n_matches]) < 0)
+        cmatch_t *cm = match_wr(r, r->n_matches);
+        if (!cm) {
+            errf(b->err, b->errlen, "%s: out of memory", label);
+            goto fail;
+        }
+        if (compile_match(b, pb->query[q], true, label, cm) < 0)
             goto fail;
         r->n_matches++;
         rt->n_query++;
@@ -1044,6 +1268,60 @@ static int check_base_path(build_t *b, const Sluice__V1__RouteTable *t, size_t t
     return 0;
 }
 
+/* The nodes holding each table's entries, for the tables whose routes the
+ * build or patch put into the trie (b->bentries, sorted by node): what a
+ * patch that removes the table visits. The lists live in b's arena. */
+static int table_node_lists(build_t *b)
+{
+    sl_router_t *r = b->r;
+    uint32_t nt = r->n_tables;
+    uint32_t *last = malloc((nt ? nt : 1) * sizeof *last);
+    size_t *at = calloc(nt ? nt : 1, sizeof *at);
+    if (!last || !at) {
+        free(last);
+        free(at);
+        return -1;
+    }
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t *blob = NULL;
+        if (pass == 1) {
+            if (!(blob = arena_alloc(b->arena, (total ? total : 1) * sizeof *blob))) {
+                free(last);
+                free(at);
+                return -1;
+            }
+            size_t off = 0;
+            for (uint32_t t = 0; t < nt; t++) {
+                if (!at[t])
+                    continue;
+                r->tables[t].nodes = blob + off;
+                off += at[t];
+                at[t] = 0;
+            }
+        }
+        for (uint32_t t = 0; t < nt; t++)
+            last[t] = NONE;
+        for (size_t i = 0; i < b->n_bentries; i++) {
+            const bentry_t *be = &b->bentries[i];
+            uint32_t t = r->tpos[route_at(r, be->e.route)->sid].index;
+            if (last[t] == be->node)
+                continue;
+            last[t] = be->node;
+            if (pass == 0) {
+                at[t]++;
+                total++;
+            } else {
+                ((uint32_t *)r->tables[t].nodes)[at[t]++] = be->node;
+                r->tables[t].n_nodes = (uint32_t)at[t];
+            }
+        }
+    }
+    free(last);
+    free(at);
+    return 0;
+}
+
 /*
  * Ownership: the returned router is the caller's (sl_router_free); it points
  * into `snap` (paths, names, values), which must outlive it. On failure
@@ -1108,13 +1386,15 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
         errf(err, errlen, "snapshot: too many routes (%zu)", n_routes);
         goto fail;
     }
-    r->routes = calloc(n_routes ? n_routes : 1, sizeof *r->routes);
-    r->matches = calloc(n_matches ? n_matches : 1, sizeof *r->matches);
     b.arena->strings = malloc(strings_len);
     r->wildcard_lens = calloc(n_hosts ? n_hosts : 1, sizeof *r->wildcard_lens);
     r->tables = calloc(n_tables ? n_tables : 1, sizeof *r->tables);
-    if (!r->routes || !r->matches || !b.arena->strings || !r->wildcard_lens || !r->tables)
+    r->tpos = calloc(n_tables ? n_tables : 1, sizeof *r->tpos);
+    if (cv_reserve(&r->routes, n_routes, ROUTE_S, sizeof(croute_t)) < 0 ||
+        cv_reserve(&r->matches, n_matches, MATCH_S, sizeof(cmatch_t)) < 0 ||
+        !b.arena->strings || !r->wildcard_lens || !r->tables || !r->tpos)
         goto fail_oom;
+    r->n_sids = (uint32_t)n_tables;
     b.strings_end = b.arena->strings;
 
     /* Second pass: compile every route, in declaration order. */
@@ -1129,11 +1409,12 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
             base_len = 0;
         }
         r->tables[ti] = (rtable_t){.pb = t, .first_route = r->n_routes,
-                                   .n_routes = (uint32_t)t->n_routes};
+                                   .n_routes = (uint32_t)t->n_routes, .sid = (uint32_t)ti};
+        r->tpos[ti] = (tpos_t){.index = (uint32_t)ti, .decl_base = r->n_routes};
         for (size_t ri = 0; ri < t->n_routes; ri++) {
-            if (compile_route(&b, t, ti, base, base_len, ri, r->n_routes) < 0)
+            if (compile_route(&b, t, ti, base, base_len, ri, r->n_routes, (uint32_t)ti) < 0)
                 goto fail;
-            r->tables[ti].has_regex |= r->routes[r->n_routes].path_re != NULL;
+            r->tables[ti].has_regex |= route_at(r, r->n_routes)->path_re != NULL;
             r->n_routes++;
         }
         r->n_tables = (uint32_t)ti + 1;
@@ -1185,12 +1466,11 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
     /* Freeze the node entries: sorted by node, then kind, then precedence. */
     if (b.n_bentries > 1)
         qsort(b.bentries, b.n_bentries, sizeof *b.bentries, cmp_bentry);
-    r->entries = malloc((b.n_bentries ? b.n_bentries : 1) * sizeof *r->entries);
-    if (!r->entries)
+    if (cv_reserve(&r->entries, b.n_bentries, ENTRY_S, sizeof(entry_t)) < 0)
         goto fail_oom;
     for (size_t i = 0; i < b.n_bentries; i++) {
         const bentry_t *be = &b.bentries[i];
-        node_t *n = &r->nodes[be->node];
+        node_t *n = node_wr(r, be->node); /* the build's own chunks: never NULL */
         if (n->n_exact + n->n_template + n->n_prefix == 0)
             n->entry_begin = (uint32_t)i;
         if (be->kind == 0)
@@ -1199,10 +1479,12 @@ sl_router_t *sl_router_build(const Sluice__V1__Snapshot *snap, char *err, size_t
             n->n_template++;
         else
             n->n_prefix++;
-        r->entries[i] = be->e;
+        *entry_wr(r, (uint32_t)i) = be->e;
     }
     r->n_entries = (uint32_t)b.n_bentries;
     r->n_entries_live = r->n_entries;
+    if (table_node_lists(&b) < 0)
+        goto fail_oom;
 
     /* Regex routes per bucket: declaration order, except that routes with
      * the same base path and pattern are grouped at the first one's place
@@ -1291,6 +1573,46 @@ static void *dup_array(const void *src, size_t n, size_t extra, size_t elem)
     if (p && n)
         memcpy(p, src, n * elem);
     return p;
+}
+
+/* A trie node's entries without those of removed tables (their stable id
+ * points nowhere), in place; nothing is written when it holds none. */
+static bool entry_dead(const sl_router_t *r, const entry_t *e)
+{
+    return r->tpos[route_at(r, e->route)->sid].index == NONE;
+}
+
+static int drop_dead_entries(sl_router_t *r, uint32_t node)
+{
+    const node_t *nd = node_at(r, node);
+    uint32_t counts[3] = {nd->n_exact, nd->n_template, nd->n_prefix};
+    uint32_t begin = nd->entry_begin, total = counts[0] + counts[1] + counts[2];
+    uint32_t i = 0;
+    while (i < total && !entry_dead(r, entry_at(r, begin + i)))
+        i++;
+    if (i == total)
+        return 0;
+    node_t *wn = node_wr(r, node);
+    if (!wn)
+        return -1;
+    uint32_t w = begin, kept_k[3] = {0, 0, 0};
+    i = begin;
+    for (int k = 0; k < 3; k++)
+        for (uint32_t c = 0; c < counts[k]; c++, i++) {
+            entry_t e = *entry_at(r, i);
+            if (entry_dead(r, &e))
+                continue;
+            entry_t *we = entry_wr(r, w++);
+            if (!we)
+                return -1;
+            *we = e;
+            kept_k[k]++;
+        }
+    wn->n_exact = kept_k[0];
+    wn->n_template = kept_k[1];
+    wn->n_prefix = kept_k[2];
+    r->n_entries_live -= total - (kept_k[0] + kept_k[1] + kept_k[2]);
+    return 0;
 }
 
 /* Patches are bounded: past these the router is built whole again, which
@@ -1392,7 +1714,12 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
         prev->n_dead + dead > (live + n_new) / 4 + 256)
         goto whole;
 
-    /* A copy of prev: its arrays copied, its arenas referenced. */
+    /* A copy of prev: its chunks and arenas referenced, small arrays copied. */
+    size_t n_new_tables = 0;
+    for (size_t t = 0; t < nt; t++)
+        n_new_tables += from[t] == NONE;
+    if ((size_t)prev->n_sids + n_new_tables > 2 * nt + 4096)
+        goto whole; /* stable ids of removed tables, bounded */
     r = calloc(1, sizeof *r);
     if (!r)
         goto oom;
@@ -1415,12 +1742,18 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
     if (!(b.arena->strings = malloc(strings_len)))
         goto oom;
     b.strings_end = b.arena->strings;
-    r->routes = dup_array(prev->routes, prev->n_routes, n_new, sizeof *r->routes);
-    r->matches = dup_array(prev->matches, prev->n_matches, n_new_matches, sizeof *r->matches);
-    b.nodes_cap = prev->n_nodes + 64;
-    r->nodes = dup_array(prev->nodes, prev->n_nodes, 64, sizeof *r->nodes);
-    size_t entries_cap = (size_t)prev->n_entries + 64;
-    r->entries = dup_array(prev->entries, prev->n_entries, 64, sizeof *r->entries);
+    r->children.mask = prev->children.mask;
+    r->children.count = prev->children.count;
+    r->hosts.mask = prev->hosts.mask;
+    r->hosts.count = prev->hosts.count;
+    if (cv_share(&r->routes, &prev->routes) < 0 || cv_share(&r->matches, &prev->matches) < 0 ||
+        cv_share(&r->nodes, &prev->nodes) < 0 || cv_share(&r->entries, &prev->entries) < 0 ||
+        cv_share(&r->children.slots, &prev->children.slots) < 0 ||
+        cv_share(&r->hosts.slots, &prev->hosts.slots) < 0 ||
+        cv_reserve(&r->routes, (size_t)prev->n_routes + n_new, ROUTE_S, sizeof(croute_t)) < 0 ||
+        cv_reserve(&r->matches, (size_t)prev->n_matches + n_new_matches, MATCH_S,
+                   sizeof(cmatch_t)) < 0)
+        goto oom;
     r->regex_routes =
         dup_array(prev->regex_routes, prev->n_regex_routes, 0, sizeof *r->regex_routes);
     b.buckets_cap = prev->n_buckets;
@@ -1428,9 +1761,10 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
     r->wildcard_lens =
         dup_array(prev->wildcard_lens, prev->n_wildcard_lens, 0, sizeof *r->wildcard_lens);
     r->tables = calloc(nt ? nt : 1, sizeof *r->tables);
-    if (!r->routes || !r->matches || !r->nodes || !r->entries || !r->regex_routes ||
-        !r->buckets || !r->wildcard_lens || !r->tables)
+    r->tpos = dup_array(prev->tpos, prev->n_sids, n_new_tables, sizeof *r->tpos);
+    if (!r->regex_routes || !r->buckets || !r->wildcard_lens || !r->tables || !r->tpos)
         goto oom;
+    r->n_sids = prev->n_sids;
     r->n_routes = prev->n_routes;
     r->n_matches = prev->n_matches;
     r->n_nodes = prev->n_nodes;
@@ -1439,72 +1773,40 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
     r->n_regex_routes = prev->n_regex_routes;
     r->n_buckets = prev->n_buckets;
     r->n_wildcard_lens = prev->n_wildcard_lens;
-    const map_t *maps[2] = {&prev->children, &prev->hosts};
-    map_t *dst[2] = {&r->children, &r->hosts};
-    for (int m = 0; m < 2; m++) {
-        *dst[m] = *maps[m];
-        if (maps[m]->slots &&
-            !(dst[m]->slots = dup_array(maps[m]->slots, maps[m]->mask + 1, 0, sizeof(slot_t))))
-            goto oom;
-    }
 
-    /* Routes of the removed tables leave every node's entries. */
-    if (dead) {
-        uint8_t *is_dead = calloc(r->n_routes ? r->n_routes : 1, 1);
-        if (!is_dead)
-            goto oom;
-        for (uint32_t k = 0; k < prev->n_tables; k++)
-            if (!kept[k])
-                memset(is_dead + prev->tables[k].first_route, 1, prev->tables[k].n_routes);
-        for (uint32_t n = 0; n < r->n_nodes; n++) {
-            node_t *nd = &r->nodes[n];
-            uint32_t counts[3] = {nd->n_exact, nd->n_template, nd->n_prefix};
-            uint32_t total = counts[0] + counts[1] + counts[2];
-            if (!total)
-                continue;
-            uint32_t w = nd->entry_begin, kept_k[3] = {0, 0, 0}, i = nd->entry_begin;
-            for (int k = 0; k < 3; k++)
-                for (uint32_t c = 0; c < counts[k]; c++, i++)
-                    if (!is_dead[r->entries[i].route]) {
-                        r->entries[w++] = r->entries[i];
-                        kept_k[k]++;
-                    }
-            nd->n_exact = kept_k[0];
-            nd->n_template = kept_k[1];
-            nd->n_prefix = kept_k[2];
-            r->n_entries_live -= total - (kept_k[0] + kept_k[1] + kept_k[2]);
-        }
-        free(is_dead);
-    }
-
-    /* The new snapshot's order: table indexes and declaration order. */
+    /* The new snapshot's order: each table's index and declaration order,
+     * by stable id. Kept tables keep their routes and ids; the ids of
+     * removed tables point nowhere, which is how their routes read as dead. */
+    for (uint32_t k = 0; k < prev->n_tables; k++)
+        if (!kept[k])
+            r->tpos[prev->tables[k].sid].index = NONE;
     uint32_t decl = 0, next = r->n_routes;
     for (size_t t = 0; t < nt; t++) {
         const Sluice__V1__RouteTable *pb = snap->route_tables[t];
         if (from[t] != NONE) {
-            const rtable_t *pt = &prev->tables[from[t]];
-            r->tables[t] = *pt;
-            for (uint32_t k = 0; k < pt->n_routes; k++) {
-                r->routes[pt->first_route + k].table_index = (uint32_t)t;
-                r->routes[pt->first_route + k].decl = decl + k;
-            }
+            r->tables[t] = prev->tables[from[t]];
         } else {
-            r->tables[t] = (rtable_t){.pb = pb, .first_route = next, .n_routes = (uint32_t)pb->n_routes};
+            r->tables[t] = (rtable_t){.pb = pb, .first_route = next,
+                                      .n_routes = (uint32_t)pb->n_routes, .sid = r->n_sids++};
             next += (uint32_t)pb->n_routes;
         }
+        r->tpos[r->tables[t].sid] = (tpos_t){.index = (uint32_t)t, .decl_base = decl};
         decl += (uint32_t)pb->n_routes;
     }
     r->n_tables = (uint32_t)nt;
 
+    /* Routes of the removed tables leave the nodes that hold them. */
+    for (uint32_t k = 0; dead && k < prev->n_tables; k++)
+        for (uint32_t i = 0; !kept[k] && i < prev->tables[k].n_nodes; i++)
+            if (drop_dead_entries(r, prev->tables[k].nodes[i]) < 0)
+                goto oom;
+
     /* Compile the new tables' routes and put them into their buckets. */
-    decl = 0;
     size_t tb_at = 0;
     for (size_t t = 0; t < nt; t++) {
         const Sluice__V1__RouteTable *pb = snap->route_tables[t];
-        if (from[t] != NONE) {
-            decl += (uint32_t)pb->n_routes;
+        if (from[t] != NONE)
             continue;
-        }
         const char *base = str_or_empty(pb->base_path);
         if (check_base_path(&b, pb, t, base) < 0)
             goto fail;
@@ -1515,9 +1817,8 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
         }
         uint32_t first = r->n_routes;
         for (size_t ri = 0; ri < pb->n_routes; ri++) {
-            if (compile_route(&b, pb, t, base, base_len, ri, r->n_routes) < 0)
+            if (compile_route(&b, pb, t, base, base_len, ri, r->n_routes, r->tables[t].sid) < 0)
                 goto fail;
-            r->routes[r->n_routes].decl = decl + (uint32_t)ri;
             r->n_routes++;
         }
         uint32_t nb = tbuckets[tb_at];
@@ -1537,7 +1838,6 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
             }
         }
         tb_at += 1 + nb;
-        decl += (uint32_t)pb->n_routes;
     }
 
     /* Each node that got entries: its old and new entries in precedence
@@ -1551,12 +1851,12 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
         size_t j = i;
         while (j < b.n_bentries && b.bentries[j].node == node)
             j++;
-        node_t *nd = &r->nodes[node];
+        const node_t *nd = node_at(r, node);
         uint32_t counts[3] = {nd->n_exact, nd->n_template, nd->n_prefix};
         size_t old = (size_t)counts[0] + counts[1] + counts[2];
         size_t n = old + (j - i);
         if (GROW(merged, merged_cap, n) < 0 ||
-            GROW(r->entries, entries_cap, (size_t)r->n_entries + n) < 0 ||
+            cv_reserve(&r->entries, (size_t)r->n_entries + n, ENTRY_S, sizeof(entry_t)) < 0 ||
             (size_t)r->n_entries + n >= NONE) {
             free(merged);
             goto oom;
@@ -1565,27 +1865,41 @@ sl_router_t *sl_router_update(const sl_router_t *prev, const Sluice__V1__Snapsho
         uint32_t e = nd->entry_begin;
         for (uint32_t k = 0; k < 3; k++)
             for (uint32_t c = 0; c < counts[k]; c++, e++) {
-                const croute_t *rt = &r->routes[r->entries[e].route];
+                const entry_t *en = entry_at(r, e);
+                const croute_t *rt = route_at(r, en->route);
                 merged[m++] = (bentry_t){.node = node, .kind = k,
                                          .nmatches = rt->n_headers + rt->n_query,
-                                         .decl = rt->decl, .e = r->entries[e]};
+                                         .decl = route_decl(r, rt), .e = *en};
             }
         memcpy(merged + m, b.bentries + i, (j - i) * sizeof *merged);
         qsort(merged, n, sizeof *merged, cmp_bentry);
-        nd->entry_begin = r->n_entries;
-        nd->n_exact = nd->n_template = nd->n_prefix = 0;
+        node_t *wn = node_wr(r, node);
+        if (!wn) {
+            free(merged);
+            goto oom;
+        }
+        wn->entry_begin = r->n_entries;
+        wn->n_exact = wn->n_template = wn->n_prefix = 0;
         for (size_t k = 0; k < n; k++) {
+            entry_t *we = entry_wr(r, r->n_entries);
+            if (!we) {
+                free(merged);
+                goto oom;
+            }
             if (merged[k].kind == 0)
-                nd->n_exact++;
+                wn->n_exact++;
             else if (merged[k].kind == 1)
-                nd->n_template++;
+                wn->n_template++;
             else
-                nd->n_prefix++;
-            r->entries[r->n_entries++] = merged[k].e;
+                wn->n_prefix++;
+            *we = merged[k].e;
+            r->n_entries++;
         }
         i = j;
     }
     free(merged);
+    if (table_node_lists(&b) < 0)
+        goto oom;
     r->n_entries_live += (uint32_t)b.n_bentries;
     r->n_dead = prev->n_dead + (uint32_t)dead;
     r->patches = prev->patches + 1;
@@ -1626,16 +1940,17 @@ void sl_router_free(sl_router_t *r)
         arena_unref(r->arenas[i]);
     free(r->arenas);
     free(r->tables);
+    free(r->tpos);
     pcre2_match_context_free(r->mctx);
-    free(r->routes);
-    free(r->matches);
-    free(r->nodes);
-    free(r->entries);
+    cv_free(&r->routes);
+    cv_free(&r->matches);
+    cv_free(&r->nodes);
+    cv_free(&r->entries);
     free(r->regex_routes);
     free(r->buckets);
     free(r->wildcard_lens);
-    free(r->children.slots);
-    free(r->hosts.slots);
+    cv_free(&r->children.slots);
+    cv_free(&r->hosts.slots);
     free(r);
 }
 
@@ -1756,15 +2071,15 @@ static bool method_matches(const croute_t *rt, const sl_router_request_t *req)
  * match with another method adds its methods to the 405 Allow set. */
 static bool try_route(mctx_t *c, uint32_t idx)
 {
-    const croute_t *rt = &c->r->routes[idx];
-    const cmatch_t *m = &c->r->matches[rt->match_begin];
+    const sl_router_t *r = c->r;
+    const croute_t *rt = route_at(r, idx);
     bool method_ok = method_matches(rt, c->req);
 
     for (uint32_t i = 0; i < rt->n_headers; i++)
-        if (!header_match(c, &m[i]))
+        if (!header_match(c, match_at(r, rt->match_begin + i)))
             return c->error;
     for (uint32_t i = 0; i < rt->n_query; i++)
-        if (!query_match(c, &m[rt->n_headers + i]))
+        if (!query_match(c, match_at(r, rt->match_begin + rt->n_headers + i)))
             return c->error;
     if (c->error)
         return true;
@@ -1773,7 +2088,7 @@ static bool try_route(mctx_t *c, uint32_t idx)
         c->method_mismatch = true;
         return false;
     }
-    c->res->table_index = rt->table_index;
+    c->res->table_index = r->tpos[rt->sid].index;
     c->res->route_index = rt->route_index;
     c->res->base_path_len = rt->base_len;
     c->res->allow_methods = 0;
@@ -1824,10 +2139,9 @@ static inline uint32_t literal_lookup(const mctx_t *c, uint32_t node, uint32_t d
 /* Follows literal children from the bucket's root as deep as the path goes. */
 static void literal_walk(mctx_t *c, uint32_t root)
 {
-    const node_t *nodes = c->r->nodes;
     uint32_t node = root, d = 0;
     c->walk_node[0] = root;
-    while (d < c->n_segs && d < SL_ROUTER_MAX_DEPTH && nodes[node].n_literal) {
+    while (d < c->n_segs && d < SL_ROUTER_MAX_DEPTH && node_at(c->r, node)->n_literal) {
         node = literal_lookup(c, node, d);
         if (node == NONE)
             break;
@@ -1844,12 +2158,11 @@ static void literal_walk(mctx_t *c, uint32_t root)
 static bool trie_search(mctx_t *c, uint32_t node_idx, uint32_t d, bool on_walk)
 {
     const sl_router_t *r = c->r;
-    const node_t *n = &r->nodes[node_idx];
+    const node_t *n = node_at(r, node_idx);
 
     if (path_ends_at(c, d)) {
-        const entry_t *e = &r->entries[n->entry_begin];
         for (uint32_t i = 0; i < n->n_exact + n->n_template; i++)
-            if (try_route(c, e[i].route))
+            if (try_route(c, entry_at(r, n->entry_begin + i)->route))
                 return true;
         return false;
     }
@@ -1875,22 +2188,23 @@ static bool prefix_search(mctx_t *c)
 {
     const sl_router_t *r = c->r;
     for (uint32_t d = c->walk_depth + 1; d-- > 0;) {
-        const node_t *n = &r->nodes[c->walk_node[d]];
+        const node_t *n = node_at(r, c->walk_node[d]);
         if (!n->n_prefix)
             continue;
         bool at_end = path_ends_at(c, d);
         const char *next = at_end ? NULL : seg_ptr(c, d);
         size_t next_room = at_end ? 0 : c->path_len - c->seg_off[d] - 1;
-        const entry_t *e = &r->entries[n->entry_begin + n->n_exact + n->n_template];
+        uint32_t first = n->entry_begin + n->n_exact + n->n_template;
         for (uint32_t i = 0; i < n->n_prefix; i++) {
+            const entry_t *e = entry_at(r, first + i);
             if (at_end) {
-                if (!e[i].or_end)
+                if (!e->or_end)
                     continue;
-            } else if (e[i].partial_len > next_room ||
-                       memcmp(next, e[i].partial, e[i].partial_len) != 0) {
+            } else if (e->partial_len > next_room ||
+                       memcmp(next, e->partial, e->partial_len) != 0) {
                 continue;
             }
-            if (try_route(c, e[i].route))
+            if (try_route(c, e->route))
                 return true;
         }
     }
@@ -1906,7 +2220,7 @@ static bool regex_search(mctx_t *c, const bucket_t *bk)
     size_t len = c->path_len;
     for (uint32_t i = 0; i < bk->n_regex; i++) {
         uint32_t idx = r->regex_routes[bk->regex_begin + i];
-        const croute_t *rt = &r->routes[idx];
+        const croute_t *rt = route_at(r, idx);
         if (len < rt->base_len || memcmp(path, rt->base, rt->base_len) != 0)
             continue;
         if (len > rt->base_len && path[rt->base_len] != '/')
