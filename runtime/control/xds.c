@@ -698,19 +698,21 @@ static void send_ack(sl_xds_t *x, uint64_t call_id, int t, const char *version, 
 /* Names compared segment by segment at '/' ("ns/name"): the order of the
  * controller's store (namespace, then name), so a set assembled from
  * deltas is in the order a state-of-the-world push would have. */
+static inline unsigned name_byte(char c)
+{
+    /* '/' below every other byte but the end: a segment that is a prefix
+     * of the other's sorts first, as does a name out of segments first. */
+    return c == '\0' ? 0u : c == '/' ? 1u : (unsigned)(unsigned char)c + 1u;
+}
+
 static int name_cmp(const char *a, const char *b)
 {
-    for (;;) {
-        size_t la = strcspn(a, "/"), lb = strcspn(b, "/");
-        int c = strncmp(a, b, la < lb ? la : lb);
-        if (c || la != lb)
-            return c ? c : la < lb ? -1 : 1;
-        a += la;
-        b += lb;
-        if (!*a || !*b)
-            return *a ? 1 : *b ? -1 : 0;
-        a++;
-        b++;
+    for (;; a++, b++) {
+        unsigned ca = name_byte(*a), cb = name_byte(*b);
+        if (ca != cb)
+            return ca < cb ? -1 : 1;
+        if (!ca)
+            return 0;
     }
 }
 
@@ -745,21 +747,56 @@ static int delta_merge(const type_state_t *held, const change_t *chg, size_t nch
                        type_state_t *out, slot_t **slots_out)
 {
     slot_t *slots = calloc(held->n + nchg + 1, sizeof(*slots));
-    if (!slots)
+    slot_t *ch = calloc(nchg + 1, sizeof(*ch));
+    if (!slots || !ch) {
+        free(slots);
+        free(ch);
         return -1;
-    size_t n = 0;
-    for (size_t i = 0; i < held->n; i++) {
-        int gone = 0;
-        for (size_t k = 0; k < nchg && !gone; k++)
-            gone = chg[k].accepted && strcmp(chg[k].name, held->names[i]) == 0;
-        if (!gone)
+    }
+    /* The accepted changes by name (removals too: they take a held one
+     * out); the held set is sorted, so one merge pass makes the result, in
+     * time linear in the held set, not a sort of it per change. */
+    size_t nc = 0;
+    for (size_t k = 0; k < nchg; k++)
+        if (chg[k].accepted)
+            ch[nc++] = (slot_t){chg[k].name, chg[k].version, chg[k].msg, (ssize_t)k};
+    qsort(ch, nc, sizeof(*ch), slot_cmp);
+    size_t n = 0, i = 0, k = 0;
+    int sorted = 1;
+    while (i < held->n || k < nc) {
+        if (i > 0 && i < held->n && name_cmp(held->names[i - 1], held->names[i]) > 0) {
+            sorted = 0; /* not expected; sorted below instead */
+            break;
+        }
+        int c = i == held->n ? 1 : k == nc ? -1 : name_cmp(held->names[i], ch[k].name);
+        if (c < 0) {
             slots[n++] = (slot_t){held->names[i], held->versions ? held->versions[i] : "",
                                   held->msgs[i], (ssize_t)i};
+            i++;
+            continue;
+        }
+        if (c == 0)
+            i++; /* replaced or removed */
+        if (ch[k].msg)
+            slots[n++] = (slot_t){ch[k].name, ch[k].version, ch[k].msg, -1};
+        k++;
     }
-    for (size_t k = 0; k < nchg; k++)
-        if (chg[k].accepted && chg[k].msg)
-            slots[n++] = (slot_t){chg[k].name, chg[k].version, chg[k].msg, -1};
-    qsort(slots, n, sizeof(*slots), slot_cmp);
+    if (!sorted) {
+        n = 0;
+        for (i = 0; i < held->n; i++) {
+            int gone = 0;
+            for (k = 0; k < nchg && !gone; k++)
+                gone = chg[k].accepted && strcmp(chg[k].name, held->names[i]) == 0;
+            if (!gone)
+                slots[n++] = (slot_t){held->names[i], held->versions ? held->versions[i] : "",
+                                      held->msgs[i], (ssize_t)i};
+        }
+        for (k = 0; k < nchg; k++)
+            if (chg[k].accepted && chg[k].msg)
+                slots[n++] = (slot_t){chg[k].name, chg[k].version, chg[k].msg, -1};
+        qsort(slots, n, sizeof(*slots), slot_cmp);
+    }
+    free(ch);
     memset(out, 0, sizeof(*out));
     out->n = n;
     out->msgs = calloc(n + 1, sizeof(*out->msgs));
@@ -772,7 +809,7 @@ static int delta_merge(const type_state_t *held, const change_t *chg, size_t nch
         free(slots);
         return -1;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (i = 0; i < n; i++) {
         out->msgs[i] = slots[i].msg;
         out->names[i] = (char *)slots[i].name;
         out->versions[i] = (char *)slots[i].version;

@@ -196,12 +196,156 @@ static void test_backoff_is_full_jitter(void **state)
     assert_true(below_half > 400 && below_half < 600);
 }
 
+/* ---- delta sets: the store's order, kept by one merge pass ---- */
+
+/* The order as first written (segment by segment at '/'), the reference
+ * for the byte-wise name_cmp. */
+static int ref_name_cmp(const char *a, const char *b)
+{
+    for (;;) {
+        size_t la = strcspn(a, "/"), lb = strcspn(b, "/");
+        int c = strncmp(a, b, la < lb ? la : lb);
+        if (c || la != lb)
+            return c ? (c < 0 ? -1 : 1) : la < lb ? -1 : 1;
+        a += la;
+        b += lb;
+        if (!*a || !*b)
+            return *a ? 1 : *b ? -1 : 0;
+        a++;
+        b++;
+    }
+}
+
+static uint64_t xrng = 0x9e3779b97f4a7c15ull;
+static unsigned xrnd(unsigned n)
+{
+    xrng ^= xrng << 13;
+    xrng ^= xrng >> 7;
+    xrng ^= xrng << 17;
+    return (unsigned)(xrng % n);
+}
+
+/* Names from an alphabet with bytes on both sides of '/' ('-' and '.'
+ * sort before it, letters after). */
+static void random_name(char *out)
+{
+    static const char alpha[] = "a-.b/z0";
+    unsigned len = 1 + xrnd(6);
+    for (unsigned i = 0; i < len; i++)
+        out[i] = alpha[xrnd(sizeof alpha - 1)];
+    out[len] = '\0';
+}
+
+static void test_name_order_is_segment_order(void **state)
+{
+    (void)state;
+    char a[8], b[8];
+    for (int i = 0; i < 200000; i++) {
+        random_name(a);
+        random_name(b);
+        int want = ref_name_cmp(a, b), got = name_cmp(a, b);
+        got = got < 0 ? -1 : got > 0;
+        if (got != want)
+            fail_msg("name_cmp(\"%s\", \"%s\") = %d, segment order says %d", a, b, got, want);
+    }
+}
+
+static int ref_slot_cmp(const void *a, const void *b)
+{
+    return ref_name_cmp(((const slot_t *)a)->name, ((const slot_t *)b)->name);
+}
+
+/* delta_merge against the definition: the held set without the names
+ * the accepted changes carry, plus the accepted changes with a message,
+ * sorted. Held sets sorted (as delta_merge leaves them) and not. */
+static void test_delta_merge_is_filter_then_sort(void **state)
+{
+    (void)state;
+    enum { MAXN = 40 };
+    static char names[MAXN * 2][8];
+    static int dummy[MAXN * 2];
+    for (int round = 0; round < 3000; round++) {
+        type_state_t held = {0};
+        size_t nh = xrnd(MAXN);
+        held.names = calloc(nh + 1, sizeof(char *));
+        held.msgs = calloc(nh + 1, sizeof(void *));
+        held.versions = calloc(nh + 1, sizeof(char *));
+        assert_true(held.names && held.msgs && held.versions);
+        slot_t tmp[MAXN];
+        size_t u = 0;
+        for (size_t i = 0; i < nh; i++) {
+            random_name(names[i]);
+            int dup = 0;
+            for (size_t j = 0; j < u; j++)
+                dup |= strcmp(tmp[j].name, names[i]) == 0;
+            if (!dup)
+                tmp[u++] = (slot_t){names[i], "1", (ProtobufCMessage *)&dummy[i], 0};
+        }
+        if (round % 4) /* mostly sorted, as delta_merge keeps them */
+            qsort(tmp, u, sizeof *tmp, ref_slot_cmp);
+        held.n = u;
+        for (size_t i = 0; i < u; i++) {
+            held.names[i] = (char *)tmp[i].name;
+            held.msgs[i] = tmp[i].msg;
+            held.versions[i] = "1";
+        }
+        change_t chg[MAXN];
+        size_t nc = xrnd(6);
+        for (size_t k = 0; k < nc; k++) {
+            char *nm = names[MAXN + k];
+            if (u && xrnd(2))
+                snprintf(nm, 8, "%s", held.names[xrnd((unsigned)u)]); /* a held one */
+            else
+                random_name(nm);
+            chg[k] = (change_t){.name = nm, .version = "2",
+                                .msg = xrnd(3) ? (ProtobufCMessage *)&dummy[MAXN + k] : NULL,
+                                .accepted = xrnd(5) != 0};
+        }
+        /* the definition */
+        slot_t want[MAXN * 2];
+        size_t nw = 0;
+        for (size_t i = 0; i < u; i++) {
+            int gone = 0;
+            for (size_t k = 0; k < nc; k++)
+                gone |= chg[k].accepted && strcmp(chg[k].name, held.names[i]) == 0;
+            if (!gone)
+                want[nw++] = (slot_t){held.names[i], "1", held.msgs[i], (ssize_t)i};
+        }
+        for (size_t k = 0; k < nc; k++)
+            if (chg[k].accepted && chg[k].msg)
+                want[nw++] = (slot_t){chg[k].name, "2", chg[k].msg, -1};
+        qsort(want, nw, sizeof *want, ref_slot_cmp);
+
+        type_state_t out;
+        slot_t *slots = NULL;
+        assert_int_equal(delta_merge(&held, chg, nc, &out, &slots), 0);
+        if (out.n != nw)
+            fail_msg("round %d: %zu names merged, %zu expected", round, out.n, nw);
+        for (size_t i = 0; i < nw; i++) {
+            /* equal names may come in either order (duplicates in one
+             * response); compare names, and messages where names differ */
+            if (strcmp(out.names[i], want[i].name) != 0)
+                fail_msg("round %d: name %zu is %s, %s expected", round, i, out.names[i],
+                         want[i].name);
+            if (slots[i].held >= 0 && held.msgs[slots[i].held] != out.msgs[i])
+                fail_msg("round %d: slot %zu points at the wrong held resource", round, i);
+        }
+        merged_free(&out);
+        tracking_free(slots);
+        free(held.names);
+        free(held.msgs);
+        free(held.versions);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_undecodable_resource_does_not_leak_its_name),
         cmocka_unit_test(test_non_numeric_version_is_nacked),
         cmocka_unit_test(test_backoff_is_full_jitter),
+        cmocka_unit_test(test_name_order_is_segment_order),
+        cmocka_unit_test(test_delta_merge_is_filter_then_sort),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
