@@ -103,6 +103,15 @@ typedef struct {
     grpc_slice wire;
 } res_entry_t;
 
+/* A set of (name, version) pairs summed into two words per pair
+ * (digest_pair): equal sets have equal digests whatever their order, so
+ * "this runtime holds exactly the fleet's resources", or exactly those of
+ * the fleet's previous compile, is a comparison of the digests and sizes
+ * instead of a walk of both sets per runtime and per push. */
+typedef struct {
+    uint64_t a, b;
+} digest_t;
+
 typedef struct fleet {
     char *name;
     /* The fleet-level part of the last compile (settings, listeners,
@@ -130,6 +139,16 @@ typedef struct fleet {
         res_entry_t *ents;
         size_t n_ents;
         json_t *index;
+        /* The entries' digest; the previous entries' digest and size, and
+         * what changed since them (positions in ents, names gone), so a
+         * runtime that holds the previous entries gets exactly that. */
+        digest_t dig, prev_dig;
+        size_t prev_n;
+        size_t *diff_chg;
+        size_t n_diff_chg;
+        char **diff_removed;
+        size_t n_diff_removed;
+        int diff_ok;
     } t[SL_XDS__COUNT];
     struct fleet *next;
 } fleet_t;
@@ -169,6 +188,7 @@ typedef struct runtime_rec {
     int delta;
     struct {
         json_t *have;   /* name -> version held (initial_resource_versions, ACKs) */
+        digest_t dig;   /* of have: changed by have_set / have_del only */
         json_t *parked; /* name -> version NACKed on this stream ("" = its removal) */
         json_t *subs;   /* NULL = wildcard, else name -> true */
         /* The type's version_info it runs (subscription, then ACKs): when
@@ -428,6 +448,43 @@ static void entries_free(res_entry_t *ents, size_t n)
     free(ents);
 }
 
+static uint64_t digest_mix(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+/* Adds (sign 1) or takes out (sign -1) one pair. */
+static void digest_pair(digest_t *d, const char *name, const char *version, int sign)
+{
+    uint64_t h = fnv1a(0xcbf29ce484222325ULL, name, strlen(name) + 1);
+    h = fnv1a(h, version, strlen(version));
+    uint64_t a = digest_mix(h ^ 0x9e3779b97f4a7c15ULL), b = digest_mix(h + 0x6a09e667f3bcc909ULL);
+    d->a += sign > 0 ? a : -a;
+    d->b += sign > 0 ? b : -b;
+}
+
+static int digest_eq(const digest_t *x, const digest_t *y)
+{
+    return x->a == y->a && x->b == y->b;
+}
+
+static void diff_free(fleet_t *f, int t)
+{
+    for (size_t i = 0; i < f->t[t].n_diff_removed; i++)
+        free(f->t[t].diff_removed[i]);
+    free(f->t[t].diff_removed);
+    free(f->t[t].diff_chg);
+    f->t[t].diff_removed = NULL;
+    f->t[t].diff_chg = NULL;
+    f->t[t].n_diff_removed = f->t[t].n_diff_chg = 0;
+    f->t[t].diff_ok = 0;
+}
+
 static void cres_release(sl_cres_t **res, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -444,6 +501,7 @@ static void fleet_free(fleet_t *f)
             grpc_slice_unref(f->t[t].body);
         entries_free(f->t[t].ents, f->t[t].n_ents);
         json_decref(f->t[t].index);
+        diff_free(f, t);
     }
     if (f->snap)
         sl_snapshot_free(f->snap);
@@ -620,6 +678,13 @@ static grpc_slice entry_wire(int t, const sl_cres_t *res, char *version)
 
 static int build_entries(fleet_t *f, int t, sl_cres_t **res, size_t n)
 {
+    /* What a runtime holding the current entries would need: recorded
+     * below as the diff from them (diff_ok once it is whole). */
+    diff_free(f, t);
+    f->t[t].prev_dig = f->t[t].dig;
+    f->t[t].prev_n = f->t[t].n_ents;
+    size_t *chg = calloc(n + 1, sizeof(*chg));
+    size_t nchg = 0;
     /* The same names in the same order (a change to existing resources):
      * only the entries whose version moved are replaced, in place. */
     int same_names = f->t[t].ents && f->t[t].index && n == f->t[t].n_ents;
@@ -627,18 +692,26 @@ static int build_entries(fleet_t *f, int t, sl_cres_t **res, size_t n)
         same_names = strcmp(f->t[t].ents[i].name, res[i]->name) == 0;
     if (same_names) {
         for (size_t i = 0; i < n; i++) {
-            if (res[i]->hash == f->t[t].ents[i].hash)
+            res_entry_t *e = &f->t[t].ents[i];
+            if (res[i]->hash == e->hash)
                 continue;
-            f->t[t].ents[i].hash = res[i]->hash;
-            snprintf(f->t[t].ents[i].version, sizeof(f->t[t].ents[i].version), "%016" PRIx64,
-                     res[i]->hash);
-            grpc_slice_unref(f->t[t].ents[i].wire);
-            f->t[t].ents[i].wire = entry_wire(t, res[i], f->t[t].ents[i].version);
+            digest_pair(&f->t[t].dig, e->name, e->version, -1);
+            e->hash = res[i]->hash;
+            snprintf(e->version, sizeof(e->version), "%016" PRIx64, res[i]->hash);
+            digest_pair(&f->t[t].dig, e->name, e->version, 1);
+            grpc_slice_unref(e->wire);
+            e->wire = entry_wire(t, res[i], e->version);
+            if (chg)
+                chg[nchg++] = i;
         }
+        f->t[t].diff_chg = chg;
+        f->t[t].n_diff_chg = nchg;
+        f->t[t].diff_ok = chg != NULL;
         return 0;
     }
     res_entry_t *ents = calloc(n ? n : 1, sizeof(*ents));
     json_t *index = json_object();
+    digest_t dig = {0, 0};
     if (!ents || !index)
         goto fail;
     for (size_t i = 0; i < n; i++) {
@@ -647,21 +720,41 @@ static int build_entries(fleet_t *f, int t, sl_cres_t **res, size_t n)
         ents[i].name = strdup(res[i]->name);
         if (!ents[i].name)
             goto fail;
+        digest_pair(&dig, ents[i].name, ents[i].version, 1);
         json_t *old = f->t[t].index ? json_object_get(f->t[t].index, res[i]->name) : NULL;
         size_t k = old ? (size_t)json_integer_value(old) : 0;
         if (old && k < f->t[t].n_ents && strcmp(f->t[t].ents[k].version, ents[i].version) == 0) {
             ents[i].wire = grpc_slice_ref(f->t[t].ents[k].wire);
         } else {
             ents[i].wire = entry_wire(t, res[i], ents[i].version);
+            if (chg)
+                chg[nchg++] = i;
         }
         if (json_object_set_new(index, res[i]->name, json_integer((json_int_t)i)) != 0)
             goto fail;
     }
+    /* The names of the previous entries that are gone. */
+    char **gone = calloc(f->t[t].n_ents + 1, sizeof(*gone));
+    size_t ngone = 0;
+    for (size_t k = 0; gone && k < f->t[t].n_ents; k++)
+        if (!json_object_get(index, f->t[t].ents[k].name) &&
+            !(gone[ngone++] = strdup(f->t[t].ents[k].name))) {
+            while (ngone > 0)
+                free(gone[--ngone]);
+            free(gone);
+            gone = NULL;
+        }
     entries_free(f->t[t].ents, f->t[t].n_ents);
     json_decref(f->t[t].index);
     f->t[t].ents = ents;
     f->t[t].n_ents = n;
     f->t[t].index = index;
+    f->t[t].dig = dig;
+    f->t[t].diff_chg = chg;
+    f->t[t].n_diff_chg = nchg;
+    f->t[t].diff_removed = gone;
+    f->t[t].n_diff_removed = ngone;
+    f->t[t].diff_ok = chg && gone;
     return 0;
 fail:
     /* Entries are filled in order: those with a name have a slice. */
@@ -670,6 +763,7 @@ fail:
         grpc_slice_unref(ents[i].wire);
     }
     free(ents);
+    free(chg);
     json_decref(index);
     return -1;
 }
@@ -685,8 +779,42 @@ static int delta_subscribed(const runtime_rec_t *rt, int t, const char *name)
  * holds that are gone (removed, when not NULL). A (name, version) NACKed on
  * this stream is left out when honour_parked. Returns how many.
  */
-static size_t delta_compute(const fleet_t *f, const runtime_rec_t *rt, int t, size_t *chg,
-                            json_t *removed, int honour_parked)
+/* What the runtime holds of type t: set (version, a JSON string) or
+ * dropped, its digest kept with it. 0, or -1 when out of memory. */
+static int have_set(runtime_rec_t *rt, int t, const char *name, json_t *version)
+{
+    if (!rt->d[t].have && !(rt->d[t].have = json_object()))
+        return -1;
+    json_t *old = json_object_get(rt->d[t].have, name);
+    const char *was = old ? json_string_value(old) : NULL;
+    digest_t d = rt->d[t].dig;
+    if (was)
+        digest_pair(&d, name, was, -1);
+    digest_pair(&d, name, json_string_value(version) ?: "", 1);
+    if (json_object_set(rt->d[t].have, name, version) != 0)
+        return -1;
+    rt->d[t].dig = d;
+    return 0;
+}
+
+static void have_del(runtime_rec_t *rt, int t, const char *name)
+{
+    json_t *old = json_object_get(rt->d[t].have, name);
+    if (!old)
+        return;
+    digest_pair(&rt->d[t].dig, name, json_string_value(old) ?: "", -1);
+    json_object_del(rt->d[t].have, name);
+}
+
+static void have_clear(runtime_rec_t *rt, int t)
+{
+    json_decref(rt->d[t].have);
+    rt->d[t].have = NULL;
+    rt->d[t].dig = (digest_t){0, 0};
+}
+
+static size_t delta_compute_walk(const fleet_t *f, const runtime_rec_t *rt, int t, size_t *chg,
+                                 json_t *removed, int honour_parked)
 {
     size_t n = 0;
     json_t *have = rt->d[t].have, *parked = honour_parked ? rt->d[t].parked : NULL;
@@ -715,6 +843,31 @@ static size_t delta_compute(const fleet_t *f, const runtime_rec_t *rt, int t, si
             json_array_append_new(removed, json_string(name));
             n++;
         }
+    }
+    return n;
+}
+
+/* delta_compute_walk's answer without the walk when the runtime takes
+ * every resource (no subscription list, nothing parked that counts) and
+ * holds exactly the fleet's entries (nothing to send) or exactly the
+ * previous ones (the diff of the last compile). A fleet of runtimes in
+ * step costs each of them the size of the change, not of the config. */
+static size_t delta_compute(const fleet_t *f, const runtime_rec_t *rt, int t, size_t *chg,
+                            json_t *removed, int honour_parked)
+{
+    size_t nh = json_object_size(rt->d[t].have);
+    int plain = !rt->d[t].subs && !(honour_parked && json_object_size(rt->d[t].parked));
+    if (plain && nh == f->t[t].n_ents && digest_eq(&rt->d[t].dig, &f->t[t].dig))
+        return 0;
+    if (!plain || !f->t[t].diff_ok || nh != f->t[t].prev_n ||
+        !digest_eq(&rt->d[t].dig, &f->t[t].prev_dig))
+        return delta_compute_walk(f, rt, t, chg, removed, honour_parked);
+    size_t n = 0;
+    for (size_t i = 0; chg && i < f->t[t].n_diff_chg; i++)
+        chg[n++] = f->t[t].diff_chg[i];
+    for (size_t i = 0; removed && i < f->t[t].n_diff_removed; i++) {
+        json_array_append_new(removed, json_string(f->t[t].diff_removed[i]));
+        n++;
     }
     return n;
 }
@@ -862,7 +1015,7 @@ static void delta_settle(runtime_rec_t *rt, int t, const Sluice__V1__DiscoveryRe
         if (all || json_object_get(rejected, name))
             json_object_set(rt->d[t].parked, name, v);
         else {
-            json_object_set(rt->d[t].have, name, v);
+            have_set(rt, t, name, v);
             applied++;
         }
     }
@@ -873,7 +1026,7 @@ static void delta_settle(runtime_rec_t *rt, int t, const Sluice__V1__DiscoveryRe
         if (all || json_object_get(rejected, name))
             json_object_set_new(rt->d[t].parked, name, json_string(""));
         else {
-            json_object_del(rt->d[t].have, name);
+            have_del(rt, t, name);
             applied++;
         }
     }
@@ -1679,10 +1832,10 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
 static void delta_reset(runtime_rec_t *rt)
 {
     for (int t = 0; t < SL_XDS__COUNT; t++) {
-        json_decref(rt->d[t].have);
+        have_clear(rt, t);
         json_decref(rt->d[t].parked);
         json_decref(rt->d[t].subs);
-        rt->d[t].have = rt->d[t].parked = rt->d[t].subs = NULL;
+        rt->d[t].parked = rt->d[t].subs = NULL;
     }
     json_decref(rt->inflight_sent);
     json_decref(rt->inflight_removed);
@@ -1935,7 +2088,7 @@ static int delta_subscribe(sl_controller_t *ctl, runtime_rec_t *rt, int t,
         return -1;
     }
     if (first) {
-        json_decref(rt->d[t].have);
+        have_clear(rt, t);
         json_decref(rt->d[t].parked);
         json_decref(rt->d[t].subs);
         rt->d[t].have = json_object();
@@ -1947,8 +2100,11 @@ static int delta_subscribe(sl_controller_t *ctl, runtime_rec_t *rt, int t,
             const Sluice__V1__DiscoveryRequest__InitialResourceVersionsEntry *e =
                 req->initial_resource_versions[i];
             const char *k = e->key ? e->key : "", *v = e->value ? e->value : "";
-            if (!k[0] || strlen(k) > DELTA_NAME_MAX || strlen(v) > DELTA_VERSION_MAX ||
-                json_object_set_new(rt->d[t].have, k, json_string(v)) != 0) {
+            json_t *jv = json_string(v);
+            int bad = !k[0] || strlen(k) > DELTA_NAME_MAX || strlen(v) > DELTA_VERSION_MAX ||
+                      !jv || have_set(rt, t, k, jv) != 0;
+            json_decref(jv);
+            if (bad) {
                 snprintf(msg, len,
                          "node %s: %s initial_resource_versions: entry \"%.60s\" is not a "
                          "resource name (1 to %d bytes of UTF-8) with a version of at most %d "
@@ -1984,7 +2140,7 @@ static int delta_subscribe(sl_controller_t *ctl, runtime_rec_t *rt, int t,
             continue;
         }
         json_object_del(rt->d[t].subs, k);
-        json_object_del(rt->d[t].have, k);
+        have_del(rt, t, k);
         json_object_del(rt->d[t].parked, k);
     }
     if (json_object_size(rt->d[t].subs) > max) {

@@ -752,6 +752,189 @@ static void test_version_parse(void **state)
             fail_msg("\"%s\" parsed as a version", bad[i]);
 }
 
+/* ---- delta: the digest shortcuts answer as the walk ---- */
+
+static uint64_t drng = 0x2545f4914f6cdd1dull;
+static unsigned drnd(unsigned n)
+{
+    drng ^= drng << 13;
+    drng ^= drng >> 7;
+    drng ^= drng << 17;
+    return (unsigned)(drng % n);
+}
+
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_json_str(const void *a, const void *b)
+{
+    return strcmp(json_string_value(*(json_t *const *)a), json_string_value(*(json_t *const *)b));
+}
+
+/* Sorted copies: the order of changes and removals carries no meaning. */
+static void expect_same_delta(const size_t *c1, size_t n1, json_t *r1, const size_t *c2, size_t n2,
+                              json_t *r2, unsigned round)
+{
+    size_t *a = calloc(n1 + 1, sizeof *a), *b = calloc(n2 + 1, sizeof *b);
+    assert_true(a && b);
+    memcpy(a, c1, n1 * sizeof *a);
+    memcpy(b, c2, n2 * sizeof *b);
+    qsort(a, n1, sizeof *a, cmp_size);
+    qsort(b, n2, sizeof *b, cmp_size);
+    if (n1 != n2 || memcmp(a, b, n1 * sizeof *a) != 0)
+        fail_msg("round %u: %zu changes with the shortcut, %zu by the walk", round, n1, n2);
+    free(a);
+    free(b);
+    size_t m1 = json_array_size(r1), m2 = json_array_size(r2);
+    if (m1 != m2)
+        fail_msg("round %u: %zu removals with the shortcut, %zu by the walk", round, m1, m2);
+    json_t **x = calloc(m1 + 1, sizeof *x), **y = calloc(m2 + 1, sizeof *y);
+    for (size_t i = 0; i < m1; i++) {
+        x[i] = json_array_get(r1, i);
+        y[i] = json_array_get(r2, i);
+    }
+    qsort(x, m1, sizeof *x, cmp_json_str);
+    qsort(y, m2, sizeof *y, cmp_json_str);
+    for (size_t i = 0; i < m1; i++)
+        if (strcmp(json_string_value(x[i]), json_string_value(y[i])) != 0)
+            fail_msg("round %u: removal %s with the shortcut, %s by the walk", round,
+                     json_string_value(x[i]), json_string_value(y[i]));
+    free(x);
+    free(y);
+}
+
+/*
+ * A fleet's routes change at random (versions moved, resources added and
+ * removed, in place or rebuilt); a runtime holds the fleet's previous
+ * entries, its current ones, or something else (one version off, one
+ * resource more or less, a subscription list, a parked NACK). Whatever it
+ * holds, delta_compute (digests: nothing to send, or the last compile's
+ * diff) gives what walking both sets gives.
+ */
+static void test_delta_shortcuts_answer_as_the_walk(void **state)
+{
+    (void)state;
+    enum { POOL = 40 };
+    const int t = SL_XDS_ROUTE;
+    static char names[POOL][16];
+    static uint8_t byte = 1;
+    sl_cres_t cres[POOL];
+    for (int i = 0; i < POOL; i++) {
+        snprintf(names[i], sizeof names[i], "ns%d/api%d", i % 3, i);
+        cres[i] = (sl_cres_t){.refs = 1, .name = names[i], .data = &byte, .len = 1};
+    }
+    fleet_t f;
+    memset(&f, 0, sizeof f);
+    json_t *prev_have = json_object(); /* the fleet's entries before the last compile */
+    unsigned shortcut = 0, diffs = 0;
+    for (unsigned round = 0; round < 4000; round++) {
+        /* The new entries: mostly a few versions moved on the same names
+         * (the in-place path), sometimes names added or dropped. */
+        sl_cres_t *res[POOL];
+        size_t n = 0;
+        int reshape = f.t[t].n_ents == 0 || drnd(4) == 0;
+        for (int i = 0; i < POOL; i++) {
+            int in = reshape ? drnd(3) != 0 : json_object_get(f.t[t].index, names[i]) != NULL;
+            if (!in)
+                continue;
+            if (reshape || drnd(8) == 0)
+                cres[i].hash = drnd(6) + 1;
+            res[n++] = &cres[i];
+        }
+        json_t *before = json_object();
+        for (size_t i = 0; i < f.t[t].n_ents; i++)
+            json_object_set_new(before, f.t[t].ents[i].name, json_string(f.t[t].ents[i].version));
+        assert_int_equal(build_entries(&f, t, res, n), 0);
+        json_decref(prev_have);
+        prev_have = before;
+
+        /* What the runtime holds. */
+        runtime_rec_t rt;
+        memset(&rt, 0, sizeof rt);
+        rt.d[t].parked = json_object();
+        unsigned kind = drnd(5);
+        const char *name;
+        json_t *v;
+        if (kind == 0 || kind == 3) {
+            json_object_foreach(prev_have, name, v) have_set(&rt, t, name, v);
+        } else if (kind == 1) {
+            for (size_t i = 0; i < f.t[t].n_ents; i++) {
+                json_t *jv = json_string(f.t[t].ents[i].version);
+                have_set(&rt, t, f.t[t].ents[i].name, jv);
+                json_decref(jv);
+            }
+        } else {
+            for (int i = 0; i < POOL; i++)
+                if (drnd(2)) {
+                    char ver[24];
+                    snprintf(ver, sizeof ver, "%016x", drnd(6) + 1);
+                    json_t *jv = json_string(ver);
+                    have_set(&rt, t, names[i], jv);
+                    json_decref(jv);
+                }
+        }
+        if (kind == 3 && drnd(2)) { /* one off: a version, a resource more or less */
+            const char *k = names[drnd(POOL)];
+            if (drnd(2)) {
+                have_del(&rt, t, k);
+            } else {
+                json_t *jv = json_string("0000000000000009");
+                have_set(&rt, t, k, jv);
+                json_decref(jv);
+            }
+        }
+        if (drnd(10) == 0) {
+            rt.d[t].subs = json_object();
+            json_object_set_new(rt.d[t].subs, names[drnd(POOL)], json_true());
+        }
+        if (drnd(10) == 0 && f.t[t].n_ents)
+            json_object_set_new(rt.d[t].parked, f.t[t].ents[0].name,
+                                json_string(f.t[t].ents[0].version));
+
+        for (int hp = 0; hp < 2; hp++) {
+            size_t c1[POOL + 1], c2[POOL + 1];
+            json_t *r1 = json_array(), *r2 = json_array();
+            size_t n1 = delta_compute(&f, &rt, t, c1, r1, hp);
+            size_t n2 = delta_compute_walk(&f, &rt, t, c2, r2, hp);
+            if (n1 != n2)
+                fail_msg("round %u: delta_compute says %zu, the walk %zu", round, n1, n2);
+            expect_same_delta(c1, n1 - json_array_size(r1), r1, c2, n2 - json_array_size(r2), r2,
+                              round);
+            /* Changes only, removals only: the same counts. */
+            assert_int_equal(delta_compute(&f, &rt, t, c1, NULL, hp),
+                             delta_compute_walk(&f, &rt, t, c2, NULL, hp));
+            json_decref(r1);
+            json_decref(r2);
+            r1 = json_array();
+            r2 = json_array();
+            assert_int_equal(delta_compute(&f, &rt, t, NULL, r1, hp),
+                             delta_compute_walk(&f, &rt, t, NULL, r2, hp));
+            json_decref(r1);
+            json_decref(r2);
+        }
+        int plain = !rt.d[t].subs && !json_object_size(rt.d[t].parked);
+        size_t nh = json_object_size(rt.d[t].have);
+        shortcut += plain && nh == f.t[t].n_ents && digest_eq(&rt.d[t].dig, &f.t[t].dig);
+        diffs += plain && f.t[t].diff_ok && nh == f.t[t].prev_n &&
+                 digest_eq(&rt.d[t].dig, &f.t[t].prev_dig);
+        have_clear(&rt, t);
+        json_decref(rt.d[t].parked);
+        json_decref(rt.d[t].subs);
+    }
+    /* Both shortcuts were taken, often. */
+    if (shortcut < 300 || diffs < 300)
+        fail_msg("shortcuts taken: %u in step, %u from the previous entries", shortcut, diffs);
+    json_decref(prev_have);
+    for (int t2 = 0; t2 < SL_XDS__COUNT; t2++) {
+        entries_free(f.t[t2].ents, f.t[t2].n_ents);
+        json_decref(f.t[t2].index);
+        diff_free(&f, t2);
+    }
+}
+
 int main(void)
 {
     grpc_init();
@@ -774,6 +957,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_delta_initial_versions_are_bounded, setup, teardown),
         cmocka_unit_test(test_nonce_appended_to_the_shared_encoding),
         cmocka_unit_test(test_version_parse),
+        cmocka_unit_test(test_delta_shortcuts_answer_as_the_walk),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     grpc_shutdown();
