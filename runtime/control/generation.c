@@ -386,6 +386,11 @@ static int build_routes(sl_generation_t *gen, const sl_generation_t *prev, int s
     gen->consumers = gen->consumers_box->c;
     sl_policy_env_t env = {.consumers = gen->consumers, .nworkers = gen->nworkers};
     size_t misses = 0, next = 0; /* where prev's next table probably is */
+    /* Every cluster the very one prev has: each table of prev points at
+     * clusters of prev (built there, or checked when shared), so at gen's
+     * too, without a lookup per table. */
+    int clusters_same = share && same_msgs((void *const *)gen->clusters, gen->num_clusters,
+                                           (void *const *)prev->clusters, prev->num_clusters);
     for (size_t t = 0; t < snap->n_route_tables; t++) {
         const Sluice__V1__RouteTable *table = snap->route_tables[t];
         if (share) {
@@ -394,7 +399,7 @@ static int build_routes(sl_generation_t *gen, const sl_generation_t *prev, int s
             if (j != SIZE_MAX)
                 next = j + 1;
             if (j != SIZE_MAX && prev->tables[j]->consumers == gen->consumers_box &&
-                table_clusters_same(gen, prev->tables[j])) {
+                (clusters_same || table_clusters_same(gen, prev->tables[j]))) {
                 sl_gen_table_t *old = prev->tables[j];
                 atomic_fetch_add_explicit(&old->refs, 1, memory_order_relaxed);
                 gen->tables[t] = old;
