@@ -29,6 +29,7 @@
  * that a Backend's own connect timeout means something.
  */
 #include "compiler.h"
+#include "fmt.h"
 
 #include "listener_http2.h"
 #include "tls_pem.h"
@@ -226,6 +227,37 @@ static void place(char *buf, size_t len, const sl_resource_t *r)
 #define DEF_TLS_SESSION_CACHE_SIZE 20480
 #define DEF_TLS_VERIFY_DEPTH 3
 
+/*
+ * a, sep, b (and sep2, c when c is not NULL) into buf as snprintf would
+ * write them (cut at len - 1). The compile cache builds such keys for every
+ * resource and dependency per compile, where snprintf's formatting cost
+ * more than the lookups themselves.
+ */
+static void join_key(char *buf, size_t len, const char *a, char sep, const char *b, char sep2,
+                     const char *c)
+{
+    size_t la = strlen(a), lb = strlen(b), lc = c ? strlen(c) : 0;
+    if (la + lb + lc + 3 > len) {
+        if (c)
+            snprintf(buf, len, "%s%c%s%c%s", a, sep, b, sep2, c);
+        else
+            snprintf(buf, len, "%s%c%s", a, sep, b);
+        return;
+    }
+    char *p = buf;
+    memcpy(p, a, la);
+    p += la;
+    *p++ = sep;
+    memcpy(p, b, lb);
+    p += lb;
+    if (c) {
+        *p++ = sep2;
+        memcpy(p, c, lc);
+        p += lc;
+    }
+    *p = '\0';
+}
+
 /* Finds a resource by kind, namespace and name: through the set's index
  * when it has one (sl_resource_set_add builds it), else by scanning. */
 static const sl_resource_t *set_find(const sl_resource_set_t *set, enum sl_kind kind,
@@ -233,7 +265,7 @@ static const sl_resource_t *set_find(const sl_resource_set_t *set, enum sl_kind 
 {
     if (set->index) {
         char key[1024];
-        snprintf(key, sizeof(key), "%s/%s/%s", sl_kind_name(kind), ns, name);
+        join_key(key, sizeof(key), sl_kind_name(kind), '/', ns, '/', name);
         json_t *pos = json_object_get(set->index, key);
         size_t i = pos ? (size_t)json_integer_value(pos) : set->count;
         if (i < set->count && set->items[i].kind == kind && strcmp(set->items[i].ns, ns) == 0 &&
@@ -2237,8 +2269,12 @@ int sl_compile_cached(const sl_resource_set_t *set, const char *fleet, sl_ccache
         const sl_resource_t *r = &set->items[i];
         if (r->kind != SL_KIND_BACKEND && r->kind != SL_KIND_API && r->kind != SL_KIND_CONSUMER)
             continue;
-        char key[1100];
-        snprintf(key, sizeof(key), "%s#%d", r->source, r->doc);
+        char key[1100], doc[24];
+        if (r->doc >= 0)
+            doc[sl_fmt_u64(doc, (uint64_t)r->doc)] = '\0';
+        else
+            snprintf(doc, sizeof(doc), "%d", r->doc);
+        join_key(key, sizeof(key), r->source, '#', doc, 0, NULL);
         uint64_t dh = sl_resource_hash(r);
         uint64_t ch = r->kind == SL_KIND_CONSUMER ? 0 : ctx;
         centry_t *e = centry_of(json_object_get(cache->map, key));

@@ -114,6 +114,7 @@ typedef struct {
 
 typedef struct fleet {
     char *name;
+    size_t idx; /* creation order (fleets are never removed): res_facts_t.prog_vals */
     /* The fleet-level part of the last compile (settings, listeners,
      * certificates); every type's resources are t[].res. */
     Sluice__V1__Snapshot *snap;
@@ -241,8 +242,8 @@ struct sl_controller {
      * next version allocated is above it. */
     uint64_t version_floor;
     /* Routes per Api ("ns/name" -> operations), for admission. Apis apply
-     * to every fleet, so the total is each fleet's route count. Rebuilt
-     * from the store on every compile. */
+     * to every fleet, so the total is each fleet's route count. Brought
+     * back to the set's counts by every compile (count_routes). */
     json_t *api_routes;
     uint64_t total_routes;
     uint64_t max_routes;
@@ -251,16 +252,23 @@ struct sl_controller {
      * "generation": N, "fleets": {<fleet>: V}}, V the routes (Api) or
      * listeners (Gateway) version of the first snapshot of that fleet that
      * contains the spec (0: the fleet's snapshot does not contain it). An
-     * Api has every fleet, a Gateway only its own. Rebuilt by every
-     * committed compile; the Programmed condition is computed from it and
+     * Api has every fleet, a Gateway only its own. Brought up to date by
+     * every committed compile (record_programmed, which rewrites only the
+     * records that changed); the Programmed condition is computed from it and
      * the runtimes' ACKs when the status is read (object_programmed). */
     json_t *programmed;
-    /* What each compile needs of every Api's and Gateway's spec, by
-     * source: [spec, hash (record_programmed), has policies]. The spec is
-     * held so that the same object (the store's in-memory documents are
-     * never changed in place) is not dumped and walked again per compile;
-     * refreshed by spec_facts_refresh. */
-    json_t *spec_memo;
+    size_t n_fleets;
+    /* The facts of the last committed compile's resources, in set order
+     * (facts_align); facts_tracked: they are of the store's set and
+     * statuses, programmed and api_routes are in step with them, so the
+     * next compile of the store only visits what changed. */
+    struct res_facts **facts;
+    size_t n_facts;
+    int facts_tracked;
+    /* api_routes' values before sl_controller_admit or _forget first
+     * changed them since the last count ("ns/name" -> count, null when
+     * absent): a write admitted but not stored is undone by the count. */
+    json_t *routes_undo;
     /* --source kubernetes: versions from the input (sl_controller_use_input). */
     int derived_versions;
     int store_versions; /* derived from the shared store's state */
@@ -295,37 +303,19 @@ static uint64_t api_route_count(json_t *doc)
     return json_is_array(ops) ? json_array_size(ops) : 0;
 }
 
-static void count_routes(sl_controller_t *ctl, const sl_resource_set_t *all)
+/* Keeps what api_routes held for `key` before its first change since the
+ * last count, so that the count can undo a write that was not stored. */
+static void routes_note(sl_controller_t *ctl, const char *key)
 {
-    /* Updated in place; rebuilt when it holds an Api the set does not. */
-    uint64_t total = 0;
-    size_t napis = 0;
-    for (size_t i = 0; i < all->count; i++) {
-        if (all->items[i].kind != SL_KIND_API)
-            continue;
-        char key[600];
-        snprintf(key, sizeof(key), "%s/%s", all->items[i].ns, all->items[i].name);
-        uint64_t n = api_route_count(all->items[i].obj);
-        json_t *v = json_object_get(ctl->api_routes, key);
-        if (!v || (uint64_t)json_integer_value(v) != n)
-            json_object_set_new(ctl->api_routes, key, json_integer((json_int_t)n));
-        total += n;
-        napis++;
-    }
-    ctl->total_routes = total;
-    if (json_object_size(ctl->api_routes) == napis)
+    if (!ctl->routes_undo && !(ctl->routes_undo = json_object())) {
+        ctl->facts_tracked = 0;
         return;
-    json_object_clear(ctl->api_routes);
-    ctl->total_routes = 0;
-    for (size_t i = 0; i < all->count; i++) {
-        if (all->items[i].kind != SL_KIND_API)
-            continue;
-        char key[600];
-        snprintf(key, sizeof(key), "%s/%s", all->items[i].ns, all->items[i].name);
-        uint64_t n = api_route_count(all->items[i].obj);
-        json_object_set_new(ctl->api_routes, key, json_integer((json_int_t)n));
-        ctl->total_routes += n;
     }
+    if (json_object_get(ctl->routes_undo, key))
+        return;
+    json_t *v = json_object_get(ctl->api_routes, key);
+    if (json_object_set_new(ctl->routes_undo, key, v ? json_incref(v) : json_null()) != 0)
+        ctl->facts_tracked = 0; /* the next compile counts every Api */
 }
 
 int sl_controller_admit(sl_controller_t *ctl, json_t *objs, char *err, size_t errlen)
@@ -361,6 +351,7 @@ int sl_controller_admit(sl_controller_t *ctl, json_t *objs, char *err, size_t er
         char key[600];
         snprintf(key, sizeof(key), "%s/%s", ns,
                  json_string_value(json_object_get(meta, "name")) ?: "");
+        routes_note(ctl, key);
         json_object_set_new(ctl->api_routes, key, json_integer((json_int_t)api_route_count(doc)));
     }
     ctl->total_routes = total;
@@ -374,6 +365,7 @@ void sl_controller_forget(sl_controller_t *ctl, enum sl_kind kind, const char *n
     char key[600];
     snprintf(key, sizeof(key), "%s/%s", ns, name);
     ctl->total_routes -= (uint64_t)json_integer_value(json_object_get(ctl->api_routes, key));
+    routes_note(ctl, key);
     json_object_del(ctl->api_routes, key);
 }
 
@@ -407,6 +399,256 @@ static void iso_time(uint64_t ms, char *buf, size_t len)
     strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+/* ---- resource facts --------------------------------------------------------- */
+
+/*
+ * What a compile needs of each resource besides compiling it: its routes
+ * (admission), its spec's hash and whether it has policies, its generation,
+ * the status committed for it and its record in ctl->programmed (mirrored
+ * here, so that deciding that a record stays is a few compares, not jansson
+ * lookups).
+ *
+ * Why per resource: a change of one Api among thousands must cost the
+ * compile in proportion to the change. The store's in-memory documents are
+ * never changed in place (a write gives the resource a new object), so a
+ * resource whose object is the one of the last committed compile has the
+ * same facts, and its record is carried over (shared by both arrays);
+ * holding the document keeps its address from being reused by another.
+ * Other sets (--resources, --source kubernetes) are not trusted that way:
+ * each compile makes every record afresh, as if nothing were carried.
+ *
+ * A record is changed only once the compile that uses it commits, so a
+ * compile that fails leaves the committed array as it was.
+ */
+typedef struct res_facts {
+    unsigned refs; /* the committed array and the one being compiled */
+    json_t *obj;   /* the document (a reference) */
+    char *source;
+    char *key; /* "ns/name": api_routes' key, an Api's route table */
+    enum sl_kind kind;
+    json_int_t generation; /* metadata.generation, 1 when absent */
+    uint64_t routes;       /* an Api's operations */
+    uint64_t spec_hash;    /* Apis and Gateways: FNV-1a of the spec's canonical JSON */
+    int has_policies;
+    /* The status committed for it (a reference; NULL: not known here) and
+     * whether it is a plain Accepted one (a single condition, reason
+     * Accepted) of observedGeneration status_gen, which the next compile
+     * may reuse. */
+    json_t *status;
+    int status_plain;
+    json_int_t status_gen;
+    /* Its record in ctl->programmed, when prog_known: hash, generation,
+     * version per fleet (by fleet idx; -1: none) and how many fleets. */
+    int prog_known;
+    uint64_t prog_hash;
+    json_int_t prog_gen;
+    json_int_t *prog_vals;
+    size_t n_prog_vals, prog_nset;
+} res_facts_t;
+
+static int has_policies(json_t *spec)
+{
+    if (json_array_size(json_object_get(spec, "policies")))
+        return 1;
+    json_t *ops = json_object_get(spec, "operations");
+    for (size_t i = 0; i < json_array_size(ops); i++)
+        if (json_array_size(json_object_get(json_array_get(ops, i), "policies")))
+            return 1;
+    return 0;
+}
+
+static void facts_unref(res_facts_t *e)
+{
+    if (!e || --e->refs)
+        return;
+    json_decref(e->obj);
+    json_decref(e->status);
+    free(e->source);
+    free(e->key);
+    free(e->prog_vals);
+    free(e);
+}
+
+static void facts_release(res_facts_t **facts, size_t n)
+{
+    for (size_t i = 0; facts && i < n; i++)
+        facts_unref(facts[i]);
+    free(facts);
+}
+
+static res_facts_t *facts_new(const sl_resource_t *r)
+{
+    res_facts_t *e = calloc(1, sizeof(*e));
+    if (!e)
+        return NULL;
+    e->refs = 1;
+    e->obj = json_incref(r->obj);
+    e->kind = r->kind;
+    char key[600];
+    snprintf(key, sizeof(key), "%s/%s", r->ns, r->name);
+    e->source = strdup(r->source);
+    e->key = strdup(key);
+    if (!e->source || !e->key) {
+        facts_unref(e);
+        return NULL;
+    }
+    json_t *gen = json_object_get(json_object_get(r->obj, "metadata"), "generation");
+    e->generation = json_is_integer(gen) ? json_integer_value(gen) : 1;
+    if (r->kind == SL_KIND_API)
+        e->routes = api_route_count(r->obj);
+    if (r->kind == SL_KIND_API || r->kind == SL_KIND_GATEWAY) {
+        json_t *spec = json_object_get(r->obj, "spec");
+        char *text = json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+        e->spec_hash = fnv1a(0xcbf29ce484222325ULL, text ? text : "", text ? strlen(text) : 0);
+        free(text);
+        e->has_policies = has_policies(spec);
+    }
+    return e;
+}
+
+/*
+ * The facts of every resource of `all`, in set order (a new array; NULL
+ * when out of memory). With `carry`, the committed array's record of the
+ * same document is shared (changed[i] = 0), found where it was or, after
+ * an insertion or removal moved the rest, by source; kept[j] says that the
+ * committed array's j-th resource is still in the set (possibly as
+ * another document). Without, every record is new (changed[i] = 1).
+ */
+static res_facts_t **facts_align(sl_controller_t *ctl, const sl_resource_set_t *all, int carry,
+                                 uint8_t *changed, uint8_t *kept)
+{
+    size_t n = all->count, m = carry ? ctl->n_facts : 0;
+    res_facts_t **old = ctl->facts;
+    res_facts_t **out = calloc(n ? n : 1, sizeof(*out));
+    json_t *by_source = NULL; /* source -> position in old, built on first need */
+    size_t shift = 0;         /* old position - new position, modulo 2^64 */
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        const sl_resource_t *r = &all->items[i];
+        size_t j = i + shift;
+        int found = j < m && (old[j]->obj == r->obj || strcmp(old[j]->source, r->source) == 0);
+        if (!found && m) {
+            if (!by_source) {
+                if (!(by_source = json_object()))
+                    goto fail;
+                for (size_t k = 0; k < m; k++)
+                    if (json_object_set_new(by_source, old[k]->source, json_integer((json_int_t)k)))
+                        goto fail;
+            }
+            json_t *pos = json_object_get(by_source, r->source);
+            if (pos) {
+                j = (size_t)json_integer_value(pos);
+                shift = j - i;
+                found = 1;
+            }
+        }
+        found = found && !kept[j];
+        if (found)
+            kept[j] = 1;
+        if (found && old[j]->obj == r->obj) {
+            out[i] = old[j];
+            out[i]->refs++;
+            changed[i] = 0;
+            continue;
+        }
+        if (!(out[i] = facts_new(r)))
+            goto fail;
+        changed[i] = 1;
+    }
+    json_decref(by_source);
+    return out;
+fail:
+    json_decref(by_source);
+    facts_release(out, n);
+    return NULL;
+}
+
+/*
+ * Sets with one source per resource (the store's) keep each resource's
+ * status and spec facts under its own source. A file of --resources holds
+ * several documents under one source: as when statuses and spec facts were
+ * maps by source, the statuses of one source are one (slot[i], the first
+ * resource with that source), and an Api or Gateway gets the spec facts of
+ * the last Api or Gateway with its source (memo_of[i]). -1 when out of memory.
+ */
+static int facts_slots(const sl_resource_set_t *all, int unique, size_t *slot, size_t *memo_of)
+{
+    for (size_t i = 0; i < all->count; i++)
+        slot[i] = memo_of[i] = i;
+    if (unique)
+        return 0;
+    json_t *first = json_object(), *last = json_object();
+    int rc = first && last ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < all->count; i++) {
+        const sl_resource_t *r = &all->items[i];
+        json_t *f = json_object_get(first, r->source);
+        if (f)
+            slot[i] = (size_t)json_integer_value(f);
+        else if (json_object_set_new(first, r->source, json_integer((json_int_t)i)) != 0)
+            rc = -1;
+        if ((r->kind == SL_KIND_API || r->kind == SL_KIND_GATEWAY) &&
+            json_object_get(r->obj, "spec") &&
+            json_object_set_new(last, r->source, json_integer((json_int_t)i)) != 0)
+            rc = -1;
+    }
+    for (size_t i = 0; rc == 0 && i < all->count; i++) {
+        json_t *l = json_object_get(last, all->items[i].source);
+        if (l)
+            memo_of[i] = (size_t)json_integer_value(l);
+    }
+    json_decref(first);
+    json_decref(last);
+    return rc;
+}
+
+/*
+ * Routes per Api for admission (api_routes, total_routes). Writes admitted
+ * since the last count are first undone (a write may have been refused by
+ * the store after admission); then the Apis gone since the committed facts
+ * (`incr`) lose their count and new or rewritten ones get theirs. A map
+ * that does not hold exactly the set's Apis after that is rebuilt.
+ */
+static void count_routes(sl_controller_t *ctl, res_facts_t **facts, const uint8_t *changed,
+                         size_t n, const uint8_t *kept, int incr)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(ctl->routes_undo, key, v)
+    {
+        if (json_is_null(v))
+            json_object_del(ctl->api_routes, key);
+        else
+            json_object_set(ctl->api_routes, key, v);
+    }
+    json_object_clear(ctl->routes_undo);
+    for (size_t j = 0; incr && j < ctl->n_facts; j++)
+        if (!kept[j] && ctl->facts[j]->kind == SL_KIND_API)
+            json_object_del(ctl->api_routes, ctl->facts[j]->key);
+    uint64_t total = 0;
+    size_t napis = 0;
+    for (size_t i = 0; i < n; i++) {
+        const res_facts_t *e = facts[i];
+        if (e->kind != SL_KIND_API)
+            continue;
+        total += e->routes;
+        napis++;
+        if (!changed[i])
+            continue;
+        v = json_object_get(ctl->api_routes, e->key);
+        if (!v || (uint64_t)json_integer_value(v) != e->routes)
+            json_object_set_new(ctl->api_routes, e->key, json_integer((json_int_t)e->routes));
+    }
+    ctl->total_routes = total;
+    if (json_object_size(ctl->api_routes) == napis)
+        return;
+    json_object_clear(ctl->api_routes);
+    for (size_t i = 0; i < n; i++)
+        if (facts[i]->kind == SL_KIND_API)
+            json_object_set_new(ctl->api_routes, facts[i]->key,
+                                json_integer((json_int_t)facts[i]->routes));
+}
+
 /* ---- fleets --------------------------------------------------------------- */
 
 static fleet_t *fleet_find(sl_controller_t *ctl, const char *name)
@@ -426,6 +668,7 @@ static fleet_t *fleet_get(sl_controller_t *ctl, const char *name)
     if (!f)
         return NULL;
     f->name = strdup(name);
+    f->idx = ctl->n_fleets++;
     /* What this fleet's runtimes may already run, from before a restart. */
     for (int t = 0; t < SL_XDS__COUNT && !ctl->derived_versions; t++) {
         char key[256];
@@ -1123,7 +1366,7 @@ static uint64_t thread_cpu_us(void)
 }
 
 static int compile_fleet(sl_controller_t *ctl, const sl_resource_set_t *all, fleet_t *f,
-                         json_t *statuses, sl_compiled_t *out)
+                         json_t **statuses, const size_t *slot, sl_compiled_t *out)
 {
     const char *fleet = f->name;
     memset(out, 0, sizeof(*out));
@@ -1164,8 +1407,8 @@ static int compile_fleet(sl_controller_t *ctl, const sl_resource_set_t *all, fle
                 char msg[1024];
                 snprintf(msg, sizeof(msg), "%s%s%s", err->field, err->field[0] ? ": " : "",
                          err->message);
-                json_object_set_new(statuses, all->items[i].source,
-                                    accepted_status(0, "Invalid", msg, all->items[i].obj));
+                json_decref(statuses[slot[i]]);
+                statuses[slot[i]] = accepted_status(0, "Invalid", msg, all->items[i].obj);
                 sl_log_warn("fleet %s: %s left out: %s", fleet, all->items[i].source, msg);
             }
         }
@@ -1260,17 +1503,6 @@ static void versions_failed(sl_controller_t *ctl, const char *err)
     evtimer_add(ctl->retry_ev, &tv);
 }
 
-static int has_policies(json_t *spec)
-{
-    if (json_array_size(json_object_get(spec, "policies")))
-        return 1;
-    json_t *ops = json_object_get(spec, "operations");
-    for (size_t i = 0; i < json_array_size(ops); i++)
-        if (json_array_size(json_object_get(json_array_get(ops, i), "policies")))
-            return 1;
-    return 0;
-}
-
 /* map (source -> entry) with only the entries of the Apis and Gateways in
  * `all` (a resource that went away takes its entry with it); map is
  * consumed. */
@@ -1288,43 +1520,6 @@ static json_t *keep_current(json_t *map, const sl_resource_set_t *all)
     return fresh;
 }
 
-/* The spec facts of every Api and Gateway of `all`; those of a spec that
- * is the same object as at the last compile are kept when `immutable` (the
- * set is the store's, whose documents never change in place). */
-static void spec_facts_refresh(sl_controller_t *ctl, const sl_resource_set_t *all, int immutable)
-{
-    /* Updated in place; rebuilt when it holds a spec the set does not. */
-    if (!ctl->spec_memo && !(ctl->spec_memo = json_object()))
-        return;
-    json_t *memo = json_incref(ctl->spec_memo);
-    size_t n = 0;
-    for (size_t r = 0; r < all->count; r++) {
-        const sl_resource_t *res = &all->items[r];
-        json_t *spec = json_object_get(res->obj, "spec");
-        if ((res->kind != SL_KIND_API && res->kind != SL_KIND_GATEWAY) || !spec)
-            continue;
-        n++;
-        json_t *m = json_object_get(memo, res->source);
-        if (immutable && m && json_array_get(m, 0) == spec)
-            continue;
-        char *text = json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-        uint64_t h = fnv1a(0xcbf29ce484222325ULL, text ? text : "", text ? strlen(text) : 0);
-        free(text);
-        json_object_set_new(memo, res->source,
-                            json_pack("[O, I, b]", spec, (json_int_t)h, has_policies(spec)));
-    }
-    if (json_object_size(memo) != n)
-        memo = keep_current(memo, all);
-    json_decref(ctl->spec_memo);
-    ctl->spec_memo = memo;
-}
-
-static int spec_has_policies(sl_controller_t *ctl, const sl_resource_t *r)
-{
-    json_t *m = json_object_get(ctl->spec_memo, r->source);
-    return m ? json_is_true(json_array_get(m, 2)) : has_policies(json_object_get(r->obj, "spec"));
-}
-
 /*
  * Policies that validate but cannot be compiled (policies/check.c): the
  * Api is pushed all the same, so its routes answer 503 policy_unavailable
@@ -1334,8 +1529,8 @@ static int spec_has_policies(sl_controller_t *ctl, const sl_resource_t *r)
  * Apis with policies that compile get PolicyReady True. The Consumers are
  * those the runtimes get (every fleet's snapshot has them all).
  */
-static void check_policies(sl_controller_t *ctl, const sl_resource_set_t *all,
-                           const sl_compiled_t *comp, json_t *statuses)
+static void check_policies(const sl_resource_set_t *all, res_facts_t **facts, const size_t *memo_of,
+                           const size_t *slot, const sl_compiled_t *comp, json_t **statuses)
 {
     /* The Consumers as the runtimes get them, unpacked only when some Api
      * has policies. */
@@ -1345,10 +1540,10 @@ static void check_policies(sl_controller_t *ctl, const sl_resource_set_t *all,
     sl_policy_env_t env = {.nworkers = 1};
     for (size_t i = 0; i < all->count; i++) {
         const sl_resource_t *r = &all->items[i];
-        if (r->kind != SL_KIND_API || !spec_has_policies(ctl, r))
+        if (r->kind != SL_KIND_API || !facts[memo_of[i]]->has_policies)
             continue;
         json_t *spec = json_object_get(r->obj, "spec");
-        json_t *st = json_object_get(statuses, r->source);
+        json_t *st = statuses[slot[i]];
         json_t *conds = json_object_get(st, "conditions");
         const char *accepted =
             json_string_value(json_object_get(json_array_get(conds, 0), "status"));
@@ -1422,6 +1617,33 @@ static const char *gateway_fleet(json_t *obj)
     return json_is_string(fl) ? json_string_value(fl) : "default";
 }
 
+/* Where a walk over the resources in set order stands in a fleet's route
+ * tables, which are in that order too (one per Api accepted): most Apis'
+ * tables are where the walk expects them, a string compare; the rest are
+ * looked up by name. */
+typedef struct {
+    size_t next;
+    json_t *names; /* the tables by name, when the fleet has no delta index */
+} route_walk_t;
+
+static int route_walk_has(route_walk_t *w, const fleet_t *f, const char *key)
+{
+    size_t n = f->t[SL_XDS_ROUTE].n;
+    if (!f->snap)
+        return 0;
+    if (w->next < n && strcmp(f->t[SL_XDS_ROUTE].res[w->next]->name, key) == 0) {
+        w->next++;
+        return 1;
+    }
+    if (w->names)
+        return json_object_get(w->names, key) != NULL;
+    json_t *pos = json_object_get(f->t[SL_XDS_ROUTE].index, key);
+    if (!pos)
+        return 0;
+    w->next = (size_t)json_integer_value(pos) + 1;
+    return 1;
+}
+
 /*
  * After a committed compile: for every Api and fleet (for every Gateway and
  * its fleet), the routes (listeners) version of the first snapshot that
@@ -1431,111 +1653,259 @@ static const char *gateway_fleet(json_t *obj)
  * the fleet's routes (listeners) version now. Not contained (left out as
  * invalid, or the fleet's compile failed and it keeps an older snapshot):
  * 0. `fresh` drops what was recorded (versions were renumbered past a
- * runtime's).
+ * runtime's). The last record is read from the facts when they mirror it
+ * (`track`: they are the store's and carried), else from ctl->programmed;
+ * with `incr`, the records of resources gone since the committed facts are
+ * removed (kept[j] = 0).
  */
-static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all, int fresh)
+static void record_programmed(sl_controller_t *ctl, const sl_resource_set_t *all, int fresh,
+                              res_facts_t **facts, const size_t *memo_of, const uint8_t *kept,
+                              int incr, int track)
 {
     /* Updated in place (a record that did not change stays); rebuilt
      * when it holds an object the set does not. */
     json_t *out = ctl->programmed ? json_incref(ctl->programmed) : json_object();
     size_t nrec = 0;
-    size_t nf = 0;
-    for (fleet_t *f = ctl->fleets; f; f = f->next)
-        nf++;
-    /* Route tables of each fleet's snapshot, by name ("ns/name"). */
-    json_t **tables = calloc(nf ? nf : 1, sizeof(*tables));
-    if (!out || !tables) {
-        sl_log_error("compile: out of memory while recording where Apis are programmed");
-        json_decref(out);
-        free(tables);
-        return;
-    }
-    size_t i = 0;
-    for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
-        /* The delta index of the routes has the same names (when built). */
-        if (f->snap && f->t[SL_XDS_ROUTE].index &&
-            f->t[SL_XDS_ROUTE].n_ents == f->t[SL_XDS_ROUTE].n) {
-            tables[i] = json_incref(f->t[SL_XDS_ROUTE].index);
-            continue;
-        }
-        tables[i] = json_object();
-        for (size_t k = 0; f->snap && k < f->t[SL_XDS_ROUTE].n; k++)
-            json_object_set_new(tables[i], f->t[SL_XDS_ROUTE].res[k]->name, json_true());
-    }
+    size_t nf = ctl->n_fleets;
+    route_walk_t *walks = calloc(nf ? nf : 1, sizeof(*walks));
     json_int_t *vals = calloc(nf ? nf : 1, sizeof(*vals));
-    if (!vals) {
-        sl_log_error("compile: out of memory while recording where Apis are programmed");
-        for (i = 0; i < nf; i++)
-            json_decref(tables[i]);
-        free(tables);
-        json_decref(out);
-        return;
+    json_int_t *pvals = calloc(nf ? nf : 1, sizeof(*pvals));
+    if (!out || !walks || !vals || !pvals)
+        goto oom;
+    for (fleet_t *f = ctl->fleets; f; f = f->next) {
+        /* The delta index of the routes has the same names (when built). */
+        if (!f->snap ||
+            (f->t[SL_XDS_ROUTE].index && f->t[SL_XDS_ROUTE].n_ents == f->t[SL_XDS_ROUTE].n))
+            continue;
+        json_t *names = walks[f->idx].names = json_object();
+        if (!names)
+            goto oom;
+        for (size_t k = 0; k < f->t[SL_XDS_ROUTE].n; k++)
+            json_object_set_new(names, f->t[SL_XDS_ROUTE].res[k]->name, json_true());
     }
+    for (size_t j = 0; incr && j < ctl->n_facts; j++)
+        if (!kept[j] &&
+            (ctl->facts[j]->kind == SL_KIND_API || ctl->facts[j]->kind == SL_KIND_GATEWAY))
+            json_object_del(out, ctl->facts[j]->source);
     for (size_t r = 0; r < all->count; r++) {
         const sl_resource_t *res = &all->items[r];
         if (res->kind != SL_KIND_API && res->kind != SL_KIND_GATEWAY)
             continue;
         const int gw = res->kind == SL_KIND_GATEWAY;
-        json_t *m = json_object_get(ctl->spec_memo, res->source);
-        uint64_t h;
-        if (m) {
-            h = (uint64_t)json_integer_value(json_array_get(m, 1));
+        res_facts_t *e = facts[r];
+        uint64_t h = facts[memo_of[r]]->spec_hash;
+        json_int_t g = e->generation;
+        /* The last record: hash, generation, version per fleet, fleets. */
+        int present;
+        uint64_t phash = 0;
+        json_int_t pgen = 0;
+        size_t pnset = 0;
+        if (track && e->prog_known && !fresh) {
+            present = 1;
+            phash = e->prog_hash;
+            pgen = e->prog_gen;
+            pnset = e->prog_nset;
+            for (size_t k = 0; k < nf; k++)
+                pvals[k] = k < e->n_prog_vals ? e->prog_vals[k] : -1;
         } else {
-            char *text = json_dumps(json_object_get(res->obj, "spec"),
-                                    JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-            h = fnv1a(0xcbf29ce484222325ULL, text ? text : "", text ? strlen(text) : 0);
-            free(text);
+            json_t *prev = fresh ? NULL : json_object_get(ctl->programmed, res->source);
+            json_t *pfl = prev ? json_object_get(prev, "fleets") : NULL;
+            present = prev != NULL;
+            phash = (uint64_t)json_integer_value(json_object_get(prev, "hash"));
+            pgen = json_integer_value(json_object_get(prev, "generation"));
+            pnset = json_object_size(pfl);
+            for (fleet_t *f = ctl->fleets; f; f = f->next) {
+                json_t *pv = json_object_get(pfl, f->name);
+                pvals[f->idx] = json_is_integer(pv) ? json_integer_value(pv) : -1;
+            }
         }
-        json_t *prev = fresh ? NULL : json_object_get(ctl->programmed, res->source);
-        int same = prev && (uint64_t)json_integer_value(json_object_get(prev, "hash")) == h;
-        json_t *gen = json_object_get(json_object_get(res->obj, "metadata"), "generation");
-        json_int_t g = json_is_integer(gen) ? json_integer_value(gen) : 1;
-        char key[600];
-        snprintf(key, sizeof(key), "%s/%s", res->ns, res->name);
+        int same = present && phash == h;
         /* The record of the last compile when nothing in it changed (most
          * Apis of a compile): shared, not rebuilt. */
-        json_t *pfl = prev ? json_object_get(prev, "fleets") : NULL;
-        int keep = same && json_integer_value(json_object_get(prev, "generation")) == g;
+        int keep = same && pgen == g;
         size_t nset = 0;
-        i = 0;
-        for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
-            vals[i] = -1;
+        for (fleet_t *f = ctl->fleets; f; f = f->next) {
+            vals[f->idx] = -1;
             if (gw && strcmp(f->name, gateway_fleet(res->obj)) != 0)
                 continue;
             json_int_t v = 0;
-            if (gw ? gateway_in_snapshot(ctl, res, f) : json_object_get(tables[i], key) != NULL) {
-                json_int_t was = same ? json_integer_value(json_object_get(
-                                            json_object_get(prev, "fleets"), f->name))
-                                      : 0;
+            if (gw ? gateway_in_snapshot(ctl, res, f) : route_walk_has(&walks[f->idx], f, e->key)) {
+                json_int_t was = same && pvals[f->idx] > 0 ? pvals[f->idx] : 0;
                 v = was ? was : (json_int_t)f->t[gw ? SL_XDS_LISTENER : SL_XDS_ROUTE].version;
             }
-            vals[i] = v;
+            vals[f->idx] = v;
             nset++;
-            json_t *pv = keep ? json_object_get(pfl, f->name) : NULL;
-            if (!json_is_integer(pv) || json_integer_value(pv) != v)
+            if (pvals[f->idx] != v)
                 keep = 0;
         }
         nrec++;
-        if (keep && json_object_size(pfl) == nset)
-            continue; /* the record in place is this one */
-        json_t *fl = json_object();
-        i = 0;
-        for (fleet_t *f = ctl->fleets; f; f = f->next, i++)
-            if (vals[i] >= 0)
-                json_object_set_new(fl, f->name, json_integer(vals[i]));
-        json_object_set_new(out, res->source,
-                            json_pack("{s:I, s:I, s:o}", "hash", (json_int_t)h, "generation",
-                                      json_is_integer(gen) ? json_integer_value(gen) : 1, "fleets",
-                                      fl));
+        if (!(keep && pnset == nset)) {
+            json_t *fl = json_object();
+            for (fleet_t *f = ctl->fleets; f; f = f->next)
+                if (vals[f->idx] >= 0)
+                    json_object_set_new(fl, f->name, json_integer(vals[f->idx]));
+            json_object_set_new(
+                out, res->source,
+                json_pack("{s:I, s:I, s:o}", "hash", (json_int_t)h, "generation", g, "fleets", fl));
+        } else if (e->prog_known) {
+            continue; /* the record in place is this one, and so is the mirror */
+        }
+        if (!track)
+            continue;
+        /* The mirror of the record now in place. */
+        if (e->n_prog_vals < nf) {
+            json_int_t *pv = realloc(e->prog_vals, nf * sizeof(*pv));
+            if (!pv) {
+                e->prog_known = 0;
+                continue;
+            }
+            e->prog_vals = pv;
+            e->n_prog_vals = nf;
+        }
+        memcpy(e->prog_vals, vals, nf * sizeof(*vals));
+        e->prog_hash = h;
+        e->prog_gen = g;
+        e->prog_nset = nset;
+        e->prog_known = 1;
     }
-    for (i = 0; i < nf; i++)
-        json_decref(tables[i]);
-    free(tables);
-    free(vals);
     if (json_object_size(out) != nrec)
         out = keep_current(out, all);
     json_decref(ctl->programmed);
     ctl->programmed = out;
+    out = NULL;
+    goto done;
+oom:
+    sl_log_error("compile: out of memory while recording where Apis are programmed");
+done:
+    for (size_t k = 0; walks && k < nf; k++)
+        json_decref(walks[k].names);
+    json_decref(out);
+    free(walks);
+    free(vals);
+    free(pvals);
+}
+
+/* The facts side of one compile, until it commits (statuses_commit,
+ * record_programmed) or is dropped. */
+typedef struct {
+    res_facts_t **facts; /* facts_align */
+    size_t n;
+    uint8_t *changed, *kept;
+    size_t *slot, *memo_of; /* facts_slots */
+    json_t **statuses;      /* by slot: the status this compile gives */
+    int carry;              /* facts carried from the committed ones */
+} fstage_t;
+
+static void fstage_free(fstage_t *fs)
+{
+    facts_release(fs->facts, fs->n);
+    for (size_t i = 0; fs->statuses && i < fs->n; i++)
+        json_decref(fs->statuses[i]);
+    free(fs->statuses);
+    free(fs->changed);
+    free(fs->kept);
+    free(fs->slot);
+    free(fs->memo_of);
+    memset(fs, 0, sizeof(*fs));
+}
+
+/* Is `st` a plain Accepted status (one condition, reason Accepted)? Its
+ * observedGeneration (0 when absent) in *gen. */
+static int status_plain(json_t *st, json_int_t *gen)
+{
+    json_t *conds = json_object_get(st, "conditions");
+    json_t *c0 = json_array_get(conds, 0);
+    *gen = json_integer_value(json_object_get(st, "observedGeneration"));
+    return json_array_size(conds) == 1 &&
+           strcmp(json_string_value(json_object_get(c0, "reason")) ?: "", "Accepted") == 0;
+}
+
+/* The statuses a compile starts from, and how they are set in the
+ * committed map. -1 when out of memory. */
+static int fstage_begin(sl_controller_t *ctl, const sl_resource_set_t *all, int from_store,
+                        fstage_t *fs)
+{
+    size_t n = all->count, m = ctl->n_facts;
+    memset(fs, 0, sizeof(*fs));
+    fs->carry = from_store && ctl->facts_tracked;
+    fs->changed = calloc(n ? n : 1, 1);
+    fs->kept = calloc(m ? m : 1, 1);
+    fs->slot = calloc(n ? n : 1, sizeof(*fs->slot));
+    fs->memo_of = calloc(n ? n : 1, sizeof(*fs->memo_of));
+    fs->statuses = calloc(n ? n : 1, sizeof(*fs->statuses));
+    if (!fs->changed || !fs->kept || !fs->slot || !fs->memo_of || !fs->statuses ||
+        !(fs->facts = facts_align(ctl, all, fs->carry, fs->changed, fs->kept)))
+        return -1;
+    fs->n = n;
+    if (facts_slots(all, from_store, fs->slot, fs->memo_of) != 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        /* The last compile's Accepted status when it is the one this
+         * compile starts from (same generation, no condition added to it:
+         * an Api with policies gets a fresh one, check_policies appends to
+         * it); statuses are never changed once committed. */
+        const sl_resource_t *r = &all->items[i];
+        const res_facts_t *e = fs->facts[i];
+        json_t *prev;
+        json_int_t gen;
+        int plain;
+        if (fs->carry && !fs->changed[i] && e->status) {
+            prev = e->status;
+            plain = e->status_plain;
+            gen = e->status_gen;
+        } else {
+            prev = json_object_get(ctl->statuses, r->source);
+            plain = status_plain(prev, &gen);
+        }
+        json_t **st = &fs->statuses[fs->slot[i]];
+        json_decref(*st);
+        if (plain && gen == e->generation &&
+            !(r->kind == SL_KIND_API && fs->facts[fs->memo_of[i]]->has_policies))
+            *st = json_incref(prev);
+        else
+            *st = accepted_status(1, "Accepted", "compiled and pushed to the fleets", r->obj);
+    }
+    return 0;
+}
+
+/* The compile's statuses become the committed ones: set where they are
+ * another object than the committed one (carried facts), else a new map
+ * (in set order: a source's status is its slot's). `track`: the facts
+ * keep them, for the next compile. */
+static void statuses_commit(sl_controller_t *ctl, const sl_resource_set_t *all, fstage_t *fs,
+                            int track)
+{
+    json_t *map = fs->carry ? ctl->statuses : json_object();
+    if (!map) {
+        sl_log_error("compile: out of memory committing the statuses");
+        return;
+    }
+    for (size_t j = 0; fs->carry && j < ctl->n_facts; j++)
+        if (!fs->kept[j])
+            json_object_del(map, ctl->facts[j]->source);
+    for (size_t i = 0; i < fs->n; i++) {
+        json_t *st = fs->statuses[fs->slot[i]];
+        if (!fs->carry || st != fs->facts[i]->status)
+            json_object_set(map, all->items[i].source, st);
+    }
+    if (fs->carry && json_object_size(map) != fs->n) {
+        json_object_clear(map);
+        for (size_t i = 0; i < fs->n; i++)
+            json_object_set(map, all->items[i].source, fs->statuses[fs->slot[i]]);
+    }
+    if (!fs->carry) {
+        json_decref(ctl->statuses);
+        ctl->statuses = map;
+    }
+    for (size_t i = 0; track && i < fs->n; i++) {
+        res_facts_t *e = fs->facts[i];
+        json_t *st = fs->statuses[fs->slot[i]];
+        if (e->status == st)
+            continue;
+        json_decref(e->status);
+        e->status = json_incref(st);
+        e->status_plain = status_plain(st, &e->status_gen);
+    }
 }
 
 /* What a compile produced for one fleet, before anything is committed. */
@@ -1591,31 +1961,14 @@ static void compile_all_timed(sl_controller_t *ctl)
     for (runtime_rec_t *rt = ctl->runtimes; rt; rt = rt->next)
         fleet_get(ctl, rt->fleet_name);
 
-    count_routes(ctl, all);
-    spec_facts_refresh(ctl, all, from_store);
-    json_t *statuses = json_object();
-    for (size_t i = 0; i < all->count; i++) {
-        /* The last compile's Accepted status when it is the one this
-         * compile starts from (same generation, no condition added to it:
-         * an Api with policies gets a fresh one, check_policies appends to
-         * it); statuses are never changed once committed. */
-        const sl_resource_t *r = &all->items[i];
-        json_t *prev = json_object_get(ctl->statuses, r->source);
-        json_t *conds = json_object_get(prev, "conditions");
-        json_t *c0 = json_array_get(conds, 0);
-        json_t *gen = json_object_get(json_object_get(r->obj, "metadata"), "generation");
-        if (json_array_size(conds) == 1 &&
-            strcmp(json_string_value(json_object_get(c0, "reason")) ?: "", "Accepted") == 0 &&
-            json_integer_value(json_object_get(prev, "observedGeneration")) ==
-                (json_is_integer(gen) ? json_integer_value(gen) : 1) &&
-            !(r->kind == SL_KIND_API && spec_has_policies(ctl, r))) {
-            json_object_set(statuses, r->source, prev);
-            continue;
-        }
-        json_object_set_new(
-            statuses, r->source,
-            accepted_status(1, "Accepted", "compiled and pushed to the fleets", r->obj));
+    fstage_t fs;
+    if (fstage_begin(ctl, all, from_store, &fs) != 0) {
+        sl_log_error("compile: out of memory");
+        fstage_free(&fs);
+        sl_resource_set_free(&loaded);
+        return;
     }
+    count_routes(ctl, fs.facts, fs.changed, fs.n, fs.kept, fs.carry);
 
     size_t nf = 0;
     for (fleet_t *f = ctl->fleets; f; f = f->next)
@@ -1623,14 +1976,14 @@ static void compile_all_timed(sl_controller_t *ctl)
     staged_t *stg = calloc(nf ? nf : 1, sizeof(*stg));
     if (!stg) {
         sl_log_error("compile: out of memory");
-        json_decref(statuses);
+        fstage_free(&fs);
         sl_resource_set_free(&loaded);
         return;
     }
     int need_version = 0;
     size_t i = 0;
     for (fleet_t *f = ctl->fleets; f; f = f->next, i++) {
-        stg[i].ok = compile_fleet(ctl, all, f, statuses, &stg[i].comp) == 0;
+        stg[i].ok = compile_fleet(ctl, all, f, fs.statuses, fs.slot, &stg[i].comp) == 0;
         for (int t = 0; stg[i].ok && t < SL_XDS__COUNT; t++) {
             stg[i].t[t].n = type_resources(&stg[i].comp, t, &stg[i].t[t].res, &stg[i].t[t].hash);
             if (!stg[i].t[t].res) {
@@ -1663,7 +2016,7 @@ static void compile_all_timed(sl_controller_t *ctl)
 
     for (i = 0; i < nf; i++)
         if (stg[i].ok) {
-            check_policies(ctl, all, &stg[i].comp, statuses);
+            check_policies(all, fs.facts, fs.memo_of, fs.slot, &stg[i].comp, fs.statuses);
             break;
         }
 
@@ -1713,9 +2066,15 @@ static void compile_all_timed(sl_controller_t *ctl)
         f->compiled_ok = 1;
     }
     free(stg);
-    json_decref(ctl->statuses);
-    ctl->statuses = statuses;
-    record_programmed(ctl, all, renumbered);
+    statuses_commit(ctl, all, &fs, from_store);
+    record_programmed(ctl, all, renumbered, fs.facts, fs.memo_of, fs.kept, fs.carry, from_store);
+    /* The facts of this compile are now the committed ones. */
+    facts_release(ctl->facts, ctl->n_facts);
+    ctl->facts = fs.facts;
+    ctl->n_facts = fs.n;
+    ctl->facts_tracked = from_store;
+    fs.facts = NULL;
+    fstage_free(&fs);
     sl_resource_set_free(&loaded);
     if (new_version)
         ctl->config_version = new_version;
@@ -1756,7 +2115,7 @@ persist_failed:
         sl_compiled_free(&stg[i].comp);
     }
     free(stg);
-    json_decref(statuses);
+    fstage_free(&fs);
     sl_resource_set_free(&loaded);
     versions_failed(ctl, err);
 }
@@ -3058,7 +3417,8 @@ void sl_controller_free(sl_controller_t *ctl)
     json_decref(ctl->peers);
     json_decref(ctl->peer_live);
     free(ctl->replica);
-    json_decref(ctl->spec_memo);
+    facts_release(ctl->facts, ctl->n_facts);
+    json_decref(ctl->routes_undo);
     free(ctl);
 }
 
