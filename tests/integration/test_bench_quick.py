@@ -171,3 +171,21 @@ def test_markdown_and_plots(quick_run):
         assert "(benchmarks/%s.png)" % png in md
     # the temp dirs of the run are gone (its TMPDIR was quick_run)
     assert not [p for p in os.listdir(quick_run) if p.startswith("sluice-bench.")]
+
+
+def test_target_counts_paired_rounds(quick_run):
+    """The tail target's headline says, per load, in how many rounds sluice's
+    p99 and p99.9 were at or below nginx's in the same round, as
+    rate-rounds.csv has them."""
+    import re
+    _, rows = read(quick_run / "benchmarks" / "rate-rounds.csv")
+    by = {(r["target"], int(r["load_pct"]), r["round"]): r for r in rows}
+    md = (quick_run / "benchmarks.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("- Target ("))
+    for pct in (25, 50, 75):
+        rounds = sorted(k[2] for k in by if k[0] == "sluice" and k[1] == pct)
+        wins = [sum(1 for n in rounds if float(by[("sluice", pct, n)][c]) <=
+                    float(by[("nginx", pct, n)][c])) for c in ("p99_us", "p999_us")]
+        want = r"%d%%: (not )?met \(median [^)]*; at or below nginx's in %d \(p99\) and %d " \
+               r"\(p99\.9\) of %d rounds\)" % (pct, wins[0], wins[1], len(rounds))
+        assert re.search(want, line), (want, line)
