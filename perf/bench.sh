@@ -1296,9 +1296,16 @@ SCALE_RESULTS="$TMP/scaling_results"
 : >"$SCALE_RESULTS"
 if in_section scaling; then
     [ "$CPUS" -le "$NCPU" ] || die "CPUS=$CPUS but this machine has $NCPU"
-    for WORKERS in $(seq 1 "$CPUS"); do
-        PROXY_CPUSET=$([ "$WORKERS" = 1 ] && echo "$PROXY_CPU" || echo "0-$((WORKERS - 1))")
-        for proxy in $PLAIN_PROXIES; do measure "$proxy" get "$SCALE_RESULTS"; done
+    # ROUNDS rounds, the order reversed every other round, each figure the
+    # median of its rounds (as the other sections): one run per proxy and
+    # worker count put a single minute of the machine into the table.
+    for round in $(seq "$ROUNDS"); do
+        order=$PLAIN_PROXIES
+        [ $((round % 2)) = 1 ] || order=$(echo "$PLAIN_PROXIES" | tr ' ' '\n' | tac | tr '\n' ' ')
+        for WORKERS in $(seq 1 "$CPUS"); do
+            PROXY_CPUSET=$([ "$WORKERS" = 1 ] && echo "$PROXY_CPU" || echo "0-$((WORKERS - 1))")
+            for proxy in $order; do measure "$proxy" get "$SCALE_RESULTS"; done
+        done
     done
     WORKERS=1
     PROXY_CPUSET=$PROXY_CPU

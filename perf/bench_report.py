@@ -386,8 +386,10 @@ def scaling(a, md, plot):
     table(md, "Scaling with workers", "GET with N workers (sluice `--workers N`, nginx `worker_processes N`, HAProxy "
               "`nbthread N`) pinned to CPUs 0..N-1; the load generator and the origin stay on "
               "CPU %s, so on a 2-core machine 2 workers share a core with them: run with `CPUS=` on a "
-              "bigger machine for the real curve. cores used = CPU seconds / wall seconds. "
-              "CSV: [scaling.csv](%sscaling.csv)." % (a.load_cpu, a.img_prefix),
+              "bigger machine for the real curve. cores used = CPU seconds / wall seconds. Each figure "
+              "is the median of %d round(s), the order reversed every other round. "
+              "CSV: [scaling.csv](%sscaling.csv)." % (a.load_cpu, max(v["rounds"] for v in m.values()),
+                                                       a.img_prefix),
           ["proxy", ">workers", ">requests/s", ">CPU µs/request", ">cores used",
            ">requests/s per worker", ">requests per CPU second", ">errors"], out, "scaling",
           "requests/s by workers")
