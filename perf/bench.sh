@@ -78,8 +78,9 @@
 #                                     round), and report the median of each
 #                                     figure: on a shared machine one run of a
 #                                     proxy can be 20-30% off either way
-#                                     (the saturation, rate and features
-#                                     sections)
+#                                     (the saturation, features and scaling
+#                                     sections; the rate section has its own
+#                                     RATE_ROUNDS)
 #   BASELINE=path/to/sluice-runtime   also measure this binary, as proxy
 #                                     "sluice-base", in the same run (before/after
 #                                     figures of a change: build the old commit
