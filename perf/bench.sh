@@ -5,8 +5,9 @@
 # What it does: starts a fast origin (nginx answering `return 200` with a
 # small body) and, one proxy at a time, sluice-runtime (--workers 1), nginx
 # (1 worker, upstream keepalive) and HAProxy (nbthread 1, http-reuse always)
-# in front of it. The proxy is pinned to CPU $PROXY_CPU, wrk and the origin
-# to CPU $LOAD_CPU. For GET, POST 1 KB and POST 5 KB it runs wrk for
+# in front of it. The proxy is pinned to CPU $PROXY_CPU, wrk to CPU
+# $LOAD_CPU and the origin to CPU $ORIGIN_CPU (by default the load's). For
+# GET, POST 1 KB and POST 5 KB it runs wrk for
 # $WARMUP (discarded) then $DURATION, and reports requests/s, CPU
 # microseconds per request of the proxy process (utime+stime from
 # /proc/PID/stat over the measured run / completed requests), errors
@@ -42,7 +43,9 @@
 #   H2_CLIENTS=50 H2_STREAMS=10      h2load -c / -m of h2c and h2tls
 #   SLOW_BYTES=1073741824 SLOW_RATE=67108864   h2_slow_reader size and rate
 #   GRPC_CALLS=10000                  calls per path of grpc_unary
-#   PROXY_CPU=0 LOAD_CPU=1
+#   PROXY_CPU=0 LOAD_CPU=1 ORIGIN_CPU=$LOAD_CPU   (on a machine of 3 CPUs or
+#                                     more, ORIGIN_CPU=2 gives the origin a CPU
+#                                     of its own: see the rate section)
 #   OUT=docs/benchmarks.md            ("-" = only print the table)
 #   PROXIES="... sluice-chain ..."    also sluice-runtime with the policy issue's
 #                                     realistic chain (api-key + rate-limit local +
@@ -146,6 +149,7 @@ SUITES=TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA25
 PROXY_CPU=${PROXY_CPU:-0}
 PROXY_CPUSET=$PROXY_CPU # scaling: the CPUs of the workers
 LOAD_CPU=${LOAD_CPU:-1}
+ORIGIN_CPU=${ORIGIN_CPU:-$LOAD_CPU}
 OUT=${OUT:-docs/benchmarks.md}
 ROUNDS=${ROUNDS:-1}
 BASELINE=${BASELINE:-}
@@ -172,6 +176,10 @@ RATE_CONNECTIONS=${RATE_CONNECTIONS:-50}
 # and the run with less steal counts (see the rate section); RATE_RETRIES
 # such runs at most (default: a quarter of the section's runs).
 RATE_MAX_STEAL_MS=${RATE_MAX_STEAL_MS:-50}
+# A load at which the load CPU (or the origin's) was at least RATE_BUSY_MAX
+# percent busy in sluice's or nginx's runs (median of the rounds) measured the
+# client's queue, not the proxies: the tail target is not decided there.
+RATE_BUSY_MAX=${RATE_BUSY_MAX:-95}
 # Each policy alone (sluice-pol-NAME, see policy_alone) besides the chain.
 POLICIES_ALONE="api-key basic-auth rate-limit headers cors ip-filter request-size rewrite cache json-schema"
 FEATURE_PROXIES=${FEATURE_PROXIES:-"sluice-log-file sluice-log-http sluice-chain sluice-jwt $(printf 'sluice-pol-%s ' $POLICIES_ALONE)sluice-rr sluice-srate nginx-log nginx-chain"}
@@ -247,8 +255,8 @@ case " $ALL_PROXIES " in *" sluice "* | *" sluice-chain "* | *" sluice-jwt "* | 
 esac
 [ -z "${die_early:-}" ] || die "BASELINE=$BASELINE is not an executable sluice-runtime"
 NCPU=$(nproc)
-if [ "$PROXY_CPU" -ge "$NCPU" ] || [ "$LOAD_CPU" -ge "$NCPU" ]; then
-    die "needs CPUs $PROXY_CPU and $LOAD_CPU, this machine has $NCPU"
+if [ "$PROXY_CPU" -ge "$NCPU" ] || [ "$LOAD_CPU" -ge "$NCPU" ] || [ "$ORIGIN_CPU" -ge "$NCPU" ]; then
+    die "needs CPUs $PROXY_CPU, $LOAD_CPU and $ORIGIN_CPU (PROXY_CPU, LOAD_CPU, ORIGIN_CPU), this machine has $NCPU"
 fi
 CLK_TCK=$(getconf CLK_TCK)
 # Run under `chrt -f` to keep other work on the machine off the load CPU,
@@ -409,7 +417,7 @@ truncate -s "$SLOW_BYTES" "$TMP/origin/big"
 # Started by root, nginx workers run as "nobody": let them reach this one file.
 chmod a+x "$TMP" "$TMP/origin"
 chmod a+r "$TMP/origin/big"
-taskset -c "$LOAD_CPU" "$NGINX" -p "$TMP/origin" -c "$TMP/origin/nginx.conf" \
+taskset -c "$ORIGIN_CPU" "$NGINX" -p "$TMP/origin" -c "$TMP/origin/nginx.conf" \
     >"$TMP/origin/stdout" 2>&1 &
 ORIGIN_PID=$!
 PIDS+=("$ORIGIN_PID")
@@ -1167,8 +1175,9 @@ fi
 
 # --- rate: latency at fixed rates, open loop (perf/openload) --------------------
 # Rows of $RATE_RESULTS: "target load_pct rate p50 p90 p99 p999 max errors
-# completed round steal_ms runs" (µs); target "origin" is the origin called
-# directly.
+# completed round steal_ms runs proxy_busy load_busy origin_busy" (µs; busy:
+# percent of each CPU's time during the run); target "origin" is the origin
+# called directly.
 #
 # Steal: on a virtual machine the hypervisor takes a vCPU away for
 # milliseconds at a time. Measured here with a busy loop, that is 1-5 ms
@@ -1176,12 +1185,27 @@ fi
 # a busy one; every request scheduled in a gap waits for it, so one such
 # minute decides a p99 whatever the proxy does. The kernel counts it per
 # CPU (the 8th field of /proc/stat's cpuN lines, in clock ticks): a run
-# that lost more than RATE_MAX_STEAL_MS of the two CPUs runs again, once,
+# that lost more than RATE_MAX_STEAL_MS of its CPUs runs again, once,
 # and the run with less steal counts (RATE_RETRIES times in the section at
 # most); each row keeps its steal.
 steal_ms() { # cpu... -> milliseconds of steal so far on those CPUs
     awk -v cpus=" $* " -v hz="$(getconf CLK_TCK)" '$1 ~ /^cpu[0-9]+$/ && index(cpus, " " substr($1, 4) " ") {
         s += $9} END {printf "%d", s * 1000 / hz}' /proc/stat
+}
+# Busy: on 2 vCPUs the client and the origin share $LOAD_CPU, and below
+# saturation every request costs them wake-ups of the other CPU (measured:
+# perf/README.md); whether that CPU still had room decides whether a row's
+# tail is the proxy's or the client's queue, so every run reports the busy
+# share of each CPU (/proc/stat ticks: user nice system irq softirq over
+# those and idle iowait; steal is counted above).
+cpus_busy_ticks() { # cpu... -> "busy total" clock ticks so far, per CPU (one read)
+    awk -v cpus="$*" 'BEGIN {n = split(cpus, c, " ")}
+        $1 ~ /^cpu[0-9]+$/ {k = substr($1, 4); b[k] = $2 + $3 + $4 + $7 + $8; t[k] = b[k] + $5 + $6}
+        END {for (i = 1; i <= n; i++) printf "%d %d ", b[c[i]], t[c[i]]}' /proc/stat
+}
+busy_pcts() { # "$(cpus_busy_ticks ...)" before, after -> percent busy per CPU
+    awk -v a="$1" -v b="$2" 'BEGIN {n = split(a, x, " "); split(b, y, " ")
+        for (i = 1; i < n; i += 2) {t = y[i + 1] - x[i + 1]; printf "%.1f ", (t > 0 ? 100 * (y[i] - x[i]) / t : 0)}}'
 }
 RATE_RESULTS="$TMP/rate_results"
 : >"$RATE_RESULTS"
@@ -1217,38 +1241,41 @@ if in_section rate; then
     # host that is busy throughout costs a quarter more time, not double.
     nloads=$(wc -w <<<"$RATE_LOADS")
     RATE_RETRIES=${RATE_RETRIES:-$((nloads * RATE_ROUNDS * ${#rate_targets[@]} / 4))}
+    RATE_CPUS=$(printf '%s\n' "$PROXY_CPU" "$LOAD_CPU" "$ORIGIN_CPU" | sort -un | tr '\n' ' ')
     for pct in $RATE_LOADS; do
         rate=$((SAT_RATE * pct / 100))
         for round in $(seq "$RATE_ROUNDS"); do
             nt=${#rate_targets[@]}
             for k in $(seq 0 $((nt - 1))); do
                 target=${rate_targets[$(((k + round - 1) % nt))]}
-                best="" best_steal=""
+                best="" best_steal="" best_busy=""
                 for run in 1 2; do
                     out="$TMP/$target-rate-$pct-$round-$run.txt"
-                    before=$(steal_ms "$PROXY_CPU" "$LOAD_CPU")
+                    ticks=$(cpus_busy_ticks "$PROXY_CPU" "$LOAD_CPU" "$ORIGIN_CPU")
+                    before=$(steal_ms $RATE_CPUS)
                     taskset -c "$LOAD_CPU" "$OPENLOAD" --port "${RATE_PORT[$target]}" --path /bench --rate "$rate" \
                         --connections "$RATE_CONNECTIONS" --warmup 1 --duration "$RATE_DURATION" --timeout 5 \
                         "${OPENLOAD_HDRS[@]}" --csv "$TMP/$target-rate-$pct-$round-$run.csv" >"$out" 2>&1 ||
                         die "openload failed: $(cat "$out")"
-                    stolen=$(($(steal_ms "$PROXY_CPU" "$LOAD_CPU") - before))
+                    stolen=$(($(steal_ms $RATE_CPUS) - before))
+                    busy=$(busy_pcts "$ticks" "$(cpus_busy_ticks "$PROXY_CPU" "$LOAD_CPU" "$ORIGIN_CPU")")
                     [ "$target" = origin ] || kill -0 "${RATE_PID[$target]}" 2>/dev/null ||
                         die "$target died during the rate section"
                     if [ -z "$best" ] || [ "$stolen" -lt "$best_steal" ]; then
-                        best=$out best_steal=$stolen
+                        best=$out best_steal=$stolen best_busy=$busy
                     fi
                     [ "$run" = 1 ] && [ "$stolen" -gt "$RATE_MAX_STEAL_MS" ] && [ "$RATE_RETRIES" -gt 0 ] || break
                     RATE_RETRIES=$((RATE_RETRIES - 1))
-                    echo "$target rate $pct% round $round: the hypervisor took $stolen ms of CPUs $PROXY_CPU,$LOAD_CPU (over $RATE_MAX_STEAL_MS): once more ($RATE_RETRIES more allowed)"
+                    echo "$target rate $pct% round $round: the hypervisor took $stolen ms of CPUs $RATE_CPUS(over $RATE_MAX_STEAL_MS): once more ($RATE_RETRIES more allowed)"
                 done
-                # openload's "key=value ..." line -> a row (round, steal, runs last)
+                # openload's "key=value ..." line -> a row (round, steal, runs, busy last)
                 awk -v t="$target" -v pct="$pct" -v rate="$rate" -v round="$round" -v steal="$best_steal" \
-                    -v runs="$run" '/p50_us=/ {
+                    -v runs="$run" -v busy="$best_busy" '/p50_us=/ {
                     for (i = 1; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}
                     print t, pct, rate, v["p50_us"], v["p90_us"], v["p99_us"], v["p999_us"], v["max_us"],
-                        v["errors"], v["completed"], round, steal, runs; found = 1}
+                        v["errors"], v["completed"], round, steal, runs, busy; found = 1}
                     END {exit !found}' "$best" >>"$RATE_RESULTS" || die "openload printed no summary: $(cat "$best")"
-                tail -1 "$RATE_RESULTS" | awk '{printf "%-8s rate %s%% = %s req/s  round %s  p50 %s  p99 %s  p99.9 %s  max %s us  errors %s  steal %s ms (runs %s)\n", $1, $2, $3, $11, $4, $6, $7, $8, $9, $12, $13}'
+                tail -1 "$RATE_RESULTS" | awk '{printf "%-8s rate %s%% = %s req/s  round %s  p50 %s  p99 %s  p99.9 %s  max %s us  errors %s  steal %s ms (runs %s)  busy: proxy CPU %s%%, load %s%%, origin %s%%\n", $1, $2, $3, $11, $4, $6, $7, $8, $9, $12, $13, $14, $15, $16}'
             done
         done
     done
@@ -1341,9 +1368,12 @@ if wants h2_slow_reader; then KNOBS="$KNOBS SLOW_BYTES=$SLOW_BYTES SLOW_RATE=$SL
 if wants grpc_unary; then KNOBS="$KNOBS GRPC_CALLS=$GRPC_CALLS"; fi
 in_section saturation && KNOBS="$KNOBS ROUTE_SETS=\"$ROUTE_SETS\" ROUTE_TESTS=\"$ROUTE_TESTS\""
 in_section sweep && KNOBS="$KNOBS SWEEP=\"$SWEEP\" SWEEP_DURATION=$SWEEP_DURATION"
-in_section rate && KNOBS="$KNOBS RATE_LOADS=\"$RATE_LOADS\" RATE_CONNECTIONS=$RATE_CONNECTIONS RATE_DURATION=$RATE_DURATION RATE_ROUNDS=$RATE_ROUNDS RATE_MAX_STEAL_MS=$RATE_MAX_STEAL_MS"
+in_section rate && KNOBS="$KNOBS RATE_LOADS=\"$RATE_LOADS\" RATE_CONNECTIONS=$RATE_CONNECTIONS RATE_DURATION=$RATE_DURATION RATE_ROUNDS=$RATE_ROUNDS RATE_MAX_STEAL_MS=$RATE_MAX_STEAL_MS RATE_BUSY_MAX=$RATE_BUSY_MAX"
 in_section features && KNOBS="$KNOBS FEATURE_PROXIES=\"$FEATURE_PROXIES\" FEATURE_TESTS=\"$FEATURE_TESTS\""
 in_section scaling && KNOBS="$KNOBS CPUS=$CPUS"
+if [ "$PROXY_CPU/$LOAD_CPU/$ORIGIN_CPU" != 0/1/1 ]; then
+    KNOBS="$KNOBS PROXY_CPU=$PROXY_CPU LOAD_CPU=$LOAD_CPU ORIGIN_CPU=$ORIGIN_CPU"
+fi
 CMD="make bench  ($KNOBS perf/bench.sh)"
 TABLES=$($PY - "$RESULTS" "$SLOW_RESULTS" "$SLOW_LIMIT_KB" "$GRPC_RESULTS" "$GRPC_CALLS" "$LOG_RESULTS" "$THREAD_RESULTS" "$CLK_TCK" <<'EOF'
 import sys
@@ -1515,7 +1545,8 @@ SECTIONS_MD=$($PY "$REPO/perf/bench_report.py" --outdir "$REPORT_DIR" --img-pref
     --results "$RESULTS" --sweep "$SWEEP_RESULTS" --rate "$RATE_RESULTS" --features "$FEAT_RESULTS" \
     --scaling "$SCALE_RESULTS" --sat-rate "$SAT_RATE" --connections "$CONNECTIONS" \
     --sweep-duration "$SWEEP_DURATION" --rate-connections "$RATE_CONNECTIONS" \
-    --rate-duration "$RATE_DURATION" --rate-max-steal-ms "$RATE_MAX_STEAL_MS" --load-cpu "$LOAD_CPU") || die "perf/bench_report.py failed"
+    --rate-duration "$RATE_DURATION" --rate-max-steal-ms "$RATE_MAX_STEAL_MS" \
+    --rate-busy-max "$RATE_BUSY_MAX" --load-cpu "$LOAD_CPU" --origin-cpu "$ORIGIN_CPU" --proxy-cpu "$PROXY_CPU") || die "perf/bench_report.py failed"
 
 # "TLS 1.3, TLS_AES_128_GCM_SHA256, X25519 (all three)" or one entry per proxy.
 TLS_PARAMS=$(awk '{k = $2 ", " $3 ", " $4; if (index(" " n[k] " ", " " $1 " ")) next; n[k] = n[k] (n[k] ? " " : "") $1}
@@ -1540,7 +1571,7 @@ $([ -z "$QUICK" ] || printf '\n**Smoke run (QUICK=1): short runs on a shared mac
 - Machine: $NCPU CPUs, $CPU_MODEL, Linux $(uname -r)
 - Peers: $("$NGINX" -v 2>&1 | sed 's/.*: //'), $("$HAPROXY" -v 2>&1 | head -1 | awk '{print "HAProxy", $3}'), $(wrk -v 2>&1 | head -1 | awk '{print "wrk", $2}'), $(h2load --version 2>/dev/null | awk '{print "h2load", $2}'), $(openssl version | awk '{print "OpenSSL", $2}')
 - Command: \`$CMD\`
-- Set-up: origin = nginx \`return 200\` (22-byte body) on CPU $LOAD_CPU; the proxy
+- Set-up: origin = nginx \`return 200\` (22-byte body) on CPU $ORIGIN_CPU; the proxy
   under test pinned to CPU $PROXY_CPU with one worker (sluice-runtime
   \`--workers 1\`, nginx \`worker_processes 1\` with upstream \`keepalive 1024\`,
   HAProxy \`nbthread 1\` with \`http-reuse always\`), no access logs; wrk

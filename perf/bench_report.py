@@ -222,6 +222,16 @@ def sweep(a, md, plot):
     return knees
 
 
+# The busy columns of a rate row (bench.sh's cpu_ticks), percent of the run.
+BUSY = ["proxy_busy", "load_busy", "origin_busy"]
+
+
+def load_busy(v):
+    """The busier of the client's and the origin's CPUs in a rate row: the
+    one whose queue, when full, sets the tail whatever the proxy does."""
+    return max(v.get("load_busy", 0), v.get("origin_busy", 0))
+
+
 def rate(a, md, plot):
     rows = rows_of(a.rate)
     if not rows:
@@ -234,13 +244,16 @@ def rate(a, md, plot):
     for r in rows:
         # round, then (bench.sh since the steal check) the run's steal in ms
         # and how many runs it took (2: the first lost too much to steal).
+        # Then the busy percent of the proxy's, the load's and the origin's
+        # CPUs during the run.
         extra = [int(r[10]) if len(r) > 10 else 1, int(r[11]) if len(r) > 11 else -1,
-                 int(r[12]) if len(r) > 12 else 1]
+                 int(r[12]) if len(r) > 12 else 1] + [float(x) for x in r[13:16]]
         rounds.setdefault((r[0], int(r[1])), []).append(
-            dict(zip(names + ["round", "steal", "runs"], [float(x) for x in r[2:10]] + extra)))
+            dict(zip(names + ["round", "steal", "runs"] + BUSY, [float(x) for x in r[2:10]] + extra)))
+    busy = [c for c in BUSY if all(c in x for rs in rounds.values() for x in rs)]
     by = {}
     for k, rs in rounds.items():
-        by[k] = {c: statistics.median(x[c] for x in rs) for c in names + ["steal"]}
+        by[k] = {c: statistics.median(x[c] for x in rs) for c in names + ["steal"] + busy}
         by[k]["errors"] = sum(x["errors"] for x in rs)
         by[k]["rounds"] = len(rs)
     # Paired rounds: in each round every target ran once, minutes apart at
@@ -257,9 +270,10 @@ def rate(a, md, plot):
             by[(t, pct)]["wins_" + c] = sum(1 for x, y in pairs if x[c] <= y[c])
     write_csv(a.outdir, "rate-rounds.csv", ["target", "load_pct", "round", "rate", "p50_us", "p90_us",
                                             "p99_us", "p999_us", "max_us", "errors", "completed",
-                                            "steal_ms", "runs"],
+                                            "steal_ms", "runs"] + ["%s_pct" % c for c in busy],
               [[t, pct, x["round"], int(x["rate"])] + [fmt(x[c]) for c in cols] +
-               [int(x["errors"]), int(x["completed"]), x["steal"], x["runs"]]
+               [int(x["errors"]), int(x["completed"]), x["steal"], x["runs"]] +
+               ["%.1f" % x[c] for c in busy]
                for (t, pct), rs in sorted(rounds.items(), key=lambda kv: (order(kv[0][0]), kv[0][1]))
                for x in sorted(rs, key=lambda x: x["round"])])
     nrounds = max(v["rounds"] for v in by.values())
@@ -270,10 +284,12 @@ def rate(a, md, plot):
         o = by.get(("origin", pct))
         added = [fmt(v[c] - o[c]) if o and target != "origin" else "" for c in cols[:4]]
         out.append([target, pct, int(v["rate"])] + [fmt(v[c]) for c in cols] +
-                   [int(v["errors"]), int(v["completed"])] + added + [int(v["steal"])])
+                   [int(v["errors"]), int(v["completed"])] + added + [int(v["steal"])] +
+                   ["%.1f" % v[c] for c in busy])
     write_csv(a.outdir, "rate.csv", ["target", "load_pct", "rate", "p50_us", "p90_us", "p99_us",
                                      "p999_us", "max_us", "errors", "completed", "added_p50_us",
-                                     "added_p90_us", "added_p99_us", "added_p999_us", "steal_ms"], out)
+                                     "added_p90_us", "added_p99_us", "added_p999_us", "steal_ms"] +
+              ["%s_pct" % c for c in busy], out)
     targets = []
     for t, _ in by:
         if t not in targets:
@@ -287,6 +303,25 @@ def rate(a, md, plot):
             series.append('"%s" using 1:%d with linespoints lw 2 pt 7 lc %d title "%s"' % (
                 d, ci + 2, colour(t), t))
         panels.append('set title "%s"\nplot %s\n' % (title, ", ".join(series)))
+    # CPU busy columns: the proxy's, and the client's (with the origin's when
+    # they share it, as on 2 CPUs; apart otherwise).
+    shared = a.origin_cpu == a.load_cpu
+    busy_cols, busy_heads = [], []
+    for c, head in (("proxy_busy", ">proxy CPU %"),
+                    ("load_busy", ">client%s CPU %%" % (" + origin" if shared else "")),
+                    ("origin_busy", ">origin CPU %")):
+        if c in busy and not (c == "origin_busy" and shared):
+            busy_cols.append(c)
+            busy_heads.append(head)
+    busy_text = ""
+    if busy:
+        busy_text = ("CPU %%: the share of each CPU's time that was busy during the run (/proc/stat; the "
+                     "median of the rounds): the proxy's CPU %s, the client's %s%s. Where the client's "
+                     "(or the origin's) CPU is full, requests queue there whatever the proxy does, so a "
+                     "load at which it was %s%% busy or more in sluice's or nginx's runs does not decide "
+                     "the tail target (RATE_BUSY_MAX). "
+                     % (a.proxy_cpu, a.load_cpu, " (the origin's too)" if shared
+                        else ", the origin's %s" % a.origin_cpu, a.rate_busy_max))
     plot.draw("latency", 'set multiplot layout 1,3 title "Latency at fixed rates (open loop, '
               'perf/openload): percent of the slowest proxy\'s saturation rate"\n'
               'set logscale y\nset xlabel "load, % of saturation"\nset ylabel "µs"\n'
@@ -304,14 +339,15 @@ def rate(a, md, plot):
               "a run (/proc/stat; the median of the rounds). A run that lost more than %s ms ran once "
               "more, for at most a quarter of the runs, and the run with less steal counts (%d of "
               "%d runs ran twice); a gap of the vCPU delays "
-              "every request scheduled in it, whatever the proxy. "
+              "every request scheduled in it, whatever the proxy. %s"
               "CSV: [rate.csv](%srate.csv), every round: [rate-rounds.csv](%srate-rounds.csv)."
               % ("/".join(str(p) for p in sorted({k[1] for k in by})), a.sat_rate,
                  a.rate_connections, a.rate_duration, nrounds, a.rate_max_steal_ms or "?", rerun,
-                 len(allruns), a.img_prefix, a.img_prefix),
+                 len(allruns), busy_text, a.img_prefix, a.img_prefix),
           ["target", ">load %", ">rate/s", ">p50 µs", ">p90 µs", ">p99 µs", ">p99.9 µs", ">max µs",
-           ">errors", ">added p50", ">added p99", ">added p99.9", ">steal ms"],
-          [r[:9] + [r[10], r[12], r[13], r[14]] for r in out], "latency", "latency percentiles vs load")
+           ">errors", ">added p50", ">added p99", ">added p99.9", ">steal ms"] + busy_heads,
+          [r[:9] + [r[10], r[12], r[13], r[14]] + ["%.0f" % float(r[15 + busy.index(c)]) for c in busy_cols]
+           for r in out], "latency", "latency percentiles vs load")
     return by
 
 
@@ -409,8 +445,13 @@ def main():
     ap.add_argument("--rate-duration", default="")
     ap.add_argument("--rate-max-steal-ms", default="")
     ap.add_argument("--load-cpu", default="1")
+    ap.add_argument("--origin-cpu", default=None)
+    ap.add_argument("--proxy-cpu", default="0")
+    ap.add_argument("--rate-busy-max", type=float, default=95.0)
     global ARGS
     a = ARGS = ap.parse_args()
+    if a.origin_cpu is None:
+        a.origin_cpu = a.load_cpu
     os.makedirs(a.outdir, exist_ok=True)
     plot = Plot(a.outdir)
     md = []
@@ -457,8 +498,13 @@ def main():
                 if sl.get("pairs"):
                     paired = "; at or below nginx's in %d (p99) and %d (p99.9) of %d rounds" % (
                         sl["wins_p99"], sl["wins_p999"], sl["pairs"])
+                verdict = "met" if met else "not met"
+                full = round(max(load_busy(sl), load_busy(ng)), 1)  # as rate.csv has it
+                if "load_busy" in sl and "load_busy" in ng and full >= a.rate_busy_max:
+                    verdict = ("not decided on this machine: the client's CPU was %.0f%% busy "
+                               "(RATE_BUSY_MAX %g), so the tail is its queue's" % (full, a.rate_busy_max))
                 verdicts.append("%d%%: %s (median p99 %s vs %s µs, p99.9 %s vs %s µs%s)" % (
-                    pct, "met" if met else "not met", fmt(sl["p99"]), fmt(ng["p99"]),
+                    pct, verdict, fmt(sl["p99"]), fmt(ng["p99"]),
                     fmt(sl["p999"]), fmt(ng["p999"]), paired))
         if verdicts:
             notes.append("Target (sluice's added p99 and p99.9 at or below nginx's; the origin "
