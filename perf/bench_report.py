@@ -222,7 +222,7 @@ def sweep(a, md, plot):
     return knees
 
 
-# The busy columns of a rate row (bench.sh's cpu_ticks), percent of the run.
+# The busy columns of a rate row (bench.sh's cpus_busy_ticks), percent of the run.
 BUSY = ["proxy_busy", "load_busy", "origin_busy"]
 
 
@@ -317,9 +317,9 @@ def rate(a, md, plot):
     if busy:
         busy_text = ("CPU %%: the share of each CPU's time that was busy during the run (/proc/stat; the "
                      "median of the rounds): the proxy's CPU %s, the client's %s%s. Where the client's "
-                     "(or the origin's) CPU is full, requests queue there whatever the proxy does, so a "
-                     "load at which it was %s%% busy or more in sluice's or nginx's runs does not decide "
-                     "the tail target (RATE_BUSY_MAX). "
+                     "(or the origin's) CPU is full, requests through a proxy queue there whatever the "
+                     "proxy does (perf/README.md), so a load at which it was %g%% busy or more in "
+                     "sluice's or nginx's runs does not decide the tail target (RATE_BUSY_MAX). "
                      % (a.proxy_cpu, a.load_cpu, " (the origin's too)" if shared
                         else ", the origin's %s" % a.origin_cpu, a.rate_busy_max))
     plot.draw("latency", 'set multiplot layout 1,3 title "Latency at fixed rates (open loop, '
