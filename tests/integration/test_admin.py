@@ -304,9 +304,13 @@ def test_admin_token_file_errors(tmp_path):
                               api("t", "/t", "b")]))
     empty = tmp_path / "empty"
     empty.write_text("\n")
+    # An admin address of the test's own: the default (127.0.0.1:9901) may be
+    # taken by another runtime on the machine, which would fail the bind
+    # before the token file is read.
+    admin = ["--admin", "127.0.0.1:%d" % free_port()]
     for args, want in (
-            (["--admin-token-file", str(tmp_path / "missing")], "No such file or directory"),
-            (["--admin-token-file", str(empty)], "the file is empty"),
+            (admin + ["--admin-token-file", str(tmp_path / "missing")], "No such file or directory"),
+            (admin + ["--admin-token-file", str(empty)], "the file is empty"),
             (["--admin", "off", "--admin-token-file", str(empty)], "needs --admin ADDR")):
         r = subprocess.run([runtime_binary(), "--config", str(cfg), "--workers", "1"] + args,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
