@@ -7,8 +7,8 @@
 # (1 worker, upstream keepalive) and HAProxy (nbthread 1, http-reuse always)
 # in front of it. The proxy is pinned to CPU $PROXY_CPU, wrk to CPU
 # $LOAD_CPU and the origin to CPU $ORIGIN_CPU (by default the load's). For
-# GET, POST 1 KB and POST 5 KB it runs wrk for
-# $WARMUP (discarded) then $DURATION, and reports requests/s, CPU
+# GET, POST 1 KB and POST 5 KB it runs wrk for $WARMUP (discarded) then
+# $DURATION, and reports requests/s, CPU
 # microseconds per request of the proxy process (utime+stime from
 # /proc/PID/stat over the measured run / completed requests), errors
 # (non-2xx + socket errors) and ratios to nginx. Writes docs/benchmarks.md.
@@ -1193,11 +1193,12 @@ steal_ms() { # cpu... -> milliseconds of steal so far on those CPUs
         s += $9} END {printf "%d", s * 1000 / hz}' /proc/stat
 }
 # Busy: on 2 vCPUs the client and the origin share $LOAD_CPU, and below
-# saturation every request costs them wake-ups of the other CPU (measured:
-# perf/README.md); whether that CPU still had room decides whether a row's
-# tail is the proxy's or the client's queue, so every run reports the busy
-# share of each CPU (/proc/stat ticks: user nice system irq softirq over
-# those and idle iowait; steal is counted above).
+# saturation every request wakes each of them, which on a virtual machine
+# costs microseconds of that CPU (measured: perf/README.md); whether it
+# still had room decides whether a row's tail is the proxy's or the
+# client's queue, so every run reports the busy share of each CPU
+# (/proc/stat ticks: user nice system irq softirq over those and idle
+# iowait; steal is counted above).
 cpus_busy_ticks() { # cpu... -> "busy total" clock ticks so far, per CPU (one read)
     awk -v cpus="$*" 'BEGIN {n = split(cpus, c, " ")}
         $1 ~ /^cpu[0-9]+$/ {k = substr($1, 4); b[k] = $2 + $3 + $4 + $7 + $8; t[k] = b[k] + $5 + $6}
